@@ -1,0 +1,59 @@
+"""Pytrees that cross module boundaries (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+
+# Roles of tokens in a trajectory (int8). Only POLICY tokens are ever trained.
+PAD = 0
+PROMPT = 1
+POLICY = 2
+TOOL = 3
+TEMPLATE = 4
+
+# Finish reasons (int32).
+RUNNING = 0  # not finished (only inside the rollout loop)
+ANSWERED = 1  # the policy emitted a final answer
+MAX_TURNS = 2  # turn budget exhausted without an answer
+TRUNCATED = 3  # context full
+FORMAT_ERROR = 4  # a turn ended without a stop token or with a malformed answer
+
+FINISH_NAMES = {
+    RUNNING: "running",
+    ANSWERED: "answered",
+    MAX_TURNS: "max_turns",
+    TRUNCATED: "truncated",
+    FORMAT_ERROR: "format_error",
+}
+
+
+@flax.struct.dataclass
+class Trajectory:
+  """A batch of B episodes, L tokens, K turns; batch-major and fixed-shape.
+
+  Attributes:
+    tokens: [B, L] int32; prompt, then every turn's tokens, then padding.
+    role: [B, L] int8; PROMPT, POLICY, TOOL, TEMPLATE or PAD (module constants).
+    logprob: [B, L] float32; behaviour log-prob of each POLICY token exactly as
+      sampled (temperature applied), 0 elsewhere.
+    turn: [B, L] int32; turn index of each token, -1 for prompt and padding.
+    length: [B] int32; number of non-pad tokens.
+    num_turns: [B] int32; assistant turns taken.
+    finish: [B] int32; ANSWERED, MAX_TURNS, TRUNCATED or FORMAT_ERROR.
+    group: [B] int32; index of the task the episode belongs to (GRPO group).
+    facts: env-defined pytree of verifiable per-episode ([B, ...]) and per-turn
+      ([B, K]) facts.
+  """
+
+  tokens: jax.Array
+  role: jax.Array
+  logprob: jax.Array
+  turn: jax.Array
+  length: jax.Array
+  num_turns: jax.Array
+  finish: jax.Array
+  group: jax.Array
+  facts: Any

@@ -1,0 +1,1 @@
+"""Environments: one per file; `base.py` holds the protocol."""
