@@ -57,3 +57,25 @@ class Trajectory:
   finish: jax.Array
   group: jax.Array
   facts: Any
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything needed to resume a run exactly.
+
+  Attributes:
+    step: int32 scalar; optimizer updates done so far (SFT steps, then RL steps).
+      It is also the data position: the batch of step s is generated from
+      fold_in(data key, s), so resuming at step s replays the same stream.
+    params: the policy's parameters (flax.nnx.State).
+    ref_params: the frozen reference model (the SFT checkpoint) used for the KL
+      penalty; equal to params during SFT.
+    opt_state: optax state of the current phase's optimizer.
+    rng: uint32 [2] base PRNG key data; per-step keys are fold_in(rng, step).
+  """
+
+  step: jax.Array
+  params: Any
+  ref_params: Any
+  opt_state: Any
+  rng: jax.Array

@@ -1,0 +1,203 @@
+"""Update functions: loss -> grads -> optax, one jitted program per iteration.
+
+`make_sft_step` and `make_rl_step` read the config once and return pure functions
+`step(state) -> (state, metrics)`; the data for step s is generated inside from
+fold_in(key, s), so a whole iteration (task sampling, multi-turn rollout, rewards,
+advantages, reference log-probs and the PPO epochs) is one XLA program.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentic_rl import advantages
+from agentic_rl import losses
+from agentic_rl import rewards
+from agentic_rl import rollout
+from agentic_rl import sampling
+from agentic_rl import types
+from agentic_rl.models import transformer
+
+StepFn = Callable[[types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]]
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping and linear warmup then constant LR.
+
+  Args:
+    cfg: ConfigDict with learning_rate, warmup_steps, weight_decay, max_grad_norm.
+  """
+  schedule = optax.linear_schedule(
+      0.0, cfg.learning_rate, max(int(cfg.warmup_steps), 1)
+  )
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.max_grad_norm),
+      optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
+  )
+
+
+def policy_mask(traj: types.Trajectory) -> jax.Array:
+  """[B, L] bool loss mask: True exactly on POLICY (sampled) tokens."""
+  return traj.role == types.POLICY
+
+
+def sft_loss(graphdef, params, traj: types.Trajectory):
+  """Token-mean negative log-likelihood of the POLICY tokens of demonstrations."""
+  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
+  mask = policy_mask(traj)
+  nll = losses.token_mean(-logp, mask)
+  return nll, {"loss": nll, "policy_tokens": jnp.sum(mask)}
+
+
+def make_sft_step(config, env, graphdef: nnx.GraphDef,
+                  tx: optax.GradientTransformation) -> StepFn:
+  """SFT on expert demonstrations generated on the fly (one batch per step)."""
+  batch_size = config.sft.batch_size
+  max_len = config.max_len
+
+  def step(state: types.TrainState):
+    key = jax.random.fold_in(state.rng, state.step)
+    task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+    tasks = env.sample_tasks(task_key, batch_size)
+    traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
+    (_, metrics), grads = jax.value_and_grad(
+        lambda p: sft_loss(graphdef, p, traj), has_aux=True
+    )(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
+    state = state.replace(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+    )
+    return state, metrics
+
+  return jax.jit(step, donate_argnums=0)
+
+
+def _rl_loss(graphdef, params, batch, rl_cfg):
+  """GRPO loss on one minibatch; returns (loss, metrics)."""
+  temperature = rl_cfg.temperature
+  logp, entropy = sampling.token_logprobs(
+      graphdef, params, batch["tokens"], temperature
+  )
+  mask = batch["mask"]
+  pg, ratio = losses.clipped_surrogate(
+      logp, batch["behaviour_logp"], batch["advantage"],
+      rl_cfg.clip_low, rl_cfg.clip_high,
+  )
+  kl = losses.kl_k3(logp, batch["ref_logp"])
+  loss = losses.token_mean(pg + rl_cfg.kl_coef * kl, mask)
+  adv = batch["advantage"]
+  metrics = {
+      "loss": loss,
+      "pg_loss": losses.token_mean(pg, mask),
+      "kl": losses.token_mean(kl, mask),
+      "entropy": losses.token_mean(entropy, mask),
+      "ratio_mean": losses.token_mean(ratio, mask),
+      "clip_frac_low": losses.token_mean(
+          ((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0)).astype(jnp.float32), mask
+      ),
+      "clip_frac_high": losses.token_mean(
+          ((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0)).astype(jnp.float32), mask
+      ),
+  }
+  return loss, metrics
+
+
+def make_rl_step(config, env, graphdef: nnx.GraphDef,
+                 tx: optax.GradientTransformation,
+                 model_config: transformer.TransformerConfig) -> StepFn:
+  """One GRPO iteration: sample tasks, roll out groups, score, update.
+
+  The batch holds `rl.batch_size // rl.group_size` tasks, each repeated
+  `rl.group_size` times contiguously (group = task index). Minibatches are
+  contiguous slices of whole groups. The importance ratio uses the behaviour
+  log-probs recorded by the sampler, so the first epoch's ratios are 1 up to float
+  error.
+  """
+  rl_cfg = config.rl
+  batch_size = rl_cfg.batch_size
+  group_size = rl_cfg.group_size
+  num_tasks = batch_size // group_size
+  num_mb = rl_cfg.num_minibatches
+  epochs = rl_cfg.ppo_epochs
+  max_len = config.max_len
+  temperature = rl_cfg.temperature
+  reward_fn = rewards.make_reward_fn(dict(rl_cfg.rewards))
+
+  def step(state: types.TrainState):
+    key = jax.random.fold_in(state.rng, state.step)
+    task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
+    tasks = env.sample_tasks(task_key, num_tasks)
+    tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+    group = jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
+    traj = rollout.rollout(
+        env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
+        params=state.params, model_config=model_config, temperature=temperature,
+    )
+    reward, parts = reward_fn(traj)
+    adv_b = advantages.grpo_advantages(
+        reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps
+    )
+    ref_logp, _ = sampling.token_logprobs(
+        graphdef, state.ref_params, traj.tokens, temperature
+    )
+    batch = {
+        "tokens": traj.tokens,
+        "mask": policy_mask(traj),
+        "behaviour_logp": traj.logprob,
+        "ref_logp": ref_logp,
+        "advantage": advantages.broadcast_to_tokens(adv_b, traj.role),
+    }
+    mb_batch = jax.tree.map(
+        lambda x: x.reshape((num_mb, batch_size // num_mb) + x.shape[1:]), batch
+    )
+
+    def mb_update(carry, mb):
+      params, opt_state = carry
+      (_, m), grads = jax.value_and_grad(
+          lambda p: _rl_loss(graphdef, p, mb, rl_cfg), has_aux=True
+      )(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      m["grad_norm"] = optax.global_norm(grads)
+      return (params, opt_state), m
+
+    def epoch(carry, _):
+      return jax.lax.scan(mb_update, carry, mb_batch)
+
+    (params, opt_state), m = jax.lax.scan(
+        epoch, (state.params, state.opt_state), None, length=epochs
+    )
+    # First-epoch, first-minibatch values describe the behaviour policy; the mean
+    # over all minibatch updates is reported for the loss terms.
+    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
+    facts = traj.facts
+    is_const = jnp.all(
+        reward.reshape(num_tasks, group_size) == reward.reshape(num_tasks, group_size)[:, :1],
+        axis=1,
+    )
+    metrics.update({
+        "reward": jnp.mean(reward),
+        **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
+        "accuracy": jnp.mean(facts["correct"].astype(jnp.float32)),
+        "tool_calls": jnp.mean(facts["num_tool_calls"].astype(jnp.float32)),
+        "tool_errors": jnp.mean(facts["num_tool_errors"].astype(jnp.float32)),
+        "format_error_rate": jnp.mean((traj.finish == types.FORMAT_ERROR).astype(jnp.float32)),
+        "policy_tokens": jnp.mean(jnp.sum(batch["mask"], axis=1).astype(jnp.float32)),
+        "adv_abs_mean": jnp.sum(jnp.abs(adv_b)) / batch_size,
+        "zero_variance_groups": jnp.mean(is_const.astype(jnp.float32)),
+    })
+    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return state, metrics
+
+  return jax.jit(step, donate_argnums=0)

@@ -1,0 +1,347 @@
+"""Multi-turn episode engine for JAX-native environments (DESIGN.md section 5).
+
+Turn-synchronous: `generate_turn` (a `lax.while_loop` over decode steps with a KV
+cache, stopping each row at a stop token) -> `env.step` (vmapped) -> the observation
+is written into the sequence and prefilled into the cache in one chunk. The turn loop
+is itself a `lax.while_loop`, so a whole episode batch is one XLA program.
+
+Every token is written exactly once, in place, at its final position: sampled tokens
+are never decoded and re-encoded, and the trainer sees the very ids (and positions)
+the sampler produced. Roles come from who wrote a token, never from token values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentic_rl import sampling
+from agentic_rl import tokenizers
+from agentic_rl import types
+from agentic_rl.models import transformer
+
+
+@flax.struct.dataclass
+class RolloutState:
+  """Carry of the episode loop (batch of B rows, buffer of L tokens)."""
+
+  tokens: jax.Array  # [B, L] int32
+  role: jax.Array  # [B, L] int8
+  logprob: jax.Array  # [B, L] float32
+  turn: jax.Array  # [B, L] int32
+  length: jax.Array  # [B] int32, tokens written so far
+  done: jax.Array  # [B] bool
+  finish: jax.Array  # [B] int32
+  num_turns: jax.Array  # [B] int32
+  env_state: Any
+  cache: Any  # KV cache or None (expert rollouts)
+  next_logits: Any  # [B, V] float32 or None (expert rollouts)
+
+
+def write_segment(
+    buf_bl: jax.Array,
+    start_b: jax.Array,
+    seg_bs: jax.Array,
+    seg_len_b: jax.Array,
+    write_b: jax.Array,
+) -> jax.Array:
+  """Writes row b's `seg_bs[b, :seg_len_b[b]]` at `buf_bl[b, start_b[b]:]`.
+
+  Only rows with `write_b` set are written; positions past L are dropped.
+
+  Args:
+    buf_bl: [B, L] buffer.
+    start_b: [B] int32 start positions.
+    seg_bs: [B, S] values (same dtype as buf, or broadcastable scalars per row).
+    seg_len_b: [B] int32 number of valid entries per row.
+    write_b: [B] bool.
+
+  Returns:
+    The updated [B, L] buffer.
+  """
+  b, s = seg_bs.shape
+  pos_bs = start_b[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
+  valid_bs = (jnp.arange(s)[None, :] < seg_len_b[:, None]) & write_b[:, None]
+  # Invalid entries are sent out of bounds and dropped.
+  pos_bs = jnp.where(valid_bs, pos_bs, buf_bl.shape[1])
+  rows_bs = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
+  return buf_bl.at[rows_bs, pos_bs].set(seg_bs.astype(buf_bl.dtype), mode="drop")
+
+
+def _tree_where(mask_b: jax.Array, new: Any, old: Any) -> Any:
+  def pick(n, o):
+    m = mask_b.reshape(mask_b.shape + (1,) * (n.ndim - 1))
+    return jnp.where(m, n, o)
+
+  return jax.tree.map(pick, new, old)
+
+
+def generate_turn(
+    graphdef: nnx.GraphDef,
+    params: Any,
+    state: RolloutState,
+    key: jax.Array,
+    *,
+    max_action_len: int,
+    temperature: float | jax.Array,
+    stop_tokens: tuple[int, ...] = tokenizers.STOP_TOKENS,
+) -> tuple[RolloutState, jax.Array, jax.Array]:
+  """Samples one assistant turn for every row that is not done.
+
+  Each active row samples from `state.next_logits`, writes the token (role POLICY,
+  its behaviour log-prob, the current turn index) at its own position, feeds it
+  through the model with the KV cache, and stops after a stop token, after
+  `max_action_len` tokens, or when the buffer is full.
+
+  Returns:
+    (state, action_tokens [B, A] int32 padded with PAD, action_len [B] int32).
+  """
+  b, l = state.tokens.shape
+  active0 = ~state.done
+  turn_idx = state.num_turns
+  stop = jnp.asarray(stop_tokens, jnp.int32)
+
+  def cond(carry):
+    _, _, _, active, t, _ = carry
+    return jnp.any(active) & (t < max_action_len)
+
+  def body(carry):
+    st, action, action_len, active, t, key = carry
+    key, sub = jax.random.split(key)
+    tok_b, logp_b = sampling.sample_token(sub, st.next_logits, temperature)
+    one = jnp.ones((b, 1), jnp.int32)
+    tokens = write_segment(st.tokens, st.length, tok_b[:, None], one[:, 0], active)
+    role = write_segment(
+        st.role, st.length, jnp.full((b, 1), types.POLICY), one[:, 0], active
+    )
+    logprob = write_segment(st.logprob, st.length, logp_b[:, None], one[:, 0], active)
+    turn = write_segment(st.turn, st.length, turn_idx[:, None], one[:, 0], active)
+    action = action.at[:, t].set(jnp.where(active, tok_b, tokenizers.PAD))
+    logits, cache = sampling.extend(
+        graphdef, params, st.cache, tok_b[:, None], st.length, one[:, 0]
+    )
+    next_logits = jnp.where(active[:, None], logits, st.next_logits)
+    length = st.length + active.astype(jnp.int32)
+    action_len = action_len + active.astype(jnp.int32)
+    is_stop = jnp.any(tok_b[:, None] == stop[None, :], axis=-1)
+    st = st.replace(
+        tokens=tokens,
+        role=role,
+        logprob=logprob,
+        turn=turn,
+        length=length,
+        cache=cache,
+        next_logits=next_logits,
+    )
+    active = active & ~is_stop & (length < l)
+    return st, action, action_len, active, t + 1, key
+
+  action = jnp.full((b, max_action_len), tokenizers.PAD, jnp.int32)
+  action_len = jnp.zeros((b,), jnp.int32)
+  carry = (state, action, action_len, active0, jnp.int32(0), key)
+  state, action, action_len, _, _, _ = jax.lax.while_loop(cond, body, carry)
+  return state, action, action_len
+
+
+def _expert_turn(env, state: RolloutState, key: jax.Array):
+  """Writes the environment expert's next turn (role POLICY, log-prob 0)."""
+  b = state.tokens.shape[0]
+  keys = jax.random.split(key, b)
+  action, action_len = jax.vmap(env.expert_action)(state.env_state, keys)
+  active = ~state.done
+  action_len = jnp.where(active, action_len, 0)
+  tokens = write_segment(state.tokens, state.length, action, action_len, active)
+  role = write_segment(
+      state.role,
+      state.length,
+      jnp.full(action.shape, types.POLICY),
+      action_len,
+      active,
+  )
+  turn = write_segment(
+      state.turn,
+      state.length,
+      jnp.broadcast_to(state.num_turns[:, None], action.shape),
+      action_len,
+      active,
+  )
+  l = state.tokens.shape[1]
+  length = jnp.minimum(state.length + action_len, l)
+  state = state.replace(tokens=tokens, role=role, turn=turn, length=length)
+  return state, action, action_len
+
+
+def rollout(
+    env,
+    tasks: Any,
+    key: jax.Array,
+    *,
+    max_len: int,
+    group: jax.Array | None = None,
+    graphdef: nnx.GraphDef | None = None,
+    params: Any = None,
+    model_config: transformer.TransformerConfig | None = None,
+    temperature: float | jax.Array = 1.0,
+) -> types.Trajectory:
+  """Runs a batch of episodes to completion and returns their `Trajectory`.
+
+  With (graphdef, params, model_config) the policy samples every assistant turn;
+  with graphdef None the environment's expert acts instead (SFT demonstrations,
+  same format, behaviour log-prob 0).
+
+  Args:
+    env: a JAX-native environment (environments/base.py).
+    tasks: task pytree with leading dim B.
+    key: PRNG key for sampling (and the expert's imperfections).
+    max_len: L, the sequence buffer length (static). Episodes that do not fit end
+      TRUNCATED.
+    group: [B] int32 GRPO group of each episode (defaults to arange(B)).
+    graphdef, params, model_config: the policy (see above).
+    temperature: sampling temperature (python float or traced scalar); 0 is
+      greedy.
+
+  Returns:
+    Trajectory with B rows and L tokens; facts from `env.facts`.
+  """
+  b = jax.tree.leaves(tasks)[0].shape[0]
+  l = max_len
+  env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
+  prompt_len = jnp.minimum(prompt_len, l)
+  zeros_b = jnp.zeros((b,), jnp.int32)
+  all_b = jnp.ones((b,), bool)
+  tokens = write_segment(
+      jnp.full((b, l), tokenizers.PAD, jnp.int32), zeros_b, prompt, prompt_len, all_b
+  )
+  role = write_segment(
+      jnp.full((b, l), types.PAD, jnp.int8),
+      zeros_b,
+      jnp.full(prompt.shape, types.PROMPT),
+      prompt_len,
+      all_b,
+  )
+  use_model = graphdef is not None
+  if use_model:
+    cache = transformer.init_cache(model_config, b, l)
+    next_logits, cache = sampling.extend(
+        graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
+    )
+  else:
+    cache, next_logits = None, None
+  state = RolloutState(
+      tokens=tokens,
+      role=role,
+      logprob=jnp.zeros((b, l), jnp.float32),
+      turn=jnp.full((b, l), -1, jnp.int32),
+      length=prompt_len,
+      done=prompt_len >= l,
+      finish=jnp.where(prompt_len >= l, types.TRUNCATED, types.RUNNING),
+      num_turns=zeros_b,
+      env_state=env_state,
+      cache=cache,
+      next_logits=next_logits,
+  )
+
+  def turn_body(carry):
+    state, key = carry
+    key, sub = jax.random.split(key)
+    active = ~state.done
+    if use_model:
+      state, action, action_len = generate_turn(
+          graphdef,
+          params,
+          state,
+          sub,
+          max_action_len=env.max_action_len,
+          temperature=temperature,
+      )
+    else:
+      state, action, action_len = _expert_turn(env, state, sub)
+    new_env_state, obs, obs_len, env_done = jax.vmap(env.step)(
+        state.env_state, action, action_len
+    )
+    env_state = _tree_where(active, new_env_state, state.env_state)
+    facts = jax.vmap(env.facts)(env_state)
+    num_turns = state.num_turns + active.astype(jnp.int32)
+    full = state.length >= l
+    cont = active & ~env_done & ~full
+    obs_fits = state.length + obs_len <= l
+    write_obs = cont & obs_fits
+    obs_len = jnp.where(write_obs, obs_len, 0)
+    tokens = write_segment(state.tokens, state.length, obs, obs_len, write_obs)
+    role = write_segment(
+        state.role, state.length, jnp.full(obs.shape, types.TOOL), obs_len, write_obs
+    )
+    turn = write_segment(
+        state.turn,
+        state.length,
+        jnp.broadcast_to(state.num_turns[:, None], obs.shape),
+        obs_len,
+        write_obs,
+    )
+    cache, next_logits = state.cache, state.next_logits
+    if use_model:
+      logits, cache = sampling.extend(
+          graphdef, params, cache, obs, state.length, obs_len
+      )
+      next_logits = jnp.where(write_obs[:, None], logits, next_logits)
+    length = state.length + obs_len
+    # A row whose buffer filled up (during its action, or with no room for the
+    # observation or a next turn) is TRUNCATED unless it had just answered.
+    truncated = active & ~facts["answered"] & (
+        full | (cont & ~obs_fits) | (~env_done & (length >= l))
+    )
+    finish_now = jnp.where(
+        facts["answered"],
+        types.ANSWERED,
+        jnp.where(
+            truncated,
+            types.TRUNCATED,
+            jnp.where(facts["format_error"], types.FORMAT_ERROR, types.MAX_TURNS),
+        ),
+    )
+    ended = active & (env_done | truncated)
+    state = state.replace(
+        tokens=tokens,
+        role=role,
+        turn=turn,
+        length=length,
+        done=state.done | ended,
+        finish=jnp.where(ended, finish_now, state.finish),
+        num_turns=num_turns,
+        env_state=env_state,
+        cache=cache,
+        next_logits=next_logits,
+    )
+    return state, key
+
+  def turn_cond(carry):
+    state, _ = carry
+    return jnp.any(~state.done)
+
+  state, _ = jax.lax.while_loop(turn_cond, turn_body, (state, key))
+  return types.Trajectory(
+      tokens=state.tokens,
+      role=state.role,
+      logprob=state.logprob,
+      turn=state.turn,
+      length=state.length,
+      num_turns=state.num_turns,
+      finish=state.finish,
+      group=jnp.arange(b, dtype=jnp.int32) if group is None else group,
+      facts=jax.vmap(env.facts)(state.env_state),
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("env", "max_len", "graphdef",
+                                             "model_config"))
+def rollout_jit(env, tasks, key, *, max_len, group=None, graphdef=None,
+                params=None, model_config=None, temperature=1.0):
+  """`rollout` under `jax.jit` (env, shapes and graphdef static; temperature is
+  traced, so greedy and sampled evaluation share one compiled program)."""
+  return rollout(env, tasks, key, max_len=max_len, group=group, graphdef=graphdef,
+                 params=params, model_config=model_config, temperature=temperature)

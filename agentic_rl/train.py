@@ -1,0 +1,237 @@
+"""The experiment loop: SFT warm start -> GRPO -> evaluation, with exact resume.
+
+`train_and_evaluate(config, workdir)` is what `main.py` calls. Side effects (files,
+progress bar, checkpoints) live here and in metrics.py / checkpoint.py; everything
+inside a step is a pure jitted function from learner.py.
+
+Workdir layout:
+  config.json                the resolved config
+  checkpoints/               orbax checkpoints of the full TrainState
+  metrics.jsonl, tensorboard/  per-step metrics
+  eval_sft.json              held-out evaluation of the SFT checkpoint (the reference)
+  eval_report.{json,md}      SFT vs final evaluation, learning_curves.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from agentic_rl import checkpoint as checkpoint_lib
+from agentic_rl import learner
+from agentic_rl import metrics as metrics_lib
+from agentic_rl import rollout
+from agentic_rl import types
+from agentic_rl import validation
+from agentic_rl.models import transformer
+from environments import arithmetic
+
+ENVIRONMENTS = {"arithmetic": arithmetic.ArithmeticEnv}
+
+
+def make_env(config: ml_collections.ConfigDict):
+  """Builds the environment named by `config.env.name` from `config.env`."""
+  kwargs = {k: v for k, v in config.env.items() if k != "name"}
+  return ENVIRONMENTS[config.env.name](**kwargs)
+
+
+def make_model_config(config) -> transformer.TransformerConfig:
+  return transformer.TransformerConfig(**dict(config.model))
+
+
+def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
+  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params)."""
+  root = jax.random.PRNGKey(config.seed)
+  model = transformer.Transformer(
+      model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
+  )
+  graphdef, params = nnx.split(model)
+  tx = learner.make_optimizer(config.sft)
+  state = types.TrainState(
+      step=jnp.int32(0),
+      params=params,
+      ref_params=jax.tree.map(jnp.copy, params),
+      opt_state=tx.init(params),
+      rng=jax.random.fold_in(root, 1),
+  )
+  return graphdef, state
+
+
+def start_rl(config, state: types.TrainState) -> types.TrainState:
+  """Phase transition: freeze the SFT policy as reference, fresh RL optimizer."""
+  tx = learner.make_optimizer(config.rl)
+  return state.replace(
+      ref_params=jax.tree.map(jnp.copy, state.params),
+      opt_state=tx.init(state.params),
+  )
+
+
+def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
+  """Held-out evaluation on `config.eval.num_tasks` fixed tasks.
+
+  Greedy decoding (temperature 0) gives accuracy (overall, easy, hard), tool calls
+  per episode, tool productivity (correct answers per tool call, summed over the
+  set; Wang et al., OTC, arXiv:2504.14870), format-error rate (malformed answer or
+  tool call, or no answer). `eval.num_samples` samples per task at
+  `eval.temperature` give pass@k (unbiased estimator, arXiv:2107.03374).
+
+  Returns:
+    dict of python floats.
+  """
+  ec = config.eval
+  tasks = env.eval_tasks(ec.num_tasks, ec.seed)
+  key = jax.random.PRNGKey(ec.seed)
+  traj = rollout.rollout_jit(
+      env, tasks, key, max_len=config.max_len, graphdef=graphdef, params=params,
+      model_config=model_cfg, temperature=jnp.float32(0.0),
+  )
+  facts = jax.device_get(traj.facts)
+  finish = np.asarray(traj.finish)
+  correct = np.asarray(facts["correct"], bool)
+  hard = np.asarray(facts["hard"], bool)
+  calls = np.asarray(facts["num_tool_calls"], np.float64)
+  errors = np.asarray(facts["num_tool_errors"])
+  malformed = (finish != types.ANSWERED) | (errors > 0)
+  out = {
+      "accuracy": float(correct.mean()),
+      "accuracy_easy": float(correct[~hard].mean()) if (~hard).any() else float("nan"),
+      "accuracy_hard": float(correct[hard].mean()) if hard.any() else float("nan"),
+      "tool_calls": float(calls.mean()),
+      "tool_calls_easy": float(calls[~hard].mean()) if (~hard).any() else float("nan"),
+      "tool_calls_hard": float(calls[hard].mean()) if hard.any() else float("nan"),
+      "tool_productivity": float(correct.sum() / max(calls.sum(), 1.0)),
+      "format_error_rate": float(malformed.mean()),
+      "response_tokens": float(np.mean(np.sum(np.asarray(traj.role) == types.POLICY, 1))),
+  }
+  n = ec.num_samples
+  if n > 0:
+    # n passes over the task set with the same compiled program (same shapes).
+    c = np.zeros((ec.num_tasks,), np.int64)
+    for i in range(n):
+      straj = rollout.rollout_jit(
+          env, tasks, jax.random.fold_in(key, i + 1), max_len=config.max_len,
+          graphdef=graphdef, params=params, model_config=model_cfg,
+          temperature=jnp.float32(ec.temperature),
+      )
+      c += np.asarray(straj.facts["correct"], np.int64)
+    out["sample_accuracy"] = float(c.mean() / n)
+    for k in ec.pass_k:
+      out[f"pass@{k}"] = float(metrics_lib.pass_at_k(n, c, k).mean())
+  return out
+
+
+def _host(metrics: dict[str, Any]) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+  """Runs (or resumes) SFT then GRPO then the held-out evaluation.
+
+  Args:
+    config: experiment config (configs/*.py); validated before any work.
+    workdir: output folder; an existing checkpoint there is resumed.
+
+  Returns:
+    {'sft': eval metrics, 'rl': eval metrics}, or None if the run was halted
+    early by `config.halt_after_step` (used by the resume test).
+
+  Raises:
+    ValueError: invalid config (names the field and value).
+    FloatingPointError: a non-finite loss (names the step and metric).
+  """
+  validation.validate_config(config)
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+
+  env = make_env(config)
+  model_cfg = make_model_config(config)
+  graphdef, state = init_state(config, model_cfg)
+  sft_steps, rl_steps = config.sft.steps, config.rl.steps
+  total = sft_steps + rl_steps
+  logging.info("policy parameters: %d", transformer.count_params(state.params))
+
+  ckpt = checkpoint_lib.Checkpointer(
+      os.path.join(workdir, "checkpoints"),
+      max_to_keep=config.checkpoint.max_to_keep,
+      save_interval_steps=config.checkpoint.every_steps,
+  )
+  start = ckpt.latest_step()
+  if start is not None:
+    if start >= sft_steps:
+      state = start_rl(config, state)  # restore into the RL optimizer's structure
+    state = ckpt.restore(state, step=start)
+    logging.info("resumed from step %d in %s", start, workdir)
+  elif sft_steps == 0:
+    state = start_rl(config, state)  # pure RL from the initial weights
+  start = int(state.step)
+
+  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft))
+  rl_step = learner.make_rl_step(
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+  )
+  sft_eval_path = os.path.join(workdir, "eval_sft.json")
+  halt = config.get("halt_after_step", -1)
+  keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start if start else None)
+  bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name, keys=keys)
+  t0 = time.time()
+  try:
+    while int(state.step) < total:
+      step = int(state.step)
+      phase = "sft" if step < sft_steps else "rl"
+      state, m = (sft_step if phase == "sft" else rl_step)(state)
+      m = _host(m)
+      step += 1
+      for name in ("loss",):
+        if not np.isfinite(m[name]):
+          raise FloatingPointError(
+              f"non-finite {phase}/{name} = {m[name]} at step {step}"
+          )
+      m["steps_per_sec"] = (step - start) / max(time.time() - t0, 1e-9)
+      if step % config.log_every_steps == 0 or step in (sft_steps, total):
+        writer.write(step, m, prefix=phase)
+      bar.update(step, m)
+      if step == sft_steps:
+        state = start_rl(config, state)
+      ckpt.save(step, state, force=step in (sft_steps, total))
+      if step >= sft_steps and not os.path.exists(sft_eval_path):
+        ckpt.wait()
+        _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+      if step == halt:
+        ckpt.wait()
+        return None
+  finally:
+    bar.close()
+    writer.close()
+    ckpt.wait()
+  if sft_steps == total and not os.path.exists(sft_eval_path):
+    _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+
+  with open(sft_eval_path) as f:
+    reports = {"sft": json.load(f)}
+  reports["rl"] = evaluate(config, env, graphdef, state.params, model_cfg)
+  ckpt.close()
+  metrics_lib.write_eval_report(workdir, reports, title=f"{config.name}: held-out evaluation")
+  metrics_lib.plot_learning_curves(
+      workdir, keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl")
+  )
+  print(metrics_lib.format_eval_table(reports))
+  return reports
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2)
+  os.replace(tmp, path)

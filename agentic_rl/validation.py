@@ -1,0 +1,93 @@
+"""Config validation: reject bad values before any work, naming field and value."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from agentic_rl import rewards
+
+KNOWN_ENVS = ("arithmetic",)
+
+
+def _fail(field: str, value, why: str):
+  raise ValueError(f"config.{field}={value!r}: {why}")
+
+
+def _positive_int(config, field: str, allow_zero: bool = False):
+  value = config
+  for part in field.split("."):
+    value = value[part]
+  if isinstance(value, bool) or not isinstance(value, int):
+    _fail(field, value, "must be an integer")
+  if value < 0 or (value == 0 and not allow_zero):
+    _fail(field, value, "must be >= 0" if allow_zero else "must be > 0")
+  return value
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks an experiment config; raises ValueError naming the first bad field.
+
+  Raises:
+    ValueError: e.g. group size 1, batch not divisible by group size, unknown
+      reward name, minibatches that would split a group, non-positive sizes.
+  """
+  if config.env.name not in KNOWN_ENVS:
+    _fail("env.name", config.env.name, f"unknown environment; known: {KNOWN_ENVS}")
+  for f in ("model.d_model", "model.num_layers", "model.num_heads",
+            "model.head_dim", "model.ffn_dim", "max_len", "sft.batch_size",
+            "rl.batch_size", "rl.group_size", "rl.num_minibatches",
+            "rl.ppo_epochs", "eval.num_tasks", "log_every_steps",
+            "checkpoint.every_steps", "checkpoint.max_to_keep"):
+    _positive_int(config, f)
+  for f in ("sft.steps", "rl.steps", "eval.num_samples"):
+    _positive_int(config, f, allow_zero=True)
+  if config.model.head_dim % 2:
+    _fail("model.head_dim", config.model.head_dim, "must be even (RoPE)")
+  rl = config.rl
+  if rl.group_size < 2:
+    _fail("rl.group_size", rl.group_size,
+          "GRPO needs at least 2 episodes per group (the group is the baseline)")
+  if rl.batch_size % rl.group_size:
+    _fail("rl.batch_size", rl.batch_size,
+          f"must be divisible by rl.group_size={rl.group_size}")
+  num_groups = rl.batch_size // rl.group_size
+  if num_groups % rl.num_minibatches:
+    _fail("rl.num_minibatches", rl.num_minibatches,
+          f"must divide the number of groups ({num_groups}) so that no group is "
+          "split across minibatches")
+  if not rl.temperature > 0:
+    _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
+  if not 0 <= rl.clip_low < 1:
+    _fail("rl.clip_low", rl.clip_low, "must be in [0, 1)")
+  if not rl.clip_high >= 0:
+    _fail("rl.clip_high", rl.clip_high, "must be >= 0")
+  if not rl.kl_coef >= 0:
+    _fail("rl.kl_coef", rl.kl_coef, "must be >= 0")
+  if rl.scale_by_std and not rl.adv_eps > 0:
+    _fail("rl.adv_eps", rl.adv_eps, "must be > 0 when rl.scale_by_std")
+  for name, w in dict(rl.rewards).items():
+    if name not in rewards.REWARD_COMPONENTS:
+      _fail(f"rl.rewards.{name}", w,
+            f"unknown reward name {name!r}; known: {sorted(rewards.REWARD_COMPONENTS)}")
+  if not dict(rl.rewards):
+    _fail("rl.rewards", dict(rl.rewards), "must name at least one reward component")
+  for phase in ("sft", "rl"):
+    c = config[phase]
+    if not c.learning_rate > 0:
+      _fail(f"{phase}.learning_rate", c.learning_rate, "must be > 0")
+    if not c.max_grad_norm > 0:
+      _fail(f"{phase}.max_grad_norm", c.max_grad_norm, "must be > 0")
+  ev = config.eval
+  if ev.num_samples and not ev.temperature > 0:
+    _fail("eval.temperature", ev.temperature, "must be > 0 for pass@k sampling")
+  for k in ev.pass_k:
+    if not 1 <= k <= ev.num_samples:
+      _fail("eval.pass_k", tuple(ev.pass_k),
+            f"each k must be in [1, eval.num_samples={ev.num_samples}]")
+  env = config.env
+  for f in ("hard_fraction", "expert_imperfect_prob"):
+    if f in env and not 0.0 <= env[f] <= 1.0:
+      _fail(f"env.{f}", env[f], "must be a probability in [0, 1]")
+  if "max_prompt_len" in env and env.max_prompt_len > config.max_len:
+    _fail("max_len", config.max_len,
+          f"must be >= env.max_prompt_len={env.max_prompt_len}")

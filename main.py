@@ -1,0 +1,54 @@
+"""Entry point: python main.py [--config=configs/X.py[:arg]] [--workdir=DIR] [--config.a.b=v].
+
+Only parses flags and calls the library (agentic_rl.train.train_and_evaluate).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from agentic_rl import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/default.py", "Experiment config file (configs/*.py[:arg])."
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Output folder; defaults to runs/<config name>. Re-running resumes."
+)
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache",
+    os.path.join(os.path.expanduser("~"), ".cache", "agentic_rl", "xla"),
+    "Persistent XLA compilation cache folder ('' disables). Re-runs and resumes skip "
+    "most compile time.",
+)
+
+
+class _DropLibraryChatter:
+  """absl log filter: hides orbax's per-save INFO lines (warnings still show)."""
+
+  def filter(self, record):
+    return record.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or (
+        "orbax" not in record.pathname
+    )
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_DropLibraryChatter())
+  if _COMPILATION_CACHE.value:
+    jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE.value)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or os.path.join("runs", config.name)
+  train.train_and_evaluate(config, workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,454 @@
+"""Tests for environments/arithmetic.py (expected values are written by hand)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import tokenizers as tk
+from environments import arithmetic
+from environments.arithmetic import ArithmeticEnv, ArithmeticTask
+
+TOK = tk.ByteTokenizer()
+A = 16  # default max_action_len
+ENV = ArithmeticEnv()
+
+
+def _task(a, op, b, answer, hard):
+  return ArithmeticTask(
+      a=jnp.int32(a), b=jnp.int32(b), op=jnp.int32(op), answer=jnp.int32(answer),
+      hard=jnp.bool_(hard),
+  )
+
+
+HARD = _task(483, arithmetic.MUL, 27, 13041, True)
+EASY = _task(7, arithmetic.SUB, 9, -2, False)
+
+
+def _action(ids, width=A):
+  ids = list(ids)
+  assert len(ids) <= width
+  return jnp.array(ids + [tk.PAD] * (width - len(ids)), jnp.int32), jnp.int32(len(ids))
+
+
+def _call(text, end=tk.CALL_END):
+  return _action([tk.CALL, *TOK.encode(text)] + ([end] if end is not None else []))
+
+
+def _answer(text, end=tk.ANSWER_END):
+  return _action([tk.ANSWER, *TOK.encode(text)] + ([end] if end is not None else []))
+
+
+# Compiled once and reused. `reset`, `step` and `facts` do not read
+# `expert_imperfect_prob`, so envs differing only in it share ENV's compiled versions.
+_RESET = jax.jit(ENV.reset)
+_STEP = jax.jit(ENV.step)
+_FACTS = jax.jit(ENV.facts)
+
+
+def _reset(task):
+  return _RESET(task)
+
+
+def _step(state, action):
+  return _STEP(state, *action)
+
+
+def _facts(state):
+  return jax.device_get(_FACTS(state))
+
+
+# Batched versions (the rollout's usage), all at batch size N.
+N = 16
+_VRESET = jax.jit(jax.vmap(ENV.reset))
+_VSTEP = jax.jit(jax.vmap(ENV.step))
+_VFACTS = jax.jit(jax.vmap(ENV.facts))
+ENV_PERFECT = ArithmeticEnv(expert_imperfect_prob=0.0)
+ENV_IMPERFECT = ArithmeticEnv(expert_imperfect_prob=1.0)
+_VEXPERT = {
+    env.expert_imperfect_prob: jax.jit(jax.vmap(env.expert_action))
+    for env in (ENV, ENV_PERFECT, ENV_IMPERFECT)
+}
+
+
+def _text(ids, n=None):
+  ids = np.asarray(ids)
+  return TOK.decode(ids if n is None else ids[: int(n)])
+
+
+# ------------------------------------------------------------------------- prompts
+
+
+def test_prompt():
+  _, prompt, prompt_len = _reset(HARD)
+  assert prompt.shape == (24,) and prompt.dtype == jnp.int32
+  assert _text(prompt) == "<bos>Compute 483*27.\n"
+  assert int(prompt_len) == 17
+  assert np.all(np.asarray(prompt[17:]) == tk.PAD)
+  _, prompt, prompt_len = _reset(EASY)
+  assert _text(prompt, prompt_len) == "<bos>Compute 7-9.\n"
+  assert int(prompt_len) == 14
+
+
+def test_render_task():
+  assert arithmetic.render_task(HARD) == "Compute 483*27."
+  assert arithmetic.render_task(_task(3, arithmetic.ADD, 0, 3, False)) == "Compute 3+0."
+
+
+# ------------------------------------------------------------------------ tool calls
+
+
+@pytest.mark.parametrize(
+    "expr, obs",
+    [
+        ("483*27", "<obs>13041</obs>"),
+        ("7-9", "<obs>-2</obs>"),
+        ("0*0", "<obs>0</obs>"),
+        ("5+5", "<obs>10</obs>"),
+        ("007+3", "<obs>10</obs>"),  # leading zeros allowed
+        ("999999+999999", "<obs>1999998</obs>"),
+        ("9999*99999", "<obs>999890001</obs>"),
+        ("1-999999", "<obs>-999998</obs>"),
+    ],
+)
+def test_call(expr, obs):
+  state, _, _ = _reset(HARD)
+  state, obs_tokens, obs_len, done = _step(state, _call(expr))
+  assert obs_tokens.shape == (12,)
+  assert _text(obs_tokens) == obs
+  assert int(obs_len) == len(obs.replace("<obs>", "O").replace("</obs>", "C"))
+  assert np.all(np.asarray(obs_tokens[int(obs_len):]) == tk.PAD)
+  assert not bool(done)
+  f = _facts(state)
+  assert int(f["num_tool_calls"]) == 1 and int(f["num_tool_errors"]) == 0
+  assert list(f["tool_call_turn"]) == [True, False, False]
+  assert not f["format_error"] and not f["answered"] and not f["correct"]
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        _call("48a*2"),
+        _call("*5"),
+        _call("12*"),
+        _call("1**2"),
+        _call("1+2+3"),
+        _call("-5+3"),
+        _call(""),
+        _call("12 * 3"),
+        _call("1234567+1"),  # 7-digit operand
+        _call("999999*999999"),  # int32 overflow
+        _call("99999*99999"),  # 9999800001 > int32 max
+        _call("12*3", end=tk.ANSWER_END),  # missing CALL_END (wrong stop token)
+        _call("12*3", end=tk.EOS),  # missing CALL_END (eos)
+        _action([tk.CALL, *TOK.encode("12"), tk.CALL, *TOK.encode("3"), tk.CALL_END]),
+        _action([tk.CALL, *TOK.encode("1*2"), tk.CALL_END, *TOK.encode("3"), tk.CALL_END]),
+    ],
+)
+def test_malformed_call(action):
+  state, _, _ = _reset(HARD)
+  state, obs_tokens, obs_len, done = _step(state, action)
+  assert _text(obs_tokens) == "<obs>error</obs>"
+  assert int(obs_len) == 7
+  assert not bool(done)
+  f = _facts(state)
+  assert int(f["num_tool_calls"]) == 1 and int(f["num_tool_errors"]) == 1
+  assert list(f["tool_call_turn"]) == [True, False, False]
+  assert not f["format_error"]
+
+
+def test_small_obs_len_reports_long_results_as_error():
+  env = ArithmeticEnv(max_obs_len=8)  # room for a sign and 5 digits
+  step = jax.jit(env.step)
+  state, _, _ = _reset(HARD)
+  state, obs, n, _ = step(state, *_call("483*27"))
+  assert obs.shape == (8,)
+  assert _text(obs, n) == "<obs>13041</obs>"
+  state, obs, n, _ = step(state, *_call("999*999"))
+  assert _text(obs, n) == "<obs>error</obs>"
+  assert int(_facts(state)["num_tool_errors"]) == 1
+
+
+# -------------------------------------------------------------------------- answers
+
+
+@pytest.mark.parametrize(
+    "task, text, correct",
+    [
+        (HARD, "13041", True),
+        (HARD, "013041", True),
+        (HARD, "13040", False),
+        (HARD, "-13041", False),
+        (EASY, "-2", True),
+        (EASY, "2", False),
+        (_task(0, arithmetic.MUL, 5, 0, False), "0", True),
+        (HARD, "9999999", False),
+    ],
+)
+def test_answer(task, text, correct):
+  state, _, _ = _reset(task)
+  state, obs, obs_len, done = _step(state, _answer(text))
+  assert bool(done) and int(obs_len) == 0
+  assert np.all(np.asarray(obs) == tk.PAD)
+  f = _facts(state)
+  assert bool(f["answered"]) and not f["format_error"]
+  assert bool(f["correct"]) == correct
+  assert int(f["num_tool_calls"]) == 0
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        _answer("12a"),
+        _answer(""),
+        _answer("-"),
+        _answer("--2"),
+        _answer("1-2"),
+        _answer("12345678"),  # 8 digits
+        _answer("13041", end=tk.CALL_END),  # missing ANSWER_END
+        _answer("13041", end=tk.EOS),
+        _answer("13041", end=None),  # ran out of tokens
+    ],
+)
+def test_malformed_answer(action):
+  state, _, _ = _reset(HARD)
+  state, obs, obs_len, done = _step(state, action)
+  assert bool(done) and int(obs_len) == 0
+  f = _facts(state)
+  assert bool(f["format_error"])
+  assert not f["answered"] and not f["correct"]
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        _action([]),
+        _action([tk.EOS]),
+        _action(TOK.encode("13041") + [tk.ANSWER_END]),
+        _action([tk.BOS, tk.ANSWER, *TOK.encode("1"), tk.ANSWER_END]),
+        _call("483*27", end=None),  # call that ran out of tokens
+        _action([tk.CALL] * A),
+        _action([tk.PAD] * 3),
+    ],
+)
+def test_other_turns_are_format_errors(action):
+  state, _, _ = _reset(HARD)
+  state, obs, obs_len, done = _step(state, action)
+  assert bool(done) and int(obs_len) == 0
+  assert np.all(np.asarray(obs) == tk.PAD)
+  f = _facts(state)
+  assert bool(f["format_error"]) and not f["answered"]
+  assert int(f["num_tool_calls"]) == 0
+
+
+def test_action_len_out_of_range_does_not_raise():
+  state, _, _ = _reset(HARD)
+  tokens, _ = _answer("13041")
+  for n in (-3, 0, 100):
+    s, _, _, done = _step(state, (tokens, jnp.int32(n)))
+    assert bool(done) and bool(_facts(s)["format_error"])
+
+
+def test_random_garbage_never_raises():
+  rng = np.random.default_rng(0)
+  vocab = np.array(
+      [*range(tk.NUM_BYTES), *tk.SPECIAL_TOKENS, *TOK.encode("0123456789+-*" * 10)]
+  )
+  n = 208  # 13 batches of N
+  tokens = rng.choice(vocab, size=(n, A)).astype(np.int32)
+  # Half start with CALL / ANSWER to exercise the parsers; lengths 0..A.
+  tokens[: n // 2, 0] = rng.choice([tk.CALL, tk.ANSWER], size=n // 2)
+  lengths = rng.integers(0, A + 1, size=n).astype(np.int32)
+  stop = rng.random(n) < 0.7
+  for i in range(n):
+    if stop[i] and lengths[i] > 0:
+      tokens[i, lengths[i] - 1] = rng.choice(tk.STOP_TOKENS)
+  tokens[0] = 10**6  # out-of-vocabulary ids
+  tokens[1] = -7
+  lengths[2] = -1
+  lengths[3] = 1000
+
+  states = _VRESET(ENV.eval_tasks(N, seed=1))[0]
+  for i in range(0, n, N):
+    # Two turns: the batch, then the batch reversed.
+    s = states
+    for t, l in ((tokens[i:i + N], lengths[i:i + N]),
+                 (tokens[i:i + N][::-1], lengths[i:i + N][::-1])):
+      s, obs, obs_len, _ = _VSTEP(s, jnp.asarray(t), jnp.asarray(l))
+      obs, obs_len = np.asarray(obs), np.asarray(obs_len)
+      assert np.all((obs_len >= 0) & (obs_len <= ENV.max_obs_len))
+      assert np.all((obs >= 0) & (obs < tk.VOCAB_SIZE))
+    f = jax.device_get(_VFACTS(s))
+    for k in ("correct", "answered", "format_error", "hard"):
+      assert f[k].dtype == bool and f[k].shape == (N,)
+    assert np.all(f["num_tool_calls"] >= f["num_tool_errors"])
+    assert np.all((f["num_tool_errors"] >= 0) & (f["num_tool_calls"] <= 2))
+    assert np.all(f["num_tool_calls"] == f["tool_call_turn"].sum(-1))
+    assert not np.any(f["answered"] & f["format_error"])
+    assert not np.any(f["correct"] & ~f["answered"])
+
+
+# ----------------------------------------------------------------------- episodes
+
+
+def test_max_turns():
+  state, _, _ = _reset(HARD)
+  for k in range(3):
+    state, obs, _, done = _step(state, _call("1+1"))
+    assert _text(obs) == "<obs>2</obs>"
+    assert bool(done) == (k == 2)
+  f = _facts(state)
+  assert int(f["num_tool_calls"]) == 3
+  assert list(f["tool_call_turn"]) == [True, True, True]
+  assert not f["format_error"] and not f["answered"]
+  # Stepping a finished episode is a no-op.
+  state2, obs, obs_len, done = _step(state, _answer("13041"))
+  assert bool(done) and int(obs_len) == 0
+  assert not _facts(state2)["answered"]
+  assert int(state2.turn) == 3
+
+
+def test_call_then_answer():
+  state, _, _ = _reset(HARD)
+  state, _, _, done = _step(state, _call("483*27"))
+  assert not bool(done)
+  state, _, _, done = _step(state, _answer("13041"))
+  f = _facts(state)
+  assert bool(done) and bool(f["correct"]) and bool(f["answered"])
+  assert list(f["tool_call_turn"]) == [True, False, False]
+  assert int(f["num_tool_calls"]) == 1 and bool(f["hard"])
+
+
+# ------------------------------------------------------------------------- expert
+
+
+def _batch(*tasks):
+  """Stacks unbatched tasks and pads the batch to N with eval tasks."""
+  rest = jax.tree.map(lambda x: x[len(tasks):], ENV.eval_tasks(N, seed=0))
+  return jax.tree.map(lambda *xs: jnp.concatenate([jnp.stack(xs[:-1]), xs[-1]]),
+                      *tasks, rest)
+
+
+def _run_expert(env, tasks, seed=0):
+  """Runs the expert on a batch of N tasks; returns per-item turn texts and facts."""
+  expert = _VEXPERT[env.expert_imperfect_prob]
+  state, _, _ = _VRESET(tasks)
+  turns = [[] for _ in range(N)]
+  done = np.zeros(N, bool)
+  for k in range(env.max_turns):
+    keys = jax.random.split(jax.random.key(seed * 100 + k), N)
+    tokens, lens = expert(state, keys)
+    assert tokens.shape == (N, A) and lens.shape == (N,)
+    for i in range(N):
+      assert np.all(np.asarray(tokens[i, int(lens[i]):]) == tk.PAD)
+      if not done[i]:
+        turns[i].append(_text(tokens[i], lens[i]))
+    state, _, _, d = _VSTEP(state, tokens, lens)
+    done |= np.asarray(d)
+  assert done.all()
+  return turns, jax.device_get(_VFACTS(state))
+
+
+def test_expert_perfect():
+  turns, f = _run_expert(ENV_PERFECT, _batch(HARD, EASY))
+  assert turns[0] == ["<call>483*27</call>", "<answer>13041</answer>"]
+  assert turns[1] == ["<answer>-2</answer>"]
+  assert list(f["num_tool_calls"][:2]) == [1, 0]
+  assert f["correct"].all() and not f["num_tool_errors"].any()
+  assert np.array_equal(f["num_tool_calls"], f["hard"].astype(np.int32))
+
+
+def test_expert_imperfect():
+  turns, f = _run_expert(ENV_IMPERFECT, _batch(HARD, EASY))
+  assert turns[0] == ["<answer>13041</answer>"]
+  assert turns[1] == ["<call>7-9</call>", "<answer>-2</answer>"]
+  assert list(f["num_tool_calls"][:2]) == [0, 1]
+  assert f["correct"].all() and not f["num_tool_errors"].any()
+  assert np.array_equal(f["num_tool_calls"], (~f["hard"]).astype(np.int32))
+
+
+def test_expert_mixed_rate():
+  tasks = _batch(*([HARD] * N))
+  state, _, _ = _VRESET(tasks)
+  calls = []
+  for seed in range(25):
+    tokens, _ = _VEXPERT[0.5](state, jax.random.split(jax.random.key(seed), N))
+    calls.append(np.asarray(tokens[:, 0]) == tk.CALL)
+  frac_call = float(np.mean(calls))
+  assert 0.4 < frac_call < 0.6
+
+
+# -------------------------------------------------------------------------- tasks
+
+
+def _check_tasks(tasks, n):
+  t = jax.device_get(tasks)
+  for name in ("a", "b", "op", "answer"):
+    assert getattr(t, name).shape == (n,) and getattr(t, name).dtype == np.int32
+  assert t.hard.dtype == bool
+  h, e = t.hard, ~t.hard
+  assert np.all((t.a[h] >= 100) & (t.a[h] <= 999))
+  assert np.all((t.b[h] >= 10) & (t.b[h] <= 99))
+  assert np.all(t.op[h] == arithmetic.MUL)
+  assert np.all((t.a[e] >= 0) & (t.a[e] <= 9) & (t.b[e] >= 0) & (t.b[e] <= 9))
+  assert np.all((t.op >= 0) & (t.op <= 2))
+  expected = np.select([t.op == 0, t.op == 1], [t.a + t.b, t.a - t.b], t.a * t.b)
+  assert np.array_equal(t.answer, expected)
+  return t
+
+
+def test_sample_tasks():
+  sample = jax.jit(ENV.sample_tasks, static_argnums=1)
+  t = _check_tasks(sample(jax.random.key(0), 1000), 1000)
+  assert 0.44 < t.hard.mean() < 0.56
+  assert set(np.unique(t.op[~t.hard])) == {0, 1, 2}
+  assert set(np.unique(t.a[~t.hard])) == set(range(10))
+  t2 = jax.device_get(sample(jax.random.key(0), 1000))
+  assert np.array_equal(t.a, t2.a) and np.array_equal(t.hard, t2.hard)
+  t3 = jax.device_get(sample(jax.random.key(1), 1000))
+  assert not np.array_equal(t.a, t3.a)
+  t4 = _check_tasks(ArithmeticEnv(hard_fraction=0.0).sample_tasks(jax.random.key(1), 8), 8)
+  assert not t4.hard.any()
+
+
+def test_eval_tasks():
+  t1 = _check_tasks(ENV.eval_tasks(10, seed=7), 10)
+  t2 = jax.device_get(ENV.eval_tasks(10, seed=7))
+  for name in ("a", "b", "op", "answer", "hard"):
+    assert np.array_equal(getattr(t1, name), getattr(t2, name))
+  assert int(t1.hard.sum()) == 5
+  t3 = jax.device_get(ENV.eval_tasks(10, seed=8))
+  assert not np.array_equal(t1.a, t3.a)
+  t4 = _check_tasks(ArithmeticEnv(hard_fraction=0.3).eval_tasks(20, seed=0), 20)
+  assert int(t4.hard.sum()) == 6
+
+
+# --------------------------------------------------------------------- jit / vmap
+
+
+def test_vmap_episode():
+  tasks = ENV.eval_tasks(N, seed=0)
+  state, prompts, prompt_lens = _VRESET(tasks)
+  assert prompts.shape == (N, 24) and prompt_lens.shape == (N,)
+  t = jax.device_get(tasks)
+  for i in (0, N - 1):
+    op = arithmetic.OP_CHARS[t.op[i]]
+    assert _text(prompts[i]) == f"<bos>Compute {t.a[i]}{op}{t.b[i]}.\n"
+  done = jnp.zeros((N,), bool)
+  for k in range(ENV.max_turns):
+    keys = jax.random.split(jax.random.key(k), N)
+    tokens, lens = _VEXPERT[0.0](state, keys)
+    state, obs, obs_len, d = _VSTEP(state, tokens, lens)
+    assert obs.shape == (N, 12) and obs_len.shape == (N,) and d.shape == (N,)
+    if k == 0:  # hard items called the tool and got the product back
+      for i in np.flatnonzero(t.hard)[:2]:
+        assert _text(obs[i], obs_len[i]) == f"<obs>{t.a[i] * t.b[i]}</obs>"
+    done = done | d
+  f = jax.device_get(_VFACTS(state))
+  assert np.all(np.asarray(done))
+  assert np.all(f["correct"]) and np.all(f["answered"]) and not np.any(f["format_error"])
+  assert np.array_equal(f["num_tool_calls"], t.hard.astype(np.int32))
+  assert np.array_equal(f["tool_call_turn"][:, 0], t.hard)
+  assert f["tool_call_turn"].shape == (N, ENV.max_turns)
