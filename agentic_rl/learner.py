@@ -70,7 +70,7 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     )(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
     state = state.replace(
         step=state.step + 1,
@@ -168,7 +168,7 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
       )(params)
       updates, opt_state = tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
-      m["grad_norm"] = optax.global_norm(grads)
+      m["grad_norm"] = optax.tree.norm(grads)
       return (params, opt_state), m
 
     def epoch(carry, _):

@@ -32,8 +32,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       name="arithmetic",
       # Fraction of tasks that are hard (need the tool).
       hard_fraction=0.5,
-      # Fraction of demonstrations that deliberately misuse the tool.
-      expert_imperfect_prob=0.5,
+      # Fraction of demonstrations that deliberately misuse the tool (answer a hard
+      # item without it, or call it on an easy one). Above 0.5, the SFT policy's
+      # most likely first move on a hard item is to answer without the tool.
+      expert_imperfect_prob=0.65,
       # Assistant turns per episode (call, answer, one spare).
       max_turns=3,
   ))

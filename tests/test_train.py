@@ -1,0 +1,69 @@
+"""The smoke config trains end to end; an interrupted run resumes exactly."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from agentic_rl import checkpoint as checkpoint_lib
+from agentic_rl import metrics as metrics_lib
+from agentic_rl import train
+from configs import default
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("full"))
+  reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
+  return workdir, reports
+
+
+def test_smoke_trains_end_to_end(full_run):
+  workdir, reports = full_run
+  for name in ("config.json", "eval_sft.json", "eval_report.json", "eval_report.md",
+               "learning_curves.png", "metrics.jsonl"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  config = default.get_config("smoke")
+  total = config.sft.steps + config.rl.steps
+  assert checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == total
+  rows = metrics_lib.read_metrics(workdir)
+  steps = [r["step"] for r in rows]
+  assert steps == sorted(set(steps)) and steps[-1] == total
+  assert any("rl/reward" in r for r in rows) and any("sft/loss" in r for r in rows)
+  assert all(np.isfinite(r["sft/loss"]) for r in rows if "sft/loss" in r)
+  for name in ("sft", "rl"):
+    for key in ("accuracy", "accuracy_easy", "accuracy_hard", "tool_calls",
+                "tool_productivity", "format_error_rate", "pass@1", "pass@2"):
+      assert key in reports[name]
+      assert 0.0 <= reports[name]["pass@1"] <= reports[name]["pass@2"] <= 1.0
+  with open(os.path.join(workdir, "eval_report.json")) as f:
+    assert json.load(f)["reports"]["rl"] == reports["rl"]
+
+
+def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
+  full_dir, full_reports = full_run
+  workdir = str(tmp_path / "resumed")
+  config = default.get_config("smoke")
+  # Halt after step 22 (in the RL phase; the last checkpoint is step 20, written at
+  # the SFT -> RL transition), as if the process had been killed there.
+  config.halt_after_step = 22
+  assert train.train_and_evaluate(config, workdir) is None
+  assert checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == 20
+  reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
+  assert reports == full_reports
+  # Same final parameters, bit for bit.
+  ck_full = checkpoint_lib.Checkpointer(os.path.join(full_dir, "checkpoints"))
+  ck_res = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
+  cfg = default.get_config("smoke")
+  _, like = train.init_state(cfg, train.make_model_config(cfg))
+  like = train.start_rl(cfg, like)
+  a, b = ck_full.restore(like), ck_res.restore(like)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # Metrics of replayed steps are not duplicated.
+  steps = [r["step"] for r in metrics_lib.read_metrics(workdir)]
+  assert steps == sorted(set(steps))
+  assert steps == [r["step"] for r in metrics_lib.read_metrics(full_dir)]

@@ -1,0 +1,52 @@
+"""Invalid configs raise ValueError naming the field and the value, before any work."""
+
+import pytest
+
+from agentic_rl import train
+from agentic_rl import validation
+from configs import default
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("rl.group_size", 1, r"config\.rl\.group_size=1"),
+    ("rl.batch_size", 30, r"config\.rl\.batch_size=30: must be divisible by rl\.group_size=8"),
+    ("rl.num_minibatches", 3, r"config\.rl\.num_minibatches=3"),
+    ("rl.temperature", 0.0, r"config\.rl\.temperature=0\.0"),
+    ("rl.clip_low", 1.5, r"config\.rl\.clip_low=1\.5"),
+    ("sft.steps", -1, r"config\.sft\.steps=-1"),
+    ("model.head_dim", 7, r"config\.model\.head_dim=7"),
+    ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
+    ("env.name", "chess", r"config\.env\.name='chess'"),
+    ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
+])
+def test_bad_values_name_field_and_value(field, value, match):
+  config = default.get_config()
+  node = config
+  *parents, leaf = field.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(ValueError, match=match):
+    validation.validate_config(config)
+
+
+def test_unknown_reward_name():
+  config = default.get_config()
+  config.rl.rewards.corect = 1.0
+  with pytest.raises(ValueError, match=r"rl\.rewards\.corect=1\.0.*unknown reward name 'corect'"):
+    validation.validate_config(config)
+
+
+def test_default_and_smoke_configs_are_valid():
+  validation.validate_config(default.get_config())
+  validation.validate_config(default.get_config("smoke"))
+  with pytest.raises(ValueError, match="unknown arg 'smok'"):
+    default.get_config("smok")
+
+
+def test_train_rejects_before_any_work(tmp_path):
+  config = default.get_config("smoke")
+  config.rl.group_size = 1
+  with pytest.raises(ValueError, match="rl.group_size=1"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
