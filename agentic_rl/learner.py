@@ -112,28 +112,68 @@ def _rl_loss(graphdef, params, batch, rl_cfg):
   return loss, metrics
 
 
-def make_rl_step(config, env, graphdef: nnx.GraphDef,
-                 tx: optax.GradientTransformation,
-                 model_config: transformer.TransformerConfig) -> StepFn:
-  """One GRPO iteration: sample tasks, roll out groups, score, update.
+def make_update_fn(config, graphdef: nnx.GraphDef,
+                   tx: optax.GradientTransformation):
+  """Returns pure `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
 
-  The batch holds `rl.batch_size // rl.group_size` tasks, each repeated
-  `rl.group_size` times contiguously (group = task index). Minibatches are
-  contiguous slices of whole groups. The importance ratio uses the behaviour
-  log-probs recorded by the sampler, so the first epoch's ratios are 1 up to float
-  error.
+  `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
+  ref_logp, advantage. It is split into `rl.num_minibatches` contiguous minibatches
+  (whole groups when rows are group-major) and swept `rl.ppo_epochs` times with
+  `lax.scan`, one optimizer step per minibatch; each step's token-mean uses the
+  POLICY tokens of its minibatch as denominator. Metrics are means over all
+  minibatch steps, plus `ratio_mean_first`, the first step's mean importance ratio
+  (1 up to float error, since behaviour log-probs come from the same model function).
   """
   rl_cfg = config.rl
-  batch_size = rl_cfg.batch_size
-  group_size = rl_cfg.group_size
-  num_tasks = batch_size // group_size
   num_mb = rl_cfg.num_minibatches
   epochs = rl_cfg.ppo_epochs
+
+  def update(params, opt_state, batch):
+    batch_size = batch["tokens"].shape[0]
+    mb_batch = jax.tree.map(
+        lambda x: x.reshape((num_mb, batch_size // num_mb) + x.shape[1:]), batch
+    )
+
+    def mb_update(carry, mb):
+      params, opt_state = carry
+      (_, m), grads = jax.value_and_grad(
+          lambda p: _rl_loss(graphdef, p, mb, rl_cfg), has_aux=True
+      )(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      m["grad_norm"] = optax.tree.norm(grads)
+      return (params, opt_state), m
+
+    def epoch(carry, _):
+      return jax.lax.scan(mb_update, carry, mb_batch)
+
+    (params, opt_state), m = jax.lax.scan(
+        epoch, (params, opt_state), None, length=epochs
+    )
+    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
+    return params, opt_state, metrics
+
+  return update
+
+
+def make_collect_fn(config, env, graphdef: nnx.GraphDef,
+                    model_config: transformer.TransformerConfig):
+  """Returns pure `collect(state) -> (batch, traj, reward, parts, adv_b)`.
+
+  Samples `rl.batch_size // rl.group_size` tasks from fold_in(rng, step), repeats
+  each `rl.group_size` times contiguously (group = task index), rolls them out with
+  the current policy, scores them, computes GRPO advantages and the reference
+  model's log-probs (once per batch), and packs the learner batch.
+  """
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
+  num_tasks = rl_cfg.batch_size // group_size
   max_len = config.max_len
   temperature = rl_cfg.temperature
   reward_fn = rewards.make_reward_fn(dict(rl_cfg.rewards))
 
-  def step(state: types.TrainState):
+  def collect(state: types.TrainState):
     key = jax.random.fold_in(state.rng, state.step)
     task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
     tasks = env.sample_tasks(task_key, num_tasks)
@@ -157,45 +197,37 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "ref_logp": ref_logp,
         "advantage": advantages.broadcast_to_tokens(adv_b, traj.role),
     }
-    mb_batch = jax.tree.map(
-        lambda x: x.reshape((num_mb, batch_size // num_mb) + x.shape[1:]), batch
-    )
+    return batch, traj, reward, parts, adv_b
 
-    def mb_update(carry, mb):
-      params, opt_state = carry
-      (_, m), grads = jax.value_and_grad(
-          lambda p: _rl_loss(graphdef, p, mb, rl_cfg), has_aux=True
-      )(params)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      params = optax.apply_updates(params, updates)
-      m["grad_norm"] = optax.tree.norm(grads)
-      return (params, opt_state), m
+  return collect
 
-    def epoch(carry, _):
-      return jax.lax.scan(mb_update, carry, mb_batch)
 
-    (params, opt_state), m = jax.lax.scan(
-        epoch, (state.params, state.opt_state), None, length=epochs
-    )
-    # First-epoch, first-minibatch values describe the behaviour policy; the mean
-    # over all minibatch updates is reported for the loss terms.
-    metrics = {k: jnp.mean(v) for k, v in m.items()}
-    metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
+def make_rl_step(config, env, graphdef: nnx.GraphDef,
+                 tx: optax.GradientTransformation,
+                 model_config: transformer.TransformerConfig) -> StepFn:
+  """One GRPO iteration (collect + update) as a single jitted program."""
+  group_size = config.rl.group_size
+  collect = make_collect_fn(config, env, graphdef, model_config)
+  update = make_update_fn(config, graphdef, tx)
+
+  def step(state: types.TrainState):
+    batch, traj, reward, parts, adv_b = collect(state)
+    params, opt_state, metrics = update(state.params, state.opt_state, batch)
     facts = traj.facts
-    is_const = jnp.all(
-        reward.reshape(num_tasks, group_size) == reward.reshape(num_tasks, group_size)[:, :1],
-        axis=1,
-    )
+    reward_gk = reward.reshape(-1, group_size)
+    is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
+    f32 = lambda x: jnp.mean(x.astype(jnp.float32))
     metrics.update({
         "reward": jnp.mean(reward),
         **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
-        "accuracy": jnp.mean(facts["correct"].astype(jnp.float32)),
-        "tool_calls": jnp.mean(facts["num_tool_calls"].astype(jnp.float32)),
-        "tool_errors": jnp.mean(facts["num_tool_errors"].astype(jnp.float32)),
-        "format_error_rate": jnp.mean((traj.finish == types.FORMAT_ERROR).astype(jnp.float32)),
-        "policy_tokens": jnp.mean(jnp.sum(batch["mask"], axis=1).astype(jnp.float32)),
-        "adv_abs_mean": jnp.sum(jnp.abs(adv_b)) / batch_size,
-        "zero_variance_groups": jnp.mean(is_const.astype(jnp.float32)),
+        "accuracy": f32(facts["correct"]),
+        "tool_calls": f32(facts["num_tool_calls"]),
+        "tool_errors": f32(facts["num_tool_errors"]),
+        "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
+        "truncated_rate": f32(traj.finish == types.TRUNCATED),
+        "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+        "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
+        "zero_variance_groups": f32(is_const),
     })
     state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return state, metrics

@@ -150,6 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
   """
   validation.validate_config(config)
   workdir = os.path.abspath(workdir)
+  _check_resume_compatible(config, workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
@@ -183,7 +184,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   halt = config.get("halt_after_step", -1)
   keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=start if start else None)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name, keys=keys)
   t0 = time.time()
   try:
@@ -228,6 +229,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
   )
   print(metrics_lib.format_eval_table(reports))
   return reports
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+# Fields whose change makes an existing checkpoint unusable or the run meaningless.
+_STRUCTURAL_PREFIXES = ("model.", "max_len", "env.", "seed", "sft.steps")
+
+
+def _check_resume_compatible(config, workdir: str) -> None:
+  """Compares the config with the one saved in an existing workdir.
+
+  Raises:
+    ValueError: the workdir holds a run with a different model, environment,
+      sequence length, seed or SFT length (its checkpoints cannot be resumed).
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = _flatten(json.load(f))
+  new = _flatten(json.loads(config.to_json_best_effort()))
+  diff = sorted(k for k in set(old) | set(new)
+                if old.get(k) != new.get(k) and k != "halt_after_step")
+  if not diff:
+    return
+  structural = [k for k in diff if k.startswith(_STRUCTURAL_PREFIXES)]
+  if structural:
+    k = structural[0]
+    raise ValueError(
+        f"config.{k}={new.get(k)!r} differs from {old.get(k)!r} of the run already "
+        f"in workdir {workdir}; its checkpoints cannot be resumed with this config. "
+        "Use a new --workdir."
+    )
+  logging.warning("resuming %s with changed config fields: %s", workdir,
+                  ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
 
 
 def _write_json(path: str, obj: Any) -> None:

@@ -50,3 +50,17 @@ def test_train_rejects_before_any_work(tmp_path):
   with pytest.raises(ValueError, match="rl.group_size=1"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_a_different_model_is_rejected(tmp_path):
+  config = default.get_config("smoke")
+  config.sft.steps = 0
+  config.rl.steps = 0
+  config.eval.num_samples = 0
+  config.eval.pass_k = ()
+  config.eval.num_tasks = 4
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  config.model.d_model = 64
+  with pytest.raises(ValueError, match=r"config\.model\.d_model=64 differs from 96"):
+    train.train_and_evaluate(config, workdir)
