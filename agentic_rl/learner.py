@@ -82,63 +82,106 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
   return jax.jit(step, donate_argnums=0)
 
 
-def _rl_loss(graphdef, params, batch, rl_cfg):
-  """GRPO loss on one minibatch; returns (loss, metrics)."""
+def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
+  """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
+
+  loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy), each
+  aggregated by `rl.loss_agg_mode` over POLICY tokens with `denominator` computed
+  over the whole optimizer batch (losses.aggregation_denominator), so summing the
+  micro-batch losses gives exactly the full-batch loss.
+
+  Returns:
+    (loss scalar, metrics dict of scalars, each already divided by `denominator`
+     for the aggregated terms so micro-batch values sum to batch values).
+  """
   temperature = rl_cfg.temperature
   logp, entropy = sampling.token_logprobs(
       graphdef, params, batch["tokens"], temperature
   )
   mask = batch["mask"]
-  pg, ratio = losses.clipped_surrogate(
-      logp, batch["behaviour_logp"], batch["advantage"],
-      rl_cfg.clip_low, rl_cfg.clip_high,
-  )
-  kl = losses.kl_k3(logp, batch["ref_logp"])
-  loss = losses.token_mean(pg + rl_cfg.kl_coef * kl, mask)
+  beh = batch["behaviour_logp"]
   adv = batch["advantage"]
+  loss_type = rl_cfg.loss_type
+  if loss_type == "ppo":
+    pg, ratio = losses.clipped_surrogate(
+        logp, beh, adv, rl_cfg.clip_low, rl_cfg.clip_high,
+        dual_clip=rl_cfg.dual_clip if rl_cfg.dual_clip > 0 else None,
+    )
+  elif loss_type == "cispo":
+    pg, ratio = losses.cispo_loss(logp, beh, adv, rl_cfg.clip_low, rl_cfg.clip_high)
+  elif loss_type in ("gspo", "gspo_token"):
+    # With seq-mean-token-mean aggregation (enforced for 'gspo' by validation)
+    # GSPO-token's loss equals GSPO's sequence-level loss (arXiv:2507.18071).
+    pg, ratio = losses.gspo_token_loss(
+        logp, beh, adv, mask, rl_cfg.clip_low, rl_cfg.clip_high
+    )
+  else:
+    raise ValueError(f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}")
+  norm = rl_cfg.loss_norm_constant or None
+  agg = lambda x: losses.aggregate(
+      x, mask, rl_cfg.loss_agg_mode, norm_constant=norm, denominator=denominator
+  )
+  kl = losses.kl_estimate(rl_cfg.kl_estimator, logp, batch["ref_logp"])
+  pg_loss, kl_mean, ent_mean = agg(pg), agg(kl), agg(entropy)
+  loss = pg_loss + kl_coef * kl_mean - rl_cfg.entropy_coef * ent_mean
+  f32 = lambda x: x.astype(jnp.float32)
   metrics = {
       "loss": loss,
-      "pg_loss": losses.token_mean(pg, mask),
-      "kl": losses.token_mean(kl, mask),
-      "entropy": losses.token_mean(entropy, mask),
-      "ratio_mean": losses.token_mean(ratio, mask),
-      "clip_frac_low": losses.token_mean(
-          ((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0)).astype(jnp.float32), mask
-      ),
-      "clip_frac_high": losses.token_mean(
-          ((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0)).astype(jnp.float32), mask
-      ),
+      "pg_loss": pg_loss,
+      "kl": kl_mean,
+      "entropy": ent_mean,
+      "ratio_mean": agg(ratio),
+      "clip_frac_low": agg(f32((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0))),
+      "clip_frac_high": agg(f32((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0))),
   }
   return loss, metrics
 
 
 def make_update_fn(config, graphdef: nnx.GraphDef,
                    tx: optax.GradientTransformation):
-  """Returns pure `update(params, opt_state, batch) -> (params, opt_state, metrics)`.
+  """Returns pure `update(params, opt_state, batch, kl_coef) -> (params, opt_state, metrics)`.
 
   `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
   ref_logp, advantage. It is split into `rl.num_minibatches` contiguous minibatches
-  (whole groups when rows are group-major) and swept `rl.ppo_epochs` times with
-  `lax.scan`, one optimizer step per minibatch; each step's token-mean uses the
-  POLICY tokens of its minibatch as denominator. Metrics are means over all
-  minibatch steps, plus `ratio_mean_first`, the first step's mean importance ratio
-  (1 up to float error, since behaviour log-probs come from the same model function).
+  (whole groups when rows are group-major), swept `rl.ppo_epochs` times with
+  `lax.scan`, one optimizer step per minibatch. Each minibatch is further split
+  into `rl.num_microbatches` for gradient accumulation; the loss denominator is
+  computed once over the whole minibatch (the optimizer batch), so accumulation
+  does not change the loss or its gradient. Metrics are means over all optimizer
+  steps, plus `ratio_mean_first`, the first step's mean importance ratio (1 up to
+  float error: behaviour log-probs come from the same model function).
   """
   rl_cfg = config.rl
   num_mb = rl_cfg.num_minibatches
+  num_micro = rl_cfg.num_microbatches
   epochs = rl_cfg.ppo_epochs
+  norm = rl_cfg.loss_norm_constant or None
 
-  def update(params, opt_state, batch):
-    batch_size = batch["tokens"].shape[0]
-    mb_batch = jax.tree.map(
-        lambda x: x.reshape((num_mb, batch_size // num_mb) + x.shape[1:]), batch
-    )
+  def split(tree, n):
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+
+  def update(params, opt_state, batch, kl_coef):
+    mb_batch = split(batch, num_mb)
 
     def mb_update(carry, mb):
       params, opt_state = carry
-      (_, m), grads = jax.value_and_grad(
-          lambda p: _rl_loss(graphdef, p, mb, rl_cfg), has_aux=True
-      )(params)
+      denominator = losses.aggregation_denominator(
+          mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
+      )
+
+      def micro(acc, micro_batch):
+        (_, m), g = jax.value_and_grad(
+            lambda p: _rl_loss(graphdef, p, micro_batch, rl_cfg,
+                               kl_coef=kl_coef, denominator=denominator),
+            has_aux=True,
+        )(params)
+        return jax.tree.map(jnp.add, acc, (g, m)), None
+
+      zeros_m = {k: jnp.float32(0) for k in (
+          "loss", "pg_loss", "kl", "entropy", "ratio_mean", "clip_frac_low",
+          "clip_frac_high")}
+      zeros = (jax.tree.map(jnp.zeros_like, params), zeros_m)
+      (grads, m), _ = jax.lax.scan(micro, zeros, split(mb, num_micro))
       updates, opt_state = tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       m["grad_norm"] = optax.tree.norm(grads)
@@ -184,15 +227,24 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         params=state.params, model_config=model_config, temperature=temperature,
     )
     reward, parts = reward_fn(traj)
-    adv_b = advantages.grpo_advantages(
-        reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps
-    )
     ref_logp, _ = sampling.token_logprobs(
         graphdef, state.ref_params, traj.tokens, temperature
     )
+    mask = policy_mask(traj)
+    if rl_cfg.kl_reward_coef > 0:
+      # KL as a reward penalty (no gradient), estimated on the behaviour samples.
+      reward = losses.kl_penalized_rewards(
+          reward, traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
+          estimator=rl_cfg.kl_estimator,
+      )
+    adv_b = advantages.compute_advantages(
+        rl_cfg.advantage_estimator, reward, traj.group,
+        scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
+        std_ddof=rl_cfg.std_ddof,
+    )
     batch = {
         "tokens": traj.tokens,
-        "mask": policy_mask(traj),
+        "mask": mask,
         "behaviour_logp": traj.logprob,
         "ref_logp": ref_logp,
         "advantage": advantages.broadcast_to_tokens(adv_b, traj.role),
@@ -206,13 +258,23 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
                  tx: optax.GradientTransformation,
                  model_config: transformer.TransformerConfig) -> StepFn:
   """One GRPO iteration (collect + update) as a single jitted program."""
-  group_size = config.rl.group_size
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
   collect = make_collect_fn(config, env, graphdef, model_config)
   update = make_update_fn(config, graphdef, tx)
 
   def step(state: types.TrainState):
     batch, traj, reward, parts, adv_b = collect(state)
-    params, opt_state, metrics = update(state.params, state.opt_state, batch)
+    params, opt_state, metrics = update(
+        state.params, state.opt_state, batch, state.kl_coef
+    )
+    kl_coef = state.kl_coef
+    if rl_cfg.kl_target > 0:
+      kl_coef = losses.adaptive_kl_update(
+          kl_coef, metrics["kl"], rl_cfg.kl_target, rl_cfg.kl_horizon,
+          rl_cfg.batch_size,
+      )
+    metrics["kl_coef"] = state.kl_coef
     facts = traj.facts
     reward_gk = reward.reshape(-1, group_size)
     is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
@@ -229,7 +291,9 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })
-    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef
+    )
     return state, metrics
 
   return jax.jit(step, donate_argnums=0)

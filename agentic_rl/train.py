@@ -62,6 +62,7 @@ def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
       ref_params=jax.tree.map(jnp.copy, params),
       opt_state=tx.init(params),
       rng=jax.random.fold_in(root, 1),
+      kl_coef=jnp.float32(config.rl.kl_coef),
   )
   return graphdef, state
 

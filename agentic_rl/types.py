@@ -72,6 +72,8 @@ class TrainState:
       penalty; equal to params during SFT.
     opt_state: optax state of the current phase's optimizer.
     rng: uint32 [2] base PRNG key data; per-step keys are fold_in(rng, step).
+    kl_coef: float32 scalar; the KL-in-loss coefficient (constant unless an
+      adaptive KL target is set).
   """
 
   step: jax.Array
@@ -79,3 +81,4 @@ class TrainState:
   ref_params: Any
   opt_state: Any
   rng: jax.Array
+  kl_coef: jax.Array

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from agentic_rl import advantages
+from agentic_rl import losses
 from agentic_rl import rewards
 
 KNOWN_ENVS = ("arithmetic",)
@@ -36,6 +38,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("model.d_model", "model.num_layers", "model.num_heads",
             "model.head_dim", "model.ffn_dim", "max_len", "sft.batch_size",
             "rl.batch_size", "rl.group_size", "rl.num_minibatches",
+            "rl.num_microbatches", "rl.kl_horizon",
             "rl.ppo_epochs", "eval.num_tasks", "log_every_steps",
             "checkpoint.every_steps", "checkpoint.max_to_keep"):
     _positive_int(config, f)
@@ -55,6 +58,32 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.num_minibatches", rl.num_minibatches,
           f"must divide the number of groups ({num_groups}) so that no group is "
           "split across minibatches")
+  mb_rows = rl.batch_size // rl.num_minibatches
+  if mb_rows % rl.num_microbatches:
+    _fail("rl.num_microbatches", rl.num_microbatches,
+          f"must divide the minibatch size ({mb_rows} episodes)")
+  if rl.advantage_estimator not in advantages.ESTIMATORS:
+    _fail("rl.advantage_estimator", rl.advantage_estimator,
+          f"unknown; known: {sorted(advantages.ESTIMATORS)}")
+  if rl.std_ddof not in (0, 1):
+    _fail("rl.std_ddof", rl.std_ddof, "must be 0 (population) or 1 (sample)")
+  if rl.loss_type not in losses.LOSS_TYPES:
+    _fail("rl.loss_type", rl.loss_type, f"unknown; known: {losses.LOSS_TYPES}")
+  if rl.loss_agg_mode not in losses.AGG_MODES:
+    _fail("rl.loss_agg_mode", rl.loss_agg_mode, f"unknown; known: {losses.AGG_MODES}")
+  if rl.loss_type == "gspo" and rl.loss_agg_mode != "seq-mean-token-mean":
+    _fail("rl.loss_agg_mode", rl.loss_agg_mode,
+          "rl.loss_type='gspo' is a sequence-level objective: use "
+          "'seq-mean-token-mean' (or loss_type='gspo_token')")
+  if rl.kl_estimator not in losses.KL_ESTIMATORS:
+    _fail("rl.kl_estimator", rl.kl_estimator, f"unknown; known: {losses.KL_ESTIMATORS}")
+  if rl.dual_clip != 0 and not rl.dual_clip > 1:
+    _fail("rl.dual_clip", rl.dual_clip, "must be 0 (off) or > 1")
+  if rl.loss_norm_constant < 0:
+    _fail("rl.loss_norm_constant", rl.loss_norm_constant, "must be >= 0 (0 = max_len)")
+  for f in ("kl_target", "kl_reward_coef", "entropy_coef"):
+    if not rl[f] >= 0:
+      _fail(f"rl.{f}", rl[f], "must be >= 0")
   if not rl.temperature > 0:
     _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
   if not 0 <= rl.clip_low < 1:

@@ -52,17 +52,46 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.batch_size = 64
   # Completions per task: G in GRPO.
   config.rl.group_size = 8
+  # Optimizer steps per iteration = ppo_epochs * num_minibatches; each minibatch
+  # holds whole groups and is split into num_microbatches for gradient accumulation
+  # (the loss denominator is computed over the whole minibatch).
   config.rl.num_minibatches = 2
+  config.rl.num_microbatches = 1
   config.rl.ppo_epochs = 1
   config.rl.temperature = 1.0
-  # Clipped surrogate (arXiv:1707.06347); clip_high > clip_low is DAPO clip-higher.
-  config.rl.clip_low = 0.2
-  config.rl.clip_high = 0.2
-  # k3 KL penalty to the frozen SFT reference, in the loss.
-  config.rl.kl_coef = 0.01
-  # Divide group-centred rewards by the group std (False: Dr.GRPO mean-only).
+  # Advantage estimator (agentic_rl/advantages.py): 'grpo' (arXiv:2402.03300),
+  # 'drgrpo' (arXiv:2503.20783), 'rloo' (arXiv:2402.14740), 'reinforce_pp' and
+  # 'reinforce_pp_baseline' (arXiv:2501.03262).
+  config.rl.advantage_estimator = "grpo"
+  # Divide group-centred rewards by the group std (grpo, rloo).
   config.rl.scale_by_std = True
   config.rl.adv_eps = 1e-6
+  # 0: population std; 1: sample std.
+  config.rl.std_ddof = 0
+  # Policy loss (agentic_rl/losses.py): 'ppo' clipped surrogate
+  # (arXiv:1707.06347), 'gspo' / 'gspo_token' (arXiv:2507.18071; 'gspo' needs
+  # loss_agg_mode 'seq-mean-token-mean'), 'cispo' (arXiv:2506.13585).
+  config.rl.loss_type = "ppo"
+  # Clip range; clip_high > clip_low is DAPO clip-higher (arXiv:2503.14476).
+  config.rl.clip_low = 0.2
+  config.rl.clip_high = 0.2
+  # Dual-clip bound c > 1 for negative advantages (arXiv:1912.09729); 0 = off.
+  config.rl.dual_clip = 0.0
+  # 'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO).
+  config.rl.loss_agg_mode = "token-mean"
+  # Constant normaliser of 'seq-mean-token-sum-norm'; 0 = the buffer length L.
+  config.rl.loss_norm_constant = 0
+  # KL to the frozen SFT reference: estimator 'k1', 'k2' or 'k3'.
+  config.rl.kl_estimator = "k3"
+  # Coefficient of the KL term in the loss.
+  config.rl.kl_coef = 0.01
+  # > 0: adapt kl_coef towards this KL per token (arXiv:1909.08593).
+  config.rl.kl_target = 0.0
+  config.rl.kl_horizon = 10_000
+  # Coefficient of the KL penalty subtracted from the reward (no gradient).
+  config.rl.kl_reward_coef = 0.0
+  # Entropy bonus coefficient.
+  config.rl.entropy_coef = 0.0
   # Reward components (agentic_rl/rewards.py) and their weights.
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
 

@@ -32,8 +32,10 @@ def test_clipped_surrogate_hand_values():
 
 def test_token_mean_loss_of_known_batch():
   """GRPO loss of a 2 x 4 batch, POLICY tokens only, computed by hand."""
-  rl = ml_collections.ConfigDict(dict(temperature=1.0, clip_low=0.2, clip_high=0.2,
-                                      kl_coef=0.5))
+  rl = ml_collections.ConfigDict(dict(
+      temperature=1.0, clip_low=0.2, clip_high=0.2, loss_type="ppo", dual_clip=0.0,
+      loss_agg_mode="token-mean", loss_norm_constant=0, kl_estimator="k3",
+      entropy_coef=0.0))
   mask = jnp.array([[False, True, True, False], [False, True, False, False]])
   logp = jnp.log(jnp.array([[0.9, 0.5, 0.25, 0.3], [0.9, 0.8, 0.1, 0.1]]))
   batch = {
@@ -58,7 +60,8 @@ def test_token_mean_loss_of_known_batch():
   learner.sampling.token_logprobs = fake_token_logprobs
   try:
     batch["tokens"] = jnp.zeros((2, 4), jnp.int32)
-    loss, metrics = learner._rl_loss(None, None, batch, rl)
+    loss, metrics = learner._rl_loss(None, None, batch, rl, kl_coef=0.5,
+                                     denominator=None)
   finally:
     learner.sampling.token_logprobs = orig
   np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
