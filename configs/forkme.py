@@ -1,0 +1,61 @@
+"""Annotated template: copy this file to start an ablation.
+
+Every policy-optimisation switch is one line below, set to the default experiment's
+value, with the alternatives in the comment. Launch:
+
+  python main.py --config=configs/forkme.py --workdir=runs/forkme
+  python main.py --config=configs/forkme.py:smoke --workdir=/tmp/forkme_smoke
+
+Runtime and expected result: as configs/default.py until you change a switch.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  config = default.get_config(arg)
+  config.name = "forkme" if arg is None else f"forkme_{arg}"
+  rl = config.rl
+
+  # --- Advantages (agentic_rl/advantages.py) ----------------------------------
+  # "grpo" | "drgrpo" | "rloo" | "reinforce_pp" | "reinforce_pp_baseline"
+  rl.advantage_estimator = "grpo"
+  # GRPO/RLOO: divide by the group std (False = mean-centred only).
+  rl.scale_by_std = True
+  # Group std: 0 = population, 1 = sample (Bessel).
+  rl.std_ddof = 0
+
+  # --- Policy loss (agentic_rl/losses.py) ---------------------------------------
+  # "ppo" | "gspo" | "gspo_token" | "cispo"
+  rl.loss_type = "ppo"
+  # Clip-higher (DAPO): e.g. clip_low 0.2, clip_high 0.28.
+  rl.clip_low = 0.2
+  rl.clip_high = 0.2
+  # Dual-clip bound for negative advantages, e.g. 3.0; 0 = off.
+  rl.dual_clip = 0.0
+  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum-norm"
+  rl.loss_agg_mode = "token-mean"
+  # seq-mean-token-sum-norm constant normaliser (0 = max_len).
+  rl.loss_norm_constant = 0
+  # Entropy bonus, e.g. 1e-3.
+  rl.entropy_coef = 0.0
+
+  # --- KL to the reference (SFT) model ------------------------------------------
+  # "k1" | "k2" | "k3"
+  rl.kl_estimator = "k3"
+  # In the loss (0 = off) ...
+  rl.kl_coef = 0.01
+  # ... adapted towards a target KL per token (0 = fixed coefficient) ...
+  rl.kl_target = 0.0
+  # ... and/or subtracted from the reward (0 = off).
+  rl.kl_reward_coef = 0.0
+
+  # --- Batch shape ------------------------------------------------------------------
+  rl.ppo_epochs = 1
+  rl.num_minibatches = 2
+  rl.num_microbatches = 1
+  return config

@@ -1,0 +1,51 @@
+"""Every config file and every documented switch value validates."""
+
+import pytest
+
+from agentic_rl import validation
+from configs import default
+from configs import forkme
+
+SWITCHES = [
+    ("advantage_estimator", v) for v in
+    ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+] + [
+    ("loss_type", "ppo"), ("loss_type", "cispo"), ("loss_type", "gspo_token"),
+    ("loss_agg_mode", "seq-mean-token-mean"),
+    ("loss_agg_mode", "seq-mean-token-sum-norm"),
+    ("kl_estimator", "k1"), ("kl_estimator", "k2"), ("dual_clip", 3.0),
+    ("kl_target", 0.05), ("kl_reward_coef", 0.01), ("entropy_coef", 1e-3),
+    ("std_ddof", 1), ("num_microbatches", 2),
+]
+
+
+@pytest.mark.parametrize("arg", [None, "smoke"])
+def test_config_files_validate(arg):
+  validation.validate_config(default.get_config(arg))
+  validation.validate_config(forkme.get_config(arg))
+
+
+@pytest.mark.parametrize("field,value", SWITCHES)
+def test_each_switch_validates(field, value):
+  config = forkme.get_config()
+  config.rl[field] = value
+  validation.validate_config(config)
+
+
+def test_gspo_requires_sequence_mean():
+  config = forkme.get_config()
+  config.rl.loss_type = "gspo"
+  with pytest.raises(ValueError, match="rl.loss_agg_mode='token-mean'"):
+    validation.validate_config(config)
+  config.rl.loss_agg_mode = "seq-mean-token-mean"
+  validation.validate_config(config)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("advantage_estimator", "ppo"), ("loss_type", "dpo"),
+    ("loss_agg_mode", "mean"), ("kl_estimator", "k4"), ("dual_clip", 0.5)])
+def test_unknown_switch_values_are_rejected(field, value):
+  config = forkme.get_config()
+  config.rl[field] = value
+  with pytest.raises(ValueError, match=f"config.rl.{field}="):
+    validation.validate_config(config)
