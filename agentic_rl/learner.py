@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from agentic_rl import advantages
+from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import rewards
 from agentic_rl import rollout
@@ -38,6 +39,25 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
+  )
+
+
+def make_reward_fn(config):
+  """The configured reward: `rl.rewards` weights, `rl.reward_params`,
+  `rl.reward_composition`, `rl.reward_schedules`, `rl.reward_noise` (see
+  agentic_rl/rewards.py). Raises ValueError on any unknown name."""
+  rl_cfg = config.rl
+  get = lambda k: (rl_cfg[k].to_dict() if k in rl_cfg and rl_cfg[k] is not None
+                   else None)
+  params = get("reward_params")
+  schedules = get("reward_schedules")
+  noise = get("reward_noise")
+  return rewards.make_reward_fn(
+      dict(rl_cfg.rewards),
+      params=params or None,
+      composition=rl_cfg.get("reward_composition", "sum"),
+      schedules=schedules or None,
+      noise=noise or None,
   )
 
 
@@ -214,7 +234,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   num_tasks = rl_cfg.batch_size // group_size
   max_len = config.max_len
   temperature = rl_cfg.temperature
-  reward_fn = rewards.make_reward_fn(dict(rl_cfg.rewards))
+  reward_fn = make_reward_fn(config)
+  sft_steps = config.sft.steps
 
   def collect(state: types.TrainState):
     key = jax.random.fold_in(state.rng, state.step)
@@ -226,7 +247,10 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
         params=state.params, model_config=model_config, temperature=temperature,
     )
-    reward, parts = reward_fn(traj)
+    # Reward schedules run on the RL step index (0 at the first RL iteration).
+    reward, parts = reward_fn(
+        traj, state.step - sft_steps, jax.random.fold_in(key, 2)
+    )
     ref_logp, _ = sampling.token_logprobs(
         graphdef, state.ref_params, traj.tokens, temperature
     )
@@ -237,11 +261,19 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           reward, traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
           estimator=rl_cfg.kl_estimator,
       )
-    adv_b = advantages.compute_advantages(
-        rl_cfg.advantage_estimator, reward, traj.group,
-        scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
-        std_ddof=rl_cfg.std_ddof,
-    )
+    if rl_cfg.advantage_estimator == "hdpo":
+      # Accuracy channel + efficiency channel among correct episodes only.
+      adv_b = credit.hdpo_advantages(
+          traj.facts["correct"].astype(jnp.float32),
+          traj.facts["num_tool_calls"].astype(jnp.float32), traj.group,
+          efficiency_weight=rl_cfg.hdpo_efficiency_weight, eps=rl_cfg.adv_eps,
+      )
+    else:
+      adv_b = advantages.compute_advantages(
+          rl_cfg.advantage_estimator, reward, traj.group,
+          scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
+          std_ddof=rl_cfg.std_ddof,
+      )
     batch = {
         "tokens": traj.tokens,
         "mask": mask,

@@ -1,21 +1,97 @@
 """Reward components (functions of environment facts) and their composition.
 
 A component maps the trajectory's env facts and finish reasons to a [B] float32
-reward. Composition here is a weighted sum; later versions add products, gating and
-per-component group normalisation (DESIGN.md section 6). Each component is also
-returned separately so it can be logged.
+reward, `fn(traj, **params)`. Components are composed by a weighted sum, a
+product (all-or-nothing) or per-component group normalisation (GDPO); weights
+may follow a schedule over training steps, and the composed reward may be
+corrupted by label noise for robustness studies (DESIGN.md section 6). Each
+component is also returned separately (unweighted) so it can be logged.
+
+Components (`REWARD_COMPONENTS`; keyword params and defaults in
+`REWARD_PARAM_DEFAULTS`):
+
+| name                      | r_i                              | params        |
+|---------------------------|----------------------------------|---------------|
+| correct                   | 1[correct]                       | -             |
+| format                    | 1[answered, no tool error]       | -             |
+| otc                       | 1[correct] f(m_i, n*_g) (OTC-PO) | c=1.0,        |
+|                           |                                  | form='paper', |
+|                           |                                  | alpha=1.0     |
+| tool_cost                 | -c m_i (Router-R1)               | c=0.1         |
+| failed_call_penalty       | -c e_i (AutoTIR)                 | c=0.1         |
+| gated_relative_efficiency | 1[correct] lam e_rel (SlimSrch.) | lam=1.0       |
+| tool_bonus                | b 1[m_i > 0] (anti-collapse)     | b=1.0         |
+
+m_i = facts['num_tool_calls'], e_i = facts['num_tool_errors']. Group
+statistics use segment ops on the int32 `traj.group` ids (never row order), so
+group ids must lie in [0, B) (see `advantages.group_ids_from_keys`).
+
+Also here: bounded transforms for learned/step rewards (`clip_transform`,
+`delta_transform`, `min_form_values`, `saturating_transform`,
+`gated_accumulation`), reward noise (`flip_rewards`, `dither_rewards`),
+composition (`compose`, `COMPOSITIONS`), weight schedules (`schedule_value`,
+`SCHEDULE_KINDS`) and a Lagrangian multiplier update (`dual_ascent_update`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+import inspect
+from typing import Any, Callable, Mapping
 
+import chex
 import jax
 import jax.numpy as jnp
 
+from agentic_rl import advantages
 from agentic_rl import types
 
-RewardFn = Callable[[types.Trajectory], jax.Array]
+RewardFn = Callable[..., jax.Array]
+
+
+# ---------------------------------------------------------------------------
+# Helpers.
+# ---------------------------------------------------------------------------
+
+
+def _num_calls(traj: types.Trajectory) -> jax.Array:
+  return traj.facts["num_tool_calls"].astype(jnp.int32)
+
+
+def _correct(traj: types.Trajectory) -> jax.Array:
+  return traj.facts["correct"].astype(jnp.bool_)
+
+
+def _correct_group_min_max(
+    m_b: jax.Array, correct_b: jax.Array, group_b: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per-row min/max of m over the CORRECT rows of the row's group.
+
+  Returns (min_b, max_b, any_b): int32, int32, bool [B]; min/max are 0 where
+  the group has no correct row (any_b False).
+  """
+  b = m_b.shape[0]
+  group = group_b.astype(jnp.int32)
+  big = jnp.iinfo(jnp.int32).max
+  min_g = jax.ops.segment_min(
+      jnp.where(correct_b, m_b, big), group, num_segments=b
+  )
+  max_g = jax.ops.segment_max(
+      jnp.where(correct_b, m_b, -1), group, num_segments=b
+  )
+  any_g = jax.ops.segment_max(
+      correct_b.astype(jnp.int32), group, num_segments=b
+  ) > 0
+  any_b = any_g[group]
+  return (
+      jnp.where(any_b, min_g[group], 0),
+      jnp.where(any_b, max_g[group], 0),
+      any_b,
+  )
+
+
+# ---------------------------------------------------------------------------
+# Components: fn(traj, **params) -> [B] float32.
+# ---------------------------------------------------------------------------
 
 
 def correct_reward(traj: types.Trajectory) -> jax.Array:
@@ -33,25 +109,663 @@ def format_reward(traj: types.Trajectory) -> jax.Array:
   return ok.astype(jnp.float32)
 
 
+OTC_FORMS = ("paper", "inverse")
+
+
+def otc_tool_score(
+    m_b: jax.Array,
+    n_b: jax.Array,
+    *,
+    c: float = 1.0,
+    form: str = "paper",
+    alpha: float = 1.0,
+) -> jax.Array:
+  """OTC tool-efficiency score f(m, n*) in [0, 1], with f(n*, n*) = 1.
+
+  form='paper' (Wang et al., "Acting Less is Reasoning More! Teaching Model to
+  Act Efficiently" (OTC-PO), arXiv:2504.14870, OTC-GRPO reward):
+
+    f(m, n*) = 1                          if m = n* = 0,
+             = cos(m * pi / (2 m + c))    if n* = 0,
+             = sin(g(m, n*) * pi / (2 n*)) otherwise,
+    g(m, n*) = 2 n* m / (m + n*)          (so g(n*, n*) = n*).
+
+  For n* > 0 the score rises from 0 at m = 0 to 1 at m = n* and falls towards
+  0 as m -> inf; for n* = 0 it falls from 1 at m = 0 towards cos(pi/2) = 0.
+
+  form='inverse' (the catalogue's inferred stand-in, papers.md F0-3; inferred,
+  not the paper's): f(m, n*) = 1 / (1 + alpha * |m - n*|).
+
+  Args:
+    m_b: [B] int tool calls of each episode (>= 0).
+    n_b: [B] int optimal calls n* of each episode's group (>= 0).
+    c: smoothing constant of the n* = 0 branch (> 0), paper form only.
+    form: 'paper' or 'inverse' (Python str).
+    alpha: decay rate of the inverse form (>= 0), inverse form only.
+
+  Returns:
+    [B] float32 scores.
+
+  Raises:
+    ValueError: unknown form.
+  """
+  if form not in OTC_FORMS:
+    raise ValueError(f"otc: unknown form {form!r}; known: {OTC_FORMS}")
+  m = m_b.astype(jnp.float32)
+  n = n_b.astype(jnp.float32)
+  if form == "inverse":
+    return (1.0 / (1.0 + alpha * jnp.abs(m - n))).astype(jnp.float32)
+  n_zero = n == 0
+  cos_branch = jnp.cos(m * jnp.pi / (2.0 * m + c))
+  safe_n = jnp.where(n_zero, 1.0, n)
+  g = 2.0 * safe_n * m / (m + safe_n)
+  sin_branch = jnp.sin(g * jnp.pi / (2.0 * safe_n))
+  out = jnp.where(n_zero, cos_branch, sin_branch)
+  # Exact 1 on the optimum (sin(pi/2) and cos(0) already are; this pins it).
+  out = jnp.where(m == n, 1.0, out)
+  return out.astype(jnp.float32)
+
+
+def otc_reward(
+    traj: types.Trajectory,
+    *,
+    c: float = 1.0,
+    form: str = "paper",
+    alpha: float = 1.0,
+) -> jax.Array:
+  """OTC-PO tool-integrated reward R_i = 1[correct_i] * f(m_i, n*_g).
+
+  Wang et al., "Acting Less is Reasoning More! Teaching Model to Act
+  Efficiently" (OTC-PO), arXiv:2504.14870 (papers.md F0-3). m_i = the episode's
+  tool calls; n*_g = the fewest tool calls among the CORRECT episodes of the
+  episode's group (the paper's OTC-GRPO estimate of the optimal call count).
+  f is `otc_tool_score` (default the paper's sin/cos form; form='inverse' is
+  the inferred 1 / (1 + alpha |m - n*|)). Incorrect episodes, and so every
+  episode of a group without a correct one, get 0 (= the correctness reward).
+  The paper's scale alpha on the tool term is the composition weight here.
+
+  Args:
+    traj: Trajectory with facts 'correct' (bool [B]) and 'num_tool_calls'
+      (int [B]); `traj.group` int32 [B] ids in [0, B).
+    c: n* = 0 smoothing constant (default 1.0).
+    form: 'paper' (default) or 'inverse'.
+    alpha: inverse-form decay (default 1.0).
+
+  Returns:
+    [B] float32 in [0, 1].
+
+  Raises:
+    ValueError: unknown form.
+  """
+  m_b = _num_calls(traj)
+  correct_b = _correct(traj)
+  n_b, _, _ = _correct_group_min_max(m_b, correct_b, traj.group)
+  f_b = otc_tool_score(m_b, n_b, c=c, form=form, alpha=alpha)
+  return jnp.where(correct_b, f_b, 0.0).astype(jnp.float32)
+
+
+def tool_cost_reward(traj: types.Trajectory, *, c: float = 0.1) -> jax.Array:
+  """Per-call cost R_i = -c * m_i, m_i = facts['num_tool_calls'].
+
+  Router-R1 style cost reward (papers.md F0-70; format + outcome + cost). The
+  paper's exact cost model is not reproduced; this is a constant cost per call.
+
+  Args:
+    traj: Trajectory with facts 'num_tool_calls' int [B].
+    c: cost per call (default 0.1).
+
+  Returns:
+    [B] float32 (<= 0 for c >= 0).
+  """
+  return (-c * _num_calls(traj).astype(jnp.float32)).astype(jnp.float32)
+
+
+def failed_call_penalty_reward(
+    traj: types.Trajectory, *, c: float = 0.1
+) -> jax.Array:
+  """Penalty only for failed calls: R_i = -c * e_i (e_i = num_tool_errors).
+
+  AutoTIR (papers.md F0-84): hybrid reward with a penalty for *incorrect* tool
+  usage, not for tool use itself; successful calls cost nothing.
+
+  Args:
+    traj: Trajectory with facts 'num_tool_errors' int [B].
+    c: penalty per failed call (default 0.1).
+
+  Returns:
+    [B] float32 (<= 0 for c >= 0).
+  """
+  e = traj.facts["num_tool_errors"].astype(jnp.float32)
+  return (-c * e).astype(jnp.float32)
+
+
+def gated_relative_efficiency_reward(
+    traj: types.Trajectory, *, lam: float = 1.0
+) -> jax.Array:
+  """SlimSearcher-style gated relative tool efficiency (inferred).
+
+  R_i = 1[correct_i] * lam * (M_g - m_i) / max(M_g - m_g, 1),
+
+  where M_g / m_g are the largest / smallest tool-call counts among the CORRECT
+  episodes of group g. The most economical correct episode gets lam, the least
+  economical 0; incorrect episodes get 0 (the correctness gate), and a group
+  whose correct episodes all use the same count gives 0 to all. Counts are
+  integers, so the denominator max(., 1) only guards the all-equal case.
+  Combined with `correct` (weight 1) this is papers.md's inferred SlimSearcher
+  form R = 1[correct] (1 + lam e_rel) (F1-27, "Adaptive Reward Gating"); the
+  normalisation by the within-group range of correct episodes is our choice.
+
+  Args:
+    traj: Trajectory with facts 'correct' bool [B], 'num_tool_calls' int [B];
+      `traj.group` int32 [B] ids in [0, B).
+    lam: efficiency weight lambda (default 1.0).
+
+  Returns:
+    [B] float32 in [0, lam].
+  """
+  m_b = _num_calls(traj)
+  correct_b = _correct(traj)
+  lo_b, hi_b, _ = _correct_group_min_max(m_b, correct_b, traj.group)
+  e_rel = (hi_b - m_b).astype(jnp.float32) / jnp.maximum(
+      hi_b - lo_b, 1
+  ).astype(jnp.float32)
+  return jnp.where(correct_b, lam * e_rel, 0.0).astype(jnp.float32)
+
+
+def tool_bonus_reward(traj: types.Trajectory, *, b: float = 1.0) -> jax.Array:
+  """Anti-collapse tool-use bonus R_i = b * 1[m_i > 0].
+
+  Counters "interaction collapse" (PyVision-RL, papers.md F1-0; SPEAR's
+  auxiliary tool-call reward, F0-5 = F1-1): an episode that calls a tool at
+  least once gets b. Meant to be annealed: give it a decaying weight schedule
+  in `make_reward_fn(..., schedules={'tool_bonus': {...}})` (inferred recipe).
+
+  Args:
+    traj: Trajectory with facts 'num_tool_calls' int [B].
+    b: bonus (default 1.0; the scheduled weight then sets the magnitude).
+
+  Returns:
+    [B] float32 in {0, b}.
+  """
+  return jnp.where(_num_calls(traj) > 0, b, 0.0).astype(jnp.float32)
+
+
 REWARD_COMPONENTS: dict[str, RewardFn] = {
     "correct": correct_reward,
     "format": format_reward,
+    "otc": otc_reward,
+    "tool_cost": tool_cost_reward,
+    "failed_call_penalty": failed_call_penalty_reward,
+    "gated_relative_efficiency": gated_relative_efficiency_reward,
+    "tool_bonus": tool_bonus_reward,
 }
+
+
+def _param_defaults(fn: RewardFn) -> dict[str, Any]:
+  return {
+      p.name: p.default
+      for p in inspect.signature(fn).parameters.values()
+      if p.kind == inspect.Parameter.KEYWORD_ONLY
+  }
+
+
+# Component name -> {param: default}; the config-facing `params` of each.
+REWARD_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {
+    name: _param_defaults(fn) for name, fn in REWARD_COMPONENTS.items()
+}
+
+
+# ---------------------------------------------------------------------------
+# Bounded transforms for learned / step rewards.
+# ---------------------------------------------------------------------------
+
+
+def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
+  """Clipping refinement r'_k = min(r_k - eta, 0) (inferred form).
+
+  "Clipping" of Gao et al., "On Designing Effective RL Reward at Training Time
+  for LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred, recalled from
+  the full paper): every step reward is <= 0, so repeating steps can never
+  raise the return; the cumulative reward of any trajectory is bounded above
+  by 0.
+
+  Args:
+    r_k: any-shape float rewards (e.g. [B, K] per-turn PRM scores).
+    eta: threshold, scalar or broadcastable to r_k.
+
+  Returns:
+    float32 array of r_k's shape, <= 0. Masking is the caller's job.
+  """
+  r = jnp.asarray(r_k, jnp.float32)
+  return jnp.minimum(r - eta, 0.0).astype(jnp.float32)
+
+
+def delta_transform(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
+  """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
+
+  "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
+  LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred). next(k) is the
+  next VALID turn after k (the next position for the usual prefix mask). The
+  sum telescopes: sum_k r'_k = r_{first valid turn}, bounded whatever the
+  number of turns; the reward-to-go from turn k is r_k.
+
+  Args:
+    r_k: [..., K] float step rewards (turns on the last axis).
+    mask_k: [..., K] bool (or 0/1) valid turns, same shape.
+
+  Returns:
+    [..., K] float32, 0 at invalid turns.
+
+  Raises:
+    AssertionError: (chex) if shapes differ.
+  """
+  chex.assert_equal_shape([r_k, mask_k])
+  m = jnp.moveaxis(jnp.asarray(mask_k).astype(jnp.bool_), -1, 0)
+  r = jnp.moveaxis(jnp.asarray(r_k, jnp.float32), -1, 0)
+  r = jnp.where(m, r, 0.0)
+
+  def step(carry, xs):
+    next_r, has_next = carry
+    r_t, m_t = xs
+    out = jnp.where(m_t, r_t - jnp.where(has_next, next_r, 0.0), 0.0)
+    carry = (jnp.where(m_t, r_t, next_r), has_next | m_t)
+    return carry, out
+
+  init = (jnp.zeros(r.shape[1:], jnp.float32), jnp.zeros(r.shape[1:], bool))
+  _, out = jax.lax.scan(step, init, (r, m), reverse=True)
+  return jnp.moveaxis(out, 0, -1)
+
+
+def min_form_values(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
+  """PURE min-form credit V_k = min_{j >= k, j valid} r_j (inferred form).
+
+  Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
+  Reward Model Needs for Reasoning" (PURE, papers.md F0-104; formula
+  inferred): the value of turn k is the minimum of the future process rewards
+  instead of their (discounted) sum, which bounds the value range by the range
+  of r and removes the incentive to add steps.
+
+  Args:
+    r_k: [..., K] float step rewards (turns on the last axis).
+    mask_k: [..., K] bool (or 0/1) valid turns, same shape.
+
+  Returns:
+    [..., K] float32 values, 0 at invalid turns.
+
+  Raises:
+    AssertionError: (chex) if shapes differ.
+  """
+  chex.assert_equal_shape([r_k, mask_k])
+  m = jnp.asarray(mask_k).astype(jnp.bool_)
+  r = jnp.where(m, jnp.asarray(r_k, jnp.float32), jnp.inf)
+  v = jax.lax.cummin(r, axis=r.ndim - 1, reverse=True)
+  return jnp.where(m, v, 0.0).astype(jnp.float32)
+
+
+def saturating_transform(
+    r: jax.Array,
+    ref: float | jax.Array = 0.0,
+    temperature: float | jax.Array = 1.0,
+) -> jax.Array:
+  """Bounded, centred reward sigma((r - ref) / temperature) in (0, 1).
+
+  PAR, "Preference As Reward" (Fu et al., "Reward Shaping to Mitigate Reward
+  Hacking in RLHF", papers.md F0-39; inferred form sigma(r - r_ref)): bounded,
+  grows fast near the reference then saturates, a function of the centred
+  reward. temperature generalises the unit scale.
+
+  Args:
+    r: any-shape float rewards (e.g. a learned RM score).
+    ref: reference reward (scalar or broadcastable).
+    temperature: > 0 scale.
+
+  Returns:
+    float32 array of r's shape, in (0, 1).
+  """
+  x = (jnp.asarray(r, jnp.float32) - ref) / temperature
+  return jax.nn.sigmoid(x).astype(jnp.float32)
+
+
+def gated_accumulation(
+    outcome_b: jax.Array,
+    step_rewards_bk: jax.Array,
+    mask_bk: jax.Array,
+    threshold: float | jax.Array,
+) -> jax.Array:
+  """G-RA: R_b = o_b + 1[o_b >= tau] * sum_k m_bk r_bk (inferred form).
+
+  Gated Reward Accumulation (papers.md F0-34 = F1-13; form inferred from
+  "accumulates immediate rewards only when high-level rewards meet a
+  predefined threshold"): step rewards count only for episodes whose outcome
+  reward reaches the threshold, so they cannot be hacked at the expense of the
+  goal.
+
+  Args:
+    outcome_b: [B] float high-level (outcome) reward.
+    step_rewards_bk: [B, K] float step rewards.
+    mask_bk: [B, K] bool (or 0/1) valid turns.
+    threshold: tau, scalar.
+
+  Returns:
+    [B] float32.
+
+  Raises:
+    AssertionError: (chex) on rank/shape mismatch.
+  """
+  chex.assert_rank(outcome_b, 1)
+  chex.assert_rank([step_rewards_bk, mask_bk], 2)
+  chex.assert_equal_shape([step_rewards_bk, mask_bk])
+  chex.assert_equal_shape_prefix([outcome_b, step_rewards_bk], 1)
+  o = jnp.asarray(outcome_b, jnp.float32)
+  m = jnp.asarray(mask_bk).astype(jnp.bool_)
+  acc = jnp.sum(jnp.where(m, jnp.asarray(step_rewards_bk, jnp.float32), 0.0),
+                axis=1)
+  return (o + jnp.where(o >= threshold, acc, 0.0)).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Reward noise.
+# ---------------------------------------------------------------------------
+
+
+def flip_rewards(
+    key: jax.Array,
+    r_b: jax.Array,
+    p: float | jax.Array,
+    low: float = 0.0,
+    high: float = 1.0,
+) -> jax.Array:
+  """Symmetric label noise on a binary reward: r -> low + high - r w.p. p.
+
+  Each entry is flipped independently with probability p (Bernoulli(p) from
+  `key`); a flip swaps low <-> high. Entries not in {low, high} are mapped by
+  the same affine reflection.
+
+  Args:
+    key: PRNG key.
+    r_b: any-shape float rewards with values in {low, high}.
+    p: flip probability in [0, 1].
+    low, high: the two reward levels.
+
+  Returns:
+    float32 array of r_b's shape.
+  """
+  r = jnp.asarray(r_b, jnp.float32)
+  flip = jax.random.uniform(key, r.shape) < p
+  return jnp.where(flip, low + high - r, r).astype(jnp.float32)
+
+
+def dither_rewards(
+    key: jax.Array, r_b: jax.Array, sigma: float | jax.Array
+) -> jax.Array:
+  """Additive Gaussian reward noise r + sigma * N(0, 1).
+
+  Args:
+    key: PRNG key.
+    r_b: any-shape float rewards.
+    sigma: noise std (>= 0).
+
+  Returns:
+    float32 array of r_b's shape.
+  """
+  r = jnp.asarray(r_b, jnp.float32)
+  return (r + sigma * jax.random.normal(key, r.shape, jnp.float32)).astype(
+      jnp.float32
+  )
+
+
+# ---------------------------------------------------------------------------
+# Composition.
+# ---------------------------------------------------------------------------
+
+COMPOSITIONS = ("sum", "product", "gdpo")
+
+
+def compose(
+    parts: Mapping[str, jax.Array],
+    weights: Mapping[str, float | jax.Array],
+    mode: str,
+    group_b: jax.Array | None = None,
+    eps: float = 1e-6,
+) -> jax.Array:
+  """Composes named [B] components into one [B] reward.
+
+  Components used are the keys of `weights` (each must be in `parts`):
+
+  - 'sum': R = sum_c w_c r_c.
+  - 'product': R = prod_{c: w_c != 0} r_c. Each factor must lie in [0, 1]
+    (not checked: values are traced), so any failed factor zeros the reward;
+    weights are otherwise ignored (0 drops a component; a traced 0 also
+    drops it). ToolRLA multiplicative decomposition (papers.md F1-7; inferred
+    R = f s p c). Needs non-negative factors: `tool_cost` and
+    `failed_call_penalty` do not qualify.
+  - 'gdpo': R = sum_c w_c z_g(r_c), z_g(x)_i = (x_i - mean_g x) / (std_g x +
+    eps), population std over the row's group; a component that is constant
+    within a group contributes exactly 0 there. GDPO per-reward decoupled
+    normalisation as described by SMOPD (papers.md F1-62; inferred form).
+    Requires group_b. The result is already group-normalised; a GRPO
+    estimator on top re-normalises it.
+
+  Args:
+    parts: name -> [B] float component values.
+    weights: name -> weight (Python float or traced scalar).
+    mode: one of COMPOSITIONS.
+    group_b: [B] int32 group ids in [0, B); required for 'gdpo'.
+    eps: added to the group std in 'gdpo'.
+
+  Returns:
+    [B] float32 reward.
+
+  Raises:
+    ValueError: unknown mode, empty weights, a weight naming a missing part,
+      or 'gdpo' without group_b.
+  """
+  if mode not in COMPOSITIONS:
+    raise ValueError(
+        f"unknown reward composition {mode!r}; known: {COMPOSITIONS}"
+    )
+  if not weights:
+    raise ValueError("compose: weights must name at least one component")
+  for name in weights:
+    if name not in parts:
+      raise ValueError(
+          f"compose: weight for {name!r} but no such part; parts: "
+          f"{sorted(parts)}"
+      )
+  items = tuple(weights.items())
+  if mode == "sum":
+    return sum(w * parts[name] for name, w in items).astype(jnp.float32)
+  if mode == "product":
+    out = None
+    for name, w in items:
+      if isinstance(w, (int, float)) and w == 0:
+        continue
+      factor = jnp.asarray(parts[name], jnp.float32)
+      if not isinstance(w, (int, float)):
+        factor = jnp.where(w == 0, 1.0, factor)
+      out = factor if out is None else out * factor
+    if out is None:
+      b = jnp.shape(parts[items[0][0]])
+      return jnp.ones(b, jnp.float32)
+    return out.astype(jnp.float32)
+  if group_b is None:
+    raise ValueError("compose: mode 'gdpo' requires group_b")
+  total = None
+  for name, w in items:
+    z = advantages.grpo_advantages(
+        jnp.asarray(parts[name], jnp.float32), group_b, eps=eps
+    )
+    total = w * z if total is None else total + w * z
+  return total.astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Schedules and dual ascent.
+# ---------------------------------------------------------------------------
+
+# kind -> required keys of the spec.
+SCHEDULE_KINDS: dict[str, tuple[str, ...]] = {
+    "constant": ("value",),
+    "linear": ("start", "end", "steps"),
+    "cosine": ("start", "end", "steps"),
+}
+
+
+def check_schedule(spec: Mapping[str, Any], where: str = "schedule") -> None:
+  """Validates a schedule spec (see `schedule_value`) on the host.
+
+  Raises:
+    ValueError: missing/unknown 'kind', missing or extra keys, steps <= 0.
+  """
+  spec = dict(spec)
+  kind = spec.get("kind")
+  if kind not in SCHEDULE_KINDS:
+    raise ValueError(
+        f"{where}: unknown schedule kind {kind!r}; known: "
+        f"{sorted(SCHEDULE_KINDS)}"
+    )
+  need = set(SCHEDULE_KINDS[kind])
+  got = set(spec) - {"kind"}
+  if got != need:
+    raise ValueError(
+        f"{where}: schedule kind {kind!r} takes keys {sorted(need)}, got "
+        f"{sorted(got)}"
+    )
+  if "steps" in need and not spec["steps"] > 0:
+    raise ValueError(
+        f"{where}: schedule steps must be > 0, got {spec['steps']!r}"
+    )
+
+
+def schedule_value(spec: Mapping[str, Any], step: int | jax.Array) -> jax.Array:
+  """Value of a weight schedule at training step `step` (pure jnp).
+
+  t = clip(step / steps, 0, 1):
+  - {'kind': 'constant', 'value': v}: v.
+  - {'kind': 'linear', 'start': a, 'end': e, 'steps': S}: a + (e - a) t.
+  - {'kind': 'cosine', 'start': a, 'end': e, 'steps': S}:
+    e + (a - e) (1 + cos(pi t)) / 2  (half-cosine, a at 0, e at S).
+  Constant at `end` for step >= S.
+
+  Args:
+    spec: schedule dict (host values).
+    step: int or traced int32 scalar step.
+
+  Returns:
+    float32 scalar.
+
+  Raises:
+    ValueError: invalid spec (see `check_schedule`).
+  """
+  check_schedule(spec)
+  kind = spec["kind"]
+  if kind == "constant":
+    return jnp.asarray(spec["value"], jnp.float32)
+  start = jnp.asarray(spec["start"], jnp.float32)
+  end = jnp.asarray(spec["end"], jnp.float32)
+  t = jnp.clip(jnp.asarray(step, jnp.float32) / float(spec["steps"]), 0.0, 1.0)
+  if kind == "linear":
+    return (start + (end - start) * t).astype(jnp.float32)
+  return (end + (start - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))).astype(
+      jnp.float32
+  )
+
+
+def dual_ascent_update(
+    lam: float | jax.Array,
+    observed: float | jax.Array,
+    target: float | jax.Array,
+    lr: float | jax.Array,
+    lam_min: float = 0.0,
+) -> jax.Array:
+  """Projected dual ascent on a Lagrange multiplier for observed <= target.
+
+  lam' = max(lam_min, lam + lr (observed - target)).
+
+  Sign convention: the constrained problem max E[R] s.t. E[g] <= target has
+  Lagrangian E[R] - lam (E[g] - target), so the policy's reward is
+  R - lam g (e.g. lam as the per-call `tool_cost` c with g = tool calls per
+  episode). lam grows while the constraint is violated (observed > target)
+  and shrinks (down to lam_min >= 0) while it is slack. Standard projected
+  subgradient ascent on the dual (e.g. Tessler et al., "Reward Constrained
+  Policy Optimization", arXiv:1805.11074).
+
+  Args:
+    lam: current multiplier (scalar).
+    observed: measured constraint statistic, e.g. mean calls per episode.
+    target: the bound.
+    lr: dual step size (> 0).
+    lam_min: floor of the projection (default 0).
+
+  Returns:
+    float32 scalar (or broadcast shape of the inputs).
+  """
+  lam = jnp.asarray(lam, jnp.float32)
+  upd = lam + lr * (jnp.asarray(observed, jnp.float32) - target)
+  return jnp.maximum(lam_min, upd).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Factory.
+# ---------------------------------------------------------------------------
+
+NOISE_KEYS = ("flip_p", "dither_sigma", "flip_low", "flip_high")
+
+
+def _check_params(name: str, given: Mapping[str, Any]) -> None:
+  known = REWARD_PARAM_DEFAULTS[name]
+  for p in given:
+    if p not in known:
+      raise ValueError(
+          f"rl.reward_params.{name}: unknown param {p!r} of reward component "
+          f"{name!r}; known: {sorted(known)}"
+      )
+  if name == "otc" and given.get("form", "paper") not in OTC_FORMS:
+    raise ValueError(
+        f"rl.reward_params.otc: unknown form {given['form']!r}; known: "
+        f"{OTC_FORMS}"
+    )
 
 
 def make_reward_fn(
     weights: Mapping[str, float],
-) -> Callable[[types.Trajectory], tuple[jax.Array, dict[str, jax.Array]]]:
-  """Weighted sum R = sum_c w_c * r_c over named components.
+    *,
+    params: Mapping[str, Mapping[str, Any]] | None = None,
+    composition: str = "sum",
+    schedules: Mapping[str, Mapping[str, Any]] | None = None,
+    noise: Mapping[str, float] | None = None,
+) -> Callable[..., tuple[jax.Array, dict[str, jax.Array]]]:
+  """Composed reward R = compose({r_c}, {w_c}, composition) [+ noise].
+
+  With only `weights` this is the plain weighted sum R = sum_c w_c r_c, exactly
+  as before (same ops, same order).
 
   Args:
     weights: component name -> weight; names must be keys of REWARD_COMPONENTS.
+      Insertion order is the summation order.
+    params: component name -> {param: value} overriding
+      REWARD_PARAM_DEFAULTS[name]; each name must also be in `weights`.
+    composition: one of COMPOSITIONS ('sum', 'product', 'gdpo'; see
+      `compose`). 'gdpo' groups by `traj.group`.
+    schedules: component name -> schedule spec (see `schedule_value`); the
+      weight of such a component is schedule_value(spec, step) and
+      weights[name] is not used (the entry still enables the component).
+    noise: optional {'flip_p': p, 'dither_sigma': s, 'flip_low': 0.,
+      'flip_high': 1.} applied to the composed reward: first `flip_rewards`
+      (if flip_p given), then `dither_rewards` (if dither_sigma given), with
+      keys split from the call's `key`.
 
   Returns:
-    reward_fn(traj) -> (reward [B] float32, {name: component [B] float32}).
+    reward_fn(traj, step=0, key=None) -> (reward [B] float32,
+    {name: unweighted component [B] float32}). `step` may be a traced int32;
+    `key` is required when noise is configured.
 
   Raises:
-    ValueError: unknown component name or empty weights.
+    ValueError: at construction (before any work) for empty weights, an
+      unknown component name, an unknown param of a component (naming both),
+      an unknown composition, a schedule for an unknown/unweighted component or
+      of unknown kind / bad keys, unknown noise keys or out-of-range noise.
+      At call time: noise configured but key is None.
   """
   if not weights:
     raise ValueError("rl.rewards must name at least one reward component, got {}")
@@ -61,11 +775,76 @@ def make_reward_fn(
           f"rl.rewards: unknown reward name {name!r}; known: "
           f"{sorted(REWARD_COMPONENTS)}"
       )
-  items = tuple((name, float(w)) for name, w in weights.items())
+  if composition not in COMPOSITIONS:
+    raise ValueError(
+        f"rl.reward_composition: unknown composition {composition!r}; known: "
+        f"{COMPOSITIONS}"
+    )
+  params = {k: dict(v) for k, v in dict(params or {}).items()}
+  for name, given in params.items():
+    if name not in REWARD_COMPONENTS:
+      raise ValueError(
+          f"rl.reward_params: unknown reward name {name!r}; known: "
+          f"{sorted(REWARD_COMPONENTS)}"
+      )
+    if name not in weights:
+      raise ValueError(
+          f"rl.reward_params.{name}: component {name!r} is not in rl.rewards"
+      )
+    _check_params(name, given)
+  schedules = {k: dict(v) for k, v in dict(schedules or {}).items()}
+  for name, spec in schedules.items():
+    if name not in weights:
+      raise ValueError(
+          f"rl.reward_schedules.{name}: component {name!r} is not in "
+          f"rl.rewards"
+      )
+    check_schedule(spec, where=f"rl.reward_schedules.{name}")
+  noise = dict(noise or {})
+  for k in noise:
+    if k not in NOISE_KEYS:
+      raise ValueError(
+          f"rl.reward_noise: unknown key {k!r}; known: {NOISE_KEYS}"
+      )
+  if "flip_p" in noise and not 0.0 <= noise["flip_p"] <= 1.0:
+    raise ValueError(f"rl.reward_noise.flip_p must be in [0, 1], got "
+                     f"{noise['flip_p']!r}")
+  if "dither_sigma" in noise and not noise["dither_sigma"] >= 0.0:
+    raise ValueError(f"rl.reward_noise.dither_sigma must be >= 0, got "
+                     f"{noise['dither_sigma']!r}")
+  use_flip = "flip_p" in noise
+  use_dither = "dither_sigma" in noise
 
-  def reward_fn(traj):
-    parts = {name: REWARD_COMPONENTS[name](traj) for name, _ in items}
-    total = sum(w * parts[name] for name, w in items)
+  items = tuple((name, float(w)) for name, w in weights.items())
+  plain = composition == "sum" and not schedules and not noise
+
+  def reward_fn(traj, step=0, key=None):
+    parts = {
+        name: REWARD_COMPONENTS[name](traj, **params.get(name, {}))
+        for name, _ in items
+    }
+    if plain:
+      total = sum(w * parts[name] for name, w in items)
+      return total, parts
+    w_eff = {
+        name: schedule_value(schedules[name], step) if name in schedules else w
+        for name, w in items
+    }
+    total = compose(parts, w_eff, composition, group_b=traj.group)
+    if use_flip or use_dither:
+      if key is None:
+        raise ValueError(
+            "reward_fn: rl.reward_noise is configured, so a PRNG key is "
+            "required (got key=None)"
+        )
+      flip_key, dither_key = jax.random.split(key)
+      if use_flip:
+        total = flip_rewards(
+            flip_key, total, noise["flip_p"],
+            low=noise.get("flip_low", 0.0), high=noise.get("flip_high", 1.0),
+        )
+      if use_dither:
+        total = dither_rewards(dither_key, total, noise["dither_sigma"])
     return total, parts
 
   return reward_fn

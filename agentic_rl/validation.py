@@ -62,9 +62,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,
           f"must divide the minibatch size ({mb_rows} episodes)")
-  if rl.advantage_estimator not in advantages.ESTIMATORS:
+  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo"]
+  if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
-          f"unknown; known: {sorted(advantages.ESTIMATORS)}")
+          f"unknown; known: {known_estimators}")
+  if not rl.hdpo_efficiency_weight >= 0:
+    _fail("rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0")
   if rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", rl.std_ddof, "must be 0 (population) or 1 (sample)")
   if rl.loss_type not in losses.LOSS_TYPES:
@@ -100,6 +103,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"unknown reward name {name!r}; known: {sorted(rewards.REWARD_COMPONENTS)}")
   if not dict(rl.rewards):
     _fail("rl.rewards", dict(rl.rewards), "must name at least one reward component")
+  # Builds the reward function once: unknown params, compositions, schedules and
+  # noise settings raise ValueError here, before any work.
+  from agentic_rl import learner  # pylint: disable=g-import-not-at-top
+  learner.make_reward_fn(config)
   for phase in ("sft", "rl"):
     c = config[phase]
     if not c.learning_rate > 0:

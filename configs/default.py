@@ -61,8 +61,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.temperature = 1.0
   # Advantage estimator (agentic_rl/advantages.py): 'grpo' (arXiv:2402.03300),
   # 'drgrpo' (arXiv:2503.20783), 'rloo' (arXiv:2402.14740), 'reinforce_pp' and
-  # 'reinforce_pp_baseline' (arXiv:2501.03262).
+  # 'reinforce_pp_baseline' (arXiv:2501.03262), 'hdpo' (conditional efficiency,
+  # agentic_rl/credit.py).
+  # 'hdpo' ignores the composed reward: z-scored correctness plus an efficiency
+  # channel (fewer tool calls) among the correct episodes of each group.
   config.rl.advantage_estimator = "grpo"
+  # HDPO efficiency-channel weight w (used only by 'hdpo').
+  config.rl.hdpo_efficiency_weight = 0.5
   # Divide group-centred rewards by the group std (grpo, rloo).
   config.rl.scale_by_std = True
   config.rl.adv_eps = 1e-6
@@ -94,6 +99,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.entropy_coef = 0.0
   # Reward components (agentic_rl/rewards.py) and their weights.
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
+  # Per-component parameters, e.g. dict(otc=dict(c=1.0)) (rewards.REWARD_PARAM_DEFAULTS).
+  config.rl.reward_params = ml_collections.ConfigDict()
+  # 'sum' (weighted), 'product' (ToolRLA, components in [0, 1]) or 'gdpo'
+  # (per-component group normalisation before the weighted sum).
+  config.rl.reward_composition = "sum"
+  # Weights following a schedule over RL steps, e.g.
+  # dict(tool_bonus=dict(kind="linear", start=0.5, end=0.0, steps=30)).
+  config.rl.reward_schedules = ml_collections.ConfigDict()
+  # Robustness studies: dict(flip_p=0.1) and/or dict(dither_sigma=0.05).
+  config.rl.reward_noise = ml_collections.ConfigDict()
 
   # Held-out evaluation on a fixed task set (greedy) plus pass@k from samples.
   config.eval = ml_collections.ConfigDict(dict(

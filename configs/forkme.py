@@ -29,6 +29,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Group std: 0 = population, 1 = sample (Bessel).
   rl.std_ddof = 0
 
+  # "hdpo": accuracy advantage + w * efficiency advantage among correct episodes.
+  rl.hdpo_efficiency_weight = 0.5
+
+  # --- Rewards (agentic_rl/rewards.py) ------------------------------------------
+  # Components and weights: correct, format, otc, tool_cost, failed_call_penalty,
+  # gated_relative_efficiency, tool_bonus. E.g. OTC instead of plain correctness:
+  #   rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
+  rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
+  # Component parameters, e.g. dict(tool_cost=dict(c=0.05)).
+  rl.reward_params = ml_collections.ConfigDict()
+  # "sum" | "product" | "gdpo"
+  rl.reward_composition = "sum"
+  # Scheduled weights, e.g. an annealed anti-collapse bonus:
+  #   dict(tool_bonus=dict(kind="linear", start=0.2, end=0.0, steps=30))
+  rl.reward_schedules = ml_collections.ConfigDict()
+  # Robustness: dict(flip_p=0.1), dict(dither_sigma=0.05).
+  rl.reward_noise = ml_collections.ConfigDict()
+
   # --- Policy loss (agentic_rl/losses.py) ---------------------------------------
   # "ppo" | "gspo" | "gspo_token" | "cispo"
   rl.loss_type = "ppo"

@@ -15,7 +15,9 @@ SWITCHES = [
     ("loss_agg_mode", "seq-mean-token-sum-norm"),
     ("kl_estimator", "k1"), ("kl_estimator", "k2"), ("dual_clip", 3.0),
     ("kl_target", 0.05), ("kl_reward_coef", 0.01), ("entropy_coef", 1e-3),
-    ("std_ddof", 1), ("num_microbatches", 2),
+    ("std_ddof", 1), ("num_microbatches", 2), ("advantage_estimator", "hdpo"),
+    ("reward_composition", "product"), ("reward_composition", "gdpo"),
+    ("reward_noise", {"flip_p": 0.1}),
 ]
 
 
@@ -48,4 +50,20 @@ def test_unknown_switch_values_are_rejected(field, value):
   config = forkme.get_config()
   config.rl[field] = value
   with pytest.raises(ValueError, match=f"config.rl.{field}="):
+    validation.validate_config(config)
+
+
+def test_reward_switches_validate_and_reject():
+  config = forkme.get_config()
+  config.rl.rewards = {"otc": 1.0, "tool_bonus": 1.0, "format": 0.1}
+  config.rl.reward_params = {"otc": {"c": 2.0}}
+  config.rl.reward_schedules = {
+      "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 30}}
+  validation.validate_config(config)
+  config.rl.reward_schedules = {"tool_bonus": {"kind": "exp"}}
+  with pytest.raises(ValueError, match="exp"):
+    validation.validate_config(config)
+  config.rl.reward_schedules = {}
+  config.rl.reward_composition = "max"
+  with pytest.raises(ValueError, match="max"):
     validation.validate_config(config)

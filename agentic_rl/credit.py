@@ -1,0 +1,449 @@
+"""Credit assignment: PBRS, potentials, shaped returns, HDPO, SPA.
+
+Per-turn quantities are [B, K] arrays with a turn mask (DESIGN.md section 3);
+potentials are [B, K + 1] (Phi(s_0) .. Phi(s_K), s_k = the state after k
+turns). Core math is written for one episode (`pbrs_shaping`) and vmapped by
+the batched wrappers; group statistics are segment ops on `group_b` (via
+`advantages.grpo_advantages`).
+
+How shaping reaches the policy (DESIGN.md section 6, papers.md "Implementation
+note on PBRS"):
+
+* Trajectory-level returns, discount 1, Phi(terminal) = 0: every shaped return
+  is outcome - Phi(s_0). When all episodes of a task share s_0 (same prompt,
+  so the same Phi(s_0)), group-relative advantages (GRPO, with or without std
+  normalisation) are unchanged: PBRS has no effect on this path.
+* Per-turn returns (reward-to-go, `advantages.turn_reward_to_go` on
+  `shape_turn_rewards`): the shaped return at turn k is the unshaped
+  reward-to-go - Phi(s_k) (discount 1, terminated), i.e. Phi is a
+  state-dependent baseline.
+* A dense term that does NOT telescope (e.g. lambda * s_b added to the
+  outcome) under z-scored GRPO: in an all-fail group the advantage does not
+  depend on lambda > 0 (F1-42 "dark room"); `hdpo_advantages` is the
+  conditional alternative for efficiency terms.
+
+Floating-point caveat: on the trajectory path the shift -Phi(s_0) is exact
+only in real arithmetic. Summing the float32 F_k
+(`episode_returns_with_shaping`) leaves a residue of a few ulp(max |Phi|)
+that differs between episodes. In a group whose outcomes are all equal,
+GRPO's std division (std ~ ulp, eps = 1e-6) turns that residue into
+advantages of order 0.1 (up to ~0.4 seen with O(1) random potentials,
+K = 4) instead of exactly 0. On the trajectory path use
+`telescoped_episode_returns` (closed form: the shift is one rounding of
+-Phi(s_0), identical within a group), or mean-only advantages.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from agentic_rl import advantages
+
+
+def _check_discount(discount) -> None:
+  """Raises ValueError for a concrete discount outside [0, 1]."""
+  if isinstance(discount, numbers.Real) and not 0.0 <= discount <= 1.0:
+    raise ValueError(f"discount must lie in [0, 1], got {discount!r}.")
+
+
+# ---------------------------------------------------------------------------
+# Potential-based reward shaping (one episode; batched wrapper).
+# ---------------------------------------------------------------------------
+
+
+def pbrs_shaping(
+    phi_k: jax.Array,
+    turn_mask_k: jax.Array,
+    discount: float | jax.Array,
+    terminated: bool | jax.Array,
+) -> jax.Array:
+  """Potential-based shaping F_k = discount * Phi'(s_{k+1}) - Phi(s_k).
+
+  Ng, Harada & Russell, "Policy invariance under reward transformations:
+  theory and application to reward shaping", ICML 1999 (no arXiv id).
+
+  One episode of n = sum(turn_mask_k) valid turns (a prefix of the K slots);
+  s_k is the state after k turns. Phi' = Phi except Phi'(s_n) = 0 when the
+  episode terminated (s_n is an absorbing terminal state, whose potential
+  must be 0 for policy invariance); when it was truncated (turn budget,
+  context full) s_n is not terminal and Phi(s_n) is kept. Invalid turns
+  (k >= n) get F_k = 0, and Phi(s_{n+1..K}) are never read.
+
+  Telescoping (n >= 1):
+
+      sum_{k<n} discount^k F_k = discount^n Phi'(s_n) - Phi(s_0),
+
+  so with discount = 1 and termination every trajectory return is shifted by
+  -Phi(s_0). An episode with n = 0 gets F = 0 everywhere (sum 0).
+
+  The mask is assumed to be a prefix (not checked: its values may be traced);
+  for any other mask F_k is still masked per slot and Phi' zeroes Phi at slot
+  n = sum(mask).
+
+  Args:
+    phi_k: [K + 1] float potentials Phi(s_0) .. Phi(s_K) (cast to float32).
+    turn_mask_k: [K] bool (or 0/1) mask of valid turns, a prefix.
+    discount: per-turn discount in [0, 1], Python float or float scalar.
+    terminated: bool scalar; True if the episode ended in a terminal state
+      (e.g. answered), False if it was cut off (truncated).
+
+  Returns:
+    [K] float32 shaping rewards F_k, 0 at invalid turns.
+
+  Raises:
+    ValueError: if a Python-number discount lies outside [0, 1].
+    AssertionError: (chex) if phi_k is not [K + 1] for turn_mask_k of [K], or
+      terminated is not a scalar.
+  """
+  chex.assert_rank([phi_k, turn_mask_k], 1)
+  chex.assert_axis_dimension(phi_k, 0, turn_mask_k.shape[0] + 1)
+  chex.assert_rank(jnp.asarray(terminated), 0)
+  _check_discount(discount)
+  return _pbrs_shaping(phi_k, turn_mask_k, discount, terminated)
+
+
+# Jitted so that eager callers run one compiled program instead of dispatching
+# each op; inside an outer jit/vmap it is simply inlined.
+@jax.jit
+def _pbrs_shaping(phi_k, turn_mask_k, discount, terminated):
+  k = turn_mask_k.shape[0]
+  m_k = jnp.asarray(turn_mask_k).astype(jnp.bool_)
+  phi = jnp.asarray(phi_k, jnp.float32)
+  d = jnp.asarray(discount, jnp.float32)
+  n = jnp.sum(m_k.astype(jnp.int32))
+  # Slot k + 1 of Phi(s_{k+1}); the terminal state s_n has potential 0.
+  next_index_k = jnp.arange(1, k + 1)
+  is_terminal_k = jnp.asarray(terminated, jnp.bool_) & (next_index_k == n)
+  phi_next_k = jnp.where(is_terminal_k, 0.0, phi[1:])
+  f_k = d * phi_next_k - phi[:-1]
+  return jnp.where(m_k, f_k, 0.0)
+
+
+def shape_turn_rewards(
+    rewards_bk: jax.Array,
+    phi_bk1: jax.Array,
+    turn_mask_bk: jax.Array,
+    discount: float | jax.Array,
+    terminated_b: jax.Array,
+) -> jax.Array:
+  """Shaped per-turn rewards r_bk + F_bk, F from `pbrs_shaping` (vmapped).
+
+  Ng, Harada & Russell, ICML 1999. Feed the result to
+  `advantages.turn_reward_to_go` (same discount) for per-turn returns, where
+  (discount 1, terminated) G_k = unshaped reward-to-go - Phi(s_k); or to
+  `episode_returns_with_shaping` for trajectory-level returns.
+
+  Args:
+    rewards_bk: [B, K] float per-turn rewards (e.g. the outcome at the last
+      valid turn).
+    phi_bk1: [B, K + 1] float potentials Phi(s_0) .. Phi(s_K) per episode.
+    turn_mask_bk: [B, K] bool (or 0/1) valid-turn mask, a prefix per row.
+    discount: per-turn discount in [0, 1], shared by the batch.
+    terminated_b: [B] bool; True for terminated, False for truncated episodes.
+
+  Returns:
+    [B, K] float32 shaped rewards, 0 at invalid turns.
+
+  Raises:
+    ValueError: if a Python-number discount lies outside [0, 1].
+    AssertionError: (chex) on rank/shape mismatch of the inputs.
+  """
+  chex.assert_rank([rewards_bk, phi_bk1, turn_mask_bk], 2)
+  chex.assert_rank(terminated_b, 1)
+  chex.assert_equal_shape([rewards_bk, turn_mask_bk])
+  chex.assert_equal_shape_prefix([rewards_bk, phi_bk1, terminated_b], 1)
+  _check_discount(discount)
+  f_bk = jax.vmap(pbrs_shaping, in_axes=(0, 0, None, 0))(
+      phi_bk1, turn_mask_bk, discount, terminated_b
+  )
+  m_bk = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
+  return jnp.where(m_bk, jnp.asarray(rewards_bk, jnp.float32) + f_bk, 0.0)
+
+
+def episode_returns_with_shaping(
+    outcome_b: jax.Array,
+    shaping_bk: jax.Array,
+    turn_mask_bk: jax.Array,
+    discount: float | jax.Array,
+) -> jax.Array:
+  """Trajectory-level shaped return R_b + sum_k discount^k m_bk F_bk.
+
+  Ng, Harada & Russell, ICML 1999. With F from `pbrs_shaping` this equals
+  R_b + discount^n Phi'(s_n) - Phi(s_0) (telescoping); with discount = 1 and
+  terminated episodes it is R_b - Phi(s_0), so GRPO advantages of a group
+  whose episodes share Phi(s_0) equal those of R_b alone (up to float32
+  rounding of the sum; see the module docstring for all-equal groups, and
+  `telescoped_episode_returns` for the closed form).
+
+  Args:
+    outcome_b: [B] float outcome rewards R_b (undiscounted, e.g. correct).
+    shaping_bk: [B, K] float per-turn shaping F_bk.
+    turn_mask_bk: [B, K] bool (or 0/1) valid-turn mask.
+    discount: per-turn discount in [0, 1]; turn k is weighted discount^k.
+
+  Returns:
+    [B] float32 returns.
+
+  Raises:
+    ValueError: if a Python-number discount lies outside [0, 1].
+    AssertionError: (chex) on rank/shape mismatch of the inputs.
+  """
+  chex.assert_rank(outcome_b, 1)
+  chex.assert_rank([shaping_bk, turn_mask_bk], 2)
+  chex.assert_equal_shape([shaping_bk, turn_mask_bk])
+  chex.assert_equal_shape_prefix([outcome_b, shaping_bk], 1)
+  _check_discount(discount)
+  k = shaping_bk.shape[1]
+  d = jnp.asarray(discount, jnp.float32)
+  weight_k = jnp.power(d, jnp.arange(k, dtype=jnp.float32))
+  m_bk = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
+  f_bk = jnp.where(m_bk, jnp.asarray(shaping_bk, jnp.float32), 0.0)
+  return jnp.asarray(outcome_b, jnp.float32) + jnp.sum(f_bk * weight_k, axis=1)
+
+
+def telescoped_episode_returns(
+    outcome_b: jax.Array,
+    phi_bk1: jax.Array,
+    turn_mask_bk: jax.Array,
+    discount: float | jax.Array,
+    terminated_b: jax.Array,
+) -> jax.Array:
+  """Trajectory-level PBRS return in closed form R_b + d^n Phi'(s_n) - Phi(s_0).
+
+  Ng, Harada & Russell, ICML 1999. Equals `episode_returns_with_shaping` of
+  the `pbrs_shaping` F in real arithmetic (telescoping), with n_b = number of
+  valid turns and Phi'(s_n) = 0 for terminated episodes; an episode with
+  n = 0 gets R_b (no turn to shape, as in `pbrs_shaping`). Preferred on the
+  trajectory path: with discount 1 and termination the shaped return is
+  R_b - Phi(s_0) rounded once, so episodes with equal (R_b, Phi(s_0)) get
+  bit-identical returns and an all-equal group still gets exactly 0 GRPO
+  advantage (summed float32 F_k do not guarantee this; see module docstring).
+
+  Args:
+    outcome_b: [B] float outcome rewards R_b.
+    phi_bk1: [B, K + 1] float potentials Phi(s_0) .. Phi(s_K).
+    turn_mask_bk: [B, K] bool (or 0/1) valid-turn mask, a prefix per row.
+    discount: per-turn discount d in [0, 1].
+    terminated_b: [B] bool; True for terminated, False for truncated episodes.
+
+  Returns:
+    [B] float32 returns.
+
+  Raises:
+    ValueError: if a Python-number discount lies outside [0, 1].
+    AssertionError: (chex) on rank/shape mismatch of the inputs.
+  """
+  chex.assert_rank([outcome_b, terminated_b], 1)
+  chex.assert_rank([phi_bk1, turn_mask_bk], 2)
+  chex.assert_equal_shape_prefix(
+      [outcome_b, phi_bk1, turn_mask_bk, terminated_b], 1
+  )
+  chex.assert_axis_dimension(phi_bk1, 1, turn_mask_bk.shape[1] + 1)
+  _check_discount(discount)
+  phi = jnp.asarray(phi_bk1, jnp.float32)
+  d = jnp.asarray(discount, jnp.float32)
+  n_b = jnp.sum(jnp.asarray(turn_mask_bk).astype(jnp.int32), axis=1)
+  phi_n_b = jnp.take_along_axis(phi, n_b[:, None], axis=1)[:, 0]
+  phi_n_b = jnp.where(jnp.asarray(terminated_b, jnp.bool_), 0.0, phi_n_b)
+  shift_b = jnp.power(d, n_b.astype(jnp.float32)) * phi_n_b - phi[:, 0]
+  shift_b = jnp.where(n_b > 0, shift_b, 0.0)
+  return jnp.asarray(outcome_b, jnp.float32) + shift_b
+
+
+# ---------------------------------------------------------------------------
+# Potentials: [B, K + 1] arrays over the states s_0 .. s_K.
+# ---------------------------------------------------------------------------
+
+
+def progress_potential(
+    progress_bk1: jax.Array, scale: float = 1.0
+) -> jax.Array:
+  """Oracle progress potential Phi(s_k) = scale * progress(s_k).
+
+  A control arm for PBRS (papers.md, "PBRS core with pluggable Phi", choice
+  (c)): progress is an environment fact, e.g. hops resolved / depth on
+  KV-CHAIN, in [0, 1].
+
+  Args:
+    progress_bk1: [B, K + 1] float progress after 0 .. K turns.
+    scale: multiplier of the potential (reward units per unit progress).
+
+  Returns:
+    [B, K + 1] float32 potentials.
+
+  Raises:
+    AssertionError: (chex) if progress_bk1 is not rank 2.
+  """
+  chex.assert_rank(progress_bk1, 2)
+  return jnp.asarray(scale, jnp.float32) * jnp.asarray(
+      progress_bk1, jnp.float32
+  )
+
+
+def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
+  """TRACE-style log-ratio state values (inferred form).
+
+  V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), where log p_ref(y*|s_k)
+  is the frozen reference model's log-probability of the gold answer y*
+  appended after the k-th tool boundary. TRACE (papers.md F1-9; arXiv id not
+  given there); the normalisation by s_0 and the TD reward
+  r_k = V(s_{k+1}) - V(s_k) are inferred from the abstract, not taken from
+  the paper. V(s_0) = 0 by construction.
+
+  As a PBRS potential: `pbrs_shaping(..., discount=1, terminated=False)`
+  gives TRACE's inferred r_k, whose sum telescopes to V(s_n) - V(s_0) =
+  V(s_n) (the final value is kept, an outcome-like term: not policy
+  invariant); `terminated=True` gives policy-invariant PBRS whose sum is
+  -V(s_0) = 0.
+
+  Args:
+    gold_logp_bk1: [B, K + 1] float log p_ref(y* | s_k), k = 0 .. K (nats;
+      summed over the gold-answer tokens).
+
+  Returns:
+    [B, K + 1] float32 values V(s_k); column 0 is exactly 0.
+
+  Raises:
+    AssertionError: (chex) if gold_logp_bk1 is not rank 2.
+  """
+  chex.assert_rank(gold_logp_bk1, 2)
+  logp = jnp.asarray(gold_logp_bk1, jnp.float32)
+  return logp - logp[:, :1]
+
+
+def success_probability_potential(p_bk1: jax.Array) -> jax.Array:
+  """PiCA-style potential Phi(h_k) = P(correct final answer | h_k) (inferred).
+
+  PiCA (papers.md F1-32; arXiv id not given there): process rewards are
+  history-conditioned success probabilities used as PBRS potentials, with
+  discount 1; the exact form Phi = P(correct | h_k), F_k = Phi(h_{k+1}) -
+  Phi(h_k) is inferred from the abstract. P comes from a learned value head
+  or a reward model; pivot steps are the turns where it jumps.
+
+  Args:
+    p_bk1: [B, K + 1] float probabilities in [0, 1] after 0 .. K turns.
+
+  Returns:
+    [B, K + 1] float32 potentials (the probabilities, unchanged).
+
+  Raises:
+    AssertionError: (chex) if p_bk1 is not rank 2.
+  """
+  chex.assert_rank(p_bk1, 2)
+  return jnp.asarray(p_bk1, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# HDPO: conditional efficiency advantages.
+# ---------------------------------------------------------------------------
+
+
+def hdpo_advantages(
+    correct_b: jax.Array,
+    cost_b: jax.Array,
+    group_b: jax.Array,
+    *,
+    efficiency_weight: float | jax.Array,
+    eps: float = 1e-6,
+    valid_b: jax.Array | None = None,
+) -> jax.Array:
+  """HDPO two-channel advantages (inferred form).
+
+  A_i = z_G(correct)_i + w * 1[correct_i] * z_{C(G)}(-cost)_i,
+
+  z_S(x)_i = (x_i - mean_S x) / (std_S x + eps), population std, where G is
+  the episode's group and C(G) its correct episodes. The accuracy channel is
+  GRPO on correctness; the efficiency channel is GRPO on -cost restricted to
+  the correct episodes of the group, so a cost penalty is never washed out by
+  (or traded against) accuracy variance. HDPO / Metis (papers.md F1-8; arXiv
+  id not given there); the formula is inferred from the abstract's
+  "conditional advantage estimation" restricted to accurate trajectories.
+
+  The efficiency channel is exactly 0 for incorrect episodes, for groups with
+  fewer than 2 correct episodes, and for groups whose correct episodes all
+  have the same cost; either channel is exactly 0 on an all-equal group
+  (`advantages.grpo_advantages`). Group statistics are segment ops on
+  `group_b`.
+
+  Args:
+    correct_b: [B] bool (or 0/1) outcome correctness.
+    cost_b: [B] float cost, e.g. tool calls (lower is better).
+    group_b: [B] int group ids in [0, B).
+    efficiency_weight: w, weight of the efficiency channel (>= 0).
+    eps: added to both channels' std.
+    valid_b: optional [B] bool; invalid rows are left out of every statistic
+      and get 0. Default: all rows valid.
+
+  Returns:
+    [B] float32 advantages.
+
+  Raises:
+    ValueError: if a Python-number efficiency_weight is negative.
+    AssertionError: (chex) on rank/shape/dtype mismatch of the inputs.
+  """
+  chex.assert_rank([correct_b, cost_b, group_b], 1)
+  chex.assert_equal_shape([correct_b, cost_b, group_b])
+  chex.assert_type(group_b, int)
+  if isinstance(efficiency_weight, numbers.Real) and efficiency_weight < 0:
+    raise ValueError(
+        f"efficiency_weight must be >= 0, got {efficiency_weight!r}."
+    )
+  correct = jnp.asarray(correct_b).astype(jnp.bool_)
+  valid = (
+      jnp.ones(correct.shape, jnp.bool_)
+      if valid_b is None
+      else jnp.asarray(valid_b).astype(jnp.bool_)
+  )
+  chex.assert_equal_shape([correct, valid])
+  acc_b = advantages.grpo_advantages(
+      correct.astype(jnp.float32), group_b, eps=eps, valid_b=valid
+  )
+  eff_b = advantages.grpo_advantages(
+      -jnp.asarray(cost_b, jnp.float32), group_b, eps=eps,
+      valid_b=valid & correct,
+  )
+  return acc_b + jnp.asarray(efficiency_weight, jnp.float32) * eff_b
+
+
+# ---------------------------------------------------------------------------
+# SPA: learned stepwise progress attribution.
+# ---------------------------------------------------------------------------
+
+
+def spa_progress_loss(
+    contrib_bk: jax.Array,
+    turn_mask_bk: jax.Array,
+    outcome_b: jax.Array,
+) -> jax.Array:
+  """SPA progress-estimator loss mean_b (sum_k m_bk c_bk - R_b)^2 (inferred).
+
+  Stepwise Progress Attribution (papers.md F1-37; arXiv id not given there):
+  a progress estimator c_psi(s_k, a_k) is trained so that its per-turn
+  contributions summed over a trajectory match the task outcome; the squared
+  loss is inferred from the abstract. The step reward (also inferred) is
+  r_k = c_psi(s_k, a_k) + beta * grounding_k, built by the caller.
+  Gradients flow into contrib_bk (masked turns get zero gradient).
+
+  Args:
+    contrib_bk: [B, K] float per-turn contributions c_psi.
+    turn_mask_bk: [B, K] bool (or 0/1) valid-turn mask.
+    outcome_b: [B] float outcome R_b (e.g. 1[correct]).
+
+  Returns:
+    float32 scalar loss.
+
+  Raises:
+    AssertionError: (chex) on rank/shape mismatch of the inputs.
+  """
+  chex.assert_rank([contrib_bk, turn_mask_bk], 2)
+  chex.assert_rank(outcome_b, 1)
+  chex.assert_equal_shape([contrib_bk, turn_mask_bk])
+  chex.assert_equal_shape_prefix([contrib_bk, outcome_b], 1)
+  m_bk = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
+  total_b = jnp.sum(jnp.where(m_bk, jnp.asarray(contrib_bk, jnp.float32), 0.0),
+                    axis=1)
+  return jnp.mean(jnp.square(total_b - jnp.asarray(outcome_b, jnp.float32)))

@@ -1,0 +1,328 @@
+"""Credit assignment (PBRS, potentials, HDPO, SPA) against hand values."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import advantages
+from agentic_rl import credit
+
+
+# ---------------------------------------------------------------------------
+# PBRS: hand values and telescoping.
+# ---------------------------------------------------------------------------
+
+# K = 3, discount 0.9, n = 2 valid turns.
+_PHI = jnp.array([0.5, 1.0, 2.0, 3.0])
+_MASK = jnp.array([True, True, False])
+
+
+def test_pbrs_hand_terminated_truncated_and_invalid_turns():
+  # Terminated: Phi'(s_2) = 0. F_0 = 0.9 * 1.0 - 0.5 = 0.4,
+  # F_1 = 0.9 * 0 - 1.0 = -1.0, F_2 = 0 (invalid).
+  f_term = credit.pbrs_shaping(_PHI, _MASK, 0.9, True)
+  np.testing.assert_allclose(f_term, [0.4, -1.0, 0.0], atol=1e-6)
+  # Sum 0.4 + 0.9 * -1.0 = -0.5 = 0.9^2 * 0 - Phi(s_0).
+  np.testing.assert_allclose(f_term[0] + 0.9 * f_term[1], -0.5, atol=1e-6)
+
+  # Truncated: Phi(s_2) = 2 kept. F_1 = 0.9 * 2.0 - 1.0 = 0.8.
+  f_trunc = credit.pbrs_shaping(_PHI, _MASK, 0.9, False)
+  np.testing.assert_allclose(f_trunc, [0.4, 0.8, 0.0], atol=1e-6)
+  # Sum 0.4 + 0.72 = 1.12 = 0.81 * 2.0 - 0.5.
+  np.testing.assert_allclose(f_trunc[0] + 0.9 * f_trunc[1], 1.12, atol=1e-6)
+
+  # All 3 turns valid, terminated: F = [0.4, 0.8, 0 - 2.0].
+  f_full = credit.pbrs_shaping(_PHI, jnp.ones(3, bool), 0.9, True)
+  np.testing.assert_allclose(f_full, [0.4, 0.8, -2.0], atol=1e-6)
+
+  # No valid turn: nothing to shape.
+  f_none = credit.pbrs_shaping(_PHI, jnp.zeros(3, bool), 0.9, True)
+  np.testing.assert_array_equal(f_none, [0.0, 0.0, 0.0])
+
+  # Trajectory-level helper: outcome 1 + sum_k 0.9^k F_k.
+  ret = credit.episode_returns_with_shaping(
+      jnp.array([1.0, 1.0]), jnp.stack([f_term, f_trunc]),
+      jnp.stack([_MASK, _MASK]), 0.9)
+  np.testing.assert_allclose(ret, [0.5, 2.12], atol=1e-6)
+  # Closed form; a third episode with n = 0 keeps its outcome.
+  closed = credit.telescoped_episode_returns(
+      jnp.ones(3), jnp.stack([_PHI] * 3),
+      jnp.stack([_MASK, _MASK, jnp.zeros(3, bool)]), 0.9,
+      jnp.array([True, False, True]))
+  np.testing.assert_allclose(closed, [0.5, 2.12, 1.0], atol=1e-6)
+
+
+def test_pbrs_telescopes_for_random_potentials():
+  # 512 random episodes (seeded): random K-prefix length n >= 1, discount,
+  # termination and potentials; compared with the closed form in float64.
+  rng = np.random.default_rng(0)
+  b, k = 512, 5
+  phi = rng.normal(size=(b, k + 1)) * 3.0
+  n = rng.integers(1, k + 1, size=b)
+  mask = np.arange(k)[None, :] < n[:, None]
+  term = rng.random(b) < 0.5
+  disc = rng.random(b)
+  disc[:64] = 1.0
+  f = jax.vmap(credit.pbrs_shaping)(
+      jnp.asarray(phi, jnp.float32), jnp.asarray(mask),
+      jnp.asarray(disc, jnp.float32), jnp.asarray(term))
+  f = np.asarray(f, np.float64)
+  assert np.all(f[~mask] == 0.0)
+  lhs = np.sum(f * disc[:, None] ** np.arange(k)[None, :], axis=1)
+  phi_n = np.where(term, 0.0, phi[np.arange(b), n])
+  rhs = disc ** n * phi_n - phi[:, 0]
+  np.testing.assert_allclose(lhs, rhs, atol=1e-5)
+  closed = credit.telescoped_episode_returns(
+      jnp.zeros(b), jnp.asarray(phi, jnp.float32), jnp.asarray(mask),
+      1.0, jnp.asarray(term))
+  np.testing.assert_allclose(closed[:64], lhs[:64], atol=1e-5)  # discount 1
+
+
+def test_discount_out_of_range_raises():
+  with pytest.raises(ValueError, match="1.5"):
+    credit.pbrs_shaping(_PHI, _MASK, 1.5, True)
+
+
+# ---------------------------------------------------------------------------
+# PBRS under group-relative advantages.
+# ---------------------------------------------------------------------------
+
+
+def test_trajectory_grpo_advantages_invariant_to_pbrs():
+  # Assumption: every episode of a task starts from the same state, so
+  # Phi(s_0) is shared within a group. Discount 1, all terminated: each
+  # shaped return is outcome - Phi(s_0), a per-group constant shift, so GRPO
+  # advantages (z-scored and mean-only) are those of the outcome alone.
+  rng = np.random.default_rng(1)
+  b, k = 16, 4
+  group = np.array([0, 1, 2, 3] * 4, np.int32)  # interleaved groups of 4
+  # Groups 0-2 mixed; group 3 all-fail.
+  outcome = np.array([1, 0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0],
+                     np.float32)
+  outcome_j, group_j = jnp.asarray(outcome), jnp.asarray(group)
+  term = jnp.ones(b, bool)
+  mixed = group != 3
+  base = advantages.grpo_advantages(outcome_j, group_j)
+  base_mean_only = advantages.grpo_advantages(
+      outcome_j, group_j, scale_by_std=False)
+  assert np.all(np.abs(np.asarray(base)[mixed]) > 0.1)
+  for scale in (0.1, 0.3, 1.0, 100.0):
+    mask = np.arange(k)[None, :] < rng.integers(1, k + 1, size=b)[:, None]
+    phi = rng.normal(size=(b, k + 1)) * scale
+    phi[:, 0] = rng.normal(size=4)[group] * scale
+    phi_j = jnp.asarray(phi, jnp.float32)
+    f = credit.shape_turn_rewards(jnp.zeros((b, k)), phi_j, mask, 1.0, term)
+    summed = credit.episode_returns_with_shaping(outcome_j, f, mask, 1.0)
+    closed = credit.telescoped_episode_returns(outcome_j, phi_j, mask, 1.0,
+                                               term)
+    np.testing.assert_allclose(summed, outcome - phi[:, 0],
+                               atol=1e-6 * scale * k + 1e-6)
+    np.testing.assert_allclose(closed, summed, atol=1e-6 * scale * k + 1e-6)
+    # Closed form: the all-fail group keeps exactly 0 advantage, any scale.
+    a_closed = np.asarray(advantages.grpo_advantages(closed, group_j))
+    assert np.all(a_closed[~mixed] == 0.0)
+    if scale > 1.0:
+      continue  # float32: the shift is exact only up to ulp(|Phi|) / std.
+    for ret in (summed, closed):
+      np.testing.assert_allclose(
+          np.asarray(advantages.grpo_advantages(ret, group_j))[mixed],
+          np.asarray(base)[mixed], atol=1e-6)
+      np.testing.assert_allclose(
+          advantages.grpo_advantages(ret, group_j, scale_by_std=False),
+          base_mean_only, atol=1e-6)
+    np.testing.assert_allclose(a_closed, base, atol=1e-6)
+
+
+def test_per_turn_returns_potential_is_state_baseline():
+  # Discount 1, terminated, K = 3. Row 0: 3 turns, outcome 1 at turn 2,
+  # Phi = [0.2, 0.5, 0.9, (unused)]: F = [0.3, 0.4, -0.9], shaped
+  # r = [0.3, 0.4, 0.1], reward-to-go [0.8, 0.5, 0.1] = [1, 1, 1] - Phi(s_k).
+  # Row 1: 2 turns, outcome 1 at turn 1, Phi = [0.2, 0.6, ...]:
+  # F = [0.4, -0.6, 0], shaped [0.4, 0.4, 0], reward-to-go [0.8, 0.4, 0].
+  rewards = jnp.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+  phi = jnp.array([[0.2, 0.5, 0.9, 7.0], [0.2, 0.6, 0.7, 0.3]])
+  mask = jnp.array([[True, True, True], [True, True, False]])
+  shaped = credit.shape_turn_rewards(rewards, phi, mask, 1.0,
+                                     jnp.array([True, True]))
+  np.testing.assert_allclose(shaped, [[0.3, 0.4, 0.1], [0.4, 0.4, 0.0]],
+                             atol=1e-6)
+  g_shaped = advantages.turn_reward_to_go(shaped, mask, 1.0)
+  g_plain = advantages.turn_reward_to_go(rewards, mask, 1.0)
+  expected = [[0.8, 0.5, 0.1], [0.8, 0.4, 0.0]]
+  np.testing.assert_allclose(g_shaped, expected, atol=1e-6)
+  np.testing.assert_allclose(
+      g_shaped, np.where(mask, g_plain - phi[:, :3], 0.0), atol=1e-6)
+
+
+def test_dark_room_zscore_ignores_dense_coefficient():
+  # F1-42: in an all-fail group (outcome 0) the reward is lambda * s_b alone;
+  # its z-score is (s - mean s) / std s whatever lambda > 0 is, so a bounded
+  # dense bonus exerts full-strength pressure however small lambda is (and
+  # annealing lambda cannot help). This is the mechanism behind GRPO's
+  # collapse onto dense rewards. s = [0.1, 0.3, 0.1, 0.3]: mean 0.2, std 0.1.
+  s = jnp.array([0.1, 0.3, 0.1, 0.3])
+  group = jnp.zeros(4, jnp.int32)
+  outcome = jnp.zeros(4)
+  for lam in (0.01, 1.0, 100.0):
+    # eps = 0: exact invariance (with eps > 0 it holds while lambda*std >> eps).
+    a = advantages.grpo_advantages(outcome + lam * s, group, eps=0.0)
+    np.testing.assert_allclose(a, [-1.0, 1.0, -1.0, 1.0], rtol=1e-5)
+    # Mean-only advantages (the fix in F1-42) scale with lambda instead.
+    a_mean = advantages.grpo_advantages(outcome + lam * s, group,
+                                        scale_by_std=False)
+    np.testing.assert_allclose(a_mean, lam * np.array([-0.1, 0.1, -0.1, 0.1]),
+                               rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# HDPO.
+# ---------------------------------------------------------------------------
+
+_S3 = math.sqrt(0.1875)  # population std of one 1 among four 0/1 values
+
+
+def _hdpo_batch():
+  # Four interleaved groups of 4 (group id = row % 4).
+  # g0: correct [1,1,1,0], calls [1,3,2,5].
+  # g1: correct [0,1,0,0], calls [2,4,1,3] (one correct: no efficiency).
+  # g2: correct [0,0,0,0], calls [1,2,3,4] (none correct: all 0).
+  # g3: correct [1,1,1,1], calls [1,2,3,2] (accuracy channel all-equal).
+  correct = np.array([[1, 1, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+  calls = np.array([[1, 3, 2, 5], [2, 4, 1, 3], [1, 2, 3, 4], [1, 2, 3, 2]],
+                   np.float32)
+  # Row r holds episode r // 4 of group r % 4: transpose, then flatten.
+  group_b = np.tile(np.arange(4, dtype=np.int32), 4)
+  return correct.T.reshape(-1), calls.T.reshape(-1), group_b
+
+
+def _hdpo_expected(w):
+  # g0 accuracy: mean 0.75, std sqrt(0.1875): 0.25/s for correct, -0.75/s.
+  # g0 efficiency over correct {1,3,2}: -cost [-1,-3,-2], mean -2,
+  # deviations [1,-1,0], std sqrt(2/3): z = [1.2247449, -1.2247449, 0].
+  z = 1.0 / math.sqrt(2.0 / 3.0)
+  g0 = [0.25 / _S3 + w * z, 0.25 / _S3 - w * z, 0.25 / _S3, -0.75 / _S3]
+  # g1: accuracy only: one 1 among 0s.
+  g1 = [-0.25 / _S3, 0.75 / _S3, -0.25 / _S3, -0.25 / _S3]
+  g2 = [0.0] * 4
+  # g3: accuracy 0; efficiency -cost [-1,-2,-3,-2], mean -2, std sqrt(0.5).
+  r2 = math.sqrt(2.0)
+  g3 = [w * r2, 0.0, -w * r2, 0.0]
+  return np.array([g0, g1, g2, g3]).T.reshape(-1)
+
+
+def test_hdpo_hand_values():
+  corr, calls, group = _hdpo_batch()
+  for eps, rtol in ((0.0, 1e-6), (1e-6, 1e-5)):
+    a = credit.hdpo_advantages(jnp.asarray(corr, bool), jnp.asarray(calls),
+                               jnp.asarray(group), efficiency_weight=0.5,
+                               eps=eps)
+    np.testing.assert_allclose(a, _hdpo_expected(0.5), rtol=rtol,
+                               atol=1e-6)
+  # Literal check of g0 (rows 0, 4, 8, 12): [1.1897227, -0.0350221,
+  # 0.5773503, -1.7320508].
+  np.testing.assert_allclose(
+      np.asarray(a)[group == 0], [1.1897227, -0.0350221, 0.5773503, -1.7320508],
+      atol=1e-5)
+  # Groups with 0 or 1 correct episodes: efficiency channel exactly 0, so A
+  # does not depend on w; the all-fail group is exactly 0.
+  a0 = credit.hdpo_advantages(jnp.asarray(corr), jnp.asarray(calls),
+                              jnp.asarray(group), efficiency_weight=0.0)
+  a9 = credit.hdpo_advantages(jnp.asarray(corr), jnp.asarray(calls),
+                              jnp.asarray(group), efficiency_weight=9.0)
+  sel = (group == 1) | (group == 2)
+  np.testing.assert_array_equal(np.asarray(a0)[sel], np.asarray(a9)[sel])
+  assert np.all(np.asarray(a9)[group == 2] == 0.0)
+
+
+def test_hdpo_all_equal_cost_and_negative_weight():
+  corr = jnp.array([1, 1, 0, 1])
+  calls = jnp.array([2.0, 2.0, 7.0, 2.0])
+  a = credit.hdpo_advantages(corr, calls, jnp.zeros(4, jnp.int32),
+                             efficiency_weight=3.0, eps=1e-30)
+  # Efficiency channel exactly 0 (all correct costs equal): accuracy only.
+  np.testing.assert_allclose(a, [0.25 / _S3] * 2 + [-0.75 / _S3, 0.25 / _S3],
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match="-1"):
+    credit.hdpo_advantages(corr, calls, jnp.zeros(4, jnp.int32),
+                           efficiency_weight=-1.0)
+
+
+# ---------------------------------------------------------------------------
+# Potentials and SPA.
+# ---------------------------------------------------------------------------
+
+
+def test_potentials_hand_values():
+  logp = jnp.array([[-3.0, -2.0, -0.5, -0.1], [-1.0, -1.0, -4.0, -1.0]])
+  np.testing.assert_allclose(credit.log_ratio_potential(logp),
+                             [[0.0, 1.0, 2.5, 2.9], [0.0, 0.0, -3.0, 0.0]],
+                             atol=1e-6)
+  # TRACE (inferred): terminated=False keeps V(s_n); r sums to V(s_3) = 2.9.
+  v = credit.log_ratio_potential(logp)[0]
+  r = credit.pbrs_shaping(v, jnp.ones(3, bool), 1.0, False)
+  np.testing.assert_allclose(r, [1.0, 1.5, 0.4], atol=1e-6)
+  np.testing.assert_allclose(credit.progress_potential(
+      jnp.array([[0.0, 0.25, 0.5]]), scale=2.0), [[0.0, 0.5, 1.0]])
+  p = jnp.array([[0.1, 0.7, 0.9]])
+  np.testing.assert_array_equal(credit.success_probability_potential(p), p)
+
+
+def test_spa_progress_loss_hand_value_and_gradient():
+  # Row 0: 0.2 + 0.3 (0.9 masked) - 1 = -0.5; row 1: 0.5 + 0.1 + 0 - 0 = 0.6.
+  # Loss (0.25 + 0.36) / 2 = 0.305; d/dc = 2 / B * error on valid turns.
+  contrib = jnp.array([[0.2, 0.3, 0.9], [0.5, 0.1, 0.0]])
+  mask = jnp.array([[True, True, False], [True, True, True]])
+  outcome = jnp.array([1.0, 0.0])
+  loss, grad = jax.value_and_grad(credit.spa_progress_loss)(
+      contrib, mask, outcome)
+  np.testing.assert_allclose(loss, 0.305, rtol=1e-6)
+  np.testing.assert_allclose(grad, [[-0.5, -0.5, 0.0], [0.6, 0.6, 0.6]],
+                             rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# jit / vmap variants.
+# ---------------------------------------------------------------------------
+
+
+def test_jit_and_vmap_match_eager():
+  rewards = jnp.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+  phi = jnp.array([[0.2, 0.5, 0.9, 7.0], [0.2, 0.6, 0.7, 0.3]])
+  mask = jnp.array([[True, True, True], [True, True, False]])
+  term = jnp.array([True, False])
+  outcome = jnp.array([1.0, 0.0])
+
+  def pipeline(rewards, phi, mask, term, outcome, discount):
+    shaped = credit.shape_turn_rewards(rewards, phi, mask, discount, term)
+    f = shaped - jnp.where(mask, rewards, 0.0)
+    ret = credit.episode_returns_with_shaping(outcome, f, mask, discount)
+    loss = credit.spa_progress_loss(shaped, mask, outcome)
+    return shaped, ret, loss
+
+  eager = pipeline(rewards, phi, mask, term, outcome, 0.9)
+  jitted = jax.jit(pipeline)(rewards, phi, mask, term, outcome,
+                             jnp.float32(0.9))
+  chex_tree_close = lambda x, y: jax.tree.map(
+      lambda u, v: np.testing.assert_allclose(u, v, atol=1e-6), x, y)
+  chex_tree_close(eager, jitted)
+  # The batched wrapper equals a Python loop over the unbatched core.
+  loop = jnp.stack([credit.pbrs_shaping(phi[i], mask[i], 0.9, term[i])
+                    for i in range(2)])
+  np.testing.assert_allclose(eager[0] - jnp.where(mask, rewards, 0.0), loop,
+                             atol=1e-6)
+
+  # HDPO under jit, and vmapped over a leading axis of 2 independent batches.
+  corr, calls, group = _hdpo_batch()
+  corr, calls, group = map(jnp.asarray, (corr, calls, group))
+  hdpo = lambda c, x, g: credit.hdpo_advantages(c, x, g, efficiency_weight=0.5)
+  a = hdpo(corr, calls, group)
+  np.testing.assert_allclose(jax.jit(hdpo)(corr, calls, group), a, atol=1e-6)
+  stacked = jax.vmap(hdpo)(jnp.stack([corr, 1 - corr]),
+                           jnp.stack([calls, calls[::-1]]),
+                           jnp.stack([group, group]))
+  np.testing.assert_allclose(stacked[0], a, atol=1e-6)
+  np.testing.assert_allclose(stacked[1], hdpo(1 - corr, calls[::-1], group),
+                             atol=1e-6)

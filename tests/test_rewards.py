@@ -1,0 +1,356 @@
+"""Reward components, transforms, noise, composition and schedules against
+hand-computed values (agentic_rl/rewards.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import rewards
+from agentic_rl import types
+
+A = types.ANSWERED
+
+
+def make_traj(correct, calls, group, errors=None, finish=None, k=2):
+  """A tiny Trajectory whose facts are written by hand (L = 4 tokens)."""
+  b = len(correct)
+  errors = [0] * b if errors is None else errors
+  finish = [A] * b if finish is None else finish
+  facts = {
+      "correct": jnp.asarray(correct, bool),
+      "answered": jnp.asarray([f == A for f in finish], bool),
+      "format_error": jnp.zeros((b,), bool),
+      "num_tool_calls": jnp.asarray(calls, jnp.int32),
+      "num_tool_errors": jnp.asarray(errors, jnp.int32),
+      "hard": jnp.zeros((b,), bool),
+      "tool_call_turn": jnp.zeros((b, k), bool),
+  }
+  return types.Trajectory(
+      tokens=jnp.zeros((b, 4), jnp.int32),
+      role=jnp.zeros((b, 4), jnp.int8),
+      logprob=jnp.zeros((b, 4), jnp.float32),
+      turn=jnp.full((b, 4), -1, jnp.int32),
+      length=jnp.zeros((b,), jnp.int32),
+      num_turns=jnp.ones((b,), jnp.int32),
+      finish=jnp.asarray(finish, jnp.int32),
+      group=jnp.asarray(group, jnp.int32),
+      facts=facts,
+  )
+
+
+def close(x, expected, rtol=1e-6, atol=1e-7):
+  np.testing.assert_allclose(np.asarray(x), expected, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------
+# Components.
+# ---------------------------------------------------------------------------
+
+
+def test_otc_paper_form_n_star_0_and_2_interleaved_groups():
+  # Group 0 (n* = 0): correct rows with m = 0, 1, 2, 3 and an incorrect m = 0.
+  # Group 1 (n* = 2): correct m = 2, 3, 4, 6 and an incorrect m = 1.
+  # Group 2: no correct episode -> all 0. Rows interleaved on purpose.
+  rows = [  # (group, correct, calls, expected)
+      (0, 1, 0, 1.0),
+      (1, 1, 2, 1.0),
+      (0, 1, 1, math.cos(math.pi / 3)),  # 0.5
+      (1, 1, 3, math.sin(0.6 * math.pi)),  # g = 12/5 -> sin(2.4 pi / 4)
+      (0, 1, 2, math.cos(2 * math.pi / 5)),  # 0.30901699
+      (1, 1, 4, math.sin(2 * math.pi / 3)),  # g = 8/3 -> 0.8660254
+      (0, 1, 3, math.cos(3 * math.pi / 7)),  # 0.22252093
+      (1, 1, 6, math.sin(3 * math.pi / 4)),  # g = 3 -> 0.70710678
+      (0, 0, 0, 0.0),
+      (1, 0, 1, 0.0),
+      (2, 0, 0, 0.0),
+      (2, 0, 3, 0.0),
+  ]
+  g, c, m, want = zip(*rows)
+  traj = make_traj(c, m, g)
+  r = rewards.otc_reward(traj)
+  assert r.dtype == jnp.float32 and r.shape == (12,)
+  close(r, want)
+  close(want[:8], [1.0, 1.0, 0.5, 0.95105652, 0.30901699, 0.8660254,
+                   0.22252093, 0.70710678], rtol=1e-7)
+  # Row order does not matter: reverse the batch, same per-row values.
+  rev = jax.tree.map(lambda x: x[::-1], traj)
+  close(rewards.otc_reward(rev), want[::-1])
+
+
+def test_otc_tool_score_shape_and_inverse_form():
+  n2 = jnp.full((7,), 2)
+  s = rewards.otc_tool_score(jnp.arange(7), n2)
+  # m = 0..6 with n* = 2: sin(pi g / 4), g = 4m / (m + 2).
+  close(s, [0.0, math.sin(math.pi / 3), 1.0, math.sin(0.6 * math.pi),
+            math.sin(2 * math.pi / 3), math.sin(20 / 7 * math.pi / 4),
+            math.sin(3 * math.pi / 4)], rtol=1e-6)
+  assert np.all(np.diff(np.asarray(s)[2:]) < 0)  # decreasing above n*
+  assert np.all(np.diff(np.asarray(s)[:3]) > 0)  # increasing below n*
+  inv = rewards.otc_tool_score(
+      jnp.array([2, 3, 5, 0, 1]), jnp.array([2, 2, 2, 0, 0]), form="inverse",
+      alpha=1.0)
+  close(inv, [1.0, 0.5, 0.25, 1.0, 0.5])
+  with pytest.raises(ValueError, match="form"):
+    rewards.otc_tool_score(n2, n2, form="bogus")
+
+
+def test_tool_cost_and_failed_call_penalty():
+  traj = make_traj([1, 0, 1], [0, 1, 3], [0, 0, 1], errors=[0, 2, 1])
+  close(rewards.tool_cost_reward(traj), [0.0, -0.1, -0.3])
+  close(rewards.tool_cost_reward(traj, c=0.5), [0.0, -0.5, -1.5])
+  close(rewards.failed_call_penalty_reward(traj), [0.0, -0.2, -0.1])
+  close(rewards.failed_call_penalty_reward(traj, c=1.0), [0.0, -2.0, -1.0])
+  close(rewards.tool_bonus_reward(traj, b=0.3), [0.0, 0.3, 0.3])
+  close(rewards.tool_bonus_reward(traj), [0.0, 1.0, 1.0])
+
+
+def test_gated_relative_efficiency_some_correct():
+  rows = [  # (group, correct, calls, expected with lam = 1)
+      (0, 1, 1, 1.0),  # correct counts {1, 3, 2}: (3 - m) / 2
+      (1, 1, 2, 0.0),  # group 1: correct counts all 2 -> 0
+      (0, 0, 0, 0.0),  # incorrect (fewest calls, but gated out)
+      (0, 1, 3, 0.0),
+      (1, 1, 2, 0.0),
+      (0, 1, 2, 0.5),
+      (1, 0, 0, 0.0),
+      (2, 1, 4, 0.0),  # single correct episode -> 0
+      (2, 0, 1, 0.0),
+      (3, 0, 1, 0.0),  # no correct episode
+  ]
+  g, c, m, want = zip(*rows)
+  traj = make_traj(c, m, g)
+  close(rewards.gated_relative_efficiency_reward(traj), want)
+  close(rewards.gated_relative_efficiency_reward(traj, lam=0.5),
+        0.5 * np.asarray(want))
+
+
+# ---------------------------------------------------------------------------
+# Transforms.
+# ---------------------------------------------------------------------------
+
+
+def test_clip_transform():
+  close(rewards.clip_transform(jnp.array([[0.2, 0.7, 0.5]]), 0.5),
+        [[-0.3, 0.0, 0.0]])
+
+
+def test_delta_transform_telescopes():
+  r = jnp.array([[1.0, 2.0, 4.0, 9.0], [3.0, 5.0, 0.0, 0.0],
+                 [1.0, 7.0, 2.0, 3.0]])
+  m = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1, 1]], bool)
+  d = rewards.delta_transform(r, m)
+  # Row 2 has a hole: turn 1 is skipped, turn 0 pairs with turn 2.
+  close(d, [[-1.0, -2.0, 4.0, 0.0], [-2.0, 5.0, 0.0, 0.0],
+            [-1.0, 0.0, -1.0, 3.0]])
+  close(jnp.sum(d, axis=1), [1.0, 3.0, 1.0])  # = r at the first valid turn
+  close(rewards.delta_transform(r[0], m[0]), [-1.0, -2.0, 4.0, 0.0])
+
+
+def test_min_form_values():
+  r = jnp.array([[0.5, 0.2, 0.9, 0.1], [0.3, 0.8, 0.6, 0.7]])
+  m = jnp.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+  close(rewards.min_form_values(r, m),
+        [[0.2, 0.2, 0.9, 0.0], [0.3, 0.6, 0.6, 0.7]])
+
+
+def test_saturating_transform():
+  close(rewards.saturating_transform(jnp.array([0.0, 1.0, -1.0])),
+        [0.5, 0.7310586, 0.2689414])
+  close(rewards.saturating_transform(jnp.array([2.0]), 1.0, 2.0),
+        [0.62245933])
+
+
+def test_gated_accumulation_above_and_below_threshold():
+  out = rewards.gated_accumulation(
+      jnp.array([1.0, 0.0, 0.5]),
+      jnp.array([[0.1, 0.2, 0.3], [0.1, 0.1, 0.1], [1.0, 1.0, 1.0]]),
+      jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool),
+      0.5,
+  )
+  # Row 0: 1 + 0.1 + 0.2; row 1 below threshold; row 2 at threshold (>=).
+  close(out, [1.3, 0.0, 1.5])
+
+
+# ---------------------------------------------------------------------------
+# Noise.
+# ---------------------------------------------------------------------------
+
+
+def test_flip_rewards():
+  key = jax.random.PRNGKey(0)
+  r = jnp.array([0.0, 1.0, 1.0, 0.0])
+  np.testing.assert_array_equal(rewards.flip_rewards(key, r, 0.0), r)
+  np.testing.assert_array_equal(rewards.flip_rewards(key, r, 1.0), 1.0 - r)
+  pm = jnp.array([-1.0, 1.0])
+  np.testing.assert_array_equal(
+      rewards.flip_rewards(key, pm, 1.0, low=-1.0, high=1.0), [1.0, -1.0])
+  big = jnp.zeros((8000,))
+  frac = float(jnp.mean(rewards.flip_rewards(key, big, 0.5)))
+  assert 0.47 < frac < 0.53
+
+
+def test_dither_rewards():
+  key = jax.random.PRNGKey(1)
+  r = jnp.full((20000,), 2.0)
+  np.testing.assert_array_equal(rewards.dither_rewards(key, r, 0.0), r)
+  x = np.asarray(rewards.dither_rewards(key, r, 0.5))
+  assert abs(x.mean() - 2.0) < 0.02
+  assert abs(x.std() - 0.5) < 0.02
+
+
+# ---------------------------------------------------------------------------
+# Composition.
+# ---------------------------------------------------------------------------
+
+
+def test_compose_sum_and_product():
+  parts = {"a": jnp.array([1.0, 0.0, 1.0, 1.0]),
+           "b": jnp.array([0.5, 0.5, 0.0, 1.0])}
+  close(rewards.compose(parts, {"a": 1.0, "b": -2.0}, "sum"),
+        [0.0, -1.0, 1.0, -1.0])
+  close(rewards.compose(parts, {"a": 1.0, "b": 1.0}, "product"),
+        [0.5, 0.0, 0.0, 1.0])
+  close(rewards.compose(parts, {"a": 3.0, "b": 0.0}, "product"),
+        [1.0, 0.0, 1.0, 1.0])  # weight 0 drops b; other weights ignored
+  # A traced weight of 0 also drops the component.
+  f = jax.jit(lambda w: rewards.compose(parts, {"a": 1.0, "b": w}, "product"))
+  close(f(0.0), [1.0, 0.0, 1.0, 1.0])
+  close(f(1.0), [0.5, 0.0, 0.0, 1.0])
+  with pytest.raises(ValueError, match="composition"):
+    rewards.compose(parts, {"a": 1.0}, "max")
+  with pytest.raises(ValueError, match="group_b"):
+    rewards.compose(parts, {"a": 1.0}, "gdpo")
+
+
+def test_compose_gdpo_hand_table_and_constant_component():
+  g = jnp.array([0, 1, 0, 1], jnp.int32)  # interleaved groups
+  # a: group 0 = (1, 0) -> z = (1, -1); group 1 = (1, 1) -> exactly 0.
+  # b: group 0 = (2, 0) -> (1, -1); group 1 = (1, 3) -> (-1, 1).
+  # c: constant everywhere -> contributes exactly 0.
+  parts = {"a": jnp.array([1.0, 1.0, 0.0, 1.0]),
+           "b": jnp.array([2.0, 1.0, 0.0, 3.0]),
+           "c": jnp.array([3.0, 3.0, 3.0, 3.0])}
+  out = rewards.compose(parts, {"a": 1.0, "b": 0.5, "c": 7.0}, "gdpo", g)
+  close(out, [1.5, -0.5, -1.5, 0.5], rtol=1e-5)
+  only_c = rewards.compose(parts, {"c": 7.0}, "gdpo", g)
+  np.testing.assert_array_equal(only_c, np.zeros(4, np.float32))
+  only_a = rewards.compose(parts, {"a": 1.0}, "gdpo", g)
+  assert float(only_a[1]) == 0.0 and float(only_a[3]) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Schedules and dual ascent.
+# ---------------------------------------------------------------------------
+
+
+def test_schedules():
+  lin = {"kind": "linear", "start": 1.0, "end": 0.0, "steps": 10}
+  cos = {"kind": "cosine", "start": 1.0, "end": 0.0, "steps": 10}
+  const = {"kind": "constant", "value": 0.3}
+  steps = jnp.array([0, 2, 5, 10, 20])
+  close(jax.vmap(lambda s: rewards.schedule_value(lin, s))(steps),
+        [1.0, 0.8, 0.5, 0.0, 0.0])
+  close(jax.vmap(lambda s: rewards.schedule_value(cos, s))(steps),
+        [1.0, 0.5 * (1 + math.cos(0.2 * math.pi)), 0.5, 0.0, 0.0], atol=1e-6)
+  close(rewards.schedule_value(const, 123), 0.3)
+  up = {"kind": "linear", "start": 0.0, "end": 2.0, "steps": 4}
+  close(jax.jit(lambda s: rewards.schedule_value(up, s))(jnp.int32(1)), 0.5)
+  with pytest.raises(ValueError, match="kind"):
+    rewards.schedule_value({"kind": "exp", "start": 1.0}, 0)
+  with pytest.raises(ValueError, match="keys"):
+    rewards.schedule_value({"kind": "linear", "start": 1.0, "end": 0.0}, 0)
+
+
+def test_dual_ascent_update():
+  # Constraint violated (3 > 2): lam grows; slack (1 < 2): lam shrinks.
+  close(rewards.dual_ascent_update(1.0, 3.0, 2.0, 0.5), 1.5)
+  close(rewards.dual_ascent_update(1.0, 1.0, 2.0, 0.5), 0.5)
+  # Projection onto [lam_min, inf).
+  close(rewards.dual_ascent_update(0.2, 0.0, 2.0, 0.5), 0.0)
+  close(rewards.dual_ascent_update(0.2, 0.0, 2.0, 0.5, lam_min=0.1), 0.1)
+
+
+# ---------------------------------------------------------------------------
+# make_reward_fn.
+# ---------------------------------------------------------------------------
+
+
+def test_make_reward_fn_backward_compatible():
+  traj = make_traj([1, 0, 1, 1], [0, 1, 2, 0], [0, 0, 1, 1],
+                   errors=[0, 0, 0, 1], finish=[A, A, types.MAX_TURNS, A])
+  fn = rewards.make_reward_fn({"correct": 1.0, "format": 0.1})
+  total, parts = fn(traj)
+  close(parts["correct"], [1.0, 0.0, 1.0, 1.0])
+  close(parts["format"], [1.0, 1.0, 0.0, 0.0])
+  close(total, [1.1, 0.1, 1.0, 1.0])
+  # Bitwise the previous implementation: 0 + 1.0 * correct + 0.1 * format.
+  old = 0 + 1.0 * parts["correct"] + 0.1 * parts["format"]
+  np.testing.assert_array_equal(total, old)
+  assert total.dtype == jnp.float32 and set(parts) == {"correct", "format"}
+
+
+def test_make_reward_fn_errors():
+  mk = rewards.make_reward_fn
+  with pytest.raises(ValueError, match="'nope'"):
+    mk({"nope": 1.0})
+  with pytest.raises(ValueError, match="at least one"):
+    mk({})
+  with pytest.raises(ValueError, match="'beta'.*'otc'"):
+    mk({"otc": 1.0}, params={"otc": {"beta": 1.0}})
+  with pytest.raises(ValueError, match="'bogus'"):
+    mk({"otc": 1.0}, params={"otc": {"form": "bogus"}})
+  with pytest.raises(ValueError, match="not in rl.rewards"):
+    mk({"correct": 1.0}, params={"tool_cost": {"c": 1.0}})
+  with pytest.raises(ValueError, match="'max'"):
+    mk({"correct": 1.0}, composition="max")
+  with pytest.raises(ValueError, match="tool_bonus.*'exp'"):
+    mk({"tool_bonus": 1.0}, schedules={"tool_bonus": {"kind": "exp"}})
+  with pytest.raises(ValueError, match="not in rl.rewards"):
+    mk({"correct": 1.0},
+       schedules={"tool_bonus": {"kind": "constant", "value": 1.0}})
+  with pytest.raises(ValueError, match="'flip'"):
+    mk({"correct": 1.0}, noise={"flip": 0.1})
+  with pytest.raises(ValueError, match="flip_p"):
+    mk({"correct": 1.0}, noise={"flip_p": 1.5})
+  fn = mk({"correct": 1.0}, noise={"flip_p": 0.1})
+  with pytest.raises(ValueError, match="key"):
+    fn(make_traj([1], [0], [0]))
+
+
+def test_make_reward_fn_scheduled_jit_and_noise():
+  # Group 0: correct m = 1, 2 (n* = 1), incorrect m = 0. Group 1: none correct.
+  traj = make_traj([1, 1, 0, 0], [1, 2, 0, 3], [0, 0, 0, 1])
+  otc = [1.0, math.sin(4 / 3 * math.pi / 2), 0.0, 0.0]  # g(2, 1) = 4/3
+  bonus = [0.5, 0.5, 0.0, 0.5]
+  fn = rewards.make_reward_fn(
+      {"correct": 1.0, "otc": 0.5, "tool_bonus": 123.0},
+      params={"tool_bonus": {"b": 0.5}},
+      schedules={"tool_bonus": {"kind": "linear", "start": 1.0, "end": 0.0,
+                                "steps": 10}},
+  )
+  jitted = jax.jit(fn)
+  for step in (0, 4, 12):
+    w = max(0.0, 1.0 - step / 10)
+    want = (np.array([1.0, 1.0, 0.0, 0.0]) + 0.5 * np.array(otc)
+            + w * np.array(bonus))
+    total, parts = fn(traj, step)
+    close(total, want, rtol=1e-6)
+    close(parts["tool_bonus"], bonus)  # unweighted
+    close(parts["otc"], otc, rtol=1e-6)
+    jt, _ = jitted(traj, jnp.int32(step))
+    close(jt, total, rtol=1e-6)
+  # Traced step: one compilation for all steps.
+  assert jitted._cache_size() == 1
+
+  # Noise: flip_p = 1 with a binary 'correct' reward flips every row.
+  noisy = rewards.make_reward_fn({"correct": 1.0}, noise={"flip_p": 1.0})
+  out, _ = jax.jit(noisy)(traj, 0, jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(out, [0.0, 0.0, 1.0, 1.0])
+  # GDPO through the factory: correct in group 0 = (1, 1, 0) -> z-scores.
+  gd = rewards.make_reward_fn({"correct": 1.0}, composition="gdpo")
+  z, _ = gd(traj)
+  s = math.sqrt(2.0 / 9.0)
+  close(z, [1 / 3 / s, 1 / 3 / s, -2 / 3 / s, 0.0], rtol=1e-5)
