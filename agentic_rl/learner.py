@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from agentic_rl import advantages
+from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import rewards
@@ -237,12 +238,17 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   reward_fn = make_reward_fn(config)
   sft_steps = config.sft.steps
 
+  over = rl_cfg.get("dynamic_sampling_oversample", 1)
+  overlong_mode = rl_cfg.get("overlong_mode", "none")
+  soft_cache = rl_cfg.get("overlong_soft_cache", 0)
+
   def collect(state: types.TrainState):
     key = jax.random.fold_in(state.rng, state.step)
     task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
-    tasks = env.sample_tasks(task_key, num_tasks)
+    num_sampled = num_tasks * over
+    tasks = env.sample_tasks(task_key, num_sampled)
     tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
-    group = jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
+    group = jnp.repeat(jnp.arange(num_sampled, dtype=jnp.int32), group_size)
     traj = rollout.rollout(
         env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
         params=state.params, model_config=model_config, temperature=temperature,
@@ -251,10 +257,33 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     reward, parts = reward_fn(
         traj, state.step - sft_steps, jax.random.fold_in(key, 2)
     )
+    if soft_cache > 0:
+      reward = reward + batch_policies.soft_overlong_penalty(
+          jnp.sum(policy_mask(traj), axis=1), rl_cfg.overlong_soft_max, soft_cache
+      )
+    info = {}
+    if over > 1:
+      # DAPO dynamic sampling: keep the first num_tasks groups whose metric varies.
+      metric = (reward if rl_cfg.dynamic_sampling_metric == "reward"
+                else traj.facts["correct"].astype(jnp.float32))
+      keep, usable = batch_policies.select_groups(
+          metric.reshape(num_sampled, group_size), num_tasks
+      )
+      traj, reward, parts = batch_policies.gather_groups(
+          (traj, reward, parts), keep, group_size
+      )
+      traj = traj.replace(
+          group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
+      )
+      info["usable_groups"] = jnp.mean(usable.astype(jnp.float32))
+      info["any_usable"] = jnp.any(usable)
     ref_logp, _ = sampling.token_logprobs(
         graphdef, state.ref_params, traj.tokens, temperature
     )
     mask = policy_mask(traj)
+    reward, mask = batch_policies.apply_overlong(
+        reward, mask, traj.finish, overlong_mode, rl_cfg.get("overlong_reward", 0.0)
+    )
     if rl_cfg.kl_reward_coef > 0:
       # KL as a reward penalty (no gradient), estimated on the behaviour samples.
       reward = losses.kl_penalized_rewards(
@@ -281,7 +310,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         "ref_logp": ref_logp,
         "advantage": advantages.broadcast_to_tokens(adv_b, traj.role),
     }
-    return batch, traj, reward, parts, adv_b
+    return batch, traj, reward, parts, adv_b, info
 
   return collect
 
@@ -296,10 +325,19 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
   update = make_update_fn(config, graphdef, tx)
 
   def step(state: types.TrainState):
-    batch, traj, reward, parts, adv_b = collect(state)
+    batch, traj, reward, parts, adv_b, info = collect(state)
     params, opt_state, metrics = update(
         state.params, state.opt_state, batch, state.kl_coef
     )
+    if "any_usable" in info:
+      # No group with varying outcomes: skip the update (logged), don't crash.
+      skip = ~info.pop("any_usable")
+      params, opt_state = jax.tree.map(
+          lambda old, new: jnp.where(skip, old, new),
+          (state.params, state.opt_state), (params, opt_state),
+      )
+      metrics["skipped_update"] = skip.astype(jnp.float32)
+    metrics.update(info)
     kl_coef = state.kl_coef
     if rl_cfg.kl_target > 0:
       kl_coef = losses.adaptive_kl_update(

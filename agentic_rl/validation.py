@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from agentic_rl import advantages
+from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import rewards
 
@@ -87,6 +88,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("kl_target", "kl_reward_coef", "entropy_coef"):
     if not rl[f] >= 0:
       _fail(f"rl.{f}", rl[f], "must be >= 0")
+  over = rl.get("dynamic_sampling_oversample", 1)
+  if isinstance(over, bool) or not isinstance(over, int) or over < 1:
+    _fail("rl.dynamic_sampling_oversample", over, "must be an integer >= 1 (1 = off)")
+  if rl.get("dynamic_sampling_metric", "reward") not in ("reward", "correct"):
+    _fail("rl.dynamic_sampling_metric", rl.dynamic_sampling_metric,
+          "must be 'reward' or 'correct'")
+  if rl.get("overlong_mode", "none") not in batch_policies.OVERLONG_MODES:
+    _fail("rl.overlong_mode", rl.overlong_mode,
+          f"unknown; known: {batch_policies.OVERLONG_MODES}")
+  cache = rl.get("overlong_soft_cache", 0)
+  if cache and not 0 < cache <= rl.overlong_soft_max:
+    _fail("rl.overlong_soft_cache", cache,
+          f"must be in (0, rl.overlong_soft_max={rl.overlong_soft_max}] or 0 (off)")
   if not rl.temperature > 0:
     _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
   if not 0 <= rl.clip_low < 1:

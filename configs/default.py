@@ -97,6 +97,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.kl_reward_coef = 0.0
   # Entropy bonus coefficient.
   config.rl.entropy_coef = 0.0
+  # DAPO dynamic sampling (arXiv:2503.14476): roll out this many times more
+  # groups and keep the first batch_size / group_size whose metric ('reward' or
+  # 'correct') varies within the group; 1 = off. An iteration with no such group
+  # skips the update (metric rl/skipped_update).
+  config.rl.dynamic_sampling_oversample = 1
+  config.rl.dynamic_sampling_metric = "reward"
+  # TRUNCATED (overlong) episodes: 'none', 'mask' (no gradient) or 'reward'
+  # (reward replaced by overlong_reward).
+  config.rl.overlong_mode = "none"
+  config.rl.overlong_reward = 0.0
+  # DAPO soft overlong penalty on the number of POLICY tokens: 0 = off, else the
+  # width L_cache of the linear zone below overlong_soft_max.
+  config.rl.overlong_soft_cache = 0
+  config.rl.overlong_soft_max = 32
   # Reward components (agentic_rl/rewards.py) and their weights.
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
   # Per-component parameters, e.g. dict(otc=dict(c=1.0)) (rewards.REWARD_PARAM_DEFAULTS).

@@ -72,6 +72,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ... and/or subtracted from the reward (0 = off).
   rl.kl_reward_coef = 0.0
 
+  # --- Batch policies (agentic_rl/batch_policies.py) ----------------------------
+  # DAPO dynamic sampling: e.g. 2 (sample twice the groups, keep varying ones).
+  rl.dynamic_sampling_oversample = 1
+  # "reward" | "correct"
+  rl.dynamic_sampling_metric = "reward"
+  # Overlong (TRUNCATED) episodes: "none" | "mask" | "reward".
+  rl.overlong_mode = "none"
+  rl.overlong_reward = 0.0
+  # DAPO soft overlong penalty width (0 = off) below overlong_soft_max tokens.
+  rl.overlong_soft_cache = 0
+  rl.overlong_soft_max = 32
+
   # --- Batch shape ------------------------------------------------------------------
   rl.ppo_epochs = 1
   rl.num_minibatches = 2

@@ -17,7 +17,9 @@ SWITCHES = [
     ("kl_target", 0.05), ("kl_reward_coef", 0.01), ("entropy_coef", 1e-3),
     ("std_ddof", 1), ("num_microbatches", 2), ("advantage_estimator", "hdpo"),
     ("reward_composition", "product"), ("reward_composition", "gdpo"),
-    ("reward_noise", {"flip_p": 0.1}),
+    ("reward_noise", {"flip_p": 0.1}), ("dynamic_sampling_oversample", 2),
+    ("dynamic_sampling_metric", "correct"), ("overlong_mode", "mask"),
+    ("overlong_mode", "reward"), ("overlong_soft_cache", 8),
 ]
 
 

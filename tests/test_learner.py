@@ -96,6 +96,9 @@ def test_rl_step_with_non_default_switches_runs():
   config.rl.kl_reward_coef = 0.01
   config.rl.kl_target = 0.05
   config.rl.num_microbatches = 2
+  config.rl.dynamic_sampling_oversample = 2
+  config.rl.overlong_mode = "mask"
+  config.rl.overlong_soft_cache = 8
   train.validation.validate_config(config)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
@@ -108,6 +111,7 @@ def test_rl_step_with_non_default_switches_runs():
     state, m = step(state)
     assert all(np.isfinite(float(v)) for v in m.values()), m
     coefs.append(float(m["kl_coef"]))
-  assert {"reward_otc", "reward_tool_bonus", "reward_format"} <= set(m)
+  assert {"reward_otc", "reward_tool_bonus", "reward_format", "usable_groups",
+          "skipped_update"} <= set(m)
   # The adaptive controller moved the coefficient after the first step.
   assert coefs[0] == pytest.approx(0.01) and coefs[1] != coefs[0]
