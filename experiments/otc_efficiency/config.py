@@ -1,0 +1,35 @@
+"""OTC-PO tool-efficiency reward vs correctness-only GRPO on arithmetic.
+
+Claim (OTC-PO, Wang et al., arXiv:2504.14870): a tool-integrated reward that scales
+correctness by how far the call count is from the fewest calls that solved the task
+in the group cuts tool calls per episode at about equal accuracy and raises tool
+productivity (correct answers per call).
+
+Arms (the `arg`): 'correct' (the default experiment's reward: correct + 0.1 format)
+and 'otc' (otc + 0.1 format). Both start from the same SFT checkpoint, which calls
+the tool on every easy item (greedy) and on no hard item.
+
+  python -m experiments.otc_efficiency.run            # 3 seeds x 2 arms
+  python main.py --config=experiments/otc_efficiency/config.py:otc --workdir=runs/otc
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
+  arm, _, size = (arg or "otc").partition(",")
+  config = default.get_config("smoke" if size == "smoke" else None)
+  config.name = f"otc_efficiency_{arm}"
+  if arm == "correct":
+    config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
+  elif arm == "otc":
+    # OTC-PO reward (paper form, c = 1) plus the same format term.
+    config.rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
+  else:
+    raise ValueError(f"experiments/otc_efficiency/config.py: unknown arm {arm!r}; "
+                     "known: 'correct', 'otc' (append ',smoke' for the smoke size)")
+  return config
