@@ -138,6 +138,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("hard_fraction", "expert_imperfect_prob"):
     if f in env and not 0.0 <= env[f] <= 1.0:
       _fail(f"env.{f}", env[f], "must be a probability in [0, 1]")
+  for f in ("expert_undercall_prob", "expert_overcall_prob"):
+    if f in env and not (env[f] == -1.0 or 0.0 <= env[f] <= 1.0):
+      _fail(f"env.{f}", env[f], "must be a probability in [0, 1], or -1 (unset)")
   if "max_prompt_len" in env and env.max_prompt_len > config.max_len:
     _fail("max_len", config.max_len,
           f"must be >= env.max_prompt_len={env.max_prompt_len}")

@@ -245,6 +245,10 @@ class ArithmeticEnv:
     expert_imperfect_prob: probability that the expert deliberately does the wrong
       thing in an episode (answers a hard item directly, or calls the tool on an easy
       one).
+    expert_undercall_prob: if >= 0, overrides expert_imperfect_prob on hard items
+      (probability of answering a hard item without the tool).
+    expert_overcall_prob: if >= 0, overrides expert_imperfect_prob on easy items
+      (probability of calling the tool on an easy item).
   """
 
   max_prompt_len: int = 24
@@ -253,6 +257,8 @@ class ArithmeticEnv:
   max_turns: int = 3
   hard_fraction: float = 0.5
   expert_imperfect_prob: float = 0.5
+  expert_undercall_prob: float = -1.0
+  expert_overcall_prob: float = -1.0
 
   def __post_init__(self):
     # BOS + "Compute " + 3 digits + op + 2 digits + ".\n".
@@ -489,8 +495,9 @@ class ArithmeticEnv:
   ) -> tuple[jax.Array, jax.Array]:
     """The demonstrator's next turn.
 
-    At turn 0 the expert calls the tool iff `hard XOR (uniform(key) <
-    expert_imperfect_prob)`, emitting `CALL a op b CALL_END`, and otherwise answers
+    At turn 0 the expert calls the tool iff `hard XOR (uniform(key) < p)`, with
+    p the under-call probability on hard items and the over-call probability on
+    easy ones (both default to expert_imperfect_prob), emitting `CALL a op b CALL_END`, and otherwise answers
     `ANSWER <true answer> ANSWER_END`. At later turns (after a call) it answers with
     the last tool result.
 
@@ -503,7 +510,11 @@ class ArithmeticEnv:
       action_len: int32 [].
     """
     task = state.task
-    imperfect = jax.random.uniform(key) < self.expert_imperfect_prob
+    under = (self.expert_undercall_prob if self.expert_undercall_prob >= 0
+             else self.expert_imperfect_prob)
+    over = (self.expert_overcall_prob if self.expert_overcall_prob >= 0
+            else self.expert_imperfect_prob)
+    imperfect = jax.random.uniform(key) < jnp.where(task.hard, under, over)
     use_tool = (state.turn == 0) & jnp.logical_xor(task.hard, imperfect)
     answer = jnp.where(state.turn == 0, task.answer, state.last_tool_result)
     call, call_len = _assemble(

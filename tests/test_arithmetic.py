@@ -452,3 +452,16 @@ def test_vmap_episode():
   assert np.array_equal(f["num_tool_calls"], t.hard.astype(np.int32))
   assert np.array_equal(f["tool_call_turn"][:, 0], t.hard)
   assert f["tool_call_turn"].shape == (N, ENV.max_turns)
+
+
+def test_expert_over_and_under_call_probabilities_apply_per_difficulty():
+  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.5,
+                                 expert_undercall_prob=0.0,
+                                 expert_overcall_prob=1.0)
+  tasks = env.sample_tasks(jax.random.PRNGKey(3), 64)
+  states, _, _ = jax.vmap(env.reset)(tasks)
+  keys = jax.random.split(jax.random.PRNGKey(4), 64)
+  action, _ = jax.vmap(env.expert_action)(states, keys)
+  # Every episode (hard: never under-calls; easy: always over-calls) calls the tool.
+  assert bool(tasks.hard.any()) and bool((~tasks.hard).any())
+  np.testing.assert_array_equal(np.asarray(action[:, 0]), tk.CALL)

@@ -6,8 +6,9 @@ in the group cuts tool calls per episode at about equal accuracy and raises tool
 productivity (correct answers per call).
 
 Arms (the `arg`): 'correct' (the default experiment's reward: correct + 0.1 format)
-and 'otc' (otc + 0.1 format). Both start from the same SFT checkpoint, which calls
-the tool on every easy item (greedy) and on no hard item.
+and 'otc' (otc + 0.1 format). Both start from the same over-calling SFT checkpoint:
+its expert always uses the tool on hard items and also calls it on 80% of easy
+items, so the SFT policy solves both kinds but wastes calls on easy ones.
 
   python -m experiments.otc_efficiency.run            # 3 seeds x 2 arms
   python main.py --config=experiments/otc_efficiency/config.py:otc --workdir=runs/otc
@@ -24,6 +25,10 @@ def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "otc").partition(",")
   config = default.get_config("smoke" if size == "smoke" else None)
   config.name = f"otc_efficiency_{arm}"
+  # Over-calling SFT start: never skips the tool on hard items, calls it on 80% of
+  # easy items.
+  config.env.expert_undercall_prob = 0.0
+  config.env.expert_overcall_prob = 0.8
   if arm == "correct":
     config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
   elif arm == "otc":
