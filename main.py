@@ -6,6 +6,7 @@ Only parses flags and calls the library (agentic_rl.train.train_and_evaluate).
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -14,6 +15,7 @@ import jax
 from ml_collections import config_flags
 
 from agentic_rl import train
+from agentic_rl import validation
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/default.py", "Experiment config file (configs/*.py[:arg])."
@@ -47,7 +49,11 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
-  train.train_and_evaluate(config, workdir)
+  try:
+    train.train_and_evaluate(config, workdir)
+  except validation.ConfigError as e:  # bad config or workdir: one line, no traceback
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

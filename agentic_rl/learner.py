@@ -72,7 +72,8 @@ def sft_loss(graphdef, params, traj: types.Trajectory):
   logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
   mask = policy_mask(traj)
   nll = losses.token_mean(-logp, mask)
-  return nll, {"loss": nll, "policy_tokens": jnp.sum(mask)}
+  policy_tokens = jnp.mean(jnp.sum(mask, axis=1).astype(jnp.float32))
+  return nll, {"loss": nll, "policy_tokens": policy_tokens}
 
 
 def make_sft_step(config, env, graphdef: nnx.GraphDef,

@@ -202,6 +202,7 @@ class MetricsWriter:
           f.write(json.dumps(r) + "\n")
         f.flush()
         os.fsync(f.fileno())
+      os.chmod(tmp, 0o644)  # mkstemp creates 0600; keep the file team-readable
       os.replace(tmp, self.path)
     except BaseException:
       if os.path.exists(tmp):
@@ -362,6 +363,10 @@ class ProgressBar:
     else:
       self._bar.n = int(step)
       self._bar.refresh()
+
+  def write(self, message: str) -> None:
+    """Prints a line above the bar without breaking it."""
+    self._bar.write(message, file=sys.stderr)
 
   def close(self) -> None:
     """Draws the final state and releases the bar."""

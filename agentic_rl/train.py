@@ -209,6 +209,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
       ckpt.save(step, state, force=step in (sft_steps, total))
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
+        bar.write("evaluating the SFT checkpoint on the held-out set...")
         _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
       if step == halt:
         ckpt.wait()
@@ -222,6 +223,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
 
   with open(sft_eval_path) as f:
     reports = {"sft": json.load(f)}
+  logging.info("evaluating the final policy on the held-out set...")
   reports["rl"] = evaluate(config, env, graphdef, state.params, model_cfg)
   ckpt.close()
   metrics_lib.write_eval_report(workdir, reports, title=f"{config.name}: held-out evaluation")
@@ -242,16 +244,21 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-# Fields whose change makes an existing checkpoint unusable or the run meaningless.
-_STRUCTURAL_PREFIXES = ("model.", "max_len", "env.", "seed", "sft.steps")
+# Fields that may change when a run is resumed (extending training, changing the
+# evaluation or logging); any other change is refused.
+_RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
+                      "halt_after_step", "name")
 
 
 def _check_resume_compatible(config, workdir: str) -> None:
   """Compares the config with the one saved in an existing workdir.
 
+  Resuming a run with different training settings would silently switch the
+  algorithm mid-run (or do nothing on a finished run while the workdir claims the
+  new settings), so only the fields in _RESUMABLE_CHANGES may differ.
+
   Raises:
-    ValueError: the workdir holds a run with a different model, environment,
-      sequence length, seed or SFT length (its checkpoints cannot be resumed).
+    ValueError: naming every differing field with its old and new value.
   """
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -259,20 +266,18 @@ def _check_resume_compatible(config, workdir: str) -> None:
   with open(path) as f:
     old = _flatten(json.load(f))
   new = _flatten(json.loads(config.to_json_best_effort()))
-  diff = sorted(k for k in set(old) | set(new)
-                if old.get(k) != new.get(k) and k != "halt_after_step")
-  if not diff:
-    return
-  structural = [k for k in diff if k.startswith(_STRUCTURAL_PREFIXES)]
-  if structural:
-    k = structural[0]
-    raise ValueError(
-        f"config.{k}={new.get(k)!r} differs from {old.get(k)!r} of the run already "
-        f"in workdir {workdir}; its checkpoints cannot be resumed with this config. "
-        "Use a new --workdir."
+  diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  refused = [k for k in diff if not k.startswith(_RESUMABLE_CHANGES)]
+  if refused:
+    changes = "; ".join(f"config.{k}={new.get(k)!r} (was {old.get(k)!r})"
+                        for k in refused)
+    raise validation.ConfigError(
+        f"workdir {workdir} holds a run with a different config: {changes}. "
+        "Resuming it would mix two experiments; use a new --workdir."
     )
-  logging.warning("resuming %s with changed config fields: %s", workdir,
-                  ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
+  if diff:
+    logging.warning("resuming %s with changed fields: %s", workdir,
+                    ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
 
 
 def _write_json(path: str, obj: Any) -> None:

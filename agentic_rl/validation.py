@@ -12,8 +12,12 @@ from agentic_rl import rewards
 KNOWN_ENVS = ("arithmetic",)
 
 
+class ConfigError(ValueError):
+  """An invalid config or workdir; main.py prints it as one line (exit code 2)."""
+
+
 def _fail(field: str, value, why: str):
-  raise ValueError(f"config.{field}={value!r}: {why}")
+  raise ConfigError(f"config.{field}={value!r}: {why}")
 
 
 def _positive_int(config, field: str, allow_zero: bool = False):
@@ -31,7 +35,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks an experiment config; raises ValueError naming the first bad field.
 
   Raises:
-    ValueError: e.g. group size 1, batch not divisible by group size, unknown
+    ConfigError (a ValueError): e.g. group size 1, batch not divisible by group size, unknown
       reward name, minibatches that would split a group, non-positive sizes.
   """
   if config.env.name not in KNOWN_ENVS:
@@ -120,7 +124,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # Builds the reward function once: unknown params, compositions, schedules and
   # noise settings raise ValueError here, before any work.
   from agentic_rl import learner  # pylint: disable=g-import-not-at-top
-  learner.make_reward_fn(config)
+  try:
+    learner.make_reward_fn(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
   for phase in ("sft", "rl"):
     c = config[phase]
     if not c.learning_rate > 0:
@@ -141,6 +148,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("expert_undercall_prob", "expert_overcall_prob"):
     if f in env and not (env[f] == -1.0 or 0.0 <= env[f] <= 1.0):
       _fail(f"env.{f}", env[f], "must be a probability in [0, 1], or -1 (unset)")
-  if "max_prompt_len" in env and env.max_prompt_len > config.max_len:
+  # The environment's own shapes (dataclass defaults included): the buffer must
+  # hold the prompt and at least one full assistant turn.
+  from agentic_rl import train  # pylint: disable=g-import-not-at-top
+  try:
+    env_obj = train.make_env(config)
+  except TypeError as e:
+    _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
+  need = env_obj.max_prompt_len + env_obj.max_action_len
+  if config.max_len < need:
     _fail("max_len", config.max_len,
-          f"must be >= env.max_prompt_len={env.max_prompt_len}")
+          f"must be >= env max_prompt_len + max_action_len = {need}")

@@ -4,13 +4,15 @@ Task: `Compute 483*27.`; the policy either answers directly (`<answer>..</answer
 or calls the `calc` tool (`<call>483*27</call>`), reads `<obs>13041</obs>` and then
 answers. Easy items (single-digit operands) can be answered without the tool; hard
 items (3-digit x 2-digit products) need it. The SFT warm start imitates an expert
-that is deliberately imperfect on half of the episodes (answers hard items without
-the tool, calls the tool on easy ones), so the SFT policy often skips the tool on
-hard items; GRPO with a correctness reward then teaches it to call the tool there.
+that is deliberately imperfect on 65% of the episodes (answers hard items without
+the tool, calls the tool on easy ones), so the SFT policy's most likely first move
+on a hard item is to answer without the tool; GRPO with a correctness reward then
+teaches it to call the tool there.
 
 Launch:   python main.py                       (workdir defaults to runs/default)
           python main.py --config=configs/default.py:smoke --workdir=/tmp/smoke
-Runtime:  about 6-8 minutes on a 2-core CPU (smoke: under a minute).
+Runtime:  3-5 minutes on a 2-core CPU (smoke: under a minute; the smoke run is
+          too short to learn anything and ends near 0 accuracy by design).
 Expected: held-out accuracy after RL at least 15 points above the SFT checkpoint,
           driven by hard items; tool calls per hard episode rise towards 1
           (see README.md for measured numbers over 3 seeds).

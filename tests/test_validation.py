@@ -62,5 +62,32 @@ def test_resume_with_a_different_model_is_rejected(tmp_path):
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
   config.model.d_model = 64
-  with pytest.raises(ValueError, match=r"config\.model\.d_model=64 differs from 96"):
+  with pytest.raises(ValueError, match=r"config\.model\.d_model=64 \(was 96\)"):
+    train.train_and_evaluate(config, workdir)
+
+
+def test_max_len_must_fit_prompt_and_one_turn():
+  config = default.get_config("smoke")
+  config.max_len = 8
+  with pytest.raises(ValueError, match=r"config\.max_len=8: must be >= env max_prompt_len"):
+    validation.validate_config(config)
+
+
+def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
+  config = default.get_config("smoke")
+  config.sft.steps = 0
+  config.rl.steps = 0
+  config.eval.num_samples = 0
+  config.eval.pass_k = ()
+  config.eval.num_tasks = 4
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  # Allowed: more RL steps or a different evaluation.
+  config.eval.num_tasks = 6
+  train.train_and_evaluate(config, workdir)
+  config.rl.loss_type = "cispo"
+  config.rl.kl_coef = 0.0
+  with pytest.raises(validation.ConfigError,
+                     match=r"config\.rl\.kl_coef=0\.0 \(was 0\.01\).*"
+                           r"config\.rl\.loss_type='cispo' \(was 'ppo'\)"):
     train.train_and_evaluate(config, workdir)
