@@ -8,7 +8,7 @@ advantages, reference log-probs and the PPO epochs) is one XLA program.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -67,8 +67,9 @@ def test_token_mean_loss_of_known_batch():
   np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
   np.testing.assert_allclose(float(metrics["kl"]), k3 / 3.0, rtol=1e-6)
   np.testing.assert_allclose(float(metrics["pg_loss"]), 2.5 / 3.0, rtol=1e-6)
-  # Only token (1,1) (ratio 2 > 1.2, A < 0) is clipped... on the low side it is
-  # not (ratio above 1); clip_frac_high counts ratio > 1 + eps with A > 0: none.
+  # Clipping is active only for ratio > 1 + eps with A > 0 (high) or ratio < 1 - eps
+  # with A < 0 (low): token (0,2) has ratio 0.5 with A > 0 and token (1,1) ratio 2
+  # with A < 0, so neither fraction counts any token.
   assert float(metrics["clip_frac_high"]) == 0.0
   np.testing.assert_allclose(float(metrics["clip_frac_low"]), 0.0)
 
