@@ -222,6 +222,73 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   return update
 
 
+def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
+                     max_turns: int):
+  """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
+
+  'trajectory': one advantage per episode from `rl.advantage_estimator` (or HDPO),
+  on the reward plus, if `rl.pbrs_coef` > 0, the telescoped PBRS return
+  sum_k discount^k F_k (closed form; credit.telescoped_episode_returns).
+  'per_turn': the reward is placed at the episode's last turn, PBRS terms
+  F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * facts['progress'],
+  Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings) are added per turn, the
+  per-turn reward-to-go is normalised against the group's returns at the same turn
+  index, and each turn's advantage goes to that turn's POLICY tokens.
+
+  Returns:
+    (reward [B] actually used, adv_b [B] (per-episode advantage, or the mean |A|
+     over turns for 'per_turn', for logging), adv_bl [B, L] float32).
+  """
+  per_turn = rl_cfg.get("credit", "trajectory") == "per_turn"
+  pbrs_coef = rl_cfg.get("pbrs_coef", 0.0)
+  discount = rl_cfg.get("discount", 1.0)
+  k = max_turns
+  phi = None
+  if pbrs_coef > 0 or per_turn:
+    turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+    # Episodes that reached an absorbing end (Phi(terminal) = 0) vs cut short.
+    terminated = ((traj.finish == types.ANSWERED)
+                  | (traj.finish == types.FORMAT_ERROR))
+    phi = pbrs_coef * traj.facts["progress"] if pbrs_coef > 0 else None
+  if per_turn:
+    # Outcome reward at the last turn, PBRS at turn boundaries, reward-to-go,
+    # group-relative per turn index, broadcast to each turn's POLICY tokens.
+    r_bk = jnp.where(
+        jnp.arange(k)[None, :] == (traj.num_turns - 1)[:, None], reward[:, None], 0.0
+    ) * turn_mask
+    if phi is not None:
+      r_bk = credit.shape_turn_rewards(r_bk, phi, turn_mask, discount, terminated)
+    returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
+    adv_bk = advantages.per_turn_grpo_advantages(
+        returns_bk, turn_mask, traj.group,
+        scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
+        std_ddof=rl_cfg.std_ddof,
+    )
+    adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
+    adv_b = jnp.sum(jnp.abs(adv_bk) * turn_mask, 1) / jnp.maximum(
+        jnp.sum(turn_mask, 1), 1)
+  else:
+    if phi is not None:
+      # Trajectory-level return with PBRS, in closed form (exact in float32).
+      reward = credit.telescoped_episode_returns(
+          reward, phi, turn_mask, discount, terminated)
+    if rl_cfg.advantage_estimator == "hdpo":
+      # Accuracy channel + efficiency channel among correct episodes only.
+      adv_b = credit.hdpo_advantages(
+          traj.facts["correct"].astype(jnp.float32),
+          traj.facts["num_tool_calls"].astype(jnp.float32), traj.group,
+          efficiency_weight=rl_cfg.hdpo_efficiency_weight, eps=rl_cfg.adv_eps,
+      )
+    else:
+      adv_b = advantages.compute_advantages(
+          rl_cfg.advantage_estimator, reward, traj.group,
+          scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
+          std_ddof=rl_cfg.std_ddof,
+      )
+    adv_bl = advantages.broadcast_to_tokens(adv_b, traj.role)
+  return reward, adv_b, adv_bl
+
+
 def make_collect_fn(config, env, graphdef: nnx.GraphDef,
                     model_config: transformer.TransformerConfig):
   """Returns pure `collect(state) -> (batch, traj, reward, parts, adv_b)`.
@@ -241,6 +308,9 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
 
   over = rl_cfg.get("dynamic_sampling_oversample", 1)
   overlong_mode = rl_cfg.get("overlong_mode", "none")
+  per_turn = rl_cfg.get("credit", "trajectory") == "per_turn"
+  pbrs_coef = rl_cfg.get("pbrs_coef", 0.0)
+  discount = rl_cfg.get("discount", 1.0)
   soft_cache = rl_cfg.get("overlong_soft_cache", 0)
 
   def collect(state: types.TrainState):
@@ -291,25 +361,15 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           reward, traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
           estimator=rl_cfg.kl_estimator,
       )
-    if rl_cfg.advantage_estimator == "hdpo":
-      # Accuracy channel + efficiency channel among correct episodes only.
-      adv_b = credit.hdpo_advantages(
-          traj.facts["correct"].astype(jnp.float32),
-          traj.facts["num_tool_calls"].astype(jnp.float32), traj.group,
-          efficiency_weight=rl_cfg.hdpo_efficiency_weight, eps=rl_cfg.adv_eps,
-      )
-    else:
-      adv_b = advantages.compute_advantages(
-          rl_cfg.advantage_estimator, reward, traj.group,
-          scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
-          std_ddof=rl_cfg.std_ddof,
-      )
+    reward, adv_b, adv_bl = token_advantages(
+        rl_cfg, reward, traj, env.max_turns
+    )
     batch = {
         "tokens": traj.tokens,
         "mask": mask,
         "behaviour_logp": traj.logprob,
         "ref_logp": ref_logp,
-        "advantage": advantages.broadcast_to_tokens(adv_b, traj.role),
+        "advantage": adv_bl,
     }
     return batch, traj, reward, parts, adv_b, info
 

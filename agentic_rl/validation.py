@@ -105,6 +105,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if cache and not 0 < cache <= rl.overlong_soft_max:
     _fail("rl.overlong_soft_cache", cache,
           f"must be in (0, rl.overlong_soft_max={rl.overlong_soft_max}] or 0 (off)")
+  credit_mode = rl.get("credit", "trajectory")
+  if credit_mode not in ("trajectory", "per_turn"):
+    _fail("rl.credit", credit_mode, "must be 'trajectory' or 'per_turn'")
+  if credit_mode == "per_turn" and rl.advantage_estimator not in ("grpo", "drgrpo"):
+    _fail("rl.advantage_estimator", rl.advantage_estimator,
+          "rl.credit='per_turn' uses per-turn GRPO: choose 'grpo' or 'drgrpo' "
+          "(scale_by_std=False)")
+  if credit_mode == "per_turn" and rl.advantage_estimator == "drgrpo":
+    _fail("rl.advantage_estimator", rl.advantage_estimator,
+          "with rl.credit='per_turn' use 'grpo' and rl.scale_by_std=False")
+  if not 0.0 <= rl.get("discount", 1.0) <= 1.0:
+    _fail("rl.discount", rl.discount, "must be in [0, 1]")
+  if not rl.get("pbrs_coef", 0.0) >= 0:
+    _fail("rl.pbrs_coef", rl.pbrs_coef, "must be >= 0")
   if not rl.temperature > 0:
     _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
   if not 0 <= rl.clip_low < 1:
@@ -155,6 +169,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     env_obj = train.make_env(config)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
+  if config.rl.get("pbrs_coef", 0.0) > 0:
+    import jax  # pylint: disable=g-import-not-at-top
+    task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+    facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+    want = (env_obj.max_turns + 1,)
+    if "progress" not in facts or facts["progress"].shape != want:
+      _fail("rl.pbrs_coef", config.rl.pbrs_coef,
+            f"needs an environment fact 'progress' of shape {want} (the potential)")
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
     _fail("max_len", config.max_len,

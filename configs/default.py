@@ -99,6 +99,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.kl_reward_coef = 0.0
   # Entropy bonus coefficient.
   config.rl.entropy_coef = 0.0
+  # Credit assignment (agentic_rl/credit.py): 'trajectory' (one advantage per
+  # episode) or 'per_turn' (outcome at the last turn, reward-to-go per turn,
+  # group-relative per turn index; needs advantage_estimator 'grpo').
+  config.rl.credit = "trajectory"
+  # Discount across turns (per-turn returns and PBRS).
+  config.rl.discount = 1.0
+  # PBRS F_k = discount * Phi(s_{k+1}) - Phi(s_k) with Phi = pbrs_coef * the env's
+  # 'progress' fact (Ng et al. 1999); 0 = off. With credit 'trajectory' and
+  # discount 1 it cannot change GRPO advantages (DESIGN.md section 6).
+  config.rl.pbrs_coef = 0.0
   # DAPO dynamic sampling (arXiv:2503.14476): roll out this many times more
   # groups and keep the first batch_size / group_size whose metric ('reward' or
   # 'correct') varies within the group; 1 = off. An iteration with no such group

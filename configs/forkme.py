@@ -32,6 +32,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "hdpo": accuracy advantage + w * efficiency advantage among correct episodes.
   rl.hdpo_efficiency_weight = 0.5
 
+  # --- Credit assignment (agentic_rl/credit.py) ------------------------------------
+  # "trajectory" | "per_turn"
+  rl.credit = "trajectory"
+  rl.discount = 1.0
+  # PBRS on the env's progress potential, e.g. 0.5 (acts through per_turn).
+  rl.pbrs_coef = 0.0
+
   # --- Rewards (agentic_rl/rewards.py) ------------------------------------------
   # Components and weights: correct, format, otc, tool_cost, failed_call_penalty,
   # gated_relative_efficiency, tool_bonus. E.g. OTC instead of plain correctness:

@@ -98,6 +98,9 @@ class ArithmeticState:
     tool_call_turn: bool [K]; which turns were tool calls.
     last_tool_result: int32 []; value of the last successful tool call (0 if none or
       if the last call was an error).
+    progress: float32 [K + 1]; progress[k] = 1 if after k turns a tool observation
+      in the context holds the task's answer, else 0 (entries past the last turn
+      are 0). A potential for PBRS (agentic_rl/credit.py).
   """
 
   task: ArithmeticTask
@@ -110,6 +113,7 @@ class ArithmeticState:
   num_tool_errors: jax.Array
   tool_call_turn: jax.Array
   last_tool_result: jax.Array
+  progress: jax.Array
 
 
 def _apply_op(a: jax.Array, op: jax.Array, b: jax.Array) -> jax.Array:
@@ -335,6 +339,7 @@ class ArithmeticEnv:
         num_tool_errors=jnp.zeros((), jnp.int32),
         tool_call_turn=jnp.zeros((self.max_turns,), bool),
         last_tool_result=jnp.zeros((), jnp.int32),
+        progress=jnp.zeros((self.max_turns + 1,), jnp.float32),
     )
     return state, prompt, prompt_len
 
@@ -453,7 +458,14 @@ class ArithmeticEnv:
     turn = state.turn + active.astype(jnp.int32)
     done = state.done | is_answer | is_other | (turn >= self.max_turns)
 
+    had_answer = state.progress[jnp.clip(state.turn, 0, self.max_turns)] > 0
+    has_answer = had_answer | (is_call & call_ok & (result == state.task.answer))
+    progress = jnp.where(
+        active & (jnp.arange(self.max_turns + 1) == turn),
+        has_answer.astype(jnp.float32), state.progress,
+    )
     new_state = state.replace(
+        progress=progress,
         turn=turn,
         done=done,
         answered=state.answered | answered,
@@ -478,7 +490,8 @@ class ArithmeticEnv:
     Returns:
       'correct', 'answered', 'format_error', 'hard': bool [];
       'num_tool_calls', 'num_tool_errors': int32 [];
-      'tool_call_turn': bool [K].
+      'tool_call_turn': bool [K]; 'progress': float32 [K + 1] (see
+      ArithmeticState).
     """
     return {
         "correct": state.correct,
@@ -488,6 +501,7 @@ class ArithmeticEnv:
         "num_tool_errors": state.num_tool_errors,
         "hard": jnp.asarray(state.task.hard, bool),
         "tool_call_turn": state.tool_call_turn,
+        "progress": state.progress,
     }
 
   def expert_action(

@@ -20,6 +20,7 @@ SWITCHES = [
     ("reward_noise", {"flip_p": 0.1}), ("dynamic_sampling_oversample", 2),
     ("dynamic_sampling_metric", "correct"), ("overlong_mode", "mask"),
     ("overlong_mode", "reward"), ("overlong_soft_cache", 8),
+    ("credit", "per_turn"), ("pbrs_coef", 0.5), ("discount", 0.9),
 ]
 
 
@@ -47,7 +48,8 @@ def test_gspo_requires_sequence_mean():
 
 @pytest.mark.parametrize("field,value", [
     ("advantage_estimator", "ppo"), ("loss_type", "dpo"),
-    ("loss_agg_mode", "mean"), ("kl_estimator", "k4"), ("dual_clip", 0.5)])
+    ("loss_agg_mode", "mean"), ("kl_estimator", "k4"), ("dual_clip", 0.5),
+    ("credit", "per_token"), ("discount", 1.5)])
 def test_unknown_switch_values_are_rejected(field, value):
   config = forkme.get_config()
   config.rl[field] = value

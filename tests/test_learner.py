@@ -115,3 +115,65 @@ def test_rl_step_with_non_default_switches_runs():
           "skipped_update"} <= set(m)
   # The adaptive controller moved the coefficient after the first step.
   assert coefs[0] == pytest.approx(0.01) and coefs[1] != coefs[0]
+
+
+@pytest.mark.parametrize("credit_mode", ["per_turn", "trajectory"])
+def test_rl_step_with_pbrs_credit_runs(credit_mode):
+  from agentic_rl import train
+  config = default.get_config("smoke")
+  config.rl.credit = credit_mode
+  config.rl.pbrs_coef = 0.5
+  config.rl.discount = 0.9
+  train.validation.validate_config(config)
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  step = learner.make_rl_step(config, env, graphdef,
+                              learner.make_optimizer(config.rl), model_cfg)
+  state, m = step(state)
+  assert all(np.isfinite(float(v)) for v in m.values()), m
+
+
+def _two_episode_traj():
+  """Group of 2 (K = 2): ep 0 calls the tool (turn 0) then answers correctly
+  (turn 1); ep 1 answers wrongly at once. Token layout: 2 prompt tokens, then
+  each turn's POLICY tokens (and ep 0's observation)."""
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
+  return types.Trajectory(
+      tokens=jnp.zeros((2, 7), jnp.int32), role=role,
+      logprob=jnp.zeros((2, 7)), turn=turn, length=jnp.array([7, 4]),
+      num_turns=jnp.array([2, 1]),
+      finish=jnp.array([types.ANSWERED, types.ANSWERED]),
+      group=jnp.array([0, 0]),
+      facts={"progress": jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+             "correct": jnp.array([True, False]),
+             "num_tool_calls": jnp.array([1, 0])})
+
+
+def test_per_turn_credit_with_pbrs_hand_values():
+  rl = default.get_config().rl
+  rl.credit = "per_turn"
+  rl.pbrs_coef = 0.5
+  rl.adv_eps = 0.0
+  reward = jnp.array([1.0, 0.0])
+  # ep 0: r = [0, 1], Phi = [0, .5, .5] -> F = [.5, 0 - .5] (terminal Phi = 0),
+  # shaped [.5, .5], returns [1, .5]; ep 1: returns [0, -]. Turn 0 of the group:
+  # [1, 0] -> z-scores [1, -1]; turn 1 has one episode -> 0.
+  _, _, adv = learner.token_advantages(rl, reward, _two_episode_traj(), 2)
+  np.testing.assert_allclose(adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]],
+                             atol=1e-6)
+
+
+def test_trajectory_credit_pbrs_leaves_grpo_unchanged_at_discount_one():
+  rl = default.get_config().rl
+  rl.pbrs_coef = 0.5
+  rl.adv_eps = 0.0
+  reward = jnp.array([1.0, 0.0])
+  r, adv_b, adv = learner.token_advantages(rl, reward, _two_episode_traj(), 2)
+  # Terminated, discount 1: sum F = Phi(terminal) - Phi(s_0) = 0 for both.
+  np.testing.assert_allclose(r, [1.0, 0.0], atol=1e-6)
+  np.testing.assert_allclose(adv_b, [1.0, -1.0], atol=1e-6)
+  np.testing.assert_allclose(adv[0], [0, 0, 1, 1, 0, 1, 1], atol=1e-6)

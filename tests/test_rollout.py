@@ -85,3 +85,14 @@ def test_truncated_episode_never_gets_the_correct_reward():
   assert int(traj.finish[0]) == types.TRUNCATED
   reward, parts = rewards.make_reward_fn({"correct": 1.0, "format": 0.1})(traj)
   assert float(reward[0]) == 0.0 and float(parts["correct"][0]) == 0.0
+
+
+def test_progress_potential_fact_of_a_call_then_answer_episode():
+  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
+  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
+  # s_0: nothing; s_1: <obs>13041</obs> holds the answer; s_2: still in context.
+  np.testing.assert_array_equal(traj.facts["progress"][0], [0.0, 1.0, 1.0, 0.0])
+  # A direct (tool-free) answer never makes progress through the tool.
+  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=1.0)
+  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
+  np.testing.assert_array_equal(traj.facts["progress"][0], [0.0, 0.0, 0.0, 0.0])
