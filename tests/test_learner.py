@@ -82,10 +82,22 @@ def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
   assert any(changed)
 
 
+def _rl_state_and_step(config):
+  """Validated config -> (RL-phase TrainState at step 0, jitted GRPO step)."""
+  from agentic_rl import train
+  train.validation.validate_config(config)
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  step = learner.make_rl_step(config, env, graphdef,
+                              learner.make_optimizer(config.rl), model_cfg)
+  return state, step
+
+
 def test_rl_step_with_non_default_switches_runs():
   """Wiring of reward composition, schedules, noise, HDPO, CISPO, KL in reward,
   adaptive KL and micro-batches through one jitted GRPO iteration."""
-  from agentic_rl import train
   config = default.get_config("smoke")
   config.rl.rewards = {"otc": 1.0, "tool_bonus": 1.0, "format": 0.1}
   config.rl.reward_schedules = {
@@ -99,13 +111,7 @@ def test_rl_step_with_non_default_switches_runs():
   config.rl.dynamic_sampling_oversample = 2
   config.rl.overlong_mode = "mask"
   config.rl.overlong_soft_cache = 8
-  train.validation.validate_config(config)
-  env = train.make_env(config)
-  model_cfg = train.make_model_config(config)
-  graphdef, state = train.init_state(config, model_cfg)
-  state = train.start_rl(config, state)
-  step = learner.make_rl_step(config, env, graphdef,
-                              learner.make_optimizer(config.rl), model_cfg)
+  state, step = _rl_state_and_step(config)
   coefs = []
   for _ in range(2):
     state, m = step(state)
@@ -119,18 +125,11 @@ def test_rl_step_with_non_default_switches_runs():
 
 @pytest.mark.parametrize("credit_mode", ["per_turn", "trajectory"])
 def test_rl_step_with_pbrs_credit_runs(credit_mode):
-  from agentic_rl import train
   config = default.get_config("smoke")
   config.rl.credit = credit_mode
   config.rl.pbrs_coef = 0.5
   config.rl.discount = 0.9
-  train.validation.validate_config(config)
-  env = train.make_env(config)
-  model_cfg = train.make_model_config(config)
-  graphdef, state = train.init_state(config, model_cfg)
-  state = train.start_rl(config, state)
-  step = learner.make_rl_step(config, env, graphdef,
-                              learner.make_optimizer(config.rl), model_cfg)
+  state, step = _rl_state_and_step(config)
   state, m = step(state)
   assert all(np.isfinite(float(v)) for v in m.values()), m
 
