@@ -52,7 +52,8 @@ def test_train_rejects_before_any_work(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_resume_with_a_different_model_is_rejected(tmp_path):
+def _finished_zero_step_run(tmp_path):
+  """A finished run (no training, 4 eval tasks) and its workdir."""
   config = default.get_config("smoke")
   config.sft.steps = 0
   config.rl.steps = 0
@@ -61,6 +62,11 @@ def test_resume_with_a_different_model_is_rejected(tmp_path):
   config.eval.num_tasks = 4
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
+  return config, workdir
+
+
+def test_resume_with_a_different_model_is_rejected(tmp_path):
+  config, workdir = _finished_zero_step_run(tmp_path)
   config.model.d_model = 64
   with pytest.raises(ValueError, match=r"config\.model\.d_model=64 \(was 96\)"):
     train.train_and_evaluate(config, workdir)
@@ -74,14 +80,7 @@ def test_max_len_must_fit_prompt_and_one_turn():
 
 
 def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
-  config = default.get_config("smoke")
-  config.sft.steps = 0
-  config.rl.steps = 0
-  config.eval.num_samples = 0
-  config.eval.pass_k = ()
-  config.eval.num_tasks = 4
-  workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  config, workdir = _finished_zero_step_run(tmp_path)
   # Allowed: more RL steps or a different evaluation.
   config.eval.num_tasks = 6
   train.train_and_evaluate(config, workdir)
