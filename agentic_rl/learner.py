@@ -43,25 +43,6 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   )
 
 
-def make_reward_fn(config):
-  """The configured reward: `rl.rewards` weights, `rl.reward_params`,
-  `rl.reward_composition`, `rl.reward_schedules`, `rl.reward_noise` (see
-  agentic_rl/rewards.py). Raises ValueError on any unknown name."""
-  rl_cfg = config.rl
-  get = lambda k: (rl_cfg[k].to_dict() if k in rl_cfg and rl_cfg[k] is not None
-                   else None)
-  params = get("reward_params")
-  schedules = get("reward_schedules")
-  noise = get("reward_noise")
-  return rewards.make_reward_fn(
-      dict(rl_cfg.rewards),
-      params=params or None,
-      composition=rl_cfg.get("reward_composition", "sum"),
-      schedules=schedules or None,
-      noise=noise or None,
-  )
-
-
 def policy_mask(traj: types.Trajectory) -> jax.Array:
   """[B, L] bool loss mask: True exactly on POLICY (sampled) tokens."""
   return traj.role == types.POLICY
@@ -191,19 +172,24 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
           mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
       )
 
+      grad_fn = jax.value_and_grad(
+          lambda p, micro_batch: _rl_loss(graphdef, p, micro_batch, rl_cfg,
+                                          kl_coef=kl_coef, denominator=denominator),
+          has_aux=True,
+      )
+
       def micro(acc, micro_batch):
-        (_, m), g = jax.value_and_grad(
-            lambda p: _rl_loss(graphdef, p, micro_batch, rl_cfg,
-                               kl_coef=kl_coef, denominator=denominator),
-            has_aux=True,
-        )(params)
+        (_, m), g = grad_fn(params, micro_batch)
         return jax.tree.map(jnp.add, acc, (g, m)), None
 
-      zeros_m = {k: jnp.float32(0) for k in (
-          "loss", "pg_loss", "kl", "entropy", "ratio_mean", "clip_frac_low",
-          "clip_frac_high")}
-      zeros = (jax.tree.map(jnp.zeros_like, params), zeros_m)
-      (grads, m), _ = jax.lax.scan(micro, zeros, split(mb, num_micro))
+      micro_batches = split(mb, num_micro)
+      # Zero accumulators shaped like (grads, metrics) of one micro-batch.
+      shapes = jax.eval_shape(
+          lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro_batches))
+      )
+      zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                           (shapes[1], shapes[0][1]))
+      (grads, m), _ = jax.lax.scan(micro, zeros, micro_batches)
       updates, opt_state = tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       m["grad_norm"] = optax.tree.norm(grads)
@@ -303,14 +289,11 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   num_tasks = rl_cfg.batch_size // group_size
   max_len = config.max_len
   temperature = rl_cfg.temperature
-  reward_fn = make_reward_fn(config)
+  reward_fn = rewards.reward_fn_from_config(config.rl)
   sft_steps = config.sft.steps
 
   over = rl_cfg.get("dynamic_sampling_oversample", 1)
   overlong_mode = rl_cfg.get("overlong_mode", "none")
-  per_turn = rl_cfg.get("credit", "trajectory") == "per_turn"
-  pbrs_coef = rl_cfg.get("pbrs_coef", 0.0)
-  discount = rl_cfg.get("discount", 1.0)
   soft_cache = rl_cfg.get("overlong_soft_cache", 0)
 
   def collect(state: types.TrainState):

@@ -848,3 +848,27 @@ def make_reward_fn(
     return total, parts
 
   return reward_fn
+
+
+def reward_fn_from_config(rl_cfg):
+  """`make_reward_fn` from the experiment's `rl` block: `rewards` (weights),
+  `reward_params`, `reward_composition`, `reward_schedules`, `reward_noise`
+  (the last four optional).
+
+  Raises:
+    ValueError: any unknown name (see `make_reward_fn`).
+  """
+  def block(name):
+    value = rl_cfg.get(name)
+    if value is None:
+      return None
+    value = value.to_dict() if hasattr(value, "to_dict") else dict(value)
+    return value or None
+
+  return make_reward_fn(
+      dict(rl_cfg.rewards),
+      params=block("reward_params"),
+      composition=rl_cfg.get("reward_composition", "sum"),
+      schedules=block("reward_schedules"),
+      noise=block("reward_noise"),
+  )

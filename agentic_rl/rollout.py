@@ -148,6 +148,26 @@ def generate_turn(
   return state, action, action_len
 
 
+def _append(state: RolloutState, seg_bs: jax.Array, seg_len_b: jax.Array,
+            write_b: jax.Array, role: int) -> RolloutState:
+  """Writes a segment (one expert turn or one observation) at each row's end.
+
+  Its tokens get `role` and the row's current turn index; `length` advances by
+  the written length (capped at L). The log-prob stays 0 (not sampled).
+  """
+  seg_len_b = jnp.where(write_b, seg_len_b, 0)
+  shape = seg_bs.shape
+  return state.replace(
+      tokens=write_segment(state.tokens, state.length, seg_bs, seg_len_b, write_b),
+      role=write_segment(state.role, state.length, jnp.full(shape, role),
+                         seg_len_b, write_b),
+      turn=write_segment(state.turn, state.length,
+                         jnp.broadcast_to(state.num_turns[:, None], shape),
+                         seg_len_b, write_b),
+      length=jnp.minimum(state.length + seg_len_b, state.tokens.shape[1]),
+  )
+
+
 def _expert_turn(env, state: RolloutState, key: jax.Array):
   """Writes the environment expert's next turn (role POLICY, log-prob 0)."""
   b = state.tokens.shape[0]
@@ -155,24 +175,7 @@ def _expert_turn(env, state: RolloutState, key: jax.Array):
   action, action_len = jax.vmap(env.expert_action)(state.env_state, keys)
   active = ~state.done
   action_len = jnp.where(active, action_len, 0)
-  tokens = write_segment(state.tokens, state.length, action, action_len, active)
-  role = write_segment(
-      state.role,
-      state.length,
-      jnp.full(action.shape, types.POLICY),
-      action_len,
-      active,
-  )
-  turn = write_segment(
-      state.turn,
-      state.length,
-      jnp.broadcast_to(state.num_turns[:, None], action.shape),
-      action_len,
-      active,
-  )
-  l = state.tokens.shape[1]
-  length = jnp.minimum(state.length + action_len, l)
-  state = state.replace(tokens=tokens, role=role, turn=turn, length=length)
+  state = _append(state, action, action_len, active, types.POLICY)
   return state, action, action_len
 
 
@@ -272,24 +275,14 @@ def rollout(
     obs_fits = state.length + obs_len <= l
     write_obs = cont & obs_fits
     obs_len = jnp.where(write_obs, obs_len, 0)
-    tokens = write_segment(state.tokens, state.length, obs, obs_len, write_obs)
-    role = write_segment(
-        state.role, state.length, jnp.full(obs.shape, types.TOOL), obs_len, write_obs
-    )
-    turn = write_segment(
-        state.turn,
-        state.length,
-        jnp.broadcast_to(state.num_turns[:, None], obs.shape),
-        obs_len,
-        write_obs,
-    )
     cache, next_logits = state.cache, state.next_logits
     if use_model:
       logits, cache = sampling.extend(
           graphdef, params, cache, obs, state.length, obs_len
       )
       next_logits = jnp.where(write_obs[:, None], logits, next_logits)
-    length = state.length + obs_len
+    state = _append(state, obs, obs_len, write_obs, types.TOOL)
+    length = state.length
     # A row whose buffer filled up (during its action, or with no room for the
     # observation or a next turn) is TRUNCATED unless it had just answered.
     truncated = active & ~facts["answered"] & (
@@ -306,10 +299,6 @@ def rollout(
     )
     ended = active & (env_done | truncated)
     state = state.replace(
-        tokens=tokens,
-        role=role,
-        turn=turn,
-        length=length,
         done=state.done | ended,
         finish=jnp.where(ended, finish_now, state.finish),
         num_turns=num_turns,

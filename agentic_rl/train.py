@@ -33,15 +33,12 @@ from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import transformer
-from environments import arithmetic
-
-ENVIRONMENTS = {"arithmetic": arithmetic.ArithmeticEnv}
+import environments
 
 
 def make_env(config: ml_collections.ConfigDict):
   """Builds the environment named by `config.env.name` from `config.env`."""
-  kwargs = {k: v for k, v in config.env.items() if k != "name"}
-  return ENVIRONMENTS[config.env.name](**kwargs)
+  return environments.make(config.env)
 
 
 def make_model_config(config) -> transformer.TransformerConfig:

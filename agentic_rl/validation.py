@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import rewards
+import environments
 
-KNOWN_ENVS = ("arithmetic",)
+KNOWN_ENVS = tuple(environments.REGISTRY)
 
 
 class ConfigError(ValueError):
@@ -137,9 +139,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.rewards", dict(rl.rewards), "must name at least one reward component")
   # Builds the reward function once: unknown params, compositions, schedules and
   # noise settings raise ValueError here, before any work.
-  from agentic_rl import learner  # pylint: disable=g-import-not-at-top
   try:
-    learner.make_reward_fn(config)
+    rewards.reward_fn_from_config(config.rl)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   for phase in ("sft", "rl"):
@@ -164,13 +165,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail(f"env.{f}", env[f], "must be a probability in [0, 1], or -1 (unset)")
   # The environment's own shapes (dataclass defaults included): the buffer must
   # hold the prompt and at least one full assistant turn.
-  from agentic_rl import train  # pylint: disable=g-import-not-at-top
   try:
-    env_obj = train.make_env(config)
+    env_obj = environments.make(config.env)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
   if config.rl.get("pbrs_coef", 0.0) > 0:
-    import jax  # pylint: disable=g-import-not-at-top
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
     want = (env_obj.max_turns + 1,)
