@@ -169,4 +169,10 @@ def train_seeds(
       "rl": rl_reports,
       "curves": {k: np.stack(v) for k, v in curves.items()},
       "wall_s": wall,
+      "params": state.params,
   }
+
+
+def unstack(tree: Any, n: int) -> list[Any]:
+  """Splits a pytree stacked over seeds into n per-seed pytrees."""
+  return [_index(tree, i) for i in range(n)]

@@ -1,0 +1,53 @@
+"""Conditional efficiency (HDPO) vs an additive per-call penalty, on arithmetic.
+
+Claim (HDPO; papers.md): a small additive per-call penalty barely changes tool
+calls (after group normalisation it is swamped by accuracy variance), a large one
+causes under-use on items that need the tool; the conditional efficiency advantage
+(efficiency compared only among correct episodes of the group, added to the
+accuracy advantage) reduces calls where the tool is unnecessary without losing
+accuracy.
+
+Setup: the default arithmetic experiment (easy single-digit items need no tool,
+hard 3x2-digit products do) with an over-calling SFT start: the expert always uses
+the tool on hard items and also on 50% of easy items. Arms (the `arg`):
+  correct      correct + 0.1 format (no efficiency term)
+  cost_<c>     correct + 0.1 format + tool_cost (-c per call), c in 0.02 / 0.1 / 0.3
+  hdpo         advantage_estimator 'hdpo' (accuracy advantage + 0.5 x efficiency
+               advantage among correct episodes)
+Append ',smoke' for the CI size.
+
+  python -m experiments.hdpo_conditional             # 3 seeds x 5 arms
+  python main.py --config=experiments/hdpo_conditional/config.py:hdpo --workdir=runs/hdpo
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import default
+
+ARMS = ("correct", "cost_0.02", "cost_0.1", "cost_0.3", "hdpo")
+
+
+def get_config(arg: str | None = "hdpo") -> ml_collections.ConfigDict:
+  arm, _, size = (arg or "hdpo").partition(",")
+  if arm not in ARMS:
+    raise ValueError(f"experiments/hdpo_conditional/config.py: unknown arm {arm!r}; "
+                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+  config = default.get_config("smoke" if size == "smoke" else None)
+  config.name = f"hdpo_conditional_{arm}"
+  config.env.expert_undercall_prob = 0.0
+  config.env.expert_overcall_prob = 0.5
+  config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
+  if arm.startswith("cost_"):
+    config.rl.rewards.tool_cost = 1.0
+    config.rl.reward_params = ml_collections.ConfigDict(
+        dict(tool_cost=dict(c=float(arm[len("cost_"):]))))
+  elif arm == "hdpo":
+    config.rl.advantage_estimator = "hdpo"
+    config.rl.hdpo_efficiency_weight = 0.5
+  return config
+
+
+def arms(smoke: bool) -> dict[str, ml_collections.ConfigDict]:
+  return {a: get_config(a + (",smoke" if smoke else "")) for a in ARMS}
