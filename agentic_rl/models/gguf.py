@@ -160,6 +160,12 @@ def _field(reader, key: str, default=None):
   return field.contents()
 
 
+def _f32(value) -> float:
+  """A float32 metadata value as the shortest decimal that round-trips (1e-05, not
+  9.999999747378752e-06)."""
+  return float(str(np.float32(value)))
+
+
 def _required(reader, key: str):
   value = _field(reader, key)
   if value is None:
@@ -219,7 +225,7 @@ def llama_config_from_gguf(path_or_reader) -> dict[str, Any]:
       raise ValueError(f"GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     vocab_size = len(tokens)
   names = {t.name for t in reader.tensors}
-  rope_theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+  rope_theta = _f32(_field(reader, f"{arch}.rope.freq_base", 10000.0))
   eos = _field(reader, "tokenizer.ggml.eos_token_id")
   return {
       "architectures": ["LlamaForCausalLM"],
@@ -231,7 +237,7 @@ def llama_config_from_gguf(path_or_reader) -> dict[str, Any]:
       "head_dim": head_dim,
       "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length")),
       "hidden_act": "silu",
-      "rms_norm_eps": float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+      "rms_norm_eps": _f32(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
       "rope_theta": rope_theta,
       "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
       "vocab_size": int(vocab_size),
