@@ -538,9 +538,9 @@ def test_smollm2_tokenizer_matches_transformers(smollm2, hf_gguf_tokenizer):
   special = ours("<|im_start|><|im_end|><|endoftext|>").input_ids
   assert special == [1, 2, 0]
   assert ours.eos_token_id == 2 and ours.bos_token_id == 1 and ours.pad_token_id == 2
-  # " ²": llama.cpp's smollm pre-tokenizer isolates the numeral, giving "Ġ" + "Â²"
-  # (the original SmolLM2 tokenizer's Digits(individual_digits) split agrees);
-  # transformers 5.24 has no `smollm` rule and gives "ĠÂ" + "²".
+  # " ²": llama.cpp's smollm pre-tokenizer (llama-vocab.cpp: regex \p{N}, then
+  # GPT-2's) isolates the numeral, giving "Ġ" + "Â²"; transformers 5.24 has no
+  # `smollm` rule and gives "ĠÂ" + "²".
   assert ours.convert_ids_to_tokens(ours(" ²").input_ids) == ["Ġ", "Â²"]
   assert hf_gguf_tokenizer.convert_ids_to_tokens(
       hf_gguf_tokenizer(" ²").input_ids) == ["ĠÂ", "²"]
