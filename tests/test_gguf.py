@@ -235,7 +235,7 @@ def _tiny_weights(vocab_size):
   return state
 
 
-def _write_tiny_gguf(path, state, tokens, types, pre="smollm"):
+def _write_tiny_gguf(path, state, tokens, types, pre="smollm", add_bos=False):
   """Writes the tiny model the way llama.cpp's converter does (permuted Q/K)."""
   c = TINY
   writer = gguf.GGUFWriter(path, "llama")
@@ -259,7 +259,7 @@ def _write_tiny_gguf(path, state, tokens, types, pre="smollm"):
   writer.add_eos_token_id(2)
   writer.add_unk_token_id(0)
   writer.add_pad_token_id(2)
-  writer.add_add_bos_token(False)
+  writer.add_add_bos_token(add_bos)
   writer.add_chat_template(TEMPLATE)
   names = {v: k for k, v in gguf_lib._TOP_TENSORS.items()}  # pylint: disable=protected-access
   for k, v in gguf_lib._BLOCK_TENSORS.items():  # pylint: disable=protected-access
@@ -403,6 +403,21 @@ def test_rejects_non_llama_and_unknown_pre_tokenizer(tmp_path):
                    [3] * 3 + [1] * (len(tokens) - 3), pre="qwen2")
   with pytest.raises(ValueError, match="tokenizer.ggml.pre='qwen2'"):
     gguf_lib.tokenizer_from_gguf(path)
+
+
+def test_tiny_gpt2_pre_tokenizer_and_bos_by_hand(tmp_path):
+  """pre='gpt2': digits stay in one pre-token with their space, so "Ġ12" merges via
+  "1 2" into Ġ + 12 (unlike smollm); add_bos_token prepends <|im_start|> (id 1)."""
+  alphabet = _byte_alphabet()
+  tokens = list(CONTROL) + alphabet + ["th", "the", "Ġthe", "12", "Ġw"]
+  path = str(tmp_path / "bos.gguf")
+  _write_tiny_gguf(path, _tiny_weights(len(tokens)), tokens,
+                   [3] * 3 + [1] * (len(tokens) - 3), pre="gpt2", add_bos=True)
+  tokenizer = gguf_lib.tokenizer_from_gguf(path)
+  enc = tokenizer.encode("the 12")
+  assert enc.tokens == ["<|im_start|>", "the", "Ġ", "12"]
+  assert enc.ids == [1, tokens.index("the"), tokens.index("Ġ"), tokens.index("12")]
+  assert gguf_lib.tokenizer_config_from_gguf(path)["add_bos_token"] is True
 
 
 def test_missing_file_raises():

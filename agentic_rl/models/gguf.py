@@ -251,7 +251,7 @@ def llama_config_from_gguf(path_or_reader) -> dict[str, Any]:
       "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
       "eos_token_id": eos,
       "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id", eos),
-      "torch_dtype": "float32",
+      "dtype": "float32",
       "use_cache": True,
   }
 
