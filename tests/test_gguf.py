@@ -39,7 +39,9 @@ pytest.importorskip("accelerate")
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from agentic_rl.models import gguf as gguf_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from agentic_rl.models import gguf as gguf_lib
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 # Strings for tokenizer comparisons: ASCII, digits, whitespace runs, contractions,
 # accents, CJK, emoji, control tokens written in the text.
@@ -106,9 +108,10 @@ def _jnp_llama_logits(params, config, ids_t):
   for i in range(config["num_hidden_layers"]):
     pre = f"model.layers.{i}."
     h_td = rms(x_td, p[pre + "input_layernorm.weight"])
-    q_thd = (h_td @ p[pre + "self_attn.q_proj.weight"].T).reshape(seq_len, num_heads, head_dim)
-    k_tkd = (h_td @ p[pre + "self_attn.k_proj.weight"].T).reshape(seq_len, num_kv, head_dim)
-    v_tkd = (h_td @ p[pre + "self_attn.v_proj.weight"].T).reshape(seq_len, num_kv, head_dim)
+    proj = lambda name, h_td=h_td, pre=pre: h_td @ p[pre + f"self_attn.{name}.weight"].T
+    q_thd = proj("q_proj").reshape(seq_len, num_heads, head_dim)
+    k_tkd = proj("k_proj").reshape(seq_len, num_kv, head_dim)
+    v_tkd = proj("v_proj").reshape(seq_len, num_kv, head_dim)
     q_thd, k_tkd = rope(q_thd), rope(k_tkd)
     k_thd = jnp.repeat(k_tkd, num_heads // num_kv, axis=1)
     v_thd = jnp.repeat(v_tkd, num_heads // num_kv, axis=1)
@@ -210,7 +213,8 @@ TINY_QUANT = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1",
 
 
 def _byte_alphabet():
-  from transformers.convert_slow_tokenizer import bytes_to_unicode  # pylint: disable=g-import-not-at-top
+  from transformers import convert_slow_tokenizer  # pylint: disable=g-import-not-at-top
+  bytes_to_unicode = convert_slow_tokenizer.bytes_to_unicode
   return [bytes_to_unicode()[b] for b in range(256)]
 
 
@@ -219,7 +223,8 @@ def _tiny_weights(vocab_size):
   rng = np.random.default_rng(1)
   c = TINY
   d, f = c["hidden_size"], c["intermediate_size"]
-  q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+  q = c["num_attention_heads"] * c["head_dim"]
+  kv = c["num_key_value_heads"] * c["head_dim"]
   w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)
   state = {"model.embed_tokens.weight": w(vocab_size, d),
            "model.norm.weight": 1 + w(d)}
@@ -261,7 +266,8 @@ def _write_tiny_gguf(path, state, tokens, types, pre="smollm", add_bos=False):
   writer.add_pad_token_id(2)
   writer.add_add_bos_token(add_bos)
   writer.add_chat_template(TEMPLATE)
-  names = {v: k for k, v in gguf_lib._TOP_TENSORS.items()}  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  names = {v: k for k, v in gguf_lib._TOP_TENSORS.items()}
   for k, v in gguf_lib._BLOCK_TENSORS.items():  # pylint: disable=protected-access
     for i in range(c["num_hidden_layers"]):
       names[f"model.layers.{i}.{v}"] = f"blk.{i}.{k}"
@@ -306,7 +312,8 @@ def test_tiny_config_from_metadata(tiny):
     assert config[key] == pytest.approx(value), key
   assert config["vocab_size"] == len(tokens) == 3 + 256 + 5
   assert config["tie_word_embeddings"] is True  # no output.weight tensor
-  assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 2)
+  assert (config["bos_token_id"], config["eos_token_id"],
+          config["pad_token_id"]) == (1, 2, 2)
   assert checkpoint.quantization == {"F32": 16, "Q8_0": 2, "Q4_1": 2}
   assert checkpoint.tokenizer_config["chat_template"] == TEMPLATE
   assert checkpoint.tokenizer_config["bos_token"] == "<|im_start|>"
@@ -497,10 +504,12 @@ def test_smollm2_folder_logits_and_greedy_equal_transformers(smollm2, hf_gguf_mo
   """Our folder, loaded by transformers: logits identical (atol 0) to transformers'
   GGUF load; greedy decoding of a chat prompt gives the same tokens."""
   _, folder = smollm2
-  ours = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  ours = transformers.AutoModelForCausalLM.from_pretrained(
+      folder, dtype=torch.float32).eval()
   for prompt in PROMPTS:
     ids = hf_gguf_tokenizer(prompt).input_ids
-    np.testing.assert_array_equal(_torch_logits(ours, ids), _torch_logits(hf_gguf_model, ids))
+    np.testing.assert_array_equal(_torch_logits(ours, ids),
+                                  _torch_logits(hf_gguf_model, ids))
   chat = hf_gguf_tokenizer.apply_chat_template(
       [{"role": "user", "content": "What is the capital of France?"}],
       add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -537,7 +546,8 @@ def test_smollm2_tokenizer_matches_transformers(smollm2, hf_gguf_tokenizer):
   ours = transformers.AutoTokenizer.from_pretrained(folder)
   for text in TEXTS:
     assert ours(text).input_ids == hf_gguf_tokenizer(text).input_ids, text
-    assert checkpoint.tokenizer.encode(text).ids == hf_gguf_tokenizer(text).input_ids, text
+    assert (checkpoint.tokenizer.encode(text).ids
+            == hf_gguf_tokenizer(text).input_ids), text
     assert ours.decode(ours(text).input_ids) == text
   for chat in CHATS:
     for gen in (False, True):

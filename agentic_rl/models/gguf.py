@@ -322,7 +322,8 @@ def dequantized_state_dict(path_or_reader, config: dict[str, Any] | None = None
   import gguf  # pylint: disable=g-import-not-at-top
   reader = _open(path_or_reader)
   config = config or llama_config_from_gguf(reader)
-  heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+  heads = {"attn_q": config["num_attention_heads"],
+           "attn_k": config["num_key_value_heads"]}
   state = {}
   for tensor in reader.tensors:
     name = hf_tensor_name(tensor.name)
@@ -388,8 +389,10 @@ def tokenizer_from_gguf(path_or_reader):
     ValueError: `tokenizer.ggml.model` is not `gpt2` (byte-level BPE) or
       `tokenizer.ggml.pre` is not a known pre-tokenizer.
   """
-  from tokenizers import AddedToken, Regex, Tokenizer  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tokenizers import AddedToken, Regex, Tokenizer
+  from tokenizers import decoders, models, pre_tokenizers, processors
+  # pylint: enable=g-import-not-at-top
   reader = _open(path_or_reader)
   kind = _required(reader, "tokenizer.ggml.model")
   if kind != "gpt2":
@@ -400,14 +403,16 @@ def tokenizer_from_gguf(path_or_reader):
     raise ValueError(f"GGUF tokenizer.ggml.pre={pre!r}: unknown pre-tokenizer; known: "
                      f"{sorted(_PRE_TOKENIZER_SPLITS)}")
   tokens = list(_required(reader, "tokenizer.ggml.tokens"))
-  types = list(_field(reader, "tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(tokens)))
+  types = list(_field(reader, "tokenizer.ggml.token_type",
+                      [TOKEN_TYPE_NORMAL] * len(tokens)))
   merges = [tuple(m.split(" ")) for m in _required(reader, "tokenizer.ggml.merges")]
   vocab = {token: i for i, token in enumerate(tokens)}
   if len(vocab) != len(tokens):
     raise ValueError("GGUF tokenizer.ggml.tokens has duplicate tokens")
   unk_id = _field(reader, "tokenizer.ggml.unknown_token_id")
   tokenizer = Tokenizer(models.BPE(
-      vocab=vocab, merges=merges, unk_token=tokens[unk_id] if unk_id is not None else None,
+      vocab=vocab, merges=merges,
+      unk_token=tokens[unk_id] if unk_id is not None else None,
       fuse_unk=False, byte_fallback=False))
   splits = [pre_tokenizers.Split(Regex(r), behavior="isolated")
             for r in _PRE_TOKENIZER_SPLITS[pre]]
@@ -490,7 +495,8 @@ def read_gguf(path) -> GGUFCheckpoint:
   config = llama_config_from_gguf(reader)
   quantization: dict[str, int] = {}
   for tensor in reader.tensors:
-    quantization[tensor.tensor_type.name] = quantization.get(tensor.tensor_type.name, 0) + 1
+    kind = tensor.tensor_type.name
+    quantization[kind] = quantization.get(kind, 0) + 1
   generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                 if config[k] is not None}
   return GGUFCheckpoint(

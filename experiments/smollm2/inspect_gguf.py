@@ -31,7 +31,8 @@ def main():
   print(f"file: {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
   start = time.perf_counter()
   checkpoint = gguf_lib.read_gguf(path)
-  print(f"read_gguf: {time.perf_counter() - start:.1f} s, peak RSS {_peak_rss_gb():.2f} GB")
+  print(f"read_gguf: {time.perf_counter() - start:.1f} s, "
+        f"peak RSS {_peak_rss_gb():.2f} GB")
   print("tensor types:", checkpoint.quantization)
   num_params = sum(v.size for v in checkpoint.state_dict.values())
   print(f"parameters: {num_params:,} (float32 {num_params * 4 / 1e6:.0f} MB)")
@@ -49,7 +50,8 @@ def main():
   tokenizer = transformers.AutoTokenizer.from_pretrained(args.out)
   print(f"transformers load of the folder: {time.perf_counter() - start:.1f} s, "
         f"peak RSS {_peak_rss_gb():.2f} GB")
-  messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+  messages = [{"role": "user",
+               "content": "What is the capital of France? Answer in one sentence."}]
   inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)
   start = time.perf_counter()
