@@ -213,8 +213,8 @@ TINY_QUANT = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1",
 
 
 def _byte_alphabet():
-  from transformers import convert_slow_tokenizer  # pylint: disable=g-import-not-at-top
-  bytes_to_unicode = convert_slow_tokenizer.bytes_to_unicode
+  # pylint: disable-next=g-import-not-at-top
+  from transformers.convert_slow_tokenizer import bytes_to_unicode
   return [bytes_to_unicode()[b] for b in range(256)]
 
 
