@@ -86,3 +86,11 @@ def test_random_strings_never_raise(text):
   if isinstance(out, list):
     assert out and all(isinstance(c, ToolCall) and isinstance(c.name, str)
                        and isinstance(c.arguments, dict) for c in out)
+
+
+def test_python_calls_with_positional_arguments():
+  assert parsers.parse_python_calls("sort('f.pdf')", allow_positional=True) == [
+      ToolCall("sort", {}, ("f.pdf",))]
+  assert isinstance(parsers.parse_python_calls("sort('f.pdf')"), ParseError)
+  assert isinstance(parsers.parse_tool_calls("sort('f.pdf')"), ParseError)
+  assert isinstance(parsers.parse_python_calls("f(*a)", allow_positional=True), ParseError)

@@ -40,10 +40,15 @@ class ToolCall:
     name: the function name as written (dotted names kept, e.g. 'math.hypot').
     arguments: keyword arguments; values are JSON-like python objects
       (None, bool, int, float, str, list, dict).
+    positional: positional literal arguments; always empty from
+      `parse_tool_calls` (which refuses them), filled only by
+      `parse_python_calls(..., allow_positional=True)` (BFCL's multi-turn gold
+      answers use them, e.g. `sort('final_report.pdf')`).
   """
 
   name: str
   arguments: dict[str, Any]
+  positional: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +128,8 @@ def _dotted_name(node: ast.AST) -> str:
   raise ValueError("not a name")
 
 
-def _calls_from_python(payload: str) -> list[ToolCall] | None:
+def _calls_from_python(payload: str, allow_positional: bool = False
+                       ) -> list[ToolCall] | None:
   """Calls from Python syntax `f(a=1)` or `[f(a=1), g()]`, literals only."""
   try:
     tree = ast.parse(payload.strip(), mode="eval")
@@ -134,12 +140,15 @@ def _calls_from_python(payload: str) -> list[ToolCall] | None:
   calls = []
   try:
     for node in nodes:
-      if not isinstance(node, ast.Call) or node.args:
+      if not isinstance(node, ast.Call) or (node.args and not allow_positional):
         return None
       if any(kw.arg is None for kw in node.keywords):  # **kwargs
         return None
+      if any(isinstance(a, ast.Starred) for a in node.args):
+        return None
       args = {kw.arg: _literal(kw.value) for kw in node.keywords}
-      calls.append(ToolCall(_dotted_name(node.func), args))
+      positional = tuple(_literal(a) for a in node.args)
+      calls.append(ToolCall(_dotted_name(node.func), args, positional))
   except (ValueError, TypeError, RecursionError):
     return None
   return calls or None
@@ -187,6 +196,23 @@ def _parse(text: Any) -> list[ToolCall] | ParseError:
       return parsed
   return ParseError("no tool call found (tried <tool_call> tags, <call> tags, "
                     "JSON and Python-call syntax)")
+
+
+def parse_python_calls(text: str, allow_positional: bool = False
+                       ) -> list[ToolCall] | ParseError:
+  """Python-call syntax only (e.g. BFCL gold strings); never raises.
+
+  Args:
+    text: `f(a=1)` or `[f(a=1), g(2)]`.
+    allow_positional: accept positional literal arguments (in `positional`).
+  """
+  try:
+    if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
+      return ParseError("not a string or too long")
+    calls = _calls_from_python(text, allow_positional)
+  except Exception as e:  # noqa: BLE001
+    return ParseError(f"parser failure: {type(e).__name__}")
+  return calls if calls else ParseError(f"not a Python call: {text[:80]!r}")
 
 
 def format_call_python(call: ToolCall) -> str:
