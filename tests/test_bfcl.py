@@ -161,3 +161,27 @@ def test_multi_turn_bad_calls_are_observations():
   assert not done and env.facts(s)["num_tool_errors"] == 3
   s, obs, done = env.step(s, "<call>ls()</call>")
   assert done  # turn budget of 4 spent
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(st.lists(st.sampled_from([
+    "<call>ls()</call>", "<call>cd(folder='document')</call>", "<call>mkdir(",
+    "<tool_call>{\"name\": \"pwd\", \"arguments\": {}}</tool_call>", "ok</answer>",
+    "<call>touch(file_name=1)</call>", "<call>__init__()</call>", ""]), max_size=6))
+def test_multi_turn_random_turns_never_raise(texts):
+  env = bfcl.BFCLMultiTurnEnv(max_turns=5, max_obs_len=64)
+  s, _ = env.reset(bfcl.load_category("multi_turn_base")[1])
+  for t in texts:
+    s, obs, done = env.step(s, t)
+    assert obs.dtype == np.int32 and len(obs) <= 64
+  f = env.facts(s)
+  assert f["num_tool_errors"] <= f["num_tool_calls"]
+
+
+def test_pbrs_is_refused_for_host_envs():
+  from agentic_rl import validation
+  from configs import bfcl_grpo
+  config = bfcl_grpo.get_config("smoke")
+  config.rl.pbrs_coef = 0.5
+  with pytest.raises(ValueError, match="rl.pbrs_coef"):
+    validation.validate_config(config)
