@@ -603,6 +603,7 @@ class _MultiState:
   format_errors: int = 0
   done: bool = False
   correct: bool = False
+  expert_called: int = -1  # question whose gold calls the expert has sent
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -698,9 +699,8 @@ class BFCLMultiTurnEnv:
   def expert_action(self, state: _MultiState, rng: np.random.Generator):
     """Gold calls of the current question in one turn, then a plain reply."""
     gold = state.task.ground_truth[min(state.question, len(state.task.ground_truth) - 1)]
-    key = (state.question, "called")
-    if not getattr(state, "_expert_called", None) == key and gold:
-      object.__setattr__(state, "_expert_called", key)
+    if state.expert_called != state.question and gold:
+      state.expert_called = state.question
       return _encode(self.tokenizer, "[" + ", ".join(gold) + "]", self.max_action_len,
                      prefix=(tok.CALL,), suffix=(tok.CALL_END,))
     return _encode(self.tokenizer, "Done.", self.max_action_len,
