@@ -12,6 +12,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -22,8 +23,10 @@ from agentic_rl import losses
 from agentic_rl import rewards
 from agentic_rl import rollout
 from agentic_rl import sampling
+from agentic_rl import host_rollout
 from agentic_rl import types
 from agentic_rl.models import transformer
+from environments.host import base as host_base
 
 StepFn = Callable[[types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]]
 
@@ -59,15 +62,16 @@ def sft_loss(graphdef, params, traj: types.Trajectory):
 
 def make_sft_step(config, env, graphdef: nnx.GraphDef,
                   tx: optax.GradientTransformation) -> StepFn:
-  """SFT on expert demonstrations generated on the fly (one batch per step)."""
+  """SFT on expert demonstrations generated on the fly (one batch per step).
+
+  JAX-native environments: one jitted program. Host environments
+  (`env.is_host`): the demonstrations come from the host driver, the update is
+  jitted.
+  """
   batch_size = config.sft.batch_size
   max_len = config.max_len
 
-  def step(state: types.TrainState):
-    key = jax.random.fold_in(state.rng, state.step)
-    task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
-    tasks = env.sample_tasks(task_key, batch_size)
-    traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
+  def learn(state: types.TrainState, traj: types.Trajectory):
     (_, metrics), grads = jax.value_and_grad(
         lambda p: sft_loss(graphdef, p, traj), has_aux=True
     )(state.params)
@@ -81,6 +85,25 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
         opt_state=opt_state,
     )
     return state, metrics
+
+  if host_base.is_host(env):
+    learn_jit = jax.jit(learn, donate_argnums=0)
+
+    def host_step(state: types.TrainState):
+      key = jax.random.fold_in(state.rng, state.step)
+      task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+      tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), batch_size)
+      traj = host_rollout.rollout(env, tasks, expert_key, max_len=max_len)
+      return learn_jit(state, traj)
+
+    return host_step
+
+  def step(state: types.TrainState):
+    key = jax.random.fold_in(state.rng, state.step)
+    task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+    tasks = env.sample_tasks(task_key, batch_size)
+    traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
+    return learn(state, traj)
 
   return jax.jit(step, donate_argnums=0)
 
@@ -283,30 +306,86 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   each `rl.group_size` times contiguously (group = task index), rolls them out with
   the current policy, scores them, computes GRPO advantages and the reference
   model's log-probs (once per batch), and packs the learner batch.
+  (`make_rollout_fn` then `make_score_fn`; the rollout half is a Python driver,
+  hence `collect` is not jittable, for host environments.)
+  """
+  rollout_fn = make_rollout_fn(config, env, graphdef, model_config)
+  score = make_score_fn(config, env, graphdef)
+
+  def collect(state: types.TrainState):
+    return score(state, rollout_fn(state))
+
+  return collect
+
+
+def make_rollout_fn(config, env, graphdef: nnx.GraphDef,
+                    model_config: transformer.TransformerConfig):
+  """Returns `rollout_fn(state) -> Trajectory` for the RL batch of `state.step`.
+
+  Samples `rl.batch_size // rl.group_size` tasks (times the dynamic-sampling
+  oversampling factor) from fold_in(rng, step), repeats each `rl.group_size`
+  times contiguously (group = task index) and rolls them out with the current
+  policy. JAX-native environments: a pure, jittable function. Host environments
+  (`env.is_host`): a Python function driving agentic_rl/host_rollout.py (tasks
+  drawn by a numpy Generator seeded from the same key).
+  """
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
+  num_sampled = rl_cfg.batch_size // group_size * rl_cfg.get(
+      "dynamic_sampling_oversample", 1)
+  max_len = config.max_len
+  temperature = rl_cfg.temperature
+
+  def keys(state):
+    key = jax.random.fold_in(state.rng, state.step)
+    return jax.random.split(jax.random.fold_in(key, 1))
+
+  if host_base.is_host(env):
+    def host_rollout_fn(state: types.TrainState) -> types.Trajectory:
+      task_key, sample_key = keys(state)
+      tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), num_sampled)
+      tasks = [t for t in tasks for _ in range(group_size)]
+      group = np.repeat(np.arange(num_sampled, dtype=np.int32), group_size)
+      return host_rollout.rollout(
+          env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
+          params=state.params, model_config=model_config, temperature=temperature,
+      )
+    return host_rollout_fn
+
+  def rollout_fn(state: types.TrainState) -> types.Trajectory:
+    task_key, sample_key = keys(state)
+    tasks = env.sample_tasks(task_key, num_sampled)
+    tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+    group = jnp.repeat(jnp.arange(num_sampled, dtype=jnp.int32), group_size)
+    return rollout.rollout(
+        env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
+        params=state.params, model_config=model_config, temperature=temperature,
+    )
+
+  return rollout_fn
+
+
+def make_score_fn(config, env, graphdef: nnx.GraphDef):
+  """Returns pure `score(state, traj) -> (batch, traj, reward, parts, adv_b, info)`.
+
+  Rewards, DAPO group selection and overlong handling, the reference model's
+  log-probs (once per batch), advantages and the learner batch, for a rolled-out
+  Trajectory (from either driver). Jittable.
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
   num_tasks = rl_cfg.batch_size // group_size
-  max_len = config.max_len
   temperature = rl_cfg.temperature
   reward_fn = rewards.reward_fn_from_config(config.rl)
   sft_steps = config.sft.steps
-
   over = rl_cfg.get("dynamic_sampling_oversample", 1)
   overlong_mode = rl_cfg.get("overlong_mode", "none")
   soft_cache = rl_cfg.get("overlong_soft_cache", 0)
+  max_turns = env.max_turns
 
-  def collect(state: types.TrainState):
+  def score(state: types.TrainState, traj: types.Trajectory):
     key = jax.random.fold_in(state.rng, state.step)
-    task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
     num_sampled = num_tasks * over
-    tasks = env.sample_tasks(task_key, num_sampled)
-    tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
-    group = jnp.repeat(jnp.arange(num_sampled, dtype=jnp.int32), group_size)
-    traj = rollout.rollout(
-        env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
-        params=state.params, model_config=model_config, temperature=temperature,
-    )
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(
         traj, state.step - sft_steps, jax.random.fold_in(key, 2)
@@ -345,7 +424,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           estimator=rl_cfg.kl_estimator,
       )
     reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, traj, env.max_turns
+        rl_cfg, reward, traj, max_turns
     )
     batch = {
         "tokens": traj.tokens,
@@ -356,7 +435,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     }
     return batch, traj, reward, parts, adv_b, info
 
-  return collect
+  return score
 
 
 def make_rl_step(config, env, graphdef: nnx.GraphDef,
@@ -365,11 +444,12 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
   """One GRPO iteration (collect + update) as a single jitted program."""
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
-  collect = make_collect_fn(config, env, graphdef, model_config)
+  rollout_fn = make_rollout_fn(config, env, graphdef, model_config)
+  score = make_score_fn(config, env, graphdef)
   update = make_update_fn(config, graphdef, tx)
 
-  def step(state: types.TrainState):
-    batch, traj, reward, parts, adv_b, info = collect(state)
+  def learn(state: types.TrainState, traj: types.Trajectory):
+    batch, traj, reward, parts, adv_b, info = score(state, traj)
     params, opt_state, metrics = update(
         state.params, state.opt_state, batch, state.kl_coef
     )
@@ -410,4 +490,10 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     )
     return state, metrics
 
-  return jax.jit(step, donate_argnums=0)
+  if host_base.is_host(env):
+    # Host environments: the rollout runs in Python between jitted turns; the
+    # rest of the iteration is one jitted program.
+    learn_jit = jax.jit(learn, donate_argnums=0)
+    return lambda state: learn_jit(state, rollout_fn(state))
+
+  return jax.jit(lambda state: learn(state, rollout_fn(state)), donate_argnums=0)

@@ -290,8 +290,21 @@ def tool_bonus_reward(traj: types.Trajectory, *, b: float = 1.0) -> jax.Array:
   return jnp.where(_num_calls(traj) > 0, b, 0.0).astype(jnp.float32)
 
 
+def call_score_reward(traj: types.Trajectory) -> jax.Array:
+  """Fine-grained function-call credit R_i = facts['call_score'] in [0, 1].
+
+  Partial credit per call field (function name, each parameter's value), from
+  host function-calling environments (environments/host/bfcl.py).
+
+  Returns:
+    [B] float32.
+  """
+  return traj.facts["call_score"].astype(jnp.float32)
+
+
 REWARD_COMPONENTS: dict[str, RewardFn] = {
     "correct": correct_reward,
+    "call_score": call_score_reward,
     "format": format_reward,
     "otc": otc_reward,
     "tool_cost": tool_cost_reward,

@@ -1,5 +1,8 @@
 """Multi-turn episode engine for JAX-native environments (DESIGN.md section 5).
 
+(`init_state`, `generate_turn` and `end_turn` are also the building blocks of the
+host driver, agentic_rl/host_rollout.py.)
+
 Turn-synchronous: `generate_turn` (a `lax.while_loop` over decode steps with a KV
 cache, stopping each row at a stop token) -> `env.step` (vmapped) -> the observation
 is written into the sequence and prefilled into the cache in one chunk. The turn loop
@@ -179,6 +182,137 @@ def _expert_turn(env, state: RolloutState, key: jax.Array):
   return state, action, action_len
 
 
+def init_state(
+    prompt: jax.Array,
+    prompt_len: jax.Array,
+    env_state: Any,
+    *,
+    max_len: int,
+    graphdef: nnx.GraphDef | None = None,
+    params: Any = None,
+    model_config: transformer.TransformerConfig | None = None,
+) -> RolloutState:
+  """The loop's initial carry: prompts written (role PROMPT) and prefilled.
+
+  Shared by the JAX-native and the host driver (agentic_rl/host_rollout.py).
+
+  Args:
+    prompt: [B, P] int32 prompts padded with PAD.
+    prompt_len: [B] int32; rows with prompt_len >= max_len start TRUNCATED.
+    env_state: the environment's batched state (None for host environments).
+    max_len: L, the buffer length (static).
+    graphdef, params, model_config: the policy; graphdef None for expert
+      rollouts (no cache, no logits).
+
+  Returns:
+    RolloutState with B rows of L tokens.
+  """
+  b = prompt.shape[0]
+  l = max_len
+  prompt_len = jnp.minimum(prompt_len, l)
+  zeros_b = jnp.zeros((b,), jnp.int32)
+  all_b = jnp.ones((b,), bool)
+  tokens = write_segment(
+      jnp.full((b, l), tokenizers.PAD, jnp.int32), zeros_b, prompt, prompt_len, all_b
+  )
+  role = write_segment(
+      jnp.full((b, l), types.PAD, jnp.int8),
+      zeros_b,
+      jnp.full(prompt.shape, types.PROMPT),
+      prompt_len,
+      all_b,
+  )
+  if graphdef is not None:
+    cache = transformer.init_cache(model_config, b, l)
+    next_logits, cache = sampling.extend(
+        graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
+    )
+  else:
+    cache, next_logits = None, None
+  return RolloutState(
+      tokens=tokens,
+      role=role,
+      logprob=jnp.zeros((b, l), jnp.float32),
+      turn=jnp.full((b, l), -1, jnp.int32),
+      length=prompt_len,
+      done=prompt_len >= l,
+      finish=jnp.where(prompt_len >= l, types.TRUNCATED, types.RUNNING),
+      num_turns=zeros_b,
+      env_state=env_state,
+      cache=cache,
+      next_logits=next_logits,
+  )
+
+
+def end_turn(
+    state: RolloutState,
+    active: jax.Array,
+    env_done: jax.Array,
+    answered: jax.Array,
+    format_error: jax.Array,
+    obs: jax.Array,
+    obs_len: jax.Array,
+    *,
+    graphdef: nnx.GraphDef | None = None,
+    params: Any = None,
+) -> RolloutState:
+  """Closes a turn after the environment stepped: appends observations, ends rows.
+
+  Counts the turn for rows that were active, writes each continuing row's
+  observation (role TOOL) and prefills it into the KV cache in one chunk (when
+  a policy is given), and marks rows done with their finish reason (ANSWERED,
+  TRUNCATED, FORMAT_ERROR or MAX_TURNS). Shared by the JAX-native and the host
+  driver; `state.env_state` is left as is.
+
+  Args:
+    state: the carry after `generate_turn` (or an expert turn).
+    active: [B] bool, rows that took this turn.
+    env_done, answered, format_error: [B] bool from the environment's step/facts.
+    obs: [B, O] int32 observations padded with PAD; obs_len [B] int32.
+    graphdef, params: the policy (None for expert rollouts).
+
+  Returns:
+    The updated RolloutState.
+  """
+  l = state.tokens.shape[1]
+  num_turns = state.num_turns + active.astype(jnp.int32)
+  full = state.length >= l
+  cont = active & ~env_done & ~full
+  obs_fits = state.length + obs_len <= l
+  write_obs = cont & obs_fits
+  obs_len = jnp.where(write_obs, obs_len, 0)
+  cache, next_logits = state.cache, state.next_logits
+  if graphdef is not None:
+    logits, cache = sampling.extend(
+        graphdef, params, cache, obs, state.length, obs_len
+    )
+    next_logits = jnp.where(write_obs[:, None], logits, next_logits)
+  state = _append(state, obs, obs_len, write_obs, types.TOOL)
+  length = state.length
+  # A row whose buffer filled up (during its action, or with no room for the
+  # observation or a next turn) is TRUNCATED unless it had just answered.
+  truncated = active & ~answered & (
+      full | (cont & ~obs_fits) | (~env_done & (length >= l))
+  )
+  finish_now = jnp.where(
+      answered,
+      types.ANSWERED,
+      jnp.where(
+          truncated,
+          types.TRUNCATED,
+          jnp.where(format_error, types.FORMAT_ERROR, types.MAX_TURNS),
+      ),
+  )
+  ended = active & (env_done | truncated)
+  return state.replace(
+      done=state.done | ended,
+      finish=jnp.where(ended, finish_now, state.finish),
+      num_turns=num_turns,
+      cache=cache,
+      next_logits=next_logits,
+  )
+
+
 def rollout(
     env,
     tasks: Any,
@@ -212,42 +346,10 @@ def rollout(
     Trajectory with B rows and L tokens; facts from `env.facts`.
   """
   b = jax.tree.leaves(tasks)[0].shape[0]
-  l = max_len
   env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
-  prompt_len = jnp.minimum(prompt_len, l)
-  zeros_b = jnp.zeros((b,), jnp.int32)
-  all_b = jnp.ones((b,), bool)
-  tokens = write_segment(
-      jnp.full((b, l), tokenizers.PAD, jnp.int32), zeros_b, prompt, prompt_len, all_b
-  )
-  role = write_segment(
-      jnp.full((b, l), types.PAD, jnp.int8),
-      zeros_b,
-      jnp.full(prompt.shape, types.PROMPT),
-      prompt_len,
-      all_b,
-  )
   use_model = graphdef is not None
-  if use_model:
-    cache = transformer.init_cache(model_config, b, l)
-    next_logits, cache = sampling.extend(
-        graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
-    )
-  else:
-    cache, next_logits = None, None
-  state = RolloutState(
-      tokens=tokens,
-      role=role,
-      logprob=jnp.zeros((b, l), jnp.float32),
-      turn=jnp.full((b, l), -1, jnp.int32),
-      length=prompt_len,
-      done=prompt_len >= l,
-      finish=jnp.where(prompt_len >= l, types.TRUNCATED, types.RUNNING),
-      num_turns=zeros_b,
-      env_state=env_state,
-      cache=cache,
-      next_logits=next_logits,
-  )
+  state = init_state(prompt, prompt_len, env_state, max_len=max_len,
+                     graphdef=graphdef, params=params, model_config=model_config)
 
   def turn_body(carry):
     state, key = carry
@@ -269,44 +371,10 @@ def rollout(
     )
     env_state = _tree_where(active, new_env_state, state.env_state)
     facts = jax.vmap(env.facts)(env_state)
-    num_turns = state.num_turns + active.astype(jnp.int32)
-    full = state.length >= l
-    cont = active & ~env_done & ~full
-    obs_fits = state.length + obs_len <= l
-    write_obs = cont & obs_fits
-    obs_len = jnp.where(write_obs, obs_len, 0)
-    cache, next_logits = state.cache, state.next_logits
-    if use_model:
-      logits, cache = sampling.extend(
-          graphdef, params, cache, obs, state.length, obs_len
-      )
-      next_logits = jnp.where(write_obs[:, None], logits, next_logits)
-    state = _append(state, obs, obs_len, write_obs, types.TOOL)
-    length = state.length
-    # A row whose buffer filled up (during its action, or with no room for the
-    # observation or a next turn) is TRUNCATED unless it had just answered.
-    truncated = active & ~facts["answered"] & (
-        full | (cont & ~obs_fits) | (~env_done & (length >= l))
-    )
-    finish_now = jnp.where(
-        facts["answered"],
-        types.ANSWERED,
-        jnp.where(
-            truncated,
-            types.TRUNCATED,
-            jnp.where(facts["format_error"], types.FORMAT_ERROR, types.MAX_TURNS),
-        ),
-    )
-    ended = active & (env_done | truncated)
-    state = state.replace(
-        done=state.done | ended,
-        finish=jnp.where(ended, finish_now, state.finish),
-        num_turns=num_turns,
-        env_state=env_state,
-        cache=cache,
-        next_logits=next_logits,
-    )
-    return state, key
+    state = end_turn(state, active, env_done, facts["answered"],
+                     facts["format_error"], obs, obs_len, graphdef=graphdef,
+                     params=params)
+    return state.replace(env_state=env_state), key
 
   def turn_cond(carry):
     state, _ = carry

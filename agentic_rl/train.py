@@ -27,6 +27,7 @@ from absl import logging
 from flax import nnx
 
 from agentic_rl import checkpoint as checkpoint_lib
+from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import rollout
@@ -34,6 +35,7 @@ from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import transformer
 import environments
+from environments.host import base as host_base
 
 
 def make_env(config: ml_collections.ConfigDict):
@@ -88,7 +90,9 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   ec = config.eval
   tasks = env.eval_tasks(ec.num_tasks, ec.seed)
   key = jax.random.PRNGKey(ec.seed)
-  traj = rollout.rollout_jit(
+  # Host environments (env.is_host) run through the host driver.
+  run = (host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit)
+  traj = run(
       env, tasks, key, max_len=config.max_len, graphdef=graphdef, params=params,
       model_config=model_cfg, temperature=jnp.float32(0.0),
   )
@@ -115,7 +119,7 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
     # n passes over the task set with the same compiled program (same shapes).
     c = np.zeros((ec.num_tasks,), np.int64)
     for i in range(n):
-      straj = rollout.rollout_jit(
+      straj = run(
           env, tasks, jax.random.fold_in(key, i + 1), max_len=config.max_len,
           graphdef=graphdef, params=params, model_config=model_cfg,
           temperature=jnp.float32(ec.temperature),

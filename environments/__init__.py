@@ -10,7 +10,25 @@ from typing import Any, Mapping
 
 from environments import arithmetic
 
-REGISTRY = {"arithmetic": arithmetic.ArithmeticEnv}
+
+
+def _lazy(module: str, name: str):
+  """Constructor that imports a host environment's module on first use (their
+  optional dependencies, e.g. bfcl-eval, are only needed when selected)."""
+  def make_env(**kwargs):
+    import importlib
+    return getattr(importlib.import_module(module), name)(**kwargs)
+  make_env.__name__ = name
+  return make_env
+
+
+REGISTRY = {
+    "arithmetic": arithmetic.ArithmeticEnv,
+    # Host environments (environments/host/README.md).
+    "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
+    "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
+    "reasoning_gym": _lazy("environments.host.reasoning_gym_env", "ReasoningGymEnv"),
+}
 
 
 def make(env_config: Mapping[str, Any]):

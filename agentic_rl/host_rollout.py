@@ -1,0 +1,166 @@
+"""Host rollout driver: a Python loop over turns for environments whose tools run in
+Python (DESIGN.md section 5; environments/host/base.py).
+
+Each turn calls the very same jitted pieces as the JAX-native engine
+(agentic_rl/rollout.py): `init_state` (prompt write + prefill), `generate_turn`
+(KV-cache decode loop, stop tokens, behaviour log-probs) and `end_turn`
+(observation write + one chunked prefill, finish bookkeeping). Between them the
+host decodes each active row's sampled turn with the environment's tokenizer (for
+the environment's parser only), calls `env.step` (or `env.step_batch`, which may
+run the tools concurrently), and pads the observations to [B, O]. The trajectory
+keeps the sampled token ids and their log-probs exactly as generated: nothing is
+re-tokenised. The result is the same `Trajectory` type; its facts are numpy
+arrays stacked from `env.facts` ([B] per-episode, [B, K] per-turn).
+
+Compiled programs are cached by jax.jit on (graphdef, shapes, static sizes), so
+every call with the same shapes reuses them (temperature is traced).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentic_rl import rollout as rollout_lib
+from agentic_rl import tokenizers
+from agentic_rl import types
+from agentic_rl.models import transformer
+from environments.host import base as host_base
+
+init_state_jit = jax.jit(
+    rollout_lib.init_state, static_argnames=("max_len", "graphdef", "model_config"))
+generate_turn_jit = jax.jit(
+    rollout_lib.generate_turn,
+    static_argnames=("graphdef", "max_action_len", "stop_tokens"))
+end_turn_jit = jax.jit(rollout_lib.end_turn, static_argnames=("graphdef",))
+append_jit = jax.jit(rollout_lib._append, static_argnames=("role",))  # noqa: SLF001
+
+
+def numpy_rng(key: jax.Array) -> np.random.Generator:
+  """A numpy Generator seeded by a JAX PRNG key (raw uint32 or typed)."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.random.default_rng(np.asarray(key, np.uint64).reshape(-1).tolist())
+
+
+def _pad_rows(rows: Sequence[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+  """[B, width] int32 PAD-padded array (rows cut to width) and [B] int32 lengths."""
+  out = np.full((len(rows), width), tokenizers.PAD, np.int32)
+  lens = np.zeros((len(rows),), np.int32)
+  for i, r in enumerate(rows):
+    r = np.asarray(r, np.int32).reshape(-1)[:width]
+    out[i, : len(r)] = r
+    lens[i] = len(r)
+  return out, lens
+
+
+def stack_facts(facts: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+  """Stacks per-episode fact dicts into {name: [B, ...] array}.
+
+  Raises:
+    ValueError: the rows do not share keys (an environment bug).
+  """
+  keys = set(facts[0])
+  for f in facts[1:]:
+    if set(f) != keys:
+      raise ValueError(f"env.facts keys differ between episodes: {sorted(keys)} vs "
+                       f"{sorted(f)}")
+  return {k: np.stack([np.asarray(f[k]) for f in facts]) for k in sorted(keys)}
+
+
+def rollout(
+    env,
+    tasks: Sequence[Any],
+    key: jax.Array,
+    *,
+    max_len: int,
+    group: np.ndarray | jax.Array | None = None,
+    graphdef: nnx.GraphDef | None = None,
+    params: Any = None,
+    model_config: transformer.TransformerConfig | None = None,
+    temperature: float | jax.Array = 1.0,
+) -> types.Trajectory:
+  """Runs a batch of host-environment episodes to completion.
+
+  With (graphdef, params, model_config) the policy samples every turn; with
+  graphdef None the environment's expert acts (SFT demonstrations: role POLICY,
+  log-prob 0), as in `rollout.rollout`.
+
+  Args:
+    env: a host environment (`is_host = True`; environments/host/base.py).
+    tasks: B tasks (from env.sample_tasks / env.eval_tasks).
+    key: PRNG key for sampling (and, via numpy, the expert's randomness).
+    max_len: L, the buffer length. Episodes that do not fit end TRUNCATED.
+    group: [B] int32 GRPO group of each episode (default arange(B)).
+    graphdef, params, model_config: the policy.
+    temperature: sampling temperature (0 = greedy); traced, so greedy and
+      sampled decoding share one compiled program.
+
+  Returns:
+    Trajectory with [B, L] token arrays (jax) and numpy facts.
+  """
+  b = len(tasks)
+  use_model = graphdef is not None
+  tokenizer = env.tokenizer
+  resets = [env.reset(t) for t in tasks]
+  host_states = [r[0] for r in resets]
+  prompt, prompt_len = _pad_rows([r[1] for r in resets], env.max_prompt_len)
+  state = init_state_jit(jnp.asarray(prompt), jnp.asarray(prompt_len), None,
+                         max_len=max_len, graphdef=graphdef, params=params,
+                         model_config=model_config)
+  temperature = jnp.float32(temperature)
+  expert_rng = None if use_model else numpy_rng(jax.random.fold_in(key, 7))
+  a_len, o_len = env.max_action_len, env.max_obs_len
+  for _ in range(env.max_turns):
+    done = np.asarray(state.done)
+    if done.all():
+      break
+    active = ~done
+    key, sub = jax.random.split(key)
+    if use_model:
+      state, action, action_len = generate_turn_jit(
+          graphdef, params, state, sub, max_action_len=a_len, temperature=temperature)
+      action, action_len = np.asarray(action), np.asarray(action_len)
+    else:
+      rows = [env.expert_action(s, expert_rng) if a else np.zeros((0,), np.int32)
+              for s, a in zip(host_states, active)]
+      action, action_len = _pad_rows(rows, a_len)
+      action_len = np.where(active, action_len, 0).astype(np.int32)
+      state = append_jit(state, jnp.asarray(action), jnp.asarray(action_len),
+                         jnp.asarray(active), role=types.POLICY)
+    idx = np.flatnonzero(active)
+    texts = [tokenizer.decode(action[i, : action_len[i]]) for i in idx]
+    results = host_base.step_batch(env, [host_states[i] for i in idx], texts)
+    obs_rows = [np.zeros((0,), np.int32)] * b
+    env_done = np.zeros((b,), bool)
+    for i, (s, obs_ids, d) in zip(idx, results):
+      host_states[i] = s
+      obs_rows[i] = obs_ids
+      env_done[i] = bool(d)
+    obs, obs_len = _pad_rows(obs_rows, o_len)
+    facts = [env.facts(s) for s in host_states]
+    answered = np.array([bool(f["answered"]) for f in facts])
+    format_error = np.array([bool(f["format_error"]) for f in facts])
+    state = end_turn_jit(state, jnp.asarray(active), jnp.asarray(env_done),
+                         jnp.asarray(answered), jnp.asarray(format_error),
+                         jnp.asarray(obs), jnp.asarray(obs_len),
+                         graphdef=graphdef, params=params)
+  # An environment that did not end its episodes within max_turns: MAX_TURNS.
+  left = ~np.asarray(state.done)
+  finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(np.int32)
+  group = np.arange(b, dtype=np.int32) if group is None else np.asarray(group, np.int32)
+  return types.Trajectory(
+      tokens=state.tokens,
+      role=state.role,
+      logprob=state.logprob,
+      turn=state.turn,
+      length=state.length,
+      num_turns=state.num_turns,
+      finish=jnp.asarray(finish),
+      group=jnp.asarray(group),
+      facts=stack_facts([env.facts(s) for s in host_states]),
+  )
