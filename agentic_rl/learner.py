@@ -293,44 +293,77 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   sft_steps = config.sft.steps
 
   over = rl_cfg.get("dynamic_sampling_oversample", 1)
+  max_retries = rl_cfg.get("dynamic_sampling_max_retries", 0)
   overlong_mode = rl_cfg.get("overlong_mode", "none")
   soft_cache = rl_cfg.get("overlong_soft_cache", 0)
 
-  def collect(state: types.TrainState):
-    key = jax.random.fold_in(state.rng, state.step)
-    task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
-    num_sampled = num_tasks * over
-    tasks = env.sample_tasks(task_key, num_sampled)
+  def sample_round(state, round_key, noise_key, num_groups):
+    """Rolls out num_groups groups of group_size episodes and scores them."""
+    task_key, sample_key = jax.random.split(round_key)
+    tasks = env.sample_tasks(task_key, num_groups)
     tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
-    group = jnp.repeat(jnp.arange(num_sampled, dtype=jnp.int32), group_size)
+    group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
     traj = rollout.rollout(
         env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
         params=state.params, model_config=model_config, temperature=temperature,
     )
     # Reward schedules run on the RL step index (0 at the first RL iteration).
-    reward, parts = reward_fn(
-        traj, state.step - sft_steps, jax.random.fold_in(key, 2)
-    )
+    reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
     if soft_cache > 0:
       reward = reward + batch_policies.soft_overlong_penalty(
           jnp.sum(policy_mask(traj), axis=1), rl_cfg.overlong_soft_max, soft_cache
       )
+    return traj, reward, parts
+
+  def ds_metric_gk(traj, reward):
+    metric = (reward if rl_cfg.dynamic_sampling_metric == "reward"
+              else traj.facts["correct"].astype(jnp.float32))
+    return metric.reshape(-1, group_size)
+
+  def collect(state: types.TrainState):
+    key = jax.random.fold_in(state.rng, state.step)
+    num_sampled = num_tasks * over
+    traj, reward, parts = sample_round(
+        state, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2), num_sampled
+    )
     info = {}
     if over > 1:
-      # DAPO dynamic sampling: keep the first num_tasks groups whose metric varies.
-      metric = (reward if rl_cfg.dynamic_sampling_metric == "reward"
-                else traj.facts["correct"].astype(jnp.float32))
+      # DAPO dynamic sampling: keep the first num_tasks groups whose metric
+      # varies; with retries, roll out fresh groups into the remaining slots
+      # (at most max_retries more rounds, stopping once the batch is full).
       keep, usable = batch_policies.select_groups(
-          metric.reshape(num_sampled, group_size), num_tasks
+          ds_metric_gk(traj, reward), num_tasks
       )
-      traj, reward, parts = batch_policies.gather_groups(
-          (traj, reward, parts), keep, group_size
-      )
+      kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
+      filled = jnp.sum(usable.astype(jnp.int32))
+      rounds = jnp.int32(1)
+      if max_retries > 0:
+        retry_key = jax.random.fold_in(key, 3)
+
+        def retry_cond(carry):
+          _, filled, r = carry
+          return (filled < num_tasks) & (r <= max_retries)
+
+        def retry_body(carry):
+          kept, filled, r = carry
+          round_key = jax.random.fold_in(retry_key, r)
+          new = sample_round(state, jax.random.fold_in(round_key, 1),
+                             jax.random.fold_in(round_key, 2), num_sampled)
+          kept, filled = batch_policies.refill_groups(
+              kept, filled, new, ds_metric_gk(new[0], new[1]), group_size
+          )
+          return kept, filled, r + 1
+
+        kept, filled, rounds = jax.lax.while_loop(
+            retry_cond, retry_body, (kept, filled, rounds)
+        )
+      traj, reward, parts = kept
       traj = traj.replace(
           group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
       )
-      info["usable_groups"] = jnp.mean(usable.astype(jnp.float32))
-      info["any_usable"] = jnp.any(usable)
+      info["usable_groups"] = filled.astype(jnp.float32) / num_tasks
+      info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
+      info["any_usable"] = filled > 0
     ref_logp, _ = sampling.token_logprobs(
         graphdef, state.ref_params, traj.tokens, temperature
     )

@@ -97,6 +97,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   over = rl.get("dynamic_sampling_oversample", 1)
   if isinstance(over, bool) or not isinstance(over, int) or over < 1:
     _fail("rl.dynamic_sampling_oversample", over, "must be an integer >= 1 (1 = off)")
+  retries = rl.get("dynamic_sampling_max_retries", 0)
+  if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    _fail("rl.dynamic_sampling_max_retries", retries, "must be an integer >= 0")
+  if retries > 0 and over == 1:
+    _fail("rl.dynamic_sampling_max_retries", retries,
+          "needs rl.dynamic_sampling_oversample >= 2 (dynamic sampling on)")
   if rl.get("dynamic_sampling_metric", "reward") not in ("reward", "correct"):
     _fail("rl.dynamic_sampling_metric", rl.dynamic_sampling_metric,
           "must be 'reward' or 'correct'")

@@ -115,6 +115,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # skips the update (metric rl/skipped_update).
   config.rl.dynamic_sampling_oversample = 1
   config.rl.dynamic_sampling_metric = "reward"
+  # Refill rounds after the first when fewer groups vary (each rolls out
+  # oversample * batch_size / group_size fresh groups into the empty slots;
+  # stops early once full; rl/dynamic_sampling_rounds logs the rounds used).
+  config.rl.dynamic_sampling_max_retries = 0
   # TRUNCATED (overlong) episodes: 'none', 'mask' (no gradient) or 'reward'
   # (reward replaced by overlong_reward).
   config.rl.overlong_mode = "none"

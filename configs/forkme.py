@@ -84,6 +84,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.dynamic_sampling_oversample = 1
   # "reward" | "correct"
   rl.dynamic_sampling_metric = "reward"
+  # Bounded refill rounds when too few groups vary, e.g. 2 (0 = one round).
+  rl.dynamic_sampling_max_retries = 0
   # Overlong (TRUNCATED) episodes: "none" | "mask" | "reward".
   rl.overlong_mode = "none"
   rl.overlong_reward = 0.0

@@ -71,3 +71,30 @@ def test_reward_switches_validate_and_reject():
   config.rl.reward_composition = "max"
   with pytest.raises(ValueError, match="max"):
     validation.validate_config(config)
+
+
+# Switches that need a companion setting, as shown in configs/forkme.py.
+COMBINED_SWITCHES = [
+    {"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": 2},
+]
+
+BAD_COMBINED = [
+    ({"dynamic_sampling_max_retries": 2}, "dynamic_sampling_max_retries"),
+    ({"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": -1},
+     "dynamic_sampling_max_retries"),
+]
+
+
+@pytest.mark.parametrize("values", COMBINED_SWITCHES)
+def test_combined_switches_validate(values):
+  config = forkme.get_config()
+  config.rl.update(values)
+  validation.validate_config(config)
+
+
+@pytest.mark.parametrize("values,field", BAD_COMBINED)
+def test_bad_combined_switches_name_the_field(values, field):
+  config = forkme.get_config()
+  config.rl.update(values)
+  with pytest.raises(ValueError, match=f"config.rl.{field}="):
+    validation.validate_config(config)

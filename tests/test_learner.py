@@ -176,3 +176,25 @@ def test_trajectory_credit_pbrs_leaves_grpo_unchanged_at_discount_one():
   np.testing.assert_allclose(r, [1.0, 0.0], atol=1e-6)
   np.testing.assert_allclose(adv_b, [1.0, -1.0], atol=1e-6)
   np.testing.assert_allclose(adv[0], [0, 0, 1, 1, 0, 1, 1], atol=1e-6)
+
+
+def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
+  """A freshly initialised policy is never correct: with the 'correct' metric
+  no group varies, so the step retries up to the bound, then skips the update
+  (params and optimizer state unchanged) and logs why."""
+  config = default.get_config("smoke")
+  config.sft.steps = 0
+  config.rl.dynamic_sampling_oversample = 2
+  config.rl.dynamic_sampling_max_retries = 2
+  config.rl.dynamic_sampling_metric = "correct"
+  state, step = _rl_state_and_step(config)
+  before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+  state, m = step(state)
+  assert float(m["accuracy"]) == 0.0
+  assert float(m["skipped_update"]) == 1.0
+  assert float(m["usable_groups"]) == 0.0
+  assert float(m["dynamic_sampling_rounds"]) == 3.0  # 1 + 2 retries
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(
+      (state.params, state.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  assert int(state.step) == 1
