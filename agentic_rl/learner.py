@@ -19,9 +19,11 @@ from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
+from agentic_rl import replay as replay_lib
 from agentic_rl import rewards
 from agentic_rl import rollout
 from agentic_rl import sampling
+from agentic_rl import tokenizers
 from agentic_rl import types
 from agentic_rl.models import transformer
 
@@ -127,6 +129,13 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
   kl = losses.kl_estimate(rl_cfg.kl_estimator, logp, batch["ref_logp"])
   pg_loss, kl_mean, ent_mean = agg(pg), agg(kl), agg(entropy)
   loss = pg_loss + kl_coef * kl_mean - rl_cfg.entropy_coef * ent_mean
+  aux = {}
+  if "aux_advantage" in batch:
+    # Dense signal as an auxiliary loss (rl.dense_as='aux_loss').
+    aux_pg, _ = losses.clipped_surrogate(
+        logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high)
+    aux["aux_loss"] = agg(aux_pg)
+    loss = loss + aux["aux_loss"]
   f32 = lambda x: x.astype(jnp.float32)
   metrics = {
       "loss": loss,
@@ -136,6 +145,7 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
       "ratio_mean": agg(ratio),
       "clip_frac_low": agg(f32((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0))),
       "clip_frac_high": agg(f32((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0))),
+      **aux,
   }
   return loss, metrics
 
@@ -163,7 +173,17 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   def split(tree, n):
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
 
+  sil_coef = rl_cfg.get("sil_coef", 0.0)
+
+  def sil_loss(p, sil):
+    logp, _ = sampling.token_logprobs(graphdef, p, sil["tokens"],
+                                      rl_cfg.temperature)
+    return losses.self_imitation_loss(
+        logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"])
+
   def update(params, opt_state, batch, kl_coef):
+    batch = dict(batch)
+    sil = batch.pop("sil", None)
     mb_batch = split(batch, num_mb)
 
     def mb_update(carry, mb):
@@ -190,6 +210,11 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                            (shapes[1], shapes[0][1]))
       (grads, m), _ = jax.lax.scan(micro, zeros, micro_batches)
+      if sil is not None:
+        # SPEAR self-imitation on replayed episodes, every optimizer step.
+        sil_value, sil_grads = jax.value_and_grad(sil_loss)(params, sil)
+        grads = jax.tree.map(lambda g, h: g + sil_coef * h, grads, sil_grads)
+        m["sil_loss"] = sil_value
       updates, opt_state = tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
       m["grad_norm"] = optax.tree.norm(grads)
@@ -209,7 +234,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
 
 
 def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
-                     max_turns: int):
+                     max_turns: int, phi_bk1: jax.Array | None = None):
   """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
 
   'trajectory': one advantage per episode from `rl.advantage_estimator` (or HDPO),
@@ -220,6 +245,12 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings) are added per turn, the
   per-turn reward-to-go is normalised against the group's returns at the same turn
   index, and each turn's advantage goes to that turn's POLICY tokens.
+
+  `phi_bk1` ([B, K + 1], optional) replaces the progress fact as the unscaled
+  potential (any source: TRACE log-ratio values, a value head, a reward
+  model); it is multiplied by `rl.pbrs_coef` like the progress potential. With
+  `rl.dense_as='aux_loss'` the shaping is left out here entirely (see
+  `dense_aux_advantages`).
 
   Returns:
     (reward [B] actually used, adv_b [B] (per-episode advantage, or the mean |A|
@@ -235,8 +266,30 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
     # Episodes that reached an absorbing end (Phi(terminal) = 0) vs cut short.
     terminated = ((traj.finish == types.ANSWERED)
                   | (traj.finish == types.FORMAT_ERROR))
-    phi = pbrs_coef * traj.facts["progress"] if pbrs_coef > 0 else None
-  if per_turn:
+    if rl_cfg.get("dense_as", "reward") == "aux_loss" or pbrs_coef <= 0:
+      phi = None
+    elif phi_bk1 is not None:
+      phi = pbrs_coef * phi_bk1
+    else:
+      phi = pbrs_coef * traj.facts["progress"]
+  if rl_cfg.advantage_estimator == "gigpo":
+    # GiGPO (arXiv:2505.10978): episode-level GRPO advantage plus the
+    # step-level advantage within groups of identical states.
+    turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+    r_bk = jnp.where(
+        jnp.arange(k)[None, :] == (traj.num_turns - 1)[:, None], reward[:, None], 0.0
+    ) * turn_mask
+    returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
+    adv_b = advantages.grpo_advantages(
+        reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
+    keys_bk = credit.observation_state_keys(traj.tokens, traj.role, traj.turn, k)
+    adv_s = credit.gigpo_step_advantages(
+        returns_bk, keys_bk, turn_mask, traj.group,
+        scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
+    adv_bk = (adv_b[:, None] + rl_cfg.get("gigpo_step_weight", 1.0) * adv_s)
+    adv_bl = advantages.broadcast_turn_to_tokens(
+        jnp.where(turn_mask, adv_bk, 0.0), traj.turn, traj.role)
+  elif per_turn:
     # Outcome reward at the last turn, PBRS at turn boundaries, reward-to-go,
     # group-relative per turn index, broadcast to each turn's POLICY tokens.
     r_bk = jnp.where(
@@ -275,6 +328,67 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   return reward, adv_b, adv_bl
 
 
+def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
+                         max_turns: int) -> jax.Array:
+  """[B, L] per-token dense credit for `rl.dense_as='aux_loss'`.
+
+  Turn k's POLICY tokens get its shaping reward F_k = discount *
+  Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * phi_bk1, Phi(terminal) = 0 for
+  ANSWERED / FORMAT_ERROR endings; Ng et al. 1999), i.e. the one-step TD
+  credit of TRACE (papers.md F1-9, inferred form). The learner adds the
+  clipped surrogate of this signal to the loss as an auxiliary term, so the
+  outcome advantages are unchanged.
+
+  Args:
+    rl_cfg: `rl` block (pbrs_coef, discount).
+    traj: the batch (num_turns, finish, turn, role).
+    phi_bk1: [B, K + 1] unscaled potentials.
+    max_turns: K.
+  """
+  k = max_turns
+  turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+  terminated = ((traj.finish == types.ANSWERED)
+                | (traj.finish == types.FORMAT_ERROR))
+  f_bk = credit.shape_turn_rewards(
+      jnp.zeros(turn_mask.shape, jnp.float32), rl_cfg.pbrs_coef * phi_bk1,
+      turn_mask, rl_cfg.get("discount", 1.0), terminated)
+  return advantages.broadcast_turn_to_tokens(f_bk, traj.turn, traj.role)
+
+
+def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
+  """Adds the optional RL-phase state: the replay buffer (`rl.replay_capacity`
+  > 0) and the dual-ascent multiplier (`rl.dual_constraint` set, starting at
+  `rl.dual_init`). Without these switches the state is returned unchanged
+  (fields stay None), so checkpoints of such runs keep their structure."""
+  rl_cfg = config.rl
+  if rl_cfg.get("replay_capacity", 0) > 0 and state.replay is None:
+    state = state.replace(
+        replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len))
+  if rl_cfg.get("dual_constraint", "") and state.dual_coef is None:
+    state = state.replace(dual_coef=jnp.float32(rl_cfg.dual_init))
+  return state
+
+
+def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
+  """One projected dual-ascent step on the constraint multiplier.
+
+  'max' (E[g] <= target): lam' = max(0, lam + lr (observed - target));
+  'min' (E[g] >= target): lam' = max(0, lam + lr (target - observed))
+  (`rewards.dual_ascent_update`; RCPO, arXiv:1805.11074).
+
+  Args:
+    rl_cfg: the `rl` config block (dual_sense, dual_target, dual_lr).
+    lam: float32 scalar multiplier.
+    observed: float32 scalar, the batch mean of the constrained fact.
+
+  Returns:
+    float32 scalar.
+  """
+  sign = 1.0 if rl_cfg.get("dual_sense", "max") == "max" else -1.0
+  return rewards.dual_ascent_update(
+      lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr)
+
+
 def make_collect_fn(config, env, graphdef: nnx.GraphDef,
                     model_config: transformer.TransformerConfig):
   """Returns pure `collect(state) -> (batch, traj, reward, parts, adv_b)`.
@@ -296,6 +410,17 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   max_retries = rl_cfg.get("dynamic_sampling_max_retries", 0)
   overlong_mode = rl_cfg.get("overlong_mode", "none")
   soft_cache = rl_cfg.get("overlong_soft_cache", 0)
+  use_replay = rl_cfg.get("replay_capacity", 0) > 0
+  replay_inject = rl_cfg.get("replay_inject", False)
+  replay_threshold = rl_cfg.get("replay_success_threshold", 1.0)
+  sil_coef = rl_cfg.get("sil_coef", 0.0)
+  dual_fact = rl_cfg.get("dual_constraint", "")
+  likelihood_coef = rl_cfg.get("likelihood_coef", 0.0)
+  potential = rl_cfg.get("pbrs_potential", "progress")
+  use_gold = likelihood_coef > 0 or (
+      potential == "trace" and rl_cfg.get("pbrs_coef", 0.0) > 0)
+  dense_aux = rl_cfg.get("dense_as", "reward") == "aux_loss"
+  dual_sign = 1.0 if rl_cfg.get("dual_sense", "max") == "max" else -1.0
 
   def sample_round(state, round_key, noise_key, num_groups):
     """Rolls out num_groups groups of group_size episodes and scores them."""
@@ -364,30 +489,87 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       info["usable_groups"] = filled.astype(jnp.float32) / num_tasks
       info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
       info["any_usable"] = filled > 0
-    ref_logp, _ = sampling.token_logprobs(
-        graphdef, state.ref_params, traj.tokens, temperature
-    )
     mask = policy_mask(traj)
     reward, mask = batch_policies.apply_overlong(
         reward, mask, traj.finish, overlong_mode, rl_cfg.get("overlong_reward", 0.0)
     )
+    extras = {}
+    phi_bk1 = None
+    if use_gold:
+      # One batched pass of the reference model over every (episode, state).
+      gold_lp = credit.gold_answer_logprobs(
+          lambda x: sampling.token_logprobs(
+              graphdef, state.ref_params, x, temperature)[0],
+          traj.tokens, traj.role, traj.turn, traj.facts["gold_answer"],
+          traj.facts["gold_answer_len"], num_turns=env.max_turns,
+          answer_prefix=(tokenizers.ANSWER,), pad_id=tokenizers.PAD)
+      if likelihood_coef > 0:
+        lik = credit.likelihood_reward(gold_lp, traj.num_turns, traj.finish)
+        reward = reward + likelihood_coef * lik
+        info["likelihood"] = jnp.mean(lik)
+      if potential == "trace":
+        phi_bk1 = credit.log_ratio_potential(gold_lp)
+    if dense_aux and rl_cfg.pbrs_coef > 0:
+      extras["aux_advantage"] = dense_aux_advantages(
+          rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
+          env.max_turns)
+    if dual_fact:
+      # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
+      # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
+      g_b = traj.facts[dual_fact].astype(jnp.float32)
+      reward = reward - dual_sign * state.dual_coef * g_b
+      extras["dual_observed"] = jnp.mean(g_b)
+    train_traj = traj
+    if use_replay:
+      fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
+      if replay_inject:
+        tokens, role, logprob, reward, injected = (
+            replay_lib.inject_into_failed_groups(
+                state.replay, traj.tokens, traj.role, traj.logprob, reward,
+                group_size, replay_threshold))
+        train_traj = traj.replace(tokens=tokens, role=role, logprob=logprob)
+        mask = jnp.where(injected[:, None], role == types.POLICY, mask)
+        info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
+      if sil_coef > 0:
+        buf = state.replay
+        slots = replay_lib.sample_slots(
+            buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size)
+        extras["sil"] = {
+            "tokens": buf.tokens[slots],
+            "mask": buf.role[slots] == types.POLICY,
+            "return": buf.reward[slots],
+            "baseline": replay_lib.sil_baselines(buf.key[slots], fresh_keys,
+                                                 reward),
+            "valid": buf.valid[slots],
+        }
+      extras["replay"] = replay_lib.insert(
+          state.replay, fresh_keys, traj.tokens, traj.role, traj.logprob,
+          reward, reward >= replay_threshold, state.step)
+      info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
+    ref_logp, _ = sampling.token_logprobs(
+        graphdef, state.ref_params, train_traj.tokens, temperature
+    )
     if rl_cfg.kl_reward_coef > 0:
       # KL as a reward penalty (no gradient), estimated on the behaviour samples.
       reward = losses.kl_penalized_rewards(
-          reward, traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
+          reward, train_traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
           estimator=rl_cfg.kl_estimator,
       )
     reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, traj, env.max_turns
+        rl_cfg, reward, train_traj, env.max_turns, phi_bk1=phi_bk1
     )
     batch = {
-        "tokens": traj.tokens,
+        "tokens": train_traj.tokens,
         "mask": mask,
-        "behaviour_logp": traj.logprob,
+        "behaviour_logp": train_traj.logprob,
         "ref_logp": ref_logp,
         "advantage": adv_bl,
     }
-    return batch, traj, reward, parts, adv_b, info
+    if "sil" in extras:
+      batch["sil"] = extras.pop("sil")
+    if "aux_advantage" in extras:
+      batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
+    return batch, traj, reward, parts, adv_b, info, extras
 
   return collect
 
@@ -402,7 +584,7 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
   update = make_update_fn(config, graphdef, tx)
 
   def step(state: types.TrainState):
-    batch, traj, reward, parts, adv_b, info = collect(state)
+    batch, traj, reward, parts, adv_b, info, extras = collect(state)
     params, opt_state, metrics = update(
         state.params, state.opt_state, batch, state.kl_coef
     )
@@ -422,6 +604,11 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
           rl_cfg.batch_size,
       )
     metrics["kl_coef"] = state.kl_coef
+    dual_coef = state.dual_coef
+    if "dual_observed" in extras:
+      metrics["dual_coef"] = state.dual_coef
+      metrics["dual_observed"] = extras["dual_observed"]
+      dual_coef = dual_coef_update(rl_cfg, state.dual_coef, extras["dual_observed"])
     facts = traj.facts
     reward_gk = reward.reshape(-1, group_size)
     is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
@@ -439,7 +626,8 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "zero_variance_groups": f32(is_const),
     })
     state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef
+        step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
+        replay=extras.get("replay", state.replay), dual_coef=dual_coef,
     )
     return state, metrics
 

@@ -601,3 +601,47 @@ def adaptive_kl_update(
       jnp.asarray(observed_kl, jnp.float32) / target_kl - 1.0, -0.2, 0.2
   )
   return jnp.asarray(coef, jnp.float32) * (1.0 + error * batch_size / horizon)
+
+
+# ----------------------------------------------------------------------------
+# Self-imitation.
+# ----------------------------------------------------------------------------
+
+
+def self_imitation_loss(
+    logp_bl: jax.Array,
+    mask_bl: jax.Array,
+    return_b: jax.Array,
+    baseline_b: jax.Array,
+    valid_b: jax.Array | None = None,
+) -> jax.Array:
+  """Self-imitation loss on replayed episodes.
+
+  L_SIL = - sum_{b,t} m_bt w_b log pi(a_bt | s_bt) / max(sum_{b,t} m_bt, 1),
+  w_b = max(R_b - b_b, 0) (no gradient through w), m_bt = mask_bt * valid_b.
+
+  Oh et al., "Self-Imitation Learning", arXiv:1806.05635, eq. 2 (policy term,
+  with the episode return R and a baseline b in place of V(s)); as used for
+  agentic LLMs by SPEAR (Qin et al., arXiv:2509.22601) with b recomputed for
+  the current policy (`replay.sil_baselines`). Episodes that did no better
+  than the baseline contribute 0 (but still count in the denominator).
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs of the episode tokens.
+    mask_bl: [B, L] bool POLICY-token mask.
+    return_b: [B] float returns R of the replayed episodes.
+    baseline_b: [B] float baselines.
+    valid_b: optional [B] bool; rows with False are left out entirely.
+
+  Returns:
+    float32 scalar loss.
+  """
+  chex.assert_rank([logp_bl, mask_bl], 2)
+  chex.assert_rank([return_b, baseline_b], 1)
+  m = mask_bl.astype(bool)
+  if valid_b is not None:
+    m = m & valid_b.astype(bool)[:, None]
+  w_b = jax.lax.stop_gradient(
+      jnp.maximum(jnp.asarray(return_b, jnp.float32) - baseline_b, 0.0))
+  x = jnp.where(m, -w_b[:, None] * logp_bl, 0.0)
+  return jnp.sum(x) / jnp.maximum(jnp.sum(m.astype(jnp.float32)), 1.0)

@@ -69,10 +69,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,
           f"must divide the minibatch size ({mb_rows} episodes)")
-  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo"]
+  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo", "gigpo"]
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
+  if rl.advantage_estimator == "gigpo" and rl.get("pbrs_coef", 0.0) > 0:
+    _fail("rl.pbrs_coef", rl.pbrs_coef,
+          "advantage_estimator 'gigpo' uses unshaped step returns: set 0")
+  if not rl.get("gigpo_step_weight", 1.0) >= 0:
+    _fail("rl.gigpo_step_weight", rl.gigpo_step_weight, "must be >= 0")
   if not rl.hdpo_efficiency_weight >= 0:
     _fail("rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0")
   if rl.std_ddof not in (0, 1):
@@ -175,14 +180,75 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     env_obj = environments.make(config.env)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
-  if config.rl.get("pbrs_coef", 0.0) > 0:
+  potential = config.rl.get("pbrs_potential", "progress")
+  if potential not in ("progress", "trace"):
+    _fail("rl.pbrs_potential", potential, "must be 'progress' or 'trace'")
+  if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
+    _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
+  lik = config.rl.get("likelihood_coef", 0.0)
+  if not lik >= 0:
+    _fail("rl.likelihood_coef", lik, "must be >= 0 (0 = off)")
+  pbrs_on = config.rl.get("pbrs_coef", 0.0) > 0
+  if lik > 0 or (pbrs_on and potential == "trace"):
+    task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+    facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+    if ("gold_answer" not in facts or len(facts["gold_answer"].shape) != 1
+        or facts.get("gold_answer_len") is None
+        or facts["gold_answer_len"].shape != ()):
+      field, value = (("rl.likelihood_coef", lik) if lik > 0
+                      else ("rl.pbrs_potential", potential))
+      _fail(field, value, "needs environment facts 'gold_answer' [A] int32 and "
+            "'gold_answer_len' [] int32")
+  if pbrs_on and potential == "progress":
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
     want = (env_obj.max_turns + 1,)
     if "progress" not in facts or facts["progress"].shape != want:
       _fail("rl.pbrs_coef", config.rl.pbrs_coef,
             f"needs an environment fact 'progress' of shape {want} (the potential)")
+  _validate_replay_and_dual(config, env_obj)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
     _fail("max_len", config.max_len,
           f"must be >= env max_prompt_len + max_action_len = {need}")
+
+
+def _validate_replay_and_dual(config, env_obj) -> None:
+  """Replay buffer, self-imitation and dual-ascent switches."""
+  rl = config.rl
+  cap = rl.get("replay_capacity", 0)
+  if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+    _fail("rl.replay_capacity", cap, "must be an integer >= 0 (0 = off)")
+  inject = rl.get("replay_inject", False)
+  if not isinstance(inject, bool):
+    _fail("rl.replay_inject", inject, "must be True or False")
+  sil = rl.get("sil_coef", 0.0)
+  if not sil >= 0:
+    _fail("rl.sil_coef", sil, "must be >= 0 (0 = off)")
+  if (inject or sil > 0) and cap == 0:
+    _fail("rl.replay_capacity", cap,
+          "must be > 0 when rl.replay_inject or rl.sil_coef is on")
+  if sil > 0:
+    _positive_int(config, "rl.sil_batch_size")
+  dual = rl.get("dual_constraint", "")
+  if inject:
+    if rl.get("credit", "trajectory") != "trajectory":
+      _fail("rl.replay_inject", inject, "needs rl.credit='trajectory'")
+    if rl.advantage_estimator == "hdpo" or rl.get("pbrs_coef", 0.0) > 0 or dual:
+      _fail("rl.replay_inject", inject,
+            "replayed episodes carry no env facts: not with "
+            "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint")
+  if not dual:
+    return
+  task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+  facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+  if dual not in facts or facts[dual].shape != ():
+    scalars = sorted(k for k, v in facts.items() if v.shape == ())
+    _fail("rl.dual_constraint", dual,
+          f"must name a per-episode scalar env fact; known: {scalars}")
+  if rl.get("dual_sense", "max") not in ("max", "min"):
+    _fail("rl.dual_sense", rl.dual_sense, "must be 'max' or 'min'")
+  if not rl.get("dual_lr", 0.0) > 0:
+    _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
+  if not rl.get("dual_init", 0.0) >= 0:
+    _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")
