@@ -35,6 +35,7 @@ K = 4) instead of exactly 0. On the trajectory path use
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import chex
@@ -670,3 +671,90 @@ def gigpo_step_advantages(
     var = jnp.sum(jnp.square(dev), 1) / jnp.maximum(count, 1.0)
     centred = jnp.where(zero, 0.0, centred / (jnp.sqrt(var) + eps))
   return centred.reshape(b, k)
+
+
+# ---------------------------------------------------------------------------
+# PORTool: fork-relative advantages on a static tree of rollouts.
+# ---------------------------------------------------------------------------
+
+
+def tree_fork_advantages(
+    leaf_reward_g: jax.Array,
+    branching: tuple[int, ...],
+    *,
+    alpha: float,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+  """PORTool fork-relative advantages blended with the trajectory advantage.
+
+  PORTool (papers.md F0-2 = F1-3; arXiv id not given there; the forms below
+  are the catalogue's inferred reading). A static tree: the root (prompt)
+  forks into branching[0] children, each of those into branching[1], ...;
+  leaf g (G = prod(branching) leaves, in lexicographic order of their
+  branch indices) is one complete episode, and the node at depth j (j = 1 ..
+  d) is the step (segment) taken after the j-th fork, shared by every leaf
+  below it. Then:
+
+    v(node)      = mean outcome of the leaves under the node (one reward for
+                   a shared step);
+    A_fork(node) = (v(node) - mean_siblings v) [/ (std_siblings v + eps)],
+                   siblings = the children of the same fork (node included);
+    A_traj(node) = mean over the node's leaves of the GRPO advantage of the
+                   leaves' outcomes (so a shared step gets one value);
+    A(node)      = alpha * A_fork(node) + (1 - alpha) * A_traj(node).
+
+  With alpha = 0 every leaf's deepest step gets its plain GRPO advantage.
+  Constant sibling sets give A_fork exactly 0.
+
+  Args:
+    leaf_reward_g: [G] float leaf outcomes.
+    branching: static fork sizes (b_1, .., b_d), each >= 1; prod = G.
+    alpha: blend weight in [0, 1].
+    scale_by_std: divide by the siblings' (population) std.
+    eps: added to the std.
+
+  Returns:
+    [G, d] float32: column j - 1 is the advantage of leaf g's step at depth j
+    (identical for leaves sharing that step).
+
+  Raises:
+    ValueError: prod(branching) != G, a branching < 1, or alpha outside [0, 1].
+  """
+  chex.assert_rank(leaf_reward_g, 1)
+  g = leaf_reward_g.shape[0]
+  if not branching or any(b < 1 for b in branching) or math.prod(branching) != g:
+    raise ValueError(f"branching={branching!r} must be >= 1 each with product "
+                     f"G={g}")
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha={alpha!r} must be in [0, 1]")
+  d = len(branching)
+  r = jnp.asarray(leaf_reward_g, jnp.float32)
+  traj_g = advantages.grpo_advantages(
+      r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps)
+  r_t = r.reshape(branching)
+  a_t = traj_g.reshape(branching)
+  cols = []
+  for j in range(1, d + 1):
+    tail = tuple(range(j, d))
+    v = jnp.mean(r_t, axis=tail) if tail else r_t  # shape branching[:j]
+    a_traj = jnp.mean(a_t, axis=tail) if tail else a_t
+    vmax = jnp.max(v, axis=-1, keepdims=True)
+    vmin = jnp.min(v, axis=-1, keepdims=True)
+    centred = v - jnp.mean(v, axis=-1, keepdims=True)
+    if scale_by_std:
+      centred = centred / (jnp.std(v, axis=-1, keepdims=True) + eps)
+    fork = jnp.where(vmax == vmin, 0.0, centred)
+    node = alpha * fork + (1.0 - alpha) * a_traj
+    cols.append(jnp.broadcast_to(node.reshape(node.shape + (1,) * (d - j)),
+                                 branching).reshape(g))
+  return jnp.stack(cols, axis=1)
+
+
+def tree_turn_advantages(adv_gd: jax.Array, num_turns: int) -> jax.Array:
+  """[G, K] per-turn advantages from `tree_fork_advantages` when the j-th fork
+  happens before turn j - 1: turn k gets depth min(k + 1, d)'s advantage (the
+  last depth's segment runs to the end of the episode)."""
+  d = adv_gd.shape[1]
+  col_k = jnp.minimum(jnp.arange(num_turns), d - 1)
+  return adv_gd[:, col_k]

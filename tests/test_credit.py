@@ -427,3 +427,36 @@ def test_observation_state_keys_group_identical_observations():
   assert k[0, 1] == k[1, 1]  # same observation, different calls
   assert k[2, 1] != k[0, 1]  # different observation
   assert k[3, 1] != k[0, 1]  # no observation
+
+
+def test_portool_tree_advantages_hand_drawn_2x2_tree():
+  """Root -> A1 (leaves 0, 1), A2 (leaves 2, 3); outcomes [1, 0, 0, 0].
+
+  v(A1) = .5, v(A2) = 0 -> A_fork = +-1 (z) / +-.25 (mean-only).
+  Under A1: leaves 1, 0 -> +-1 / +-.5; under A2: 0, 0 -> 0.
+  Leaf GRPO: mean .25, std sqrt(.1875) -> [sqrt 3, -1/sqrt 3 x3];
+  A_traj(A1) = mean(sqrt 3, -1/sqrt 3) = 1/sqrt 3, A_traj(A2) = -1/sqrt 3.
+  """
+  r = jnp.array([1.0, 0.0, 0.0, 0.0])
+  s3 = np.sqrt(3.0)
+  a = jax.jit(functools.partial(credit.tree_fork_advantages, branching=(2, 2),
+                                alpha=0.5, eps=0.0))(r)
+  np.testing.assert_allclose(a, [
+      [.5 * 1 + .5 / s3, .5 * 1 + .5 * s3],
+      [.5 * 1 + .5 / s3, -.5 - .5 / s3],
+      [-.5 - .5 / s3, -.5 / s3],
+      [-.5 - .5 / s3, -.5 / s3]], rtol=1e-5)
+  m = credit.tree_fork_advantages(r, (2, 2), alpha=1.0, scale_by_std=False)
+  np.testing.assert_allclose(m, [[.25, .5], [.25, -.5], [-.25, 0], [-.25, 0]],
+                             atol=1e-6)
+  # alpha = 0: the deepest step of each leaf gets its plain GRPO advantage.
+  z = credit.tree_fork_advantages(r, (2, 2), alpha=0.0, eps=0.0)
+  np.testing.assert_allclose(z[:, 1], [s3, -1 / s3, -1 / s3, -1 / s3],
+                             rtol=1e-5)
+  # Turns: turn 0 -> depth 1, turns >= 1 -> depth 2.
+  t = credit.tree_turn_advantages(m, 3)
+  np.testing.assert_allclose(t[0], [.25, .5, .5], atol=1e-6)
+  with pytest.raises(ValueError, match="branching"):
+    credit.tree_fork_advantages(r, (3, 2), alpha=0.5)
+  with pytest.raises(ValueError, match="alpha"):
+    credit.tree_fork_advantages(r, (2, 2), alpha=1.5)
