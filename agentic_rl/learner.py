@@ -246,6 +246,12 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   per-turn reward-to-go is normalised against the group's returns at the same turn
   index, and each turn's advantage goes to that turn's POLICY tokens.
 
+  'gigpo' (`rl.advantage_estimator`, arXiv:2505.10978) ignores `rl.credit`:
+  each turn gets the episode's GRPO advantage plus `rl.gigpo_step_weight`
+  times its step advantage within the group of steps of the same task that
+  start from the same state (`credit.observation_state_keys`), on discounted
+  step returns (outcome at the last turn).
+
   `phi_bk1` ([B, K + 1], optional) replaces the progress fact as the unscaled
   potential (any source: TRACE log-ratio values, a value head, a reward
   model); it is multiplied by `rl.pbrs_coef` like the progress potential. With
