@@ -8,6 +8,8 @@ advantages, reference log-probs and the PPO epochs) is one XLA program.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Callable
 
 import jax
@@ -24,6 +26,7 @@ from agentic_rl import rewards
 from agentic_rl import rollout
 from agentic_rl import sampling
 from agentic_rl import tokenizers
+from agentic_rl import tree_rollout
 from agentic_rl import types
 from agentic_rl.models import transformer
 
@@ -252,6 +255,10 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   start from the same state (`credit.observation_state_keys`), on discounted
   step returns (outcome at the last turn).
 
+  With `rl.tree_branching` set (PORTool tree rollouts), turn k of a leaf gets
+  `credit.tree_fork_advantages` of its step at depth min(k + 1, d) (blend
+  weight `rl.tree_alpha`); `rl.credit` and the estimator are not used.
+
   `phi_bk1` ([B, K + 1], optional) replaces the progress fact as the unscaled
   potential (any source: TRACE log-ratio values, a value head, a reward
   model); it is multiplied by `rl.pbrs_coef` like the progress potential. With
@@ -278,7 +285,20 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
       phi = pbrs_coef * phi_bk1
     else:
       phi = pbrs_coef * traj.facts["progress"]
-  if rl_cfg.advantage_estimator == "gigpo":
+  tree_branching = tuple(rl_cfg.get("tree_branching", ()))
+  if tree_branching:
+    # PORTool: fork-relative advantages blended with the trajectory advantage,
+    # per tree (group rows contiguous, leaves in lexicographic order).
+    turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+    adv_gd = jax.vmap(functools.partial(
+        credit.tree_fork_advantages, branching=tree_branching,
+        alpha=rl_cfg.tree_alpha, scale_by_std=rl_cfg.scale_by_std,
+        eps=rl_cfg.adv_eps))(reward.reshape(-1, math.prod(tree_branching)))
+    adv_bd = adv_gd.reshape(reward.shape[0], len(tree_branching))
+    adv_bk = jnp.where(turn_mask, credit.tree_turn_advantages(adv_bd, k), 0.0)
+    adv_b = adv_bd[:, -1]
+    adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
+  elif rl_cfg.advantage_estimator == "gigpo":
     # GiGPO (arXiv:2505.10978): episode-level GRPO advantage plus the
     # step-level advantage within groups of identical states.
     turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
@@ -421,6 +441,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   replay_threshold = rl_cfg.get("replay_success_threshold", 1.0)
   sil_coef = rl_cfg.get("sil_coef", 0.0)
   dual_fact = rl_cfg.get("dual_constraint", "")
+  tree_branching = tuple(rl_cfg.get("tree_branching", ()))
   likelihood_coef = rl_cfg.get("likelihood_coef", 0.0)
   potential = rl_cfg.get("pbrs_potential", "progress")
   use_gold = likelihood_coef > 0 or (
@@ -432,12 +453,20 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     """Rolls out num_groups groups of group_size episodes and scores them."""
     task_key, sample_key = jax.random.split(round_key)
     tasks = env.sample_tasks(task_key, num_groups)
-    tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
-    group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
-    traj = rollout.rollout(
-        env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
-        params=state.params, model_config=model_config, temperature=temperature,
-    )
+    if tree_branching:
+      # PORTool tree: each group is one task's tree of group_size leaves.
+      traj = tree_rollout.tree_rollout(
+          env, tasks, sample_key, max_len=max_len, branching=tree_branching,
+          graphdef=graphdef, params=state.params, model_config=model_config,
+          temperature=temperature)
+    else:
+      tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+      group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
+      traj = rollout.rollout(
+          env, tasks, sample_key, max_len=max_len, group=group,
+          graphdef=graphdef, params=state.params, model_config=model_config,
+          temperature=temperature,
+      )
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
     if soft_cache > 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import ml_collections
 
@@ -73,6 +75,22 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
+  tree = rl.get("tree_branching", ())
+  if tree:
+    if (not isinstance(tree, (tuple, list))
+        or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tree)
+        or math.prod(tree) != rl.group_size):
+      _fail("rl.tree_branching", tree,
+            f"must be fork sizes >= 1 whose product is rl.group_size="
+            f"{rl.group_size}, or () (off)")
+    if not 0.0 <= rl.get("tree_alpha", 0.5) <= 1.0:
+      _fail("rl.tree_alpha", rl.tree_alpha, "must be in [0, 1]")
+    if (rl.get("credit", "trajectory") != "trajectory"
+        or rl.advantage_estimator != "grpo" or rl.get("pbrs_coef", 0.0) > 0
+        or rl.get("replay_inject", False)):
+      _fail("rl.tree_branching", tuple(tree),
+            "tree advantages replace the estimator: use credit 'trajectory', "
+            "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False")
   if rl.advantage_estimator == "gigpo" and rl.get("pbrs_coef", 0.0) > 0:
     _fail("rl.pbrs_coef", rl.pbrs_coef,
           "advantage_estimator 'gigpo' uses unshaped step returns: set 0")

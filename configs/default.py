@@ -72,6 +72,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step advantage within groups of identical states (same observation) of a
   # task group, on discounted step returns (rl.discount).
   config.rl.gigpo_step_weight = 1.0
+  # PORTool tree rollouts (agentic_rl/tree_rollout.py): fork sizes before
+  # turns 0 .. d-1, product = group_size, e.g. (2, 2); () = off (plain
+  # groups). Advantages: alpha * fork-relative + (1 - alpha) * trajectory
+  # (credit.tree_fork_advantages).
+  config.rl.tree_branching = ()
+  config.rl.tree_alpha = 0.5
   # HDPO efficiency-channel weight w (used only by 'hdpo').
   config.rl.hdpo_efficiency_weight = 0.5
   # Divide group-centred rewards by the group std (grpo, rloo).

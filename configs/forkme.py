@@ -32,6 +32,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "gigpo": episode advantage + w * step advantage among identical states.
   rl.gigpo_step_weight = 1.0
 
+  # PORTool tree rollouts: e.g. (2, 2) forks (product = group_size); () = off.
+  rl.tree_branching = ()
+  rl.tree_alpha = 0.5
+
   # "hdpo": accuracy advantage + w * efficiency advantage among correct episodes.
   rl.hdpo_efficiency_weight = 0.5
 

@@ -82,6 +82,7 @@ COMBINED_SWITCHES = [
     {"dual_constraint": "num_tool_errors", "dual_sense": "min"},
     {"pbrs_coef": 0.5, "dense_as": "aux_loss"},
     {"pbrs_coef": 0.5, "credit": "per_turn", "dense_as": "aux_loss"},
+    {"tree_branching": (2, 4), "tree_alpha": 1.0},
 ]
 
 BAD_COMBINED = [
@@ -107,6 +108,11 @@ BAD_COMBINED = [
     ({"dense_as": "bonus"}, "dense_as"),
     ({"likelihood_coef": -0.1}, "likelihood_coef"),
     ({"gigpo_step_weight": -1.0}, "gigpo_step_weight"),
+    ({"tree_branching": (2, 2)}, "tree_branching"),
+    ({"tree_branching": (8, 0)}, "tree_branching"),
+    ({"tree_branching": (2, 4), "tree_alpha": 2.0}, "tree_alpha"),
+    ({"tree_branching": (2, 4), "advantage_estimator": "rloo"},
+     "tree_branching"),
     ({"advantage_estimator": "gigpo", "credit": "per_turn"},
      "advantage_estimator"),
 ]

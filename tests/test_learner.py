@@ -319,3 +319,30 @@ def test_gigpo_token_advantages_hand_values():
   _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]),
                                        _two_episode_traj(), 2)
   np.testing.assert_allclose(adv[:, 2], [1.5, -1.5], atol=1e-6)
+
+
+def test_tree_token_advantages_hand_values():
+  """The hand-drawn 2x2 tree (outcomes [1, 0, 0, 0], alpha 1, mean-only):
+  turn 0 (depth 1) gets [.25, .25, -.25, -.25], turn 1 (depth 2)
+  [.5, -.5, 0, 0]; TOOL and PROMPT tokens get 0."""
+  rl = default.get_config().rl
+  rl.tree_branching = (2, 2)
+  rl.tree_alpha = 1.0
+  rl.scale_by_std = False
+  base = _two_episode_traj()
+  traj = jax.tree.map(lambda x: jnp.concatenate([x[:1]] * 4), base)
+  traj = traj.replace(group=jnp.zeros(4, jnp.int32))
+  _, adv_b, adv = learner.token_advantages(
+      rl, jnp.array([1.0, 0.0, 0.0, 0.0]), traj, 2)
+  np.testing.assert_allclose(adv_b, [.5, -.5, 0, 0], atol=1e-6)
+  np.testing.assert_allclose(adv, [
+      [0, 0, .25, .25, 0, .5, .5], [0, 0, .25, .25, 0, -.5, -.5],
+      [0, 0, -.25, -.25, 0, 0, 0], [0, 0, -.25, -.25, 0, 0, 0]], atol=1e-6)
+
+
+def test_rl_step_with_tree_rollouts_runs():
+  config = default.get_config("smoke")
+  config.rl.tree_branching = (2, 2)
+  state, step = _rl_state_and_step(config)
+  state, m = step(state)
+  assert all(np.isfinite(float(v)) for v in m.values()), m
