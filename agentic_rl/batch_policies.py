@@ -116,3 +116,58 @@ def apply_overlong(
   elif mode == "reward":
     reward_b = jnp.where(over, jnp.float32(value), reward_b)
   return reward_b, mask_bl
+
+
+def refill_groups(
+    kept_tree,
+    num_filled: jax.Array,
+    new_tree,
+    new_metric_gk: jax.Array,
+    group_size: int,
+):
+  """One DAPO refill round with static shapes: varied new groups fill the gaps.
+
+  Yu et al., "DAPO", arXiv:2503.14476, section 3.2 and Algorithm 1: sampling
+  continues until the batch holds enough groups with non-constant outcome.
+  The kept batch has N group slots; slots [0, num_filled) hold varied groups,
+  slots [num_filled, N) hold constant (unusable) fillers. The varied groups of
+  a freshly sampled round (in their original order) replace the fillers from
+  slot num_filled on, until the batch is full; extra varied groups are
+  dropped. Kept groups are never split or reordered.
+
+  Args:
+    kept_tree: group-major pytree with [N * group_size, ...] leaves (the batch
+      being filled).
+    num_filled: int32 scalar in [0, N], number of leading usable slots.
+    new_tree: pytree of the same structure with [G * group_size, ...] leaves
+      (the new round).
+    new_metric_gk: [G, group_size] float metric of the new round's groups.
+    group_size: K, episodes per group (static).
+
+  Returns:
+    (kept_tree with the gaps filled, num_filled' = min(N, num_filled +
+     number of varied new groups) int32 scalar).
+
+  Raises:
+    AssertionError: (chex) if new_metric_gk is not [G, group_size].
+  """
+  chex.assert_rank(new_metric_gk, 2)
+  chex.assert_axis_dimension(new_metric_gk, 1, group_size)
+  n = jax.tree.leaves(kept_tree)[0].shape[0] // group_size
+  g = new_metric_gk.shape[0]
+  varied_g = jnp.max(new_metric_gk, axis=1) != jnp.min(new_metric_gk, axis=1)
+  order_g = jnp.argsort(jnp.where(varied_g, 0, 1) * g + jnp.arange(g), stable=True)
+  num_varied = jnp.sum(varied_g.astype(jnp.int32))
+  slot_n = jnp.arange(n, dtype=jnp.int32)
+  src_n = slot_n - num_filled  # index among the new round's varied groups
+  take_n = (src_n >= 0) & (src_n < num_varied)
+  src_group_n = order_g[jnp.clip(src_n, 0, g - 1)]
+  take_rows = jnp.repeat(take_n, group_size)
+  new_rows = gather_groups(new_tree, src_group_n, group_size)
+
+  def pick(old, new):
+    m = take_rows.reshape(take_rows.shape + (1,) * (old.ndim - 1))
+    return jnp.where(m, new, old)
+
+  filled = jnp.minimum(n, num_filled + num_varied).astype(jnp.int32)
+  return jax.tree.map(pick, kept_tree, new_rows), filled

@@ -35,6 +35,7 @@ K = 4) instead of exactly 0. On the trajectory path use
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import chex
@@ -42,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import advantages
+from agentic_rl import types
 
 
 def _check_discount(discount) -> None:
@@ -447,3 +449,312 @@ def spa_progress_loss(
   total_b = jnp.sum(jnp.where(m_bk, jnp.asarray(contrib_bk, jnp.float32), 0.0),
                     axis=1)
   return jnp.mean(jnp.square(total_b - jnp.asarray(outcome_b, jnp.float32)))
+
+
+# ---------------------------------------------------------------------------
+# Reference-model log-probs of the gold answer after each turn (TRACE-style
+# potentials, likelihood reward), in one batched forward pass.
+# ---------------------------------------------------------------------------
+
+
+def state_ends(role_bl: jax.Array, turn_bl: jax.Array, num_turns: int) -> jax.Array:
+  """[B, K + 1] int32 end position of the context s_k (the state after k turns).
+
+  s_k = the prompt plus turns 0 .. k-1 with their observations: the number of
+  non-PAD tokens whose turn index is < k (prompt tokens have turn -1; a turn's
+  observation tokens carry the turn's index). For k past the episode's last
+  turn this is the full episode length.
+
+  Args:
+    role_bl: [B, L] int8 roles.
+    turn_bl: [B, L] int32 turn index per token.
+    num_turns: K (static).
+  """
+  chex.assert_rank([role_bl, turn_bl], 2)
+  real_bl = role_bl != types.PAD
+  k_k1 = jnp.arange(num_turns + 1)
+  inside = real_bl[:, None, :] & (turn_bl[:, None, :] < k_k1[None, :, None])
+  return jnp.sum(inside, axis=-1).astype(jnp.int32)
+
+
+def gold_answer_sequences(
+    tokens_bl: jax.Array,
+    end_bk1: jax.Array,
+    gold_ba: jax.Array,
+    gold_len_b: jax.Array,
+    answer_prefix: tuple[int, ...],
+    pad_id: int,
+) -> tuple[jax.Array, jax.Array]:
+  """Sequences s_k ++ answer_prefix ++ gold answer, one per (episode, k).
+
+  Args:
+    tokens_bl: [B, L] int32 episode tokens.
+    end_bk1: [B, K + 1] int32 context lengths (`state_ends`).
+    gold_ba: [B, A] int32 gold-answer tokens (env fact `gold_answer`).
+    gold_len_b: [B] int32 real gold lengths (env fact `gold_answer_len`).
+    answer_prefix: tokens opening an answer (e.g. (tokenizers.ANSWER,)).
+    pad_id: filler token id after the gold answer (never scored).
+
+  Returns:
+    (seq [B, K + 1, L + P + A] int32, gold_mask [B, K + 1, L + P + A] bool
+     marking the gold-answer positions).
+  """
+  b, l = tokens_bl.shape
+  a = gold_ba.shape[1]
+  p = len(answer_prefix)
+  t = jnp.arange(l + p + a)
+  end = end_bk1[..., None]  # [B, K+1, 1]
+  ctx = jnp.concatenate([tokens_bl, jnp.full((b, p + a), pad_id, tokens_bl.dtype)],
+                        axis=1)[:, None, :]
+  pre = jnp.asarray(answer_prefix + (pad_id,), jnp.int32)[
+      jnp.clip(t[None, None, :] - end, 0, p)]
+  gold_idx = jnp.clip(t[None, None, :] - end - p, 0, a - 1)
+  gold = jnp.take_along_axis(gold_ba[:, None, :], gold_idx, axis=2)
+  in_gold = (t >= end + p) & (t < end + p + gold_len_b[:, None, None])
+  seq = jnp.where(t < end, ctx, jnp.where(t < end + p, pre,
+                                          jnp.where(in_gold, gold, pad_id)))
+  return seq.astype(jnp.int32), in_gold
+
+
+def gold_answer_logprobs(
+    logprob_fn,
+    tokens_bl: jax.Array,
+    role_bl: jax.Array,
+    turn_bl: jax.Array,
+    gold_ba: jax.Array,
+    gold_len_b: jax.Array,
+    *,
+    num_turns: int,
+    answer_prefix: tuple[int, ...],
+    pad_id: int,
+) -> jax.Array:
+  """log p_ref(y* | s_k) for k = 0 .. K, all in one batched forward pass.
+
+  TRACE-style (papers.md F1-9; arXiv id not given there): the frozen
+  reference model scores the gold answer y* appended (after `answer_prefix`)
+  to the context after each turn; with `log_ratio_potential` this gives the
+  log-ratio state values, and the value at the final context is the
+  likelihood reward (papers.md F1-61: log-prob, not prob).
+
+  Args:
+    logprob_fn: tokens [N, T] int32 -> teacher-forced log-probs [N, T] float32
+      (logp[:, t] = log p(tokens[:, t] | tokens[:, :t]); e.g.
+      `lambda x: sampling.token_logprobs(graphdef, ref_params, x)[0]`).
+    tokens_bl, role_bl, turn_bl: [B, L] trajectory fields.
+    gold_ba: [B, A] int32 gold-answer tokens; gold_len_b: [B] int32 lengths.
+    num_turns: K (static).
+    answer_prefix: tokens opening an answer.
+    pad_id: filler token id.
+
+  Returns:
+    [B, K + 1] float32 summed log-probs (nats) of the gold tokens.
+  """
+  b = tokens_bl.shape[0]
+  end = state_ends(role_bl, turn_bl, num_turns)
+  seq, gold_mask = gold_answer_sequences(
+      tokens_bl, end, gold_ba, gold_len_b, answer_prefix, pad_id)
+  n = b * (num_turns + 1)
+  logp = logprob_fn(seq.reshape(n, -1)).reshape(seq.shape)
+  return jnp.sum(jnp.where(gold_mask, logp, 0.0), axis=-1).astype(jnp.float32)
+
+
+def likelihood_reward(
+    gold_logp_bk1: jax.Array, num_turns_b: jax.Array, finish_b: jax.Array
+) -> jax.Array:
+  """[B] log p_ref(y* | final context): the likelihood reward (papers.md F1-61).
+
+  The final context is the state before the answering turn for ANSWERED
+  episodes (the gold answer replaces the policy's answer), and the state after
+  the last turn otherwise (index num_turns).
+
+  Args:
+    gold_logp_bk1: [B, K + 1] float (`gold_answer_logprobs`).
+    num_turns_b: [B] int32 turns taken.
+    finish_b: [B] int32 finish reasons.
+  """
+  idx = jnp.where(finish_b == types.ANSWERED, num_turns_b - 1, num_turns_b)
+  idx = jnp.clip(idx, 0, gold_logp_bk1.shape[1] - 1)
+  return jnp.take_along_axis(gold_logp_bk1, idx[:, None], axis=1)[:, 0]
+
+
+# ---------------------------------------------------------------------------
+# GiGPO: step groups by identical state within a task group.
+# ---------------------------------------------------------------------------
+
+
+def observation_state_keys(
+    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int
+) -> jax.Array:
+  """[B, K] uint32 key of the state s_k seen before turn k.
+
+  s_0 is keyed by the PROMPT tokens; s_k (k >= 1) by the observation (TOOL
+  tokens) returned after turn k - 1 (FNV-1a over the tokens in order; an
+  empty observation hashes to the FNV offset basis mixed with k). Two
+  episodes of one task that made the same call at turn k - 1 and got the same
+  observation share the key of s_k, as GiGPO's anchor states
+  (arXiv:2505.10978) are identical environment observations. Any other
+  [B, K] key array (e.g. a hash of the env state) can be used instead.
+
+  Args:
+    tokens_bl, role_bl, turn_bl: [B, L] trajectory fields.
+    num_turns: K (static).
+  """
+  k_k = jnp.arange(num_turns)
+  prompt = role_bl == types.PROMPT
+  obs = role_bl == types.TOOL
+  # sel[b, k, l]: token l belongs to the state key of s_k.
+  sel = jnp.where(k_k[None, :, None] == 0, prompt[:, None, :],
+                  obs[:, None, :] & (turn_bl[:, None, :] == k_k[None, :, None] - 1))
+  tok = jnp.where(sel, tokens_bl[:, None, :].astype(jnp.uint32) + 1, 0)
+  tok = tok.astype(jnp.uint32)
+
+  def step(h, t):
+    return jnp.where(t != 0, (h ^ t) * jnp.uint32(16777619), h), None
+
+  h0 = jnp.broadcast_to(
+      (jnp.uint32(2166136261) ^ k_k.astype(jnp.uint32))[None, :],
+      tok.shape[:2])
+  h, _ = jax.lax.scan(step, h0, jnp.moveaxis(tok, 2, 0))
+  return h
+
+
+def gigpo_step_advantages(
+    returns_bk: jax.Array,
+    state_key_bk: jax.Array,
+    turn_mask_bk: jax.Array,
+    group_b: jax.Array,
+    *,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+  """GiGPO step-level advantages over anchor-state groups.
+
+  Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training",
+  arXiv:2505.10978, section 4.2: steps (b, k) of the same task group whose
+  states are identical (same `state_key`) form a step group; each step's
+  discounted return R_bk is normalised within its step group,
+  A^S_bk = (R_bk - mean) / (std + eps) (population std; mean-only when
+  scale_by_std is False). A step group of one step, or of equal returns, gives
+  exactly 0. Pairwise comparison over the B * K steps (fine for agent batches
+  of a few hundred steps).
+
+  Args:
+    returns_bk: [B, K] float discounted step returns
+      (`advantages.turn_reward_to_go`).
+    state_key_bk: [B, K] int/uint keys of the state before each step.
+    turn_mask_bk: [B, K] bool valid steps.
+    group_b: [B] int task group ids.
+    scale_by_std: divide by the step group's std.
+    eps: added to the std.
+
+  Returns:
+    [B, K] float32 step advantages, 0 at invalid steps.
+  """
+  chex.assert_rank([returns_bk, state_key_bk, turn_mask_bk], 2)
+  chex.assert_equal_shape([returns_bk, state_key_bk, turn_mask_bk])
+  b, k = returns_bk.shape
+  r = jnp.asarray(returns_bk, jnp.float32).reshape(-1)
+  key = state_key_bk.reshape(-1)
+  valid = jnp.asarray(turn_mask_bk).astype(bool).reshape(-1)
+  grp = jnp.repeat(group_b, k)
+  same = ((grp[:, None] == grp[None, :]) & (key[:, None] == key[None, :])
+          & valid[:, None] & valid[None, :])
+  w = same.astype(jnp.float32)
+  count = jnp.sum(w, 1)
+  mean = (w @ r) / jnp.maximum(count, 1.0)
+  rmax = jnp.max(jnp.where(same, r[None, :], -jnp.inf), 1)
+  rmin = jnp.min(jnp.where(same, r[None, :], jnp.inf), 1)
+  zero = ~valid | (rmax == rmin)
+  centred = jnp.where(zero, 0.0, r - mean)
+  if scale_by_std:
+    dev = jnp.where(same, r[None, :] - mean[:, None], 0.0)
+    var = jnp.sum(jnp.square(dev), 1) / jnp.maximum(count, 1.0)
+    centred = jnp.where(zero, 0.0, centred / (jnp.sqrt(var) + eps))
+  return centred.reshape(b, k)
+
+
+# ---------------------------------------------------------------------------
+# PORTool: fork-relative advantages on a static tree of rollouts.
+# ---------------------------------------------------------------------------
+
+
+def tree_fork_advantages(
+    leaf_reward_g: jax.Array,
+    branching: tuple[int, ...],
+    *,
+    alpha: float,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+  """PORTool fork-relative advantages blended with the trajectory advantage.
+
+  PORTool (papers.md F0-2 = F1-3; arXiv id not given there; the forms below
+  are the catalogue's inferred reading). A static tree: the root (prompt)
+  forks into branching[0] children, each of those into branching[1], ...;
+  leaf g (G = prod(branching) leaves, in lexicographic order of their
+  branch indices) is one complete episode, and the node at depth j (j = 1 ..
+  d) is the step (segment) taken after the j-th fork, shared by every leaf
+  below it. Then:
+
+    v(node)      = mean outcome of the leaves under the node (one reward for
+                   a shared step);
+    A_fork(node) = (v(node) - mean_siblings v) [/ (std_siblings v + eps)],
+                   siblings = the children of the same fork (node included);
+    A_traj(node) = mean over the node's leaves of the GRPO advantage of the
+                   leaves' outcomes (so a shared step gets one value);
+    A(node)      = alpha * A_fork(node) + (1 - alpha) * A_traj(node).
+
+  With alpha = 0 every leaf's deepest step gets its plain GRPO advantage.
+  Constant sibling sets give A_fork exactly 0.
+
+  Args:
+    leaf_reward_g: [G] float leaf outcomes.
+    branching: static fork sizes (b_1, .., b_d), each >= 1; prod = G.
+    alpha: blend weight in [0, 1].
+    scale_by_std: divide by the siblings' (population) std.
+    eps: added to the std.
+
+  Returns:
+    [G, d] float32: column j - 1 is the advantage of leaf g's step at depth j
+    (identical for leaves sharing that step).
+
+  Raises:
+    ValueError: prod(branching) != G, a branching < 1, or alpha outside [0, 1].
+  """
+  chex.assert_rank(leaf_reward_g, 1)
+  g = leaf_reward_g.shape[0]
+  if not branching or any(b < 1 for b in branching) or math.prod(branching) != g:
+    raise ValueError(f"branching={branching!r} must be >= 1 each with product "
+                     f"G={g}")
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha={alpha!r} must be in [0, 1]")
+  d = len(branching)
+  r = jnp.asarray(leaf_reward_g, jnp.float32)
+  traj_g = advantages.grpo_advantages(
+      r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps)
+  r_t = r.reshape(branching)
+  a_t = traj_g.reshape(branching)
+  cols = []
+  for j in range(1, d + 1):
+    tail = tuple(range(j, d))
+    v = jnp.mean(r_t, axis=tail) if tail else r_t  # shape branching[:j]
+    a_traj = jnp.mean(a_t, axis=tail) if tail else a_t
+    vmax = jnp.max(v, axis=-1, keepdims=True)
+    vmin = jnp.min(v, axis=-1, keepdims=True)
+    centred = v - jnp.mean(v, axis=-1, keepdims=True)
+    if scale_by_std:
+      centred = centred / (jnp.std(v, axis=-1, keepdims=True) + eps)
+    fork = jnp.where(vmax == vmin, 0.0, centred)
+    node = alpha * fork + (1.0 - alpha) * a_traj
+    cols.append(jnp.broadcast_to(node.reshape(node.shape + (1,) * (d - j)),
+                                 branching).reshape(g))
+  return jnp.stack(cols, axis=1)
+
+
+def tree_turn_advantages(adv_gd: jax.Array, num_turns: int) -> jax.Array:
+  """[G, K] per-turn advantages from `tree_fork_advantages` when the j-th fork
+  happens before turn j - 1: turn k gets depth min(k + 1, d)'s advantage (the
+  last depth's segment runs to the end of the episode)."""
+  d = adv_gd.shape[1]
+  col_k = jnp.minimum(jnp.arange(num_turns), d - 1)
+  return adv_gd[:, col_k]

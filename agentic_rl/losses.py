@@ -18,6 +18,7 @@ import numbers
 import chex
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 # Log-ratios d = ref_logp - logp are clamped to [-KL_LOG_RATIO_CLAMP,
 # KL_LOG_RATIO_CLAMP] inside the KL estimators so that an extreme (e.g. -inf)
@@ -601,3 +602,145 @@ def adaptive_kl_update(
       jnp.asarray(observed_kl, jnp.float32) / target_kl - 1.0, -0.2, 0.2
   )
   return jnp.asarray(coef, jnp.float32) * (1.0 + error * batch_size / horizon)
+
+
+# ----------------------------------------------------------------------------
+# Self-imitation.
+# ----------------------------------------------------------------------------
+
+
+def self_imitation_loss(
+    logp_bl: jax.Array,
+    mask_bl: jax.Array,
+    return_b: jax.Array,
+    baseline_b: jax.Array,
+    valid_b: jax.Array | None = None,
+) -> jax.Array:
+  """Self-imitation loss on replayed episodes.
+
+  L_SIL = - sum_{b,t} m_bt w_b log pi(a_bt | s_bt) / max(sum_{b,t} m_bt, 1),
+  w_b = max(R_b - b_b, 0) (no gradient through w), m_bt = mask_bt * valid_b.
+
+  Oh et al., "Self-Imitation Learning", arXiv:1806.05635, eq. 2 (policy term,
+  with the episode return R and a baseline b in place of V(s)); as used for
+  agentic LLMs by SPEAR (Qin et al., arXiv:2509.22601) with b recomputed for
+  the current policy (`replay.sil_baselines`). Episodes that did no better
+  than the baseline contribute 0 (but still count in the denominator).
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs of the episode tokens.
+    mask_bl: [B, L] bool POLICY-token mask.
+    return_b: [B] float returns R of the replayed episodes.
+    baseline_b: [B] float baselines.
+    valid_b: optional [B] bool; rows with False are left out entirely.
+
+  Returns:
+    float32 scalar loss.
+  """
+  chex.assert_rank([logp_bl, mask_bl], 2)
+  chex.assert_rank([return_b, baseline_b], 1)
+  m = mask_bl.astype(bool)
+  if valid_b is not None:
+    m = m & valid_b.astype(bool)[:, None]
+  w_b = jax.lax.stop_gradient(
+      jnp.maximum(jnp.asarray(return_b, jnp.float32) - baseline_b, 0.0))
+  x = jnp.where(m, -w_b[:, None] * logp_bl, 0.0)
+  return jnp.sum(x) / jnp.maximum(jnp.sum(m.astype(jnp.float32)), 1.0)
+
+
+# ----------------------------------------------------------------------------
+# FlowRL: reward-distribution matching with a learned log-partition.
+# ----------------------------------------------------------------------------
+
+
+def flowrl_loss(
+    logp_bl: jax.Array,
+    behaviour_logp_bl: jax.Array,
+    ref_logp_bl: jax.Array,
+    mask_bl: jax.Array,
+    reward_hat_b: jax.Array,
+    log_z_b: jax.Array,
+    *,
+    beta: float,
+    clip_eps: float = 0.2,
+) -> tuple[jax.Array, jax.Array]:
+  """FlowRL trajectory-balance loss (reverse KL to a reward-tilted target).
+
+  Zhu et al., "FlowRL: Matching Reward Distributions for LLM Reasoning",
+  arXiv:2509.15207: the target p*(y|x) = pi_ref(y|x) exp(beta r(x, y)) / Z(x)
+  with a learned log Z_phi(x); minimising the reverse KL is (in expected
+  gradient) the GFlowNet trajectory-balance loss, with length normalisation
+  and a clipped, detached importance weight for off-policy samples:
+
+    delta_b = log Z_phi(x_b) + (1/|y_b|) log pi_theta(y_b|x_b)
+              - beta r_hat_b - (1/|y_b|) log pi_ref(y_b|x_b),
+    w_b     = sg(clip(pi_theta(y_b|x_b) / pi_old(y_b|x_b), 1 - eps, 1 + eps)),
+    L       = mean_b w_b delta_b^2   (over rows with at least one token).
+
+  r_hat is the group-normalised reward (e.g. `advantages.grpo_advantages`),
+  as in the paper. log p of a sequence = sum of its POLICY-token log-probs.
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs (gradient flows).
+    behaviour_logp_bl: [B, L] float32 behaviour log-probs (pi_old).
+    ref_logp_bl: [B, L] float32 reference-model log-probs.
+    mask_bl: [B, L] bool POLICY-token mask.
+    reward_hat_b: [B] float normalised rewards.
+    log_z_b: [B] float32 log-partition estimates (gradient flows to phi).
+    beta: reward temperature (> 0).
+    clip_eps: importance-weight clip.
+
+  Returns:
+    (loss float32 scalar, delta_b [B] float32 for logging).
+
+  Raises:
+    ValueError: a concrete beta <= 0.
+  """
+  if _static_number(beta) and beta <= 0:
+    raise ValueError(f"beta must be > 0, got {beta!r}.")
+  chex.assert_equal_shape([logp_bl, behaviour_logp_bl, ref_logp_bl, mask_bl])
+  chex.assert_rank([reward_hat_b, log_z_b], 1)
+  m = mask_bl.astype(jnp.float32)
+  n_b = jnp.sum(m, axis=1)
+  safe_n = jnp.maximum(n_b, 1.0)
+  seq = lambda x: jnp.sum(jnp.where(mask_bl, x, 0.0), axis=1)
+  delta_b = (log_z_b + seq(logp_bl) / safe_n - beta * reward_hat_b
+             - seq(ref_logp_bl) / safe_n)
+  log_w = jnp.clip(seq(logp_bl - behaviour_logp_bl), -20.0, 20.0)
+  w_b = jax.lax.stop_gradient(
+      jnp.clip(jnp.exp(log_w), 1.0 - clip_eps, 1.0 + clip_eps))
+  valid = (n_b > 0).astype(jnp.float32)
+  loss = jnp.sum(valid * w_b * jnp.square(delta_b)) / jnp.maximum(
+      jnp.sum(valid), 1.0)
+  return loss, delta_b
+
+
+class LogPartition(nnx.Module):
+  """Learned log Z_phi(x) for FlowRL (arXiv:2509.15207).
+
+  hidden_dim == 0: one scalar shared by all prompts. hidden_dim > 0: an MLP
+  (Linear -> GELU -> Linear) on a pooled prompt embedding, as in the paper's
+  partition network (there a 3-layer MLP on the policy's prompt states). The
+  output layer starts at zero, so log Z = 0 at initialisation.
+  """
+
+  def __init__(self, in_dim: int, hidden_dim: int, *, rngs: nnx.Rngs):
+    self.hidden_dim = hidden_dim
+    if hidden_dim == 0:
+      self.log_z = nnx.Param(jnp.zeros((), jnp.float32))
+    else:
+      self.hidden = nnx.Linear(in_dim, hidden_dim, rngs=rngs)
+      self.out = nnx.Linear(hidden_dim, 1, kernel_init=nnx.initializers.zeros,
+                            rngs=rngs)
+
+  def __call__(self, pooled_bd: jax.Array) -> jax.Array:
+    """[B, D] pooled prompt embeddings -> [B] float32 log Z."""
+    if self.hidden_dim == 0:
+      return jnp.broadcast_to(self.log_z[...], pooled_bd.shape[:1])
+    return self.out(jax.nn.gelu(self.hidden(pooled_bd)))[:, 0]
+
+
+def masked_mean_pool(h_bld: jax.Array, mask_bl: jax.Array) -> jax.Array:
+  """[B, D] mean of h over the positions where mask (e.g. PROMPT role) is set."""
+  m = mask_bl.astype(h_bld.dtype)[..., None]
+  return jnp.sum(h_bld * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)

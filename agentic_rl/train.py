@@ -69,10 +69,10 @@ def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
 def start_rl(config, state: types.TrainState) -> types.TrainState:
   """Phase transition: freeze the SFT policy as reference, fresh RL optimizer."""
   tx = learner.make_optimizer(config.rl)
-  return state.replace(
+  return learner.init_rl_extras(config, state.replace(
       ref_params=jax.tree.map(jnp.copy, state.params),
       opt_state=tx.init(state.params),
-  )
+  ))
 
 
 def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:

@@ -74,6 +74,13 @@ class TrainState:
     rng: uint32 [2] base PRNG key data; per-step keys are fold_in(rng, step).
     kl_coef: float32 scalar; the KL-in-loss coefficient (constant unless an
       adaptive KL target is set).
+    replay: None, or a `replay.ReplayBuffer` of successful episodes (when
+      `rl.replay_capacity` > 0); set at the start of the RL phase.
+    dual_coef: None, or the float32 scalar Lagrange multiplier of the
+      dual-ascent constraint (when `rl.dual_constraint` is set).
+
+  The last two default to None (an empty pytree), so states and checkpoints
+  of runs without these switches keep their structure.
   """
 
   step: jax.Array
@@ -82,3 +89,5 @@ class TrainState:
   opt_state: Any
   rng: jax.Array
   kl_coef: jax.Array
+  replay: Any = None
+  dual_coef: Any = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import ml_collections
 
@@ -69,10 +71,31 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,
           f"must divide the minibatch size ({mb_rows} episodes)")
-  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo"]
+  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo", "gigpo"]
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
+  tree = rl.get("tree_branching", ())
+  if tree:
+    if (not isinstance(tree, (tuple, list))
+        or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tree)
+        or math.prod(tree) != rl.group_size):
+      _fail("rl.tree_branching", tree,
+            f"must be fork sizes >= 1 whose product is rl.group_size="
+            f"{rl.group_size}, or () (off)")
+    if not 0.0 <= rl.get("tree_alpha", 0.5) <= 1.0:
+      _fail("rl.tree_alpha", rl.tree_alpha, "must be in [0, 1]")
+    if (rl.get("credit", "trajectory") != "trajectory"
+        or rl.advantage_estimator != "grpo" or rl.get("pbrs_coef", 0.0) > 0
+        or rl.get("replay_inject", False)):
+      _fail("rl.tree_branching", tuple(tree),
+            "tree advantages replace the estimator: use credit 'trajectory', "
+            "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False")
+  if rl.advantage_estimator == "gigpo" and rl.get("pbrs_coef", 0.0) > 0:
+    _fail("rl.pbrs_coef", rl.pbrs_coef,
+          "advantage_estimator 'gigpo' uses unshaped step returns: set 0")
+  if not rl.get("gigpo_step_weight", 1.0) >= 0:
+    _fail("rl.gigpo_step_weight", rl.gigpo_step_weight, "must be >= 0")
   if not rl.hdpo_efficiency_weight >= 0:
     _fail("rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0")
   if rl.std_ddof not in (0, 1):
@@ -97,6 +120,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   over = rl.get("dynamic_sampling_oversample", 1)
   if isinstance(over, bool) or not isinstance(over, int) or over < 1:
     _fail("rl.dynamic_sampling_oversample", over, "must be an integer >= 1 (1 = off)")
+  retries = rl.get("dynamic_sampling_max_retries", 0)
+  if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+    _fail("rl.dynamic_sampling_max_retries", retries, "must be an integer >= 0")
+  if retries > 0 and over == 1:
+    _fail("rl.dynamic_sampling_max_retries", retries,
+          "needs rl.dynamic_sampling_oversample >= 2 (dynamic sampling on)")
   if rl.get("dynamic_sampling_metric", "reward") not in ("reward", "correct"):
     _fail("rl.dynamic_sampling_metric", rl.dynamic_sampling_metric,
           "must be 'reward' or 'correct'")
@@ -169,17 +198,89 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     env_obj = environments.make(config.env)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
-  if config.rl.get("pbrs_coef", 0.0) > 0 and getattr(env_obj, "is_host", False):
+  is_host = getattr(env_obj, "is_host", False)
+  if config.rl.get("pbrs_coef", 0.0) > 0 and is_host:
     _fail("rl.pbrs_coef", config.rl.pbrs_coef,
           f"host environment {config.env.name!r} has no 'progress' potential")
-  if config.rl.get("pbrs_coef", 0.0) > 0:
+  if config.rl.get("likelihood_coef", 0.0) > 0 and is_host:
+    _fail("rl.likelihood_coef", config.rl.likelihood_coef,
+          f"host environment {config.env.name!r} has no gold-answer facts")
+  if config.rl.get("dynamic_sampling_max_retries", 0) > 0 and is_host:
+    _fail("rl.dynamic_sampling_max_retries", config.rl.dynamic_sampling_max_retries,
+          f"retry rounds roll out inside the jitted step; host environment "
+          f"{config.env.name!r} is driven from Python (use 0)")
+  if tuple(config.rl.get("tree_branching", ())) and is_host:
+    _fail("rl.tree_branching", config.rl.tree_branching,
+          f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
+  potential = config.rl.get("pbrs_potential", "progress")
+  if potential not in ("progress", "trace"):
+    _fail("rl.pbrs_potential", potential, "must be 'progress' or 'trace'")
+  if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
+    _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
+  lik = config.rl.get("likelihood_coef", 0.0)
+  if not lik >= 0:
+    _fail("rl.likelihood_coef", lik, "must be >= 0 (0 = off)")
+  pbrs_on = config.rl.get("pbrs_coef", 0.0) > 0
+  if lik > 0 or (pbrs_on and potential == "trace"):
+    task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+    facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+    if ("gold_answer" not in facts or len(facts["gold_answer"].shape) != 1
+        or facts.get("gold_answer_len") is None
+        or facts["gold_answer_len"].shape != ()):
+      field, value = (("rl.likelihood_coef", lik) if lik > 0
+                      else ("rl.pbrs_potential", potential))
+      _fail(field, value, "needs environment facts 'gold_answer' [A] int32 and "
+            "'gold_answer_len' [] int32")
+  if pbrs_on and potential == "progress":
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
     want = (env_obj.max_turns + 1,)
     if "progress" not in facts or facts["progress"].shape != want:
       _fail("rl.pbrs_coef", config.rl.pbrs_coef,
             f"needs an environment fact 'progress' of shape {want} (the potential)")
+  _validate_replay_and_dual(config, env_obj)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
     _fail("max_len", config.max_len,
           f"must be >= env max_prompt_len + max_action_len = {need}")
+
+
+def _validate_replay_and_dual(config, env_obj) -> None:
+  """Replay buffer, self-imitation and dual-ascent switches."""
+  rl = config.rl
+  cap = rl.get("replay_capacity", 0)
+  if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+    _fail("rl.replay_capacity", cap, "must be an integer >= 0 (0 = off)")
+  inject = rl.get("replay_inject", False)
+  if not isinstance(inject, bool):
+    _fail("rl.replay_inject", inject, "must be True or False")
+  sil = rl.get("sil_coef", 0.0)
+  if not sil >= 0:
+    _fail("rl.sil_coef", sil, "must be >= 0 (0 = off)")
+  if (inject or sil > 0) and cap == 0:
+    _fail("rl.replay_capacity", cap,
+          "must be > 0 when rl.replay_inject or rl.sil_coef is on")
+  if sil > 0:
+    _positive_int(config, "rl.sil_batch_size")
+  dual = rl.get("dual_constraint", "")
+  if inject:
+    if rl.get("credit", "trajectory") != "trajectory":
+      _fail("rl.replay_inject", inject, "needs rl.credit='trajectory'")
+    if rl.advantage_estimator == "hdpo" or rl.get("pbrs_coef", 0.0) > 0 or dual:
+      _fail("rl.replay_inject", inject,
+            "replayed episodes carry no env facts: not with "
+            "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint")
+  if not dual:
+    return
+  task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+  facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+  if dual not in facts or facts[dual].shape != ():
+    scalars = sorted(k for k, v in facts.items() if v.shape == ())
+    _fail("rl.dual_constraint", dual,
+          f"must name a per-episode scalar env fact; known: {scalars}")
+  if rl.get("dual_sense", "max") not in ("max", "min"):
+    _fail("rl.dual_sense", rl.dual_sense, "must be 'max' or 'min'")
+  if not rl.get("dual_lr", 0.0) > 0:
+    _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
+  if not rl.get("dual_init", 0.0) >= 0:
+    _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")

@@ -68,6 +68,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'hdpo' ignores the composed reward: z-scored correctness plus an efficiency
   # channel (fewer tool calls) among the correct episodes of each group.
   config.rl.advantage_estimator = "grpo"
+  # 'gigpo' (arXiv:2505.10978): episode GRPO advantage + gigpo_step_weight *
+  # step advantage within groups of identical states (same observation) of a
+  # task group, on discounted step returns (rl.discount).
+  config.rl.gigpo_step_weight = 1.0
+  # PORTool tree rollouts (agentic_rl/tree_rollout.py): fork sizes before
+  # turns 0 .. d-1, product = group_size, e.g. (2, 2); () = off (plain
+  # groups). Advantages: alpha * fork-relative + (1 - alpha) * trajectory
+  # (credit.tree_fork_advantages).
+  config.rl.tree_branching = ()
+  config.rl.tree_alpha = 0.5
   # HDPO efficiency-channel weight w (used only by 'hdpo').
   config.rl.hdpo_efficiency_weight = 0.5
   # Divide group-centred rewards by the group std (grpo, rloo).
@@ -109,12 +119,50 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'progress' fact (Ng et al. 1999); 0 = off. With credit 'trajectory' and
   # discount 1 it cannot change GRPO advantages (DESIGN.md section 6).
   config.rl.pbrs_coef = 0.0
+  # Potential of PBRS: 'progress' (the env's progress fact) or 'trace' (TRACE
+  # log-ratio values log p_ref(gold | s_k) - log p_ref(gold | s_0), from one
+  # batched reference-model pass; needs env facts gold_answer, gold_answer_len).
+  config.rl.pbrs_potential = "progress"
+  # Dense (PBRS) signal delivered as 'reward' (inside the returns) or as
+  # 'aux_loss' (its per-turn F_k in a separate surrogate term; the outcome
+  # advantages are unchanged).
+  config.rl.dense_as = "reward"
+  # Likelihood reward coef * log p_ref(gold answer | final context) (nats);
+  # 0 = off. Needs env facts gold_answer, gold_answer_len.
+  config.rl.likelihood_coef = 0.0
   # DAPO dynamic sampling (arXiv:2503.14476): roll out this many times more
   # groups and keep the first batch_size / group_size whose metric ('reward' or
   # 'correct') varies within the group; 1 = off. An iteration with no such group
   # skips the update (metric rl/skipped_update).
   config.rl.dynamic_sampling_oversample = 1
   config.rl.dynamic_sampling_metric = "reward"
+  # Refill rounds after the first when fewer groups vary (each rolls out
+  # oversample * batch_size / group_size fresh groups into the empty slots;
+  # stops early once full; rl/dynamic_sampling_rounds logs the rounds used).
+  config.rl.dynamic_sampling_max_retries = 0
+  # Per-task replay buffer of successful episodes (agentic_rl/replay.py): slots
+  # (one episode per task, keyed by prompt); 0 = off.
+  config.rl.replay_capacity = 0
+  # Reward at or above which an episode counts as a success (stored/replayed).
+  config.rl.replay_success_threshold = 1.0
+  # RAPO-style per-prompt replay: a group without success whose task has a
+  # buffered success gets it in place of its last episode; its advantage is
+  # computed against the current group (needs credit 'trajectory').
+  config.rl.replay_inject = False
+  # SPEAR self-imitation (arXiv:2509.22601): coefficient of
+  # -(R - b)_+ log pi on sil_batch_size buffered episodes; 0 = off.
+  config.rl.sil_coef = 0.0
+  config.rl.sil_batch_size = 4
+  # Dual ascent (RCPO, arXiv:1805.11074) on a per-episode env fact g, e.g.
+  # 'num_tool_calls': reward R - lam * g with E[g] <= dual_target ('max') or
+  # R + lam * g with E[g] >= dual_target ('min'); lam >= 0 moves by dual_lr *
+  # the violation after every RL step (logged rl/dual_coef, checkpointed).
+  # '' = off.
+  config.rl.dual_constraint = ""
+  config.rl.dual_sense = "max"
+  config.rl.dual_target = 1.0
+  config.rl.dual_lr = 0.05
+  config.rl.dual_init = 0.0
   # TRUNCATED (overlong) episodes: 'none', 'mask' (no gradient) or 'reward'
   # (reward replaced by overlong_reward).
   config.rl.overlong_mode = "none"

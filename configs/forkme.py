@@ -29,6 +29,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Group std: 0 = population, 1 = sample (Bessel).
   rl.std_ddof = 0
 
+  # "gigpo": episode advantage + w * step advantage among identical states.
+  rl.gigpo_step_weight = 1.0
+
+  # PORTool tree rollouts: e.g. (2, 2) forks (product = group_size); () = off.
+  rl.tree_branching = ()
+  rl.tree_alpha = 0.5
+
   # "hdpo": accuracy advantage + w * efficiency advantage among correct episodes.
   rl.hdpo_efficiency_weight = 0.5
 
@@ -38,6 +45,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.discount = 1.0
   # PBRS on the env's progress potential, e.g. 0.5 (acts through per_turn).
   rl.pbrs_coef = 0.0
+  # Potential: "progress" | "trace" (reference log-prob of the gold answer).
+  rl.pbrs_potential = "progress"
+  # Dense signal as "reward" | "aux_loss".
+  rl.dense_as = "reward"
+  # Likelihood reward log p_ref(gold | context), e.g. 0.1 (0 = off).
+  rl.likelihood_coef = 0.0
 
   # --- Rewards (agentic_rl/rewards.py) ------------------------------------------
   # Components and weights: correct, format, otc, tool_cost, failed_call_penalty,
@@ -84,6 +97,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.dynamic_sampling_oversample = 1
   # "reward" | "correct"
   rl.dynamic_sampling_metric = "reward"
+  # Bounded refill rounds when too few groups vary, e.g. 2 (0 = one round).
+  rl.dynamic_sampling_max_retries = 0
+  # Per-task replay of successful episodes: slots, e.g. 256 (0 = off) ...
+  rl.replay_capacity = 0
+  rl.replay_success_threshold = 1.0
+  # ... injected into all-fail groups of the same task (RAPO) ...
+  rl.replay_inject = False
+  # ... and/or SPEAR self-imitation on buffered episodes, e.g. 0.1 (0 = off).
+  rl.sil_coef = 0.0
+  rl.sil_batch_size = 4
+  # Dual ascent toward a constraint on an env fact, e.g. at most 0.5 calls:
+  #   rl.dual_constraint = "num_tool_calls"; rl.dual_target = 0.5
+  rl.dual_constraint = ""
+  rl.dual_sense = "max"  # "max": E[g] <= target | "min": E[g] >= target
+  rl.dual_target = 1.0
+  rl.dual_lr = 0.05
+  rl.dual_init = 0.0
   # Overlong (TRUNCATED) episodes: "none" | "mask" | "reward".
   rl.overlong_mode = "none"
   rl.overlong_reward = 0.0

@@ -49,3 +49,40 @@ def test_overlong_modes_and_truncated_never_get_the_correct_reward():
   np.testing.assert_array_equal(r, [1.0, -0.5, -0.5])
   with pytest.raises(ValueError, match="'cut'"):
     batch_policies.apply_overlong(reward, mask, finish, "cut")
+
+
+def test_refill_round_keeps_issue_table_groups_intact():
+  """Round 0 had no usable group (N = 3 slots of constant fillers); the refill
+  round holds the issue's table: exactly its first three groups fill the slots,
+  whole and in order."""
+  filler = jnp.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
+  table = jnp.array([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1],
+                     [0, 0, 0, 0], [0.5] * 4], jnp.float32)
+  refill = jax.jit(batch_policies.refill_groups, static_argnums=4)
+  kept, filled = refill(filler.reshape(-1), jnp.int32(0), table.reshape(-1),
+                        table, 4)
+  assert int(filled) == 3
+  np.testing.assert_array_equal(kept.reshape(3, 4), table[:3])
+
+
+def test_refill_fills_only_the_gaps_in_order_and_is_bounded():
+  # N = 3 slots, slot 0 already usable (rows are episode ids 0..5, K = 2).
+  kept_rows = jnp.array([10, 11, 20, 20, 30, 30])
+  # New round: groups 0 (const), 1 (varied), 2 (const), 3 (varied), 4 (varied).
+  new_metric = jnp.array([[0, 0], [0, 1], [1, 1], [1, 0], [0, 1]], jnp.float32)
+  new_rows = jnp.arange(10) + 100
+  kept, filled = batch_policies.refill_groups(
+      kept_rows, jnp.int32(1), new_rows, new_metric, 2)
+  # Slots 1 and 2 get new groups 1 and 3; group 4 is dropped (batch full).
+  np.testing.assert_array_equal(kept, [10, 11, 102, 103, 106, 107])
+  assert int(filled) == 3
+  # A full batch is left untouched.
+  kept2, filled2 = batch_policies.refill_groups(
+      kept, jnp.int32(3), new_rows, new_metric, 2)
+  np.testing.assert_array_equal(kept2, kept)
+  assert int(filled2) == 3
+  # No varied group in the round: nothing changes.
+  kept3, filled3 = batch_policies.refill_groups(
+      kept_rows, jnp.int32(1), new_rows, jnp.ones((5, 2)), 2)
+  np.testing.assert_array_equal(kept3, kept_rows)
+  assert int(filled3) == 1

@@ -21,6 +21,7 @@ SWITCHES = [
     ("dynamic_sampling_metric", "correct"), ("overlong_mode", "mask"),
     ("overlong_mode", "reward"), ("overlong_soft_cache", 8),
     ("credit", "per_turn"), ("pbrs_coef", 0.5), ("discount", 0.9),
+    ("advantage_estimator", "gigpo"), ("gigpo_step_weight", 0.5),
 ]
 
 
@@ -70,4 +71,63 @@ def test_reward_switches_validate_and_reject():
   config.rl.reward_schedules = {}
   config.rl.reward_composition = "max"
   with pytest.raises(ValueError, match="max"):
+    validation.validate_config(config)
+
+
+# Switches that need a companion setting, as shown in configs/forkme.py.
+COMBINED_SWITCHES = [
+    {"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": 2},
+    {"replay_capacity": 64, "replay_inject": True, "sil_coef": 0.1},
+    {"dual_constraint": "num_tool_calls", "dual_target": 0.5},
+    {"dual_constraint": "num_tool_errors", "dual_sense": "min"},
+    {"pbrs_coef": 0.5, "dense_as": "aux_loss"},
+    {"pbrs_coef": 0.5, "credit": "per_turn", "dense_as": "aux_loss"},
+    {"tree_branching": (2, 4), "tree_alpha": 1.0},
+]
+
+BAD_COMBINED = [
+    ({"dynamic_sampling_max_retries": 2}, "dynamic_sampling_max_retries"),
+    ({"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": -1},
+     "dynamic_sampling_max_retries"),
+    ({"replay_inject": True}, "replay_capacity"),
+    ({"sil_coef": 0.1}, "replay_capacity"),
+    ({"replay_capacity": -1}, "replay_capacity"),
+    ({"replay_capacity": 8, "sil_coef": -1.0}, "sil_coef"),
+    ({"replay_capacity": 8, "sil_coef": 0.1, "sil_batch_size": 0},
+     "sil_batch_size"),
+    ({"replay_capacity": 8, "replay_inject": True, "credit": "per_turn"},
+     "replay_inject"),
+    ({"replay_capacity": 8, "replay_inject": True,
+      "dual_constraint": "num_tool_calls"}, "replay_inject"),
+    ({"dual_constraint": "tool_call_turn"}, "dual_constraint"),
+    ({"dual_constraint": "calls"}, "dual_constraint"),
+    ({"dual_constraint": "num_tool_calls", "dual_sense": "up"}, "dual_sense"),
+    ({"dual_constraint": "num_tool_calls", "dual_lr": 0.0}, "dual_lr"),
+    ({"dual_constraint": "num_tool_calls", "dual_init": -1.0}, "dual_init"),
+    ({"pbrs_potential": "value"}, "pbrs_potential"),
+    ({"dense_as": "bonus"}, "dense_as"),
+    ({"likelihood_coef": -0.1}, "likelihood_coef"),
+    ({"gigpo_step_weight": -1.0}, "gigpo_step_weight"),
+    ({"tree_branching": (2, 2)}, "tree_branching"),
+    ({"tree_branching": (8, 0)}, "tree_branching"),
+    ({"tree_branching": (2, 4), "tree_alpha": 2.0}, "tree_alpha"),
+    ({"tree_branching": (2, 4), "advantage_estimator": "rloo"},
+     "tree_branching"),
+    ({"advantage_estimator": "gigpo", "credit": "per_turn"},
+     "advantage_estimator"),
+]
+
+
+@pytest.mark.parametrize("values", COMBINED_SWITCHES)
+def test_combined_switches_validate(values):
+  config = forkme.get_config()
+  config.rl.update(values)
+  validation.validate_config(config)
+
+
+@pytest.mark.parametrize("values,field", BAD_COMBINED)
+def test_bad_combined_switches_name_the_field(values, field):
+  config = forkme.get_config()
+  config.rl.update(values)
+  with pytest.raises(ValueError, match=f"config.rl.{field}="):
     validation.validate_config(config)

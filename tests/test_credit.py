@@ -1,5 +1,6 @@
 """Credit assignment (PBRS, potentials, HDPO, SPA) against hand values."""
 
+import functools
 import math
 
 import jax
@@ -326,3 +327,136 @@ def test_jit_and_vmap_match_eager():
   np.testing.assert_allclose(stacked[0], a, atol=1e-6)
   np.testing.assert_allclose(stacked[1], hdpo(1 - corr, calls[::-1], group),
                              atol=1e-6)
+
+
+def _gold_traj():
+  """ep 0: prompt (2), turn 0 = 2 POLICY + 1 TOOL, turn 1 = 2 POLICY, answered.
+  ep 1: prompt (2), turn 0 = 2 POLICY, answered; PAD after."""
+  from agentic_rl import types
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  tokens = jnp.array([[1, 2, 3, 4, 5, 6, 7], [1, 9, 8, 7, 0, 0, 0]], jnp.int32)
+  role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
+  gold = jnp.array([[40, 41, 42], [50, 0, 0]], jnp.int32)
+  gold_len = jnp.array([2, 1])
+  return tokens, role, turn, gold, gold_len
+
+
+def test_state_ends_and_gold_sequences_hand_layout():
+  tokens, role, turn, gold, gold_len = _gold_traj()
+  ends = credit.state_ends(role, turn, 2)
+  np.testing.assert_array_equal(ends, [[2, 5, 7], [2, 4, 4]])
+  seq, gmask = credit.gold_answer_sequences(tokens, ends, gold, gold_len,
+                                            (99,), 0)
+  assert seq.shape == (2, 3, 7 + 1 + 3)
+  np.testing.assert_array_equal(seq[0, 1], [1, 2, 3, 4, 5, 99, 40, 41, 0, 0, 0])
+  np.testing.assert_array_equal(seq[1, 0], [1, 9, 99, 50, 0, 0, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(np.nonzero(gmask[0, 1])[0], [6, 7])
+
+
+def test_gold_answer_logprobs_position_probe_and_likelihood_reward():
+  """A probe model with log p(token at t) = -t: the gold positions of s_k are
+  end_k + 1 .. end_k + len, so the sum is -(len * end_k + len (len + 1) / 2
+  + len * 0) ... written out per entry below."""
+  from agentic_rl import types
+  tokens, role, turn, gold, gold_len = _gold_traj()
+  probe = lambda x: -jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.float32),
+                                      x.shape)
+  lp = jax.jit(lambda *a: credit.gold_answer_logprobs(
+      probe, *a, num_turns=2, answer_prefix=(99,), pad_id=0))(
+          tokens, role, turn, gold, gold_len)
+  # ep 0 (len 2): ends 2, 5, 7 -> positions {3,4}, {6,7}, {8,9}.
+  # ep 1 (len 1): ends 2, 4, 4 -> positions {3}, {5}, {5}.
+  np.testing.assert_allclose(lp, [[-7, -13, -17], [-3, -5, -5]])
+  r = credit.likelihood_reward(lp, jnp.array([2, 1]),
+                               jnp.array([types.ANSWERED, types.MAX_TURNS]))
+  # ep 0 answered at turn 1: context s_1; ep 1 not answered: s_1 (n = 1).
+  np.testing.assert_allclose(r, [-13, -5])
+  np.testing.assert_allclose(credit.log_ratio_potential(lp),
+                             [[0, -6, -10], [0, -2, -2]])
+
+
+def test_gold_answer_logprobs_match_a_direct_reference_forward():
+  from agentic_rl import sampling
+  from tests import fakes
+  graphdef, params, _ = fakes.tiny_policy(3)
+  tokens, role, turn, gold, gold_len = _gold_traj()
+  fn = lambda x: sampling.token_logprobs(graphdef, params, x)[0]
+  lp = credit.gold_answer_logprobs(fn, tokens, role, turn, gold, gold_len,
+                                   num_turns=2, answer_prefix=(99,), pad_id=0)
+  # Independent: score [1 2 3 4 5 99 40 41] directly (ep 0, s_1).
+  direct = sampling.token_logprobs(
+      graphdef, params, jnp.array([[1, 2, 3, 4, 5, 99, 40, 41]]))[0]
+  np.testing.assert_allclose(lp[0, 1], direct[0, 6] + direct[0, 7], rtol=1e-5)
+
+
+def test_gigpo_step_advantages_hand_values():
+  # One task group of 3 (K = 2): ep 0 and ep 1 call the tool (same
+  # observation -> same s_1), then ep 0 answers right, ep 1 wrong; ep 2
+  # answers wrong at once. Returns (gamma 1): [1, 1], [0, 0], [0, -].
+  returns = jnp.array([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+  keys = jnp.array([[7, 3], [7, 3], [7, 5]], jnp.uint32)
+  mask = jnp.array([[1, 1], [1, 1], [1, 0]], bool)
+  group = jnp.zeros(3, jnp.int32)
+  a = jax.jit(functools.partial(credit.gigpo_step_advantages, eps=0.0))(
+      returns, keys, mask, group)
+  # s_0 group: [1, 0, 0], mean 1/3, std sqrt(2)/3 -> [sqrt 2, -1/sqrt 2 x2];
+  # s_1 group {ep0, ep1}: [1, 0] -> [1, -1]; ep 2 has no turn 1.
+  r2 = np.sqrt(2.0)
+  np.testing.assert_allclose(a, [[r2, 1], [-1 / r2, -1], [-1 / r2, 0]],
+                             rtol=1e-5)
+  a = credit.gigpo_step_advantages(returns, keys, mask, group,
+                                   scale_by_std=False)
+  np.testing.assert_allclose(a, [[2 / 3, .5], [-1 / 3, -.5], [-1 / 3, 0]],
+                             rtol=1e-6)
+  # Another task group with the same keys is a separate step group.
+  a = credit.gigpo_step_advantages(returns, keys, mask,
+                                   jnp.array([0, 1, 1]), scale_by_std=False)
+  np.testing.assert_allclose(a, [[0, 0], [0, 0], [0, 0]], atol=1e-7)
+
+
+def test_observation_state_keys_group_identical_observations():
+  from agentic_rl import types
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  tokens = jnp.array([[1, 2, 3, 4, 50, 6], [1, 2, 8, 9, 50, 7],
+                      [1, 2, 3, 4, 51, 6], [1, 2, 6, 0, 0, 0]], jnp.int32)
+  role = jnp.array([[P, P, Q, Q, T, Q]] * 3 + [[P, P, Q, D, D, D]], jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 0, 1]] * 3 + [[-1, -1, 0, -1, -1, -1]])
+  k = np.asarray(credit.observation_state_keys(tokens, role, turn, 2))
+  assert len(set(k[:, 0])) == 1  # same prompt
+  assert k[0, 1] == k[1, 1]  # same observation, different calls
+  assert k[2, 1] != k[0, 1]  # different observation
+  assert k[3, 1] != k[0, 1]  # no observation
+
+
+def test_portool_tree_advantages_hand_drawn_2x2_tree():
+  """Root -> A1 (leaves 0, 1), A2 (leaves 2, 3); outcomes [1, 0, 0, 0].
+
+  v(A1) = .5, v(A2) = 0 -> A_fork = +-1 (z) / +-.25 (mean-only).
+  Under A1: leaves 1, 0 -> +-1 / +-.5; under A2: 0, 0 -> 0.
+  Leaf GRPO: mean .25, std sqrt(.1875) -> [sqrt 3, -1/sqrt 3 x3];
+  A_traj(A1) = mean(sqrt 3, -1/sqrt 3) = 1/sqrt 3, A_traj(A2) = -1/sqrt 3.
+  """
+  r = jnp.array([1.0, 0.0, 0.0, 0.0])
+  s3 = np.sqrt(3.0)
+  a = jax.jit(functools.partial(credit.tree_fork_advantages, branching=(2, 2),
+                                alpha=0.5, eps=0.0))(r)
+  np.testing.assert_allclose(a, [
+      [.5 * 1 + .5 / s3, .5 * 1 + .5 * s3],
+      [.5 * 1 + .5 / s3, -.5 - .5 / s3],
+      [-.5 - .5 / s3, -.5 / s3],
+      [-.5 - .5 / s3, -.5 / s3]], rtol=1e-5)
+  m = credit.tree_fork_advantages(r, (2, 2), alpha=1.0, scale_by_std=False)
+  np.testing.assert_allclose(m, [[.25, .5], [.25, -.5], [-.25, 0], [-.25, 0]],
+                             atol=1e-6)
+  # alpha = 0: the deepest step of each leaf gets its plain GRPO advantage.
+  z = credit.tree_fork_advantages(r, (2, 2), alpha=0.0, eps=0.0)
+  np.testing.assert_allclose(z[:, 1], [s3, -1 / s3, -1 / s3, -1 / s3],
+                             rtol=1e-5)
+  # Turns: turn 0 -> depth 1, turns >= 1 -> depth 2.
+  t = credit.tree_turn_advantages(m, 3)
+  np.testing.assert_allclose(t[0], [.25, .5, .5], atol=1e-6)
+  with pytest.raises(ValueError, match="branching"):
+    credit.tree_fork_advantages(r, (3, 2), alpha=0.5)
+  with pytest.raises(ValueError, match="alpha"):
+    credit.tree_fork_advantages(r, (2, 2), alpha=1.5)

@@ -176,3 +176,173 @@ def test_trajectory_credit_pbrs_leaves_grpo_unchanged_at_discount_one():
   np.testing.assert_allclose(r, [1.0, 0.0], atol=1e-6)
   np.testing.assert_allclose(adv_b, [1.0, -1.0], atol=1e-6)
   np.testing.assert_allclose(adv[0], [0, 0, 1, 1, 0, 1, 1], atol=1e-6)
+
+
+def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
+  """A freshly initialised policy is never correct: with the 'correct' metric
+  no group varies, so the step retries up to the bound, then skips the update
+  (params and optimizer state unchanged) and logs why."""
+  config = default.get_config("smoke")
+  config.sft.steps = 0
+  config.rl.dynamic_sampling_oversample = 2
+  config.rl.dynamic_sampling_max_retries = 2
+  config.rl.dynamic_sampling_metric = "correct"
+  state, step = _rl_state_and_step(config)
+  before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+  state, m = step(state)
+  assert float(m["accuracy"]) == 0.0
+  assert float(m["skipped_update"]) == 1.0
+  assert float(m["usable_groups"]) == 0.0
+  assert float(m["dynamic_sampling_rounds"]) == 3.0  # 1 + 2 retries
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(
+      (state.params, state.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  assert int(state.step) == 1
+
+
+def test_rl_steps_with_replay_injection_and_self_imitation():
+  """Two GRPO iterations with the replay buffer on: successes are stored
+  (then checkpointable in TrainState.replay), SIL runs on buffered episodes."""
+  config = default.get_config("smoke")
+  config.rl.replay_capacity = 8
+  config.rl.replay_inject = True
+  config.rl.replay_success_threshold = 0.5
+  config.rl.sil_coef = 0.1
+  config.rl.sil_batch_size = 2
+  state, step = _rl_state_and_step(config)
+  assert state.replay.tokens.shape == (8, config.max_len)
+  for _ in range(2):
+    state, m = step(state)
+    assert all(np.isfinite(float(v)) for v in m.values()), m
+  assert {"replay_size", "replay_injected", "sil_loss"} <= set(m)
+  # Buffer size = distinct tasks with a success so far (<= capacity).
+  assert float(m["replay_size"]) == float(jnp.sum(state.replay.valid))
+  assert 0 <= float(m["replay_size"]) <= 8
+
+
+def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
+  config = default.get_config("smoke")
+  config.rl.dual_constraint = "num_tool_calls"
+  config.rl.dual_target = 0.25
+  config.rl.dual_lr = 0.5
+  config.rl.dual_init = 0.1
+  state, step = _rl_state_and_step(config)
+  assert float(state.dual_coef) == pytest.approx(0.1)
+  state, m = step(state)
+  calls = float(m["dual_observed"])
+  assert calls == pytest.approx(float(m["tool_calls"]))
+  assert float(m["dual_coef"]) == pytest.approx(0.1)
+  # lam' = max(0, 0.1 + 0.5 * (calls - 0.25)).
+  assert float(state.dual_coef) == pytest.approx(
+      max(0.0, 0.1 + 0.5 * (calls - 0.25)), abs=1e-6)
+  # 'min' sense: the multiplier grows when the fact is below its target.
+  rl = config.rl
+  rl.dual_sense = "min"
+  np.testing.assert_allclose(
+      learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)),
+      0.1 + 0.5 * 0.25)
+  rl.dual_sense = "max"
+  np.testing.assert_allclose(
+      learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)), 0.0)
+
+
+def test_any_potential_array_plugs_into_pbrs_credit():
+  """Hand-made potentials passed as phi_bk1 reproduce the progress-fact path
+  (per_turn hand values of test_per_turn_credit_with_pbrs_hand_values)."""
+  rl = default.get_config().rl
+  rl.credit = "per_turn"
+  rl.pbrs_coef = 0.5
+  rl.adv_eps = 0.0
+  traj = _two_episode_traj()
+  traj = traj.replace(facts={**traj.facts, "progress": jnp.zeros((2, 3))})
+  phi = jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+  _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]), traj, 2,
+                                       phi_bk1=phi)
+  np.testing.assert_allclose(adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]],
+                             atol=1e-6)
+
+
+def test_dense_as_aux_loss_leaves_advantages_unchanged():
+  rl = default.get_config().rl
+  rl.credit = "per_turn"
+  rl.scale_by_std = False
+  traj = _two_episode_traj()
+  traj = traj.replace(facts={**traj.facts, "progress": jnp.array(
+      [[0.0, 1.0, 1.0], [0.4, 0.0, 0.0]])})
+  reward = jnp.array([1.0, 0.0])
+  # Without shaping: returns ep0 [1, 1], ep1 [0, -]; turn 0 -> [.5, -.5].
+  # With PBRS (coef .5) ep 1's turn-0 return is 0 - .5 * .4 = -.2.
+  _, _, plain = learner.token_advantages(rl, reward, traj, 2)
+  rl.pbrs_coef = 0.5
+  _, _, shaped = learner.token_advantages(rl, reward, traj, 2)
+  rl.dense_as = "aux_loss"
+  _, _, aux_path = learner.token_advantages(rl, reward, traj, 2)
+  np.testing.assert_array_equal(aux_path, plain)
+  assert not np.allclose(shaped, plain)  # the reward path does change them
+  np.testing.assert_allclose(plain[:, 2], [0.5, -0.5], atol=1e-6)
+  np.testing.assert_allclose(shaped[:, 2], [0.6, -0.6], atol=1e-6)
+  # The dense signal goes to the aux loss: F = [0.5 * 1 - 0, 0 - 0.5] for
+  # ep 0 (terminal Phi = 0), [0 - 0.2] for ep 1, on each turn's POLICY tokens.
+  aux = learner.dense_aux_advantages(rl, traj, traj.facts["progress"], 2)
+  np.testing.assert_allclose(
+      aux, [[0, 0, .5, .5, 0, -.5, -.5], [0, 0, -.2, -.2, 0, 0, 0]], atol=1e-6)
+
+
+def test_aux_loss_term_adds_its_surrogate_to_the_loss():
+  graphdef, params, _ = fakes.tiny_policy(2)
+  batch = _batch(graphdef, params, seed=2)
+  config = _config(num_minibatches=1, kl_coef=0.0)
+  aux = jnp.where(batch["mask"], 0.3, 0.0)
+  den = batch["mask"].sum()
+  l0, m0 = learner._rl_loss(graphdef, params, batch, config.rl, kl_coef=0.0,
+                            denominator=den)
+  l1, m1 = learner._rl_loss(graphdef, params, {**batch, "aux_advantage": aux},
+                            config.rl, kl_coef=0.0, denominator=den)
+  # Ratio 1: the surrogate of a constant +0.3 is -0.3 per token (token-mean).
+  np.testing.assert_allclose(m1["aux_loss"], -0.3, rtol=1e-5)
+  np.testing.assert_allclose(l1 - l0, -0.3, rtol=1e-5)
+  np.testing.assert_allclose(m1["pg_loss"], m0["pg_loss"], rtol=1e-6)
+
+
+def test_gigpo_token_advantages_hand_values():
+  rl = default.get_config().rl
+  rl.advantage_estimator = "gigpo"
+  rl.adv_eps = 0.0
+  # Episode GRPO [1, -1]; step group s_0 = both episodes (same prompt):
+  # returns [1, 0] -> [1, -1]; s_1 holds ep 0 alone -> 0. A = A_E + A_S.
+  _, adv_b, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]),
+                                           _two_episode_traj(), 2)
+  np.testing.assert_allclose(adv_b, [1, -1], atol=1e-6)
+  np.testing.assert_allclose(adv, [[0, 0, 2, 2, 0, 1, 1], [0, 0, -2, -2, 0, 0, 0]],
+                             atol=1e-6)
+  rl.gigpo_step_weight = 0.5
+  _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]),
+                                       _two_episode_traj(), 2)
+  np.testing.assert_allclose(adv[:, 2], [1.5, -1.5], atol=1e-6)
+
+
+def test_tree_token_advantages_hand_values():
+  """The hand-drawn 2x2 tree (outcomes [1, 0, 0, 0], alpha 1, mean-only):
+  turn 0 (depth 1) gets [.25, .25, -.25, -.25], turn 1 (depth 2)
+  [.5, -.5, 0, 0]; TOOL and PROMPT tokens get 0."""
+  rl = default.get_config().rl
+  rl.tree_branching = (2, 2)
+  rl.tree_alpha = 1.0
+  rl.scale_by_std = False
+  base = _two_episode_traj()
+  traj = jax.tree.map(lambda x: jnp.concatenate([x[:1]] * 4), base)
+  traj = traj.replace(group=jnp.zeros(4, jnp.int32))
+  _, adv_b, adv = learner.token_advantages(
+      rl, jnp.array([1.0, 0.0, 0.0, 0.0]), traj, 2)
+  np.testing.assert_allclose(adv_b, [.5, -.5, 0, 0], atol=1e-6)
+  np.testing.assert_allclose(adv, [
+      [0, 0, .25, .25, 0, .5, .5], [0, 0, .25, .25, 0, -.5, -.5],
+      [0, 0, -.25, -.25, 0, 0, 0], [0, 0, -.25, -.25, 0, 0, 0]], atol=1e-6)
+
+
+def test_rl_step_with_tree_rollouts_runs():
+  config = default.get_config("smoke")
+  config.rl.tree_branching = (2, 2)
+  state, step = _rl_state_and_step(config)
+  state, m = step(state)
+  assert all(np.isfinite(float(v)) for v in m.values()), m
