@@ -9,8 +9,12 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from environments import arithmetic
+from environments import kv_chain
 
-REGISTRY = {"arithmetic": arithmetic.ArithmeticEnv}
+REGISTRY = {
+    "arithmetic": arithmetic.ArithmeticEnv,
+    "kv_chain": kv_chain.KVChainEnv,
+}
 
 
 def make(env_config: Mapping[str, Any]):
