@@ -169,7 +169,7 @@ class KVChainEnv:
   def __post_init__(self):
     if not 1 <= self.min_hops <= self.max_hops <= 6:
       raise ValueError(
-          "need 1 <= min_hops <= max_hops <= 6, got min_hops="
+          "min_hops/max_hops: need 1 <= min_hops <= max_hops <= 6, got min_hops="
           f"{self.min_hops}, max_hops={self.max_hops}")
     if not 0 <= self.num_distractors <= NUM_KEYS - self.max_hops - 1:
       raise ValueError(

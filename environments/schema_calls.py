@@ -30,6 +30,9 @@ Per-turn facts ([K], False / 0 on turns that are not calls), scored against the
 best-matching ready node (the gold call is that node with the called tool when the
 tool implements the node's operation, else the canonical tool of the operation):
   call_format_ok        the call parses (name, parentheses, 1..3 `p=int` slots)
+  call_schema_ok        it names an offered tool with exactly that tool's
+                        parameter names, int values (adherence to the called
+                        tool's own schema; no reference call involved)
   call_name_ok          the tool implements a ready node's operation
   call_param_names_ok   the parameter names are exactly the gold tool's names
   call_param_names_frac Jaccard |given & gold| / |given | gold| of parameter names
@@ -144,7 +147,7 @@ class SchemaState:
   per_turn: dict  # name -> [K] arrays (the call_* facts)
 
 
-_PER_TURN = ("call_format_ok", "call_name_ok", "call_param_names_ok",
+_PER_TURN = ("call_format_ok", "call_schema_ok", "call_name_ok", "call_param_names_ok",
              "call_param_names_frac", "call_param_values_ok",
              "call_param_values_frac", "call_exec_ok", "call_forbidden",
              "call_resolves")
@@ -250,7 +253,7 @@ class SchemaCallsEnv:
     if not 2 <= self.num_tools <= len(TOOLS):
       raise ValueError(f"num_tools must be in [2, {len(TOOLS)}], got {self.num_tools}")
     if not 1 <= self.min_depth <= self.max_depth <= 6:
-      raise ValueError("need 1 <= min_depth <= max_depth <= 6, got min_depth="
+      raise ValueError("min_depth/max_depth: need 1 <= min_depth <= max_depth <= 6, got min_depth="
                        f"{self.min_depth}, max_depth={self.max_depth}")
     if self.max_prompt_len < self.prompt_len_needed:
       raise ValueError(f"max_prompt_len must be >= {self.prompt_len_needed}, got "
@@ -497,6 +500,7 @@ class SchemaCallsEnv:
     fmt = parsed["format_ok"]
     values = {
         "call_format_ok": fmt,
+        "call_schema_ok": fmt & own_ok,
         "call_name_ok": fmt & pick("implements"),
         "call_param_names_ok": fmt & pick("names_ok"),
         "call_param_names_frac": jnp.where(fmt, pick("names_frac"), 0.0),
