@@ -121,6 +121,10 @@ class BudgetEnv:
     """
     base, obs, obs_len, done = self.inner.step(state.base, action_tokens, action_len)
     active = ~state.done
+    # A finished (e.g. cut) episode is left as it is.
+    base = jax.tree.map(lambda n, o: jnp.where(active, n, o), base, state.base)
+    obs = jnp.where(active, obs, tok.PAD)
+    obs_len = jnp.where(active, obs_len, 0)
     calls = self.inner.facts(base)["num_tool_calls"]
     cut = active & (calls > self.budget)
     obs = jnp.where(cut, tok.PAD, obs).astype(jnp.int32)
