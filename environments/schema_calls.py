@@ -476,7 +476,11 @@ class SchemaCallsEnv:
     arg = lambda p: jnp.sum(jnp.where(parsed["names"] == p, parsed["values"], 0))
     result = _apply(jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)], arg(own_names[0]),
                     arg(own_names[1]))
-    fits = jnp.abs(result) < 10 ** min(self.max_obs_len - 3, 9)
+    va, vb = arg(own_names[0]), arg(own_names[1])
+    # Values have <= 7 digits, so only a product can overflow int32.
+    overflow = ((jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)] == OP_MUL)
+                & (jnp.abs(va) > (2**31 - 1) // jnp.maximum(jnp.abs(vb), 1)))
+    fits = (jnp.abs(result) < 10 ** min(self.max_obs_len - 3, 9)) & ~overflow
     exec_ok &= fits
     resolves = is_call & exec_ok & pick("exact")
     redundant = is_call & exec_ok & ~resolves & jnp.any(sc["exact"] | (

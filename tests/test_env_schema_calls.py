@@ -199,3 +199,9 @@ def test_config_errors_name_the_field():
     SchemaCallsEnv(max_depth=6, max_turns=5, max_prompt_len=200)
   with pytest.raises(ValueError, match="forbid_prob"):
     SchemaCallsEnv(forbid_prob=-0.1)
+
+
+def test_overflowing_product_is_an_error_not_a_wrapped_value():
+  f, obs, _, _ = _run(CHAIN, [call("mul(a=9999999,b=9999999)")])
+  assert obs == ["<obs>error</obs>"] and not f["call_exec_ok"][0]
+  assert f["call_format_ok"][0] and f["call_schema_ok"][0]
