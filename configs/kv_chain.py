@@ -9,9 +9,11 @@ reward should teach it to finish the chain.
 
 Launch:   python main.py --config=configs/kv_chain.py --workdir=runs/kv_chain
           python main.py --config=configs/kv_chain.py:smoke --workdir=/tmp/kv_smoke
-Runtime:  a few minutes on a 2-core CPU (smoke: about a minute).
+Runtime:  54 minutes measured on a 2-core CPU shared with several other jobs
+          (load ~13); expect far less on an idle machine (smoke: a few minutes).
 Expected: held-out accuracy after RL above the SFT checkpoint, mostly on d >= 2
-          ('hard'); measured numbers in environments/README.md.
+          ('hard'). Measured (seed 0): greedy accuracy 0.848 -> 1.000, hard
+          0.775 -> 1.000, pass@1 0.239 -> 0.963 (environments/README.md).
 """
 
 from __future__ import annotations
