@@ -198,6 +198,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     env_obj = environments.make(config.env)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
+  except ValueError as e:  # the environment's own field checks name the field
+    raise ConfigError(f"config.env.{e}") from e
   is_host = getattr(env_obj, "is_host", False)
   if config.rl.get("pbrs_coef", 0.0) > 0 and is_host:
     _fail("rl.pbrs_coef", config.rl.pbrs_coef,

@@ -9,6 +9,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from environments import arithmetic
+from environments import budget
+from environments import clarification
+from environments import kv_chain
+from environments import schema_calls
 
 
 
@@ -24,6 +28,10 @@ def _lazy(module: str, name: str):
 
 REGISTRY = {
     "arithmetic": arithmetic.ArithmeticEnv,
+    "kv_chain": kv_chain.KVChainEnv,
+    "schema_calls": schema_calls.SchemaCallsEnv,
+    "clarification": clarification.ClarificationEnv,
+    "budget": budget.BudgetEnv,
     # Host environments (environments/host/README.md).
     "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
     "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),

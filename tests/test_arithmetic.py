@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl import rollout
 from agentic_rl import tokenizers as tk
 from environments import arithmetic
 from environments.arithmetic import ArithmeticEnv, ArithmeticTask
@@ -465,3 +466,95 @@ def test_expert_over_and_under_call_probabilities_apply_per_difficulty():
   # Every episode (hard: never under-calls; easy: always over-calls) calls the tool.
   assert bool(tasks.hard.any()) and bool((~tasks.hard).any())
   np.testing.assert_array_equal(np.asarray(action[:, 0]), tk.CALL)
+
+
+# ---------------------------------------------------------------- chains, noise, gold
+
+CHAIN_ENV = ArithmeticEnv(num_ops=3, max_turns=5, max_prompt_len=32,
+                          tool_noise_prob=0.5, expert_imperfect_prob=0.0)
+_CRESET = jax.jit(CHAIN_ENV.reset)
+_CSTEP = jax.jit(CHAIN_ENV.step)
+_CFACTS = jax.jit(CHAIN_ENV.facts)
+
+
+def _chain_task(noise_u=(0.9,) * 5, noise_delta=(3,) * 5):
+  # ((3+4)*5)-2 = 33.
+  return ArithmeticTask(
+      a=jnp.int32(3), b=jnp.int32(4), op=jnp.int32(arithmetic.ADD),
+      answer=jnp.int32(33), hard=jnp.bool_(True),
+      xs=jnp.array([3, 4, 5, 2], jnp.int32),
+      ops=jnp.array([arithmetic.ADD, arithmetic.MUL, arithmetic.SUB], jnp.int32),
+      noise_u=jnp.array(noise_u, jnp.float32),
+      noise_delta=jnp.array(noise_delta, jnp.int32))
+
+
+def _chain_run(task, actions):
+  state, prompt, plen = _CRESET(task)
+  obs_texts = []
+  for act in actions:
+    state, obs, olen, _ = _CSTEP(state, *act)
+    obs_texts.append(_text(obs, olen))
+  return jax.device_get(_CFACTS(state)), obs_texts, _text(prompt, plen)
+
+
+def test_chain_needs_k_calls_progress_and_redundant_calls():
+  f, obs, prompt = _chain_run(_chain_task(), [
+      _call("3+4"), _call("3+4"), _call("7*5"), _call("35-2"), _answer("33")])
+  assert prompt == "<bos>Compute ((3+4)*5)-2.\n"
+  assert obs == ["<obs>7</obs>", "<obs>7</obs>", "<obs>35</obs>", "<obs>33</obs>", ""]
+  assert f["correct"] and int(f["num_tool_calls"]) == 4
+  assert int(f["num_redundant_calls"]) == 1 and int(f["num_noisy_results"]) == 0
+  np.testing.assert_allclose(f["progress"], [0, 1 / 3, 1 / 3, 2 / 3, 1, 1], rtol=1e-6)
+  assert _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>33</answer>"
+
+
+def test_noisy_tool_corrupts_drawn_calls_only():
+  # Call 0 is corrupted (u = 0.1 < q = 0.5, +3), call 1 exact, call 2 corrupted (-2).
+  task = _chain_task(noise_u=(0.1, 0.9, 0.2, 0.9, 0.9), noise_delta=(3, 5, -2, 1, 1))
+  f, obs, _ = _chain_run(task, [_call("3+4"), _call("3+4"), _call("7*5")])
+  assert obs == ["<obs>10</obs>", "<obs>7</obs>", "<obs>33</obs>"]
+  assert int(f["num_noisy_results"]) == 2 and int(f["num_tool_errors"]) == 0
+  # The corrupted 10 is no progress; the exact 7 is; the corrupted 33 is not 35.
+  np.testing.assert_allclose(f["progress"][:4], [0, 0, 1 / 3, 1 / 3], rtol=1e-6)
+
+
+def test_gold_answer_and_new_facts_on_the_default_env():
+  f = _facts(_step(_reset(HARD)[0], _call("483*27"))[0])
+  assert _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>13041</answer>"
+  assert f["gold_answer"].shape == (ENV.max_answer_len,)
+  assert bool(f["tool_necessary"]) and int(f["num_noisy_results"]) == 0
+  f = _facts(_reset(EASY)[0])
+  assert _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>-2</answer>"
+  assert not bool(f["tool_necessary"])
+
+
+def test_chain_expert_and_tasks():
+  env = ArithmeticEnv(num_ops=3, max_turns=5, max_prompt_len=32,
+                      expert_imperfect_prob=0.0)
+  tasks = env.eval_tasks(32, 0)
+  xs, ops = np.asarray(tasks.xs), np.asarray(tasks.ops)
+  f = {0: lambda a, b: a + b, 1: lambda a, b: a - b, 2: lambda a, b: a * b}
+  for i in range(32):
+    v = xs[i, 0]
+    for j in range(3):
+      v = f[int(ops[i, j])](v, xs[i, j + 1])
+      assert v >= 0  # chains stay non-negative
+    assert v == int(tasks.answer[i])
+  traj = rollout.rollout_jit(env, tasks, jax.random.key(0), max_len=112)
+  facts = jax.device_get(traj.facts)
+  assert facts["correct"].all()
+  hard = np.asarray(tasks.hard)
+  np.testing.assert_array_equal(facts["num_tool_calls"], np.where(hard, 3, 0))
+  rendered = arithmetic.render_task(jax.tree.map(lambda x: x[0], tasks))
+  assert rendered.startswith("Compute ((") and rendered.count(")") == 2
+
+
+def test_chain_and_noise_config_errors():
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    ArithmeticEnv(num_ops=3, max_turns=5)
+  with pytest.raises(ValueError, match="max_turns"):
+    ArithmeticEnv(num_ops=3, max_prompt_len=32)
+  with pytest.raises(ValueError, match="tool_noise_prob"):
+    ArithmeticEnv(tool_noise_prob=2.0)
+  with pytest.raises(ValueError, match="num_ops"):
+    ArithmeticEnv(num_ops=0)
