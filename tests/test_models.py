@@ -249,3 +249,58 @@ def test_bfloat16_policy():
 def test_invalid_model_configs_raise(overrides, match):
   with pytest.raises(ValueError, match=match):
     transformer.TransformerConfig(num_heads=4, **overrides)
+
+
+@pytest.fixture(scope="module")
+def head_model():
+  cfg = dataclasses.replace(fakes.TINY, num_heads=2, num_kv_heads=1,
+                            value_head=True, reward_head=True)
+  model = _model(cfg, 12)
+  model.value_head_d[...] = jax.random.normal(jax.random.PRNGKey(1), (cfg.d_model,))
+  model.reward_head_d[...] = jax.random.normal(jax.random.PRNGKey(2), (cfg.d_model,))
+  return model
+
+
+def test_heads_draw_nothing_and_default_off():
+  """Enabling the heads adds only value_head_d / reward_head_d (zero-initialised);
+  every other parameter is unchanged for the same seed."""
+  cfg = dataclasses.replace(fakes.TINY, num_heads=2, num_kv_heads=1)
+  plain = nnx.to_flat_state(nnx.state(_model(cfg, 3)))
+  heads = dict(nnx.to_flat_state(nnx.state(_model(
+      dataclasses.replace(cfg, value_head=True, reward_head=True), 3))))
+  assert set(heads) - {p for p, _ in plain} == {("value_head_d",), ("reward_head_d",)}
+  for path, var in plain:
+    np.testing.assert_array_equal(var.get_value(), heads[path].get_value())
+  assert not np.any(heads[("value_head_d",)].get_value())
+  with pytest.raises(ValueError, match="value_head=False"):
+    _model(cfg, 3).value(jnp.zeros((1, 1, cfg.d_model)))
+
+
+def test_value_head_reads_every_position(head_model):
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 5), 0, 265)
+  hidden, _ = head_model.hidden_states(tokens)
+  values = head_model.value(hidden)
+  assert values.shape == (2, 5) and values.dtype == jnp.float32
+  np.testing.assert_allclose(
+      values, np.asarray(hidden) @ np.asarray(head_model.value_head_d[...]),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_reward_head_reads_last_real_token_whatever_the_padding_side(head_model):
+  """A sequence alone, left-padded and right-padded (padding filled with random
+  junk tokens) gets the same reward: hidden state of its last real token (run
+  unpadded) dotted with reward_head_d."""
+  seq = jnp.array([257, 72, 105, 33, 258], jnp.int32)
+  n, pad = seq.shape[0], 3
+  junk = jnp.array([7, 99, 200], jnp.int32)
+  right = jnp.concatenate([seq, junk])
+  left = jnp.concatenate([junk, seq])
+  tokens = jnp.stack([right, left])
+  mask = jnp.stack([jnp.arange(n + pad) < n, jnp.arange(n + pad) >= pad])
+  rewards = nnx.jit(lambda m, t, k: m.reward(t, k))(head_model, tokens, mask)
+  hidden, _ = head_model.hidden_states(seq[None])
+  want = float(hidden[0, -1] @ head_model.reward_head_d[...])
+  np.testing.assert_allclose(rewards, [want, want], rtol=1e-5, atol=1e-5)
+  # The index read: last real token of each row, whichever side is padded.
+  np.testing.assert_array_equal(
+      transformer.last_token_index(mask), [n - 1, n + pad - 1])
