@@ -214,3 +214,76 @@ def test_missing_and_misshaped_tensors_raise(llama):
     hf.config_to_hf(dataclasses.replace(cfg, value_head=True))
   with pytest.raises(FileNotFoundError):
     hf.read_safetensors(os.path.dirname(case["path"]))
+
+
+@pytest.fixture(scope="module")
+def byte_vocab_llama(tmp_path_factory):
+  """A tiny random Llama whose vocabulary is the byte tokenizer's 265 ids."""
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=265, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+  path = str(tmp_path_factory.mktemp("llama265"))
+  transformers.LlamaForCausalLM(config).save_pretrained(path)
+  return path
+
+
+def test_init_state_from_hf_path_returns_the_imported_params(byte_vocab_llama):
+  from agentic_rl import train
+  from agentic_rl import validation
+  from configs import default
+  config = default.get_config("smoke")
+  config.model.hf_path = byte_vocab_llama
+  config.model.logprob_chunk_size = 8
+  validation.validate_config(config)
+  model_cfg = train.make_model_config(config)
+  # Shapes from the checkpoint's config.json, runtime fields from config.model.
+  assert (model_cfg.d_model, model_cfg.num_kv_heads, model_cfg.head_dim) == (32, 2, 8)
+  assert model_cfg.logprob_chunk_size == 8
+  graphdef, state = train.init_state(config, model_cfg)
+  _, _, want = hf.load_pretrained(byte_vocab_llama)
+  jax.tree.map(np.testing.assert_array_equal, state.params, want)
+  jax.tree.map(np.testing.assert_array_equal, state.ref_params, want)
+  tensors = hf.read_safetensors(byte_vocab_llama)
+  np.testing.assert_array_equal(
+      nnx.merge(graphdef, state.params).blocks[1].ffn.down_fd[...],
+      tensors["model.layers.1.mlp.down_proj.weight"].T)
+
+
+def test_bad_hf_path_is_a_config_error(byte_vocab_llama, tmp_path):
+  from agentic_rl import validation
+  from configs import default
+  config = default.get_config("smoke")
+  config.model.hf_path = str(tmp_path)
+  with pytest.raises(validation.ConfigError, match="model.hf_path=.*no config.json"):
+    validation.validate_config(config)
+  with open(os.path.join(byte_vocab_llama, "config.json")) as f:
+    small_vocab = dict(json.load(f), vocab_size=200)
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(small_vocab, f)
+  with pytest.raises(validation.ConfigError, match="vocab_size 200 does not cover"):
+    validation.validate_config(config)
+  config.model.hf_path = ""
+  config.model.num_kv_heads = 3
+  with pytest.raises(validation.ConfigError,
+                     match="config.model.num_kv_heads=3: must divide num_heads=4"):
+    validation.validate_config(config)
+
+
+@pytest.mark.slow
+def test_smoke_experiment_runs_from_an_imported_checkpoint(byte_vocab_llama, tmp_path):
+  """python main.py --config=configs/default.py:smoke --config.model.hf_path=DIR
+  runs SFT + RL + evaluation end to end from the imported checkpoint."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(
+      [sys.executable, "main.py", "--config=configs/default.py:smoke",
+       f"--config.model.hf_path={byte_vocab_llama}", f"--workdir={tmp_path}"],
+      cwd=root, capture_output=True, text=True, timeout=1800)
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(tmp_path / "eval_report.json") as f:
+    report = json.load(f)
+  assert set(report) >= {"sft", "rl"}
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["model"]["hf_path"] == byte_vocab_llama

@@ -40,6 +40,12 @@ from agentic_rl.models import transformer
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _INDEX = "model.safetensors.index.json"
+# TransformerConfig fields that are not part of a checkpoint's shape: an
+# experiment config may set them on top of an imported config.json.
+RUNTIME_FIELDS = ("param_dtype", "dtype", "remat", "value_head", "reward_head",
+                  "logprob_chunk_size")
+# Scalar heads a CausalLM checkpoint does not have; initialised to zero on import.
+_HEADS = (("value_head_d",), ("reward_head_d",))
 _SINGLE = "model.safetensors"
 
 
@@ -219,7 +225,8 @@ def params_from_hf_tensors(
   """(graphdef, params) of a Transformer(cfg) holding the given HF tensors.
 
   The model is built abstractly (nnx.eval_shape), so no random initialisation
-  is materialised. Parameters are cast to cfg.param_dtype.
+  is materialised. Parameters are cast to cfg.param_dtype. Scalar value /
+  reward heads (if the config enables them) start at zero, as in a fresh model.
 
   Raises:
     ValueError: a missing tensor, a tensor of the wrong shape, or tensors the
@@ -231,6 +238,9 @@ def params_from_hf_tensors(
   used = set()
   flat = []
   for path, var in nnx.to_flat_state(abstract):
+    if path in _HEADS:
+      flat.append((path, var.replace(jnp.zeros(var.get_value().shape, cfg.params_dtype))))
+      continue
     if path not in mapping:
       raise ValueError(f"parameter {path} has no Hugging Face counterpart")
     name, to_ours, to_hf = mapping[path]
