@@ -284,6 +284,6 @@ def test_smoke_experiment_runs_from_an_imported_checkpoint(byte_vocab_llama, tmp
   assert out.returncode == 0, out.stderr[-3000:]
   with open(tmp_path / "eval_report.json") as f:
     report = json.load(f)
-  assert set(report) >= {"sft", "rl"}
+  assert set(report["reports"]) >= {"sft", "rl"}
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["model"]["hf_path"] == byte_vocab_llama
