@@ -136,3 +136,15 @@ def test_misuse_raises(tok):
     b.add_message("user", "x")
   with pytest.raises(ValueError, match="not in the tokenizer's vocabulary"):
     tok.token_id("<|nope|>")
+
+
+def test_hf_tokenizer_offsets_round_trip(tok, tmp_path):
+  text = "The answer is 13041. Thanks!"
+  ids, offsets = tok.encode_with_offsets(text)
+  assert len(ids) < len(text)  # merges were learned
+  assert "".join(text[s:e] for s, e in offsets) == text
+  assert tok.decode(ids) == text
+  # 256 byte symbols + 3 specials + the merges the small corpus allows (<= 400).
+  assert 259 < tok.vocab_size <= 400 and max(ids) < tok.vocab_size
+  with pytest.raises(FileNotFoundError):
+    tokenizers.HFTokenizer.from_file(str(tmp_path / "missing.json"))
