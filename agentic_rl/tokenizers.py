@@ -1,5 +1,8 @@
 """Byte-level tokenizer with special tokens for tool calls, observations and answers.
 
+`HFTokenizer` wraps a Hugging Face tokenizer.json for imported checkpoints
+(agentic_rl/chat.py renders multi-turn chats with it).
+
 Ids 0..255 are raw UTF-8 bytes; ids 256.. are special tokens. Encoding is lossless for
 any string; special tokens are never produced by `encode` (they are inserted explicitly
 by environments and the rollout engine), so user text can never forge a tool call.
@@ -8,7 +11,8 @@ by environments and the rollout engine), so user text can never forge a tool cal
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import os
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -77,3 +81,71 @@ class ByteTokenizer:
     if buf:
       out.append(buf.decode("utf-8", errors="replace"))
     return "".join(out)
+
+
+class HFTokenizer:
+  """A Hugging Face `tokenizers.Tokenizer` loaded from a local tokenizer.json.
+
+  `encode` never produces special (added) tokens unless asked: text that
+  spells `<|im_start|>` is tokenised as ordinary text, so user or tool content
+  cannot forge chat scaffolding (the same guarantee as ByteTokenizer).
+  """
+
+  def __init__(self, tokenizer: Any):
+    self.tokenizer = tokenizer
+
+  @classmethod
+  def from_file(cls, path: str) -> "HFTokenizer":
+    """Loads a local tokenizer.json (nothing is downloaded).
+
+    Raises:
+      FileNotFoundError: no such file.
+    """
+    import tokenizers as hf_tokenizers  # the Hugging Face package
+
+    if not os.path.isfile(path):
+      raise FileNotFoundError(path)
+    return cls(hf_tokenizers.Tokenizer.from_file(path))
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, added/special tokens included."""
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def token_id(self, token: str) -> int:
+    """Id of a vocabulary entry (e.g. '<|im_end|>').
+
+    Raises:
+      ValueError: the token is not in the vocabulary.
+    """
+    i = self.tokenizer.token_to_id(token)
+    if i is None:
+      raise ValueError(f"token {token!r} is not in the tokenizer's vocabulary")
+    return i
+
+  def encode_with_offsets(
+      self, text: str, allow_special: bool = False
+  ) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids, character offsets [start, end) of each id in `text`).
+
+    No BOS/EOS or other post-processor tokens are added.
+    """
+    tok = self.tokenizer
+    previous = tok.encode_special_tokens
+    tok.encode_special_tokens = not allow_special
+    try:
+      enc = tok.encode(text, add_special_tokens=False)
+    finally:
+      tok.encode_special_tokens = previous
+    return list(enc.ids), [tuple(o) for o in enc.offsets]
+
+  def encode(self, text: str, allow_special: bool = False) -> list[int]:
+    """Token ids of `text` (special tokens only if allow_special)."""
+    return self.encode_with_offsets(text, allow_special)[0]
+
+  def decode(self, ids: Sequence[int] | np.ndarray,
+             skip_special_tokens: bool = False) -> str:
+    """Text of `ids` (for display; sampled ids are never re-encoded)."""
+    return self.tokenizer.decode(
+        [int(i) for i in np.asarray(ids).reshape(-1)],
+        skip_special_tokens=skip_special_tokens)

@@ -33,6 +33,7 @@ from agentic_rl import metrics as metrics_lib
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
+from agentic_rl.models import hf
 from agentic_rl.models import transformer
 import environments
 from environments.host import base as host_base
@@ -44,16 +45,31 @@ def make_env(config: ml_collections.ConfigDict):
 
 
 def make_model_config(config) -> transformer.TransformerConfig:
-  return transformer.TransformerConfig(**dict(config.model))
+  """TransformerConfig from config.model, or from config.model.hf_path's
+  config.json (plus config.model's non-shape fields, hf.RUNTIME_FIELDS)."""
+  path = config.model.get("hf_path", "")
+  if path:
+    return hf.config_from_hf(
+        hf.read_config(path), **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
+  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
+  return transformer.TransformerConfig(**fields)
 
 
 def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
-  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params)."""
+  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
+
+  The initial params are random, or the checkpoint at config.model.hf_path.
+  """
   root = jax.random.PRNGKey(config.seed)
-  model = transformer.Transformer(
-      model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
-  )
-  graphdef, params = nnx.split(model)
+  if config.model.get("hf_path", ""):
+    # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
+    graphdef, params = hf.params_from_hf_tensors(
+        model_cfg, hf.read_safetensors(config.model.hf_path))
+  else:
+    model = transformer.Transformer(
+        model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
+    )
+    graphdef, params = nnx.split(model)
   tx = learner.make_optimizer(config.sft)
   state = types.TrainState(
       step=jnp.int32(0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import ml_collections
@@ -11,6 +12,9 @@ from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import rewards
+from agentic_rl import tokenizers
+from agentic_rl.models import hf
+from agentic_rl.models import transformer
 import environments
 
 KNOWN_ENVS = tuple(environments.REGISTRY)
@@ -55,6 +59,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _positive_int(config, f, allow_zero=True)
   if config.model.head_dim % 2:
     _fail("model.head_dim", config.model.head_dim, "must be even (RoPE)")
+  _validate_model(config.model)
   rl = config.rl
   if rl.group_size < 2:
     _fail("rl.group_size", rl.group_size,
@@ -286,3 +291,29 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
   if not rl.get("dual_init", 0.0) >= 0:
     _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")
+
+
+def _validate_model(model) -> None:
+  """The model fields build a TransformerConfig; an hf_path is an importable
+  checkpoint whose vocabulary covers the byte tokenizer the environments use."""
+  fields = {k: v for k, v in dict(model).items() if k != "hf_path"}
+  try:
+    transformer.TransformerConfig(**fields)
+  except ValueError as e:
+    raise ConfigError(f"config.model.{e}") from e
+  except TypeError as e:
+    raise ConfigError(f"config.model: {e}") from e
+  path = model.get("hf_path", "")
+  if not path:
+    return
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    _fail("model.hf_path", path, "no config.json in this directory")
+  try:
+    cfg = hf.config_from_hf(hf.read_config(path),
+                            **{f: model[f] for f in hf.RUNTIME_FIELDS})
+  except (ValueError, KeyError) as e:
+    _fail("model.hf_path", path, f"not an importable checkpoint: {e}")
+  if cfg.vocab_size < tokenizers.VOCAB_SIZE:
+    _fail("model.hf_path", path,
+          f"vocab_size {cfg.vocab_size} does not cover the {tokenizers.VOCAB_SIZE} "
+          "byte-tokenizer ids the environments emit")
