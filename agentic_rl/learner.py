@@ -22,6 +22,7 @@ from agentic_rl import losses
 from agentic_rl import rewards
 from agentic_rl import rollout
 from agentic_rl import sampling
+from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import transformer
 
@@ -58,15 +59,20 @@ def sft_loss(graphdef, params, traj: types.Trajectory):
 
 
 def make_sft_step(config, env, graphdef: nnx.GraphDef,
-                  tx: optax.GradientTransformation) -> StepFn:
-  """SFT on expert demonstrations generated on the fly (one batch per step)."""
+                  tx: optax.GradientTransformation, state_sharding=None) -> StepFn:
+  """SFT on expert demonstrations generated on the fly (one batch per step).
+
+  `state_sharding` (sharding.tree_shardings of the state) keeps the state's
+  layout across steps on a device mesh; the batch is split over the ambient
+  mesh's ('data', 'fsdp') axes (sharding.constrain_batch).
+  """
   batch_size = config.sft.batch_size
   max_len = config.max_len
 
   def step(state: types.TrainState):
     key = jax.random.fold_in(state.rng, state.step)
     task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
-    tasks = env.sample_tasks(task_key, batch_size)
+    tasks = sharding.constrain_batch(env.sample_tasks(task_key, batch_size))
     traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
     (_, metrics), grads = jax.value_and_grad(
         lambda p: sft_loss(graphdef, p, traj), has_aux=True
@@ -82,7 +88,7 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     )
     return state, metrics
 
-  return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
 
 
 def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
@@ -301,7 +307,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
     num_sampled = num_tasks * over
     tasks = env.sample_tasks(task_key, num_sampled)
-    tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+    tasks = sharding.constrain_batch(
+        jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks))
     group = jnp.repeat(jnp.arange(num_sampled, dtype=jnp.int32), group_size)
     traj = rollout.rollout(
         env, tasks, sample_key, max_len=max_len, group=group, graphdef=graphdef,
@@ -361,8 +368,12 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
 
 def make_rl_step(config, env, graphdef: nnx.GraphDef,
                  tx: optax.GradientTransformation,
-                 model_config: transformer.TransformerConfig) -> StepFn:
-  """One GRPO iteration (collect + update) as a single jitted program."""
+                 model_config: transformer.TransformerConfig,
+                 state_sharding=None) -> StepFn:
+  """One GRPO iteration (collect + update) as a single jitted program.
+
+  `state_sharding`: as in `make_sft_step`.
+  """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
   collect = make_collect_fn(config, env, graphdef, model_config)
@@ -410,4 +421,4 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     )
     return state, metrics
 
-  return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))

@@ -30,6 +30,7 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import rollout
+from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import transformer
@@ -45,32 +46,69 @@ def make_model_config(config) -> transformer.TransformerConfig:
   return transformer.TransformerConfig(**dict(config.model))
 
 
-def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
-  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params)."""
+def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
+  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
+
+  On a mesh of several devices (default: the mesh of `config.mesh`) the state
+  is created directly in its sharded layout (sharding.init_sharded: eval_shape,
+  then jit with out_shardings), so no unsharded copy of the parameters or
+  optimizer state is ever materialised. On one device it is built eagerly and
+  placed on the mesh: XLA's fusion of the jitted initialiser changes the last
+  bit of some initial weights, and the eager path keeps earlier single-device
+  runs reproducible bit for bit.
+  """
   root = jax.random.PRNGKey(config.seed)
-  model = transformer.Transformer(
-      model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
-  )
-  graphdef, params = nnx.split(model)
+  mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
   tx = learner.make_optimizer(config.sft)
-  state = types.TrainState(
-      step=jnp.int32(0),
-      params=params,
-      ref_params=jax.tree.map(jnp.copy, params),
-      opt_state=tx.init(params),
-      rng=jax.random.fold_in(root, 1),
-      kl_coef=jnp.float32(config.rl.kl_coef),
-  )
+  graphdef = nnx.graphdef(nnx.eval_shape(
+      lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
+
+  def init():
+    model = transformer.Transformer(
+        model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
+    )
+    params = nnx.state(model)
+    return types.TrainState(
+        step=jnp.int32(0),
+        params=params,
+        ref_params=jax.tree.map(jnp.copy, params),
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(root, 1),
+        kl_coef=jnp.float32(config.rl.kl_coef),
+    )
+
+  if mesh.size == 1:
+    state = init()
+    return graphdef, jax.device_put(state, sharding.tree_shardings(state, mesh))
+  state, _ = sharding.init_sharded(init, mesh)
   return graphdef, state
 
 
-def start_rl(config, state: types.TrainState) -> types.TrainState:
-  """Phase transition: freeze the SFT policy as reference, fresh RL optimizer."""
+def _rl_transition(config):
+  """Pure state -> state of `start_rl` (new reference, fresh RL optimizer)."""
   tx = learner.make_optimizer(config.rl)
-  return state.replace(
-      ref_params=jax.tree.map(jnp.copy, state.params),
-      opt_state=tx.init(state.params),
-  )
+
+  def fn(state):
+    return state.replace(
+        ref_params=jax.tree.map(jnp.copy, state.params),
+        opt_state=tx.init(state.params),
+    )
+
+  return fn
+
+
+def start_rl(config, state: types.TrainState) -> types.TrainState:
+  """Phase transition: freeze the SFT policy as reference, fresh RL optimizer.
+
+  Runs jitted with output shardings from the partition rules on the mesh the
+  state lives on, so the new optimizer state is created sharded.
+  """
+  fn = _rl_transition(config)
+  mesh = sharding.mesh_of(state.params)
+  if mesh is None:  # a state built by hand on one device
+    return fn(state)
+  out = sharding.tree_shardings(jax.eval_shape(fn, state), mesh)
+  return jax.jit(fn, out_shardings=out)(state)
 
 
 def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
@@ -86,7 +124,7 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
     dict of python floats.
   """
   ec = config.eval
-  tasks = env.eval_tasks(ec.num_tasks, ec.seed)
+  tasks = sharding.put_batch(env.eval_tasks(ec.num_tasks, ec.seed))
   key = jax.random.PRNGKey(ec.seed)
   traj = rollout.rollout_jit(
       env, tasks, key, max_len=config.max_len, graphdef=graphdef, params=params,
@@ -146,7 +184,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     ValueError: invalid config (names the field and value).
     FloatingPointError: a non-finite loss (names the step and metric).
   """
+  sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
+  mesh = sharding.make_mesh(config.get("mesh"))
+  with jax.set_mesh(mesh):
+    return _train_and_evaluate(config, workdir, mesh)
+
+
+def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   workdir = os.path.abspath(workdir)
   _check_resume_compatible(config, workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -155,7 +200,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
 
   env = make_env(config)
   model_cfg = make_model_config(config)
-  graphdef, state = init_state(config, model_cfg)
+  graphdef, state = init_state(config, model_cfg, mesh)
+  sft_sharding = sharding.tree_shardings(state, mesh)
+  rl_sharding = sharding.tree_shardings(
+      jax.eval_shape(_rl_transition(config), state), mesh)
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
@@ -175,9 +223,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     state = start_rl(config, state)  # pure RL from the initial weights
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft))
+  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft),
+                                   state_sharding=sft_sharding)
   rl_step = learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
+      state_sharding=rl_sharding,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   halt = config.get("halt_after_step", -1)
@@ -242,9 +292,9 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # Fields that may change when a run is resumed (extending training, changing the
-# evaluation or logging); any other change is refused.
+# evaluation, logging or the device mesh); any other change is refused.
 _RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
-                      "halt_after_step", "name")
+                      "halt_after_step", "name", "mesh.")
 
 
 def _check_resume_compatible(config, workdir: str) -> None:
