@@ -264,7 +264,9 @@ _TRAIN = _COMMON + _INIT + textwrap.dedent("""
 
     def run(shape):
       if shape is None:
-        mesh, graphdef, state = mesh_of(1, 1, 1), GRAPHDEF, REF_STATE
+        # A copy: the SFT step donates its input state.
+        mesh, graphdef = mesh_of(1, 1, 1), GRAPHDEF
+        state = jax.tree.map(jnp.copy, REF_STATE)
       else:
         mesh, graphdef, state = sharded_start(shape, REF_STATE)
       traj = sharding.put_batch(demo, mesh)
