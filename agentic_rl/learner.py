@@ -29,6 +29,7 @@ from agentic_rl import rollout
 from agentic_rl import sampling
 from agentic_rl import tokenizers
 from agentic_rl import tree_rollout
+from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import transformer
 from environments.host import base as host_base
@@ -66,12 +67,16 @@ def sft_loss(graphdef, params, traj: types.Trajectory):
 
 
 def make_sft_step(config, env, graphdef: nnx.GraphDef,
-                  tx: optax.GradientTransformation) -> StepFn:
+                  tx: optax.GradientTransformation, state_sharding=None) -> StepFn:
   """SFT on expert demonstrations generated on the fly (one batch per step).
 
   JAX-native environments: one jitted program. Host environments
   (`env.is_host`): the demonstrations come from the host driver, the update is
   jitted.
+
+  `state_sharding` (sharding.tree_shardings of the state) keeps the state's
+  layout across steps on a device mesh; the batch is split over the ambient
+  mesh's ('data', 'fsdp') axes (sharding.constrain_batch).
   """
   batch_size = config.sft.batch_size
   max_len = config.max_len
@@ -92,7 +97,7 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     return state, metrics
 
   if host_base.is_host(env):
-    learn_jit = jax.jit(learn, donate_argnums=0)
+    learn_jit = jax.jit(learn, donate_argnums=0)  # host envs: one device
 
     def host_step(state: types.TrainState):
       key = jax.random.fold_in(state.rng, state.step)
@@ -106,11 +111,11 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
   def step(state: types.TrainState):
     key = jax.random.fold_in(state.rng, state.step)
     task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
-    tasks = env.sample_tasks(task_key, batch_size)
+    tasks = sharding.constrain_batch(env.sample_tasks(task_key, batch_size))
     traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
     return learn(state, traj)
 
-  return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
 
 
 def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
@@ -494,7 +499,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           temperature=temperature)
     else:
       tasks = env.sample_tasks(task_key, num_groups)
-      tasks = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+      tasks = sharding.constrain_batch(
+          jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks))
       group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
       traj = rollout.rollout(
           env, tasks, sample_key, max_len=max_len, group=group,
@@ -675,8 +681,12 @@ def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
 
 def make_rl_step(config, env, graphdef: nnx.GraphDef,
                  tx: optax.GradientTransformation,
-                 model_config: transformer.TransformerConfig) -> StepFn:
-  """One GRPO iteration (collect + update) as a single jitted program."""
+                 model_config: transformer.TransformerConfig,
+                 state_sharding=None) -> StepFn:
+  """One GRPO iteration (collect + update) as a single jitted program.
+
+  `state_sharding`: as in `make_sft_step`.
+  """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
   collect = make_collect_fn(config, env, graphdef, model_config)
@@ -734,7 +744,7 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     # Host environments: the rollout runs in Python between jitted turns; the
     # rest of the iteration is one jitted program.
     rollout_fn = make_host_rollout_fn(config, env, graphdef, model_config)
-    learn_jit = jax.jit(step, donate_argnums=0)
+    learn_jit = jax.jit(step, donate_argnums=0)  # host envs: one device
     return lambda state: learn_jit(state, rollout_fn(state))
 
-  return jax.jit(step, donate_argnums=0)
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))

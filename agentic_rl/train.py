@@ -31,6 +31,7 @@ from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import rollout
+from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import hf
@@ -55,40 +56,81 @@ def make_model_config(config) -> transformer.TransformerConfig:
   return transformer.TransformerConfig(**fields)
 
 
-def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:
+def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
   """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
 
-  The initial params are random, or the checkpoint at config.model.hf_path.
+  The initial params are random, or the checkpoint at config.model.hf_path. On a
+  mesh of several devices (default: the mesh of `config.mesh`) a random init is
+  created directly in its sharded layout (sharding.init_sharded: eval_shape,
+  then jit with out_shardings), so no unsharded copy of the parameters or
+  optimizer state is ever materialised; an imported checkpoint is read on the
+  host, then placed. On one device the state is built eagerly and placed on the
+  mesh: XLA's fusion of the jitted initialiser changes the last bit of some
+  initial weights, and the eager path keeps earlier single-device runs
+  reproducible bit for bit.
   """
   root = jax.random.PRNGKey(config.seed)
-  if config.model.get("hf_path", ""):
+  mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
+  hf_path = config.model.get("hf_path", "")
+  if hf_path:
     # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
-    graphdef, params = hf.params_from_hf_tensors(
-        model_cfg, hf.read_safetensors(config.model.hf_path))
+    graphdef, imported = hf.params_from_hf_tensors(
+        model_cfg, hf.read_safetensors(hf_path))
   else:
-    model = transformer.Transformer(
-        model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
-    )
-    graphdef, params = nnx.split(model)
+    graphdef = nnx.graphdef(nnx.eval_shape(
+        lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
   tx = learner.make_optimizer(config.sft)
-  state = types.TrainState(
-      step=jnp.int32(0),
-      params=params,
-      ref_params=jax.tree.map(jnp.copy, params),
-      opt_state=tx.init(params),
-      rng=jax.random.fold_in(root, 1),
-      kl_coef=jnp.float32(config.rl.kl_coef),
-  )
+
+  def init():
+    if hf_path:
+      params = imported
+    else:
+      model = transformer.Transformer(
+          model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
+      )
+      params = nnx.state(model)
+    return types.TrainState(
+        step=jnp.int32(0),
+        params=params,
+        ref_params=jax.tree.map(jnp.copy, params),
+        opt_state=tx.init(params),
+        rng=jax.random.fold_in(root, 1),
+        kl_coef=jnp.float32(config.rl.kl_coef),
+    )
+
+  if mesh.size == 1 or hf_path:
+    state = init()
+    return graphdef, jax.device_put(state, sharding.tree_shardings(state, mesh))
+  state, _ = sharding.init_sharded(init, mesh)
   return graphdef, state
 
 
-def start_rl(config, state: types.TrainState) -> types.TrainState:
-  """Phase transition: freeze the SFT policy as reference, fresh RL optimizer."""
+def _rl_transition(config):
+  """Pure state -> state of `start_rl` (new reference, fresh RL optimizer)."""
   tx = learner.make_optimizer(config.rl)
-  return learner.init_rl_extras(config, state.replace(
-      ref_params=jax.tree.map(jnp.copy, state.params),
-      opt_state=tx.init(state.params),
-  ))
+
+  def fn(state):
+    return learner.init_rl_extras(config, state.replace(
+        ref_params=jax.tree.map(jnp.copy, state.params),
+        opt_state=tx.init(state.params),
+    ))
+
+  return fn
+
+
+def start_rl(config, state: types.TrainState) -> types.TrainState:
+  """Phase transition: freeze the SFT policy as reference, fresh RL optimizer
+  (plus the optional replay buffer / dual coefficient of `learner.init_rl_extras`).
+
+  Runs jitted with output shardings from the partition rules on the mesh the
+  state lives on, so the new optimizer state is created sharded.
+  """
+  fn = _rl_transition(config)
+  mesh = sharding.mesh_of(state.params)
+  if mesh is None:  # a state built by hand on one device
+    return fn(state)
+  out = sharding.tree_shardings(jax.eval_shape(fn, state), mesh)
+  return jax.jit(fn, out_shardings=out)(state)
 
 
 def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
@@ -105,6 +147,8 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   """
   ec = config.eval
   tasks = env.eval_tasks(ec.num_tasks, ec.seed)
+  if not host_base.is_host(env):
+    tasks = sharding.put_batch(tasks)
   key = jax.random.PRNGKey(ec.seed)
   # Host environments (env.is_host) run through the host driver.
   run = (host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit)
@@ -166,7 +210,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     ValueError: invalid config (names the field and value).
     FloatingPointError: a non-finite loss (names the step and metric).
   """
+  sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
+  mesh = sharding.make_mesh(config.get("mesh"))
+  with jax.set_mesh(mesh):
+    return _train_and_evaluate(config, workdir, mesh)
+
+
+def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   workdir = os.path.abspath(workdir)
   _check_resume_compatible(config, workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -175,7 +226,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
 
   env = make_env(config)
   model_cfg = make_model_config(config)
-  graphdef, state = init_state(config, model_cfg)
+  graphdef, state = init_state(config, model_cfg, mesh)
+  sft_sharding = sharding.tree_shardings(state, mesh)
+  rl_sharding = sharding.tree_shardings(
+      jax.eval_shape(_rl_transition(config), state), mesh)
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
@@ -195,9 +249,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     state = start_rl(config, state)  # pure RL from the initial weights
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft))
+  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft),
+                                   state_sharding=sft_sharding)
   rl_step = learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
+      state_sharding=rl_sharding,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   halt = config.get("halt_after_step", -1)
@@ -262,9 +318,9 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # Fields that may change when a run is resumed (extending training, changing the
-# evaluation or logging); any other change is refused.
+# evaluation, logging or the device mesh); any other change is refused.
 _RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
-                      "halt_after_step", "name")
+                      "halt_after_step", "name", "mesh.")
 
 
 def _check_resume_compatible(config, workdir: str) -> None:

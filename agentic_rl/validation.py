@@ -15,6 +15,7 @@ from agentic_rl import rewards
 from agentic_rl import tokenizers
 from agentic_rl.models import hf
 from agentic_rl.models import transformer
+from agentic_rl import sharding
 import environments
 
 KNOWN_ENVS = tuple(environments.REGISTRY)
@@ -190,6 +191,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if not 1 <= k <= ev.num_samples:
       _fail("eval.pass_k", tuple(ev.pass_k),
             f"each k must be in [1, eval.num_samples={ev.num_samples}]")
+  # Device mesh: its sizes must cover every device exactly, and each batch must
+  # split evenly over the batch axes (data * fsdp).
+  try:
+    data, fsdp, _ = sharding.mesh_shape(config.get("mesh"), jax.device_count())
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  for f in ("sft.batch_size", "rl.batch_size"):
+    phase, name = f.split(".")
+    if config[phase][name] % (data * fsdp):
+      _fail(f, config[phase][name],
+            f"must be divisible by mesh data*fsdp = {data}*{fsdp} (the batch is "
+            "split over those devices)")
   env = config.env
   for f in ("hard_fraction", "expert_imperfect_prob"):
     if f in env and not 0.0 <= env[f] <= 1.0:

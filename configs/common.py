@@ -70,6 +70,31 @@ def optimizer(learning_rate: float, warmup_steps: int) -> ml_collections.ConfigD
   ))
 
 
+def mesh() -> ml_collections.ConfigDict:
+  """Device mesh (agentic_rl/sharding.py): axes data, fsdp, tensor.
+
+  data * fsdp * tensor must equal the number of devices; one axis may be -1
+  (filled with the remaining devices). The default puts every device on
+  'data' (plain data parallelism; one CPU here). Batches are split over
+  data * fsdp, parameters over fsdp (d_model) and tensor (heads, FFN, vocab).
+  """
+  return ml_collections.ConfigDict(dict(
+      # Data-parallel replicas (-1: all devices not used by fsdp and tensor).
+      data=-1,
+      # Fully sharded data parallelism: parameters split on d_model.
+      fsdp=1,
+      # Tensor parallelism: heads, FFN hidden and vocabulary split.
+      tensor=1,
+      # Multi-host: call jax.distributed.initialize before anything else.
+      distributed=False,
+      # host:port of process 0; '' = auto-detect (SLURM, TPU pods, ...).
+      coordinator_address="",
+      # Number of processes and this process's index; -1 = auto-detect.
+      num_processes=-1,
+      process_id=-1,
+  ))
+
+
 def base() -> ml_collections.ConfigDict:
   """Fields every experiment has; experiment files override what they change."""
   config = ml_collections.ConfigDict()

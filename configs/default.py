@@ -184,6 +184,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Robustness studies: dict(flip_p=0.1) and/or dict(dither_sigma=0.05).
   config.rl.reward_noise = ml_collections.ConfigDict()
 
+  # Device mesh (agentic_rl/sharding.py); default: all devices data-parallel.
+  config.mesh = common.mesh()
+
   # Held-out evaluation on a fixed task set (greedy) plus pass@k from samples.
   config.eval = ml_collections.ConfigDict(dict(
       num_tasks=256, seed=12345, num_samples=8, temperature=1.0,

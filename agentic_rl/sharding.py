@@ -1,0 +1,380 @@
+"""Device mesh from config and partition rules for parameters, optimizer state,
+batches and KV caches (DESIGN.md section 8).
+
+One `jax.sharding.Mesh` with axes ('data', 'fsdp', 'tensor'), built from the
+config's `mesh` block (configs/common.py). The axes have `AxisType.Auto`: arrays
+carry `NamedSharding`s and XLA's sharding propagation (GSPMD) partitions the
+model code, which needs no sharding annotations of its own. Inside a jitted
+function the mesh is ambient (`jax.set_mesh`), so `constrain_batch` can pin the
+batch axis of intermediate values without knowing the mesh.
+
+Partition rules come from parameter names. Every parameter name ends in
+`_<axes>`, one letter per array dimension (models/transformer.py):
+
+  letter  dimension         mesh axis
+  d       d_model           'fsdp'   (ZeRO-3 style: each device holds a slice)
+  h       query heads       'tensor' (Megatron: heads split across devices)
+  g       key/value heads   'tensor'
+  f       FFN hidden        'tensor'
+  v       vocabulary        'tensor'
+  k       head dim          None     (replicated)
+
+e.g. q_dhk -> P('fsdp', 'tensor', None), down_fd -> P('tensor', 'fsdp'). A
+dimension whose size is not divisible by its mesh axis size is replicated along
+that dimension, and a mesh axis is used at most once per array (the first letter
+that asks for it wins). Leaves whose name does not match (RMSNorm `scale`,
+optimizer step counts, PRNG keys, scalars) are replicated; `unmatched_leaves`
+lists the non-scalar ones for debugging. Optax state mirrors the parameter tree
+(Adam's mu/nu paths end in the parameter's name), so the same rule shards it.
+
+Batches (Trajectory fields, learner batches, task pytrees) are split on their
+leading (batch) axis over ('data', 'fsdp'); KV caches [B, G, S, Dh] over
+('data', 'fsdp') on B and 'tensor' on G. Any global reduction inside a jitted
+step (e.g. the loss denominator: the number of trainable tokens) is computed
+over the whole global batch, across all shards.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes that split the batch (data parallelism and FSDP both shard examples).
+BATCH_AXES = ("data", "fsdp")
+# Dimension letter of a parameter-name suffix -> mesh axis (None: replicated).
+AXIS_RULES = {
+    "d": "fsdp",
+    "h": "tensor",
+    "g": "tensor",
+    "f": "tensor",
+    "v": "tensor",
+    "k": None,
+}
+_SUFFIX = re.compile(r"_([a-z]+)$")
+
+# Default `mesh` config block (configs/common.py mirrors it).
+MESH_DEFAULTS = dict(
+    data=-1, fsdp=1, tensor=1, distributed=False, coordinator_address="",
+    num_processes=-1, process_id=-1,
+)
+
+
+def _mesh_field(mesh_cfg, name: str):
+  if mesh_cfg is None:
+    return MESH_DEFAULTS[name]
+  getter = getattr(mesh_cfg, "get", None)
+  if getter is not None:
+    return getter(name, MESH_DEFAULTS[name])
+  return getattr(mesh_cfg, name, MESH_DEFAULTS[name])
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+  """Resolves the (data, fsdp, tensor) sizes of a `mesh` config block.
+
+  Args:
+    mesh_cfg: ConfigDict (or dict / None for the defaults) with integer fields
+      `data`, `fsdp`, `tensor`; each >= 1, or -1 for at most one of them, which
+      is then set so that the product equals `num_devices`.
+    num_devices: number of devices the mesh must cover exactly (all of them).
+
+  Returns:
+    (data, fsdp, tensor) with data * fsdp * tensor == num_devices.
+
+  Raises:
+    ValueError: naming the field and value: a non-integer or a size < 1 other
+      than -1, two -1 fields, a -1 that cannot fill (num_devices not divisible
+      by the other sizes), or a product different from `num_devices`.
+  """
+  sizes = {}
+  fill = None
+  for name in MESH_AXES:
+    value = _mesh_field(mesh_cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f"config.mesh.{name}={value!r}: must be an integer "
+                       ">= 1, or -1 (fill with the remaining devices)")
+    value = int(value)
+    if value == -1:
+      if fill is not None:
+        raise ValueError(f"config.mesh.{name}=-1: only one mesh axis may be -1 "
+                         f"(mesh.{fill} is -1 already)")
+      fill = name
+    elif value < 1:
+      raise ValueError(f"config.mesh.{name}={value!r}: must be >= 1, or -1 "
+                       "(fill with the remaining devices)")
+    sizes[name] = value
+  if fill is not None:
+    rest = math.prod(v for k, v in sizes.items() if k != fill)
+    if num_devices % rest:
+      raise ValueError(
+          f"config.mesh.{fill}=-1: cannot fill {num_devices} devices, not "
+          f"divisible by the product of the other mesh axes ({rest})")
+    sizes[fill] = num_devices // rest
+  shape = tuple(sizes[n] for n in MESH_AXES)
+  if math.prod(shape) != num_devices:
+    desc = ", ".join(f"{n}={sizes[n]}" for n in MESH_AXES)
+    raise ValueError(
+        f"config.mesh=({desc}): data*fsdp*tensor = {math.prod(shape)} must equal "
+        f"the number of devices ({num_devices}); set one axis to -1 to fill")
+  return shape
+
+
+def make_mesh(mesh_cfg=None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """The ('data', 'fsdp', 'tensor') device mesh of a `mesh` config block.
+
+  Args:
+    mesh_cfg: the config's `mesh` block (see `mesh_shape`); None = defaults
+      (all devices on 'data').
+    devices: devices to use (default: all of `jax.devices()`, every host).
+
+  Returns:
+    A `Mesh` with `AxisType.Auto` axes (sharding propagated by XLA).
+
+  Raises:
+    ValueError: invalid mesh sizes (see `mesh_shape`).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_cfg, len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def maybe_initialize_distributed(config) -> bool:
+  """Calls `jax.distributed.initialize` if `config.mesh.distributed` is set.
+
+  Must run before anything else touches the JAX backend (train.py calls it
+  first). `mesh.coordinator_address` ('' = auto-detect from the cluster
+  environment, e.g. SLURM / TPU pods), `mesh.num_processes` and
+  `mesh.process_id` (-1 = auto-detect) are passed through.
+
+  Returns:
+    True if `jax.distributed.initialize` was called.
+  """
+  mesh_cfg = config.get("mesh") if hasattr(config, "get") else None
+  if not _mesh_field(mesh_cfg, "distributed"):
+    return False
+  address = _mesh_field(mesh_cfg, "coordinator_address") or None
+  num = int(_mesh_field(mesh_cfg, "num_processes"))
+  pid = int(_mesh_field(mesh_cfg, "process_id"))
+  jax.distributed.initialize(
+      coordinator_address=address,
+      num_processes=None if num < 0 else num,
+      process_id=None if pid < 0 else pid,
+  )
+  return True
+
+
+def _sizes(mesh) -> dict[str, int]:
+  """Axis sizes of a Mesh, an AbstractMesh or a plain {axis: size} dict."""
+  return mesh if isinstance(mesh, dict) else dict(mesh.shape)
+
+
+def _axis_size(mesh, axis) -> int:
+  names = axis if isinstance(axis, tuple) else (axis,)
+  return math.prod(_sizes(mesh)[n] for n in names)
+
+
+def leaf_name(path) -> str | None:
+  """The nearest named key of a pytree path (skipping nnx's '.value').
+
+  E.g. ('blocks', 0, 'attn', 'q_dhk', .value) -> 'q_dhk';
+  (1, 0, .mu, 'embed_vd', .value) -> 'embed_vd'; (1, 0, .count) -> 'count'.
+  """
+  for entry in reversed(path):
+    if isinstance(entry, jax.tree_util.DictKey) and isinstance(entry.key, str):
+      return entry.key
+    if isinstance(entry, jax.tree_util.GetAttrKey) and entry.name != "value":
+      return entry.name
+  return None
+
+
+def param_spec(name: str | None, shape: Sequence[int], mesh) -> P | None:
+  """PartitionSpec of one parameter from its name's axis suffix.
+
+  Args:
+    name: parameter name such as 'q_dhk' (see the module docstring).
+    shape: the array's shape; the suffix must have one letter per dimension.
+    mesh: a Mesh or AbstractMesh with the MESH_AXES names, or a dict of their
+      sizes.
+
+  Returns:
+    The spec, or None if the name has no matching suffix (the caller
+    replicates). Dimensions not divisible by their mesh axis are replicated.
+  """
+  if name is None or not shape:
+    return None
+  m = _SUFFIX.search(name)
+  if m is None:
+    return None
+  letters = m.group(1)
+  sizes = _sizes(mesh)
+  if len(letters) != len(shape) or any(c not in AXIS_RULES for c in letters):
+    return None
+  used = set()
+  spec = []
+  for letter, size in zip(letters, shape):
+    axis = AXIS_RULES[letter]
+    if axis is None or axis in used or size % sizes[axis]:
+      spec.append(None)
+    else:
+      used.add(axis)
+      spec.append(axis)
+  return P(*spec)
+
+
+def tree_specs(tree: Any, mesh) -> Any:
+  """PartitionSpecs for a pytree of parameters / optimizer state / TrainState.
+
+  Leaves are arrays or `jax.ShapeDtypeStruct`s; matched by `param_spec` on
+  their `leaf_name`, everything else replicated (P()).
+  """
+  def spec(path, x):
+    s = param_spec(leaf_name(path), np.shape(x), mesh)
+    return P() if s is None else s
+
+  return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+def tree_shardings(tree: Any, mesh: Mesh) -> Any:
+  """`NamedSharding`s of `tree_specs` (same structure as `tree`)."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), tree_specs(tree, mesh),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def unmatched_leaves(tree: Any) -> list[str]:
+  """Paths of non-scalar leaves that no partition rule matches (replicated).
+
+  For debugging a new parameter whose name lacks an axis suffix. Uses a mesh
+  with every axis of size 1, so divisibility never matters here.
+  """
+  ones = {n: 1 for n in MESH_AXES}
+  out = []
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if np.ndim(x) and param_spec(leaf_name(path), np.shape(x), ones) is None:
+      out.append(jax.tree_util.keystr(path))
+  return out
+
+
+def batch_spec(shape: Sequence[int], mesh) -> P:
+  """P(('data', 'fsdp')) on the leading axis if divisible, else replicated.
+
+  `mesh`: a Mesh, AbstractMesh or {axis: size} dict.
+  """
+  if len(shape) and shape[0] % _axis_size(mesh, BATCH_AXES) == 0:
+    return P(BATCH_AXES)
+  return P()
+
+
+def batch_shardings(tree: Any, mesh: Mesh) -> Any:
+  """NamedShardings splitting every leaf of a batch pytree on its first axis.
+
+  Applies to Trajectory fields, learner batches and task pytrees ([B, ...]);
+  leaves whose B is not divisible by data * fsdp (and scalars) are replicated.
+  """
+  return jax.tree.map(lambda x: NamedSharding(mesh, batch_spec(np.shape(x), mesh)),
+                      tree)
+
+
+def put_batch(tree: Any, mesh: Mesh | None = None) -> Any:
+  """`jax.device_put` of a batch pytree with `batch_shardings`.
+
+  Args:
+    tree: pytree of [B, ...] arrays.
+    mesh: defaults to the ambient mesh (`jax.set_mesh`); with none, `tree` is
+      returned unchanged.
+  """
+  mesh = jax.sharding.get_mesh() if mesh is None else mesh
+  if mesh.empty:
+    return tree
+  return jax.device_put(tree, batch_shardings(tree, mesh))
+
+
+def constrain_batch(tree: Any) -> Any:
+  """Inside jit: pins every leaf's leading axis to ('data', 'fsdp').
+
+  Uses the ambient (abstract) mesh; without one (plain single-device use) it
+  returns `tree` unchanged, so library code can call it unconditionally.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return tree
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, batch_spec(x.shape, mesh)),
+      tree)
+
+
+def cache_spec(shape: Sequence[int], mesh) -> P:
+  """KV-cache layout [B, G, S, Dh]: B over ('data', 'fsdp'), G over 'tensor'.
+
+  Each axis falls back to replicated when not divisible by its mesh axes.
+  """
+  b, g = shape[0], shape[1]
+  batch = BATCH_AXES if b % _axis_size(mesh, BATCH_AXES) == 0 else None
+  heads = "tensor" if g % _sizes(mesh)["tensor"] == 0 else None
+  return P(batch, heads, *([None] * (len(shape) - 2)))
+
+
+def cache_shardings(cache: Any, mesh: Mesh) -> Any:
+  """NamedShardings of a KV cache (list of {'k', 'v'} [B, G, S, Dh] arrays)."""
+  return jax.tree.map(lambda x: NamedSharding(mesh, cache_spec(np.shape(x), mesh)),
+                      cache)
+
+
+def constrain_cache(cache: Any) -> Any:
+  """Inside jit: pins a KV cache to `cache_spec` on the ambient mesh (no-op
+  without one)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or cache is None:
+    return cache
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, cache_spec(x.shape, mesh)),
+      cache)
+
+
+def mesh_of(tree: Any) -> Mesh | None:
+  """The Mesh of the first `NamedSharding`-placed array in `tree`, else None."""
+  for x in jax.tree.leaves(tree):
+    s = getattr(x, "sharding", None)
+    if isinstance(s, NamedSharding):
+      return s.mesh
+  return None
+
+
+def init_sharded(init_fn: Callable[[], Any], mesh: Mesh) -> tuple[Any, Any]:
+  """Creates a pytree directly in its sharded layout.
+
+  `jax.eval_shape(init_fn)` gives shapes without computing anything; the
+  shardings follow from `tree_shardings`; `jax.jit(init_fn, out_shardings=...)`
+  then materialises each device's shard only (no unsharded copy ever exists).
+
+  Args:
+    init_fn: pure function of no arguments returning the pytree (e.g. a
+      TrainState; its randomness must come from closed-over keys).
+    mesh: the device mesh.
+
+  Returns:
+    (tree, shardings) with the same structure.
+  """
+  shardings = tree_shardings(jax.eval_shape(init_fn), mesh)
+  return jax.jit(init_fn, out_shardings=shardings)(), shardings
+
+
+def step_jit_kwargs(state_sharding: Any) -> dict[str, Any]:
+  """jit keyword arguments for `step(state) -> (state, metrics)` functions.
+
+  With a state sharding, the state keeps its layout across steps (inputs and
+  outputs share `state_sharding`, so donation reuses the buffers and no step
+  recompiles); metrics are left to XLA. With None, no arguments (single
+  device, unchanged behaviour).
+  """
+  if state_sharding is None:
+    return {}
+  return dict(in_shardings=(state_sharding,), out_shardings=(state_sharding, None))
