@@ -59,10 +59,12 @@ def extend(
   """
   t = tokens_bt.shape[1]
   positions_bt = start_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  logits_btv, cache = apply_model(graphdef, params, tokens_bt, positions_bt, cache)
+  model = nnx.merge(graphdef, params)
+  hidden_btd, cache = model.hidden_states(tokens_bt, positions_bt, cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)
-  logits_bv = jnp.take_along_axis(logits_btv, last_b[:, None, None], axis=1)[:, 0]
-  return logits_bv, cache
+  # Only the last real position is projected to the vocabulary (no [B, T, V]).
+  hidden_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[:, 0]
+  return model.logits(hidden_bd), cache
 
 
 def sample_token(
@@ -90,32 +92,121 @@ def sample_token(
   return tokens, logprob
 
 
+def logprob_and_entropy(
+    logits_btv: jax.Array, targets_bt: jax.Array, temperature: float | jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Log-prob of each target token and entropy of its predictive distribution.
+
+  logp_t = log_softmax(z_t / T)[y_t],  H_t = -sum_v p_t(v) log p_t(v), with
+  p_t = softmax(z_t / T); computed in float32 whatever the logits dtype.
+
+  Args:
+    logits_btv: [B, T, V] logits (any float dtype).
+    targets_bt: [B, T] int32 token ids in [0, V).
+    temperature: scalar > 0.
+
+  Returns:
+    (logprob [B, T] float32, entropy [B, T] float32 in nats).
+  """
+  logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32) / temperature, -1)
+  logp_bt = jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[..., 0]
+  entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+  return logp_bt, entropy_bt
+
+
+def chunked_logprob_and_entropy(
+    hidden_btd: jax.Array,
+    w_dv: jax.Array,
+    targets_bt: jax.Array,
+    temperature: float | jax.Array,
+    chunk_size: int,
+) -> tuple[jax.Array, jax.Array]:
+  """`logprob_and_entropy` of logits = hidden @ w_dv, chunk by chunk over time.
+
+  The sequence is cut into chunks of `chunk_size` positions (the last one
+  zero-padded); `lax.map` projects one chunk at a time to the vocabulary under
+  `jax.checkpoint`, so neither the forward nor the backward pass holds more
+  than a [B, chunk_size, V] logits array (never [B, T, V]).
+
+  Args:
+    hidden_btd: [B, T, D] final hidden states (model.hidden_states).
+    w_dv: [D, V] output layer (model.output_weights_dv()).
+    targets_bt: [B, T] int32 token ids.
+    temperature: scalar > 0.
+    chunk_size: positions per chunk; <= 0 or >= T computes all at once.
+
+  Returns:
+    (logprob [B, T] float32, entropy [B, T] float32), equal to the unchunked
+    computation up to float rounding.
+  """
+  b, t, d = hidden_btd.shape
+  if chunk_size <= 0 or chunk_size >= t:
+    return logprob_and_entropy(
+        (hidden_btd @ w_dv).astype(jnp.float32), targets_bt, temperature)
+  n = -(-t // chunk_size)
+  pad = n * chunk_size - t
+  h_nbcd = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(
+      b, n, chunk_size, d).swapaxes(0, 1)
+  y_nbc = jnp.pad(targets_bt, ((0, 0), (0, pad))).reshape(
+      b, n, chunk_size).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one_chunk(h_bcd, y_bc, w):
+    return logprob_and_entropy((h_bcd @ w).astype(jnp.float32), y_bc, temperature)
+
+  logp_nbc, entropy_nbc = jax.lax.map(lambda a: one_chunk(a[0], a[1], w_dv),
+                                      (h_nbcd, y_nbc))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
+  return unchunk(logp_nbc), unchunk(entropy_nbc)
+
+
 def token_logprobs(
     graphdef: nnx.GraphDef,
     params: Any,
     tokens_bl: jax.Array,
-    temperature: float = 1.0,
+    temperature: float | jax.Array = 1.0,
+    chunk_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Teacher-forced log-probs (and entropies) of every token given its prefix.
 
   This is the trainer's view of the same model function the sampler uses.
+  Log-probs are float32 under the sampling temperature:
+  logprob[:, t] = log_softmax(logits_{t-1} / T)[tokens[:, t]].
 
   Args:
     graphdef, params: the policy.
     tokens_bl: [B, L] int32 trajectories (contiguous from position 0).
     temperature: the sampling temperature (> 0) the behaviour log-probs used.
+    chunk_size: sequence positions projected to the vocabulary at a time
+      (chunked_logprob_and_entropy); None = the model config's
+      `logprob_chunk_size` (0 = all at once).
 
   Returns:
     (logprob [B, L] float32 with logprob[:, t] = log p(tokens[:, t] | tokens[:, :t])
      and logprob[:, 0] = 0; entropy [B, L] float32 of the predictive distribution
      for position t, 0 at t = 0).
   """
-  logits_blv, _ = apply_model(graphdef, params, tokens_bl[:, :-1])
-  logp_blv = jax.nn.log_softmax(logits_blv.astype(jnp.float32) / temperature, -1)
-  logp_bl = jnp.take_along_axis(logp_blv, tokens_bl[:, 1:, None], axis=-1)[..., 0]
-  entropy_bl = -jnp.sum(jnp.exp(logp_blv) * logp_blv, axis=-1)
+  model = nnx.merge(graphdef, params)
+  if chunk_size is None:
+    chunk_size = model.cfg.logprob_chunk_size
+  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  logp_bl, entropy_bl = chunked_logprob_and_entropy(
+      hidden_bld, model.output_weights_dv(), tokens_bl[:, 1:], temperature,
+      chunk_size)
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   return (
       jnp.concatenate([pad, logp_bl], axis=1),
       jnp.concatenate([pad, entropy_bl], axis=1),
   )
+
+
+def token_entropy(
+    graphdef: nnx.GraphDef,
+    params: Any,
+    tokens_bl: jax.Array,
+    temperature: float | jax.Array = 1.0,
+    chunk_size: int | None = None,
+) -> jax.Array:
+  """Entropy [B, L] float32 (nats) of the policy's predictive distribution at
+  each position t given tokens[:, :t] (0 at t = 0); see `token_logprobs`."""
+  return token_logprobs(graphdef, params, tokens_bl, temperature, chunk_size)[1]

@@ -42,7 +42,8 @@ def make_env(config: ml_collections.ConfigDict):
 
 
 def make_model_config(config) -> transformer.TransformerConfig:
-  return transformer.TransformerConfig(**dict(config.model))
+  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
+  return transformer.TransformerConfig(**fields)
 
 
 def init_state(config, model_cfg) -> tuple[nnx.GraphDef, types.TrainState]:

@@ -2,23 +2,61 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
+
+from agentic_rl.models import transformer
 
 MODEL_PRESETS = {
     # ~0.5M parameters: trains at several thousand tokens/s on a 2-core CPU.
     "tiny": dict(d_model=96, num_layers=3, num_heads=4, head_dim=24, ffn_dim=256),
     # ~1M parameters.
     "small": dict(d_model=128, num_layers=4, num_heads=4, head_dim=32, ffn_dim=384),
+    # Real checkpoint shapes (for jax.eval_shape, sharding plans and HF import;
+    # far too large to train on a CPU). Qwen2.5-0.5B: 0.49B parameters, GQA
+    # 14 query / 2 kv heads, QKV bias, tied embeddings.
+    "qwen2.5-0.5b": dict(
+        vocab_size=151_936, d_model=896, num_layers=24, num_heads=14,
+        num_kv_heads=2, head_dim=64, ffn_dim=4864, rope_theta=1_000_000.0,
+        norm_eps=1e-6, qkv_bias=True, tie_embeddings=True, max_positions=32_768,
+        logprob_chunk_size=256),
+    # Llama-3.2-1B: 1.24B parameters, GQA 32 / 8 heads, tied embeddings, Llama 3
+    # RoPE scaling (factor 32 over an original 8192-token context).
+    "llama-3.2-1b": dict(
+        vocab_size=128_256, d_model=2048, num_layers=16, num_heads=32,
+        num_kv_heads=8, head_dim=64, ffn_dim=8192, rope_theta=500_000.0,
+        norm_eps=1e-5, tie_embeddings=True, rope_scaling="llama3",
+        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+        rope_original_max_positions=8192, max_positions=131_072,
+        logprob_chunk_size=256),
 }
 
 
 def model(preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Transformer shape (agentic_rl.models.transformer.TransformerConfig fields)."""
-  cfg = ml_collections.ConfigDict(dict(MODEL_PRESETS[preset]))
+  """Transformer config: every TransformerConfig field, plus `hf_path`.
+
+  Fields not set by the preset keep the TransformerConfig defaults (documented
+  in agentic_rl/models/transformer.py); every one can be overridden with
+  --config.model.FIELD=VALUE.
+
+  Raises:
+    ValueError: unknown preset name.
+  """
+  if preset not in MODEL_PRESETS:
+    raise ValueError(f"model preset {preset!r}: unknown; known: {sorted(MODEL_PRESETS)}")
+  fields = {f.name: f.default
+            for f in dataclasses.fields(transformer.TransformerConfig)}
   # Byte-level vocabulary with tool/answer specials (agentic_rl/tokenizers.py).
-  cfg.vocab_size = 265
-  cfg.rope_theta = 10_000.0
-  cfg.norm_eps = 1e-6
+  fields["vocab_size"] = 265
+  fields["rope_theta"] = 10_000.0
+  fields["norm_eps"] = 1e-6
+  fields.update(MODEL_PRESETS[preset])
+  cfg = ml_collections.ConfigDict(fields)
+  # Directory of a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM checkpoint
+  # (config.json + *.safetensors); when set, the policy is built from it and the
+  # shape fields above are ignored. '' = random init from the fields above.
+  cfg.hf_path = ""
   return cfg
 
 

@@ -1,17 +1,48 @@
-"""Decoder-only transformer (Llama-style): RoPE, RMSNorm, SwiGLU, untied LM head.
+"""Decoder-only transformer of the Llama / Qwen2 family.
 
-The same `Transformer.__call__` serves teacher-forced training (no cache) and KV-cache
-decoding/prefill (cache given): both compute identical math for each position, which
-is what makes sampler and trainer log-probs agree (tests/test_sampling.py).
+One module covers both families (and our own tiny presets): grouped-query
+attention (Ainslie et al. 2023, arXiv:2305.13245), rotary position embeddings
+(Su et al. 2021, arXiv:2104.09864) with optional Llama-3 frequency scaling,
+RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467), SwiGLU feed-forward (Shazeer
+2020, arXiv:2002.05202), optional query/key/value biases (Qwen2), tied or untied
+embeddings, a dtype policy and optional rematerialisation per block.
 
-KV cache layout: per layer a dict with 'k' and 'v' of shape [B, H, S, Dh]
-(batch, heads, cache length, head dim); measured 2.6-2.9x faster to sample on CPU than
-[B, S, H, Dh].
+The same forward serves teacher-forced training (no cache) and KV-cache
+decoding/prefill (cache given): both compute identical math for each position,
+which is what makes sampler and trainer log-probs agree (tests/test_sampling.py).
+
+KV cache layout: per layer a dict with 'k' and 'v' of shape [B, G, S, Dh]
+(batch, kv heads, cache length, head dim) in the compute dtype; measured 2.6-2.9x
+faster to sample on CPU than [B, S, G, Dh].
+
+Parameter naming contract (sharding rules and the Hugging Face mapping rely on
+it): every parameter name ends with `_<axes>`, one letter per array axis, in
+order:
+
+  d = d_model (residual width)      h = query heads     g = key/value heads
+  k = head_dim                      f = ffn hidden      v = vocabulary
+
+  embed_vd [V, D]        token embedding (also the output layer when tied)
+  lm_head_dv [D, V]      output layer (absent when tie_embeddings)
+  blocks[i].attn.q_dhk [D, H, Dh], .k_dgk [D, G, Dh], .v_dgk [D, G, Dh],
+                 .o_hkd [H, Dh, D]
+  blocks[i].attn.q_bias_hk [H, Dh], .k_bias_gk [G, Dh], .v_bias_gk [G, Dh]
+                 (only with qkv_bias)
+  blocks[i].ffn.gate_df [D, F], .up_df [D, F], .down_fd [F, D]
+  value_head_d [D], reward_head_d [D]   scalar heads (only when enabled)
+
+The one exception is RMSNorm's `scale` [D] (blocks[i].attn_norm, .ffn_norm,
+final_norm), a vector over d_model.
+
+Dtype policy: parameters are stored in `param_dtype`; every matmul runs in the
+compute `dtype` (parameters are cast at use); RMSNorm statistics, attention
+softmax, logits and log-softmax are float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -20,20 +51,46 @@ from flax import nnx
 
 KVCache = list[dict[str, jax.Array]]
 
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ROPE_SCALINGS = ("none", "llama3")
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Shape of the decoder.
+  """Shape and numerics of the decoder.
 
   Attributes:
     vocab_size: number of token ids V.
     d_model: residual width D.
     num_layers: number of blocks.
-    num_heads: attention heads H (query = key/value heads here).
-    head_dim: per-head width Dh.
+    num_heads: query heads H.
+    head_dim: per-head width Dh (even, for RoPE).
     ffn_dim: SwiGLU hidden width F.
     rope_theta: RoPE base frequency (Su et al. 2021, arXiv:2104.09864).
     norm_eps: RMSNorm epsilon (Zhang & Sennrich 2019, arXiv:1910.07467).
+    num_kv_heads: key/value heads G of grouped-query attention
+      (arXiv:2305.13245); must divide H. 0 means G = H (multi-head attention).
+    qkv_bias: add learned biases to the query, key and value projections
+      (Qwen2).
+    tie_embeddings: use embed_vd^T as the output layer (no lm_head_dv).
+    rope_scaling: 'none' or 'llama3' (Llama 3.1 frequency-dependent scaling of
+      the RoPE inverse frequencies, as in Hugging Face transformers'
+      `_compute_llama3_parameters`).
+    rope_factor: llama3 scaling factor (8 for Llama 3.1, 32 for Llama 3.2).
+    rope_low_freq_factor: llama3 low-frequency factor.
+    rope_high_freq_factor: llama3 high-frequency factor (> low).
+    rope_original_max_positions: llama3 original context length.
+    max_positions: longest sequence the checkpoint was trained for
+      (informational; exported as max_position_embeddings).
+    param_dtype: 'float32' or 'bfloat16'; storage dtype of the parameters.
+    dtype: 'float32' or 'bfloat16'; compute dtype of the matmuls and of the
+      KV cache. Logits and log-softmax are always float32.
+    remat: rematerialise each block in the backward pass (nnx.remat).
+    value_head: add a scalar value head `value_head_d`.
+    reward_head: add a scalar reward head `reward_head_d`.
+    logprob_chunk_size: sequence positions per chunk when computing log-probs
+      and entropies (agentic_rl.sampling.token_logprobs), so that a
+      [B, L, V] array is never materialised; 0 = the whole sequence at once.
   """
 
   vocab_size: int = 265
@@ -44,54 +101,160 @@ class TransformerConfig:
   ffn_dim: int = 384
   rope_theta: float = 10_000.0
   norm_eps: float = 1e-6
+  num_kv_heads: int = 0
+  qkv_bias: bool = False
+  tie_embeddings: bool = False
+  rope_scaling: str = "none"
+  rope_factor: float = 8.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_positions: int = 8192
+  max_positions: int = 4096
+  param_dtype: str = "float32"
+  dtype: str = "float32"
+  remat: bool = False
+  value_head: bool = False
+  reward_head: bool = False
+  logprob_chunk_size: int = 0
+
+  def __post_init__(self):
+    def fail(field, why):
+      raise ValueError(f"{field}={getattr(self, field)!r}: {why}")
+
+    for f in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim",
+              "ffn_dim", "max_positions", "rope_original_max_positions"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        fail(f, "must be a positive integer")
+    for f in ("num_kv_heads", "logprob_chunk_size"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        fail(f, "must be an integer >= 0")
+    if self.head_dim % 2:
+      fail("head_dim", "must be even (RoPE rotates pairs)")
+    if self.num_heads % self.kv_heads:
+      fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
+    if not self.rope_theta > 0:
+      fail("rope_theta", "must be > 0")
+    if not self.norm_eps > 0:
+      fail("norm_eps", "must be > 0")
+    for f in ("param_dtype", "dtype"):
+      if getattr(self, f) not in DTYPES:
+        fail(f, f"unknown; known: {sorted(DTYPES)}")
+    if self.rope_scaling not in ROPE_SCALINGS:
+      fail("rope_scaling", f"unknown; known: {ROPE_SCALINGS}")
+    if self.rope_scaling == "llama3":
+      if not self.rope_factor >= 1:
+        fail("rope_factor", "must be >= 1")
+      if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+        fail("rope_high_freq_factor",
+             f"must exceed rope_low_freq_factor={self.rope_low_freq_factor} > 0")
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads G (num_kv_heads, or num_heads when that is 0)."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return DTYPES[self.dtype]
+
+  @property
+  def params_dtype(self) -> Any:
+    return DTYPES[self.param_dtype]
 
 
-def rope(x_bthd: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+def rope_inv_freq(cfg: TransformerConfig) -> jax.Array:
+  """RoPE inverse frequencies theta^(-2i/Dh), i < Dh/2, optionally llama3-scaled.
+
+  Llama 3.1 scaling (as in transformers' `_compute_llama3_parameters`): with
+  wavelength w_i = 2 pi / f_i, L = rope_original_max_positions, frequencies with
+  w_i > L / low_freq_factor are divided by `factor`, those with
+  w_i < L / high_freq_factor are kept, and the ones in between are interpolated
+  with s = (L / w_i - low) / (high - low): f_i' = (1 - s) f_i / factor + s f_i.
+
+  Returns:
+    [Dh / 2] float32.
+  """
+  half = cfg.head_dim // 2
+  freq_h = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if cfg.rope_scaling == "llama3":
+    factor = cfg.rope_factor
+    low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old_len = cfg.rope_original_max_positions
+    wavelen = 2 * math.pi / freq_h
+    scaled = jnp.where(wavelen > old_len / low, freq_h / factor, freq_h)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    freq_h = jnp.where(medium, smoothed, scaled)
+  return freq_h
+
+
+def rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
   """Rotary position embedding (rotate-half form), arXiv:2104.09864.
 
+  out[..., :Dh/2] = x1 cos - x2 sin, out[..., Dh/2:] = x2 cos + x1 sin with
+  angle = position * inv_freq (the layout Hugging Face Llama/Qwen2 use).
+
   Args:
-    x_bthd: [B, T, H, Dh] float32 queries or keys; Dh even.
+    x_bthd: [B, T, H, Dh] queries or keys; Dh even.
     positions_bt: [B, T] int32 absolute positions.
-    theta: base frequency.
+    inv_freq: [Dh / 2] float32 (rope_inv_freq).
 
   Returns:
     [B, T, H, Dh] rotated array, same dtype as x.
   """
   half = x_bthd.shape[-1] // 2
-  freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle_bth = positions_bt.astype(jnp.float32)[..., None] * freq_h
+  angle_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
   sin = jnp.sin(angle_bth)[:, :, None, :]
   cos = jnp.cos(angle_bth)[:, :, None, :]
   x1, x2 = x_bthd[..., :half], x_bthd[..., half:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_bthd.dtype)
+
+
+def _normal(std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+  """N(0, std^2) drawn in float32, then cast: a bf16 model's initial parameters
+  are the float32 model's rounded."""
+  return nnx.initializers.normal(std)(key, shape, jnp.float32).astype(dtype)
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2) + eps) * scale (arXiv:1910.07467)."""
+  """y = x / sqrt(mean(x^2) + eps) * scale (arXiv:1910.07467), stats in f32."""
 
-  def __init__(self, dim: int, eps: float):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+  def __init__(self, dim: int, eps: float, param_dtype: Any = jnp.float32):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
     self.eps = eps
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
     var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(var + self.eps) * self.scale[...]
+    y = x * jax.lax.rsqrt(var + self.eps) * self.scale[...].astype(jnp.float32)
+    return y.astype(dtype)
 
 
 class Attention(nnx.Module):
-  """Causal multi-head attention with RoPE and an optional KV cache."""
+  """Causal grouped-query attention with RoPE and an optional KV cache.
+
+  Query head h reads key/value head h // (H / G), as in Hugging Face's
+  `repeat_kv`.
+  """
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-    d, h, dh = cfg.d_model, cfg.num_heads, cfg.head_dim
-    init = nnx.initializers.normal(d**-0.5)
-    self.q_dhk = nnx.Param(init(rngs.params(), (d, h, dh)))
-    self.k_dhk = nnx.Param(init(rngs.params(), (d, h, dh)))
-    self.v_dhk = nnx.Param(init(rngs.params(), (d, h, dh)))
-    self.o_hkd = nnx.Param(
-        nnx.initializers.normal((h * dh) ** -0.5 / (2 * cfg.num_layers) ** 0.5)(
-            rngs.params(), (h, dh, d)
-        )
-    )
+    d, h, g, dh = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    pdt = cfg.params_dtype
+    self.q_dhk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, h, dh), pdt))
+    self.k_dgk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, g, dh), pdt))
+    self.v_dgk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, g, dh), pdt))
+    self.o_hkd = nnx.Param(_normal(
+        (h * dh) ** -0.5 / (2 * cfg.num_layers) ** 0.5, rngs.params(), (h, dh, d),
+        pdt))
+    if cfg.qkv_bias:
+      self.q_bias_hk = nnx.Param(jnp.zeros((h, dh), pdt))
+      self.k_bias_gk = nnx.Param(jnp.zeros((g, dh), pdt))
+      self.v_bias_gk = nnx.Param(jnp.zeros((g, dh), pdt))
     self.cfg = cfg
 
   def __call__(
@@ -99,39 +262,60 @@ class Attention(nnx.Module):
       x_btd: jax.Array,
       positions_bt: jax.Array,
       cache: dict[str, jax.Array] | None,
+      mask_bt: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     cfg = self.cfg
-    q = jnp.einsum("btd,dhk->bthk", x_btd, self.q_dhk[...])
-    k = jnp.einsum("btd,dhk->bthk", x_btd, self.k_dhk[...])
-    v = jnp.einsum("btd,dhk->bthk", x_btd, self.v_dhk[...])
-    q = rope(q, positions_bt, cfg.rope_theta)
-    k = rope(k, positions_bt, cfg.rope_theta)
+    dt = cfg.compute_dtype
+    b, t = x_btd.shape[:2]
+    g, r = cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    q = jnp.einsum("btd,dhk->bthk", x_btd, self.q_dhk[...].astype(dt))
+    k = jnp.einsum("btd,dgk->btgk", x_btd, self.k_dgk[...].astype(dt))
+    v = jnp.einsum("btd,dgk->btgk", x_btd, self.v_dgk[...].astype(dt))
+    if cfg.qkv_bias:
+      q = q + self.q_bias_hk[...].astype(dt)
+      k = k + self.k_bias_gk[...].astype(dt)
+      v = v + self.v_bias_gk[...].astype(dt)
+    inv_freq = rope_inv_freq(cfg)
+    q = rope(q, positions_bt, inv_freq)
+    k = rope(k, positions_bt, inv_freq)
     if cache is None:
-      keys_bhsk = k.transpose(0, 2, 1, 3)
-      values_bhsk = v.transpose(0, 2, 1, 3)
+      keys_bgsk = k.transpose(0, 2, 1, 3)
+      values_bgsk = v.transpose(0, 2, 1, 3)
       key_pos_bs = positions_bt
       new_cache = None
     else:
+      if mask_bt is not None:
+        raise ValueError("mask_bt is only supported without a KV cache")
       # Write this chunk's keys/values at each row's own positions; positions past
       # the cache end are dropped (the rollout marks such rows TRUNCATED).
-      b_idx = jnp.broadcast_to(
-          jnp.arange(x_btd.shape[0])[:, None], positions_bt.shape
-      )
-      keys_bhsk = cache["k"].at[b_idx, :, positions_bt].set(k, mode="drop")
-      values_bhsk = cache["v"].at[b_idx, :, positions_bt].set(v, mode="drop")
-      s = keys_bhsk.shape[2]
-      key_pos_bs = jnp.broadcast_to(jnp.arange(s)[None, :], (x_btd.shape[0], s))
-      new_cache = {"k": keys_bhsk, "v": values_bhsk}
-    scores_bhts = jnp.einsum(
-        "bthk,bhsk->bhts", q, keys_bhsk
-    ) * cfg.head_dim ** -0.5
+      b_idx = jnp.broadcast_to(jnp.arange(b)[:, None], positions_bt.shape)
+      keys_bgsk = cache["k"].at[b_idx, :, positions_bt].set(k, mode="drop")
+      values_bgsk = cache["v"].at[b_idx, :, positions_bt].set(v, mode="drop")
+      s = keys_bgsk.shape[2]
+      key_pos_bs = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s))
+      new_cache = {"k": keys_bgsk, "v": values_bgsk}
     # Causal mask by absolute position; with a cache this also hides stale entries
-    # beyond each row's current position.
+    # beyond each row's current position. mask_bt hides padding keys.
     mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
-    scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
-    probs_bhts = jax.nn.softmax(scores_bhts.astype(jnp.float32), axis=-1)
-    out_bthk = jnp.einsum("bhts,bhsk->bthk", probs_bhts, values_bhsk)
-    return jnp.einsum("bthk,hkd->btd", out_bthk, self.o_hkd[...]), new_cache
+    if mask_bt is not None:
+      mask_bts = mask_bts & mask_bt.astype(bool)[:, None, :]
+    scale = cfg.head_dim ** -0.5
+    if r == 1:
+      # Multi-head attention: the plain einsums (kept op-for-op so that MHA
+      # presets compute bit-identical results to earlier versions).
+      scores_bhts = jnp.einsum("bthk,bhsk->bhts", q, keys_bgsk) * scale
+      scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
+      probs_bhts = jax.nn.softmax(scores_bhts.astype(jnp.float32), axis=-1)
+      out_bthk = jnp.einsum("bhts,bhsk->bthk", probs_bhts.astype(dt), values_bgsk)
+    else:
+      q_btgrk = q.reshape(b, t, g, r, cfg.head_dim)
+      scores_bgrts = jnp.einsum("btgrk,bgsk->bgrts", q_btgrk, keys_bgsk) * scale
+      scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, -1e30)
+      probs_bgrts = jax.nn.softmax(scores_bgrts.astype(jnp.float32), axis=-1)
+      out_btgrk = jnp.einsum("bgrts,bgsk->btgrk", probs_bgrts.astype(dt), values_bgsk)
+      out_bthk = out_btgrk.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    out = jnp.einsum("bthk,hkd->btd", out_bthk, self.o_hkd[...].astype(dt))
+    return out, new_cache
 
 
 class SwiGLU(nnx.Module):
@@ -139,49 +323,111 @@ class SwiGLU(nnx.Module):
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
     d, f = cfg.d_model, cfg.ffn_dim
-    self.gate_df = nnx.Param(nnx.initializers.normal(d**-0.5)(rngs.params(), (d, f)))
-    self.up_df = nnx.Param(nnx.initializers.normal(d**-0.5)(rngs.params(), (d, f)))
-    self.down_fd = nnx.Param(
-        nnx.initializers.normal(f**-0.5 / (2 * cfg.num_layers) ** 0.5)(
-            rngs.params(), (f, d)
-        )
-    )
+    pdt = cfg.params_dtype
+    self.gate_df = nnx.Param(_normal(d**-0.5, rngs.params(), (d, f), pdt))
+    self.up_df = nnx.Param(_normal(d**-0.5, rngs.params(), (d, f), pdt))
+    self.down_fd = nnx.Param(_normal(
+        f**-0.5 / (2 * cfg.num_layers) ** 0.5, rngs.params(), (f, d), pdt))
+    self.dtype = cfg.compute_dtype
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
-    gate = jax.nn.silu(x_btd @ self.gate_df[...])
-    return (gate * (x_btd @ self.up_df[...])) @ self.down_fd[...]
+    dt = self.dtype
+    gate = jax.nn.silu(x_btd @ self.gate_df[...].astype(dt))
+    return (gate * (x_btd @ self.up_df[...].astype(dt))) @ self.down_fd[...].astype(dt)
 
 
 class Block(nnx.Module):
   """Pre-norm residual block: x + Attn(norm(x)), then x + FFN(norm(x))."""
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.attn = Attention(cfg, rngs)
-    self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+    self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.ffn = SwiGLU(cfg, rngs)
 
-  def __call__(self, x, positions_bt, cache):
-    h, cache = self.attn(self.attn_norm(x), positions_bt, cache)
+  def __call__(self, x, positions_bt, cache, mask_bt=None):
+    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bt)
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
 
+def _block_apply(block: Block, x, positions_bt, cache, mask_bt):
+  return block(x, positions_bt, cache, mask_bt)
+
+
+_remat_block_apply = nnx.remat(_block_apply)
+
+
 class Transformer(nnx.Module):
-  """Decoder-only language model returning next-token logits."""
+  """Decoder-only language model with optional scalar value / reward heads.
+
+  Parameters are drawn in a fixed order (embedding; per block q, k, v, o, gate,
+  up, down; then the LM head unless tied); biases and scalar heads start at zero
+  and draw nothing, so enabling them leaves the other parameters unchanged.
+  """
 
   def __init__(self, cfg: TransformerConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed_vd = nnx.Param(
-        nnx.initializers.normal(1.0)(rngs.params(), (cfg.vocab_size, cfg.d_model))
-    )
+    pdt = cfg.params_dtype
+    d, v = cfg.d_model, cfg.vocab_size
+    # Tied: initialised N(0, 1/D) so that initial logits have unit scale.
+    embed_std = d**-0.5 if cfg.tie_embeddings else 1.0
+    self.embed_vd = nnx.Param(_normal(embed_std, rngs.params(), (v, d), pdt))
     self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-    self.lm_head_dv = nnx.Param(
-        nnx.initializers.normal(cfg.d_model**-0.5)(
-            rngs.params(), (cfg.d_model, cfg.vocab_size)
-        )
-    )
+    self.final_norm = RMSNorm(d, cfg.norm_eps, pdt)
+    if not cfg.tie_embeddings:
+      self.lm_head_dv = nnx.Param(_normal(d**-0.5, rngs.params(), (d, v), pdt))
+    if cfg.value_head:
+      self.value_head_d = nnx.Param(jnp.zeros((d,), pdt))
+    if cfg.reward_head:
+      self.reward_head_d = nnx.Param(jnp.zeros((d,), pdt))
+
+  def hidden_states(
+      self,
+      tokens_bt: jax.Array,
+      positions_bt: jax.Array | None = None,
+      cache: KVCache | None = None,
+      mask_bt: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache | None]:
+    """Final (normalised) hidden states, the input of every head.
+
+    Args:
+      tokens_bt: [B, T] int32 token ids.
+      positions_bt: [B, T] int32 absolute positions; defaults to arange(T).
+        With a cache, each row's chunk is written at these positions.
+      cache: optional KV cache (see `init_cache`); if None, plain causal
+        attention over this chunk.
+      mask_bt: optional [B, T] bool/int, True on real tokens; padding keys are
+        hidden from every query (no cache only).
+
+    Returns:
+      (hidden [B, T, D] in the compute dtype, updated cache or None).
+
+    Raises:
+      ValueError: mask_bt given together with a cache.
+    """
+    b, t = tokens_bt.shape
+    if positions_bt is None:
+      positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    x = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+        self.cfg.compute_dtype)
+    apply = _remat_block_apply if self.cfg.remat else _block_apply
+    new_cache = [] if cache is not None else None
+    for i, block in enumerate(self.blocks):
+      x, layer_cache = apply(
+          block, x, positions_bt, None if cache is None else cache[i], mask_bt)
+      if new_cache is not None:
+        new_cache.append(layer_cache)
+    return self.final_norm(x), new_cache
+
+  def output_weights_dv(self) -> jax.Array:
+    """[D, V] output layer in the compute dtype (embed_vd^T when tied)."""
+    w = self.embed_vd[...].T if self.cfg.tie_embeddings else self.lm_head_dv[...]
+    return w.astype(self.cfg.compute_dtype)
+
+  def logits(self, hidden_btd: jax.Array) -> jax.Array:
+    """LM head: [..., D] hidden -> [..., V] float32 logits."""
+    return (hidden_btd @ self.output_weights_dv()).astype(jnp.float32)
 
   def __call__(
       self,
@@ -189,37 +435,71 @@ class Transformer(nnx.Module):
       positions_bt: jax.Array | None = None,
       cache: KVCache | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
-    """Next-token logits.
-
-    Args:
-      tokens_bt: [B, T] int32 token ids.
-      positions_bt: [B, T] int32 absolute positions; defaults to arange(T).
-        With a cache, each row's chunk is written at these positions.
-      cache: optional KV cache (see `init_cache`); if None, plain causal attention
-        over this chunk.
+    """Next-token logits (see `hidden_states` for the arguments).
 
     Returns:
       (logits [B, T, V] float32, updated cache or None).
     """
-    b, t = tokens_bt.shape
-    if positions_bt is None:
-      positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = jnp.take(self.embed_vd[...], tokens_bt, axis=0)
-    new_cache = [] if cache is not None else None
-    for i, block in enumerate(self.blocks):
-      x, layer_cache = block(x, positions_bt, None if cache is None else cache[i])
-      if new_cache is not None:
-        new_cache.append(layer_cache)
-    x = self.final_norm(x)
-    logits = (x @ self.lm_head_dv[...]).astype(jnp.float32)
-    return logits, new_cache
+    hidden, new_cache = self.hidden_states(tokens_bt, positions_bt, cache)
+    return self.logits(hidden), new_cache
+
+  def value(self, hidden_btd: jax.Array) -> jax.Array:
+    """Scalar value head: [B, T, D] hidden -> [B, T] float32 values.
+
+    Raises:
+      ValueError: the config has no value head.
+    """
+    if not self.cfg.value_head:
+      raise ValueError("TransformerConfig.value_head=False: no value head")
+    return hidden_btd.astype(jnp.float32) @ self.value_head_d[...].astype(
+        jnp.float32)
+
+  def reward(self, tokens_bl: jax.Array, mask_bl: jax.Array) -> jax.Array:
+    """Scalar reward of each sequence, read at its last real token.
+
+    Works whatever the padding side: positions count real tokens only
+    (cumsum(mask) - 1) and padding keys are masked, so a left-padded and a
+    right-padded copy of the same sequence get the same reward.
+
+    Args:
+      tokens_bl: [B, L] int32.
+      mask_bl: [B, L] bool or int, True/1 on real tokens (at least one per row).
+
+    Returns:
+      [B] float32 rewards.
+
+    Raises:
+      ValueError: the config has no reward head.
+    """
+    if not self.cfg.reward_head:
+      raise ValueError("TransformerConfig.reward_head=False: no reward head")
+    mask_bl = mask_bl.astype(bool)
+    positions_bl = jnp.maximum(jnp.cumsum(mask_bl, axis=1) - 1, 0).astype(jnp.int32)
+    hidden_bld, _ = self.hidden_states(tokens_bl, positions_bl, mask_bt=mask_bl)
+    last_b = last_token_index(mask_bl)
+    h_bd = jnp.take_along_axis(hidden_bld, last_b[:, None, None], axis=1)[:, 0]
+    return h_bd.astype(jnp.float32) @ self.reward_head_d[...].astype(jnp.float32)
+
+
+def last_token_index(mask_bl: jax.Array) -> jax.Array:
+  """Index of the last True entry of each row ([B, L] bool -> [B] int32).
+
+  Rows without any True entry give 0.
+  """
+  l = mask_bl.shape[1]
+  idx = jnp.where(mask_bl.astype(bool), jnp.arange(l, dtype=jnp.int32), -1)
+  return jnp.maximum(jnp.max(idx, axis=1), 0)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int) -> KVCache:
-  """Zero KV cache: per layer {'k', 'v'} of shape [batch, H, length, Dh] float32."""
-  shape = (batch, cfg.num_heads, length, cfg.head_dim)
+  """Zero KV cache: per layer {'k', 'v'} of shape [batch, G, length, Dh].
+
+  The dtype is the compute dtype (float32 by default).
+  """
+  shape = (batch, cfg.kv_heads, length, cfg.head_dim)
+  dt = cfg.compute_dtype
   return [
-      {"k": jnp.zeros(shape, jnp.float32), "v": jnp.zeros(shape, jnp.float32)}
+      {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
       for _ in range(cfg.num_layers)
   ]
 
