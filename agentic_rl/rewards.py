@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import advantages
+from agentic_rl import call_rewards
 from agentic_rl import types
 
 RewardFn = Callable[..., jax.Array]
@@ -299,6 +300,8 @@ REWARD_COMPONENTS: dict[str, RewardFn] = {
     "gated_relative_efficiency": gated_relative_efficiency_reward,
     "tool_bonus": tool_bonus_reward,
 }
+# ToolRL / TIER call-matching components over schema-call facts (call_rewards.py).
+REWARD_COMPONENTS.update(call_rewards.CALL_REWARD_COMPONENTS)
 
 
 def _param_defaults(fn: RewardFn) -> dict[str, Any]:

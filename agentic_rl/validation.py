@@ -169,6 +169,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     env_obj = environments.make(config.env)
   except TypeError as e:
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
+  except ValueError as e:  # the environment's own field checks name the field
+    raise ConfigError(f"config.env.{e}") from e
   if config.rl.get("pbrs_coef", 0.0) > 0:
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)

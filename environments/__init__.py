@@ -9,8 +9,18 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from environments import arithmetic
+from environments import budget
+from environments import clarification
+from environments import kv_chain
+from environments import schema_calls
 
-REGISTRY = {"arithmetic": arithmetic.ArithmeticEnv}
+REGISTRY = {
+    "arithmetic": arithmetic.ArithmeticEnv,
+    "kv_chain": kv_chain.KVChainEnv,
+    "schema_calls": schema_calls.SchemaCallsEnv,
+    "clarification": clarification.ClarificationEnv,
+    "budget": budget.BudgetEnv,
+}
 
 
 def make(env_config: Mapping[str, Any]):

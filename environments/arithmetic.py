@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl import tokenizers as tok
+from environments import common
 
 # Operator codes and their bytes.
 ADD = 0
@@ -48,31 +49,36 @@ MUL = 2
 OP_CHARS = ("+", "-", "*")
 _OP_BYTES = tuple(ord(c) for c in OP_CHARS)
 
-_ZERO = ord("0")
-_MINUS = ord("-")
+_ZERO = common.ZERO
+_MINUS = common.MINUS
 _INT32_MAX = 2**31 - 1
-# Decimal positions used to render an int32 (|x| < 10**10).
-_NUM_DIGITS = 10
-_POW10 = np.array([10**i for i in range(_NUM_DIGITS)], dtype=np.int32)
 
 _MAX_CALL_DIGITS = 6  # digits per tool-call operand
 _MAX_ANSWER_DIGITS = 7  # digits of a final answer
 
 _PROMPT_HEAD = tuple(b"Compute ")
 _PROMPT_TAIL = tuple(b".\n")
-_ERROR_BYTES = tuple(b"error")
+_ERROR_BYTES = common.ERROR_BYTES
 
 
 @flax.struct.dataclass
 class ArithmeticTask:
-  """One task (or a batch with a leading dim n). All fields have the same shape.
+  """One task (or a batch with a leading dim n).
 
   Attributes:
     a: int32; left operand (0..9 easy, 100..999 hard).
     b: int32; right operand (0..9 easy, 10..99 hard).
     op: int32; ADD, SUB or MUL (always MUL for hard items).
-    answer: int32; `a op b` (negative possible for SUB).
+    answer: int32; the value of the whole expression (negative possible).
     hard: bool; whether the item is a hard (multi-digit product) item.
+    xs: None for single-operation tasks, else int32 [M + 1], the operands of the
+      left-associated chain ((x0 o1 x1) o2 x2) ... oM xM (xs[0] = a, xs[1] = b).
+    ops: None, or int32 [M], the chain's operators (ops[0] = op).
+    noise_u: None (noiseless tool), or float32 [K]; the tool's answer to the i-th
+      call is wrong iff noise_u[i] < tool_noise_prob.
+    noise_delta: None, or int32 [K] in {-9..-1, 1..9}; the error added to the i-th
+      call's result when it is wrong.
+  Fields a, b, op, answer, hard have the same shape (a leading dim n or none).
   """
 
   a: jax.Array
@@ -80,11 +86,35 @@ class ArithmeticTask:
   op: jax.Array
   answer: jax.Array
   hard: jax.Array
+  xs: jax.Array | None = None
+  ops: jax.Array | None = None
+  noise_u: jax.Array | None = None
+  noise_delta: jax.Array | None = None
+
+
+def _chain(task: ArithmeticTask) -> tuple[jax.Array, jax.Array]:
+  """(xs int32 [M + 1], ops int32 [M]) of an unbatched task (M = 1 if no chain)."""
+  if task.xs is None:
+    return (jnp.stack([task.a, task.b]).astype(jnp.int32),
+            jnp.asarray(task.op, jnp.int32).reshape(1))
+  return jnp.asarray(task.xs, jnp.int32), jnp.asarray(task.ops, jnp.int32)
+
+
+def _intermediates(xs: jax.Array, ops: jax.Array) -> jax.Array:
+  """Prefix values r_j = (..(x0 o1 x1)..) oj xj for j = 1..M, int32 [M]."""
+
+  def body(acc, xo):
+    x, o = xo
+    r = _apply_op(acc, o, x)
+    return r, r
+
+  _, r = jax.lax.scan(body, xs[0], (xs[1:], ops))
+  return r.astype(jnp.int32)
 
 
 @flax.struct.dataclass
 class ArithmeticState:
-  """Unbatched episode state (the rollout vmaps it; K = max_turns).
+  """Unbatched episode state (the rollout vmaps it; K = max_turns, M = num_ops).
 
   Attributes:
     task: the episode's ArithmeticTask (scalar fields).
@@ -96,11 +126,17 @@ class ArithmeticState:
     num_tool_calls: int32 []; tool calls made (well-formed or not).
     num_tool_errors: int32 []; malformed tool calls.
     tool_call_turn: bool [K]; which turns were tool calls.
-    last_tool_result: int32 []; value of the last successful tool call (0 if none or
-      if the last call was an error).
-    progress: float32 [K + 1]; progress[k] = 1 if after k turns a tool observation
-      in the context holds the task's answer, else 0 (entries past the last turn
-      are 0). A potential for PBRS (agentic_rl/credit.py).
+    last_tool_result: int32 []; value returned by the last successful tool call (0
+      if none or if the last call was an error; possibly a noisy value).
+    progress: float32 [K + 1]; progress[k] = (number of the chain's prefix values
+      r_1..r_M, in order, that a tool observation in the context after k turns
+      holds) / M; for single-operation tasks 1 iff an observation holds the answer.
+      Entries past the last turn are 0. A potential for PBRS (agentic_rl/credit.py).
+    resolved: int32 []; the numerator of the last progress entry.
+    num_redundant_calls: int32 []; well-formed calls identical (a, op, b) to an
+      earlier well-formed call.
+    num_noisy_results: int32 []; calls whose returned result was corrupted.
+    calls_abo: int32 [K, 3]; (a, op, b) of each well-formed call (-1 otherwise).
   """
 
   task: ArithmeticTask
@@ -114,6 +150,10 @@ class ArithmeticState:
   tool_call_turn: jax.Array
   last_tool_result: jax.Array
   progress: jax.Array
+  resolved: jax.Array
+  num_redundant_calls: jax.Array
+  num_noisy_results: jax.Array
+  calls_abo: jax.Array
 
 
 def _apply_op(a: jax.Array, op: jax.Array, b: jax.Array) -> jax.Array:
@@ -126,81 +166,12 @@ def _op_byte(op: jax.Array) -> jax.Array:
   return jnp.asarray(_OP_BYTES, jnp.int32)[jnp.clip(op, 0, 2)]
 
 
-def _int_piece(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Decimal rendering of an int32 scalar as a masked piece.
-
-  Args:
-    x: int32 []; |x| < 10**10.
-
-  Returns:
-    tokens: int32 [11]; '-' then 10 digit bytes, most significant first.
-    keep: bool [11]; '-' kept iff x < 0; digits kept from the first nonzero one (the
-      last digit is always kept, so 0 renders as "0").
-  """
-  x = jnp.asarray(x, jnp.int32)
-  mag = jnp.abs(x)
-  pows = jnp.asarray(_POW10[::-1].copy())  # 10**9 ... 10**0
-  digits = jax.lax.rem(jax.lax.div(mag, pows), 10)  # mag >= 0: truncating ops suffice
-  seen = jnp.cumsum(digits != 0) > 0
-  keep_digits = seen.at[-1].set(True)
-  tokens = jnp.concatenate([jnp.array([_MINUS], jnp.int32), _ZERO + digits])
-  keep = jnp.concatenate([(x < 0)[None], keep_digits])
-  return tokens.astype(jnp.int32), keep
-
-
-def _const_piece(ids) -> tuple[jax.Array, jax.Array]:
-  """A fixed token sequence as an always-kept piece."""
-  t = jnp.asarray(ids, jnp.int32).reshape(-1)
-  return t, jnp.ones(t.shape, bool)
-
-
-def _assemble(pieces, out_len: int) -> tuple[jax.Array, jax.Array]:
-  """Concatenates the kept tokens of masked pieces, front-compacted.
-
-  Args:
-    pieces: sequence of (tokens int32 [n_i], keep bool [n_i]).
-    out_len: static output length; kept tokens past it are dropped.
-
-  Returns:
-    tokens: int32 [out_len]; kept tokens in order, then PAD.
-    length: int32 []; number of kept tokens (capped at out_len).
-  """
-  tokens = jnp.concatenate([p[0] for p in pieces]).astype(jnp.int32)
-  keep = jnp.concatenate([p[1] for p in pieces])
-  pos = jnp.where(keep, jnp.cumsum(keep) - 1, -1)  # destination of each token
-  # One-hot placement [out_len, n] (a scatter, written as a reduction).
-  place = pos[None, :] == jnp.arange(out_len)[:, None]
-  out = jnp.sum(jnp.where(place, tokens[None, :], 0), axis=1)
-  out = jnp.where(jnp.any(place, axis=1), out, tok.PAD).astype(jnp.int32)
-  length = jnp.minimum(jnp.sum(keep), out_len).astype(jnp.int32)
-  return out, length
-
-
-def _parse_uint(
-    tokens: jax.Array, start: jax.Array, end: jax.Array, max_digits: int
-) -> tuple[jax.Array, jax.Array]:
-  """Parses tokens[start:end] as an unsigned decimal integer.
-
-  Args:
-    tokens: int32 [A].
-    start: int32 []; first position of the span.
-    end: int32 []; one past the last position.
-    max_digits: static maximum number of digits (<= 9).
-
-  Returns:
-    value: int32 []; the integer (meaningless when not ok).
-    ok: bool []; 1..max_digits tokens, all of them digit bytes.
-  """
-  pos = jnp.arange(tokens.shape[0])
-  in_span = (pos >= start) & (pos < end)
-  digit = tokens - _ZERO
-  is_digit = (digit >= 0) & (digit <= 9)
-  n = end - start
-  ok = (n >= 1) & (n <= max_digits) & jnp.all(is_digit | ~in_span)
-  power = jnp.clip(end - 1 - pos, 0, _NUM_DIGITS - 1)
-  term = jnp.where(in_span & is_digit, digit, 0) * jnp.asarray(_POW10)[power]
-  value = jnp.sum(jnp.where(in_span, term, 0)).astype(jnp.int32)
-  return value, ok
+int_piece = common.int_piece
+const_piece = common.const_piece
+assemble = common.assemble
+parse_uint = common.parse_uint
+_int_piece, _const_piece, _assemble, _parse_uint = (
+    int_piece, const_piece, assemble, parse_uint)
 
 
 # Ranges [lo, hi) of easy a, easy b, easy op, hard a, hard b.
@@ -208,20 +179,50 @@ _TASK_LO = np.array([0, 0, 0, 100, 10], np.int32)
 _TASK_HI = np.array([10, 10, 3, 1000, 100], np.int32)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+def _noise(key: jax.Array, n: int, k: int) -> tuple[jax.Array, jax.Array]:
+  """Per-call noise draws [n, k]: uniforms and nonzero deltas in -9..9."""
+  ku, kd, ks = jax.random.split(jax.random.fold_in(key, 0x6E6F), 3)
+  u = jax.random.uniform(ku, (n, k))
+  mag = jax.random.randint(kd, (n, k), 1, 10)
+  sign = jnp.where(jax.random.bernoulli(ks, 0.5, (n, k)), 1, -1)
+  return u, (mag * sign).astype(jnp.int32)
+
+
+def _nonnegative_ops(xs: jax.Array, ops: jax.Array) -> jax.Array:
+  """ops [M] with each SUB whose running value would drop below 0 made ADD."""
+
+  def body(acc, xo):
+    x, o = xo
+    o = jnp.where((o == SUB) & (acc < x), ADD, o)
+    return _apply_op(acc, o, x), o
+
+  _, out = jax.lax.scan(body, xs[0], (xs[1:], ops))
+  return out.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 4, 5))
 def _make_tasks(
-    key: jax.Array, n: int, hard_fraction: jax.Array, num_hard: jax.Array
+    key: jax.Array, n: int, hard_fraction: jax.Array, num_hard: jax.Array,
+    num_ops: int = 1, max_turns: int = 0,
 ) -> ArithmeticTask:
-  """Draws n tasks with a single PRNG call (keeps compile time low).
+  """Draws n tasks (one PRNG call for the first operation; keeps compile time low).
+
+  The first operation (a, op, b) is drawn exactly as in the single-operation
+  environment; for num_ops > 1, operations 2..M draw from a key folded off the
+  first one: easy items use digits 0..9 and + - *, hard items 10..99 with + and -
+  (so the value stays below 10**6).
 
   Args:
     key: PRNG key.
     n: static number of tasks.
     hard_fraction: float32 []; probability that an item is hard (if num_hard < 0).
     num_hard: int32 []; if >= 0, exactly the first num_hard items are hard.
+    num_ops: static M, operations per task.
+    max_turns: static K; > 0 adds per-call noise draws (noise_u, noise_delta).
 
   Returns:
-    ArithmeticTask with fields of shape [n].
+    ArithmeticTask with fields of shape [n] (xs [n, M + 1], ops [n, M] if M > 1;
+    noise_u, noise_delta [n, K] if K > 0).
   """
   u = jax.random.uniform(key, (6, n))
   hard = jnp.where(num_hard >= 0, jnp.arange(n) < num_hard, u[0] < hard_fraction)
@@ -230,8 +231,29 @@ def _make_tasks(
   a = jnp.where(hard, vals[3], vals[0])
   b = jnp.where(hard, vals[4], vals[1])
   op = jnp.where(hard, MUL, vals[2]).astype(jnp.int32)
+  xs = ops = None
+  answer = _apply_op(a, op, b).astype(jnp.int32)
+  if num_ops > 1:
+    kx, ko = jax.random.split(jax.random.fold_in(key, 0x6368), 2)
+    easy_x = jax.random.randint(kx, (n, num_ops - 1), 0, 10)
+    hard_x = jax.random.randint(kx, (n, num_ops - 1), 10, 100)
+    easy_o = jax.random.randint(ko, (n, num_ops - 1), 0, 3)
+    hard_o = jax.random.randint(ko, (n, num_ops - 1), 0, 2)
+    rest_x = jnp.where(hard[:, None], hard_x, easy_x)
+    rest_o = jnp.where(hard[:, None], hard_o, easy_o)
+    xs = jnp.concatenate([a[:, None], b[:, None], rest_x], 1).astype(jnp.int32)
+    ops = jnp.concatenate([op[:, None], rest_o], 1).astype(jnp.int32)
+    # Chains stay non-negative (call operands are unsigned): a subtraction that
+    # would go below 0 becomes an addition.
+    ops = jax.vmap(_nonnegative_ops)(xs, ops)
+    op = ops[:, 0]
+    answer = jax.vmap(_intermediates)(xs, ops)[:, -1]
+  noise_u = noise_delta = None
+  if max_turns > 0:
+    noise_u, noise_delta = _noise(key, n, max_turns)
   return ArithmeticTask(
-      a=a, b=b, op=op, answer=_apply_op(a, op, b).astype(jnp.int32), hard=hard
+      a=a, b=b, op=op, answer=answer, hard=hard, xs=xs, ops=ops,
+      noise_u=noise_u, noise_delta=noise_delta,
   )
 
 
@@ -240,11 +262,11 @@ class ArithmeticEnv:
   """Arithmetic tasks with a calculator tool (see module docstring).
 
   Attributes:
-    max_prompt_len: P, prompt tokens (>= 17).
+    max_prompt_len: P, prompt tokens (>= 17; chains need more, checked).
     max_action_len: A, tokens of one assistant turn (>= 9 for the expert's turns).
     max_obs_len: O, observation tokens (>= 7 for "error"; results that do not fit in
       O - 3 digits plus a sign are reported as "error").
-    max_turns: K, assistant turns per episode.
+    max_turns: K, assistant turns per episode (>= num_ops + 1 for chains).
     hard_fraction: probability that a sampled task is hard.
     expert_imperfect_prob: probability that the expert deliberately does the wrong
       thing in an episode (answers a hard item directly, or calls the tool on an easy
@@ -253,6 +275,12 @@ class ArithmeticEnv:
       (probability of answering a hard item without the tool).
     expert_overcall_prob: if >= 0, overrides expert_imperfect_prob on easy items
       (probability of calling the tool on an easy item).
+    num_ops: M, operations per task; M > 1 gives chains ((x0 o1 x1) o2 x2)...
+      that need M calls (each call evaluates one binary operation).
+    tool_noise_prob: q, probability that a well-formed call returns a wrong result
+      (the true result plus a nonzero delta in -9..9); 0 = exact tool.
+    expert_wrong_arg_prob: probability, per expert call, that its right operand is
+      off by one (a wrong argument).
   """
 
   max_prompt_len: int = 24
@@ -263,11 +291,20 @@ class ArithmeticEnv:
   expert_imperfect_prob: float = 0.5
   expert_undercall_prob: float = -1.0
   expert_overcall_prob: float = -1.0
+  num_ops: int = 1
+  tool_noise_prob: float = 0.0
+  expert_wrong_arg_prob: float = 0.0
 
   def __post_init__(self):
-    # BOS + "Compute " + 3 digits + op + 2 digits + ".\n".
-    if self.max_prompt_len < 17:
-      raise ValueError(f"max_prompt_len must be >= 17, got {self.max_prompt_len}")
+    if not 1 <= self.num_ops <= 6:
+      raise ValueError(f"num_ops must be in 1..6, got {self.num_ops}")
+    # BOS + "Compute " + (M-1) '(' + 3 digits + op + 2 digits + (M-1) * (")" op
+    # 2 digits) + ".\n".
+    need = 17 + 5 * (self.num_ops - 1)
+    if self.max_prompt_len < need:
+      raise ValueError(
+          f"max_prompt_len must be >= {need} (num_ops={self.num_ops}), got "
+          f"{self.max_prompt_len}")
     # ANSWER + up to 5 digits + ANSWER_END, or CALL + 6 chars + CALL_END (9 with '-').
     if self.max_action_len < 9:
       raise ValueError(f"max_action_len must be >= 9, got {self.max_action_len}")
@@ -275,6 +312,20 @@ class ArithmeticEnv:
       raise ValueError(f"max_obs_len must be >= 7, got {self.max_obs_len}")
     if self.max_turns < 1:
       raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+    if self.num_ops > 1 and self.max_turns < self.num_ops + 1:
+      raise ValueError(
+          f"max_turns must be >= num_ops + 1 = {self.num_ops + 1}, got "
+          f"{self.max_turns}")
+    for f in ("tool_noise_prob", "expert_wrong_arg_prob"):
+      if not 0.0 <= getattr(self, f) <= 1.0:
+        raise ValueError(f"{f} must be a probability in [0, 1], got "
+                         f"{getattr(self, f)}")
+
+  # Tokens of the gold answer turn ANSWER [-] <up to 10 digits> ANSWER_END.
+  @property
+  def max_answer_len(self) -> int:
+    """Ag, the static length of the 'gold_answer' fact."""
+    return 13
 
   # --------------------------------------------------------------------------- tasks
 
@@ -288,7 +339,8 @@ class ArithmeticEnv:
     Returns:
       ArithmeticTask with fields of shape [n].
     """
-    return _make_tasks(key, n, jnp.float32(self.hard_fraction), jnp.int32(-1))
+    return _make_tasks(key, n, jnp.float32(self.hard_fraction), jnp.int32(-1),
+                       self.num_ops, self._noise_turns)
 
   def eval_tasks(self, n: int, seed: int) -> ArithmeticTask:
     """A fixed held-out set: the first round(n * hard_fraction) items are hard.
@@ -302,10 +354,27 @@ class ArithmeticEnv:
     """
     n_hard = int(round(n * self.hard_fraction))
     return _make_tasks(
-        jax.random.key(seed), n, jnp.float32(self.hard_fraction), jnp.int32(n_hard)
+        jax.random.key(seed), n, jnp.float32(self.hard_fraction), jnp.int32(n_hard),
+        self.num_ops, self._noise_turns,
     )
 
+  @property
+  def _noise_turns(self) -> int:
+    return self.max_turns if self.tool_noise_prob > 0 else 0
+
   # -------------------------------------------------------------------------- episode
+
+  def _prompt_pieces(self, task: ArithmeticTask):
+    xs, ops = _chain(task)
+    m = xs.shape[0] - 1
+    pieces = [_const_piece([tok.BOS, *_PROMPT_HEAD])]
+    pieces += [_const_piece([ord("(")])] * (m - 1)
+    pieces += [_int_piece(xs[0]), _const_piece(_op_byte(ops[0])), _int_piece(xs[1])]
+    for j in range(1, m):
+      pieces += [_const_piece([ord(")")]), _const_piece(_op_byte(ops[j])),
+                 _int_piece(xs[j + 1])]
+    pieces.append(_const_piece(_PROMPT_TAIL))
+    return pieces
 
   def reset(self, task: ArithmeticTask) -> tuple[ArithmeticState, jax.Array, jax.Array]:
     """Starts an episode.
@@ -315,19 +384,11 @@ class ArithmeticEnv:
 
     Returns:
       state: the initial ArithmeticState.
-      prompt_tokens: int32 [P]; BOS "Compute {a}{op}{b}.\n" then PAD.
+      prompt_tokens: int32 [P]; BOS "Compute {a}{op}{b}.\n" (chains:
+        "Compute ((x0o1x1)o2x2)o3x3.\n") then PAD.
       prompt_len: int32 [].
     """
-    prompt, prompt_len = _assemble(
-        [
-            _const_piece([tok.BOS, *_PROMPT_HEAD]),
-            _int_piece(task.a),
-            _const_piece(_op_byte(task.op)),
-            _int_piece(task.b),
-            _const_piece(_PROMPT_TAIL),
-        ],
-        self.max_prompt_len,
-    )
+    prompt, prompt_len = _assemble(self._prompt_pieces(task), self.max_prompt_len)
     state = ArithmeticState(
         task=task,
         turn=jnp.zeros((), jnp.int32),
@@ -340,12 +401,14 @@ class ArithmeticEnv:
         tool_call_turn=jnp.zeros((self.max_turns,), bool),
         last_tool_result=jnp.zeros((), jnp.int32),
         progress=jnp.zeros((self.max_turns + 1,), jnp.float32),
+        resolved=jnp.zeros((), jnp.int32),
+        num_redundant_calls=jnp.zeros((), jnp.int32),
+        num_noisy_results=jnp.zeros((), jnp.int32),
+        calls_abo=jnp.full((self.max_turns, 3), -1, jnp.int32),
     )
     return state, prompt, prompt_len
 
-  def _parse_call(
-      self, tokens: jax.Array, length: jax.Array
-  ) -> tuple[jax.Array, jax.Array]:
+  def _parse_call(self, tokens: jax.Array, length: jax.Array):
     """Parses `CALL <int><op><int> CALL_END` and evaluates it.
 
     Args:
@@ -355,6 +418,7 @@ class ArithmeticEnv:
     Returns:
       result: int32 [] (0 when not ok).
       ok: bool []; well-formed, no overflow, and the result fits the observation.
+      abo: int32 [3]; the parsed (a, op, b) (meaningless when not ok).
     """
     pos = jnp.arange(tokens.shape[0])
     body = (pos >= 1) & (pos < length - 1)
@@ -380,10 +444,14 @@ class ArithmeticEnv:
     overflow = (op == MUL) & (a > jax.lax.div(jnp.int32(_INT32_MAX), jnp.maximum(b, 1)))
     result = _apply_op(a, op, b)
     # The result must fit: OBS, sign, digits, OBS_END.
-    max_digits = min(self.max_obs_len - 3, 9)
-    fits = jnp.abs(result) < 10**max_digits
+    fits = jnp.abs(result) < 10**self._max_result_digits
     ok = well_formed & ~overflow & fits
-    return jnp.where(ok, result, 0).astype(jnp.int32), ok
+    abo = jnp.stack([a, op, b]).astype(jnp.int32)
+    return jnp.where(ok, result, 0).astype(jnp.int32), ok, abo
+
+  @property
+  def _max_result_digits(self) -> int:
+    return min(self.max_obs_len - 3, 9)
 
   def _parse_answer(
       self, tokens: jax.Array, length: jax.Array
@@ -438,8 +506,19 @@ class ArithmeticEnv:
     is_answer = active & stopped & (first == tok.ANSWER)
     is_other = active & ~is_call & ~is_answer
 
-    result, call_ok = self._parse_call(tokens, length)
+    result, call_ok, abo = self._parse_call(tokens, length)
     answer, answer_ok = self._parse_answer(tokens, length)
+
+    # The noisy tool: the i-th call's result is corrupted iff noise_u[i] < q (only
+    # if the corrupted value still fits the observation).
+    task = state.task
+    noisy = jnp.zeros((), bool)
+    if self.tool_noise_prob > 0 and task.noise_u is not None:
+      i = jnp.clip(state.num_tool_calls, 0, task.noise_u.shape[-1] - 1)
+      wrong = result + task.noise_delta[i]
+      noisy = (call_ok & (task.noise_u[i] < self.tool_noise_prob)
+               & (jnp.abs(wrong) < 10**self._max_result_digits))
+      result = jnp.where(noisy, wrong, result).astype(jnp.int32)
 
     # Observation (only for tool calls).
     obs_ok, len_ok = _assemble(
@@ -458,14 +537,25 @@ class ArithmeticEnv:
     turn = state.turn + active.astype(jnp.int32)
     done = state.done | is_answer | is_other | (turn >= self.max_turns)
 
-    had_answer = state.progress[jnp.clip(state.turn, 0, self.max_turns)] > 0
-    has_answer = had_answer | (is_call & call_ok & (result == state.task.answer))
+    # Progress: prefix values of the chain observed, in order.
+    xs, ops = _chain(task)
+    inter = _intermediates(xs, ops)
+    m = inter.shape[0]
+    want = inter[jnp.clip(state.resolved, 0, m - 1)]
+    advance = is_call & call_ok & (state.resolved < m) & (result == want)
+    resolved = state.resolved + advance.astype(jnp.int32)
     progress = jnp.where(
         active & (jnp.arange(self.max_turns + 1) == turn),
-        has_answer.astype(jnp.float32), state.progress,
+        (resolved.astype(jnp.float32) / m), state.progress,
     )
+    good_call = is_call & call_ok
+    redundant = good_call & jnp.any(jnp.all(state.calls_abo == abo[None, :], axis=1))
+    at_turn = jnp.arange(self.max_turns) == state.turn
+    calls_abo = jnp.where((good_call & at_turn)[:, None], abo[None, :],
+                          state.calls_abo)
     new_state = state.replace(
         progress=progress,
+        resolved=resolved,
         turn=turn,
         done=done,
         answered=state.answered | answered,
@@ -473,13 +563,30 @@ class ArithmeticEnv:
         format_error=state.format_error | format_error,
         num_tool_calls=state.num_tool_calls + is_call.astype(jnp.int32),
         num_tool_errors=state.num_tool_errors + (is_call & ~call_ok).astype(jnp.int32),
-        tool_call_turn=state.tool_call_turn
-        | (is_call & (jnp.arange(self.max_turns) == state.turn)),
+        tool_call_turn=state.tool_call_turn | (is_call & at_turn),
         last_tool_result=jnp.where(
             is_call, jnp.where(call_ok, result, 0), state.last_tool_result
         ).astype(jnp.int32),
+        num_redundant_calls=state.num_redundant_calls + redundant.astype(jnp.int32),
+        num_noisy_results=state.num_noisy_results + noisy.astype(jnp.int32),
+        calls_abo=calls_abo,
     )
     return new_state, obs.astype(jnp.int32), obs_len.astype(jnp.int32), done
+
+  def gold_answer(self, task: ArithmeticTask) -> tuple[jax.Array, jax.Array]:
+    """The reference answer turn `ANSWER <answer> ANSWER_END`.
+
+    Args:
+      task: unbatched ArithmeticTask.
+
+    Returns:
+      tokens: int32 [Ag] (Ag = max_answer_len), PAD-filled; length: int32 [].
+    """
+    return _assemble(
+        [_const_piece([tok.ANSWER]), _int_piece(task.answer),
+         _const_piece([tok.ANSWER_END])],
+        self.max_answer_len,
+    )
 
   def facts(self, state: ArithmeticState) -> dict[str, jax.Array]:
     """Verifiable episode facts.
@@ -488,20 +595,31 @@ class ArithmeticEnv:
       state: unbatched ArithmeticState.
 
     Returns:
-      'correct', 'answered', 'format_error', 'hard': bool [];
-      'num_tool_calls', 'num_tool_errors': int32 [];
+      'correct', 'answered', 'format_error', 'hard', 'tool_necessary': bool []
+      ('tool_necessary' = 'hard': easy items can be answered without the tool);
+      'num_tool_calls', 'num_tool_errors', 'num_redundant_calls',
+      'num_noisy_results', 'gold_answer_len': int32 [];
       'tool_call_turn': bool [K]; 'progress': float32 [K + 1] (see
-      ArithmeticState).
+      ArithmeticState); 'gold_answer': int32 [Ag], the reference answer turn
+      (ANSWER, digits, ANSWER_END, then PAD), e.g. for a likelihood reward or a
+      TRACE-style potential (agentic_rl/credit.py).
     """
+    gold, gold_len = self.gold_answer(state.task)
+    hard = jnp.asarray(state.task.hard, bool)
     return {
         "correct": state.correct,
         "answered": state.answered,
         "format_error": state.format_error,
         "num_tool_calls": state.num_tool_calls,
         "num_tool_errors": state.num_tool_errors,
-        "hard": jnp.asarray(state.task.hard, bool),
+        "num_redundant_calls": state.num_redundant_calls,
+        "num_noisy_results": state.num_noisy_results,
+        "hard": hard,
+        "tool_necessary": hard,
         "tool_call_turn": state.tool_call_turn,
         "progress": state.progress,
+        "gold_answer": gold,
+        "gold_answer_len": gold_len,
     }
 
   def expert_action(
@@ -509,34 +627,47 @@ class ArithmeticEnv:
   ) -> tuple[jax.Array, jax.Array]:
     """The demonstrator's next turn.
 
-    At turn 0 the expert calls the tool iff `hard XOR (uniform(key) < p)`, with
-    p the under-call probability on hard items and the over-call probability on
-    easy ones (both default to expert_imperfect_prob), emitting `CALL a op b CALL_END`, and otherwise answers
-    `ANSWER <true answer> ANSWER_END`. At later turns (after a call) it answers with
-    the last tool result.
+    At turn 0 the expert decides to use the tool iff `hard XOR (uniform(key) < p)`,
+    with p the under-call probability on hard items and the over-call probability
+    on easy ones (both default to expert_imperfect_prob); if it does not, it answers
+    `ANSWER <true answer> ANSWER_END` at once. If it does, turn t < M calls
+    `CALL <left> o_{t+1} x_{t+1} CALL_END` with left = x0 at turn 0 and the last
+    tool result afterwards (with probability expert_wrong_arg_prob, per call, the
+    right operand is off by one), and after M calls it answers the last tool result.
 
     Args:
       state: unbatched ArithmeticState.
-      key: PRNG key (only used at turn 0).
+      key: PRNG key.
 
     Returns:
       action_tokens: int32 [A]; the turn then PAD.
       action_len: int32 [].
     """
     task = state.task
+    xs, ops = _chain(task)
+    m = xs.shape[0] - 1
     under = (self.expert_undercall_prob if self.expert_undercall_prob >= 0
              else self.expert_imperfect_prob)
     over = (self.expert_overcall_prob if self.expert_overcall_prob >= 0
             else self.expert_imperfect_prob)
     imperfect = jax.random.uniform(key) < jnp.where(task.hard, under, over)
-    use_tool = (state.turn == 0) & jnp.logical_xor(task.hard, imperfect)
+    started = (state.turn > 0) & (state.num_tool_calls > 0)
+    use_tool = (state.turn < m) & (
+        started | ((state.turn == 0) & jnp.logical_xor(task.hard, imperfect)))
     answer = jnp.where(state.turn == 0, task.answer, state.last_tool_result)
+    j = jnp.clip(state.turn, 0, m - 1)
+    left = jnp.where(state.turn == 0, xs[0], state.last_tool_result)
+    right = xs[j + 1]
+    if self.expert_wrong_arg_prob > 0:
+      wrong = (jax.random.uniform(jax.random.fold_in(key, 1))
+               < self.expert_wrong_arg_prob)
+      right = right + wrong.astype(jnp.int32)
     call, call_len = _assemble(
         [
             _const_piece([tok.CALL]),
-            _int_piece(task.a),
-            _const_piece(_op_byte(task.op)),
-            _int_piece(task.b),
+            _int_piece(left),
+            _const_piece(_op_byte(ops[j])),
+            _int_piece(right),
             _const_piece([tok.CALL_END]),
         ],
         self.max_action_len,
@@ -557,7 +688,10 @@ class ArithmeticEnv:
 
 def render_task(task: ArithmeticTask) -> str:
   """Host-side text of one unbatched task, e.g. "Compute 483*27."."""
-  a = int(np.asarray(task.a))
-  b = int(np.asarray(task.b))
-  op = OP_CHARS[int(np.asarray(task.op))]
-  return f"Compute {a}{op}{b}."
+  xs, ops = _chain(task)
+  xs = [int(v) for v in np.asarray(xs)]
+  ops = [OP_CHARS[int(o)] for o in np.asarray(ops)]
+  text = "(" * (len(ops) - 1) + f"{xs[0]}{ops[0]}{xs[1]}"
+  for j in range(1, len(ops)):
+    text += f"){ops[j]}{xs[j + 1]}"
+  return f"Compute {text}."
