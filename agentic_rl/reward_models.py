@@ -207,7 +207,7 @@ def init_reward_model(
   model = transformer.Transformer(tcfg, nnx.Rngs(params=k_trunk))
   graphdef, trunk = nnx.split(model)
   if trunk_params is not None:
-    trunk = _copy_trunk(trunk, trunk_params)
+    trunk = copy_trunk(trunk, trunk_params)
   head = {}
   if cfg.head_layers == 2:
     d = tcfg.d_model
@@ -218,8 +218,9 @@ def init_reward_model(
   return graphdef, {"trunk": trunk, "head": head}
 
 
-def _copy_trunk(trunk: Any, src: Any) -> Any:
-  """trunk with every parameter that `src` also has replaced by src's value."""
+def copy_trunk(trunk: Any, src: Any) -> Any:
+  """`trunk` with every parameter that `src` also has (same pytree path) replaced
+  by src's value, e.g. a policy's weights copied into a reward-model trunk."""
   src_flat = {path: v for path, v in jax.tree_util.tree_flatten_with_path(src)[0]}
   def pick(path, v):
     return src_flat.get(path, v)
