@@ -211,3 +211,22 @@ def test_rm_config_rejects_unknown_negative_type_and_env_field():
     rm_train.validate_rm_config(config)
 
 
+
+
+@pytest.mark.slow
+def test_rm_mode_smoke_runs_and_resumes(tmp_path):
+  """The smoke config end to end, halted after the SFT phase then resumed: the
+  report holds held-out pairwise accuracies and best-of-N for both RMs."""
+  config = rm_arithmetic.get_config("smoke")
+  config.halt_after_step = config.sft.steps
+  workdir = str(tmp_path / "rm")
+  assert rm_train.train_and_evaluate_rm(config, workdir) is None
+  config.halt_after_step = -1
+  report = rm_train.train_and_evaluate_rm(config, workdir)
+  for name in ("orm", "prm"):
+    assert 0.0 <= report[f"{name}_pairwise"]["overall"] <= 1.0
+    assert set(report[f"{name}_pairwise"]["by_type"]) <= set(
+        __import__("agentic_rl.preference_data").preference_data.NEGATIVE_TYPES)
+    assert "rank1_accuracy" in report["best_of_n"][name]
+  for f in ("rm_report.json", "rm_report.md", "metrics.jsonl", "preferences.jsonl"):
+    assert (tmp_path / "rm" / f).exists()
