@@ -594,3 +594,40 @@ def overoptimization_gap(rm_reward_b: jax.Array, verified_b: jax.Array) -> dict[
       "gap": jnp.mean(r) - jnp.mean(v),
       "false_positive_rate": fp.astype(jnp.float32),
   }
+
+
+def make_rm_reward_fn(
+    graphdef: nnx.GraphDef, params: dict[str, Any], *, kind: str = "outcome",
+    num_turns_k: int, transform: str = "sigmoid", ref: float = 0.0,
+    temperature: float = 1.0, aggregation: str = "log_prod",
+) -> Callable[[Any], tuple[jax.Array, dict[str, jax.Array]]]:
+  """A frozen RM as an RL reward component with the over-optimisation monitor.
+
+  The returned pure function maps a types.Trajectory (tokens [B, L], role [B, L],
+  turn [B, L], facts with 'correct' [B]) to (reward float32 [B] = rm_reward of the
+  episode score, monitor dict from `overoptimization_gap` against the verified
+  'correct' fact). Jittable; `params` are closed over (no gradient flows to them).
+
+  Raises:
+    ValueError: unknown kind or transform.
+  """
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  if transform not in BOUNDED_TRANSFORMS:
+    raise ValueError(f"transform must be one of {BOUNDED_TRANSFORMS}, got {transform!r}")
+
+  def reward_fn(traj):
+    mask_bl = traj.role != 0  # types.PAD
+    boundary_bk, turn_mask_bk = turn_boundaries(traj.turn, num_turns_k)
+    b = traj.tokens.shape[0]
+    episodes = EpisodeBatch(
+        tokens=traj.tokens, mask=mask_bl, boundary=boundary_bk, turn_mask=turn_mask_bk,
+        turn_labels=jnp.zeros(boundary_bk.shape, jnp.float32),
+        score=jnp.zeros((b,), jnp.float32))
+    score_b = jax.lax.stop_gradient(
+        episode_scores(graphdef, params, episodes, kind, aggregation))
+    r_b = rm_reward(score_b, transform, ref, temperature)
+    verified_b = jnp.asarray(traj.facts["correct"], jnp.float32)
+    return r_b, overoptimization_gap(r_b, verified_b)
+
+  return reward_fn

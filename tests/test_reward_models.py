@@ -230,3 +230,23 @@ def test_rm_mode_smoke_runs_and_resumes(tmp_path):
     assert "rank1_accuracy" in report["best_of_n"][name]
   for f in ("rm_report.json", "rm_report.md", "metrics.jsonl", "preferences.jsonl"):
     assert (tmp_path / "rm" / f).exists()
+
+
+def test_rm_reward_fn_on_a_trajectory_matches_scores_and_monitor(reward_model):
+  from agentic_rl import types  # pylint: disable=g-import-not-at-top
+  graphdef, params = reward_model
+  tokens = jnp.array([[257, 72, 105, 33, 258, 256], [257, 50, 51, 256, 256, 256]],
+                     jnp.int32)
+  role = jnp.array([[1, 1, 2, 2, 3, 0], [1, 1, 2, 0, 0, 0]], jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 0, -1], [-1, -1, 0, -1, -1, -1]], jnp.int32)
+  traj = types.Trajectory(
+      tokens=tokens, role=role, logprob=jnp.zeros((2, 6)), turn=turn,
+      length=jnp.array([5, 3]), num_turns=jnp.array([1, 1]), finish=jnp.array([1, 1]),
+      group=jnp.array([0, 0]), facts={"correct": jnp.array([True, False])})
+  fn = rm.make_rm_reward_fn(graphdef, params, num_turns_k=2, transform="sigmoid")
+  r, mon = jax.jit(fn)(traj)
+  want = jax.nn.sigmoid(rm.outcome_scores(graphdef, params, tokens, role != 0))
+  np.testing.assert_allclose(r, want, rtol=1e-5)
+  np.testing.assert_allclose(mon["gap"], float(want.mean()) - 0.5, rtol=1e-5)
+  with pytest.raises(ValueError, match="transform"):
+    rm.make_rm_reward_fn(graphdef, params, num_turns_k=2, transform="exp")
