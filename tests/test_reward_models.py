@@ -15,6 +15,7 @@ from agentic_rl import rm_train
 from agentic_rl import validation
 from agentic_rl.models import transformer
 from configs import rm_arithmetic
+from configs import rm_kv_chain
 
 TINY1 = transformer.TransformerConfig(
     vocab_size=265, d_model=16, num_layers=1, num_heads=2, head_dim=8, ffn_dim=32)
@@ -202,6 +203,7 @@ def test_rm_config_rejects_unknown_negative_type_and_env_field():
   config = rm_arithmetic.get_config("smoke")
   rm_train.validate_rm_config(config)  # the shipped configs are valid
   rm_train.validate_rm_config(rm_arithmetic.get_config())
+  rm_train.validate_rm_config(rm_kv_chain.get_config())
   config.rm.imperfect.bogus = dict(expert_wrong_arg_prob=1.0)
   with pytest.raises(ValueError, match="rm.imperfect.bogus"):
     rm_train.validate_rm_config(config)
