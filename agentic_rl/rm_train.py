@@ -202,8 +202,9 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
     res["rank1_tool_calls"] = float(np.take_along_axis(calls, pick[:, None], 1).mean())
     for sub, m in (("hard", hard), ("easy", ~hard)):
       if m.any():
-        res[f"rank1_accuracy_{sub}"] = float(
-            reward_models.best_of_n(s_tn[m], correct_tn[m])["rank1_accuracy"])
+        sub_res = reward_models.best_of_n(s_tn[m], correct_tn[m])
+        for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy"):
+          res[f"{key}_{sub}"] = float(sub_res[key])
     bon[name] = res
   bon["num_tasks"], bon["num_samples"] = ec.num_tasks, ec.num_samples
   bon["mean_correct_per_task"] = float(correct_tn.sum(1).mean())
@@ -233,8 +234,10 @@ def _write_report(workdir: str, config, report: dict) -> None:
   lines += ["", f"## Best-of-{bon['num_samples']} on {bon['num_tasks']} held-out tasks "
             "(SFT policy samples)", "",
             "| | ORM | PRM |", "|---|---|---|"]
-  for key in ("rank1_accuracy", "rank1_accuracy_easy", "rank1_accuracy_hard",
-              "random_accuracy", "oracle_accuracy", "rank1_tool_calls"):
+  for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy",
+              "rank1_accuracy_easy", "random_accuracy_easy", "oracle_accuracy_easy",
+              "rank1_accuracy_hard", "random_accuracy_hard", "oracle_accuracy_hard",
+              "rank1_tool_calls"):
     if key in bon["orm"]:
       lines.append(f"| {key} | {bon['orm'][key]:.3f} | {bon['prm'][key]:.3f} |")
   with open(os.path.join(workdir, "rm_report.md"), "w") as f:
