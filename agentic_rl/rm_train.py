@@ -194,6 +194,7 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
   correct_tn = np.asarray(traj.facts["correct"], bool).reshape(ec.num_tasks, ec.num_samples)
   calls = np.asarray(traj.facts["num_tool_calls"]).reshape(ec.num_tasks, ec.num_samples)
   hard = np.asarray(traj.facts["hard"], bool).reshape(ec.num_tasks, ec.num_samples)[:, 0]
+  answered = (np.asarray(traj.finish) == types.ANSWERED).reshape(ec.num_tasks, ec.num_samples)
   bon = {}
   for name, (fn, params) in scorers.items():
     s_tn = _score_all(fn, params, eb, bs).reshape(ec.num_tasks, ec.num_samples)
@@ -205,6 +206,12 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
         sub_res = reward_models.best_of_n(s_tn[m], correct_tn[m])
         for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy"):
           res[f"{key}_{sub}"] = float(sub_res[key])
+        pk = pick[m][:, None]
+        # Diagnostics: is the pick a well-formed answer, and did it call the tool?
+        res[f"rank1_answered_{sub}"] = float(np.take_along_axis(answered[m], pk, 1).mean())
+        res[f"answered_{sub}"] = float(answered[m].mean())
+        res[f"rank1_tool_calls_{sub}"] = float(np.take_along_axis(calls[m], pk, 1).mean())
+        res[f"tool_calls_{sub}"] = float(calls[m].mean())
     bon[name] = res
   bon["num_tasks"], bon["num_samples"] = ec.num_tasks, ec.num_samples
   bon["mean_correct_per_task"] = float(correct_tn.sum(1).mean())
@@ -237,7 +244,9 @@ def _write_report(workdir: str, config, report: dict) -> None:
   for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy",
               "rank1_accuracy_easy", "random_accuracy_easy", "oracle_accuracy_easy",
               "rank1_accuracy_hard", "random_accuracy_hard", "oracle_accuracy_hard",
-              "rank1_tool_calls"):
+              "rank1_tool_calls", "rank1_answered_easy", "answered_easy",
+              "rank1_tool_calls_easy", "tool_calls_easy", "rank1_answered_hard",
+              "answered_hard", "rank1_tool_calls_hard", "tool_calls_hard"):
     if key in bon["orm"]:
       lines.append(f"| {key} | {bon['orm'][key]:.3f} | {bon['prm'][key]:.3f} |")
   with open(os.path.join(workdir, "rm_report.md"), "w") as f:
