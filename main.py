@@ -1,6 +1,8 @@
 """Entry point: python main.py [--config=configs/X.py[:arg]] [--workdir=DIR] [--config.a.b=v].
 
-Only parses flags and calls the library (agentic_rl.train.train_and_evaluate).
+Only parses flags and calls the library: `config.mode` 'rl' (the default, also when
+the config has no `mode` field) runs agentic_rl.train.train_and_evaluate; 'rm' runs
+agentic_rl.rm_train.train_and_evaluate_rm (reward models, configs/rm_*.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from agentic_rl import rm_train
 from agentic_rl import train
 from agentic_rl import validation
 
@@ -49,8 +52,14 @@ def main(argv):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
+  mode = config.get("mode", "rl")
   try:
-    train.train_and_evaluate(config, workdir)
+    if mode == "rl":
+      train.train_and_evaluate(config, workdir)
+    elif mode == "rm":
+      rm_train.train_and_evaluate_rm(config, workdir)
+    else:
+      raise validation.ConfigError(f"config.mode={mode!r}: must be 'rl' or 'rm'")
   except validation.ConfigError as e:  # bad config or workdir: one line, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
