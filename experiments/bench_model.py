@@ -28,7 +28,9 @@ peak is measured in the same run so that MFU is a ratio of like with like.
 from __future__ import annotations
 
 import dataclasses
+import os
 import resource
+import sys
 import time
 from typing import Any, Callable
 
@@ -40,7 +42,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from agentic_rl import learner
+# Runnable as a script from anywhere (`python experiments/bench_model.py`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from agentic_rl import learner  # pylint: disable=g-import-not-at-top
 from agentic_rl import sampling
 from agentic_rl import types
 from agentic_rl.models import transformer
