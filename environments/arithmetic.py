@@ -316,10 +316,7 @@ class ArithmeticEnv:
       raise ValueError(
           f"max_turns must be >= num_ops + 1 = {self.num_ops + 1}, got "
           f"{self.max_turns}")
-    for f in ("tool_noise_prob", "expert_wrong_arg_prob"):
-      if not 0.0 <= getattr(self, f) <= 1.0:
-        raise ValueError(f"{f} must be a probability in [0, 1], got "
-                         f"{getattr(self, f)}")
+    common.check_probabilities(self, ("tool_noise_prob", "expert_wrong_arg_prob"))
 
   # Tokens of the gold answer turn ANSWER [-] <up to 10 digits> ANSWER_END.
   @property

@@ -102,11 +102,9 @@ class ClarificationEnv:
     if self.max_turns < 3:
       raise ValueError(f"max_turns must be >= 3 (ask, calc, answer), got "
                        f"{self.max_turns}")
-    for f in ("hard_fraction", "missing_prob", "expert_undercall_prob",
-              "expert_overcall_prob", "expert_wrong_arg_prob"):
-      if not 0.0 <= getattr(self, f) <= 1.0:
-        raise ValueError(f"{f} must be a probability in [0, 1], got "
-                         f"{getattr(self, f)}")
+    common.check_probabilities(self, (
+        "hard_fraction", "missing_prob", "expert_undercall_prob",
+        "expert_overcall_prob", "expert_wrong_arg_prob"))
     object.__setattr__(self, "_arith", arithmetic.ArithmeticEnv(
         max_prompt_len=self.max_prompt_len, max_action_len=self.max_action_len,
         max_obs_len=self.max_obs_len, max_turns=self.max_turns,

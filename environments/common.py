@@ -168,3 +168,12 @@ def progress_update(
   return jnp.where(
       active & (jnp.arange(k1) == turn), jnp.asarray(value, jnp.float32), progress
   )
+
+
+def check_probabilities(obj, fields) -> None:
+  """Raises ValueError naming the first of `fields` (attributes of `obj`) that is
+  not a probability in [0, 1] (the environments' __post_init__ checks)."""
+  for f in fields:
+    if not 0.0 <= getattr(obj, f) <= 1.0:
+      raise ValueError(f"{f} must be a probability in [0, 1], got "
+                       f"{getattr(obj, f)}")

@@ -185,11 +185,8 @@ class KVChainEnv:
       raise ValueError(
           f"max_turns must be >= max_hops + 1 = {self.max_hops + 1}, got "
           f"{self.max_turns}")
-    for f in ("expert_overcall_prob", "expert_undercall_prob",
-              "expert_wrong_arg_prob"):
-      if not 0.0 <= getattr(self, f) <= 1.0:
-        raise ValueError(f"{f} must be a probability in [0, 1], got "
-                         f"{getattr(self, f)}")
+    common.check_probabilities(self, (
+        "expert_overcall_prob", "expert_undercall_prob", "expert_wrong_arg_prob"))
 
   @property
   def max_answer_len(self) -> int:

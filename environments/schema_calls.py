@@ -265,12 +265,9 @@ class SchemaCallsEnv:
     if self.max_turns < self.max_depth + 1:
       raise ValueError(f"max_turns must be >= max_depth + 1 = {self.max_depth + 1},"
                        f" got {self.max_turns}")
-    for f in ("branch_prob", "forbid_prob", "expert_overcall_prob",
-              "expert_undercall_prob", "expert_wrong_arg_prob",
-              "expert_wrong_name_prob"):
-      if not 0.0 <= getattr(self, f) <= 1.0:
-        raise ValueError(f"{f} must be a probability in [0, 1], got "
-                         f"{getattr(self, f)}")
+    common.check_probabilities(self, (
+        "branch_prob", "forbid_prob", "expert_overcall_prob",
+        "expert_undercall_prob", "expert_wrong_arg_prob", "expert_wrong_name_prob"))
 
   @property
   def prompt_len_needed(self) -> int:
