@@ -142,10 +142,10 @@ def train_seeds(
           np.asarray(v, np.float64).reshape(len(seeds)))
     if step == sft_steps:
       state = start_rl(state)
-    if ckpt is not None:
-      if curves_path:
-        np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
-      ckpt.save(step, state, force=step in (sft_steps, total))
+    if ckpt is not None and ckpt.save(step, state, force=step in (sft_steps, total)):
+      # Curves are written with each checkpoint (not every step); rows past the
+      # restored step are dropped on resume.
+      np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
     if step >= sft_steps and sft_reports is None:
       sft_reports = evaluate_all(state.ref_params)
       if sft_path:
