@@ -488,16 +488,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     (host environments: `make_host_rollout_fn` with the same keys).
     """
     task_key, sample_key = jax.random.split(round_key)
-    if traj is not None:
-      pass
-    elif tree_branching:
+    if traj is None and tree_branching:
       tasks = env.sample_tasks(task_key, num_groups)
       # PORTool tree: each group is one task's tree of group_size leaves.
       traj = tree_rollout.tree_rollout(
           env, tasks, sample_key, max_len=max_len, branching=tree_branching,
           graphdef=graphdef, params=state.params, model_config=model_config,
           temperature=temperature)
-    else:
+    elif traj is None:
       tasks = env.sample_tasks(task_key, num_groups)
       tasks = sharding.constrain_batch(
           jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks))
