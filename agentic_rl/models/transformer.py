@@ -214,6 +214,42 @@ def rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax
   return out.astype(x_bthd.dtype)
 
 
+def rope_tables(positions_bt: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """sin and cos of the RoPE angles, computed once per forward pass.
+
+  Every layer rotates by the same angles (position * inv_freq), so the model
+  computes them once and passes them to each block (`apply_rope`).
+
+  Args:
+    positions_bt: [B, T] int32 absolute positions.
+    inv_freq: [Dh / 2] float32 (rope_inv_freq).
+
+  Returns:
+    (sin, cos), each [B, 1, T, Dh / 2] float32 (broadcast over heads).
+  """
+  angle_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.sin(angle_bth)[:, None], jnp.cos(angle_bth)[:, None]
+
+
+def apply_rope(x_bhtk: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+  """`rope` in the [B, H, T, Dh] layout with precomputed tables (rope_tables).
+
+  Same arithmetic as `rope` (rotate-half, arXiv:2104.09864), element by
+  element, so the results are identical.
+
+  Args:
+    x_bhtk: [B, H, T, Dh] queries or keys.
+    sin, cos: [B, 1, T, Dh / 2] float32 from `rope_tables`.
+
+  Returns:
+    [B, H, T, Dh], same dtype as x.
+  """
+  half = x_bhtk.shape[-1] // 2
+  x1, x2 = x_bhtk[..., :half], x_bhtk[..., half:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_bhtk.dtype)
+
+
 def _normal(std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   """N(0, std^2) drawn in float32, then cast: a bf16 model's initial parameters
   are the float32 model's rounded."""
@@ -262,59 +298,71 @@ class Attention(nnx.Module):
       x_btd: jax.Array,
       positions_bt: jax.Array,
       cache: dict[str, jax.Array] | None,
-      mask_bt: jax.Array | None = None,
+      mask_bts: jax.Array,
+      rope_sc: tuple[jax.Array, jax.Array],
   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+    """One attention layer.
+
+    Args:
+      x_btd: [B, T, D] normalised input in the compute dtype.
+      positions_bt: [B, T] int32 absolute positions (cache write positions).
+      cache: this layer's {'k', 'v'} [B, G, S, Dh] or None.
+      mask_bts: [B, T, S] bool, True where query t may attend to key s
+        (S = T without a cache); built once per forward (Transformer).
+      rope_sc: (sin, cos) [B, 1, T, Dh / 2] from `rope_tables`.
+
+    Returns:
+      ([B, T, D] output, updated cache or None).
+    """
     cfg = self.cfg
     dt = cfg.compute_dtype
     b, t = x_btd.shape[:2]
-    g, r = cfg.kv_heads, cfg.num_heads // cfg.kv_heads
-    q = jnp.einsum("btd,dhk->bthk", x_btd, self.q_dhk[...].astype(dt))
-    k = jnp.einsum("btd,dgk->btgk", x_btd, self.k_dgk[...].astype(dt))
-    v = jnp.einsum("btd,dgk->btgk", x_btd, self.v_dgk[...].astype(dt))
+    h, g, r = cfg.num_heads, cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    # One fused projection for queries, keys and values (the three weights are
+    # concatenated at run time; the parameters keep their own names), straight
+    # into the attention layout [B, heads, T, Dh].
+    w_dnk = jnp.concatenate(
+        [self.q_dhk[...], self.k_dgk[...], self.v_dgk[...]], axis=1).astype(dt)
+    qkv_bntk = jnp.einsum("btd,dnk->bntk", x_btd, w_dnk)
     if cfg.qkv_bias:
-      q = q + self.q_bias_hk[...].astype(dt)
-      k = k + self.k_bias_gk[...].astype(dt)
-      v = v + self.v_bias_gk[...].astype(dt)
-    inv_freq = rope_inv_freq(cfg)
-    q = rope(q, positions_bt, inv_freq)
-    k = rope(k, positions_bt, inv_freq)
+      bias_nk = jnp.concatenate(
+          [self.q_bias_hk[...], self.k_bias_gk[...], self.v_bias_gk[...]],
+          axis=0).astype(dt)
+      qkv_bntk = qkv_bntk + bias_nk[None, :, None, :]
+    q_bhtk = qkv_bntk[:, :h]
+    k_bgtk = qkv_bntk[:, h:h + g]
+    v_bgtk = qkv_bntk[:, h + g:]
+    sin, cos = rope_sc
+    q_bhtk = apply_rope(q_bhtk, sin, cos)
+    k_bgtk = apply_rope(k_bgtk, sin, cos)
     if cache is None:
-      keys_bgsk = k.transpose(0, 2, 1, 3)
-      values_bgsk = v.transpose(0, 2, 1, 3)
-      key_pos_bs = positions_bt
+      keys_bgsk, values_bgsk = k_bgtk, v_bgtk
       new_cache = None
     else:
-      if mask_bt is not None:
-        raise ValueError("mask_bt is only supported without a KV cache")
-      # Write this chunk's keys/values at each row's own positions; positions past
-      # the cache end are dropped (the rollout marks such rows TRUNCATED).
+      # Write this chunk's keys/values at each row's own positions (an in-place
+      # scatter inside the decode loop); positions past the cache end are
+      # dropped (the rollout marks such rows TRUNCATED).
       b_idx = jnp.broadcast_to(jnp.arange(b)[:, None], positions_bt.shape)
-      keys_bgsk = cache["k"].at[b_idx, :, positions_bt].set(k, mode="drop")
-      values_bgsk = cache["v"].at[b_idx, :, positions_bt].set(v, mode="drop")
-      s = keys_bgsk.shape[2]
-      key_pos_bs = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s))
+      keys_bgsk = cache["k"].at[b_idx, :, positions_bt].set(
+          k_bgtk.transpose(0, 2, 1, 3), mode="drop")
+      values_bgsk = cache["v"].at[b_idx, :, positions_bt].set(
+          v_bgtk.transpose(0, 2, 1, 3), mode="drop")
       new_cache = {"k": keys_bgsk, "v": values_bgsk}
-    # Causal mask by absolute position; with a cache this also hides stale entries
-    # beyond each row's current position. mask_bt hides padding keys.
-    mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
-    if mask_bt is not None:
-      mask_bts = mask_bts & mask_bt.astype(bool)[:, None, :]
     scale = cfg.head_dim ** -0.5
     if r == 1:
-      # Multi-head attention: the plain einsums (kept op-for-op so that MHA
-      # presets compute bit-identical results to earlier versions).
-      scores_bhts = jnp.einsum("bthk,bhsk->bhts", q, keys_bgsk) * scale
+      scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk) * scale
       scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
       probs_bhts = jax.nn.softmax(scores_bhts.astype(jnp.float32), axis=-1)
-      out_bthk = jnp.einsum("bhts,bhsk->bthk", probs_bhts.astype(dt), values_bgsk)
+      out_bhtk = jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dt), values_bgsk)
     else:
-      q_btgrk = q.reshape(b, t, g, r, cfg.head_dim)
-      scores_bgrts = jnp.einsum("btgrk,bgsk->bgrts", q_btgrk, keys_bgsk) * scale
+      # Query head h reads kv head h // r (Hugging Face's repeat_kv).
+      q_bgrtk = q_bhtk.reshape(b, g, r, t, cfg.head_dim)
+      scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, keys_bgsk) * scale
       scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, -1e30)
       probs_bgrts = jax.nn.softmax(scores_bgrts.astype(jnp.float32), axis=-1)
-      out_btgrk = jnp.einsum("bgrts,bgsk->btgrk", probs_bgrts.astype(dt), values_bgsk)
-      out_bthk = out_btgrk.reshape(b, t, cfg.num_heads, cfg.head_dim)
-    out = jnp.einsum("bthk,hkd->btd", out_bthk, self.o_hkd[...].astype(dt))
+      out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dt), values_bgsk)
+      out_bhtk = out_bgrtk.reshape(b, h, t, cfg.head_dim)
+    out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
     return out, new_cache
 
 
@@ -332,8 +380,12 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     dt = self.dtype
-    gate = jax.nn.silu(x_btd @ self.gate_df[...].astype(dt))
-    return (gate * (x_btd @ self.up_df[...].astype(dt))) @ self.down_fd[...].astype(dt)
+    f = self.gate_df.shape[1]
+    # One fused [D, 2F] matmul for gate and up (concatenated at run time).
+    w_df2 = jnp.concatenate([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
+    gate_up = x_btd @ w_df2
+    gate = jax.nn.silu(gate_up[..., :f])
+    return (gate * gate_up[..., f:]) @ self.down_fd[...].astype(dt)
 
 
 class Block(nnx.Module):
@@ -345,14 +397,14 @@ class Block(nnx.Module):
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.ffn = SwiGLU(cfg, rngs)
 
-  def __call__(self, x, positions_bt, cache, mask_bt=None):
-    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bt)
+  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc):
+    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc)
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
 
-def _block_apply(block: Block, x, positions_bt, cache, mask_bt):
-  return block(x, positions_bt, cache, mask_bt)
+def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
+  return block(x, positions_bt, cache, mask_bts, rope_sc)
 
 
 _remat_block_apply = nnx.remat(_block_apply)
@@ -411,11 +463,26 @@ class Transformer(nnx.Module):
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     x = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
         self.cfg.compute_dtype)
+    # Shared by every layer, so computed once: RoPE angles and the mask.
+    rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
+    if cache is None:
+      key_pos_bs = positions_bt
+    else:
+      if mask_bt is not None:
+        raise ValueError("mask_bt is only supported without a KV cache")
+      s = cache[0]["k"].shape[2]
+      key_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None, :], (b, s))
+    # Causal mask by absolute position; with a cache this also hides stale
+    # entries beyond each row's current position. mask_bt hides padding keys.
+    mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
+    if mask_bt is not None:
+      mask_bts = mask_bts & mask_bt.astype(bool)[:, None, :]
     apply = _remat_block_apply if self.cfg.remat else _block_apply
     new_cache = [] if cache is not None else None
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
-          block, x, positions_bt, None if cache is None else cache[i], mask_bt)
+          block, x, positions_bt, None if cache is None else cache[i], mask_bts,
+          rope_sc)
       if new_cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
