@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import sampling
+from agentic_rl import sharding
 from agentic_rl import tokenizers
 from agentic_rl import types
 from agentic_rl.models import transformer
@@ -223,7 +224,8 @@ def init_state(
       all_b,
   )
   if graphdef is not None:
-    cache = transformer.init_cache(model_config, b, l)
+    # Sharded from the start on a mesh (sharding.cache_spec); no-op without one.
+    cache = sharding.constrain_cache(transformer.init_cache(model_config, b, l))
     next_logits, cache = sampling.extend(
         graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
     )

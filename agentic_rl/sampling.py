@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentic_rl import sharding
 from agentic_rl.models import transformer
 
 
@@ -55,12 +56,18 @@ def extend(
   Returns:
     (logits [B, V] float32 predicting the token after each row's last real chunk
      token (for rows with length 0 the value is meaningless and must be ignored by
-     the caller), updated cache).
+     the caller), updated cache). Under an ambient mesh (`jax.set_mesh`) the
+     cache is pinned to `sharding.cache_spec`: rows over ('data', 'fsdp'), kv
+     heads over 'tensor' (each when divisible).
   """
   t = tokens_bt.shape[1]
   positions_bt = start_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   model = nnx.merge(graphdef, params)
+  # On a mesh, the cache stays [B, G, S, Dh] -> (('data', 'fsdp'), 'tensor')
+  # (sharding.cache_spec) through every decode step; no-op without a mesh.
+  cache = sharding.constrain_cache(cache)
   hidden_btd, cache = model.hidden_states(tokens_bt, positions_bt, cache)
+  cache = sharding.constrain_cache(cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)
   # Only the last real position is projected to the vocabulary (no [B, T, V]).
   hidden_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[:, 0]
