@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -171,6 +172,27 @@ def maybe_initialize_distributed(config) -> bool:
   )
   return True
 
+
+
+def to_host(tree: Any) -> Any:
+  """Host (numpy) copy of a pytree, gathered across processes when needed.
+
+  On several hosts (`jax.distributed.initialize`), a batch-sharded array is
+  not fully addressable: `jax.device_get` fails on it, since each process
+  holds only its own rows. Such leaves are gathered with
+  `multihost_utils.process_allgather` (every process gets the whole global
+  array); every other leaf (fully addressable arrays, numpy arrays, python
+  scalars) goes through `jax.device_get`. On one process this is
+  `jax.device_get`.
+
+  Use it before computing metrics on the host (train.evaluate).
+  """
+  def get(x):
+    if not getattr(x, "is_fully_addressable", True):
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+
+  return jax.tree.map(get, tree)
 
 def _sizes(mesh) -> dict[str, int]:
   """Axis sizes of a Mesh, an AbstractMesh or a plain {axis: size} dict."""

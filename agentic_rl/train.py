@@ -156,7 +156,8 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
       env, tasks, key, max_len=config.max_len, graphdef=graphdef, params=params,
       model_config=model_cfg, temperature=jnp.float32(0.0),
   )
-  facts = jax.device_get(traj.facts)
+  traj = sharding.to_host(traj)  # all rows, also when sharded over processes
+  facts = traj.facts
   finish = np.asarray(traj.finish)
   correct = np.asarray(facts["correct"], bool)
   hard = np.asarray(facts["hard"], bool)
@@ -184,7 +185,7 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
           graphdef=graphdef, params=params, model_config=model_cfg,
           temperature=jnp.float32(ec.temperature),
       )
-      c += np.asarray(straj.facts["correct"], np.int64)
+      c += np.asarray(sharding.to_host(straj.facts["correct"]), np.int64)
     out["sample_accuracy"] = float(c.mean() / n)
     for k in ec.pass_k:
       out[f"pass@{k}"] = float(metrics_lib.pass_at_k(n, c, k).mean())

@@ -97,6 +97,37 @@ def test_distributed_initialize_called_with_config_arguments(monkeypatch):
                            process_id=None)
 
 
+
+class _RemoteRows:
+  """Stands in for a batch-sharded jax.Array of a multi-process run: this
+  process does not hold every row (is_fully_addressable False)."""
+  is_fully_addressable = False
+
+
+def test_to_host_gathers_only_arrays_other_processes_hold(monkeypatch):
+  import numpy as np
+  from jax.experimental import multihost_utils
+  calls = []
+
+  def fake_allgather(x, tiled=False):
+    calls.append((x, tiled))
+    return np.arange(6).reshape(3, 2)  # the global array every process gets
+
+  monkeypatch.setattr(sharding.multihost_utils, "process_allgather", fake_allgather)
+  remote = _RemoteRows()
+  local = jnp.arange(4.0)
+  out = sharding.to_host({"facts": {"correct": remote, "calls": local}, "n": 3})
+  assert calls == [(remote, True)]
+  np.testing.assert_array_equal(out["facts"]["correct"], np.arange(6).reshape(3, 2))
+  assert isinstance(out["facts"]["calls"], np.ndarray)
+  np.testing.assert_array_equal(out["facts"]["calls"], [0.0, 1.0, 2.0, 3.0])
+  assert out["n"] == 3
+  monkeypatch.undo()
+  # The real gather on one process returns the array itself (what to_host
+  # asks of it: tiled, so a global array comes back whole).
+  np.testing.assert_array_equal(
+      multihost_utils.process_allgather(jnp.arange(4), tiled=True), np.arange(4))
+
 # ------------------------------------------------------------ partition rules
 
 
