@@ -11,7 +11,8 @@ For each preset (tiny ~0.4M, small ~1M, medium ~20M parameters) it measures:
                 a lax.fori_loop, temperature 1) at batch 32 and 128: new tokens
                 per second after a prefill of the prompt (prefill excluded).
   MFU           model FLOPs / s divided by a float32 matmul peak measured in the
-                same process (best of several [N, N] @ [N, N] products). Model
+                same process (`matmul_peak`: fastest of several jitted
+                [N, N] @ [N, N] products, N = 1024 ... 4096, after warm-up). Model
                 FLOPs per trained token: 6 * N_matmul + 12 * layers * heads *
                 head_dim * T (PaLM, Chowdhery et al. 2022, arXiv:2204.02311,
                 appendix B; N_matmul = parameters used in matmuls: all but the
@@ -86,18 +87,45 @@ def _best_time(fn: Callable[[], Any], reps: int) -> float:
   return min(times)
 
 
-def matmul_peak(reps: int, sizes=(512, 1024, 2048)) -> tuple[float, int]:
-  """Best float32 matmul FLOP/s over square sizes: (flops_per_s, best N)."""
-  best, best_n = 0.0, 0
+def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
+                rounds: int = 2) -> tuple[float, int, dict[int, float]]:
+  """Best float32 matmul FLOP/s of XLA over square sizes.
+
+  For each N, a jitted [N, N] @ [N, N] float32 product (2 N^3 FLOPs) is
+  compiled, called once to warm up, then timed `reps` times with
+  `jax.block_until_ready`, in `rounds` separate rounds; the rate of the fastest
+  call is kept. float32 because the models compute in float32 (bfloat16
+  matmuls run ~2x slower than float32 on this AVX2 CPU, which has no native
+  bfloat16 arithmetic). XLA uses all cores by default.
+
+  Returns:
+    (best FLOP/s, the N that gave it, {N: best FLOP/s}).
+  """
+  best, best_n, per_n = 0.0, 0, {}
   for n in sizes:
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
     f = jax.jit(jnp.matmul)
-    t = min(_best_time(lambda: f(a, b), reps) for _ in range(2))
-    rate = 2 * n**3 / t
+    t = min(_best_time(lambda: f(a, b), reps) for _ in range(rounds))
+    per_n[n] = rate = 2 * n**3 / t
     if rate > best:
       best, best_n = rate, n
-  return best, best_n
+  return best, best_n, per_n
+
+
+def numpy_matmul_peak(reps: int, sizes=(2048, 4096)) -> float:
+  """Best float32 FLOP/s of numpy's BLAS on [N, N] @ [N, N] (a cross-check of
+  the XLA peak, not used for MFU)."""
+  best = 0.0
+  for n in sizes:
+    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), np.float32)
+    a @ b
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      a @ b
+      best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+  return best
 
 
 def _xla_bytes(compiled) -> int | None:
@@ -209,8 +237,12 @@ def main(argv):
   del argv
   reps = _REPS.value
   print(f"jax {jax.__version__}, devices: {jax.devices()}")
-  peak, peak_n = matmul_peak(reps)
-  print(f"float32 matmul peak: {peak / 1e9:.1f} GFLOP/s (best at N={peak_n})")
+  print(f"load average at start: {os.getloadavg()}; cpus: {os.cpu_count()}")
+  peak, peak_n, per_n = matmul_peak(reps)
+  print(f"float32 matmul peak (XLA): {peak / 1e9:.1f} GFLOP/s (best at N={peak_n}; "
+        + ", ".join(f"N={n}: {r / 1e9:.1f}" for n, r in per_n.items()) + ")")
+  print(f"float32 matmul peak (numpy BLAS, cross-check): "
+        f"{numpy_matmul_peak(reps) / 1e9:.1f} GFLOP/s")
   rows = []
   for name in _PRESETS.value:
     cfg = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS[name])
@@ -244,7 +276,8 @@ def main(argv):
                 _mb(r[f"sample{s}_mb"])]
     cells.append(f"{r[f'sample{sbs[-1]}_tok_s'] / r['train_tok_s']:.2f}x")
     print("| " + " | ".join(cells) + " |")
-  print(f"\nmatmul peak {peak / 1e9:.1f} GFLOP/s; process peak RSS {maxrss_mb:.0f} MB")
+  print(f"\nmatmul peak {peak / 1e9:.1f} GFLOP/s; process peak RSS {maxrss_mb:.0f} MB; "
+        f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
