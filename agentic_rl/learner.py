@@ -187,7 +187,7 @@ def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
 
 
 def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
-             log_z_params=None, value_denominator=None):
+             log_z_params=None, value_denominator=None, first_step=None):
   """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
 
   loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy)
@@ -201,6 +201,15 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   with log Z from `log_z_params` (a `losses.LogPartition` state) applied to
   the batch's 'prompt_embedding'; its gradient flows to `log_z_params` too.
 
+  `first_step` (traced bool, `rl.behaviour_logprobs='trainer'` only): True on
+  the update's first optimizer step, whose parameters ARE the behaviour
+  parameters. There the behaviour log-probs are this forward's own
+  stop_gradient(logp), so every ratio is exactly 1 however XLA compiles the
+  program (the separately recomputed `behaviour_forward` log-probs agree
+  only to ~5e-7 inside one fused jitted iteration; their gap is logged as
+  'behaviour_gap_max'); the gradient is unchanged (rho A grad logp with
+  rho = 1). Later steps use the batch's behaviour log-probs.
+
   Returns:
     (loss scalar, metrics dict of scalars, each already divided by `denominator`
      for the aggregated terms so micro-batch values sum to batch values;
@@ -212,6 +221,11 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
                                          temperature, with_values)
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
+  own = jax.lax.stop_gradient(logp)
+  beh_gap_max = jnp.max(jnp.where(mask, jnp.abs(own - beh), 0.0))
+  if (first_step is not None
+      and rl_cfg.get("behaviour_logprobs", "trainer") == "trainer"):
+    beh = jnp.where(first_step, own, beh)
   adv = batch["advantage"]
   loss_type = rl_cfg.loss_type
   flow = None
@@ -276,6 +290,9 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
       "ratio_mean": agg(ratio),
       # max |rho - 1| over POLICY tokens (0 exactly when logp == behaviour).
       "ratio_dev_max": jnp.max(jnp.where(mask, jnp.abs(ratio - 1.0), 0.0)),
+      # max |logp - batch behaviour logp| over POLICY tokens (before the
+      # first-step substitution above).
+      "behaviour_gap_max": beh_gap_max,
       "clip_frac_low": agg(f32((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0))),
       "clip_frac_high": agg(f32((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0))),
       **extra,
@@ -304,10 +321,12 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   does not change the loss or its gradient. Metrics are means over all optimizer
   steps (maxima for '*_max' keys), plus `ratio_mean_first` and
   `ratio_dev_max_first`, the first optimizer step's mean importance ratio and
-  max |ratio - 1| over POLICY tokens. With `rl.behaviour_logprobs='trainer'`
-  the behaviour log-probs come from `behaviour_forward`, the same function on
-  the same micro-batch shapes as the loss, and the first step's ratios are
-  exactly 1 (`ratio_dev_max_first == 0`; tests/test_learner.py).
+  max |ratio - 1| over POLICY tokens, and `behaviour_gap_max_first`, the max
+  |logp - batch behaviour logp| there. With `rl.behaviour_logprobs='trainer'`
+  the behaviour log-probs come from `behaviour_forward` (the loss's function
+  on the same micro-batch shapes) and, on the first optimizer step, from the
+  loss's own forward (see `_rl_loss`): the first step's ratios are exactly 1
+  (`ratio_dev_max_first == 0`; tests/test_learner.py).
 
   `log_z_state` (FlowRL only): (log-partition params, their optax state);
   they get the loss gradient too and are updated by
@@ -338,8 +357,9 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
     mb_batch = split(batch, num_mb)
     z_params, z_opt = (None, None) if log_z_state is None else log_z_state
 
-    def mb_update(carry, mb):
-      params, opt_state, z_params, z_opt = carry
+    def mb_update(carry, xs):
+      params, opt_state, z_params, z_opt, step_index = carry
+      mb = xs
       denominator = losses.aggregation_denominator(
           mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
       )
@@ -350,7 +370,8 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
           lambda p, zp, micro_batch: _rl_loss(
               graphdef, p, micro_batch, rl_cfg, kl_coef=kl_coef,
               denominator=denominator, log_z_params=zp,
-              value_denominator=value_denominator),
+              value_denominator=value_denominator,
+              first_step=step_index == 0),
           argnums=(0, 1), has_aux=True,
       )
 
@@ -379,18 +400,20 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
         z_updates, z_opt = tx_z.update(z_grads, z_opt, z_params)
         z_params = optax.apply_updates(z_params, z_updates)
       m["grad_norm"] = optax.tree.norm(grads)
-      return (params, opt_state, z_params, z_opt), m
+      return (params, opt_state, z_params, z_opt, step_index + 1), m
 
     def epoch(carry, _):
       return jax.lax.scan(mb_update, carry, mb_batch)
 
-    (params, opt_state, z_params, z_opt), m = jax.lax.scan(
-        epoch, (params, opt_state, z_params, z_opt), None, length=epochs
+    (params, opt_state, z_params, z_opt, _), m = jax.lax.scan(
+        epoch, (params, opt_state, z_params, z_opt, jnp.int32(0)), None,
+        length=epochs
     )
     metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v))
                for k, v in m.items()}
     metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
     metrics["ratio_dev_max_first"] = m["ratio_dev_max"][0, 0]
+    metrics["behaviour_gap_max_first"] = m["behaviour_gap_max"][0, 0]
     if log_z_state is None:
       return params, opt_state, metrics
     return params, opt_state, metrics, (z_params, z_opt)
