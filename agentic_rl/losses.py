@@ -701,12 +701,15 @@ def flowrl_loss(
     L       = sum_b w_b delta_b^2 / D,  D = #{b : |y_b| >= 1} (or `denominator`).
 
   What is from where: the target distribution, the reverse-KL / trajectory-
-  balance equivalence, the learned log Z_phi(x), the 1/|y| length
-  normalisation of both log-probs, the detached importance weight clipped to
-  [1 - eps, 1 + eps] and r_hat = group-normalised reward are the paper's
-  (arXiv:2509.15207, section 3 and its final objective; papers.md F0-119 marks
-  the squared form it quotes as inferred, and lists the normalisation and the
-  weighting as the full paper's additions). The authors' released verl code
+  balance equivalence and the learned log Z_phi(x) are in the paper's
+  abstract and in papers.md (F0-119, section 2.2), which marks the squared
+  form as inferred and names length normalisation and importance weighting
+  as the full paper's additions. Their exact form here (1/|y| on both
+  log-probs, w = detached clip(pi/pi_old, 1 - eps, 1 + eps), r_hat = group
+  z-scored reward) follows the paper's final objective as we read it; the
+  paper text was not available while writing this, and the form was
+  cross-checked against the authors' code and secondary summaries, so treat
+  it as inferred-and-cross-checked. The authors' released verl code
   (github.com/Xuekai-Zhu/FlowRL, `compute_flowrl_objective`) differs in two
   details that we do NOT follow: it clamps the weight only from above (at 10)
   instead of to [1 - eps, 1 + eps], and it averages over all rows. Their
