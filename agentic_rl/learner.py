@@ -935,11 +935,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       if trainer_beh:
         # Training/inference mismatch: sampler (cached one-token decode) vs
         # trainer (full forward) log-probs of the same tokens.
+        # Fresh rows only: replay-injected episodes carry an older policy's
+        # log-probs.
         pmask = policy_mask(train_traj)
-        gap = jnp.where(pmask, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
+        fresh = pmask & jnp.all(train_traj.tokens == traj.tokens, axis=1)[:, None]
+        gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
         info["logp_mismatch_max"] = jnp.max(gap)
         info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
-            jnp.sum(pmask), 1).astype(jnp.float32)
+            jnp.sum(fresh), 1).astype(jnp.float32)
         behaviour_logp = jnp.where(pmask, trainer_logp, 0.0)
     returns_bl = None
     if use_gae:
@@ -947,14 +950,16 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       adv_b, adv_bl, returns_bl = gae_token_advantages(
           rl_cfg, reward, policy_mask(train_traj), old_values)
     else:
+      unshaped = reward
       reward, adv_b, adv_bl = token_advantages(
           rl_cfg, reward, train_traj, env.max_turns, phi_bk1=phi_bk1
       )
       if with_values:
-        # Value head as a PBRS potential: trained on Monte-Carlo returns of
-        # the (unshaped-by-value) reward, lambda = 1.
+        # Value head as a PBRS potential: trained on Monte-Carlo returns
+        # (lambda = 1) of the reward before shaping, so the potential never
+        # regresses on its own shaping terms.
         _, _, returns_bl = gae_token_advantages(
-            rl_cfg, reward, policy_mask(train_traj), old_values, lambda_=1.0)
+            rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0)
     batch = {
         "tokens": train_traj.tokens,
         "mask": mask,
