@@ -743,6 +743,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   each `rl.group_size` times contiguously (group = task index), rolls them out with
   the current policy, scores them, computes GRPO advantages and the reference
   model's log-probs (once per batch), and packs the learner batch.
+
+  Also once per batch, before the update and with the sampling parameters:
+  trainer-side behaviour log-probs (`rl.behaviour_logprobs='trainer'`, with
+  the sampler/trainer mismatch in `info`), behaviour values V_old and their
+  targets (`rl.advantage_estimator='gae'`: GAE advantages replace the
+  estimator; `rl.pbrs_potential='value'`: V(s_k) as the PBRS potential and
+  Monte-Carlo targets for the head), and FlowRL's `reward_hat` (the
+  episode-level advantage) and `prompt_embedding`.
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size

@@ -535,3 +535,37 @@ def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
                   jax.tree.leaves((restored.log_partition,
                                    restored.log_partition_opt_state))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
+  """configs/default.py:smoke with each new switch through the whole loop
+  (SFT -> RL -> eval); halted after the first RL step and resumed, the
+  log-partition parameters are restored and keep training."""
+  from agentic_rl import checkpoint as checkpoint_lib
+  from agentic_rl import train
+  for name, switches in (
+      ("flowrl", dict(loss_type="flowrl", loss_agg_mode="seq-mean-token-mean")),
+      ("gae", dict(advantage_estimator="gae"))):
+    config = default.get_config("smoke")
+    config.rl.update(switches)
+    config.model.value_head = name == "gae"
+    config.checkpoint.every_steps = 1
+    config.checkpoint.max_to_keep = 10
+    workdir = str(tmp_path / name)
+    config.halt_after_step = config.sft.steps + 1
+    assert train.train_and_evaluate(config, workdir) is None
+    config.halt_after_step = -1
+    reports = train.train_and_evaluate(config, workdir)
+    assert {"sft", "rl"} <= set(reports)
+    if name == "flowrl":
+      ckpt = checkpoint_lib.Checkpointer(workdir + "/checkpoints")
+      model_cfg = train.make_model_config(config)
+      _, like = train.init_state(config, model_cfg)
+      like = train.start_rl(config, like)
+      first = ckpt.restore(like, step=config.sft.steps + 1)
+      last = ckpt.restore(like, step=ckpt.latest_step())
+      ckpt.close()
+      assert any(not np.allclose(a, b) for a, b in zip(
+          jax.tree.leaves(first.log_partition),
+          jax.tree.leaves(last.log_partition)))
