@@ -487,6 +487,66 @@ def gae_advantages(
   return adv_t, adv_t + v_t
 
 
+def token_gae(
+    rewards_l: jax.Array,
+    values_l: jax.Array,
+    mask_l: jax.Array,
+    discount: float | jax.Array,
+    lambda_: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+  """GAE over the POLICY tokens of one episode; other tokens add no step.
+
+  The MDP steps are the episode's POLICY tokens t_1 < t_2 < ... < t_N in
+  position order (DESIGN.md section 6: prompt, observation (TOOL) and
+  TEMPLATE tokens are part of the next state, not actions, so they add no
+  discount step and no value estimate of their own). With V_n = values_l[t_n]
+  (the value of the state just before POLICY token t_n is emitted),
+  r_n = rewards_l[t_n] and V_{N+1} = 0 (every episode ends after its last
+  POLICY token: the outcome reward is final, no bootstrap):
+
+    delta_n = r_n + discount * V_{n+1} - V_n,
+    A_n     = delta_n + discount * lambda * A_{n+1},   A_{N+1} = 0,
+    G_n     = A_n + V_n   (the TD(lambda) value target),
+
+  i.e. `gae_advantages` (Schulman et al., arXiv:1506.02438, eq. 16) on the
+  POLICY-token subsequence. Computed as one reverse `lax.scan` over all L
+  positions that carries (A_{n+1}, V_{n+1}) unchanged across non-POLICY
+  positions. Unbatched: vmap over a batch.
+
+  Args:
+    rewards_l: [L] float per-token rewards (e.g. the episode's outcome reward
+      at its last POLICY token, 0 elsewhere); read at POLICY positions only.
+    values_l: [L] float values; read at POLICY positions only.
+    mask_l: [L] bool, True on POLICY tokens.
+    discount: per-POLICY-token discount gamma in [0, 1].
+    lambda_: GAE lambda in [0, 1].
+
+  Returns:
+    (advantages_l [L] float32, returns_l [L] float32), both 0 off POLICY.
+
+  Raises:
+    AssertionError: (chex) on rank/shape mismatch of the inputs.
+  """
+  chex.assert_rank([rewards_l, values_l, mask_l], 1)
+  chex.assert_equal_shape([rewards_l, values_l, mask_l])
+  m = mask_l.astype(jnp.bool_)
+  r = jnp.where(m, rewards_l.astype(jnp.float32), 0.0)
+  v = jnp.where(m, values_l.astype(jnp.float32), 0.0)
+  d = jnp.asarray(discount, jnp.float32)
+  lam = jnp.asarray(lambda_, jnp.float32)
+
+  def step(carry, xs):
+    adv_next, v_next = carry
+    r_t, v_t, m_t = xs
+    adv = r_t + d * v_next - v_t + d * lam * adv_next
+    new = (jnp.where(m_t, adv, adv_next), jnp.where(m_t, v_t, v_next))
+    return new, jnp.where(m_t, adv, 0.0)
+
+  zero = jnp.zeros((), jnp.float32)
+  _, adv_l = jax.lax.scan(step, (zero, zero), (r, v, m), reverse=True)
+  return adv_l, jnp.where(m, adv_l + v, 0.0)
+
+
 # ---------------------------------------------------------------------------
 # Per-turn credit: [B, K] turn rewards -> [B, K] advantages.
 # ---------------------------------------------------------------------------

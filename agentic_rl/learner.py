@@ -118,26 +118,117 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
   return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
 
 
-def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
+# Where the behaviour log-probs of the importance ratio come from
+# (`rl.behaviour_logprobs`, see `behaviour_forward`).
+BEHAVIOUR_LOGPROBS = ("trainer", "sampler")
+# Potentials of PBRS (`rl.pbrs_potential`).
+PBRS_POTENTIALS = ("progress", "trace", "value")
+
+
+def policy_forward(graphdef, params, tokens_bl: jax.Array,
+                   temperature, with_values: bool = False):
+  """Teacher-forced log-probs, entropies and (optionally) values of a batch.
+
+  The one function both the loss and the behaviour recomputation call, so the
+  two see the same computation. Without values it is exactly
+  `sampling.token_logprobs`. With values, one trunk pass gives both heads:
+  hidden h_t = model.hidden_states(tokens[:, :-1])[:, t] reads tokens 0..t,
+  logp[:, t + 1] = log_softmax(lm_head(h_t) / T)[tokens[:, t + 1]] and
+  values[:, t + 1] = model.value(h_t): the value of a token is the value of
+  the state (the whole prefix, prompt, observations and template tokens
+  included) just BEFORE that token is emitted, i.e. V(s) of the state in
+  which the token is the action. Position 0 gets 0 for all three.
+
+  Args:
+    graphdef, params: the policy (value_head=True when with_values).
+    tokens_bl: [B, L] int32.
+    temperature: sampling temperature (> 0).
+    with_values: also return values (needs TransformerConfig.value_head).
+
+  Returns:
+    (logp [B, L] float32, entropy [B, L] float32, values [B, L] float32 or
+     None).
+
+  Raises:
+    ValueError: with_values and the model has no value head.
+  """
+  if not with_values:
+    logp, entropy = sampling.token_logprobs(graphdef, params, tokens_bl,
+                                            temperature)
+    return logp, entropy, None
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  logp, entropy = sampling.chunked_logprob_and_entropy(
+      hidden_bld, model.output_weights_dv(), tokens_bl[:, 1:], temperature,
+      model.cfg.logprob_chunk_size)
+  values = model.value(hidden_bld)
+  pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
+  cat = lambda x: jnp.concatenate([pad, x.astype(jnp.float32)], axis=1)
+  return cat(logp), cat(entropy), cat(values)
+
+
+def _uses_values(rl_cfg) -> bool:
+  """True when the loss trains the value head (GAE, or the value potential)."""
+  return (rl_cfg.get("advantage_estimator", "grpo") == "gae"
+          or (rl_cfg.get("pbrs_potential", "progress") == "value"
+              and rl_cfg.get("pbrs_coef", 0.0) > 0))
+
+
+@functools.lru_cache(maxsize=None)
+def log_partition_graphdef(in_dim: int, hidden_dim: int) -> nnx.GraphDef:
+  """GraphDef of FlowRL's `losses.LogPartition(in_dim, hidden_dim)`."""
+  return nnx.graphdef(nnx.eval_shape(
+      lambda: losses.LogPartition(in_dim, hidden_dim, rngs=nnx.Rngs(0))))
+
+
+def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
+  """Adam on FlowRL's log-partition parameters, lr `rl.flowrl_log_z_lr`."""
+  return optax.adam(rl_cfg.get("flowrl_log_z_lr", 1e-3))
+
+
+def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
+             log_z_params=None, value_denominator=None, first_step=None):
   """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
 
-  loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy), each
-  aggregated by `rl.loss_agg_mode` over POLICY tokens with `denominator` computed
-  over the whole optimizer batch (losses.aggregation_denominator), so summing the
-  micro-batch losses gives exactly the full-batch loss.
+  loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy)
+  [+ value_coef * value_loss], each aggregated by `rl.loss_agg_mode` over
+  POLICY tokens with `denominator` computed over the whole optimizer batch
+  (losses.aggregation_denominator), so summing the micro-batch losses gives
+  exactly the full-batch loss. The value loss (present when the batch holds
+  'old_values' and 'returns': GAE or the value potential) is token-mean with
+  `value_denominator`, the optimizer batch's POLICY-token count.
+  `rl.loss_type='flowrl'` replaces the policy term by `losses.flowrl_loss`
+  with log Z from `log_z_params` (a `losses.LogPartition` state) applied to
+  the batch's 'prompt_embedding'; its gradient flows to `log_z_params` too.
+
+  `first_step` (traced bool, `rl.behaviour_logprobs='trainer'` only): True on
+  the update's first optimizer step, whose parameters ARE the behaviour
+  parameters. There the behaviour log-probs are this forward's own
+  stop_gradient(logp), so every ratio is exactly 1 however XLA compiles the
+  program (the separately recomputed `behaviour_forward` log-probs agree
+  only to ~5e-7 inside one fused jitted iteration; their gap is logged as
+  'behaviour_gap_max'); the gradient is unchanged (rho A grad logp with
+  rho = 1). Later steps use the batch's behaviour log-probs.
 
   Returns:
     (loss scalar, metrics dict of scalars, each already divided by `denominator`
-     for the aggregated terms so micro-batch values sum to batch values).
+     for the aggregated terms so micro-batch values sum to batch values;
+     keys ending in '_max' are maxima, to be combined with max).
   """
   temperature = rl_cfg.temperature
-  logp, entropy = sampling.token_logprobs(
-      graphdef, params, batch["tokens"], temperature
-  )
+  with_values = "returns" in batch
+  logp, entropy, values = policy_forward(graphdef, params, batch["tokens"],
+                                         temperature, with_values)
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
+  own = jax.lax.stop_gradient(logp)
+  beh_gap_max = jnp.max(jnp.where(mask, jnp.abs(own - beh), 0.0))
+  if (first_step is not None
+      and rl_cfg.get("behaviour_logprobs", "trainer") == "trainer"):
+    beh = jnp.where(first_step, own, beh)
   adv = batch["advantage"]
   loss_type = rl_cfg.loss_type
+  flow = None
   if loss_type == "ppo":
     pg, ratio = losses.clipped_surrogate(
         logp, beh, adv, rl_cfg.clip_low, rl_cfg.clip_high,
@@ -151,6 +242,17 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
     pg, ratio = losses.gspo_token_loss(
         logp, beh, adv, mask, rl_cfg.clip_low, rl_cfg.clip_high
     )
+  elif loss_type == "flowrl":
+    emb = batch["prompt_embedding"]
+    z_graphdef = log_partition_graphdef(
+        emb.shape[-1], rl_cfg.get("flowrl_log_z_hidden", 0))
+    log_z_b = nnx.merge(z_graphdef, log_z_params)(emb)
+    flow, _ = losses.flowrl_loss(
+        logp, beh, batch["ref_logp"], mask, batch["reward_hat"], log_z_b,
+        beta=rl_cfg.flowrl_beta, clip_eps=rl_cfg.flowrl_clip,
+        denominator=denominator)
+    ratio = jnp.exp(logp - beh)
+    pg = jnp.zeros_like(logp)
   else:
     raise ValueError(f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}")
   norm = rl_cfg.loss_norm_constant or None
@@ -159,14 +261,26 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
   )
   kl = losses.kl_estimate(rl_cfg.kl_estimator, logp, batch["ref_logp"])
   pg_loss, kl_mean, ent_mean = agg(pg), agg(kl), agg(entropy)
+  extra = {}
+  if flow is not None:
+    pg_loss = flow
+    extra["log_z"] = losses.aggregate(
+        jnp.broadcast_to(log_z_b[:, None], mask.shape), mask,
+        "seq-mean-token-mean", denominator=denominator)
   loss = pg_loss + kl_coef * kl_mean - rl_cfg.entropy_coef * ent_mean
-  aux = {}
+  if with_values:
+    clip = rl_cfg.get("value_clip", 0.0)
+    v_loss = losses.value_loss(
+        values, batch["old_values"], batch["returns"], mask,
+        clip if clip > 0 else jnp.inf, denominator=value_denominator)
+    extra["value_loss"] = v_loss
+    loss = loss + rl_cfg.get("value_coef", 0.5) * v_loss
   if "aux_advantage" in batch:
     # Dense signal as an auxiliary loss (rl.dense_as='aux_loss').
     aux_pg, _ = losses.clipped_surrogate(
         logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high)
-    aux["aux_loss"] = agg(aux_pg)
-    loss = loss + aux["aux_loss"]
+    extra["aux_loss"] = agg(aux_pg)
+    loss = loss + extra["aux_loss"]
   f32 = lambda x: x.astype(jnp.float32)
   metrics = {
       "loss": loss,
@@ -174,32 +288,57 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator):
       "kl": kl_mean,
       "entropy": ent_mean,
       "ratio_mean": agg(ratio),
+      # max |rho - 1| over POLICY tokens (0 exactly when logp == behaviour).
+      "ratio_dev_max": jnp.max(jnp.where(mask, jnp.abs(ratio - 1.0), 0.0)),
+      # max |logp - batch behaviour logp| over POLICY tokens (before the
+      # first-step substitution above).
+      "behaviour_gap_max": beh_gap_max,
       "clip_frac_low": agg(f32((ratio < 1.0 - rl_cfg.clip_low) & (adv < 0))),
       "clip_frac_high": agg(f32((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0))),
-      **aux,
+      **extra,
   }
   return loss, metrics
 
 
+def _combine_metrics(a: dict, b: dict) -> dict:
+  """Micro-batch metric accumulation: sum, except max for '*_max' keys."""
+  return {k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k])
+          for k in a}
+
+
 def make_update_fn(config, graphdef: nnx.GraphDef,
                    tx: optax.GradientTransformation):
-  """Returns pure `update(params, opt_state, batch, kl_coef) -> (params, opt_state, metrics)`.
+  """Returns pure `update(params, opt_state, batch, kl_coef[, log_z_state])`.
 
   `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
-  ref_logp, advantage. It is split into `rl.num_minibatches` contiguous minibatches
+  ref_logp, advantage (plus old_values and returns when the value head is
+  trained, prompt_embedding [B, D] and reward_hat [B] for FlowRL). It is
+  split into `rl.num_minibatches` contiguous minibatches
   (whole groups when rows are group-major), swept `rl.ppo_epochs` times with
   `lax.scan`, one optimizer step per minibatch. Each minibatch is further split
   into `rl.num_microbatches` for gradient accumulation; the loss denominator is
   computed once over the whole minibatch (the optimizer batch), so accumulation
   does not change the loss or its gradient. Metrics are means over all optimizer
-  steps, plus `ratio_mean_first`, the first step's mean importance ratio (1 up to
-  float error: behaviour log-probs come from the same model function).
+  steps (maxima for '*_max' keys), plus `ratio_mean_first` and
+  `ratio_dev_max_first`, the first optimizer step's mean importance ratio and
+  max |ratio - 1| over POLICY tokens, and `behaviour_gap_max_first`, the max
+  |logp - batch behaviour logp| there. With `rl.behaviour_logprobs='trainer'`
+  the behaviour log-probs come from `behaviour_forward` (the loss's function
+  on the same micro-batch shapes) and, on the first optimizer step, from the
+  loss's own forward (see `_rl_loss`): the first step's ratios are exactly 1
+  (`ratio_dev_max_first == 0`; tests/test_learner.py).
+
+  `log_z_state` (FlowRL only): (log-partition params, their optax state);
+  they get the loss gradient too and are updated by
+  `make_log_partition_optimizer`. Returns (params, opt_state, metrics), and
+  with `log_z_state` given (params, opt_state, metrics, log_z_state).
   """
   rl_cfg = config.rl
   num_mb = rl_cfg.num_minibatches
   num_micro = rl_cfg.num_microbatches
   epochs = rl_cfg.ppo_epochs
   norm = rl_cfg.loss_norm_constant or None
+  tx_z = make_log_partition_optimizer(rl_cfg)
 
   def split(tree, n):
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
@@ -212,35 +351,44 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
     return losses.self_imitation_loss(
         logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"])
 
-  def update(params, opt_state, batch, kl_coef):
+  def update(params, opt_state, batch, kl_coef, log_z_state=None):
     batch = dict(batch)
     sil = batch.pop("sil", None)
     mb_batch = split(batch, num_mb)
+    z_params, z_opt = (None, None) if log_z_state is None else log_z_state
 
-    def mb_update(carry, mb):
-      params, opt_state = carry
+    def mb_update(carry, xs):
+      params, opt_state, z_params, z_opt, step_index = carry
+      mb = xs
       denominator = losses.aggregation_denominator(
           mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
       )
+      value_denominator = losses.aggregation_denominator(
+          mb["mask"], "token-mean")
 
       grad_fn = jax.value_and_grad(
-          lambda p, micro_batch: _rl_loss(graphdef, p, micro_batch, rl_cfg,
-                                          kl_coef=kl_coef, denominator=denominator),
-          has_aux=True,
+          lambda p, zp, micro_batch: _rl_loss(
+              graphdef, p, micro_batch, rl_cfg, kl_coef=kl_coef,
+              denominator=denominator, log_z_params=zp,
+              value_denominator=value_denominator,
+              first_step=step_index == 0),
+          argnums=(0, 1), has_aux=True,
       )
 
       def micro(acc, micro_batch):
-        (_, m), g = grad_fn(params, micro_batch)
-        return jax.tree.map(jnp.add, acc, (g, m)), None
+        (_, m), g = grad_fn(params, z_params, micro_batch)
+        acc_g, acc_m = acc
+        return (jax.tree.map(jnp.add, acc_g, g), _combine_metrics(acc_m, m)), None
 
       micro_batches = split(mb, num_micro)
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
       shapes = jax.eval_shape(
-          lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro_batches))
+          lambda: grad_fn(params, z_params,
+                          jax.tree.map(lambda x: x[0], micro_batches))
       )
       zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
                            (shapes[1], shapes[0][1]))
-      (grads, m), _ = jax.lax.scan(micro, zeros, micro_batches)
+      ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.
         sil_value, sil_grads = jax.value_and_grad(sil_loss)(params, sil)
@@ -248,20 +396,147 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
         m["sil_loss"] = sil_value
       updates, opt_state = tx.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
+      if z_params is not None:
+        z_updates, z_opt = tx_z.update(z_grads, z_opt, z_params)
+        z_params = optax.apply_updates(z_params, z_updates)
       m["grad_norm"] = optax.tree.norm(grads)
-      return (params, opt_state), m
+      return (params, opt_state, z_params, z_opt, step_index + 1), m
 
     def epoch(carry, _):
       return jax.lax.scan(mb_update, carry, mb_batch)
 
-    (params, opt_state), m = jax.lax.scan(
-        epoch, (params, opt_state), None, length=epochs
+    (params, opt_state, z_params, z_opt, _), m = jax.lax.scan(
+        epoch, (params, opt_state, z_params, z_opt, jnp.int32(0)), None,
+        length=epochs
     )
-    metrics = {k: jnp.mean(v) for k, v in m.items()}
+    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v))
+               for k, v in m.items()}
     metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
-    return params, opt_state, metrics
+    metrics["ratio_dev_max_first"] = m["ratio_dev_max"][0, 0]
+    metrics["behaviour_gap_max_first"] = m["behaviour_gap_max"][0, 0]
+    if log_z_state is None:
+      return params, opt_state, metrics
+    return params, opt_state, metrics, (z_params, z_opt)
 
   return update
+
+
+def behaviour_forward(config, graphdef: nnx.GraphDef, params,
+                      tokens_bl: jax.Array, with_values: bool = False):
+  """Trainer-side behaviour log-probs (and values) of a batch, before the update.
+
+  `rl.behaviour_logprobs='trainer'`: the behaviour log-probs of the importance
+  ratio are recomputed once per batch by `policy_forward` (exactly the
+  function the loss calls: a teacher-forced forward over the whole
+  trajectory) on the same micro-batch shapes the update uses (the batch cut
+  into num_minibatches * num_microbatches contiguous blocks, mapped with
+  `lax.map`), with the parameters that sampled the batch. The loss then
+  reproduces them bit for bit on the first optimizer step, so the first
+  epoch's ratios are exactly 1 (no float drift from the sampler's cached
+  one-token decode). Values are the behaviour values V_old of GAE.
+
+  Args:
+    config: experiment config (rl.num_minibatches, rl.num_microbatches,
+      rl.temperature).
+    graphdef, params: the policy that sampled the batch.
+    tokens_bl: [B, L] int32 trajectories.
+    with_values: also return the value head's values.
+
+  Returns:
+    (logp [B, L] float32, values [B, L] float32 or None); see
+    `policy_forward` for the alignment.
+  """
+  rl_cfg = config.rl
+  n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
+  b, l = tokens_bl.shape
+  blocks = tokens_bl.reshape(n, b // n, l)
+  logp, _, values = jax.lax.map(
+      lambda t: policy_forward(graphdef, params, t, rl_cfg.temperature,
+                               with_values), blocks)
+  unblock = lambda x: None if x is None else x.reshape(b, l)
+  return unblock(logp), unblock(values)
+
+
+def last_policy_reward(reward_b: jax.Array, mask_bl: jax.Array) -> jax.Array:
+  """[B, L] float32: each episode's reward at its last POLICY token, 0 elsewhere."""
+  l = mask_bl.shape[1]
+  pos = jnp.arange(l)[None, :]
+  last_b = jnp.max(jnp.where(mask_bl, pos, -1), axis=1)
+  return jnp.where(pos == last_b[:, None], reward_b[:, None], 0.0).astype(
+      jnp.float32)
+
+
+def gae_token_advantages(rl_cfg, reward_b: jax.Array, mask_bl: jax.Array,
+                         values_bl: jax.Array, lambda_: float | None = None):
+  """PPO-GAE per-token advantages and value targets for `advantage_estimator='gae'`.
+
+  The episode's (composed) reward is the reward of its last POLICY token;
+  `advantages.token_gae` runs over the POLICY tokens only (observation and
+  template tokens add no discount step; DESIGN.md section 6) with discount
+  `rl.discount` per POLICY token and lambda `rl.gae_lambda` (or `lambda_`;
+  1.0 gives Monte-Carlo returns, used to train the value head as a PBRS
+  potential). Values are the behaviour values V_old (`behaviour_forward`).
+  Advantages are not normalised.
+
+  Args:
+    rl_cfg: `rl` block.
+    reward_b: [B] float32 episode rewards.
+    mask_bl: [B, L] bool POLICY-token mask of the trajectory.
+    values_bl: [B, L] float32 behaviour values.
+    lambda_: optional override of `rl.gae_lambda`.
+
+  Returns:
+    (adv_b [B] mean advantage over each row's POLICY tokens (logging),
+     adv_bl [B, L] float32, returns_bl [B, L] float32; both 0 off POLICY).
+  """
+  lam = rl_cfg.get("gae_lambda", 0.95) if lambda_ is None else lambda_
+  adv_bl, ret_bl = jax.vmap(advantages.token_gae, in_axes=(0, 0, 0, None, None))(
+      last_policy_reward(reward_b, mask_bl), values_bl, mask_bl,
+      rl_cfg.get("discount", 1.0), lam)
+  count_b = jnp.maximum(jnp.sum(mask_bl, axis=1), 1).astype(jnp.float32)
+  return jnp.sum(adv_bl, axis=1) / count_b, adv_bl, ret_bl
+
+
+def value_potential(graphdef: nnx.GraphDef, params, traj: types.Trajectory,
+                    max_turns: int) -> jax.Array:
+  """[B, K + 1] PBRS potential Phi(s_k) = V(s_k) from the policy's value head.
+
+  s_k is the context after k turns (`credit.state_ends`: the prompt plus
+  turns 0 .. k-1 and their observations); V(s_k) is the value head read at
+  the last token of s_k (one forward over the full trajectory; the value
+  after token t depends on tokens 0..t only). For k past the last turn it is
+  the value of the whole episode; PBRS then sets Phi(terminal) = 0 for
+  terminated episodes (credit.shape_turn_rewards). Gradient-free (the
+  potential is part of the reward).
+
+  Args:
+    graphdef, params: the policy (TransformerConfig.value_head=True).
+    traj: the batch (tokens, role, turn).
+    max_turns: K.
+  """
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(traj.tokens)
+  v_bl = model.value(hidden_bld)
+  end_bk1 = credit.state_ends(traj.role, traj.turn, max_turns)
+  idx = jnp.clip(end_bk1 - 1, 0, traj.tokens.shape[1] - 1)
+  return jax.lax.stop_gradient(jnp.take_along_axis(v_bl, idx, axis=1))
+
+
+def prompt_embedding(graphdef: nnx.GraphDef, params,
+                     traj: types.Trajectory) -> jax.Array:
+  """[B, D] float32 mean of the policy's final hidden states over PROMPT tokens.
+
+  The input of FlowRL's log-partition network (arXiv:2509.15207 feeds the
+  policy's prompt hidden states to it); computed once per batch with the
+  parameters that sampled it and treated as a constant feature
+  (stop_gradient: the log Z loss does not train the policy's trunk; the
+  authors' code lets that gradient through, our choice differs).
+  """
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(traj.tokens)
+  pooled = losses.masked_mean_pool(hidden_bld.astype(jnp.float32),
+                                   traj.role == types.PROMPT)
+  return jax.lax.stop_gradient(pooled)
 
 
 def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
@@ -411,8 +686,9 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
 
 def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
   """Adds the optional RL-phase state: the replay buffer (`rl.replay_capacity`
-  > 0) and the dual-ascent multiplier (`rl.dual_constraint` set, starting at
-  `rl.dual_init`). Without these switches the state is returned unchanged
+  > 0), the dual-ascent multiplier (`rl.dual_constraint` set, starting at
+  `rl.dual_init`) and FlowRL's log-partition parameters with their optimizer
+  state (`rl.loss_type='flowrl'`). Without these switches the state is returned unchanged
   (fields stay None), so checkpoints of such runs keep their structure."""
   rl_cfg = config.rl
   if rl_cfg.get("replay_capacity", 0) > 0 and state.replay is None:
@@ -420,6 +696,18 @@ def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
         replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len))
   if rl_cfg.get("dual_constraint", "") and state.dual_coef is None:
     state = state.replace(dual_coef=jnp.float32(rl_cfg.dual_init))
+  if rl_cfg.get("loss_type", "ppo") == "flowrl" and state.log_partition is None:
+    # FlowRL's learned log Z_phi(x) on the pooled prompt embedding [D]; its
+    # output layer starts at 0 (log Z = 0), the hidden layer is drawn from
+    # fold_in(rng, -1) so the policy's keys are untouched.
+    d = jax.tree.leaves(state.params["embed_vd"])[0].shape[1]
+    model = losses.LogPartition(
+        d, rl_cfg.get("flowrl_log_z_hidden", 0),
+        rngs=nnx.Rngs(params=jax.random.fold_in(state.rng, 2**31 - 1)))
+    z = nnx.state(model)
+    state = state.replace(
+        log_partition=z,
+        log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z))
   return state
 
 
@@ -455,6 +743,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   each `rl.group_size` times contiguously (group = task index), rolls them out with
   the current policy, scores them, computes GRPO advantages and the reference
   model's log-probs (once per batch), and packs the learner batch.
+
+  Also once per batch, before the update and with the sampling parameters:
+  trainer-side behaviour log-probs (`rl.behaviour_logprobs='trainer'`, with
+  the sampler/trainer mismatch in `info`), behaviour values V_old and their
+  targets (`rl.advantage_estimator='gae'`: GAE advantages replace the
+  estimator; `rl.pbrs_potential='value'`: V(s_k) as the PBRS potential and
+  Monte-Carlo targets for the head), and FlowRL's `reward_hat` (the
+  episode-level advantage) and `prompt_embedding`.
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
@@ -480,6 +776,11 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       potential == "trace" and rl_cfg.get("pbrs_coef", 0.0) > 0)
   dense_aux = rl_cfg.get("dense_as", "reward") == "aux_loss"
   dual_sign = 1.0 if rl_cfg.get("dual_sense", "max") == "max" else -1.0
+  use_gae = rl_cfg.advantage_estimator == "gae"
+  value_pbrs = potential == "value" and rl_cfg.get("pbrs_coef", 0.0) > 0
+  with_values = _uses_values(rl_cfg)
+  trainer_beh = rl_cfg.get("behaviour_logprobs", "trainer") == "trainer"
+  flowrl = rl_cfg.loss_type == "flowrl"
 
   def sample_round(state, round_key, noise_key, num_groups, traj=None):
     """Rolls out num_groups groups of group_size episodes and scores them.
@@ -583,6 +884,10 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         info["likelihood"] = jnp.mean(lik)
       if potential == "trace":
         phi_bk1 = credit.log_ratio_potential(gold_lp)
+    if value_pbrs:
+      # PBRS potential Phi(s_k) = V(s_k) from the value head (rl.pbrs_potential
+      # = 'value'), read at each turn boundary with the sampling parameters.
+      phi_bk1 = value_potential(graphdef, state.params, traj, env.max_turns)
     if dense_aux and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
           rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
@@ -629,16 +934,56 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           reward, train_traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
           estimator=rl_cfg.kl_estimator,
       )
-    reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, train_traj, env.max_turns, phi_bk1=phi_bk1
-    )
+    behaviour_logp, old_values = train_traj.logprob, None
+    if trainer_beh or with_values:
+      # One teacher-forced pass with the sampling parameters, on the update's
+      # micro-batch shapes: behaviour log-probs (and behaviour values).
+      trainer_logp, old_values = behaviour_forward(
+          config, graphdef, state.params, train_traj.tokens, with_values)
+      if trainer_beh:
+        # Training/inference mismatch: sampler (cached one-token decode) vs
+        # trainer (full forward) log-probs of the same tokens.
+        # Fresh rows only: replay-injected episodes carry an older policy's
+        # log-probs.
+        pmask = policy_mask(train_traj)
+        fresh = pmask & jnp.all(train_traj.tokens == traj.tokens, axis=1)[:, None]
+        gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
+        info["logp_mismatch_max"] = jnp.max(gap)
+        info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
+            jnp.sum(fresh), 1).astype(jnp.float32)
+        behaviour_logp = jnp.where(pmask, trainer_logp, 0.0)
+    returns_bl = None
+    if use_gae:
+      # PPO with GAE from the value head (arXiv:1707.06347, arXiv:1506.02438).
+      adv_b, adv_bl, returns_bl = gae_token_advantages(
+          rl_cfg, reward, policy_mask(train_traj), old_values)
+    else:
+      unshaped = reward
+      reward, adv_b, adv_bl = token_advantages(
+          rl_cfg, reward, train_traj, env.max_turns, phi_bk1=phi_bk1
+      )
+      if with_values:
+        # Value head as a PBRS potential: trained on Monte-Carlo returns
+        # (lambda = 1) of the reward before shaping, so the potential never
+        # regresses on its own shaping terms.
+        _, _, returns_bl = gae_token_advantages(
+            rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0)
     batch = {
         "tokens": train_traj.tokens,
         "mask": mask,
-        "behaviour_logp": train_traj.logprob,
+        "behaviour_logp": behaviour_logp,
         "ref_logp": ref_logp,
         "advantage": adv_bl,
     }
+    if returns_bl is not None:
+      batch["old_values"] = old_values
+      batch["returns"] = returns_bl
+    if flowrl:
+      # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
+      # the log-partition network's input.
+      batch["reward_hat"] = adv_b
+      batch["prompt_embedding"] = prompt_embedding(graphdef, state.params,
+                                                   train_traj)
     if "sil" in extras:
       batch["sil"] = extras.pop("sil")
     if "aux_advantage" in extras:
@@ -692,15 +1037,24 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
 
   def step(state: types.TrainState, first_traj=None):
     batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
-    params, opt_state, metrics = update(
-        state.params, state.opt_state, batch, state.kl_coef
-    )
+    z_state = None
+    if state.log_partition is not None:
+      params, opt_state, metrics, z_state = update(
+          state.params, state.opt_state, batch, state.kl_coef,
+          (state.log_partition, state.log_partition_opt_state))
+    else:
+      params, opt_state, metrics = update(
+          state.params, state.opt_state, batch, state.kl_coef
+      )
     if "any_usable" in info:
       # No group with varying outcomes: skip the update (logged), don't crash.
       skip = ~info.pop("any_usable")
-      params, opt_state = jax.tree.map(
+      params, opt_state, z_state = jax.tree.map(
           lambda old, new: jnp.where(skip, old, new),
-          (state.params, state.opt_state), (params, opt_state),
+          (state.params, state.opt_state,
+           None if z_state is None else (state.log_partition,
+                                         state.log_partition_opt_state)),
+          (params, opt_state, z_state),
       )
       metrics["skipped_update"] = skip.astype(jnp.float32)
     metrics.update(info)
@@ -736,6 +1090,9 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
         replay=extras.get("replay", state.replay), dual_coef=dual_coef,
     )
+    if z_state is not None:
+      state = state.replace(log_partition=z_state[0],
+                            log_partition_opt_state=z_state[1])
     return state, metrics
 
   if host_base.is_host(env):

@@ -28,7 +28,7 @@ from flax import nnx
 KL_LOG_RATIO_CLAMP = 20.0
 
 # Policy-loss types, for config validation (`rl.loss_type`).
-LOSS_TYPES = ("ppo", "gspo", "gspo_token", "cispo")
+LOSS_TYPES = ("ppo", "gspo", "gspo_token", "cispo", "flowrl")
 # Loss-aggregation modes, see `aggregate`.
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # Per-token KL(pi || pi_ref) estimators, see `kl_estimate`.
@@ -399,6 +399,28 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def length_mask(length_b: jax.Array, num_positions: int,
+                start_b: jax.Array | None = None) -> jax.Array:
+  """[B, L] bool mask of each row's real positions, from lengths only.
+
+  mask[b, t] = start_b[b] <= t < start_b[b] + length_b[b] (start defaults
+  to 0). Masks never come from comparing token ids with a pad or eos id
+  (DESIGN.md section 3): with pad id == eos id, a response [7, 8, 2, 2, 2]
+  of real length 3 (its eos included) gets [1, 1, 1, 0, 0].
+
+  Args:
+    length_b: [B] int real lengths.
+    num_positions: L (static).
+    start_b: optional [B] int first real position of each row.
+
+  Returns:
+    [B, L] bool.
+  """
+  t = jnp.arange(num_positions)[None, :]
+  start = 0 if start_b is None else start_b[:, None]
+  return (t >= start) & (t < start + length_b[:, None])
+
+
 def _check_mode(mode: str) -> None:
   if mode not in AGG_MODES:
     raise ValueError(
@@ -663,6 +685,7 @@ def flowrl_loss(
     *,
     beta: float,
     clip_eps: float = 0.2,
+    denominator: jax.Array | float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """FlowRL trajectory-balance loss (reverse KL to a reward-tilted target).
 
@@ -675,10 +698,31 @@ def flowrl_loss(
     delta_b = log Z_phi(x_b) + (1/|y_b|) log pi_theta(y_b|x_b)
               - beta r_hat_b - (1/|y_b|) log pi_ref(y_b|x_b),
     w_b     = sg(clip(pi_theta(y_b|x_b) / pi_old(y_b|x_b), 1 - eps, 1 + eps)),
-    L       = mean_b w_b delta_b^2   (over rows with at least one token).
+    L       = sum_b w_b delta_b^2 / D,  D = #{b : |y_b| >= 1} (or `denominator`).
+
+  What is from where: the target distribution, the reverse-KL / trajectory-
+  balance equivalence and the learned log Z_phi(x) are in the paper's
+  abstract and in papers.md (F0-119, section 2.2), which marks the squared
+  form as inferred and names length normalisation and importance weighting
+  as the full paper's additions. Their exact form here (1/|y| on both
+  log-probs, w = detached clip(pi/pi_old, 1 - eps, 1 + eps), r_hat = group
+  z-scored reward) follows the paper's final objective as we read it; the
+  paper text was not available while writing this, and the form was
+  cross-checked against the authors' code and secondary summaries, so treat
+  it as inferred-and-cross-checked. The authors' released verl code
+  (github.com/Xuekai-Zhu/FlowRL, `compute_flowrl_objective`) differs in two
+  details that we do NOT follow: it clamps the weight only from above (at 10)
+  instead of to [1 - eps, 1 + eps], and it averages over all rows. Their
+  beta = 15 is our config default (`rl.flowrl_beta`). The sequence log-prob is
+  the sum over POLICY tokens (observation and template tokens of a multi-turn
+  episode are conditioning, not part of y): our extension to multi-turn
+  episodes, inferred.
 
   r_hat is the group-normalised reward (e.g. `advantages.grpo_advantages`),
   as in the paper. log p of a sequence = sum of its POLICY-token log-probs.
+  Passing `denominator` = `aggregation_denominator(full_mask,
+  'seq-mean-token-mean')` of the whole optimizer batch makes micro-batch
+  losses sum to the full-batch loss.
 
   Args:
     logp_bl: [B, L] float32 current-policy log-probs (gradient flows).
@@ -689,6 +733,8 @@ def flowrl_loss(
     log_z_b: [B] float32 log-partition estimates (gradient flows to phi).
     beta: reward temperature (> 0).
     clip_eps: importance-weight clip.
+    denominator: optional row count replacing D (see above); <= 0 is
+      treated as 1.
 
   Returns:
     (loss float32 scalar, delta_b [B] float32 for logging).
@@ -710,8 +756,11 @@ def flowrl_loss(
   w_b = jax.lax.stop_gradient(
       jnp.clip(jnp.exp(log_w), 1.0 - clip_eps, 1.0 + clip_eps))
   valid = (n_b > 0).astype(jnp.float32)
-  loss = jnp.sum(valid * w_b * jnp.square(delta_b)) / jnp.maximum(
-      jnp.sum(valid), 1.0)
+  if denominator is None:
+    denominator = jnp.sum(valid)
+  denominator = jnp.asarray(denominator, jnp.float32)
+  loss = jnp.sum(valid * w_b * jnp.square(delta_b)) / jnp.where(
+      denominator > 0, denominator, 1.0)
   return loss, delta_b
 
 

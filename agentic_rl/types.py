@@ -78,9 +78,15 @@ class TrainState:
       `rl.replay_capacity` > 0); set at the start of the RL phase.
     dual_coef: None, or the float32 scalar Lagrange multiplier of the
       dual-ascent constraint (when `rl.dual_constraint` is set).
+    log_partition: None, or the parameters (flax.nnx.State) of FlowRL's
+      learned log-partition log Z_phi(x) (`losses.LogPartition`; when
+      `rl.loss_type='flowrl'`), set at the start of the RL phase.
+    log_partition_opt_state: None, or the optax state of its optimizer.
 
-  The last two default to None (an empty pytree), so states and checkpoints
-  of runs without these switches keep their structure.
+  The optional fields default to None (an empty pytree), so states and
+  checkpoints of runs without these switches keep their structure. The
+  policy's value head (GAE, `rl.advantage_estimator='gae'`) is part of
+  `params` (TransformerConfig.value_head), not a field of its own.
   """
 
   step: jax.Array
@@ -91,3 +97,5 @@ class TrainState:
   kl_coef: jax.Array
   replay: Any = None
   dual_coef: Any = None
+  log_partition: Any = None
+  log_partition_opt_state: Any = None

@@ -77,7 +77,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,
           f"must divide the minibatch size ({mb_rows} episodes)")
-  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo", "gigpo"]
+  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo", "gigpo", "gae"]
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
@@ -233,8 +233,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
   potential = config.rl.get("pbrs_potential", "progress")
-  if potential not in ("progress", "trace"):
-    _fail("rl.pbrs_potential", potential, "must be 'progress' or 'trace'")
+  if potential not in ("progress", "trace", "value"):
+    _fail("rl.pbrs_potential", potential,
+          "must be 'progress', 'trace' or 'value'")
+  _validate_policy_optimisation(config)
   if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
     _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
   lik = config.rl.get("likelihood_coef", 0.0)
@@ -263,6 +265,57 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.max_len < need:
     _fail("max_len", config.max_len,
           f"must be >= env max_prompt_len + max_action_len = {need}")
+
+
+def _validate_policy_optimisation(config) -> None:
+  """GAE / value head, FlowRL and behaviour log-prob switches."""
+  rl = config.rl
+  beh = rl.get("behaviour_logprobs", "trainer")
+  if beh not in ("trainer", "sampler"):
+    _fail("rl.behaviour_logprobs", beh, "must be 'trainer' or 'sampler'")
+  value_potential = (rl.get("pbrs_potential", "progress") == "value"
+                     and rl.get("pbrs_coef", 0.0) > 0)
+  gae = rl.advantage_estimator == "gae"
+  if (gae or value_potential) and not config.model.get("value_head", False):
+    field, value = (("rl.advantage_estimator", "gae") if gae
+                    else ("rl.pbrs_potential", "value"))
+    _fail(field, value, "needs a value head: set model.value_head=True")
+  if gae:
+    if rl.get("credit", "trajectory") != "trajectory":
+      _fail("rl.credit", rl.credit, "advantage_estimator 'gae' gives per-token "
+            "advantages itself: use 'trajectory'")
+    if rl.get("pbrs_coef", 0.0) > 0:
+      _fail("rl.pbrs_coef", rl.pbrs_coef,
+            "advantage_estimator 'gae' takes the unshaped reward: set 0")
+  if gae or value_potential:
+    if not 0.0 <= rl.get("gae_lambda", 0.95) <= 1.0:
+      _fail("rl.gae_lambda", rl.gae_lambda, "must be in [0, 1]")
+    if not rl.get("value_coef", 0.5) > 0:
+      _fail("rl.value_coef", rl.value_coef, "must be > 0")
+    if not rl.get("value_clip", 0.2) >= 0:
+      _fail("rl.value_clip", rl.value_clip, "must be >= 0 (0 = unclipped)")
+  if rl.loss_type == "flowrl":
+    if rl.loss_agg_mode != "seq-mean-token-mean":
+      _fail("rl.loss_agg_mode", rl.loss_agg_mode,
+            "rl.loss_type='flowrl' is a sequence-level objective: use "
+            "'seq-mean-token-mean'")
+    if (rl.get("credit", "trajectory") != "trajectory"
+        or rl.advantage_estimator in ("gae", "gigpo")
+        or tuple(rl.get("tree_branching", ()))):
+      _fail("rl.loss_type", rl.loss_type,
+            "FlowRL takes one normalised reward per episode: use credit "
+            "'trajectory', an episode-level advantage_estimator (not 'gae' or "
+            "'gigpo') and no tree_branching")
+    if not rl.get("flowrl_beta", 15.0) > 0:
+      _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
+    if not rl.get("flowrl_clip", 0.2) >= 0:
+      _fail("rl.flowrl_clip", rl.flowrl_clip, "must be >= 0")
+    hidden = rl.get("flowrl_log_z_hidden", 0)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
+      _fail("rl.flowrl_log_z_hidden", hidden,
+            "must be an integer >= 0 (0 = one scalar log Z)")
+    if not rl.get("flowrl_log_z_lr", 1e-3) > 0:
+      _fail("rl.flowrl_log_z_lr", rl.flowrl_log_z_lr, "must be > 0")
 
 
 def _validate_replay_and_dual(config, env_obj) -> None:

@@ -67,7 +67,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # agentic_rl/credit.py).
   # 'hdpo' ignores the composed reward: z-scored correctness plus an efficiency
   # channel (fewer tool calls) among the correct episodes of each group.
+  # 'gae': PPO with GAE from the policy's value head (needs
+  # model.value_head=True; values of the state before each POLICY token,
+  # observation tokens add no discount step; learner.gae_token_advantages).
   config.rl.advantage_estimator = "grpo"
+  # GAE lambda (arXiv:1506.02438), value-loss coefficient, and the PPO value
+  # clip range in return units (0 = unclipped); used by 'gae' and by the
+  # value potential (rl.pbrs_potential='value').
+  config.rl.gae_lambda = 0.95
+  config.rl.value_coef = 0.5
+  config.rl.value_clip = 0.2
   # 'gigpo' (arXiv:2505.10978): episode GRPO advantage + gigpo_step_weight *
   # step advantage within groups of identical states (same observation) of a
   # task group, on discounted step returns (rl.discount).
@@ -88,7 +97,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Policy loss (agentic_rl/losses.py): 'ppo' clipped surrogate
   # (arXiv:1707.06347), 'gspo' / 'gspo_token' (arXiv:2507.18071; 'gspo' needs
   # loss_agg_mode 'seq-mean-token-mean'), 'cispo' (arXiv:2506.13585).
+  # 'flowrl' (arXiv:2509.15207): trajectory-balance loss with a learned
+  # log-partition (needs loss_agg_mode 'seq-mean-token-mean').
   config.rl.loss_type = "ppo"
+  # FlowRL: reward temperature beta (the authors' code uses 15), importance-
+  # weight clip eps, width of the log Z MLP on the pooled prompt embedding
+  # (0 = one scalar log Z), and the Adam learning rate of log Z.
+  config.rl.flowrl_beta = 15.0
+  config.rl.flowrl_clip = 0.2
+  config.rl.flowrl_log_z_hidden = 64
+  config.rl.flowrl_log_z_lr = 1e-3
+  # Behaviour log-probs of the importance ratio: 'trainer' (recomputed once
+  # per batch by the loss's own teacher-forced forward, before the update:
+  # the first optimizer step's ratios are exactly 1) or 'sampler' (as
+  # recorded while sampling; differ from the trainer's by float rounding).
+  # 'trainer' logs rl/logp_mismatch_max and _mean (sampler vs trainer).
+  config.rl.behaviour_logprobs = "trainer"
   # Clip range; clip_high > clip_low is DAPO clip-higher (arXiv:2503.14476).
   config.rl.clip_low = 0.2
   config.rl.clip_high = 0.2
@@ -121,7 +145,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.pbrs_coef = 0.0
   # Potential of PBRS: 'progress' (the env's progress fact) or 'trace' (TRACE
   # log-ratio values log p_ref(gold | s_k) - log p_ref(gold | s_0), from one
-  # batched reference-model pass; needs env facts gold_answer, gold_answer_len).
+  # batched reference-model pass; needs env facts gold_answer, gold_answer_len)
+  # or 'value' (the policy's value head V(s_k) at each turn boundary; needs
+  # model.value_head=True; the head is trained on Monte-Carlo returns with
+  # rl.value_coef / rl.value_clip).
   config.rl.pbrs_potential = "progress"
   # Dense (PBRS) signal delivered as 'reward' (inside the returns) or as
   # 'aux_loss' (its per-turn F_k in a separate surrogate term; the outcome

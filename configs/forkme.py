@@ -22,7 +22,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl = config.rl
 
   # --- Advantages (agentic_rl/advantages.py) ----------------------------------
-  # "grpo" | "drgrpo" | "rloo" | "reinforce_pp" | "reinforce_pp_baseline"
+  # "grpo" | "drgrpo" | "rloo" | "reinforce_pp" | "reinforce_pp_baseline" |
+  # "hdpo" | "gigpo" | "gae"
   rl.advantage_estimator = "grpo"
   # GRPO/RLOO: divide by the group std (False = mean-centred only).
   rl.scale_by_std = True
@@ -39,13 +40,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "hdpo": accuracy advantage + w * efficiency advantage among correct episodes.
   rl.hdpo_efficiency_weight = 0.5
 
+  # "gae": PPO with GAE from the value head (also set config.model.value_head
+  # = True); lambda, value-loss coefficient, value clip (0 = unclipped).
+  rl.gae_lambda = 0.95
+  rl.value_coef = 0.5
+  rl.value_clip = 0.2
+
   # --- Credit assignment (agentic_rl/credit.py) ------------------------------------
   # "trajectory" | "per_turn"
   rl.credit = "trajectory"
   rl.discount = 1.0
   # PBRS on the env's progress potential, e.g. 0.5 (acts through per_turn).
   rl.pbrs_coef = 0.0
-  # Potential: "progress" | "trace" (reference log-prob of the gold answer).
+  # Potential: "progress" | "trace" (reference log-prob of the gold answer) |
+  # "value" (value head V(s_k); needs config.model.value_head = True).
   rl.pbrs_potential = "progress"
   # Dense signal as "reward" | "aux_loss".
   rl.dense_as = "reward"
@@ -68,8 +76,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.reward_noise = ml_collections.ConfigDict()
 
   # --- Policy loss (agentic_rl/losses.py) ---------------------------------------
-  # "ppo" | "gspo" | "gspo_token" | "cispo"
+  # "ppo" | "gspo" | "gspo_token" | "cispo" | "flowrl" (gspo and flowrl need
+  # loss_agg_mode "seq-mean-token-mean")
   rl.loss_type = "ppo"
+  # FlowRL: reward temperature, importance-weight clip, log Z MLP width
+  # (0 = one scalar), log Z learning rate.
+  rl.flowrl_beta = 15.0
+  rl.flowrl_clip = 0.2
+  rl.flowrl_log_z_hidden = 64
+  rl.flowrl_log_z_lr = 1e-3
+  # Behaviour log-probs of the ratio: "trainer" (exact first ratios) | "sampler".
+  rl.behaviour_logprobs = "trainer"
   # Clip-higher (DAPO): e.g. clip_low 0.2, clip_high 0.28.
   rl.clip_low = 0.2
   rl.clip_high = 0.2

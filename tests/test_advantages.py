@@ -377,3 +377,51 @@ def test_dispatcher_hand_values_and_jit_equals_eager():
                             scale_by_std=True, eps=1e-6, std_ddof=1)
     np.testing.assert_allclose(jax.jit(fn2)(r2, g2), fn2(r2, g2),
                                rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# GAE over POLICY tokens (observation tokens add no discount step).
+# ---------------------------------------------------------------------------
+
+
+def test_token_gae_hand_values_with_observation_tokens():
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  role = jnp.array([P, Q, Q, T, T, Q, D], jnp.int8)
+  mask = role == types.POLICY
+  # Junk (9) at non-POLICY positions must be ignored.
+  values = jnp.array([9.0, 0.5, 0.2, 9.0, 9.0, 0.8, 9.0])
+  rewards = jnp.array([9.0, 0.0, 0.0, 9.0, 9.0, 1.0, 9.0])
+  # POLICY steps n = 1, 2, 3 at positions 1, 2, 5; V = .5, .2, .8; V_4 = 0.
+  # gamma .9, lambda .5 (gamma * lambda = .45); the TOOL tokens between
+  # positions 2 and 5 add no discount step.
+  # delta_3 = 1 - .8 = .2                 A_3 = .2
+  # delta_2 = .9 * .8 - .2 = .52          A_2 = .52 + .45 * .2 = .61
+  # delta_1 = .9 * .2 - .5 = -.32         A_1 = -.32 + .45 * .61 = -.0455
+  # returns G = A + V: 1.0, .81, .4545.
+  adv, ret = advantages.token_gae(rewards, values, mask, 0.9, 0.5)
+  np.testing.assert_allclose(adv, [0, -0.0455, 0.61, 0, 0, 0.2, 0], atol=1e-6)
+  np.testing.assert_allclose(ret, [0, 0.4545, 0.81, 0, 0, 1.0, 0], atol=1e-6)
+  # Equals plain GAE on the POLICY subsequence with a terminal last step.
+  a_ref, r_ref = advantages.gae_advantages(
+      rewards[mask], values[mask], jnp.float32(0.0),
+      jnp.array([0.9, 0.9, 0.0]), 0.5)
+  np.testing.assert_allclose(adv[mask], a_ref, rtol=1e-6)
+  np.testing.assert_allclose(ret[mask], r_ref, rtol=1e-6)
+  # lambda = gamma = 1: A_n = R - V_n (Monte-Carlo), returns = R everywhere.
+  adv1, ret1 = jax.jit(advantages.token_gae)(rewards, values, mask, 1.0, 1.0)
+  np.testing.assert_allclose(adv1[mask], [0.5, 0.8, 0.2], rtol=1e-6)
+  np.testing.assert_allclose(ret1[mask], [1.0, 1.0, 1.0], rtol=1e-6)
+
+
+def test_token_gae_vmaps_over_a_batch():
+  rng = np.random.default_rng(1)
+  mask = jnp.asarray(rng.random((3, 9)) < 0.6)
+  r = jnp.asarray(rng.normal(size=(3, 9)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(3, 9)), jnp.float32)
+  adv, ret = jax.vmap(advantages.token_gae, in_axes=(0, 0, 0, None, None))(
+      r, v, mask, 0.95, 0.9)
+  for i in range(3):
+    a_i, r_i = advantages.token_gae(r[i], v[i], mask[i], 0.95, 0.9)
+    np.testing.assert_allclose(adv[i], a_i, rtol=1e-6)
+    np.testing.assert_allclose(ret[i], r_i, rtol=1e-6)
+  assert np.all(np.asarray(adv)[~np.asarray(mask)] == 0.0)

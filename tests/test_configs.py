@@ -22,6 +22,7 @@ SWITCHES = [
     ("overlong_mode", "reward"), ("overlong_soft_cache", 8),
     ("credit", "per_turn"), ("pbrs_coef", 0.5), ("discount", 0.9),
     ("advantage_estimator", "gigpo"), ("gigpo_step_weight", 0.5),
+    ("behaviour_logprobs", "sampler"), ("behaviour_logprobs", "trainer"),
 ]
 
 
@@ -83,6 +84,17 @@ COMBINED_SWITCHES = [
     {"pbrs_coef": 0.5, "dense_as": "aux_loss"},
     {"pbrs_coef": 0.5, "credit": "per_turn", "dense_as": "aux_loss"},
     {"tree_branching": (2, 4), "tree_alpha": 1.0},
+    {"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean"},
+    {"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
+     "flowrl_log_z_hidden": 0, "flowrl_beta": 1.0},
+]
+
+# Switches that need the model's value head (model.value_head=True).
+VALUE_HEAD_SWITCHES = [
+    {"advantage_estimator": "gae"},
+    {"advantage_estimator": "gae", "gae_lambda": 1.0, "value_clip": 0.0,
+     "discount": 0.99},
+    {"pbrs_coef": 0.5, "pbrs_potential": "value", "credit": "per_turn"},
 ]
 
 BAD_COMBINED = [
@@ -104,7 +116,17 @@ BAD_COMBINED = [
     ({"dual_constraint": "num_tool_calls", "dual_sense": "up"}, "dual_sense"),
     ({"dual_constraint": "num_tool_calls", "dual_lr": 0.0}, "dual_lr"),
     ({"dual_constraint": "num_tool_calls", "dual_init": -1.0}, "dual_init"),
-    ({"pbrs_potential": "value"}, "pbrs_potential"),
+    ({"pbrs_potential": "bogus"}, "pbrs_potential"),
+    ({"pbrs_coef": 0.5, "pbrs_potential": "value"}, "pbrs_potential"),
+    ({"advantage_estimator": "gae"}, "advantage_estimator"),
+    ({"behaviour_logprobs": "vllm"}, "behaviour_logprobs"),
+    ({"loss_type": "flowrl"}, "loss_agg_mode"),
+    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
+      "credit": "per_turn"}, "loss_type"),
+    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
+      "flowrl_beta": 0.0}, "flowrl_beta"),
+    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
+      "flowrl_log_z_hidden": -1}, "flowrl_log_z_hidden"),
     ({"dense_as": "bonus"}, "dense_as"),
     ({"likelihood_coef": -0.1}, "likelihood_coef"),
     ({"gigpo_step_weight": -1.0}, "gigpo_step_weight"),
@@ -128,6 +150,32 @@ def test_combined_switches_validate(values):
 @pytest.mark.parametrize("values,field", BAD_COMBINED)
 def test_bad_combined_switches_name_the_field(values, field):
   config = forkme.get_config()
+  config.rl.update(values)
+  with pytest.raises(ValueError, match=f"config.rl.{field}="):
+    validation.validate_config(config)
+
+
+@pytest.mark.parametrize("values", VALUE_HEAD_SWITCHES)
+def test_value_head_switches_validate_and_need_the_head(values):
+  config = forkme.get_config()
+  config.rl.update(values)
+  with pytest.raises(ValueError, match="value_head=True"):
+    validation.validate_config(config)
+  config.model.value_head = True
+  validation.validate_config(config)
+
+
+@pytest.mark.parametrize("values,field", [
+    ({"advantage_estimator": "gae", "gae_lambda": 1.5}, "gae_lambda"),
+    ({"advantage_estimator": "gae", "value_coef": 0.0}, "value_coef"),
+    ({"advantage_estimator": "gae", "value_clip": -0.1}, "value_clip"),
+    ({"advantage_estimator": "gae", "credit": "per_turn"},
+     "advantage_estimator"),
+    ({"advantage_estimator": "gae", "pbrs_coef": 0.5}, "pbrs_coef"),
+])
+def test_bad_value_head_switches_name_the_field(values, field):
+  config = forkme.get_config()
+  config.model.value_head = True
   config.rl.update(values)
   with pytest.raises(ValueError, match=f"config.rl.{field}="):
     validation.validate_config(config)

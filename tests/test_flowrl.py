@@ -66,3 +66,17 @@ def test_masked_mean_pool():
   h = jnp.arange(12.0).reshape(1, 3, 4)
   pooled = losses.masked_mean_pool(h, jnp.array([[True, False, True]]))
   np.testing.assert_allclose(pooled, [[4.0, 5.0, 6.0, 7.0]])
+
+
+def test_flowrl_micro_batches_with_shared_denominator_sum_to_full():
+  logp, beh, ref, mask = _rows()
+  r_hat = jnp.array([0.5, -1.0, 3.0])
+  log_z = jnp.array([0.3, 0.0, 7.0])
+  full, _ = losses.flowrl_loss(logp, beh, ref, mask, r_hat, log_z, beta=2.0)
+  den = losses.aggregation_denominator(mask, "seq-mean-token-mean")
+  assert float(den) == 2.0  # row 2 has no POLICY token
+  parts = sum(losses.flowrl_loss(logp[s], beh[s], ref[s], mask[s], r_hat[s],
+                                 log_z[s], beta=2.0, denominator=den)[0]
+              for s in (slice(0, 1), slice(1, 3)))
+  np.testing.assert_allclose(parts, full, rtol=1e-6)
+  np.testing.assert_allclose(full, (0.49 + 1.2 * 9.0) / 2, rtol=1e-6)

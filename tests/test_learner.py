@@ -1,10 +1,13 @@
 """GRPO update: micro-batch accumulation equals the full batch, every loss variant
 runs, and the first importance ratio is 1."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from agentic_rl import learner
 from agentic_rl import sampling
@@ -346,3 +349,223 @@ def test_rl_step_with_tree_rollouts_runs():
   state, step = _rl_state_and_step(config)
   state, m = step(state)
   assert all(np.isfinite(float(v)) for v in m.values()), m
+
+
+# ------------------------------------------- behaviour log-probs, GAE, FlowRL
+
+
+def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
+  """rl.behaviour_logprobs='trainer': every POLICY token's first-epoch ratio
+  is exactly 1.0 (bitwise) with several PPO epochs and num_minibatches=1;
+  'sampler' keeps the batch's log-probs (here offset by 1e-3) in the ratio."""
+  graphdef, params, _ = fakes.tiny_policy(1)
+  batch = _batch(graphdef, params, seed=1)
+  mask = batch["mask"]
+  # Epoch 0 runs at the warmup's learning rate 0, so epochs 0 and 1 both see
+  # the behaviour parameters; epoch 2 sees updated ones.
+  for mode in ("trainer", "sampler"):
+    config = _config(ppo_epochs=3, num_minibatches=1, num_microbatches=1,
+                     behaviour_logprobs=mode)
+    logp, values = learner.behaviour_forward(config, graphdef, params,
+                                             batch["tokens"])
+    assert values is None
+    beh = jnp.where(mask, logp, 0.0)
+    if mode == "sampler":
+      beh = jnp.where(mask, logp - 1e-3, 0.0)  # a sampler/trainer mismatch
+    tx = learner.make_optimizer(config.rl)
+    update = jax.jit(learner.make_update_fn(config, graphdef, tx))
+    new_params, _, m = update(params, tx.init(params),
+                              {**batch, "behaviour_logp": beh},
+                              jnp.float32(0.0))
+    if mode == "trainer":
+      assert float(m["ratio_dev_max_first"]) == 0.0
+      assert float(m["ratio_mean_first"]) == 1.0
+      # The recomputed log-probs themselves agree with the loss's forward to
+      # float rounding (bitwise here, where the two programs are separate).
+      assert float(m["behaviour_gap_max_first"]) < 1e-5
+      # Later epochs see updated parameters: ratios move off 1.
+      assert float(m["ratio_dev_max"]) > 0.0
+    else:
+      np.testing.assert_allclose(float(m["ratio_dev_max_first"]),
+                                 np.expm1(1e-3), rtol=1e-2)
+    assert any(not np.allclose(a, b) for a, b in
+               zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
+
+
+def _value_batch(seed=3):
+  cfg = dataclasses.replace(fakes.TINY, value_head=True)
+  graphdef, params, _ = fakes.tiny_policy(seed, cfg)
+  batch = _batch(graphdef, params, seed=seed)
+  return graphdef, params, batch
+
+
+def test_value_loss_decreases_over_a_few_steps_on_a_toy_batch():
+  """Advantage 0, returns = +1 on POLICY tokens: only the value term acts and
+  the clipped value loss falls over the steps (value head starts at 0)."""
+  graphdef, params, batch = _value_batch()
+  config = _config(num_minibatches=1, kl_coef=0.0, value_clip=0.2,
+                   value_coef=1.0)
+  config.rl.learning_rate = 3e-2
+  mask = batch["mask"]
+  _, old_values = learner.behaviour_forward(config, graphdef, params,
+                                            batch["tokens"], with_values=True)
+  np.testing.assert_array_equal(old_values, 0.0)  # head initialised at 0
+  batch = {**batch, "advantage": jnp.zeros_like(batch["advantage"]),
+           "old_values": old_values,
+           "returns": jnp.where(mask, 1.0, 0.0)}
+  tx = learner.make_optimizer(config.rl)
+  update = jax.jit(learner.make_update_fn(config, graphdef, tx))
+  opt_state = tx.init(params)
+  seen = []
+  for _ in range(4):
+    params, opt_state, m = update(params, opt_state, batch, jnp.float32(0.0))
+    seen.append(float(m["value_loss"]))
+  # Steps 0 and 1: V = V_old = 0 -> 0.5 * (0 - 1)^2 = 0.5 (step 0 runs at
+  # the warmup's learning rate 0). Then the loss falls until the value clip
+  # (V_old = 0 stays fixed, eps 0.2) floors it at 0.5 * (0.2 - 1)^2 = 0.32.
+  assert seen[:2] == pytest.approx([0.5, 0.5], abs=1e-6)
+  assert seen[1] > seen[2] > seen[3], seen
+  assert seen[3] == pytest.approx(0.32, abs=1e-5)
+
+
+def test_gae_token_advantages_reward_at_last_policy_token():
+  rl = default.get_config().rl
+  rl.discount = 0.9
+  rl.gae_lambda = 0.5
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  role = jnp.array([[P, Q, Q, T, T, Q, D]], jnp.int8)
+  values = jnp.array([[9.0, 0.5, 0.2, 9.0, 9.0, 0.8, 9.0]])
+  adv_b, adv, ret = learner.gae_token_advantages(
+      rl, jnp.array([1.0]), role == types.POLICY, values)
+  # As tests/test_advantages.py::test_token_gae_hand_values_with_observations.
+  np.testing.assert_allclose(adv, [[0, -0.0455, 0.61, 0, 0, 0.2, 0]], atol=1e-6)
+  np.testing.assert_allclose(ret, [[0, 0.4545, 0.81, 0, 0, 1.0, 0]], atol=1e-6)
+  np.testing.assert_allclose(adv_b, [(-0.0455 + 0.61 + 0.2) / 3], atol=1e-6)
+
+
+def _assert_finite(m):
+  assert all(np.isfinite(float(v)) for v in m.values()), m
+
+
+def _graded_reward_smoke_config():
+  """Smoke config whose untrained policy gets non-constant rewards: DAPO's
+  soft overlong penalty on its (long, random) responses."""
+  config = default.get_config("smoke")
+  config.rl.overlong_soft_max = 20
+  config.rl.overlong_soft_cache = 16
+  return config
+
+
+def test_ppo_gae_smoke_runs_and_trains_the_value_head():
+  config = _graded_reward_smoke_config()
+  config.model.value_head = True
+  config.rl.advantage_estimator = "gae"
+  config.rl.ppo_epochs = 2
+  state, step = _rl_state_and_step(config)
+  v0 = np.asarray(state.params["value_head_d"][...])
+  for _ in range(2):
+    state, m = step(state)
+    _assert_finite(m)
+    assert float(m["reward"]) != 0.0
+    # Default behaviour log-probs ('trainer'): exact first ratios in the loop.
+    assert float(m["ratio_dev_max_first"]) == 0.0
+    assert float(m["behaviour_gap_max_first"]) < 1e-5
+  assert {"value_loss", "logp_mismatch_max", "logp_mismatch_mean"} <= set(m)
+  assert float(m["logp_mismatch_max"]) < 1e-4
+  assert not np.allclose(np.asarray(state.params["value_head_d"][...]), v0)
+
+
+def test_value_potential_smoke_runs_per_turn():
+  config = default.get_config("smoke")
+  config.model.value_head = True
+  config.rl.credit = "per_turn"
+  config.rl.pbrs_coef = 0.5
+  config.rl.pbrs_potential = "value"
+  state, step = _rl_state_and_step(config)
+  state, m = step(state)
+  _assert_finite(m)
+  assert "value_loss" in m
+
+
+def test_value_potential_reads_the_value_head_at_turn_boundaries():
+  cfg = dataclasses.replace(fakes.TINY, value_head=True)
+  graphdef, params, _ = fakes.tiny_policy(4, cfg)
+  params["value_head_d"] = jax.tree.map(
+      lambda x: jnp.full_like(x, 0.1), params["value_head_d"])
+  traj = _two_episode_traj()
+  traj = traj.replace(tokens=jnp.arange(14, dtype=jnp.int32).reshape(2, 7) + 65)
+  phi = learner.value_potential(graphdef, params, traj, 2)
+  model = nnx.merge(graphdef, params)
+  v = model.value(model.hidden_states(traj.tokens)[0])
+  # s_0 ends after the 2 prompt tokens; ep 0: s_1 after turn 0 and its
+  # observation (5 tokens), s_2 = whole episode (7); ep 1 has 4 tokens.
+  np.testing.assert_allclose(phi, [[v[0, 1], v[0, 4], v[0, 6]],
+                                   [v[1, 1], v[1, 3], v[1, 3]]], rtol=1e-6)
+
+
+def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
+  from agentic_rl import checkpoint as checkpoint_lib
+  from agentic_rl import train
+  config = _graded_reward_smoke_config()
+  config.rl.loss_type = "flowrl"
+  config.rl.loss_agg_mode = "seq-mean-token-mean"
+  config.rl.flowrl_log_z_hidden = 8
+  config.rl.flowrl_log_z_lr = 1e-2
+  state, step = _rl_state_and_step(config)
+  z0 = jax.tree.map(np.asarray, state.log_partition)
+  for _ in range(2):
+    state, m = step(state)
+    _assert_finite(m)
+  assert "log_z" in m
+  changed = [not np.allclose(a, b) for a, b in zip(
+      jax.tree.leaves(z0), jax.tree.leaves(state.log_partition))]
+  assert any(changed)
+  # Checkpointed with the state and restored into a fresh RL-phase state.
+  ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=1,
+                                     save_interval_steps=1)
+  ckpt.save(int(state.step), state, force=True)
+  ckpt.wait()
+  model_cfg = train.make_model_config(config)
+  _, fresh = train.init_state(config, model_cfg)
+  fresh = train.start_rl(config, fresh)
+  restored = ckpt.restore(fresh, step=int(state.step))
+  ckpt.close()
+  for a, b in zip(jax.tree.leaves((state.log_partition,
+                                   state.log_partition_opt_state)),
+                  jax.tree.leaves((restored.log_partition,
+                                   restored.log_partition_opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
+  """configs/default.py:smoke with each new switch through the whole loop
+  (SFT -> RL -> eval); halted after the first RL step and resumed, the
+  log-partition parameters are restored and keep training."""
+  from agentic_rl import checkpoint as checkpoint_lib
+  from agentic_rl import train
+  for name, switches in (
+      ("flowrl", dict(loss_type="flowrl", loss_agg_mode="seq-mean-token-mean")),
+      ("gae", dict(advantage_estimator="gae"))):
+    config = default.get_config("smoke")
+    config.rl.update(switches)
+    config.model.value_head = name == "gae"
+    config.checkpoint.every_steps = 1
+    config.checkpoint.max_to_keep = 10
+    workdir = str(tmp_path / name)
+    config.halt_after_step = config.sft.steps + 1
+    assert train.train_and_evaluate(config, workdir) is None
+    config.halt_after_step = -1
+    reports = train.train_and_evaluate(config, workdir)
+    assert {"sft", "rl"} <= set(reports)
+    if name == "flowrl":
+      ckpt = checkpoint_lib.Checkpointer(workdir + "/checkpoints")
+      model_cfg = train.make_model_config(config)
+      _, like = train.init_state(config, model_cfg)
+      like = train.start_rl(config, like)
+      first = ckpt.restore(like, step=config.sft.steps + 1)
+      last = ckpt.restore(like, step=ckpt.latest_step())
+      ckpt.close()
+      assert any(not np.allclose(a, b) for a, b in zip(
+          jax.tree.leaves(first.log_partition),
+          jax.tree.leaves(last.log_partition)))

@@ -79,3 +79,61 @@ def test_token_mean_ignores_masked_values_even_if_nan_free():
   m = jnp.array([[True, False], [True, False]])
   assert float(losses.token_mean(x, m)) == 2.0
   assert float(losses.token_mean(x, jnp.zeros_like(m))) == 0.0
+
+
+def test_padding_mask_from_lengths_with_pad_id_equal_to_eos():
+  """Pad id == eos id (2): the mask comes from the real length, never from
+  comparing token values; lengths 3 and 5 give the same entropy whether the
+  batch is padded to 5 or to 10."""
+  import jax
+  from agentic_rl import sampling
+  from tests import fakes
+  eos = pad = 2
+  response = jnp.array([[7, 8, eos, pad, pad]])
+  mask = losses.length_mask(jnp.array([3]), 5)
+  np.testing.assert_array_equal(mask, [[True, True, True, False, False]])
+  # Comparing with the pad id would drop the real eos token.
+  np.testing.assert_array_equal(response != pad, [[True, True, False, False,
+                                                   False]])
+  np.testing.assert_array_equal(
+      losses.length_mask(jnp.array([3, 2]), 6, start_b=jnp.array([1, 0])),
+      [[0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+  graphdef, params, _ = fakes.tiny_policy(0)
+  lengths = jnp.array([3, 5])
+  rows = jnp.array([[65, 66, eos, pad, pad], [70, 71, 72, 73, eos]])
+  out = []
+  for width in (5, 10):
+    tokens = jnp.pad(rows, ((0, 0), (0, width - 5)), constant_values=pad)
+    ent = sampling.token_entropy(graphdef, params, tokens)
+    m = losses.length_mask(lengths, width)
+    out.append((float(losses.aggregate(ent, m, "token-mean")),
+                float(losses.aggregate(ent, m, "seq-mean-token-mean"))))
+  np.testing.assert_allclose(out[0], out[1], rtol=1e-6)
+
+
+def test_loss_and_gradients_finite_on_a_batch_with_an_unrepresentable_group():
+  """Group 0 has four rewards -11.000002 (not exact in float32): its GRPO
+  advantages are 0 within 1e-6 and the clipped-surrogate loss, its KL and
+  their gradients are finite, eagerly and under jit."""
+  import jax
+  from agentic_rl import advantages
+  r = jnp.array([-11.000002] * 4 + [1.0, 0.0, 1.0, 0.0], jnp.float32)
+  g = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 4)
+  mask = jnp.ones((8, 3), bool)
+  beh = jnp.full((8, 3), -1.0)
+
+  def loss_fn(logp, r):
+    adv = advantages.grpo_advantages(r, g)
+    pg, _ = losses.clipped_surrogate(logp, beh, adv[:, None], 0.2, 0.2)
+    kl = losses.kl_estimate("k3", logp, beh - 0.1)
+    return losses.aggregate(pg + 0.1 * kl, mask, "token-mean")
+
+  logp = beh + 0.05
+  for fn in (loss_fn, jax.jit(loss_fn)):
+    value = fn(logp, r)
+    g_logp, g_r = jax.grad(fn, argnums=(0, 1))(logp, r)
+    assert np.isfinite(float(value))
+    assert np.isfinite(np.asarray(g_logp)).all()
+    assert np.isfinite(np.asarray(g_r)).all()
+  np.testing.assert_allclose(advantages.grpo_advantages(r, g)[:4], 0.0,
+                             atol=1e-6)

@@ -397,7 +397,7 @@ def test_adaptive_kl_update_hand_values():
 
 
 def test_constants():
-  assert losses.LOSS_TYPES == ("ppo", "gspo", "gspo_token", "cispo")
+  assert losses.LOSS_TYPES == ("ppo", "gspo", "gspo_token", "cispo", "flowrl")
   assert set(losses.AGG_MODES) == {
       "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
   assert losses.KL_ESTIMATORS == ("k1", "k2", "k3")
@@ -464,3 +464,46 @@ def test_vmap_over_groups():
   coefs = jax.vmap(losses.adaptive_kl_update, in_axes=(0, 0, None, None, None))(
       jnp.array([0.1, 0.2]), jnp.array([0.5, 0.0]), 0.1, 10000.0, 64)
   np.testing.assert_allclose(coefs, [0.100128, 0.2 * 0.99872], rtol=1e-6)
+
+
+def test_every_loss_vmaps_over_groups_like_a_loop():
+  """Every loss function under vmap (over a leading group axis) equals the
+  same function applied group by group."""
+  rng = np.random.default_rng(3)
+  g, b, l = 3, 4, 5
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  logp = -jnp.abs(f(g, b, l))
+  beh = logp + 0.1 * f(g, b, l)
+  ref = logp + 0.2 * f(g, b, l)
+  mask = jnp.asarray(rng.random((g, b, l)) < 0.7)
+  adv_b = f(g, b)
+  adv_bl = jnp.broadcast_to(adv_b[..., None], (g, b, l))
+  cases = {
+      "ppo": (lambda lp, bh, a, m: losses.aggregate(losses.clipped_surrogate(
+          lp, bh, a, EPS, 0.28, dual_clip=3.0)[0], m, "token-mean"),
+              (logp, beh, adv_bl, mask)),
+      "cispo": (lambda lp, bh, a, m: losses.aggregate(losses.cispo_loss(
+          lp, bh, a, EPS, 0.28)[0], m, "token-mean"), (logp, beh, adv_bl, mask)),
+      "gspo": (lambda lp, bh, a, m: losses.gspo_loss(lp, bh, a, m, EPS, EPS)[0],
+               (logp, beh, adv_b, mask)),
+      "gspo_token": (lambda lp, bh, a, m: losses.gspo_token_loss(
+          lp, bh, a, m, EPS, EPS)[0], (logp, beh, adv_b, mask)),
+      "value": (lambda v, o, r, m: losses.value_loss(v, o, r, m, 0.2),
+                (logp, beh, ref, mask)),
+      "flowrl": (lambda lp, bh, rf, m, a: losses.flowrl_loss(
+          lp, bh, rf, m, a, jnp.zeros(a.shape), beta=2.0)[0],
+                 (logp, beh, ref, mask, adv_b)),
+      "sil": (lambda lp, m, a: losses.self_imitation_loss(
+          lp, m, a, jnp.zeros(a.shape)), (logp, mask, adv_b)),
+      "kl_reward": (lambda r, lp, rf, m: losses.kl_penalized_rewards(
+          r, lp, rf, m, 0.1, "k3"), (adv_b, logp, ref, mask)),
+  }
+  for est in losses.KL_ESTIMATORS:
+    cases["kl_" + est] = (
+        lambda lp, rf, m, est=est: losses.aggregate(
+            losses.kl_estimate(est, lp, rf), m, "token-mean"), (logp, ref, mask))
+  for name, (fn, args) in cases.items():
+    batched = jax.jit(jax.vmap(fn))(*args)
+    looped = jnp.stack([fn(*[x[i] for x in args]) for i in range(g)])
+    np.testing.assert_allclose(batched, looped, rtol=1e-5, atol=1e-6,
+                               err_msg=name)

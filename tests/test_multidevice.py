@@ -46,6 +46,19 @@ SCRIPT = textwrap.dedent("""
       for est in losses.KL_ESTIMATORS:
         out["kl_" + est] = losses.aggregate(
             losses.kl_estimate(est, logp, ref), mask, "token-mean")
+      out["gspo"] = jnp.mean(losses.gspo_loss(logp, beh, out["grpo"], mask,
+                                              0.2, 0.28)[0])
+      out["value"] = losses.value_loss(logp, beh, ref, mask, 0.2)
+      out["flowrl"] = losses.flowrl_loss(logp, beh, ref, mask, out["grpo"],
+                                         0.1 * r, beta=2.0)[0]
+      out["sil"] = losses.self_imitation_loss(logp, mask, r, 0.5 * r)
+      out["kl_reward"] = losses.kl_penalized_rewards(r, logp, ref, mask, 0.1)
+      out["token_gae"] = jax.vmap(advantages.token_gae,
+                                  in_axes=(0, 0, 0, None, None))(
+          ref, logp, mask, 0.9, 0.95)
+      out["gae"] = jax.vmap(advantages.gae_advantages,
+                            in_axes=(0, 0, 0, 0, None))(
+          ref, logp, r, jnp.where(mask, 0.9, 0.0), 0.95)
       return out
 
     single = jax.jit(everything)(r, g, logp, beh, ref, mask, calls)
