@@ -32,7 +32,8 @@ the answer: the text in
 reply, scored by score_answer; a reply with none of these is a format error.
 
 Facts (per episode): correct (score >= correct_threshold), score (float32),
-answered, format_error, num_tool_calls, num_tool_errors, hard (False).
+answered, format_error, num_tool_calls, num_tool_errors, hard (the item's
+generator is in `hard_datasets`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ class ReasoningGymEnv:
   max_workers: int = 4
   # Probability that the expert computes the answer with one Python call first.
   expert_tool_prob: float = 0.5
+  # Generators whose items count as 'hard' (the `hard` fact; the eval report's
+  # accuracy_hard / accuracy_easy split): with dataset='composite', the
+  # `source_dataset` of an item; otherwise `dataset` itself.
+  hard_datasets: tuple[str, ...] = ()
   tokenizer: Any = dataclasses.field(default_factory=tok.ByteTokenizer)
   is_host = True
 
@@ -176,6 +181,14 @@ class ReasoningGymEnv:
     """
     import reasoning_gym
     kwargs = dict(self.dataset_config or {})
+    if self.dataset == "composite" and "datasets" in kwargs:
+      # A mix of generators: dicts (name, weight, config) -> DatasetSpec.
+      from reasoning_gym.composite import DatasetSpec
+      kwargs["datasets"] = [
+          d if isinstance(d, DatasetSpec) else DatasetSpec(
+              name=d["name"], weight=float(d.get("weight", 1.0)),
+              config=dict(d.get("config", None) or {}))
+          for d in kwargs["datasets"]]
     return reasoning_gym.create_dataset(self.dataset, size=self.train_size,
                                         seed=seed, **kwargs)
 
@@ -275,8 +288,12 @@ class ReasoningGymEnv:
         "format_error": np.bool_(state.format_error),
         "num_tool_calls": np.int32(state.calls),
         "num_tool_errors": np.int32(state.errors),
-        "hard": np.bool_(False),
+        "hard": np.bool_(self._source(state.task) in self.hard_datasets),
     }
+
+  def _source(self, task: RGTask) -> str:
+    meta = task.entry.get("metadata") or {}
+    return str(meta.get("source_dataset", self.dataset))
 
   def expert_action(self, state: _State, rng: np.random.Generator | None):
     answer = str(state.task.entry["answer"])
