@@ -22,9 +22,10 @@ Launch (CPU):
   python main.py --config=configs/smollm2_bfcl.py:multi_turn --workdir=runs/smol_mt
 The checkpoint folder is written on first use (configs/smollm2_common.py).
 
-Runtime (2 shared CPU cores): :smoke a few minutes; the default (12 RL steps of
-8 episodes + two 100-task evaluations) ~25-40 min; see
-experiments/smollm2/README.md for measured numbers.
+Runtime (2 CPU cores; an estimate, not yet measured: the first runs did not
+finish under a load average of 20-44): :smoke a few minutes; the default (12 RL steps of
+8 episodes + two 100-task evaluations) ~25-40 min on an idle machine; see
+experiments/smollm2/README.md.
 
 At scale (GPU / TPU slice): the same file with bigger batches, e.g. on 8
 devices

@@ -58,7 +58,6 @@ def base(name: str) -> ml_collections.ConfigDict:
   config.sft.batch_size = 8
 
   # GRPO, full fine-tuning. CPU defaults: 2 tasks x 4 samples per step.
-  config.rl = config.rl  # keep every documented switch of configs/default.py
   config.rl.learning_rate = 2e-6
   config.rl.warmup_steps = 0
   config.rl.steps = 12

@@ -17,9 +17,10 @@ Launch (CPU):
   :gsm (gsm_symbolic only), :arithmetic (basic_arithmetic only).
 The checkpoint folder is written on first use (configs/smollm2_common.py).
 
-Runtime (2 shared CPU cores): :smoke a few minutes; the default (12 RL steps of
-8 episodes of up to 2 turns + two 100-task evaluations) ~25-40 min; measured
-numbers in experiments/smollm2/README.md.
+Runtime (2 CPU cores; an estimate, not yet measured: the first runs did not
+finish under a load average of 20-44): :smoke a few minutes; the default (12 RL steps of
+8 episodes of up to 2 turns + two 100-task evaluations) ~25-40 min on an idle
+machine; see experiments/smollm2/README.md.
 
 At scale (GPU / TPU slice), e.g. on 8 devices:
   --config.mesh.data=4 --config.mesh.fsdp=2 --config.rl.batch_size=256
