@@ -14,6 +14,17 @@ arrays stacked from `env.facts` ([B] per-episode, [B, K] per-turn).
 
 Compiled programs are cached by jax.jit on (graphdef, shapes, static sizes), so
 every call with the same shapes reuses them (temperature is traced).
+
+Chat checkpoints (an environment whose `chat_format` is an
+agentic_rl.chat.ChatFormat, i.e. built with an HF tokenizer): turns stop on the
+checkpoint's stop ids (`chat_format.stop_tokens`), sampled turns are decoded
+with `chat_format.decode` (stop ids dropped), and each observation is preceded
+by `chat_format.close_turn(sampled ids)` (the newline after `<|im_end|>`, or a
+TEMPLATE `<|im_end|>` first when the sample was cut), so the buffer holds
+exactly the template's render of the conversation around the sampled ids.
+Environments may return (ids, roles) instead of ids from `reset` / `step`; the
+roles (e.g. TEMPLATE for scaffolding) then replace the driver's default PROMPT
+/ TOOL roles in the trajectory.
 """
 
 from __future__ import annotations
@@ -38,6 +49,19 @@ generate_turn_jit = jax.jit(
     static_argnames=("graphdef", "max_action_len", "stop_tokens"))
 end_turn_jit = jax.jit(rollout_lib.end_turn, static_argnames=("graphdef",))
 append_jit = jax.jit(rollout_lib._append, static_argnames=("role",))  # noqa: SLF001
+
+
+@jax.jit
+def _overlay_roles(role_bl, start_b, roles_bs, len_b):
+  """Writes per-token roles `roles_bs[b, :len_b[b]]` at `start_b[b]`."""
+  return rollout_lib.write_segment(role_bl, start_b, roles_bs, len_b, len_b > 0)
+
+
+def _split(x) -> tuple[np.ndarray, np.ndarray | None]:
+  """An environment's ids, or (ids, roles) pair -> (ids, roles or None)."""
+  if isinstance(x, tuple):
+    return np.asarray(x[0], np.int32).reshape(-1), np.asarray(x[1], np.int8).reshape(-1)
+  return np.asarray(x, np.int32).reshape(-1), None
 
 
 def numpy_rng(key: jax.Array) -> np.random.Generator:
@@ -106,12 +130,23 @@ def rollout(
   b = len(tasks)
   use_model = graphdef is not None
   tokenizer = env.tokenizer
+  fmt = getattr(env, "chat_format", None)
+  stop_tokens = tuple(fmt.stop_tokens) if fmt is not None else tokenizers.STOP_TOKENS
+  decode = fmt.decode if fmt is not None else tokenizer.decode
   resets = [env.reset(t) for t in tasks]
   host_states = [r[0] for r in resets]
-  prompt, prompt_len = _pad_rows([r[1] for r in resets], env.max_prompt_len)
+  prompts = [_split(r[1]) for r in resets]
+  prompt, prompt_len = _pad_rows([p[0] for p in prompts], env.max_prompt_len)
   state = init_state_jit(jnp.asarray(prompt), jnp.asarray(prompt_len), None,
                          max_len=max_len, graphdef=graphdef, params=params,
                          model_config=model_config)
+  if any(p[1] is not None for p in prompts):
+    roles = [p[1] if p[1] is not None else np.full(len(p[0]), types.PROMPT, np.int8)
+             for p in prompts]
+    role_pad, _ = _pad_rows(roles, env.max_prompt_len)
+    state = state.replace(role=_overlay_roles(
+        state.role, jnp.zeros((b,), jnp.int32), jnp.asarray(role_pad, jnp.int8),
+        jnp.minimum(jnp.asarray(prompt_len), max_len)))
   temperature = jnp.float32(temperature)
   expert_rng = None if use_model else numpy_rng(jax.random.fold_in(key, 7))
   a_len, o_len = env.max_action_len, env.max_obs_len
@@ -123,7 +158,8 @@ def rollout(
     key, sub = jax.random.split(key)
     if use_model:
       state, action, action_len = generate_turn_jit(
-          graphdef, params, state, sub, max_action_len=a_len, temperature=temperature)
+          graphdef, params, state, sub, max_action_len=a_len, temperature=temperature,
+          stop_tokens=stop_tokens)
       action, action_len = np.asarray(action), np.asarray(action_len)
     else:
       rows = [env.expert_action(s, expert_rng) if a else np.zeros((0,), np.int32)
@@ -133,15 +169,26 @@ def rollout(
       state = append_jit(state, jnp.asarray(action), jnp.asarray(action_len),
                          jnp.asarray(active), role=types.POLICY)
     idx = np.flatnonzero(active)
-    texts = [tokenizer.decode(action[i, : action_len[i]]) for i in idx]
+    texts = [decode(action[i, : action_len[i]]) for i in idx]
     results = host_base.step_batch(env, [host_states[i] for i in idx], texts)
     obs_rows = [np.zeros((0,), np.int32)] * b
+    role_rows = [np.zeros((0,), np.int8)] * b
     env_done = np.zeros((b,), bool)
-    for i, (s, obs_ids, d) in zip(idx, results):
+    for i, (s, obs_x, d) in zip(idx, results):
       host_states[i] = s
+      obs_ids, obs_roles = _split(obs_x)
+      if obs_roles is None:
+        obs_roles = np.full(len(obs_ids), types.TOOL, np.int8)
+      if fmt is not None and len(obs_ids):
+        close_ids, close_roles = fmt.close_turn(action[i, : action_len[i]])
+        obs_ids = np.concatenate([close_ids, obs_ids])
+        obs_roles = np.concatenate([close_roles, obs_roles])
       obs_rows[i] = obs_ids
+      role_rows[i] = obs_roles
       env_done[i] = bool(d)
     obs, obs_len = _pad_rows(obs_rows, o_len)
+    obs_roles_pad, _ = _pad_rows(role_rows, o_len)
+    length_before = state.length
     facts = [env.facts(s) for s in host_states]
     answered = np.array([bool(f["answered"]) for f in facts])
     format_error = np.array([bool(f["format_error"]) for f in facts])
@@ -149,6 +196,10 @@ def rollout(
                          jnp.asarray(answered), jnp.asarray(format_error),
                          jnp.asarray(obs), jnp.asarray(obs_len),
                          graphdef=graphdef, params=params)
+    if fmt is not None or any(len(r) and (r != types.TOOL).any() for r in role_rows):
+      state = state.replace(role=_overlay_roles(
+          state.role, length_before, jnp.asarray(obs_roles_pad, jnp.int8),
+          state.length - length_before))
   # An environment that did not end its episodes within max_turns: MAX_TURNS.
   left = ~np.asarray(state.done)
   finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(np.int32)

@@ -91,8 +91,61 @@ class HFTokenizer:
   cannot forge chat scaffolding (the same guarantee as ByteTokenizer).
   """
 
-  def __init__(self, tokenizer: Any):
+  def __init__(self, tokenizer: Any, eos_ids: Sequence[int] = (),
+               chat_template: str | None = None):
+    """Args:
+      tokenizer: a `tokenizers.Tokenizer`.
+      eos_ids: ids that end generation (the checkpoint's eos / end-of-turn ids,
+        e.g. `<|im_end|>`); `from_folder` reads them from the checkpoint.
+      chat_template: the checkpoint's Jinja chat template, if known.
+    """
     self.tokenizer = tokenizer
+    self.eos_ids = tuple(int(i) for i in eos_ids)
+    self.chat_template = chat_template
+    # Ids the rollout may pad with (never read: masks come from roles).
+    self.pad_id = self.eos_ids[0] if self.eos_ids else 0
+    self.bos_id = None
+
+  @classmethod
+  def from_folder(cls, path: str) -> "HFTokenizer":
+    """Loads a checkpoint folder's tokenizer.json plus its stop ids and chat
+    template (tokenizer_config.json, generation_config.json), all local.
+
+    Stop ids: `generation_config.json`'s eos_token_id (int or list), the
+    tokenizer config's eos_token, and `<|im_end|>` / `<|endoftext|>` /
+    `<|eot_id|>` where the vocabulary has them (end-of-turn markers of ChatML
+    and Llama 3 templates).
+
+    Raises:
+      FileNotFoundError: no tokenizer.json in `path`.
+    """
+    import json
+
+    tok = cls.from_file(os.path.join(path, "tokenizer.json")).tokenizer
+
+    def read(name):
+      f = os.path.join(path, name)
+      if not os.path.isfile(f):
+        return {}
+      with open(f, encoding="utf-8") as fh:
+        return json.load(fh)
+
+    tcfg, gcfg = read("tokenizer_config.json"), read("generation_config.json")
+    ids: list[int] = []
+    eos = gcfg.get("eos_token_id")
+    for i in (eos if isinstance(eos, list) else [eos]):
+      if isinstance(i, int):
+        ids.append(i)
+    names = [tcfg.get("eos_token"), "<|im_end|>", "<|endoftext|>", "<|eot_id|>"]
+    for name in names:
+      if isinstance(name, dict):  # AddedToken serialisation
+        name = name.get("content")
+      if isinstance(name, str):
+        i = tok.token_to_id(name)
+        if i is not None:
+          ids.append(i)
+    eos_ids = tuple(dict.fromkeys(ids))  # unique, in order
+    return cls(tok, eos_ids=eos_ids, chat_template=tcfg.get("chat_template"))
 
   @classmethod
   def from_file(cls, path: str) -> "HFTokenizer":

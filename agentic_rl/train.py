@@ -41,7 +41,17 @@ from environments.host import base as host_base
 
 
 def make_env(config: ml_collections.ConfigDict):
-  """Builds the environment named by `config.env.name` from `config.env`."""
+  """Builds the environment named by `config.env.name` from `config.env`.
+
+  `config.tokenizer = "hf"` (host environments only) gives the environment the
+  checkpoint's own tokenizer, stop ids and chat template from
+  `config.model.hf_path` (tokenizers.HFTokenizer.from_folder); the default
+  "byte" keeps the byte-level tokenizer.
+  """
+  if config.get("tokenizer", "byte") == "hf":
+    from agentic_rl import tokenizers  # pylint: disable=g-import-not-at-top
+    tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
+    return environments.make({**dict(config.env), "tokenizer": tok})
   return environments.make(config.env)
 
 

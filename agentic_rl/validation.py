@@ -219,6 +219,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:  # the environment's own field checks name the field
     raise ConfigError(f"config.env.{e}") from e
   is_host = getattr(env_obj, "is_host", False)
+  _validate_tokenizer(config, is_host)
   if config.rl.get("pbrs_coef", 0.0) > 0 and is_host:
     _fail("rl.pbrs_coef", config.rl.pbrs_coef,
           f"host environment {config.env.name!r} has no 'progress' potential")
@@ -357,6 +358,33 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
   if not rl.get("dual_init", 0.0) >= 0:
     _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")
+
+
+def _validate_tokenizer(config, is_host: bool) -> None:
+  """config.tokenizer: 'byte' (default) or 'hf' (the checkpoint's tokenizer and
+  chat template, from config.model.hf_path; host environments only)."""
+  name = config.get("tokenizer", "byte")
+  if name not in ("byte", "hf"):
+    _fail("tokenizer", name, "must be 'byte' or 'hf'")
+  if name != "hf":
+    return
+  if not is_host:
+    _fail("tokenizer", name, f"environment {config.env.name!r} is JAX-native and "
+          "emits byte-tokenizer ids; 'hf' needs a host environment")
+  path = config.model.get("hf_path", "")
+  if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    _fail("tokenizer", name, f"needs config.model.hf_path with a tokenizer.json "
+          f"(hf_path={path!r})")
+  tok = tokenizers.HFTokenizer.from_folder(path)
+  vocab = hf.read_config(path)["vocab_size"]
+  if tok.vocab_size > vocab:
+    _fail("tokenizer", name, f"the tokenizer has {tok.vocab_size} ids; the "
+          f"checkpoint's vocab_size is {vocab}")
+  from agentic_rl import chat  # pylint: disable=g-import-not-at-top
+  try:
+    chat.ChatFormat(tok)
+  except ValueError as e:
+    _fail("tokenizer", name, f"{path}: {e}")
 
 
 def _validate_model(model) -> None:

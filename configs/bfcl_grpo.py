@@ -36,6 +36,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Buffer: prompt (<= max_prompt_len) + one call turn (<= max_action_len).
   config.max_len = 704
   config.model = common.model("tiny")
+  # 'byte': the byte tokenizer with tool specials; 'hf': the tokenizer, stop ids
+  # and chat template of the checkpoint at config.model.hf_path (host envs only),
+  # e.g. --config.model.hf_path=DIR --config.tokenizer=hf --config.sft.steps=0.
+  config.tokenizer = "byte"
 
   # Environment: environments/host/bfcl.py (host: rollout via host_rollout.py).
   config.env = ml_collections.ConfigDict(dict(

@@ -30,6 +30,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.name = "gsm_tool"
   config.max_len = 1024
   config.model = common.model("tiny")
+  # 'byte': the byte tokenizer with tool specials; 'hf': the tokenizer, stop ids
+  # and chat template of the checkpoint at config.model.hf_path (host envs only),
+  # e.g. --config.model.hf_path=DIR --config.tokenizer=hf --config.sft.steps=0.
+  config.tokenizer = "byte"
 
   # Environment: environments/host/reasoning_gym_env.py.
   config.env = ml_collections.ConfigDict(dict(

