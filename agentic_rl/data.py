@@ -190,7 +190,7 @@ def restore_position(path: str, it: grain.DatasetIterator) -> None:
 
 SOURCES = ("tfds", "jsonl", "array_record")
 LOADER_DEFAULTS = dict(source="", name="", split="train", data_dir="", shuffle_seed=0,
-                       num_epochs=0, batch_size=0, prepare=True)
+                       num_epochs=0, batch_size=0, prepare=True, eval_split="test")
 
 
 def validate_data_config(data_config) -> dict:
@@ -203,7 +203,8 @@ def validate_data_config(data_config) -> dict:
   files), shuffle_seed (int; -1 keeps file order), num_epochs (0 = repeat
   forever), batch_size (0 = one record per `next`, else lists of that many
   records; the last partial batch is dropped), prepare (tfds: build/download the
-  dataset if data_dir does not hold it yet).
+  dataset if data_dir does not hold it yet), eval_split (the held-out split that
+  agentic_rl/datasets/tasks.py reads for env.eval_tasks; make_loader ignores it).
 
   Raises:
     ValueError: unknown field, or a bad value; the message names
@@ -219,8 +220,9 @@ def validate_data_config(data_config) -> dict:
     raise ValueError(f"config.data.source={cfg['source']!r}: must be one of {SOURCES}")
   if not isinstance(cfg["name"], str) or not cfg["name"]:
     raise ValueError(f"config.data.name={cfg['name']!r}: must be a non-empty string")
-  if not isinstance(cfg["split"], str) or not cfg["split"]:
-    raise ValueError(f"config.data.split={cfg['split']!r}: must be a non-empty string")
+  for field in ("split", "eval_split"):
+    if not isinstance(cfg[field], str) or not cfg[field]:
+      raise ValueError(f"config.data.{field}={cfg[field]!r}: must be a non-empty string")
   if cfg["source"] != "tfds" and not cfg["data_dir"]:
     raise ValueError(f"config.data.data_dir={cfg['data_dir']!r}: required for "
                      f"source={cfg['source']!r}")
@@ -260,6 +262,31 @@ def to_python(record: Any) -> Any:
   return record
 
 
+def register_catalogue_builder(name: str) -> bool:
+  """Imports the module of a TFDS catalogue dataset (e.g. 'gsm8k'), registering it.
+
+  Without TensorFlow, `import tensorflow_datasets` registers no catalogue
+  builder; each one's module (tensorflow_datasets/<group>/<name>/<name>.py or
+  tensorflow_datasets/datasets/<name>/<name>_dataset_builder.py) imports fine on
+  its own when it needs no TensorFlow. Returns whether such a module was found.
+  """
+  import glob
+  import importlib
+  import tensorflow_datasets as tfds
+  base = name.split("/")[0].split(":")[0]
+  if not base.isidentifier():
+    return False
+  root = os.path.dirname(tfds.__file__)
+  paths = sorted(glob.glob(os.path.join(root, "*", base, f"{base}.py")) +
+                 glob.glob(os.path.join(root, "datasets", base,
+                                        f"{base}_dataset_builder.py")))
+  for path in paths:
+    rel = os.path.relpath(path, os.path.dirname(root))[: -len(".py")]
+    importlib.import_module(rel.replace(os.sep, "."))
+    return True
+  return False
+
+
 def tfds_source(name: str, split: str, data_dir: str = "", prepare: bool = True):
   """A random-access TFDS data source (numpy records) through `tfds.data_source`.
 
@@ -274,6 +301,7 @@ def tfds_source(name: str, split: str, data_dir: str = "", prepare: bool = True)
   import tensorflow_datasets as tfds
   from agentic_rl import datasets
   datasets.register()
+  register_catalogue_builder(name)
   return tfds.data_source(
       name, split=split, data_dir=data_dir or None, download=bool(prepare),
       builder_kwargs=dict(file_format="array_record"))
