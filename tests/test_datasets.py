@@ -88,17 +88,11 @@ def test_shuffled_stream_is_a_permutation_per_epoch(data_dir):
   assert [next(it2)["id"] for _ in range(18)] == ids  # the seed fixes the order
 
 
-@pytest.mark.parametrize("source", ["tfds", "jsonl"])
-def test_resume_from_checkpoint_reads_the_same_batches(data_dir, tmp_path, source):
+def test_resume_from_checkpoint_reads_the_same_batches(data_dir, tmp_path):
   """k batches, checkpoint (with the position), m more; restore and read m: identical."""
-  if source == "tfds":
-    cfg = dict(source="tfds", name=BFCL, split="train", data_dir=data_dir,
-               shuffle_seed=5, batch_size=2)
-  else:
-    data.write_splits(str(tmp_path), "toy", {"train": [{"i": i} for i in range(7)]})
-    cfg = dict(source="jsonl", name="toy", split="train", data_dir=str(tmp_path),
-               shuffle_seed=5, batch_size=2)
-  k, m = 3, 5  # 16 records: crosses the epoch boundary (9 or 7 per epoch)
+  cfg = dict(source="tfds", name=BFCL, split="train", data_dir=data_dir,
+             shuffle_seed=5, batch_size=2)
+  k, m = 3, 5  # 16 records: crosses the epoch boundary (9 per epoch)
   it = data.make_loader(cfg)
   before = [next(it) for _ in range(k)]
   state = {"w": np.arange(4, dtype=np.float32), "step": 7}
