@@ -9,14 +9,27 @@ intact and `latest_step` never reports a partial one.
 
 Typed PRNG keys (`jax.random.key`) are not supported; store
 `jax.random.key_data(key)` (uint32) instead.
+
+A checkpoint may also hold the position of the run's data iterator (a grain
+iterator state, agentic_rl/data.py), saved in the same step directory as the
+item `data` (JSON) next to the state item `default`, committed atomically with
+it: `save(step, state, data_position=...)`, `restore_data_position(step)`. The
+state item keeps the single-item layout, so checkpoints written before this
+existed restore unchanged (their data position is None).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import orbax.checkpoint as ocp
+
+# Item names inside a step directory: the state pytree (the name Orbax gives a
+# single unnamed item, so older checkpoints read the same) and the data position.
+_STATE = "default"
+_DATA = "data"
 
 
 class Checkpointer:
@@ -46,6 +59,7 @@ class Checkpointer:
     self._save_interval_steps = int(save_interval_steps)
     self._manager = ocp.CheckpointManager(
         self.directory,
+        item_names=(_STATE, _DATA),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
@@ -53,13 +67,17 @@ class Checkpointer:
         ),
     )
 
-  def save(self, step: int, state: Any, force: bool = False) -> bool:
+  def save(self, step: int, state: Any, force: bool = False,
+           data_position: dict | None = None) -> bool:
     """Saves `state` as checkpoint `step` (asynchronously; see `wait`).
 
     Args:
       step: training step (int >= 0).
       state: pytree of jax/numpy arrays and python scalars.
       force: save even if `step` is not a multiple of save_interval_steps.
+      data_position: JSON-serialisable position of the run's data iterator
+        (`agentic_rl.data.get_position(it)`), taken now (a copy is made before
+        the asynchronous write); None stores none.
 
     Returns:
       True if a save was started; False if skipped: `step` is not a multiple of
@@ -71,10 +89,12 @@ class Checkpointer:
     step = int(step)
     if not force and step % self._save_interval_steps != 0:
       return False
+    items = {_STATE: ocp.args.StandardSave(state)}
+    if data_position is not None:
+      items[_DATA] = ocp.args.JsonSave(json.loads(json.dumps(data_position)))
     try:
       return bool(
-          self._manager.save(
-              step, args=ocp.args.StandardSave(state), force=force))
+          self._manager.save(step, args=ocp.args.Composite(**items), force=force))
     except ocp.checkpoint_manager.StepAlreadyExistsError:
       return False
 
@@ -115,7 +135,32 @@ class Checkpointer:
           f"No checkpoint for step {step} in {self.directory}; "
           f"available: {self.all_steps()}.")
     return self._manager.restore(
-        int(step), args=ocp.args.StandardRestore(state_like))
+        int(step), args=ocp.args.Composite(
+            **{_STATE: ocp.args.StandardRestore(state_like)}))[_STATE]
+
+  def restore_data_position(self, step: int | None = None) -> dict | None:
+    """The data-iterator position saved with checkpoint `step` (latest if None).
+
+    Returns:
+      The dict given as `save(..., data_position=...)`, or None if that
+      checkpoint has none (saved without one, or before this existed).
+
+    Raises:
+      FileNotFoundError: if there is no checkpoint (for `step`).
+    """
+    self._manager.wait_until_finished()
+    if step is None:
+      step = self._manager.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"No checkpoint in {self.directory}.")
+    elif int(step) not in self._manager.all_steps():
+      raise FileNotFoundError(
+          f"No checkpoint for step {step} in {self.directory}; "
+          f"available: {self.all_steps()}.")
+    if not os.path.isdir(os.path.join(self.directory, str(int(step)), _DATA)):
+      return None
+    return self._manager.restore(
+        int(step), args=ocp.args.Composite(**{_DATA: ocp.args.JsonRestore()}))[_DATA]
 
   def wait(self) -> None:
     """Blocks until in-flight asynchronous saves are committed."""

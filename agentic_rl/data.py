@@ -8,11 +8,24 @@ and its iterator position is a small dict (`get_position` / `set_position`), sav
 next to the model checkpoint with `save_position` / `restore_position`: resuming
 at a saved position yields exactly the items that would have come next.
 
-What is not here: TFDS builders. tensorflow-datasets 4.9.10 is installed and its
-catalogue datasets (e.g. GSM8K, on a machine with internet) can be prepared in
-array_record format by tfds and read with `grain.sources.ArrayRecordDataSource`
-through `make_dataset(path)` only if their records are JSON; TFDS's own
-tf.train.Example encoding would need a decoder here (not written).
+One loader for all of them, `make_loader(config.data)`:
+
+  source='jsonl' | 'array_record': the file `{data_dir}/{name}-{split}.{source}`.
+  source='tfds': `tfds.data_source(name, split=..., data_dir=...)`, the array_record
+      files of a prepared TFDS dataset, decoded to numpy by TFDS (no TensorFlow).
+      Our builders (agentic_rl/datasets/: 'bfcl_single_turn/<category>',
+      'reasoning_gym_tasks/<generator>') are prepared from local package files
+      when `prepare` is True. A catalogue dataset such as 'gsm8k' takes the same
+      path on a machine with internet: with prepare=True, tfds downloads and
+      prepares it into data_dir on first use (as array_record, since
+      `file_format='array_record'` is passed); afterwards, or on a machine where
+      data_dir was copied, it is read offline. Not tested here (no internet).
+
+Every record is converted to plain Python (bytes -> str, numpy scalars and
+arrays -> int/float/list), and a feature named `<field>_json` (our builders'
+encoding of nested values) is parsed into `<field>`. The iterator position of
+the pipeline is saved inside the run's orbax checkpoint
+(`checkpoint.Checkpointer.save(..., data_position=get_position(it))`).
 """
 
 from __future__ import annotations
@@ -170,3 +183,175 @@ def save_position(path: str, it: grain.DatasetIterator) -> None:
 def restore_position(path: str, it: grain.DatasetIterator) -> None:
   with open(path) as f:
     set_position(it, json.load(f))
+
+
+# ---------------------------------------------------------------------------
+# One loader API over JSONL, array_record and TFDS (config.data).
+
+SOURCES = ("tfds", "jsonl", "array_record")
+LOADER_DEFAULTS = dict(source="", name="", split="train", data_dir="", shuffle_seed=0,
+                       num_epochs=0, batch_size=0, prepare=True, eval_split="test")
+
+
+def validate_data_config(data_config) -> dict:
+  """The loader config block with defaults filled in, as a plain dict.
+
+  Fields (LOADER_DEFAULTS): source ('tfds' | 'jsonl' | 'array_record'), name (a
+  TFDS name such as 'bfcl_single_turn/simple' or 'gsm8k', or the file stem of a
+  JSONL / array_record split), split ('train', 'test', ...; TFDS also accepts
+  slices such as 'train[:10]'), data_dir ('' = TFDS's default folder; required for
+  files), shuffle_seed (int; -1 keeps file order), num_epochs (0 = repeat
+  forever), batch_size (0 = one record per `next`, else lists of that many
+  records; the last partial batch is dropped), prepare (tfds: build/download the
+  dataset if data_dir does not hold it yet), eval_split (the held-out split that
+  agentic_rl/datasets/tasks.py reads for env.eval_tasks; make_loader ignores it).
+
+  Raises:
+    ValueError: unknown field, or a bad value; the message names
+      `config.data.<field>` and the value.
+  """
+  cfg = dict(data_config)
+  unknown = sorted(set(cfg) - set(LOADER_DEFAULTS))
+  if unknown:
+    raise ValueError(f"config.data.{unknown[0]}: unknown field; known "
+                     f"{sorted(LOADER_DEFAULTS)}")
+  cfg = {**LOADER_DEFAULTS, **cfg}
+  if cfg["source"] not in SOURCES:
+    raise ValueError(f"config.data.source={cfg['source']!r}: must be one of {SOURCES}")
+  if not isinstance(cfg["name"], str) or not cfg["name"]:
+    raise ValueError(f"config.data.name={cfg['name']!r}: must be a non-empty string")
+  for field in ("split", "eval_split"):
+    if not isinstance(cfg[field], str) or not cfg[field]:
+      raise ValueError(f"config.data.{field}={cfg[field]!r}: must be a non-empty string")
+  if cfg["source"] != "tfds" and not cfg["data_dir"]:
+    raise ValueError(f"config.data.data_dir={cfg['data_dir']!r}: required for "
+                     f"source={cfg['source']!r}")
+  for field, low in (("shuffle_seed", -1), ("num_epochs", 0), ("batch_size", 0)):
+    v = cfg[field]
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      raise ValueError(f"config.data.{field}={v!r}: must be an int >= {low}")
+  return cfg
+
+
+def to_python(record: Any) -> Any:
+  """A decoded TFDS / JSON record as plain Python.
+
+  bytes -> str (UTF-8), numpy scalars -> int/float/bool, numpy arrays -> lists,
+  dicts recursively; a key `<field>_json` holding JSON text becomes `<field>`
+  with the parsed value.
+  """
+  import numpy as np
+  if isinstance(record, dict):
+    out = {}
+    for k, v in record.items():
+      v = to_python(v)
+      if k.endswith("_json") and isinstance(v, str):
+        out[k[: -len("_json")]] = json.loads(v)
+      else:
+        out[k] = v
+    return out
+  if isinstance(record, bytes):
+    return record.decode("utf-8")
+  if isinstance(record, np.ndarray):
+    return [to_python(x) for x in record.tolist()] if record.ndim else to_python(
+        record.item())
+  if isinstance(record, np.generic):
+    return record.item()
+  if isinstance(record, (list, tuple)):
+    return [to_python(x) for x in record]
+  return record
+
+
+def register_catalogue_builder(name: str) -> bool:
+  """Imports the module of a TFDS catalogue dataset (e.g. 'gsm8k'), registering it.
+
+  Without TensorFlow, `import tensorflow_datasets` registers no catalogue
+  builder; each one's module (tensorflow_datasets/<group>/<name>/<name>.py or
+  tensorflow_datasets/datasets/<name>/<name>_dataset_builder.py) imports fine on
+  its own when it needs no TensorFlow. Returns whether such a module was found.
+  """
+  import glob
+  import importlib
+  import tensorflow_datasets as tfds
+  base = name.split("/")[0].split(":")[0]
+  if not base.isidentifier():
+    return False
+  root = os.path.dirname(tfds.__file__)
+  paths = sorted(glob.glob(os.path.join(root, "*", base, f"{base}.py")) +
+                 glob.glob(os.path.join(root, "datasets", base,
+                                        f"{base}_dataset_builder.py")))
+  for path in paths:
+    rel = os.path.relpath(path, os.path.dirname(root))[: -len(".py")]
+    importlib.import_module(rel.replace(os.sep, "."))
+    return True
+  return False
+
+
+def tfds_source(name: str, split: str, data_dir: str = "", prepare: bool = True):
+  """A random-access TFDS data source (numpy records) through `tfds.data_source`.
+
+  Our builders (agentic_rl/datasets) are registered first, so their names resolve
+  like catalogue names. With `prepare`, a dataset missing from data_dir is built
+  (ours: from local package files; catalogue datasets: downloaded, needs
+  internet) in array_record format.
+
+  Raises:
+    tfds errors (e.g. DatasetNotFoundError) for unknown names or unprepared data.
+  """
+  import tensorflow_datasets as tfds
+  from agentic_rl import datasets
+  datasets.register()
+  register_catalogue_builder(name)
+  return tfds.data_source(
+      name, split=split, data_dir=data_dir or None, download=bool(prepare),
+      builder_kwargs=dict(file_format="array_record"))
+
+
+def make_loader_source(data_config) -> grain.sources.RandomAccessDataSource:
+  """The random-access source (undecoded records) of a loader config block."""
+  cfg = validate_data_config(data_config)
+  if cfg["source"] == "tfds":
+    return tfds_source(cfg["name"], cfg["split"], cfg["data_dir"], cfg["prepare"])
+  path = os.path.join(cfg["data_dir"], f"{cfg['name']}-{cfg['split']}.{cfg['source']}")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"config.data: no file {path}")
+  return make_source(path)
+
+
+def make_loader_dataset(data_config) -> grain.MapDataset:
+  """Deterministic grain pipeline of a loader config block (see validate_data_config).
+
+  source -> shuffle(shuffle_seed; skipped when -1) -> repeat(num_epochs or
+  forever; each epoch a new permutation) -> decode to plain Python -> batch.
+  """
+  cfg = validate_data_config(data_config)
+  ds = grain.MapDataset.source(make_loader_source(cfg))
+  if cfg["shuffle_seed"] >= 0:
+    ds = ds.shuffle(seed=cfg["shuffle_seed"])
+  ds = ds.repeat(cfg["num_epochs"] or None)
+  ds = ds.map(to_python if cfg["source"] == "tfds" else _decode)
+  if cfg["batch_size"]:
+    ds = ds.batch(cfg["batch_size"], drop_remainder=True, batch_fn=list)
+  return ds
+
+
+def make_loader(data_config) -> grain.DatasetIterator:
+  """A checkpointable grain iterator over a loader config block.
+
+  `next(it)` is one record (a dict), or a list of batch_size records;
+  `get_position(it)` / `set_position(it, pos)` save and restore where it is, and
+  `checkpoint.Checkpointer.save(step, state, data_position=...)` stores that
+  position inside the run's checkpoint.
+
+  Raises:
+    ValueError: invalid config (names config.data.<field>).
+    FileNotFoundError: a JSONL / array_record split file is missing.
+  """
+  return iter(make_loader_dataset(data_config).to_iter_dataset())
+
+
+def read_all(data_config) -> list:
+  """Every record of one pass over the split in file order (evaluation sets)."""
+  cfg = {**validate_data_config(data_config), "shuffle_seed": -1, "num_epochs": 1,
+         "batch_size": 0}
+  return list(make_loader(cfg))

@@ -46,13 +46,25 @@ def make_env(config: ml_collections.ConfigDict):
   `config.tokenizer = "hf"` (host environments only) gives the environment the
   checkpoint's own tokenizer, stop ids and chat template from
   `config.model.hf_path` (tokenizers.HFTokenizer.from_folder); the default
-  "byte" keeps the byte-level tokenizer.
+  "byte" keeps the byte-level tokenizer. With a `config.data` block
+  (agentic_rl/data.py loader), a host environment reads its tasks through the
+  loader (agentic_rl/datasets/tasks.py).
   """
   if config.get("tokenizer", "byte") == "hf":
     from agentic_rl import tokenizers  # pylint: disable=g-import-not-at-top
     tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
-    return environments.make({**dict(config.env), "tokenizer": tok})
-  return environments.make(config.env)
+    env = environments.make({**dict(config.env), "tokenizer": tok})
+  else:
+    env = environments.make(config.env)
+  if config.get("data"):
+    from agentic_rl.datasets import tasks as data_tasks  # noqa: PLC0415
+    env = data_tasks.with_loader(env, config)
+  return env
+
+
+def _data_position(env) -> dict | None:
+  """Position of the env's task loader (saved in the checkpoint), or None."""
+  return env.get_position() if hasattr(env, "get_position") else None
 
 
 def make_model_config(config) -> transformer.TransformerConfig:
@@ -255,6 +267,9 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     if start >= sft_steps:
       state = start_rl(config, state)  # restore into the RL optimizer's structure
     state = ckpt.restore(state, step=start)
+    position = ckpt.restore_data_position(start)
+    if position is not None and hasattr(env, "set_position"):
+      env.set_position(position)  # the task loader continues where it was
     logging.info("resumed from step %d in %s", start, workdir)
   elif sft_steps == 0:
     state = start_rl(config, state)  # pure RL from the initial weights
@@ -290,7 +305,8 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       bar.update(step, m)
       if step == sft_steps:
         state = start_rl(config, state)
-      ckpt.save(step, state, force=step in (sft_steps, total))
+      ckpt.save(step, state, force=step in (sft_steps, total),
+                data_position=_data_position(env))
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")

@@ -40,6 +40,23 @@ def _positive_int(config, field: str, allow_zero: bool = False):
   return value
 
 
+def _validate_data(config, is_host: bool) -> None:
+  """config.data (optional): the task loader of a host environment (agentic_rl/data.py)."""
+  block = config.get("data")
+  if not block:
+    return
+  from agentic_rl import data as data_lib  # noqa: PLC0415 -- grain only when used
+  from agentic_rl.datasets import tasks as data_tasks  # noqa: PLC0415
+  try:
+    data_lib.validate_data_config(dict(block))
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  if not is_host or config.env.name not in data_tasks.RECORD_TO_TASK:
+    _fail("data", dict(block), f"only host environments "
+          f"{sorted(data_tasks.RECORD_TO_TASK)} read tasks through the loader, not "
+          f"env {config.env.name!r}")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Checks an experiment config; raises ValueError naming the first bad field.
 
@@ -220,6 +237,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"config.env.{e}") from e
   is_host = getattr(env_obj, "is_host", False)
   _validate_tokenizer(config, is_host)
+  _validate_data(config, is_host)
   if config.rl.get("pbrs_coef", 0.0) > 0 and is_host:
     _fail("rl.pbrs_coef", config.rl.pbrs_coef,
           f"host environment {config.env.name!r} has no 'progress' potential")
