@@ -9,7 +9,8 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("hdpo_conditional", "reward_noise", "length_bias")
+CLAIMS = ("hdpo_conditional", "reward_noise", "length_bias", "trace_credit",
+          "portool_tree", "pica_model_size")
 
 
 @pytest.mark.experiments
