@@ -304,3 +304,22 @@ def test_reward_head_reads_last_real_token_whatever_the_padding_side(head_model)
   # The index read: last real token of each row, whichever side is padded.
   np.testing.assert_array_equal(
       transformer.last_token_index(mask), [n - 1, n + pad - 1])
+
+
+def test_remat_model_decodes_with_a_kv_cache_like_the_plain_model():
+  """model.remat=True used to raise inside the sampler's lax.while_loop; remat
+  applies to cache-free (training) forwards only, so sampling is unchanged."""
+  from agentic_rl import rollout  # pylint: disable=g-import-not-at-top
+  from environments import arithmetic  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(fakes.TINY, num_heads=2, num_kv_heads=1)
+  graphdef, params = nnx.split(_model(cfg, 6))
+  graphdef_r, _ = nnx.split(_model(dataclasses.replace(cfg, remat=True), 6))
+  env = arithmetic.ArithmeticEnv()
+  tasks = env.eval_tasks(4, 0)
+  run = lambda gd, mc: rollout.rollout_jit(
+      env, tasks, jax.random.PRNGKey(3), max_len=48, graphdef=gd, params=params,
+      model_config=mc, temperature=jnp.float32(1.0))
+  plain = run(graphdef, cfg)
+  remat = run(graphdef_r, dataclasses.replace(cfg, remat=True))
+  np.testing.assert_array_equal(remat.tokens, plain.tokens)
+  np.testing.assert_allclose(remat.logprob, plain.logprob, atol=1e-6)

@@ -477,7 +477,10 @@ class Transformer(nnx.Module):
     mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
     if mask_bt is not None:
       mask_bts = mask_bts & mask_bt.astype(bool)[:, None, :]
-    apply = _remat_block_apply if self.cfg.remat else _block_apply
+    # Remat only pays off in a backward pass; decoding with a KV cache (inside
+    # the sampler's lax.while_loop, where nnx.remat cannot trace) never needs it.
+    apply = (_remat_block_apply if self.cfg.remat and cache is None
+             else _block_apply)
     new_cache = [] if cache is not None else None
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
