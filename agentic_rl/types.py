@@ -78,8 +78,10 @@ class TrainState:
       `rl.replay_capacity` > 0); set at the start of the RL phase.
     dual_coef: None, or the float32 scalar Lagrange multiplier of the
       dual-ascent constraint (when `rl.dual_constraint` is set).
+    spa: None, or the SPA progress estimator `credit.SpaState` (head
+      parameters and its optimizer state; when `rl.pbrs_potential='spa'`).
 
-  The last two default to None (an empty pytree), so states and checkpoints
+  The last three default to None (an empty pytree), so states and checkpoints
   of runs without these switches keep their structure.
   """
 
@@ -91,3 +93,4 @@ class TrainState:
   kl_coef: jax.Array
   replay: Any = None
   dual_coef: Any = None
+  spa: Any = None
