@@ -297,9 +297,13 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
   V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), where log p_ref(y*|s_k)
   is the frozen reference model's log-probability of the gold answer y*
   appended after the k-th tool boundary. TRACE (papers.md F1-9; arXiv id not
-  given there); the normalisation by s_0 and the TD reward
-  r_k = V(s_{k+1}) - V(s_k) are inferred from the abstract, not taken from
-  the paper. V(s_0) = 0 by construction.
+  given there). From the abstract: states at tool-call boundaries, a frozen
+  reference model's gold-answer log-probability per state, "log-ratio state
+  values", a per-action reward equal to the TD change of those values, and
+  telescoping over redundant calls. Inferred (papers.md, matched here): the
+  ratio is taken against the initial state s_0, and r_k = V(s_{k+1}) - V(s_k)
+  with discount 1. Our choice: y* is appended after an answer-opening prefix
+  (`gold_answer_logprobs`). V(s_0) = 0 by construction.
 
   As a PBRS potential: `pbrs_shaping(..., discount=1, terminated=False)`
   gives TRACE's inferred r_k, whose sum telescopes to V(s_n) - V(s_0) =
@@ -713,17 +717,25 @@ def likelihood_reward(
 
 
 def observation_state_keys(
-    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int
+    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int,
+    match_turn: bool = True,
 ) -> jax.Array:
   """[B, K] uint32 key of the state s_k seen before turn k.
 
   s_0 is keyed by the PROMPT tokens; s_k (k >= 1) by the observation (TOOL
   tokens) returned after turn k - 1 (FNV-1a over the tokens in order; an
-  empty observation hashes to the FNV offset basis mixed with k). Two
-  episodes of one task that made the same call at turn k - 1 and got the same
-  observation share the key of s_k, as GiGPO's anchor states
-  (arXiv:2505.10978) are identical environment observations. Any other
-  [B, K] key array (e.g. a hash of the env state) can be used instead.
+  empty observation hashes to the FNV offset basis [mixed with k]).
+
+  From the paper (GiGPO, arXiv:2505.10978, section 4.2; not in papers.md):
+  anchor states are identical *environment states* shared by trajectories of
+  one task group, wherever they occur (any time step). Ours: the observation
+  stands in for the environment state (it is all the environment shows),
+  and by default (`match_turn`) the turn index is part of the key, so only
+  steps at the same turn are grouped: in our environments one observation
+  (e.g. 'error', or a number) can follow different states at different turns.
+  `match_turn=False` groups equal observations at any turn, as in the paper.
+  Any other [B, K] key array (e.g. a hash of the env state) can be passed to
+  `gigpo_step_advantages` instead.
 
   Args:
     tokens_bl, role_bl, turn_bl: [B, L] trajectory fields.
@@ -741,9 +753,10 @@ def observation_state_keys(
   def step(h, t):
     return jnp.where(t != 0, (h ^ t) * jnp.uint32(16777619), h), None
 
-  h0 = jnp.broadcast_to(
-      (jnp.uint32(2166136261) ^ k_k.astype(jnp.uint32))[None, :],
-      tok.shape[:2])
+  salt_k = k_k.astype(jnp.uint32) if match_turn else jnp.minimum(
+      k_k, 1).astype(jnp.uint32)  # the prompt key stays apart from observations
+  h0 = jnp.broadcast_to((jnp.uint32(2166136261) ^ salt_k)[None, :],
+                        tok.shape[:2])
   h, _ = jax.lax.scan(step, h0, jnp.moveaxis(tok, 2, 0))
   return h
 
@@ -815,11 +828,22 @@ def tree_fork_advantages(
     alpha: float,
     scale_by_std: bool = True,
     eps: float = 1e-6,
+    step_bonus_gd: jax.Array | None = None,
 ) -> jax.Array:
   """PORTool fork-relative advantages blended with the trajectory advantage.
 
-  PORTool (papers.md F0-2 = F1-3; arXiv id not given there; the forms below
-  are the catalogue's inferred reading). A static tree: the root (prompt)
+  PORTool (papers.md F0-2 = F1-3; arXiv id not given there). From the
+  abstract: rollouts share their first tool-call steps (a tree); each step is
+  rewarded for its ability to lead to a correct answer AND for making
+  successful tool calls; a shared step gets one reward, different steps under
+  the same fork get different rewards; fork-relative advantages are blended
+  with trajectory-relative ones. Inferred (papers.md, not from the paper):
+  the node value as the leaves' success rate plus a call-success bonus, the
+  sibling z-score, and the alpha blend. Our choices: A_traj of a shared step
+  = mean of its leaves' GRPO advantages; the call-success part is an optional
+  per-step bonus (`step_bonus_gd`, e.g. beta * 1[the step's call executed]);
+  the RL loop passes none, since our environments expose no per-turn
+  call-success fact. A static tree: the root (prompt)
   forks into branching[0] children, each of those into branching[1], ...;
   leaf g (G = prod(branching) leaves, in lexicographic order of their
   branch indices) is one complete episode, and the node at depth j (j = 1 ..
@@ -827,7 +851,8 @@ def tree_fork_advantages(
   below it. Then:
 
     v(node)      = mean outcome of the leaves under the node (one reward for
-                   a shared step);
+                   a shared step) [+ mean of step_bonus_gd[:, j - 1] over
+                   those leaves, i.e. the shared step's bonus];
     A_fork(node) = (v(node) - mean_siblings v) [/ (std_siblings v + eps)],
                    siblings = the children of the same fork (node included);
     A_traj(node) = mean over the node's leaves of the GRPO advantage of the
@@ -843,6 +868,9 @@ def tree_fork_advantages(
     alpha: blend weight in [0, 1].
     scale_by_std: divide by the siblings' (population) std.
     eps: added to the std.
+    step_bonus_gd: optional [G, d] float per-step bonus of leaf g's step at
+      depth j (column j - 1); leaves sharing a step must carry equal values
+      (their mean is used).
 
   Returns:
     [G, d] float32: column j - 1 is the advantage of leaf g's step at depth j
@@ -864,10 +892,16 @@ def tree_fork_advantages(
       r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps)
   r_t = r.reshape(branching)
   a_t = traj_g.reshape(branching)
+  if step_bonus_gd is not None:
+    chex.assert_shape(step_bonus_gd, (g, d))
   cols = []
   for j in range(1, d + 1):
     tail = tuple(range(j, d))
     v = jnp.mean(r_t, axis=tail) if tail else r_t  # shape branching[:j]
+    if step_bonus_gd is not None:
+      bonus_t = jnp.asarray(step_bonus_gd[:, j - 1], jnp.float32).reshape(
+          branching)
+      v = v + (jnp.mean(bonus_t, axis=tail) if tail else bonus_t)
     a_traj = jnp.mean(a_t, axis=tail) if tail else a_t
     vmax = jnp.max(v, axis=-1, keepdims=True)
     vmin = jnp.min(v, axis=-1, keepdims=True)

@@ -336,7 +336,9 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
     returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
     adv_b = advantages.grpo_advantages(
         reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
-    keys_bk = credit.observation_state_keys(traj.tokens, traj.role, traj.turn, k)
+    keys_bk = credit.observation_state_keys(
+        traj.tokens, traj.role, traj.turn, k,
+        match_turn=rl_cfg.get("gigpo_match_turn", True))
     adv_s = credit.gigpo_step_advantages(
         returns_bk, keys_bk, turn_mask, traj.group,
         scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)

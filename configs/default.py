@@ -72,6 +72,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step advantage within groups of identical states (same observation) of a
   # task group, on discounted step returns (rl.discount).
   config.rl.gigpo_step_weight = 1.0
+  # GiGPO anchor states: True groups equal observations at the same turn only
+  # (our default); False at any turn, as in the paper (credit.py).
+  config.rl.gigpo_match_turn = True
   # PORTool tree rollouts (agentic_rl/tree_rollout.py): fork sizes before
   # turns 0 .. d-1, product = group_size, e.g. (2, 2); () = off (plain
   # groups). Advantages: alpha * fork-relative + (1 - alpha) * trajectory
