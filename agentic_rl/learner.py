@@ -457,7 +457,9 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
   accuracies over their episodes, the mean necessity over groups, the share
   of groups where tools are needed (acc_n = 0 < acc_t) or unneeded
   (acc_n > 0), and tool calls per tool-enabled episode in each kind of group
-  (overuse shows as calls where tools are unneeded). Means over rows equal
+  (overuse shows as calls where tools are unneeded), and, when the env has a
+  'tool_necessary' label, the mean necessity on labelled-necessary and
+  labelled-unnecessary tasks. Means over rows equal
   means over groups (equal-size groups); an empty selection gives 0.
   """
   facts = traj.facts
@@ -474,7 +476,18 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
 
   needed = (st["acc_no_tool"] == 0) & (st["acc_tool"] > 0)
   unneeded = st["acc_no_tool"] > 0
+  extra = {}
+  if "tool_necessary" in facts:
+    # Measured necessity against the environment's ground-truth label.
+    label = facts["tool_necessary"].astype(bool)
+    extra = {
+        "dual_path_necessity_labelled_necessary": mean_where(
+            st["necessity"], label),
+        "dual_path_necessity_labelled_unnecessary": mean_where(
+            st["necessity"], ~label),
+    }
   return {
+      **extra,
       "dual_path_acc_tool": mean_where(f32(correct), ~free),
       "dual_path_acc_no_tool": mean_where(f32(correct), free),
       "dual_path_necessity": jnp.mean(st["necessity"]),

@@ -625,3 +625,30 @@ def test_pbrs_properties_hold_with_the_spa_potential():
     g = advantages.turn_reward_to_go(shaped, mask, 1.0)
     np.testing.assert_allclose(
         g, jnp.where(mask, outcome[:, None] - phi[:, :k], 0.0), atol=1e-5)
+
+
+def test_gigpo_tree_and_spa_under_jit_and_vmap():
+  rng = np.random.default_rng(3)
+  b, k = 6, 3
+  returns = jnp.asarray(rng.integers(0, 2, size=(2, b, k)), jnp.float32)
+  keys = jnp.asarray(rng.integers(0, 3, size=(2, b, k)), jnp.uint32)
+  mask = jnp.asarray(np.arange(k)[None, None, :]
+                     < rng.integers(1, k + 1, size=(2, b))[..., None])
+  group = jnp.asarray(np.repeat(np.arange(2), 3), jnp.int32)
+  gig = lambda r, s, m: credit.gigpo_step_advantages(r, s, m, group)
+  batched = jax.jit(jax.vmap(gig))(returns, keys, mask)
+  for i in range(2):
+    np.testing.assert_allclose(batched[i], gig(returns[i], keys[i], mask[i]),
+                               atol=1e-6)
+  leaves = jnp.asarray(rng.integers(0, 2, size=(3, 4)), jnp.float32)
+  tree = functools.partial(credit.tree_fork_advantages, branching=(2, 2),
+                           alpha=0.5)
+  batched = jax.jit(jax.vmap(tree))(leaves)
+  for i in range(3):
+    np.testing.assert_allclose(batched[i], tree(leaves[i]), atol=1e-6)
+  feat = jnp.asarray(rng.normal(size=(2, b, k, 4)), jnp.float32)
+  head = {"weight": jnp.arange(4.0), "bias": jnp.float32(0.5)}
+  spa = lambda f, m: credit.spa_potential(credit.spa_contributions(head, f), m)
+  batched = jax.jit(jax.vmap(spa))(feat, mask)
+  for i in range(2):
+    np.testing.assert_allclose(batched[i], spa(feat[i], mask[i]), atol=1e-5)

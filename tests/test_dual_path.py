@@ -94,6 +94,15 @@ def test_dual_path_metrics_hand_values():
   assert set(m) == set(want)
   for k, v in want.items():
     np.testing.assert_allclose(float(m[k]), v, rtol=1e-6, err_msg=k)
+  # With the env's label (g0 unnecessary, g1 necessary) and g0's free rows
+  # both correct: g0 nec = 1 - 1 = 0, g1 nec = 0.5 - 0 = 0.5.
+  facts = dict(traj.facts, tool_necessary=jnp.repeat(jnp.array([0, 1], bool), 4),
+               correct=jnp.array([1, 1, 1, 1, 1, 0, 0, 0], bool))
+  m = learner.dual_path_metrics(traj.replace(facts=facts))
+  np.testing.assert_allclose(
+      float(m["dual_path_necessity_labelled_unnecessary"]), 0.0, atol=1e-7)
+  np.testing.assert_allclose(
+      float(m["dual_path_necessity_labelled_necessary"]), 0.5, rtol=1e-6)
 
 
 @pytest.mark.parametrize("field,value,match", [
