@@ -432,7 +432,8 @@ def spa_progress_loss(
 ) -> jax.Array:
   """SPA progress-estimator loss mean_b (sum_k m_bk c_bk - R_b)^2 (inferred).
 
-  Stepwise Progress Attribution (papers.md F1-37; arXiv id not given there):
+  Stepwise Progress Attribution (Wang et al., SPA-RL, arXiv:2505.20732;
+  papers.md F1-37):
   a progress estimator c_psi(s_k, a_k) is trained so that its per-turn
   contributions summed over a trajectory match the task outcome; the squared
   loss is inferred from the abstract. The step reward (also inferred) is
@@ -510,7 +511,9 @@ def spa_turn_features(hidden_bld: jax.Array, end_bk1: jax.Array) -> jax.Array:
 
 def spa_contributions(params: Any, feat_bkd: jax.Array) -> jax.Array:
   """Per-turn contributions c_psi(s_k, a_k) = weight . feat_bk + bias, [B, K]
-  float32 (SPA, papers.md F1-37; the linear head is our choice)."""
+  float32 (SPA, arXiv:2505.20732: a progress estimator whose per-step
+  contributions accumulate to the task completion; the linear head on the
+  policy's stop-gradient hidden states is our choice)."""
   return jnp.einsum("bkd,d->bk", feat_bkd, params["weight"]) + params["bias"]
 
 
@@ -832,14 +835,16 @@ def tree_fork_advantages(
 ) -> jax.Array:
   """PORTool fork-relative advantages blended with the trajectory advantage.
 
-  PORTool (papers.md F0-2 = F1-3; arXiv id not given there). From the
+  PORTool (Wu et al., arXiv:2510.26020; papers.md F0-2 = F1-3). From the
   abstract: rollouts share their first tool-call steps (a tree); each step is
   rewarded for its ability to lead to a correct answer AND for making
   successful tool calls; a shared step gets one reward, different steps under
   the same fork get different rewards; fork-relative advantages are blended
   with trajectory-relative ones. Inferred (papers.md, not from the paper):
-  the node value as the leaves' success rate plus a call-success bonus, the
-  sibling z-score, and the alpha blend. Our choices: A_traj of a shared step
+  the node value as the leaves' success rate (the paper's wording, "whether
+  the offspring of that step can eventually produce the correct final
+  answer", might instead mean any-leaf-correct) plus a call-success bonus,
+  the sibling z-score, and the alpha blend. Our choices: A_traj of a shared step
   = mean of its leaves' GRPO advantages; the call-success part is an optional
   per-step bonus (`step_bonus_gd`, e.g. beta * 1[the step's call executed]);
   the RL loop passes none, since our environments expose no per-turn

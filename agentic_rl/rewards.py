@@ -384,17 +384,18 @@ def dual_path_efficiency_reward(
   that lacks one of the two arms, get 0 (their correctness is scored by
   `correct`).
 
-  Sources and what is ours: AKBE (papers.md F1-10; no arXiv id there) runs
-  dual-path rollouts and categorises a task by comparing correctness across
-  the paths; the catalogue's inferred categories are (i) solved without tools
-  -> tools unnecessary, penalise calls; (ii) only solved with tools -> tools
-  needed, favour the minimal-call correct episodes; (iii) neither -> no
-  efficiency signal. EAPO (F1-57) adds tool-free episodes to every group and
-  penalises redundant calls mainly on easy queries; AT-GRPO (F0-76) scales
-  the tool reward by the Tool Benefit Score acc_t - acc_n. None of these
-  formulas is given in papers.md (all marked inferred). Our choice makes the
-  categories soft: the call cost is weighted by acc_n (how often the task is
-  solved without tools: full cost in (i), none in (ii) and (iii)) and the
+  Sources and what is ours. From AKBE's abstract (Chen et al.,
+  arXiv:2605.26952; papers.md F1-10): dual-path (with-tool / no-tool)
+  rollouts; the knowledge boundary is whether a task needs tools and the
+  minimum number of calls; trajectories are categorised by comparing
+  correctness across the paths. Inferred by papers.md (not from a paper):
+  the categories (i) solved without tools -> tools unnecessary, penalise
+  calls; (ii) only solved with tools -> tools needed, favour the minimal-call
+  correct episodes; (iii) neither -> no efficiency signal; EAPO (F1-57)
+  penalising redundant calls mainly on easy queries; AT-GRPO (F0-76) scaling
+  the tool reward by the Tool Benefit Score acc_t - acc_n. Our choice makes
+  the categories soft: the call cost is weighted by acc_n (how often the task
+  is solved without tools: full cost in (i), none in (ii) and (iii)) and the
   minimal-call bonus by max(nec, 0) (none in (i) when tools do not help, full
   in (ii) when tools are necessary, none in (iii)).
 
