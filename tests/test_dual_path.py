@@ -154,3 +154,17 @@ def test_rl_step_with_dual_path_groups_and_spa_potential(tmp_path):
   restored = ckpt.restore(state, step=1)
   for a, b in zip(jax.tree.leaves(state.spa), jax.tree.leaves(restored.spa)):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("arg", [None, "smoke"])
+def test_feature_configs_validate(arg):
+  from configs import dual_path, forkme, spa_kv_chain
+  for mod in (dual_path, spa_kv_chain, forkme):
+    validation.validate_config(mod.get_config(arg))
+  config = forkme.get_config(arg)
+  config.rl.dual_path_tool_free = 1
+  config.rl.rewards = {"correct": 1.0, "dual_path_efficiency": 1.0}
+  config.rl.pbrs_coef = 0.5
+  config.rl.pbrs_potential = "spa"
+  config.rl.gigpo_match_turn = False
+  validation.validate_config(config)

@@ -475,3 +475,14 @@ def test_components_and_compositions_under_jit_and_vmap():
   close(batched["gra"][0],
         [1.2 if r[2] else 0.0 for r in _DUAL_ROWS], rtol=1e-6)
   close(batched["product"][0], batched["otc"][0])
+
+
+def test_call_score_reward_reads_the_fact():
+  traj = make_traj([True, False, True], [1, 1, 2], [0, 0, 1])
+  traj = traj.replace(facts={**traj.facts,
+                             "call_score": jnp.array([1.0, 0.25, 0.0])})
+  r = rewards.call_score_reward(traj)
+  assert r.dtype == jnp.float32
+  close(r, [1.0, 0.25, 0.0])
+  total, _ = rewards.make_reward_fn({"call_score": 2.0, "correct": 1.0})(traj)
+  close(total, [3.0, 0.5, 1.0])
