@@ -38,9 +38,14 @@ from __future__ import annotations
 import math
 import numbers
 
+from typing import Any
+
 import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
+from flax import nnx
 
 from agentic_rl import advantages
 from agentic_rl import types
@@ -292,9 +297,13 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
   V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), where log p_ref(y*|s_k)
   is the frozen reference model's log-probability of the gold answer y*
   appended after the k-th tool boundary. TRACE (papers.md F1-9; arXiv id not
-  given there); the normalisation by s_0 and the TD reward
-  r_k = V(s_{k+1}) - V(s_k) are inferred from the abstract, not taken from
-  the paper. V(s_0) = 0 by construction.
+  given there). From the abstract: states at tool-call boundaries, a frozen
+  reference model's gold-answer log-probability per state, "log-ratio state
+  values", a per-action reward equal to the TD change of those values, and
+  telescoping over redundant calls. Inferred (papers.md, matched here): the
+  ratio is taken against the initial state s_0, and r_k = V(s_{k+1}) - V(s_k)
+  with discount 1. Our choice: y* is appended after an answer-opening prefix
+  (`gold_answer_logprobs`). V(s_0) = 0 by construction.
 
   As a PBRS potential: `pbrs_shaping(..., discount=1, terminated=False)`
   gives TRACE's inferred r_k, whose sum telescopes to V(s_n) - V(s_0) =
@@ -423,7 +432,8 @@ def spa_progress_loss(
 ) -> jax.Array:
   """SPA progress-estimator loss mean_b (sum_k m_bk c_bk - R_b)^2 (inferred).
 
-  Stepwise Progress Attribution (papers.md F1-37; arXiv id not given there):
+  Stepwise Progress Attribution (Wang et al., SPA-RL, arXiv:2505.20732;
+  papers.md F1-37):
   a progress estimator c_psi(s_k, a_k) is trained so that its per-turn
   contributions summed over a trajectory match the task outcome; the squared
   loss is inferred from the abstract. The step reward (also inferred) is
@@ -449,6 +459,133 @@ def spa_progress_loss(
   total_b = jnp.sum(jnp.where(m_bk, jnp.asarray(contrib_bk, jnp.float32), 0.0),
                     axis=1)
   return jnp.mean(jnp.square(total_b - jnp.asarray(outcome_b, jnp.float32)))
+
+
+@flax.struct.dataclass
+class SpaState:
+  """The SPA progress estimator inside `TrainState.spa` (checkpointed).
+
+  Attributes:
+    params: {'weight': [D] float32, 'bias': [] float32}, a linear head on the
+      policy's (stop-gradient) final hidden state at the end of each turn.
+    opt_state: its own optax state (`make_spa_optimizer`).
+  """
+
+  params: Any
+  opt_state: Any
+
+
+def make_spa_optimizer(learning_rate: float) -> optax.GradientTransformation:
+  """Adam (arXiv:1412.6980) at `learning_rate` for the SPA head."""
+  return optax.adam(learning_rate)
+
+
+def spa_init(d_model: int, learning_rate: float) -> SpaState:
+  """Zero-initialised SPA head (every contribution, so every potential, is 0
+  until the head has been trained), with a fresh optimizer state."""
+  params = {"weight": jnp.zeros((d_model,), jnp.float32),
+            "bias": jnp.zeros((), jnp.float32)}
+  return SpaState(params=params,
+                  opt_state=make_spa_optimizer(learning_rate).init(params))
+
+
+def spa_turn_features(hidden_bld: jax.Array, end_bk1: jax.Array) -> jax.Array:
+  """[B, K, D] float32 features of turn k: the hidden state at the last token
+  of s_{k+1} (the context after turn k and its observation).
+
+  Causal attention makes hidden[b, t] a function of tokens[b, :t + 1] only, so
+  feature k depends on the history s_{k+1} alone; with `spa_potential` the
+  potential Phi(s_k) is then a function of the state (history) s_k, as PBRS
+  requires. Gradients are stopped (the head never trains the policy).
+
+  Args:
+    hidden_bld: [B, L, D] final hidden states of the policy
+      (`Transformer.hidden_states`).
+    end_bk1: [B, K + 1] int32 context lengths (`state_ends`).
+  """
+  chex.assert_rank([hidden_bld, end_bk1], [3, 2])
+  pos_bk = jnp.clip(end_bk1[:, 1:] - 1, 0, hidden_bld.shape[1] - 1)
+  feat = jnp.take_along_axis(hidden_bld, pos_bk[:, :, None], axis=1)
+  return jax.lax.stop_gradient(feat.astype(jnp.float32))
+
+
+def spa_contributions(params: Any, feat_bkd: jax.Array) -> jax.Array:
+  """Per-turn contributions c_psi(s_k, a_k) = weight . feat_bk + bias, [B, K]
+  float32 (SPA, arXiv:2505.20732: a progress estimator whose per-step
+  contributions accumulate to the task completion; the linear head on the
+  policy's stop-gradient hidden states is our choice)."""
+  return jnp.einsum("bkd,d->bk", feat_bkd, params["weight"]) + params["bias"]
+
+
+def spa_potential(contrib_bk: jax.Array, turn_mask_bk: jax.Array) -> jax.Array:
+  """SPA potential Phi(s_k) = sum_{j<k} m_j c_j, [B, K + 1] float32.
+
+  The progress credited so far: Phi(s_0) = 0 and Phi(s_n) = the estimator's
+  prediction of the outcome after the n valid turns. As a PBRS potential
+  (`shape_turn_rewards`, discount 1) a non-final turn k gets F_k = c_k, the
+  last turn of a terminated episode gets -Phi(s_{n-1}) (Phi(terminal) = 0,
+  so the shaping telescopes to -Phi(s_0) = 0), and per-turn returns become
+  G_k = R - Phi(s_k): the outcome minus the progress already credited. Using
+  the cumulative contributions as the potential is our choice (SPA itself
+  pays r_k = c_k + beta * grounding_k, which does not telescope).
+
+  Args:
+    contrib_bk: [B, K] float contributions (`spa_contributions`).
+    turn_mask_bk: [B, K] bool valid turns (prefix per row).
+  """
+  chex.assert_rank([contrib_bk, turn_mask_bk], 2)
+  c = jnp.where(jnp.asarray(turn_mask_bk, bool),
+                jnp.asarray(contrib_bk, jnp.float32), 0.0)
+  return jnp.concatenate(
+      [jnp.zeros((c.shape[0], 1), jnp.float32), jnp.cumsum(c, axis=1)], axis=1)
+
+
+def spa_policy_features(graphdef, params, tokens_bl, role_bl, turn_bl,
+                        num_turns: int) -> jax.Array:
+  """[B, K, D] SPA features from one batched forward pass of the policy.
+
+  `spa_turn_features` of `Transformer.hidden_states(tokens_bl)` at the turn
+  boundaries `state_ends(role_bl, turn_bl, K)`; stop-gradient.
+
+  Args:
+    graphdef, params: the policy (nnx.split).
+    tokens_bl, role_bl, turn_bl: [B, L] trajectory fields.
+    num_turns: K (static).
+  """
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(tokens_bl)
+  return spa_turn_features(hidden_bld, state_ends(role_bl, turn_bl, num_turns))
+
+
+def spa_update(spa: SpaState, feat_bkd: jax.Array, turn_mask_bk: jax.Array,
+               outcome_b: jax.Array, *, learning_rate: float,
+               num_steps: int = 1) -> tuple[SpaState, jax.Array]:
+  """`num_steps` full-batch Adam steps on `spa_progress_loss` of the head.
+
+  Args:
+    spa: current head and optimizer state.
+    feat_bkd: [B, K, D] float32 features (`spa_turn_features`).
+    turn_mask_bk: [B, K] bool valid turns.
+    outcome_b: [B] float targets R_b (e.g. 1[correct]).
+    learning_rate: Adam step size (static; must match `spa_init`'s).
+    num_steps: gradient steps (static, >= 1), run with `lax.scan`.
+
+  Returns:
+    (new SpaState, float32 loss before the first step).
+  """
+  tx = make_spa_optimizer(learning_rate)
+  loss_fn = lambda p: spa_progress_loss(
+      spa_contributions(p, feat_bkd), turn_mask_bk, outcome_b)
+
+  def one(carry, _):
+    p, o = carry
+    loss, g = jax.value_and_grad(loss_fn)(p)
+    upd, o = tx.update(g, o, p)
+    return (optax.apply_updates(p, upd), o), loss
+
+  (p, o), losses = jax.lax.scan(one, (spa.params, spa.opt_state), None,
+                                length=num_steps)
+  return SpaState(params=p, opt_state=o), losses[0]
 
 
 # ---------------------------------------------------------------------------
@@ -583,17 +720,25 @@ def likelihood_reward(
 
 
 def observation_state_keys(
-    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int
+    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int,
+    match_turn: bool = True,
 ) -> jax.Array:
   """[B, K] uint32 key of the state s_k seen before turn k.
 
   s_0 is keyed by the PROMPT tokens; s_k (k >= 1) by the observation (TOOL
   tokens) returned after turn k - 1 (FNV-1a over the tokens in order; an
-  empty observation hashes to the FNV offset basis mixed with k). Two
-  episodes of one task that made the same call at turn k - 1 and got the same
-  observation share the key of s_k, as GiGPO's anchor states
-  (arXiv:2505.10978) are identical environment observations. Any other
-  [B, K] key array (e.g. a hash of the env state) can be used instead.
+  empty observation hashes to the FNV offset basis [mixed with k]).
+
+  From the paper (GiGPO, arXiv:2505.10978, section 4.2; not in papers.md):
+  anchor states are identical *environment states* shared by trajectories of
+  one task group, wherever they occur (any time step). Ours: the observation
+  stands in for the environment state (it is all the environment shows),
+  and by default (`match_turn`) the turn index is part of the key, so only
+  steps at the same turn are grouped: in our environments one observation
+  (e.g. 'error', or a number) can follow different states at different turns.
+  `match_turn=False` groups equal observations at any turn, as in the paper.
+  Any other [B, K] key array (e.g. a hash of the env state) can be passed to
+  `gigpo_step_advantages` instead.
 
   Args:
     tokens_bl, role_bl, turn_bl: [B, L] trajectory fields.
@@ -611,9 +756,10 @@ def observation_state_keys(
   def step(h, t):
     return jnp.where(t != 0, (h ^ t) * jnp.uint32(16777619), h), None
 
-  h0 = jnp.broadcast_to(
-      (jnp.uint32(2166136261) ^ k_k.astype(jnp.uint32))[None, :],
-      tok.shape[:2])
+  salt_k = k_k.astype(jnp.uint32) if match_turn else jnp.minimum(
+      k_k, 1).astype(jnp.uint32)  # the prompt key stays apart from observations
+  h0 = jnp.broadcast_to((jnp.uint32(2166136261) ^ salt_k)[None, :],
+                        tok.shape[:2])
   h, _ = jax.lax.scan(step, h0, jnp.moveaxis(tok, 2, 0))
   return h
 
@@ -685,11 +831,24 @@ def tree_fork_advantages(
     alpha: float,
     scale_by_std: bool = True,
     eps: float = 1e-6,
+    step_bonus_gd: jax.Array | None = None,
 ) -> jax.Array:
   """PORTool fork-relative advantages blended with the trajectory advantage.
 
-  PORTool (papers.md F0-2 = F1-3; arXiv id not given there; the forms below
-  are the catalogue's inferred reading). A static tree: the root (prompt)
+  PORTool (Wu et al., arXiv:2510.26020; papers.md F0-2 = F1-3). From the
+  abstract: rollouts share their first tool-call steps (a tree); each step is
+  rewarded for its ability to lead to a correct answer AND for making
+  successful tool calls; a shared step gets one reward, different steps under
+  the same fork get different rewards; fork-relative advantages are blended
+  with trajectory-relative ones. Inferred (papers.md, not from the paper):
+  the node value as the leaves' success rate (the paper's wording, "whether
+  the offspring of that step can eventually produce the correct final
+  answer", might instead mean any-leaf-correct) plus a call-success bonus,
+  the sibling z-score, and the alpha blend. Our choices: A_traj of a shared step
+  = mean of its leaves' GRPO advantages; the call-success part is an optional
+  per-step bonus (`step_bonus_gd`, e.g. beta * 1[the step's call executed]);
+  the RL loop passes none, since our environments expose no per-turn
+  call-success fact. A static tree: the root (prompt)
   forks into branching[0] children, each of those into branching[1], ...;
   leaf g (G = prod(branching) leaves, in lexicographic order of their
   branch indices) is one complete episode, and the node at depth j (j = 1 ..
@@ -697,7 +856,8 @@ def tree_fork_advantages(
   below it. Then:
 
     v(node)      = mean outcome of the leaves under the node (one reward for
-                   a shared step);
+                   a shared step) [+ mean of step_bonus_gd[:, j - 1] over
+                   those leaves, i.e. the shared step's bonus];
     A_fork(node) = (v(node) - mean_siblings v) [/ (std_siblings v + eps)],
                    siblings = the children of the same fork (node included);
     A_traj(node) = mean over the node's leaves of the GRPO advantage of the
@@ -713,6 +873,9 @@ def tree_fork_advantages(
     alpha: blend weight in [0, 1].
     scale_by_std: divide by the siblings' (population) std.
     eps: added to the std.
+    step_bonus_gd: optional [G, d] float per-step bonus of leaf g's step at
+      depth j (column j - 1); leaves sharing a step must carry equal values
+      (their mean is used).
 
   Returns:
     [G, d] float32: column j - 1 is the advantage of leaf g's step at depth j
@@ -734,10 +897,16 @@ def tree_fork_advantages(
       r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps)
   r_t = r.reshape(branching)
   a_t = traj_g.reshape(branching)
+  if step_bonus_gd is not None:
+    chex.assert_shape(step_bonus_gd, (g, d))
   cols = []
   for j in range(1, d + 1):
     tail = tuple(range(j, d))
     v = jnp.mean(r_t, axis=tail) if tail else r_t  # shape branching[:j]
+    if step_bonus_gd is not None:
+      bonus_t = jnp.asarray(step_bonus_gd[:, j - 1], jnp.float32).reshape(
+          branching)
+      v = v + (jnp.mean(bonus_t, axis=tail) if tail else bonus_t)
     a_traj = jnp.mean(a_t, axis=tail) if tail else a_t
     vmax = jnp.max(v, axis=-1, keepdims=True)
     vmin = jnp.min(v, axis=-1, keepdims=True)

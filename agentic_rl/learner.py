@@ -611,7 +611,9 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
     returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
     adv_b = advantages.grpo_advantages(
         reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
-    keys_bk = credit.observation_state_keys(traj.tokens, traj.role, traj.turn, k)
+    keys_bk = credit.observation_state_keys(
+        traj.tokens, traj.role, traj.turn, k,
+        match_turn=rl_cfg.get("gigpo_match_turn", True))
     adv_s = credit.gigpo_step_advantages(
         returns_bk, keys_bk, turn_mask, traj.group,
         scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
@@ -708,7 +710,82 @@ def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
     state = state.replace(
         log_partition=z,
         log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z))
+  if uses_spa(rl_cfg) and state.spa is None:
+    state = state.replace(
+        spa=credit.spa_init(_d_model(state.params), rl_cfg.spa_lr))
   return state
+
+
+def uses_spa(rl_cfg) -> bool:
+  """True when PBRS uses the learned SPA potential (`rl.pbrs_potential='spa'`
+  with `rl.pbrs_coef` > 0): the head lives in `TrainState.spa`."""
+  return (rl_cfg.get("pbrs_potential", "progress") == "spa"
+          and rl_cfg.get("pbrs_coef", 0.0) > 0)
+
+
+def _d_model(params) -> int:
+  """Hidden width D of the policy, read from its embedding table [V, D]."""
+  return int(jnp.shape(params["embed_vd"][...])[-1])
+
+
+def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
+  """[num_rows] bool: the last `num_free` rows of every contiguous group of
+  `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
+  EAPO, papers.md F1-10, F1-57); None when num_free is 0."""
+  if num_free <= 0:
+    return None
+  return (jnp.arange(num_rows) % group_size) >= group_size - num_free
+
+
+def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
+  """Tool-necessity metrics of a dual-path batch (facts['tool_free'] set).
+
+  Per group (`rewards.tool_necessity_stats`): acc_t (tool-enabled accuracy),
+  acc_n (tool-free accuracy), necessity = acc_t - acc_n. Logged: the two
+  accuracies over their episodes, the mean necessity over groups, the share
+  of groups where tools are needed (acc_n = 0 < acc_t) or unneeded
+  (acc_n > 0), and tool calls per tool-enabled episode in each kind of group
+  (overuse shows as calls where tools are unneeded), and, when the env has a
+  'tool_necessary' label, the mean necessity on labelled-necessary and
+  labelled-unnecessary tasks. Means over rows equal
+  means over groups (equal-size groups); an empty selection gives 0.
+  """
+  facts = traj.facts
+  free = facts["tool_free"]
+  correct = facts["correct"].astype(bool)
+  calls = facts["num_tool_calls"].astype(jnp.float32)
+  st = rewards.tool_necessity_stats(correct, calls.astype(jnp.int32), free,
+                                    traj.group)
+  f32 = lambda x: x.astype(jnp.float32)
+
+  def mean_where(x, w):
+    w = f32(w)
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+  needed = (st["acc_no_tool"] == 0) & (st["acc_tool"] > 0)
+  unneeded = st["acc_no_tool"] > 0
+  extra = {}
+  if "tool_necessary" in facts:
+    # Measured necessity against the environment's ground-truth label.
+    label = facts["tool_necessary"].astype(bool)
+    extra = {
+        "dual_path_necessity_labelled_necessary": mean_where(
+            st["necessity"], label),
+        "dual_path_necessity_labelled_unnecessary": mean_where(
+            st["necessity"], ~label),
+    }
+  return {
+      **extra,
+      "dual_path_acc_tool": mean_where(f32(correct), ~free),
+      "dual_path_acc_no_tool": mean_where(f32(correct), free),
+      "dual_path_necessity": jnp.mean(st["necessity"]),
+      "dual_path_needed_frac": jnp.mean(f32(needed)),
+      "dual_path_unneeded_frac": jnp.mean(f32(unneeded)),
+      "dual_path_calls_needed": mean_where(calls, ~free & needed),
+      "dual_path_calls_unneeded": mean_where(calls, ~free & unneeded),
+      # Exactly 0 when the logit mask works (a health check).
+      "dual_path_calls_tool_free": mean_where(calls, free),
+  }
 
 
 def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
@@ -781,6 +858,10 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   with_values = _uses_values(rl_cfg)
   trainer_beh = rl_cfg.get("behaviour_logprobs", "trainer") == "trainer"
   flowrl = rl_cfg.loss_type == "flowrl"
+  # Dual-path groups: tool-free episodes per group (0 = off).
+  num_free = rl_cfg.get("dual_path_tool_free", 0)
+  train_free = rl_cfg.get("dual_path_train_tool_free", True)
+  use_spa = uses_spa(rl_cfg)
 
   def sample_round(state, round_key, noise_key, num_groups, traj=None):
     """Rolls out num_groups groups of group_size episodes and scores them.
@@ -805,6 +886,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           env, tasks, sample_key, max_len=max_len, group=group,
           graphdef=graphdef, params=state.params, model_config=model_config,
           temperature=temperature,
+          tool_free=dual_path_tool_free(num_groups * group_size, group_size,
+                                        num_free),
       )
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
@@ -865,6 +948,9 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
       info["any_usable"] = filled > 0
     mask = policy_mask(traj)
+    if num_free > 0 and not train_free:
+      # Tool-free episodes only measure tool necessity: no loss on them.
+      mask = mask & ~traj.facts["tool_free"][:, None]
     reward, mask = batch_policies.apply_overlong(
         reward, mask, traj.finish, overlong_mode, rl_cfg.get("overlong_reward", 0.0)
     )
@@ -888,6 +974,18 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       # PBRS potential Phi(s_k) = V(s_k) from the value head (rl.pbrs_potential
       # = 'value'), read at each turn boundary with the sampling parameters.
       phi_bk1 = value_potential(graphdef, state.params, traj, env.max_turns)
+    if use_spa:
+      # SPA: per-turn contributions of the learned head on the policy's
+      # stop-gradient hidden states (one batched pass), cumulated into the
+      # potential; the head is trained on this batch in make_rl_step.
+      k = env.max_turns
+      feat = credit.spa_policy_features(
+          graphdef, state.params, traj.tokens, traj.role, traj.turn, k)
+      turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+      phi_bk1 = credit.spa_potential(
+          credit.spa_contributions(state.spa.params, feat), turn_mask)
+      extras["spa"] = (feat, turn_mask,
+                       traj.facts["correct"].astype(jnp.float32))
     if dense_aux and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
           rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
@@ -1070,7 +1168,15 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
       metrics["dual_coef"] = state.dual_coef
       metrics["dual_observed"] = extras["dual_observed"]
       dual_coef = dual_coef_update(rl_cfg, state.dual_coef, extras["dual_observed"])
+    spa = state.spa
+    if "spa" in extras:
+      feat, turn_mask, outcome = extras["spa"]
+      spa, metrics["spa_loss"] = credit.spa_update(
+          spa, feat, turn_mask, outcome, learning_rate=rl_cfg.spa_lr,
+          num_steps=rl_cfg.get("spa_steps", 1))
     facts = traj.facts
+    if "tool_free" in facts:
+      metrics.update(dual_path_metrics(traj))
     reward_gk = reward.reshape(-1, group_size)
     is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
     f32 = lambda x: jnp.mean(x.astype(jnp.float32))
@@ -1089,6 +1195,7 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
         replay=extras.get("replay", state.replay), dual_coef=dual_coef,
+        spa=spa,
     )
     if z_state is not None:
       state = state.replace(log_partition=z_state[0],

@@ -221,8 +221,11 @@ def sil_baselines(
   b_m = mean reward of the current batch's episodes of the same task, when
   the task is in the batch; otherwise the mean reward of the whole current
   batch. SPEAR (arXiv:2509.22601) recalibrates buffered advantages against
-  the current policy to account for drift; this per-task / batch fallback
-  rule is inferred, not taken from the paper's equations.
+  the current policy to account for drift (from the abstract). papers.md
+  (section 2.1, "Replay-based advantages") infers A = R_buf - mean of the
+  current group's R, which is the per-task rule here; the whole-batch
+  fallback for tasks absent from the batch is our choice. Neither is taken
+  from the paper's equations.
 
   Args:
     slot_key_m: [M] uint32 task keys of the replayed episodes.

@@ -21,6 +21,8 @@ Components (`REWARD_COMPONENTS`; keyword params and defaults in
 | failed_call_penalty       | -c e_i (AutoTIR)                 | c=0.1         |
 | gated_relative_efficiency | 1[correct] lam e_rel (SlimSrch.) | lam=1.0       |
 | tool_bonus                | b 1[m_i > 0] (anti-collapse)     | b=1.0         |
+| dual_path_efficiency      | -c acc_n m_i + b nec^+ 1[corr] f | c=0.1, b=0.5, |
+|                           | (AKBE / EAPO dual-path groups)   | otc_c=1.0     |
 
 m_i = facts['num_tool_calls'], e_i = facts['num_tool_errors']. Group
 statistics use segment ops on the int32 `traj.group` ids (never row order), so
@@ -303,6 +305,124 @@ def call_score_reward(traj: types.Trajectory) -> jax.Array:
   return traj.facts["call_score"].astype(jnp.float32)
 
 
+def _group_mean(x_b: jax.Array, w_b: jax.Array, group_b: jax.Array):
+  """Per-row mean of x over the rows of its group with w set, and whether any
+  row has w set there. Returns (mean_b float32 (0 where none), any_b bool)."""
+  b = x_b.shape[0]
+  group = group_b.astype(jnp.int32)
+  w = w_b.astype(jnp.float32)
+  num_g = jax.ops.segment_sum(w * x_b.astype(jnp.float32), group,
+                              num_segments=b)
+  den_g = jax.ops.segment_sum(w, group, num_segments=b)
+  any_b = den_g[group] > 0
+  return jnp.where(any_b, num_g[group] / jnp.maximum(den_g[group], 1.0),
+                   0.0), any_b
+
+
+def tool_necessity_stats(
+    correct_b: jax.Array,
+    num_calls_b: jax.Array,
+    tool_free_b: jax.Array,
+    group_b: jax.Array,
+) -> dict[str, jax.Array]:
+  """Per-task tool necessity measured from a dual-path group.
+
+  For the group g of each row: acc_t = accuracy of its tool-enabled episodes,
+  acc_n = accuracy of its tool-free episodes (sampled with the tool-call
+  token masked), necessity = acc_t - acc_n (AT-GRPO's Tool Benefit Score,
+  papers.md F0-76, inferred definition; AKBE's knowledge boundary, F1-10,
+  compares correctness across the two paths), n* = fewest tool calls among
+  the correct tool-enabled episodes (0 if none).
+
+  Args:
+    correct_b: [B] bool final-answer correctness.
+    num_calls_b: [B] int tool calls per episode.
+    tool_free_b: [B] bool, episode sampled with tool calls disabled.
+    group_b: [B] int32 task group ids in [0, B).
+
+  Returns:
+    dict of [B] arrays (each row carries its group's value): 'acc_tool',
+    'acc_no_tool', 'necessity' (float32; 0 where the group lacks an arm),
+    'n_star' (int32), 'both_arms' (bool: the group has episodes of both arms).
+  """
+  chex.assert_rank([correct_b, num_calls_b, tool_free_b, group_b], 1)
+  chex.assert_equal_shape([correct_b, num_calls_b, tool_free_b, group_b])
+  correct = jnp.asarray(correct_b).astype(jnp.bool_)
+  free = jnp.asarray(tool_free_b).astype(jnp.bool_)
+  acc_t, any_t = _group_mean(correct, ~free, group_b)
+  acc_n, any_n = _group_mean(correct, free, group_b)
+  both = any_t & any_n
+  n_star, _, _ = _correct_group_min_max(
+      num_calls_b.astype(jnp.int32), correct & ~free, group_b)
+  return {
+      "acc_tool": acc_t,
+      "acc_no_tool": acc_n,
+      "necessity": jnp.where(both, acc_t - acc_n, 0.0).astype(jnp.float32),
+      "n_star": n_star,
+      "both_arms": both,
+  }
+
+
+def dual_path_efficiency_reward(
+    traj: types.Trajectory,
+    *,
+    c: float = 0.1,
+    b: float = 0.5,
+    otc_c: float = 1.0,
+) -> jax.Array:
+  """Tool-efficiency reward from dual-path groups (inferred form).
+
+  Each group holds tool-enabled episodes and tool-free ones (tool-call token
+  masked at sampling; `rl.dual_path_tool_free`). With the group's acc_t,
+  acc_n, necessity nec = acc_t - acc_n and n* from `tool_necessity_stats`,
+  a tool-enabled episode i with m_i calls gets
+
+    R_i = -c * acc_n * m_i  +  b * max(nec, 0) * 1[correct_i] * f(m_i, n*),
+
+  f = OTC's paper score (`otc_tool_score`, arXiv:2504.14870; f(n*, n*) = 1,
+  smoothing constant otc_c). Tool-free episodes, and every episode of a group
+  that lacks one of the two arms, get 0 (their correctness is scored by
+  `correct`).
+
+  Sources and what is ours. From AKBE's abstract (Chen et al.,
+  arXiv:2605.26952; papers.md F1-10): dual-path (with-tool / no-tool)
+  rollouts; the knowledge boundary is whether a task needs tools and the
+  minimum number of calls; trajectories are categorised by comparing
+  correctness across the paths. Inferred by papers.md (not from a paper):
+  the categories (i) solved without tools -> tools unnecessary, penalise
+  calls; (ii) only solved with tools -> tools needed, favour the minimal-call
+  correct episodes; (iii) neither -> no efficiency signal; EAPO (F1-57)
+  penalising redundant calls mainly on easy queries; AT-GRPO (F0-76) scaling
+  the tool reward by the Tool Benefit Score acc_t - acc_n. Our choice makes
+  the categories soft: the call cost is weighted by acc_n (how often the task
+  is solved without tools: full cost in (i), none in (ii) and (iii)) and the
+  minimal-call bonus by max(nec, 0) (none in (i) when tools do not help, full
+  in (ii) when tools are necessary, none in (iii)).
+
+  Args:
+    traj: Trajectory with facts 'correct' bool [B], 'num_tool_calls' int [B],
+      'tool_free' bool [B] (added by the rollout in dual-path groups; absent
+      means no tool-free episode, so the reward is 0); `traj.group` int32 [B]
+      ids in [0, B).
+    c: cost per call at acc_n = 1 (default 0.1).
+    b: minimal-call bonus at nec = 1 (default 0.5).
+    otc_c: n* = 0 smoothing constant of f.
+
+  Returns:
+    [B] float32.
+  """
+  m_b = _num_calls(traj)
+  correct_b = _correct(traj)
+  free_b = jnp.asarray(
+      traj.facts.get("tool_free", jnp.zeros(m_b.shape, jnp.bool_)), jnp.bool_)
+  st = tool_necessity_stats(correct_b, m_b, free_b, traj.group)
+  f_b = otc_tool_score(m_b, st["n_star"], c=otc_c)
+  cost = -c * st["acc_no_tool"] * m_b.astype(jnp.float32)
+  bonus = b * jnp.maximum(st["necessity"], 0.0) * jnp.where(correct_b, f_b, 0.0)
+  return jnp.where(st["both_arms"] & ~free_b, cost + bonus, 0.0).astype(
+      jnp.float32)
+
+
 REWARD_COMPONENTS: dict[str, RewardFn] = {
     "correct": correct_reward,
     "call_score": call_score_reward,
@@ -312,6 +432,7 @@ REWARD_COMPONENTS: dict[str, RewardFn] = {
     "failed_call_penalty": failed_call_penalty_reward,
     "gated_relative_efficiency": gated_relative_efficiency_reward,
     "tool_bonus": tool_bonus_reward,
+    "dual_path_efficiency": dual_path_efficiency_reward,
 }
 # ToolRL / TIER call-matching components over schema-call facts (call_rewards.py).
 REWARD_COMPONENTS.update(call_rewards.CALL_REWARD_COMPONENTS)

@@ -94,6 +94,8 @@ def generate_turn(
     max_action_len: int,
     temperature: float | jax.Array,
     stop_tokens: tuple[int, ...] = tokenizers.STOP_TOKENS,
+    banned_b: jax.Array | None = None,
+    banned_tokens: tuple[int, ...] = (),
 ) -> tuple[RolloutState, jax.Array, jax.Array]:
   """Samples one assistant turn for every row that is not done.
 
@@ -101,6 +103,12 @@ def generate_turn(
   its behaviour log-prob, the current turn index) at its own position, feeds it
   through the model with the KV cache, and stops after a stop token, after
   `max_action_len` tokens, or when the buffer is full.
+
+  Per-episode logit mask (dual-path groups, `mask_logits`): rows with
+  `banned_b` set never sample a token of `banned_tokens` (their logits are
+  set to -1e9 before sampling), and their recorded behaviour log-prob is that
+  of the masked distribution actually sampled from. `banned_b` is an array
+  (any per-row pattern, one compiled program); `banned_tokens` is static.
 
   Returns:
     (state, action_tokens [B, A] int32 padded with PAD, action_len [B] int32).
@@ -117,7 +125,10 @@ def generate_turn(
   def body(carry):
     st, action, action_len, active, t, key = carry
     key, sub = jax.random.split(key)
-    tok_b, logp_b = sampling.sample_token(sub, st.next_logits, temperature)
+    logits_bv = st.next_logits
+    if banned_b is not None and banned_tokens:
+      logits_bv = mask_logits(logits_bv, banned_b, banned_tokens)
+    tok_b, logp_b = sampling.sample_token(sub, logits_bv, temperature)
     one = jnp.ones((b, 1), jnp.int32)
     tokens = write_segment(st.tokens, st.length, tok_b[:, None], one[:, 0], active)
     role = write_segment(
@@ -150,6 +161,47 @@ def generate_turn(
   carry = (state, action, action_len, active0, jnp.int32(0), key)
   state, action, action_len, _, _, _ = jax.lax.while_loop(cond, body, carry)
   return state, action, action_len
+
+
+# Logit given to banned tokens: exp(-1e9 - max) is exactly 0 in float32, and
+# unlike -inf it never produces inf - inf = nan (e.g. in an entropy).
+BANNED_LOGIT = -1e9
+
+
+def mask_logits(
+    logits_bv: jax.Array, banned_b: jax.Array, banned_tokens: tuple[int, ...]
+) -> jax.Array:
+  """Per-row logit mask: logits of `banned_tokens` set to BANNED_LOGIT where
+  `banned_b` is True.
+
+  Used for dual-path groups (AKBE / EAPO, papers.md F1-10, F1-57): rows
+  sampled with tool calls disabled ban the environment's tool-call opening
+  token(s), so the sampled distribution is the policy renormalised over the
+  remaining tokens (log-probs of the masked distribution: log p(v) -
+  log(1 - sum_{banned} p)).
+
+  Args:
+    logits_bv: [B, V] float logits.
+    banned_b: [B] bool, rows whose banned tokens are masked.
+    banned_tokens: static tuple of token ids in [0, V).
+
+  Returns:
+    [B, V] logits (same dtype).
+  """
+  ids = jnp.asarray(banned_tokens, jnp.int32)
+  cols_bn = logits_bv[:, ids]
+  new_bn = jnp.where(jnp.asarray(banned_b, bool)[:, None],
+                     jnp.asarray(BANNED_LOGIT, logits_bv.dtype), cols_bn)
+  return logits_bv.at[:, ids].set(new_bn)
+
+
+def tool_call_tokens(env) -> tuple[int, ...]:
+  """The token ids that open a tool call in `env`: `env.tool_call_tokens` if
+  the environment declares it, else (tokenizers.CALL,), the call-opening token
+  of every JAX-native environment here (a turn is a call iff it starts with
+  CALL). Banning them disables tool calls (and any other CALL-framed action,
+  e.g. clarification's `ask`)."""
+  return tuple(int(t) for t in getattr(env, "tool_call_tokens", (tokenizers.CALL,)))
 
 
 def _append(state: RolloutState, seg_bs: jax.Array, seg_len_b: jax.Array,
@@ -326,6 +378,7 @@ def rollout(
     params: Any = None,
     model_config: transformer.TransformerConfig | None = None,
     temperature: float | jax.Array = 1.0,
+    tool_free: jax.Array | None = None,
 ) -> types.Trajectory:
   """Runs a batch of episodes to completion and returns their `Trajectory`.
 
@@ -343,6 +396,10 @@ def rollout(
     graphdef, params, model_config: the policy (see above).
     temperature: sampling temperature (python float or traced scalar); 0 is
       greedy.
+    tool_free: optional [B] bool; rows where it is True are sampled with tool
+      calls disabled (`mask_logits` on `tool_call_tokens(env)` at every
+      sampled token; dual-path groups) and it is returned as the extra fact
+      `facts['tool_free']` [B] bool. Policy rollouts only.
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.
@@ -350,6 +407,7 @@ def rollout(
   b = jax.tree.leaves(tasks)[0].shape[0]
   env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
   use_model = graphdef is not None
+  banned_tokens = tool_call_tokens(env) if tool_free is not None else ()
   state = init_state(prompt, prompt_len, env_state, max_len=max_len,
                      graphdef=graphdef, params=params, model_config=model_config)
 
@@ -365,6 +423,8 @@ def rollout(
           sub,
           max_action_len=env.max_action_len,
           temperature=temperature,
+          banned_b=tool_free,
+          banned_tokens=banned_tokens,
       )
     else:
       state, action, action_len = _expert_turn(env, state, sub)
@@ -383,6 +443,10 @@ def rollout(
     return jnp.any(~state.done)
 
   state, _ = jax.lax.while_loop(turn_cond, turn_body, (state, key))
+  facts = jax.vmap(env.facts)(state.env_state)
+  if tool_free is not None:
+    # Dual-path groups: which episodes were sampled without tools.
+    facts = {**facts, "tool_free": jnp.asarray(tool_free, bool)}
   return types.Trajectory(
       tokens=state.tokens,
       role=state.role,
@@ -392,7 +456,7 @@ def rollout(
       num_turns=state.num_turns,
       finish=state.finish,
       group=jnp.arange(b, dtype=jnp.int32) if group is None else group,
-      facts=jax.vmap(env.facts)(state.env_state),
+      facts=facts,
   )
 
 

@@ -82,6 +82,8 @@ class TrainState:
       learned log-partition log Z_phi(x) (`losses.LogPartition`; when
       `rl.loss_type='flowrl'`), set at the start of the RL phase.
     log_partition_opt_state: None, or the optax state of its optimizer.
+    spa: None, or the SPA progress estimator `credit.SpaState` (head
+      parameters and its optimizer state; when `rl.pbrs_potential='spa'`).
 
   The optional fields default to None (an empty pytree), so states and
   checkpoints of runs without these switches keep their structure. The
@@ -99,3 +101,4 @@ class TrainState:
   dual_coef: Any = None
   log_partition: Any = None
   log_partition_opt_state: Any = None
+  spa: Any = None

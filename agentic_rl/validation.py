@@ -252,10 +252,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
   potential = config.rl.get("pbrs_potential", "progress")
-  if potential not in ("progress", "trace", "value"):
+  if potential not in ("progress", "trace", "value", "spa"):
     _fail("rl.pbrs_potential", potential,
-          "must be 'progress', 'trace' or 'value'")
+          "must be 'progress', 'trace', 'value' or 'spa'")
   _validate_policy_optimisation(config)
+  _validate_dual_path_and_spa(config, is_host)
   if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
     _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
   lik = config.rl.get("likelihood_coef", 0.0)
@@ -335,6 +336,30 @@ def _validate_policy_optimisation(config) -> None:
             "must be an integer >= 0 (0 = one scalar log Z)")
     if not rl.get("flowrl_log_z_lr", 1e-3) > 0:
       _fail("rl.flowrl_log_z_lr", rl.flowrl_log_z_lr, "must be > 0")
+
+
+def _validate_dual_path_and_spa(config, is_host: bool) -> None:
+  """Dual-path groups (rl.dual_path_tool_free) and the SPA head (rl.spa_*)."""
+  rl = config.rl
+  free = rl.get("dual_path_tool_free", 0)
+  if isinstance(free, bool) or not isinstance(free, int) or not (
+      0 <= free < rl.group_size):
+    _fail("rl.dual_path_tool_free", free,
+          f"must be an int in [0, rl.group_size={rl.group_size}) (tool-free "
+          "episodes per group; 0 = off)")
+  if free and tuple(rl.get("tree_branching", ())):
+    _fail("rl.dual_path_tool_free", free,
+          "dual-path groups need flat groups: set rl.tree_branching=()")
+  if free and is_host:
+    _fail("rl.dual_path_tool_free", free,
+          f"the tool-call logit mask is applied in the JAX-native rollout; "
+          f"host environment {config.env.name!r} is not supported")
+  if rl.get("pbrs_potential", "progress") == "spa":
+    if not rl.get("spa_lr", 1e-2) > 0:
+      _fail("rl.spa_lr", rl.spa_lr, "must be > 0")
+    steps = rl.get("spa_steps", 1)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+      _fail("rl.spa_steps", steps, "must be an int >= 1")
 
 
 def _validate_replay_and_dual(config, env_obj) -> None:

@@ -81,6 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step advantage within groups of identical states (same observation) of a
   # task group, on discounted step returns (rl.discount).
   config.rl.gigpo_step_weight = 1.0
+  # GiGPO anchor states: True groups equal observations at the same turn only
+  # (our default); False at any turn, as in the paper (credit.py).
+  config.rl.gigpo_match_turn = True
   # PORTool tree rollouts (agentic_rl/tree_rollout.py): fork sizes before
   # turns 0 .. d-1, product = group_size, e.g. (2, 2); () = off (plain
   # groups). Advantages: alpha * fork-relative + (1 - alpha) * trajectory
@@ -148,8 +151,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # batched reference-model pass; needs env facts gold_answer, gold_answer_len)
   # or 'value' (the policy's value head V(s_k) at each turn boundary; needs
   # model.value_head=True; the head is trained on Monte-Carlo returns with
-  # rl.value_coef / rl.value_clip).
+  # rl.value_coef / rl.value_clip);
+  # or 'spa' (SPA, papers.md F1-37: Phi(s_k) = sum_{j<k} c_j of a linear head on
+  # the policy's stop-gradient hidden state after each turn, trained in the
+  # same RL step so that sum_k c_k regresses 1[correct]; TrainState.spa).
   config.rl.pbrs_potential = "progress"
+  # SPA head: Adam learning rate and full-batch steps per RL iteration.
+  config.rl.spa_lr = 1e-2
+  config.rl.spa_steps = 4
+  # Dual-path groups (AKBE / EAPO, papers.md F1-10, F1-57): the last N episodes
+  # of each group are sampled with the tool-call token masked (0 = off); tool
+  # necessity per task = acc(with tools) - acc(without) is logged
+  # (rl/dual_path_*) and feeds the 'dual_path_efficiency' reward component.
+  config.rl.dual_path_tool_free = 0
+  # Train on the tool-free episodes too (their behaviour log-probs are those of
+  # the masked distribution); False = they only measure tool necessity.
+  config.rl.dual_path_train_tool_free = True
   # Dense (PBRS) signal delivered as 'reward' (inside the returns) or as
   # 'aux_loss' (its per-turn F_k in a separate surrogate term; the outcome
   # advantages are unchanged).

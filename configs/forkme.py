@@ -32,6 +32,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # "gigpo": episode advantage + w * step advantage among identical states.
   rl.gigpo_step_weight = 1.0
+  # GiGPO anchor states at the same turn only (True) or at any turn (False).
+  rl.gigpo_match_turn = True
 
   # PORTool tree rollouts: e.g. (2, 2) forks (product = group_size); () = off.
   rl.tree_branching = ()
@@ -53,8 +55,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # PBRS on the env's progress potential, e.g. 0.5 (acts through per_turn).
   rl.pbrs_coef = 0.0
   # Potential: "progress" | "trace" (reference log-prob of the gold answer) |
-  # "value" (value head V(s_k); needs config.model.value_head = True).
+  # "value" (value head V(s_k); needs config.model.value_head = True) |
+  # "spa" (learned per-turn contributions summed so far; TrainState.spa).
   rl.pbrs_potential = "progress"
+  # SPA head: Adam learning rate, steps per RL iteration.
+  rl.spa_lr = 1e-2
+  rl.spa_steps = 4
+  # Dual-path groups: tool-free episodes per group (tool-call token masked),
+  # e.g. 2 of 8; 0 = off. Logs rl/dual_path_*; see the dual_path_efficiency
+  # reward. False: the tool-free episodes only measure tool necessity.
+  rl.dual_path_tool_free = 0
+  rl.dual_path_train_tool_free = True
   # Dense signal as "reward" | "aux_loss".
   rl.dense_as = "reward"
   # Likelihood reward log p_ref(gold | context), e.g. 0.1 (0 = off).
@@ -62,7 +73,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # --- Rewards (agentic_rl/rewards.py) ------------------------------------------
   # Components and weights: correct, format, otc, tool_cost, failed_call_penalty,
-  # gated_relative_efficiency, tool_bonus. E.g. OTC instead of plain correctness:
+  # gated_relative_efficiency, tool_bonus, dual_path_efficiency (needs
+  # rl.dual_path_tool_free > 0), toolrl, tier, call_score. E.g. OTC instead of
+  # plain correctness:
   #   rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
   rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
   # Component parameters, e.g. dict(tool_cost=dict(c=0.05)).

@@ -460,3 +460,195 @@ def test_portool_tree_advantages_hand_drawn_2x2_tree():
     credit.tree_fork_advantages(r, (3, 2), alpha=0.5)
   with pytest.raises(ValueError, match="alpha"):
     credit.tree_fork_advantages(r, (2, 2), alpha=1.5)
+
+
+def test_observation_state_keys_any_turn_as_in_the_paper():
+  # Ep 0 sees observation 50 after turn 0; ep 1 sees it after turn 1.
+  from agentic_rl import types
+  P, Q, T = types.PROMPT, types.POLICY, types.TOOL
+  tokens = jnp.array([[1, 2, 3, 50, 6, 51, 7], [1, 2, 3, 52, 6, 50, 7]],
+                     jnp.int32)
+  role = jnp.array([[P, P, Q, T, Q, T, Q]] * 2, jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 1, 1, 2]] * 2)
+  same_turn = np.asarray(credit.observation_state_keys(tokens, role, turn, 3))
+  any_turn = np.asarray(credit.observation_state_keys(tokens, role, turn, 3,
+                                                      match_turn=False))
+  assert same_turn[0, 1] != same_turn[1, 2]
+  assert any_turn[0, 1] == any_turn[1, 2]
+  assert any_turn[0, 2] != any_turn[1, 1]  # 51 vs 52
+  assert any_turn[0, 0] == any_turn[1, 0] == same_turn[0, 0]  # the prompt
+  # GiGPO on the any-turn keys: the shared state's two steps (returns 1, 0)
+  # get +-1 (z-score); every other step is alone in its step group.
+  returns = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+  a = credit.gigpo_step_advantages(returns, jnp.asarray(any_turn),
+                                   jnp.ones((2, 3), bool), jnp.zeros(2, jnp.int32),
+                                   eps=0.0)
+  np.testing.assert_allclose(a, [[1.0, 1.0, 0.0], [-1.0, 0.0, -1.0]],
+                             atol=1e-6)
+
+
+def test_portool_step_bonus_enters_the_node_value():
+  # Same 2x2 tree, outcomes [1, 0, 0, 0], mean-only, alpha = 1. Depth-1 bonus
+  # 0.5 on A1's step: v(A1) = .5 + .5, v(A2) = 0 -> A_fork = +-.5. Depth-2
+  # bonus 1 on leaf 1's step: under A1 values 1 + 0 = 0 + 1 -> 0.
+  r = jnp.array([1.0, 0.0, 0.0, 0.0])
+  bonus = jnp.array([[0.5, 0.0], [0.5, 1.0], [0.0, 0.0], [0.0, 0.0]])
+  m = credit.tree_fork_advantages(r, (2, 2), alpha=1.0, scale_by_std=False,
+                                  step_bonus_gd=bonus)
+  np.testing.assert_allclose(m, [[.5, 0], [.5, 0], [-.5, 0], [-.5, 0]],
+                             atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# SPA: learned progress estimator as a PBRS potential.
+# ---------------------------------------------------------------------------
+
+
+def test_spa_potential_hand_values_and_pbrs_on_it():
+  # c = [[0.2, 0.3, 0.9], [0.5, -0.1, 0.4]], row 0 has 2 valid turns.
+  # Phi row 0 = [0, 0.2, 0.5, 0.5]; row 1 = [0, 0.5, 0.4, 0.8].
+  c = jnp.array([[0.2, 0.3, 0.9], [0.5, -0.1, 0.4]])
+  mask = jnp.array([[True, True, False], [True, True, True]])
+  phi = credit.spa_potential(c, mask)
+  np.testing.assert_allclose(phi, [[0, 0.2, 0.5, 0.5], [0, 0.5, 0.4, 0.8]],
+                             atol=1e-6)
+  # PBRS (discount 1, terminated): non-final turns get F_k = c_k, the last
+  # turn -Phi(s_{n-1}); row 0: [0.2, -0.2, 0], row 1: [0.5, -0.1, -0.4].
+  f = credit.shape_turn_rewards(jnp.zeros((2, 3)), phi, mask, 1.0,
+                                jnp.array([True, True]))
+  np.testing.assert_allclose(f, [[0.2, -0.2, 0.0], [0.5, -0.1, -0.4]],
+                             atol=1e-6)
+  # Truncated: Phi(s_n) kept, F_k = c_k on every valid turn.
+  f_tr = credit.shape_turn_rewards(jnp.zeros((2, 3)), phi, mask, 1.0,
+                                   jnp.array([False, False]))
+  np.testing.assert_allclose(f_tr, jnp.where(mask, c, 0.0), atol=1e-6)
+
+
+def test_spa_head_training_reduces_sum_to_outcome_error():
+  # Toy batch: 3 turns, features in R^4; the outcome is 1 iff a "productive"
+  # feature (dim 0) fired on some turn, so a linear head can fit it exactly.
+  rng = np.random.default_rng(0)
+  b, k, d = 32, 3, 4
+  feat = rng.normal(size=(b, k, d)).astype(np.float32) * 0.3
+  hit = rng.random((b, k)) < 0.3
+  feat[..., 0] = hit.astype(np.float32)
+  mask = np.arange(k)[None, :] < rng.integers(1, k + 1, size=b)[:, None]
+  outcome = np.sum(hit & mask, axis=1).astype(np.float32)
+  spa = credit.spa_init(d, 0.05)
+  update = jax.jit(functools.partial(credit.spa_update, learning_rate=0.05,
+                                     num_steps=50))
+  loss0 = float(credit.spa_progress_loss(
+      credit.spa_contributions(spa.params, feat), mask, outcome))
+  np.testing.assert_allclose(loss0, np.mean(outcome ** 2), rtol=1e-6)
+  losses = []
+  for _ in range(4):
+    spa, first = update(spa, feat, mask, outcome)
+    losses.append(float(first))
+  loss_end = float(credit.spa_progress_loss(
+      credit.spa_contributions(spa.params, feat), mask, outcome))
+  # The reported loss is the one before each call's first step.
+  np.testing.assert_allclose(losses[0], loss0, rtol=1e-6)
+  assert losses == sorted(losses, reverse=True)
+  assert loss_end < 0.05 * loss0, (loss0, loss_end)
+  # The head found the productive feature: weight ~1 on dim 0.
+  assert abs(float(spa.params["weight"][0]) - 1.0) < 0.2
+
+
+@pytest.fixture(scope="module")
+def _policy():
+  from tests import fakes
+  graphdef, params, cfg = fakes.tiny_policy(3)
+  return graphdef, params
+
+
+def test_spa_features_one_batched_pass_match_per_prefix_forward(_policy):
+  # Independent reference: the feature of turn k is the last hidden state of
+  # a separate forward pass over the prefix s_{k+1} alone.
+  from flax import nnx
+  graphdef, params = _policy
+  tokens, role, turn, _, _ = _gold_traj()
+  k = 2
+  fn = jax.jit(functools.partial(credit.spa_policy_features, graphdef),
+               static_argnums=4)
+  feat = fn(params, tokens, role, turn, k)
+  assert feat.shape == (2, k, 32) and feat.dtype == jnp.float32
+  last_hidden = jax.jit(
+      lambda p, t: nnx.merge(graphdef, p).hidden_states(t)[0][0, -1])
+  # Context lengths: ep 0 s_1 = 5 tokens, s_2 = 7; ep 1 s_1 = s_2 = 4.
+  for b, ends in ((0, (5, 7)), (1, (4, 4))):
+    for j, e in enumerate(ends):
+      np.testing.assert_allclose(feat[b, j],
+                                 last_hidden(params, tokens[b:b + 1, :e]),
+                                 atol=2e-5)
+  # Potentials: one jitted pass of head + cumsum, equal to hand composition.
+  head = {"weight": jnp.linspace(-1.0, 1.0, 32), "bias": jnp.float32(0.1)}
+  mask = jnp.array([[True, True], [True, False]])
+  phi = jax.jit(lambda p, f, m: credit.spa_potential(
+      credit.spa_contributions(p, f), m))(head, feat, mask)
+  c = np.einsum("bkd,d->bk", np.asarray(feat), np.asarray(head["weight"])) + 0.1
+  np.testing.assert_allclose(
+      phi, [[0, c[0, 0], c[0, 0] + c[0, 1]], [0, c[1, 0], c[1, 0]]],
+      rtol=1e-5, atol=1e-6)
+
+
+def test_pbrs_properties_hold_with_the_spa_potential():
+  # Random heads on random features: telescoping, trajectory-GRPO invariance
+  # and the per-turn state baseline, exactly as for any other potential.
+  rng = np.random.default_rng(7)
+  b, k, d = 8, 4, 5
+  group = jnp.asarray(np.repeat(np.arange(2), 4), jnp.int32)
+  outcome = jnp.array([1, 0, 1, 0, 0, 1, 1, 1], jnp.float32)
+  mask = jnp.asarray(np.arange(k)[None, :]
+                     < rng.integers(1, k + 1, size=b)[:, None])
+  term = jnp.ones(b, bool)
+  base = advantages.grpo_advantages(outcome, group)
+  for seed in range(2):
+    r = np.random.default_rng(seed)
+    feat = jnp.asarray(r.normal(size=(b, k, d)), jnp.float32)
+    head = {"weight": jnp.asarray(r.normal(size=d), jnp.float32),
+            "bias": jnp.float32(r.normal())}
+    phi = credit.spa_potential(credit.spa_contributions(head, feat), mask)
+    np.testing.assert_array_equal(phi[:, 0], 0.0)  # shared Phi(s_0)
+    for disc in (1.0, 0.9):
+      f = credit.shape_turn_rewards(jnp.zeros((b, k)), phi, mask, disc, term)
+      total = credit.episode_returns_with_shaping(jnp.zeros(b), f, mask, disc)
+      # Telescoping: sum_k d^k F_k = d^n * 0 - Phi(s_0) = 0.
+      np.testing.assert_allclose(total, 0.0, atol=1e-5)
+    closed = credit.telescoped_episode_returns(outcome, phi, mask, 1.0, term)
+    np.testing.assert_allclose(advantages.grpo_advantages(closed, group), base,
+                               atol=1e-6)
+    # Per-turn: reward-to-go of the shaped outcome = R - Phi(s_k).
+    n = jnp.sum(mask, 1)
+    r_bk = jnp.where(jnp.arange(k)[None, :] == (n - 1)[:, None],
+                     outcome[:, None], 0.0)
+    shaped = credit.shape_turn_rewards(r_bk, phi, mask, 1.0, term)
+    g = advantages.turn_reward_to_go(shaped, mask, 1.0)
+    np.testing.assert_allclose(
+        g, jnp.where(mask, outcome[:, None] - phi[:, :k], 0.0), atol=1e-5)
+
+
+def test_gigpo_tree_and_spa_under_jit_and_vmap():
+  rng = np.random.default_rng(3)
+  b, k = 6, 3
+  returns = jnp.asarray(rng.integers(0, 2, size=(2, b, k)), jnp.float32)
+  keys = jnp.asarray(rng.integers(0, 3, size=(2, b, k)), jnp.uint32)
+  mask = jnp.asarray(np.arange(k)[None, None, :]
+                     < rng.integers(1, k + 1, size=(2, b))[..., None])
+  group = jnp.asarray(np.repeat(np.arange(2), 3), jnp.int32)
+  gig = lambda r, s, m: credit.gigpo_step_advantages(r, s, m, group)
+  batched = jax.jit(jax.vmap(gig))(returns, keys, mask)
+  for i in range(2):
+    np.testing.assert_allclose(batched[i], gig(returns[i], keys[i], mask[i]),
+                               atol=1e-6)
+  leaves = jnp.asarray(rng.integers(0, 2, size=(3, 4)), jnp.float32)
+  tree = functools.partial(credit.tree_fork_advantages, branching=(2, 2),
+                           alpha=0.5)
+  batched = jax.jit(jax.vmap(tree))(leaves)
+  for i in range(3):
+    np.testing.assert_allclose(batched[i], tree(leaves[i]), atol=1e-6)
+  feat = jnp.asarray(rng.normal(size=(2, b, k, 4)), jnp.float32)
+  head = {"weight": jnp.arange(4.0), "bias": jnp.float32(0.5)}
+  spa = lambda f, m: credit.spa_potential(credit.spa_contributions(head, f), m)
+  batched = jax.jit(jax.vmap(spa))(feat, mask)
+  for i in range(2):
+    np.testing.assert_allclose(batched[i], spa(feat[i], mask[i]), atol=1e-5)

@@ -354,3 +354,135 @@ def test_make_reward_fn_scheduled_jit_and_noise():
   z, _ = gd(traj)
   s = math.sqrt(2.0 / 9.0)
   close(z, [1 / 3 / s, 1 / 3 / s, -2 / 3 / s, 0.0], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Dual-path groups: tool necessity and the derived efficiency reward.
+# ---------------------------------------------------------------------------
+
+# (group, tool_free, correct, calls, expected reward with c=0.1, b=0.5).
+# g0 easy: acc_t 1, acc_n 0.5, nec 0.5, n* 1:
+#   m=1: -0.1*0.5*1 + 0.5*0.5*f(1,1) = 0.2
+#   m=2: -0.1*0.5*2 + 0.5*0.5*sin(2pi/3) (g = 4/3) = 0.1165064
+# g1 hard: acc_t 1, acc_n 0, nec 1, n* 2:
+#   m=2: 0.5*1*f(2,2) = 0.5;  m=3: 0.5*sin(0.6 pi) (g = 12/5) = 0.4755283
+# g2 neither: all 0.   g3 tools hurt: acc_t 0.5, acc_n 1, nec -0.5 (no bonus):
+#   m=2 wrong: -0.1*1*2 = -0.2;  m=1 correct: -0.1
+# g4 has no tool-free arm: 0.
+_DUAL_ROWS = [
+    (0, False, True, 1, 0.2), (0, False, True, 2, -0.1 + 0.25 * math.sin(
+        2 * math.pi / 3)), (0, True, True, 0, 0.0), (0, True, False, 0, 0.0),
+    (1, False, True, 2, 0.5), (1, False, True, 3, 0.5 * math.sin(0.6 * math.pi)),
+    (1, True, False, 0, 0.0), (1, True, False, 0, 0.0),
+    (2, False, False, 1, 0.0), (2, False, False, 0, 0.0),
+    (2, True, False, 0, 0.0), (2, True, False, 0, 0.0),
+    (3, False, False, 2, -0.2), (3, False, True, 1, -0.1),
+    (3, True, True, 0, 0.0), (3, True, True, 0, 0.0),
+    (4, False, True, 1, 0.0), (4, False, True, 3, 0.0),
+]
+
+
+def _dual_traj(perm):
+  rows = [_DUAL_ROWS[i] for i in perm]
+  traj = make_traj([r[2] for r in rows], [r[3] for r in rows],
+                   [r[0] for r in rows])
+  traj = traj.replace(facts={**traj.facts,
+                             "tool_free": jnp.asarray([r[1] for r in rows])})
+  return traj, np.array([r[4] for r in rows])
+
+
+def test_tool_necessity_stats_hand_values():
+  traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
+  st = rewards.tool_necessity_stats(
+      traj.facts["correct"], traj.facts["num_tool_calls"],
+      traj.facts["tool_free"], traj.group)
+  per_group = {0: (1.0, 0.5, 0.5, 1, True), 1: (1.0, 0.0, 1.0, 2, True),
+               2: (0.0, 0.0, 0.0, 0, True), 3: (0.5, 1.0, -0.5, 1, True),
+               4: (1.0, 0.0, 0.0, 1, False)}
+  want = np.array([per_group[r[0]] for r in _DUAL_ROWS], object)
+  close(st["acc_tool"], want[:, 0].astype(float))
+  close(st["acc_no_tool"], want[:, 1].astype(float))
+  close(st["necessity"], want[:, 2].astype(float))
+  np.testing.assert_array_equal(st["n_star"], want[:, 3].astype(int))
+  np.testing.assert_array_equal(st["both_arms"], want[:, 4].astype(bool))
+
+
+def test_dual_path_efficiency_reward_hand_values_any_row_order():
+  fn = jax.jit(rewards.dual_path_efficiency_reward)
+  for perm in (range(len(_DUAL_ROWS)),
+               np.random.default_rng(0).permutation(len(_DUAL_ROWS))):
+    traj, want = _dual_traj(list(perm))
+    close(fn(traj), want, rtol=1e-6, atol=1e-7)
+  # Other weights: c = 1, b = 0 leaves only the acc_n-weighted call cost.
+  traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
+  got = rewards.dual_path_efficiency_reward(traj, c=1.0, b=0.0)
+  cost = {0: -0.5, 3: -1.0}
+  want = [0.0 if r[1] or r[0] not in cost else cost[r[0]] * r[3]
+          for r in _DUAL_ROWS]
+  close(got, want)
+  # Without the fact (no tool-free episode anywhere) the component is 0.
+  plain = make_traj([True, False], [1, 2], [0, 0])
+  close(rewards.dual_path_efficiency_reward(plain), [0.0, 0.0])
+
+
+def test_dual_path_efficiency_through_make_reward_fn():
+  traj, want = _dual_traj(range(len(_DUAL_ROWS)))
+  fn = rewards.make_reward_fn(
+      {"correct": 1.0, "dual_path_efficiency": 2.0},
+      params={"dual_path_efficiency": {"c": 0.1, "b": 0.5}})
+  total, parts = jax.jit(fn)(traj)
+  close(parts["dual_path_efficiency"], want)
+  close(total, np.array([r[2] for r in _DUAL_ROWS], float) + 2.0 * want,
+        rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="unknown param 'lam'"):
+    rewards.make_reward_fn({"dual_path_efficiency": 1.0},
+                           params={"dual_path_efficiency": {"lam": 1.0}})
+
+
+def test_components_and_compositions_under_jit_and_vmap():
+  # vmap over a leading axis of 2 independent batches equals each batch alone
+  # (group ids are per batch), for OTC, gated relative efficiency, dual-path
+  # efficiency, gated accumulation, product and GDPO composition.
+  traj_a, _ = _dual_traj(range(len(_DUAL_ROWS)))
+  traj_b, _ = _dual_traj(list(np.random.default_rng(1).permutation(
+      len(_DUAL_ROWS))))
+  stacked = jax.tree.map(lambda x, y: jnp.stack([x, y]), traj_a, traj_b)
+
+  def all_parts(traj):
+    parts = {
+        "otc": rewards.otc_reward(traj),
+        "gre": rewards.gated_relative_efficiency_reward(traj),
+        "dual": rewards.dual_path_efficiency_reward(traj),
+        "correct": rewards.correct_reward(traj),
+    }
+    parts["product"] = rewards.compose(
+        {"a": parts["correct"], "b": parts["otc"]}, {"a": 1.0, "b": 1.0},
+        "product")
+    parts["gdpo"] = rewards.compose(parts, {"otc": 1.0, "gre": 0.5}, "gdpo",
+                                    group_b=traj.group)
+    steps = jnp.ones((traj.group.shape[0], 2)) * 0.1
+    parts["gra"] = rewards.gated_accumulation(
+        parts["correct"], steps, jnp.ones_like(steps, bool), 1.0)
+    return parts
+
+  batched = jax.jit(jax.vmap(all_parts))(stacked)
+  for i, traj in enumerate((traj_a, traj_b)):
+    eager = all_parts(traj)
+    for name, v in eager.items():
+      close(batched[name][i], v, rtol=1e-6, atol=1e-6)
+  # Hand check of the product and G-RA columns on batch a: correct * otc and
+  # correct + 0.2 on correct rows.
+  close(batched["gra"][0],
+        [1.2 if r[2] else 0.0 for r in _DUAL_ROWS], rtol=1e-6)
+  close(batched["product"][0], batched["otc"][0])
+
+
+def test_call_score_reward_reads_the_fact():
+  traj = make_traj([True, False, True], [1, 1, 2], [0, 0, 1])
+  traj = traj.replace(facts={**traj.facts,
+                             "call_score": jnp.array([1.0, 0.25, 0.0])})
+  r = rewards.call_score_reward(traj)
+  assert r.dtype == jnp.float32
+  close(r, [1.0, 0.25, 0.0])
+  total, _ = rewards.make_reward_fn({"call_score": 2.0, "correct": 1.0})(traj)
+  close(total, [3.0, 0.5, 1.0])
