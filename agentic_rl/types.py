@@ -78,8 +78,11 @@ class TrainState:
       `rl.replay_capacity` > 0); set at the start of the RL phase.
     dual_coef: None, or the float32 scalar Lagrange multiplier of the
       dual-ascent constraint (when `rl.dual_constraint` is set).
+    reward_model: None, or the frozen learned reward model's params
+      {'trunk', 'head'} (when `rl.reward_model_dir` is set; never updated,
+      scored inside the RL step like ref_params).
 
-  The last two default to None (an empty pytree), so states and checkpoints
+  The last three default to None (an empty pytree), so states and checkpoints
   of runs without these switches keep their structure.
   """
 
@@ -91,3 +94,4 @@ class TrainState:
   kl_coef: jax.Array
   replay: Any = None
   dual_coef: Any = None
+  reward_model: Any = None
