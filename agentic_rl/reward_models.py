@@ -26,9 +26,11 @@ Losses (per pair / per episode; means are taken by the caller):
 Robust variants: an ensemble of members (mean or min of their scores; Coste et al.,
 "Reward Model Ensembles Help Mitigate Overoptimization", arXiv:2310.02743) and WARM
 weight averaging of fine-tunes from one initialisation (Rame et al.,
-arXiv:2401.12187). Use inside RL: `rm_reward` bounds a score with the reward
-toolkit's transforms; `overoptimization_gap` is the gold-verifier monitor (Gao et
-al., "Scaling Laws for Reward Model Overoptimization", arXiv:2210.10760).
+arXiv:2401.12187). Use inside RL: `trajectory_rm_outputs` scores a batch of
+episodes in one pass (episode logit for the `rm` reward component of rewards.py,
+and per-state potentials for PBRS); `monitor_metrics` / `overoptimization_gap`
+are the gold-verifier monitor (Gao et al., "Scaling Laws for Reward Model
+Overoptimization", arXiv:2210.10760); `rm_reward` bounds a score offline.
 """
 
 from __future__ import annotations
@@ -738,6 +740,10 @@ def make_rm_reward_fn(
   turn [B, L], facts with 'correct' [B]) to (reward float32 [B] = rm_reward of the
   episode score, monitor dict from `overoptimization_gap` against the verified
   'correct' fact). Jittable; `params` are closed over (no gradient flows to them).
+  For offline scoring: the RL loop does not use this closure (under jit it would
+  embed the params as constants in the program); it passes the params in
+  TrainState.reward_model to `trajectory_rm_outputs` and reads the score through
+  the `rm` reward component (rewards.rm_reward).
 
   Raises:
     ValueError: unknown kind or transform.

@@ -112,14 +112,15 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
   # End of s_k (prompt + turns < k): row 0 -> 2, 7, 9, 9 tokens; row 1 -> 2, 5, 5, 5.
   ends = [[2, 7, 9, 9], [2, 5, 5, 5]]
   if kind == "outcome":
-    full = rm.outcome_scores(rgraph, params, traj.tokens, mask)
-    np.testing.assert_allclose(out["score"], full, rtol=1e-5, atol=1e-6)
-    for b in range(2):
-      for k, e in enumerate(ends[b]):
-        alone = rm.outcome_scores(rgraph, params, traj.tokens[b:b + 1, :e],
-                                  jnp.ones((1, e), bool))
-        np.testing.assert_allclose(out["potential"][b, k], jax.nn.sigmoid(alone[0]),
-                                   rtol=1e-5, atol=1e-6)
+    # The full episodes, then each prefix s_k scored on its own (everything after
+    # it masked out as padding), all in one batch.
+    rows = np.concatenate([np.arange(2), np.repeat(np.arange(2), 4)])
+    lens = np.concatenate([[9, 5], np.asarray(ends).reshape(-1)])
+    got = rm.outcome_scores(rgraph, params, traj.tokens[rows],
+                            jnp.arange(10)[None, :] < lens[:, None])
+    np.testing.assert_allclose(out["score"], got[:2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["potential"], jax.nn.sigmoid(got[2:]).reshape(2, 4),
+                               rtol=1e-5, atol=1e-6)
   else:
     boundary, tmask = rm.turn_boundaries(traj.turn, 3)
     s = np.asarray(rm.boundary_logits(rgraph, params, traj.tokens, mask, boundary))
@@ -240,6 +241,16 @@ def test_rl_reward_model_validation_names_field(rm_dir, tmp_path):
   config = _rl_config(str(unfinished), "process")
   with pytest.raises(ValueError, match=r"reward_model_dir=.*no trained process RM"):
     validation.validate_config(config)
+
+
+@pytest.mark.parametrize("arg", [None, "pbrs", "smoke", "smoke,pbrs"])
+def test_rm_grpo_config_files_validate(rm_dir, arg):
+  config = rm_grpo.get_config(arg)
+  config.model.update(TINY)
+  config.rl.reward_model_dir = rm_dir[0]
+  validation.validate_config(config)
+  with pytest.raises(ValueError, match="unknown arg"):
+    rm_grpo.get_config("pbrs,bogus")
 
 
 def test_load_rl_reward_model_restores_the_frozen_params(rm_dir):
