@@ -23,6 +23,7 @@ from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import replay as replay_lib
+from agentic_rl import reward_models
 from agentic_rl import host_rollout
 from agentic_rl import rewards
 from agentic_rl import rollout
@@ -809,12 +810,19 @@ def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
 
 
 def make_collect_fn(config, env, graphdef: nnx.GraphDef,
-                    model_config: transformer.TransformerConfig):
+                    model_config: transformer.TransformerConfig,
+                    reward_model: reward_models.FrozenRewardModel | None = None):
   """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
   parts, adv_b, info, extras)`.
 
   `first_traj`: the first round's rollout when it was made outside the jitted
   program (host environments, see `make_host_rollout_fn`); None rolls out here.
+
+  `reward_model` (with its params in `state.reward_model`, set when
+  `rl.reward_model_dir` is): every rollout round is scored by the frozen RM in
+  one batched pass (reward_models.trajectory_rm_outputs), stored as env facts
+  'rm_score' [B] (read by the `rm` reward component) and 'rm_potential'
+  [B, K + 1] (the PBRS potential when `rl.pbrs_potential` is 'rm').
 
   Samples `rl.batch_size // rl.group_size` tasks from fold_in(rng, step), repeats
   each `rl.group_size` times contiguously (group = task index), rolls them out with
@@ -889,6 +897,13 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           tool_free=dual_path_tool_free(num_groups * group_size, group_size,
                                         num_free),
       )
+    if reward_model is not None:
+      # Frozen learned RM: episode score and per-state potentials, one pass.
+      rm_out = reward_models.trajectory_rm_outputs(
+          reward_model, state.reward_model, traj.tokens, traj.role, traj.turn,
+          env.max_turns)
+      traj = traj.replace(facts=dict(traj.facts, rm_score=rm_out["score"],
+                                     rm_potential=rm_out["potential"]))
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
     if soft_cache > 0:
@@ -986,6 +1001,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           credit.spa_contributions(state.spa.params, feat), turn_mask)
       extras["spa"] = (feat, turn_mask,
                        traj.facts["correct"].astype(jnp.float32))
+    if potential == "rm" and reward_model is not None:
+      phi_bk1 = traj.facts["rm_potential"]  # learned-RM potential (issue 7)
     if dense_aux and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
           rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
@@ -1123,14 +1140,22 @@ def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
 def make_rl_step(config, env, graphdef: nnx.GraphDef,
                  tx: optax.GradientTransformation,
                  model_config: transformer.TransformerConfig,
-                 state_sharding=None) -> StepFn:
+                 state_sharding=None,
+                 reward_model: reward_models.FrozenRewardModel | None = None,
+                 ) -> StepFn:
   """One GRPO iteration (collect + update) as a single jitted program.
 
-  `state_sharding`: as in `make_sft_step`.
+  `state_sharding`: as in `make_sft_step`. `reward_model`: the frozen learned
+  RM (params in `state.reward_model`; see `make_collect_fn`); its
+  over-optimisation monitor (`reward_models.monitor_metrics`: rm_reward,
+  verified_reward, rm_gap, rm_verified_corr, rm_false_positive_rate, plus the
+  mean raw rm_score) is added to the metrics of every iteration.
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
-  collect = make_collect_fn(config, env, graphdef, model_config)
+  collect = make_collect_fn(config, env, graphdef, model_config, reward_model)
+  rm_params = dict(rl_cfg.get("reward_params", {}) or {}).get("rm", {})
+  rm_params = dict(rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params)
   update = make_update_fn(config, graphdef, tx)
 
   def step(state: types.TrainState, first_traj=None):
@@ -1192,6 +1217,11 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })
+    if reward_model is not None:
+      # Gold-verifier over-optimisation monitor (Gao et al., arXiv:2210.10760).
+      rm_r = parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)
+      metrics.update(reward_models.monitor_metrics(rm_r, facts["correct"]))
+      metrics["rm_score"] = jnp.mean(facts["rm_score"])
     state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
         replay=extras.get("replay", state.replay), dual_coef=dual_coef,

@@ -23,6 +23,8 @@ Components (`REWARD_COMPONENTS`; keyword params and defaults in
 | tool_bonus                | b 1[m_i > 0] (anti-collapse)     | b=1.0         |
 | dual_path_efficiency      | -c acc_n m_i + b nec^+ 1[corr] f | c=0.1, b=0.5, |
 |                           | (AKBE / EAPO dual-path groups)   | otc_c=1.0     |
+| rm                        | bounded learned-RM score         | transform=    |
+|                           | (facts['rm_score'], rm_reward)   | 'sigmoid',... |
 
 m_i = facts['num_tool_calls'], e_i = facts['num_tool_errors']. Group
 statistics use segment ops on the int32 `traj.group` ids (never row order), so
@@ -423,6 +425,45 @@ def dual_path_efficiency_reward(
       jnp.float32)
 
 
+RM_TRANSFORMS = ("sigmoid", "tanh", "clip", "none")
+
+
+def rm_reward(
+    traj: types.Trajectory,
+    *,
+    transform: str = "sigmoid",
+    ref: float = 0.0,
+    temperature: float = 1.0,
+    eta: float = 0.0,
+) -> jax.Array:
+  """A frozen learned reward model's episode score s, bounded (issue 7).
+
+  s = facts['rm_score'], the RM's episode logit written by the learner when
+  `rl.reward_model_dir` is set (reward_models.trajectory_rm_outputs: the ORM
+  score, or logit(P) of a process RM). Transforms (defined below):
+  'sigmoid': saturating_transform sigma((s - ref) / temperature) in (0, 1) (PAR);
+  'tanh': tanh((s - ref) / temperature) in (-1, 1); 'clip': clip_transform
+  min(s - eta, 0) <= 0; 'none': s.
+
+  Returns:
+    [B] float32.
+
+  Raises:
+    ValueError: unknown transform (at trace time; validated with the config).
+  """
+  s = traj.facts["rm_score"].astype(jnp.float32)
+  if transform == "sigmoid":
+    return saturating_transform(s, ref, temperature)
+  if transform == "tanh":
+    return jnp.tanh((s - ref) / temperature).astype(jnp.float32)
+  if transform == "clip":
+    return clip_transform(s, eta)
+  if transform == "none":
+    return s
+  raise ValueError(f"rl.reward_params.rm.transform={transform!r}: unknown; known: "
+                   f"{RM_TRANSFORMS}")
+
+
 REWARD_COMPONENTS: dict[str, RewardFn] = {
     "correct": correct_reward,
     "call_score": call_score_reward,
@@ -433,6 +474,8 @@ REWARD_COMPONENTS: dict[str, RewardFn] = {
     "gated_relative_efficiency": gated_relative_efficiency_reward,
     "tool_bonus": tool_bonus_reward,
     "dual_path_efficiency": dual_path_efficiency_reward,
+    # Learned reward model (needs rl.reward_model_dir; see rm_reward).
+    "rm": rm_reward,
 }
 # ToolRL / TIER call-matching components over schema-call facts (call_rewards.py).
 REWARD_COMPONENTS.update(call_rewards.CALL_REWARD_COMPONENTS)
@@ -857,6 +900,16 @@ def _check_params(name: str, given: Mapping[str, Any]) -> None:
           f"rl.reward_params.{name}: unknown param {p!r} of reward component "
           f"{name!r}; known: {sorted(known)}"
       )
+  if name == "rm" and given.get("transform", "sigmoid") not in RM_TRANSFORMS:
+    raise ValueError(
+        f"rl.reward_params.rm: unknown transform {given['transform']!r}; known: "
+        f"{RM_TRANSFORMS}"
+    )
+  if name == "rm" and not given.get("temperature", 1.0) > 0:
+    raise ValueError(
+        f"rl.reward_params.rm: temperature must be > 0, got "
+        f"{given['temperature']!r}"
+    )
   if name == "otc" and given.get("form", "paper") not in OTC_FORMS:
     raise ValueError(
         f"rl.reward_params.otc: unknown form {given['form']!r}; known: "

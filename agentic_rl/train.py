@@ -30,6 +30,7 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
+from agentic_rl import rm_train
 from agentic_rl import rollout
 from agentic_rl import sharding
 from agentic_rl import types
@@ -250,6 +251,13 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   env = make_env(config)
   model_cfg = make_model_config(config)
   graphdef, state = init_state(config, model_cfg, mesh)
+  reward_model = None
+  if config.rl.get("reward_model_dir", ""):
+    # Frozen learned reward model (issue 7): carried in the state (and its
+    # checkpoints) from step 0, scored inside the jitted RL step.
+    reward_model, rm_params = rm_train.load_rl_reward_model(config)
+    state = state.replace(reward_model=jax.device_put(
+        rm_params, sharding.tree_shardings(rm_params, mesh)))
   sft_sharding = sharding.tree_shardings(state, mesh)
   rl_sharding = sharding.tree_shardings(
       jax.eval_shape(_rl_transition(config), state), mesh)
@@ -279,7 +287,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
                                    state_sharding=sft_sharding)
   rl_step = learner.make_rl_step(
       config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
-      state_sharding=rl_sharding,
+      state_sharding=rl_sharding, reward_model=reward_model,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   halt = config.get("halt_after_step", -1)

@@ -82,6 +82,9 @@ class TrainState:
       learned log-partition log Z_phi(x) (`losses.LogPartition`; when
       `rl.loss_type='flowrl'`), set at the start of the RL phase.
     log_partition_opt_state: None, or the optax state of its optimizer.
+    reward_model: None, or the frozen learned reward model's params
+      {'trunk', 'head'} (when `rl.reward_model_dir` is set; never updated,
+      scored inside the RL step like ref_params).
     spa: None, or the SPA progress estimator `credit.SpaState` (head
       parameters and its optimizer state; when `rl.pbrs_potential='spa'`).
 
@@ -102,3 +105,4 @@ class TrainState:
   log_partition: Any = None
   log_partition_opt_state: Any = None
   spa: Any = None
+  reward_model: Any = None

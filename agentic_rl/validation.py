@@ -252,9 +252,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
   potential = config.rl.get("pbrs_potential", "progress")
-  if potential not in ("progress", "trace", "value", "spa"):
+  if potential not in ("progress", "trace", "value", "spa", "rm"):
     _fail("rl.pbrs_potential", potential,
-          "must be 'progress', 'trace', 'value' or 'spa'")
+          "must be 'progress', 'trace', 'value', 'spa' or 'rm'")
   _validate_policy_optimisation(config)
   _validate_dual_path_and_spa(config, is_host)
   if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
@@ -281,6 +281,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("rl.pbrs_coef", config.rl.pbrs_coef,
             f"needs an environment fact 'progress' of shape {want} (the potential)")
   _validate_replay_and_dual(config, env_obj)
+  # Learned reward model (rl.reward_model_dir; rm_train imports this module).
+  from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
+  rm_train.validate_rl_reward_model(config)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
     _fail("max_len", config.max_len,

@@ -1,5 +1,6 @@
 """Reward models: hand-valued losses, padding-invariant scores, a learning step."""
 
+import json
 import math
 
 import jax
@@ -232,6 +233,13 @@ def test_rm_mode_smoke_runs_and_resumes(tmp_path):
     assert "rank1_accuracy" in report["best_of_n"][name]
   for f in ("rm_report.json", "rm_report.md", "metrics.jsonl", "preferences.jsonl"):
     assert (tmp_path / "rm" / f).exists()
+  # Re-running the finished workdir is a no-op: same report, one eval line.
+  before = (tmp_path / "rm" / "metrics.jsonl").read_text()
+  assert rm_train.train_and_evaluate_rm(config, workdir) == json.loads(
+      (tmp_path / "rm" / "rm_report.json").read_text())
+  assert (tmp_path / "rm" / "metrics.jsonl").read_text() == before
+  rows = __import__("agentic_rl.metrics").metrics.read_metrics(workdir)
+  assert sum(r.get("phase") == "eval" for r in rows) == 1
 
 
 def test_rm_reward_fn_on_a_trajectory_matches_scores_and_monitor(reward_model):
