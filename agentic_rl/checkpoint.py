@@ -125,25 +125,13 @@ class Checkpointer:
       FileNotFoundError: if there is no checkpoint (for `step`).
       ValueError: (from Orbax) if the structure does not match the checkpoint.
     """
-    self._manager.wait_until_finished()
-    if step is None:
-      step = self._manager.latest_step()
-      if step is None:
-        raise FileNotFoundError(f"No checkpoint in {self.directory}.")
-    elif int(step) not in self._manager.all_steps():
-      raise FileNotFoundError(
-          f"No checkpoint for step {step} in {self.directory}; "
-          f"available: {self.all_steps()}.")
+    step = self._existing_step(step)
     return self._manager.restore(
         int(step), args=ocp.args.Composite(
             **{_STATE: ocp.args.StandardRestore(state_like)}))[_STATE]
 
-  def restore_data_position(self, step: int | None = None) -> dict | None:
-    """The data-iterator position saved with checkpoint `step` (latest if None).
-
-    Returns:
-      The dict given as `save(..., data_position=...)`, or None if that
-      checkpoint has none (saved without one, or before this existed).
+  def _existing_step(self, step: int | None) -> int:
+    """`step`, or the latest step if None, after pending saves finish.
 
     Raises:
       FileNotFoundError: if there is no checkpoint (for `step`).
@@ -157,6 +145,19 @@ class Checkpointer:
       raise FileNotFoundError(
           f"No checkpoint for step {step} in {self.directory}; "
           f"available: {self.all_steps()}.")
+    return int(step)
+
+  def restore_data_position(self, step: int | None = None) -> dict | None:
+    """The data-iterator position saved with checkpoint `step` (latest if None).
+
+    Returns:
+      The dict given as `save(..., data_position=...)`, or None if that
+      checkpoint has none (saved without one, or before this existed).
+
+    Raises:
+      FileNotFoundError: if there is no checkpoint (for `step`).
+    """
+    step = self._existing_step(step)
     if not os.path.isdir(os.path.join(self.directory, str(int(step)), _DATA)):
       return None
     return self._manager.restore(
