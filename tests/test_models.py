@@ -323,3 +323,27 @@ def test_remat_model_decodes_with_a_kv_cache_like_the_plain_model():
   remat = run(graphdef_r, dataclasses.replace(cfg, remat=True))
   np.testing.assert_array_equal(remat.tokens, plain.tokens)
   np.testing.assert_allclose(remat.logprob, plain.logprob, atol=1e-6)
+
+
+def test_remat_inside_lax_map_matches_the_plain_model():
+  """The learner merges the policy inside `lax.map` over batch blocks
+  (learner.behaviour_forward); nnx.remat raised TraceContextError there (seen on
+  the SmolLM2 config with remat on). Loss and gradients must equal the plain
+  model's."""
+  cfg = dataclasses.replace(fakes.TINY, num_heads=2, num_kv_heads=1)
+  graphdef, params = nnx.split(_model(cfg, 6))
+  graphdef_r, _ = nnx.split(_model(dataclasses.replace(cfg, remat=True), 6))
+  tokens = jax.random.randint(jax.random.PRNGKey(8), (4, 8), 0, cfg.vocab_size)
+
+  def loss(gd):
+    def f(p):
+      logp = jax.lax.map(lambda t: sampling.token_logprobs(gd, p, t)[0],
+                         tokens.reshape(2, 2, 8))
+      return -jnp.sum(logp)
+    return jax.jit(jax.value_and_grad(f))
+
+  l0, g0 = loss(graphdef)(params)
+  l1, g1 = loss(graphdef_r)(params)
+  np.testing.assert_allclose(l0, l1, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               g0, g1)

@@ -407,7 +407,23 @@ def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
   return block(x, positions_bt, cache, mask_bts, rope_sc)
 
 
-_remat_block_apply = nnx.remat(_block_apply)
+def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
+  """`_block_apply` rematerialised in the backward pass (cache-free forwards only).
+
+  `jax.checkpoint` over a pure function of the block's split state rather than
+  `nnx.remat`: nnx.remat updates the block's Variables from its own trace level,
+  which raises `TraceContextError` when the model was merged inside another
+  transform (e.g. the learner's `lax.map` over behaviour-forward blocks).
+  """
+  del cache  # remat is only used without a KV cache
+  graphdef, state = nnx.split(block)
+
+  @jax.checkpoint
+  def forward(state, x, positions_bt, mask_bts, rope_sc):
+    y, _ = nnx.merge(graphdef, state)(x, positions_bt, None, mask_bts, rope_sc)
+    return y
+
+  return forward(state, x, positions_bt, mask_bts, rope_sc), None
 
 
 class Transformer(nnx.Module):
