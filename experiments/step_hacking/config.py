@@ -21,12 +21,14 @@ correct answer, two are worth one). Arms (the `arg`):
   delta         + c (p_k - p_next)    (Delta; the last call keeps c p_k)
   min           + min-form credit     (PURE: return from turn k has c min_{j>=k} p_j)
   gated         + c p_k only in episodes whose outcome reward >= 1 (G-RA)
-SFT as configs/kv_chain.py (300 steps), then 40 GRPO iterations of 32 episodes
-(4 tasks x groups of 8; configs/kv_chain.py runs 60 x 64, cut to fit the CPU
-budget before any run); held-out: 256 fixed tasks, greedy (no pass@k sampling),
-plus one sampled pass at T = 1. Append ',smoke' for the CI size.
+SFT 100 steps of 32 demonstrations, then 25 GRPO iterations of 32 episodes
+(4 tasks x groups of 8); configs/kv_chain.py runs 300 x 64 SFT and 60 x 64 GRPO,
+cut to fit the CPU budget before any run. Held-out: 128 fixed tasks, greedy (no
+pass@k sampling), plus one sampled pass at T = 1. Append ',smoke' for the CI
+size. The run covers success_only, sum, clip, delta and min; 'gated' is
+available as a config arm but was not run (CPU budget).
 
-  python -m experiments.step_hacking                 # 3 seeds x 6 arms
+  python -m experiments.step_hacking                 # 3 seeds x 5 arms
   python main.py --config=experiments/step_hacking/config.py:sum --workdir=runs/sh_sum
 """
 
@@ -36,24 +38,32 @@ import ml_collections
 
 from configs import kv_chain
 
-ARMS = ("success_only", "sum", "clip", "delta", "min", "gated")
+# 'gated' (G-RA) is implemented and unit-tested but not run here (CPU budget);
+# `get_config('gated')` builds it.
+ARMS = ("success_only", "sum", "clip", "delta", "min")
+EXTRA_ARMS = ("gated",)
 COEF = 0.5
 
 
 def get_config(arg: str | None = "sum") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "sum").partition(",")
-  if arm not in ARMS:
+  if arm not in ARMS + EXTRA_ARMS:
     raise ValueError(f"experiments/step_hacking/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+                     f"known: {ARMS + EXTRA_ARMS} (append ',smoke' for the smoke size)")
   config = kv_chain.get_config("smoke" if size == "smoke" else None)
   config.name = f"step_hacking_{arm}"
   config.rl.credit = "per_turn"
   config.rl.discount = 1.0
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
   if size != "smoke":
-    # CPU budget (2 shared cores, 3 seeds x 6 arms): fewer, smaller iterations.
-    config.rl.steps = 40
+    # CPU budget (2 cores shared with ~10 other jobs, 3 seeds x 5 arms): fewer,
+    # smaller SFT and GRPO iterations than configs/kv_chain.py (300 x 64 SFT,
+    # 60 x 64 GRPO, 256 eval tasks); fixed before any result was seen.
+    config.sft.steps = 100
+    config.sft.batch_size = 32
+    config.rl.steps = 25
     config.rl.batch_size = 32
+    config.eval.num_tasks = 128
   # Held-out: greedy accuracy only (the claim's metrics come from extra_eval).
   config.eval.num_samples = 0
   config.eval.pass_k = ()
