@@ -521,18 +521,23 @@ def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
   return jnp.minimum(r - eta, 0.0).astype(jnp.float32)
 
 
-def delta_transform(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
+def delta_transform(r_k: jax.Array, mask_k: jax.Array,
+                    keep_last: bool = True) -> jax.Array:
   """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
 
   "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
   LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred). next(k) is the
   next VALID turn after k (the next position for the usual prefix mask). The
   sum telescopes: sum_k r'_k = r_{first valid turn}, bounded whatever the
-  number of turns; the reward-to-go from turn k is r_k.
+  number of turns; the reward-to-go from turn k is r_k. With
+  keep_last=False the last valid turn gets 0 instead (the paper's figure and
+  papers.md section 2.4: sum_k r'_k = r_first - r_last; the reward-to-go from
+  turn k is r_k - r_last).
 
   Args:
     r_k: [..., K] float step rewards (turns on the last axis).
     mask_k: [..., K] bool (or 0/1) valid turns, same shape.
+    keep_last: Python bool; see above.
 
   Returns:
     [..., K] float32, 0 at invalid turns.
@@ -548,7 +553,10 @@ def delta_transform(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
   def step(carry, xs):
     next_r, has_next = carry
     r_t, m_t = xs
-    out = jnp.where(m_t, r_t - jnp.where(has_next, next_r, 0.0), 0.0)
+    if keep_last:
+      out = jnp.where(m_t, r_t - jnp.where(has_next, next_r, 0.0), 0.0)
+    else:
+      out = jnp.where(m_t & has_next, r_t - next_r, 0.0)
     carry = (jnp.where(m_t, r_t, next_r), has_next | m_t)
     return carry, out
 
@@ -654,7 +662,7 @@ def gated_accumulation(
 # so the score is hackable by design (papers.md section 3, claim 6).
 STEP_REWARDS = ("none", "valid_call")
 # `rl.step_reward_transform`: how the scored steps enter the per-turn rewards.
-STEP_REWARD_TRANSFORMS = ("sum", "clip", "delta", "min", "gated")
+STEP_REWARD_TRANSFORMS = ("sum", "clip", "delta", "delta_drop", "min", "gated")
 
 
 def min_form_turn_rewards(
@@ -717,6 +725,7 @@ def step_turn_rewards(
   | sum       | c p_k                                  | naive sum-form PRM       |
   | clip      | c min(p_k - eta, 0)                    | Clipping (F0-36)         |
   | delta     | c (p_k - p_next(k)); last scored: c p_k| Delta (F0-36)            |
+  | delta_drop| c (p_k - p_next(k)); last scored: 0    | Delta, paper's figure    |
   | min       | c (V_k - V_{k+1}), V_k = min_{j>=k} p_j| PURE min-form (F0-104)   |
   | gated     | c p_k 1[outcome_b >= gate_threshold]   | G-RA (F0-34)             |
 
@@ -764,6 +773,8 @@ def step_turn_rewards(
     out = jnp.where(s, clip_transform(p, eta), 0.0)
   elif transform == "delta":
     out = delta_transform(p, s)
+  elif transform == "delta_drop":
+    out = delta_transform(p, s, keep_last=False)
   elif transform == "min":
     out = min_form_turn_rewards(p, s, m)
   else:  # gated

@@ -439,7 +439,8 @@ def _validate_step_reward(config, env_obj) -> None:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
           "'grpo' and no tree_branching")
-  if transform in ("delta", "min") and rl.get("discount", 1.0) != 1.0:
+  if (transform in ("delta", "delta_drop", "min")
+      and rl.get("discount", 1.0) != 1.0):
     _fail("rl.discount", rl.discount,
           f"rl.step_reward_transform={transform!r} is bounded through an "
           "undiscounted reward-to-go (telescoping / min-form): use 1.0")

@@ -35,6 +35,8 @@ HAND_STEP = {
     "clip": ([0, 0, -.5, 0, 0], [0, 0, 0, 0, 0]),
     # c (p_k - p_next call); the last call keeps c p_k: A [1-1, 1-0, 0-1, 1].
     "delta": ([0, .5, -.5, .5, 0], [.5, 0, 0, 0, 0]),
+    # Same, but the last call gets 0: A [0, 1, -1, 0], B (one call) [0].
+    "delta_drop": ([0, .5, -.5, 0, 0], [0, 0, 0, 0, 0]),
     # V = c min_{j>=k} p_j = A [0, 0, 0, .5, 0], B [.5, 0]; r' = V_k - V_{k+1}.
     "min": ([0, 0, -.5, .5, 0], [.5, 0, 0, 0, 0]),
     # c p_k only when the outcome >= 1: A yes, B (outcome 0) no.
@@ -47,6 +49,7 @@ HAND_RETURNS = {
     "sum": ([2.5, 2.0, 1.5, 1.5, 1.0], [.5, 0]),
     "clip": ([.5, .5, .5, 1, 1], [0, 0]),
     "delta": ([1.5, 1.5, 1.0, 1.5, 1.0], [.5, 0]),
+    "delta_drop": ([1, 1, .5, 1, 1], [0, 0]),
     "min": ([1, 1, 1, 1.5, 1], [.5, 0]),
     "gated": ([2.5, 2.0, 1.5, 1.5, 1.0], [0, 0]),
 }
@@ -76,6 +79,8 @@ def test_episode_totals_match_the_bounds_and_gated_accumulation():
   # Clip: <= 0; Delta: c * p(first call) = c; min-form: c * min over all calls.
   np.testing.assert_allclose(tot["clip"], [-.5, 0])
   np.testing.assert_allclose(tot["delta"], [.5, .5])
+  # Delta with the last step dropped: c * (p_first - p_last) = 0 for both.
+  np.testing.assert_allclose(tot["delta_drop"], [0, 0])
   np.testing.assert_allclose(tot["min"], [0, .5])
   # Gated, summed per episode = G-RA's R - o (rewards.gated_accumulation).
   ref = rewards.gated_accumulation(outcome, C * p * scored, mask, 1.0) - outcome
@@ -104,6 +109,24 @@ def test_a_repeated_valid_call_pays_only_under_sum_and_gated(transform):
                                   coef=C)
   gain = float(out[1].sum() - out[0].sum())
   assert gain == pytest.approx(C if transform in ("sum", "gated") else 0.0)
+
+
+@pytest.mark.parametrize("transform, call_minus_answer", [
+    ("sum", C), ("clip", 0.0), ("delta", C), ("delta_drop", 0.0), ("min", C),
+    ("gated", C)])
+def test_return_of_calling_vs_answering_at_the_same_turn(transform,
+                                                         call_minus_answer):
+  """Per-turn credit compares turn 1 across the group: X answers at turn 1,
+  Y calls again (a repeat) at turn 1 and answers at turn 2, both correct.
+  Y's return at turn 1 exceeds X's by c under sum, delta and min-form (the
+  answer turn is not scored), and by 0 under clip and delta_drop."""
+  p = jnp.array([[1, 0, 0], [1, 1, 0]], jnp.float32)
+  scored = jnp.array([[1, 0, 0], [1, 1, 0]], bool)
+  mask = jnp.array([[1, 1, 0], [1, 1, 1]], bool)
+  out = np.asarray(rewards.step_turn_rewards(
+      p, scored, mask, jnp.ones(2), transform=transform, coef=C))
+  rtg = np.cumsum(out[:, ::-1], 1)[:, ::-1]
+  assert rtg[1, 1] - rtg[0, 1] == pytest.approx(call_minus_answer)
 
 
 def _hand_traj():

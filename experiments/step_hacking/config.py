@@ -41,7 +41,9 @@ from configs import kv_chain
 # 'gated' (G-RA) is implemented and unit-tested but not run here (CPU budget);
 # `get_config('gated')` builds it.
 ARMS = ("success_only", "sum", "clip", "delta", "min")
-EXTRA_ARMS = ("gated",)
+# 'delta_drop' (Delta with the last step's reward dropped) was added after the
+# first look at the results, to test the per-turn loophole of 'delta' (README).
+EXTRA_ARMS = ("gated", "delta_drop")
 COEF = 0.5
 
 
