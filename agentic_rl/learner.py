@@ -540,6 +540,44 @@ def prompt_embedding(graphdef: nnx.GraphDef, params,
   return jax.lax.stop_gradient(pooled)
 
 
+# ---------------------------------------------------------------------------
+# Per-turn step (process) rewards (`rl.step_reward`, papers.md claim 6).
+# ---------------------------------------------------------------------------
+
+
+def step_reward_on(rl_cfg) -> bool:
+  """True when a per-turn step reward is configured (`rl.step_reward`)."""
+  return rl_cfg.get("step_reward", "none") != "none"
+
+
+def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
+                    max_turns: int) -> jax.Array:
+  """[B, K] float32 per-turn step rewards of `rl.step_reward` (0 when off).
+
+  'valid_call': the step score p_k = env fact 'valid_call_turn' [B, K] (a
+  well-formed call that returned a value; repeats are paid again) on the
+  tool-call turns (fact 'tool_call_turn'); transformed by
+  `rl.step_reward_transform` ('sum', 'clip', 'delta', 'min', 'gated') and
+  scaled by `rl.step_reward_coef` (rewards.step_turn_rewards; Clipping /
+  Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA papers.md F0-34). The
+  gate of 'gated' reads `reward_b`, the episode's composed outcome reward.
+  Added to the per-turn rewards of `rl.credit='per_turn'` before the
+  reward-to-go (`token_advantages`).
+  """
+  k = max_turns
+  turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
+  if not step_reward_on(rl_cfg):
+    return jnp.zeros(turn_mask.shape, jnp.float32)
+  p_bk = traj.facts["valid_call_turn"].astype(jnp.float32)
+  scored = traj.facts["tool_call_turn"].astype(jnp.bool_) & turn_mask
+  return rewards.step_turn_rewards(
+      p_bk, scored, turn_mask, reward_b,
+      transform=rl_cfg.get("step_reward_transform", "sum"),
+      coef=rl_cfg.get("step_reward_coef", 0.0),
+      eta=rl_cfg.get("step_reward_clip_eta", 1.0),
+      gate_threshold=rl_cfg.get("step_reward_gate_threshold", 1.0))
+
+
 def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
                      max_turns: int, phi_bk1: jax.Array | None = None):
   """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
@@ -551,7 +589,9 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * facts['progress'],
   Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings) are added per turn, the
   per-turn reward-to-go is normalised against the group's returns at the same turn
-  index, and each turn's advantage goes to that turn's POLICY tokens.
+  index, and each turn's advantage goes to that turn's POLICY tokens. With
+  `rl.step_reward` set, the per-turn step rewards of `step_rewards_bk` are
+  added to the per-turn rewards before the reward-to-go.
 
   'gigpo' (`rl.advantage_estimator`, arXiv:2505.10978) ignores `rl.credit`:
   each turn gets the episode's GRPO advantage plus `rl.gigpo_step_weight`
@@ -629,6 +669,9 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
     ) * turn_mask
     if phi is not None:
       r_bk = credit.shape_turn_rewards(r_bk, phi, turn_mask, discount, terminated)
+    if step_reward_on(rl_cfg):
+      # Per-turn step (process) rewards (rl.step_reward), after the outcome.
+      r_bk = r_bk + step_rewards_bk(rl_cfg, traj, reward, k)
     returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
     adv_bk = advantages.per_turn_grpo_advantages(
         returns_bk, turn_mask, traj.group,
@@ -1074,6 +1117,13 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           rl_cfg, reward, policy_mask(train_traj), old_values)
     else:
       unshaped = reward
+      if step_reward_on(rl_cfg):
+        # Step rewards as delivered (per episode sum), and before the transform.
+        s_bk = step_rewards_bk(rl_cfg, train_traj, reward, env.max_turns)
+        info["step_reward"] = jnp.mean(jnp.sum(s_bk, axis=1))
+        raw = rl_cfg.step_reward_coef * (train_traj.facts["valid_call_turn"]
+                                         & train_traj.facts["tool_call_turn"])
+        info["step_reward_raw"] = jnp.mean(jnp.sum(raw.astype(jnp.float32), 1))
       reward, adv_b, adv_bl = token_advantages(
           rl_cfg, reward, train_traj, env.max_turns, phi_bk1=phi_bk1
       )
@@ -1217,6 +1267,10 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })
+    # Episode length in turns and repeated calls (step-reward hacking, claim 6).
+    metrics["turns"] = f32(traj.num_turns)
+    if "num_redundant_calls" in facts:
+      metrics["redundant_calls"] = f32(facts["num_redundant_calls"])
     if reward_model is not None:
       # Gold-verifier over-optimisation monitor (Gao et al., arXiv:2210.10760).
       rm_r = parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)

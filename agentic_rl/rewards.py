@@ -32,7 +32,8 @@ group ids must lie in [0, B) (see `advantages.group_ids_from_keys`).
 
 Also here: bounded transforms for learned/step rewards (`clip_transform`,
 `delta_transform`, `min_form_values`, `saturating_transform`,
-`gated_accumulation`), reward noise (`flip_rewards`, `dither_rewards`),
+`gated_accumulation`), per-turn step rewards through those transforms
+(`step_turn_rewards`, `min_form_turn_rewards`; `rl.step_reward`), reward noise (`flip_rewards`, `dither_rewards`),
 composition (`compose`, `COMPOSITIONS`), weight schedules (`schedule_value`,
 `SCHEDULE_KINDS`) and a Lagrangian multiplier update (`dual_ascent_update`).
 """
@@ -520,18 +521,23 @@ def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
   return jnp.minimum(r - eta, 0.0).astype(jnp.float32)
 
 
-def delta_transform(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
+def delta_transform(r_k: jax.Array, mask_k: jax.Array,
+                    keep_last: bool = True) -> jax.Array:
   """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
 
   "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
   LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred). next(k) is the
   next VALID turn after k (the next position for the usual prefix mask). The
   sum telescopes: sum_k r'_k = r_{first valid turn}, bounded whatever the
-  number of turns; the reward-to-go from turn k is r_k.
+  number of turns; the reward-to-go from turn k is r_k. With
+  keep_last=False the last valid turn gets 0 instead (the paper's figure and
+  papers.md section 2.4: sum_k r'_k = r_first - r_last; the reward-to-go from
+  turn k is r_k - r_last).
 
   Args:
     r_k: [..., K] float step rewards (turns on the last axis).
     mask_k: [..., K] bool (or 0/1) valid turns, same shape.
+    keep_last: Python bool; see above.
 
   Returns:
     [..., K] float32, 0 at invalid turns.
@@ -547,7 +553,10 @@ def delta_transform(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
   def step(carry, xs):
     next_r, has_next = carry
     r_t, m_t = xs
-    out = jnp.where(m_t, r_t - jnp.where(has_next, next_r, 0.0), 0.0)
+    if keep_last:
+      out = jnp.where(m_t, r_t - jnp.where(has_next, next_r, 0.0), 0.0)
+    else:
+      out = jnp.where(m_t & has_next, r_t - next_r, 0.0)
     carry = (jnp.where(m_t, r_t, next_r), has_next | m_t)
     return carry, out
 
@@ -641,6 +650,137 @@ def gated_accumulation(
   acc = jnp.sum(jnp.where(m, jnp.asarray(step_rewards_bk, jnp.float32), 0.0),
                 axis=1)
   return (o + jnp.where(o >= threshold, acc, 0.0)).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Per-turn step (process) rewards and their bounded transforms.
+# ---------------------------------------------------------------------------
+
+# `rl.step_reward`: where the per-turn step score p_k in [0, 1] comes from.
+# 'valid_call': p_k = 1 for a well-formed tool call that returned a value (env
+# fact 'valid_call_turn' [K]), 0 for any other call; repeats are paid again,
+# so the score is hackable by design (papers.md section 3, claim 6).
+STEP_REWARDS = ("none", "valid_call")
+# `rl.step_reward_transform`: how the scored steps enter the per-turn rewards.
+STEP_REWARD_TRANSFORMS = ("sum", "clip", "delta", "delta_drop", "min", "gated")
+
+
+def min_form_turn_rewards(
+    p_bk: jax.Array, scored_bk: jax.Array, turn_mask_bk: jax.Array
+) -> jax.Array:
+  """Per-turn rewards whose undiscounted reward-to-go is PURE's min-form value.
+
+  Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
+  Reward Model Needs for Reasoning" (PURE, arXiv:2504.15275; papers.md F0-104,
+  form inferred there as V(s_t) = min_{k >= t} r_k). Here
+  V_k = min_{j >= k, j scored} p_j over the scored turns at or after turn k,
+  and V_k = 0 when no scored turn follows (e.g. the final answer turn); the
+  returned rewards are r'_k = V_k - V_{k+1} (V_K = 0), so that
+  sum_{j >= k} r'_j = V_k exactly (discount 1). Unlike `min_form_values`,
+  a valid but unscored turn gets the min over the scored turns AFTER it, not 0
+  (the two agree on scored turns).
+
+  Args:
+    p_bk: [B, K] float step scores.
+    scored_bk: [B, K] bool (or 0/1) turns that carry a step score (a subset of
+      the valid turns).
+    turn_mask_bk: [B, K] bool (or 0/1) valid turns, a prefix per row.
+
+  Returns:
+    [B, K] float32 rewards, 0 at invalid turns.
+
+  Raises:
+    AssertionError: (chex) on rank/shape mismatch.
+  """
+  chex.assert_rank([p_bk, scored_bk, turn_mask_bk], 2)
+  chex.assert_equal_shape([p_bk, scored_bk, turn_mask_bk])
+  m = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
+  s = jnp.asarray(scored_bk).astype(jnp.bool_) & m
+  r = jnp.where(s, jnp.asarray(p_bk, jnp.float32), jnp.inf)
+  v = jax.lax.cummin(r, axis=1, reverse=True)
+  v = jnp.where(jnp.isinf(v), 0.0, v)
+  v_next = jnp.concatenate([v[:, 1:], jnp.zeros_like(v[:, :1])], axis=1)
+  return jnp.where(m, v - v_next, 0.0).astype(jnp.float32)
+
+
+def step_turn_rewards(
+    p_bk: jax.Array,
+    scored_bk: jax.Array,
+    turn_mask_bk: jax.Array,
+    outcome_b: jax.Array,
+    *,
+    transform: str,
+    coef: float | jax.Array,
+    eta: float | jax.Array = 1.0,
+    gate_threshold: float | jax.Array = 1.0,
+) -> jax.Array:
+  """Per-turn step rewards s'_bk added to the outcome reward before reward-to-go.
+
+  p_k in [0, 1] is a per-turn step (process) score, defined on the scored turns
+  (e.g. every tool call); unscored turns get no step reward of their own. With
+  c = coef and discount 1 (learner.token_advantages, `rl.credit='per_turn'`):
+
+  | transform | s'_k                                   | source                   |
+  |-----------|----------------------------------------|--------------------------|
+  | sum       | c p_k                                  | naive sum-form PRM       |
+  | clip      | c min(p_k - eta, 0)                    | Clipping (F0-36)         |
+  | delta     | c (p_k - p_next(k)); last scored: c p_k| Delta (F0-36)            |
+  | delta_drop| c (p_k - p_next(k)); last scored: 0    | Delta, paper's figure    |
+  | min       | c (V_k - V_{k+1}), V_k = min_{j>=k} p_j| PURE min-form (F0-104)   |
+  | gated     | c p_k 1[outcome_b >= gate_threshold]   | G-RA (F0-34)             |
+
+  Clipping / Delta: Gao et al., "On Designing Effective RL Reward at Training
+  Time for LLM Reasoning", arXiv:2410.15115 (papers.md F0-36 = F1-6; both
+  forms inferred in papers.md, see `clip_transform`, `delta_transform`). The
+  sum of step rewards of an episode is then <= 0 (clip) or c p_first (delta),
+  whatever the number of steps; the reward-to-go from scored turn k is c p_k
+  for delta. PURE: arXiv:2504.15275 (`min_form_turn_rewards`); the step part
+  of the return from turn k is c min_{j >= k} p_j. G-RA (papers.md F0-34 =
+  F1-13, inferred): R = o + 1[o >= tau] sum_k c p_k, delivered per turn
+  (`gated_accumulation` is its episode total). 'sum' and 'gated' are not
+  bounded: every extra scored step with p > 0 adds c p.
+
+  Args:
+    p_bk: [B, K] float step scores (0 off the scored turns is fine).
+    scored_bk: [B, K] bool turns with a step score.
+    turn_mask_bk: [B, K] bool valid turns (a prefix per row).
+    outcome_b: [B] float outcome reward (read by 'gated' only).
+    transform: one of STEP_REWARD_TRANSFORMS.
+    coef: c, the step-reward coefficient (reward units per unit score).
+    eta: clip threshold in score units ('clip' only).
+    gate_threshold: tau ('gated' only).
+
+  Returns:
+    [B, K] float32 per-turn step rewards, 0 at invalid turns.
+
+  Raises:
+    ValueError: unknown transform.
+    AssertionError: (chex) on rank/shape mismatch.
+  """
+  if transform not in STEP_REWARD_TRANSFORMS:
+    raise ValueError(f"step_turn_rewards: transform={transform!r}; known: "
+                     f"{STEP_REWARD_TRANSFORMS}")
+  chex.assert_rank([p_bk, scored_bk, turn_mask_bk], 2)
+  chex.assert_equal_shape([p_bk, scored_bk, turn_mask_bk])
+  chex.assert_rank(outcome_b, 1)
+  chex.assert_equal_shape_prefix([outcome_b, p_bk], 1)
+  m = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
+  s = jnp.asarray(scored_bk).astype(jnp.bool_) & m
+  p = jnp.where(s, jnp.asarray(p_bk, jnp.float32), 0.0)
+  if transform == "sum":
+    out = p
+  elif transform == "clip":
+    out = jnp.where(s, clip_transform(p, eta), 0.0)
+  elif transform == "delta":
+    out = delta_transform(p, s)
+  elif transform == "delta_drop":
+    out = delta_transform(p, s, keep_last=False)
+  elif transform == "min":
+    out = min_form_turn_rewards(p, s, m)
+  else:  # gated
+    gate_b = jnp.asarray(outcome_b, jnp.float32) >= gate_threshold
+    out = jnp.where(gate_b[:, None], p, 0.0)
+  return jnp.where(m, coef * out, 0.0).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------

@@ -281,6 +281,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("rl.pbrs_coef", config.rl.pbrs_coef,
             f"needs an environment fact 'progress' of shape {want} (the potential)")
   _validate_replay_and_dual(config, env_obj)
+  _validate_step_reward(config, env_obj)
   # Learned reward model (rl.reward_model_dir; rm_train imports this module).
   from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
   rm_train.validate_rl_reward_model(config)
@@ -404,6 +405,56 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
   if not rl.get("dual_init", 0.0) >= 0:
     _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")
+
+
+def _validate_step_reward(config, env_obj) -> None:
+  """Per-turn step rewards (`rl.step_reward`, learner.step_rewards_bk)."""
+  rl = config.rl
+  kind = rl.get("step_reward", "none")
+  if kind not in rewards.STEP_REWARDS:
+    _fail("rl.step_reward", kind, f"unknown; known: {rewards.STEP_REWARDS}")
+  transform = rl.get("step_reward_transform", "sum")
+  if transform not in rewards.STEP_REWARD_TRANSFORMS:
+    _fail("rl.step_reward_transform", transform,
+          f"unknown; known: {rewards.STEP_REWARD_TRANSFORMS}")
+  for f in ("step_reward_coef", "step_reward_clip_eta",
+            "step_reward_gate_threshold"):
+    v = rl.get(f, 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+      _fail(f"rl.{f}", v, "must be a finite number")
+  if kind == "none":
+    return
+  coef = rl.get("step_reward_coef", 0.0)
+  if not coef > 0:
+    _fail("rl.step_reward_coef", coef,
+          f"must be > 0 with rl.step_reward={kind!r} (use rl.step_reward='none' "
+          "for no step reward)")
+  if not 0.0 <= rl.get("step_reward_clip_eta", 1.0) <= 1.0:
+    _fail("rl.step_reward_clip_eta", rl.step_reward_clip_eta,
+          "must be in [0, 1] (step scores are in [0, 1])")
+  if rl.get("credit", "trajectory") != "per_turn":
+    _fail("rl.credit", rl.get("credit", "trajectory"),
+          f"rl.step_reward={kind!r} is delivered per turn: use rl.credit='per_turn'")
+  if tuple(rl.get("tree_branching", ())) or rl.advantage_estimator != "grpo":
+    _fail("rl.advantage_estimator", rl.advantage_estimator,
+          f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
+          "'grpo' and no tree_branching")
+  if (transform in ("delta", "delta_drop", "min")
+      and rl.get("discount", 1.0) != 1.0):
+    _fail("rl.discount", rl.discount,
+          f"rl.step_reward_transform={transform!r} is bounded through an "
+          "undiscounted reward-to-go (telescoping / min-form): use 1.0")
+  if getattr(env_obj, "is_host", False):
+    _fail("rl.step_reward", kind,
+          f"host environment {config.env.name!r} has no per-turn call facts")
+  task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
+  facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
+  want = (env_obj.max_turns,)
+  for fact in ("valid_call_turn", "tool_call_turn"):
+    if fact not in facts or facts[fact].shape != want:
+      _fail("rl.step_reward", kind,
+            f"needs an environment fact {fact!r} of shape {want} (env "
+            f"{config.env.name!r} has none; kv_chain has it)")
 
 
 def _validate_tokenizer(config, is_host: bool) -> None:

@@ -25,7 +25,9 @@ Facts (per episode unless noted): 'correct', 'answered', 'format_error',
 'num_redundant_calls' (well-formed calls of a key queried before),
 'num_offpath_calls' (well-formed first-time calls that do not resolve the next hop),
 'hops' (d), 'hard' (d >= 2), 'tool_necessary' (always true: d >= 1 and the answer is
-hidden), 'tool_call_turn' [K], 'progress' [K + 1] (hops resolved in order / d after
+hidden), 'tool_call_turn' [K], 'valid_call_turn' [K] (turns that were well-formed calls
+of a key in the map, repeats included: the per-call step reward of
+`rl.step_reward='valid_call'`), 'progress' [K + 1] (hops resolved in order / d after
 each turn; a PBRS potential), 'gold_answer' [3] (ANSWER letter ANSWER_END) and
 'gold_answer_len'.
 """
@@ -81,7 +83,8 @@ class KVChainState:
       for i < resolved).
     done, answered, correct, format_error: bool [].
     queried: bool [26]; keys queried by well-formed calls so far.
-    tool_call_turn: bool [K]; progress: float32 [K + 1].
+    tool_call_turn: bool [K]; valid_call_turn: bool [K] (well-formed calls of a
+      key in the map, repeats included); progress: float32 [K + 1].
   """
 
   task: KVChainTask
@@ -97,6 +100,7 @@ class KVChainState:
   resolved: jax.Array
   queried: jax.Array
   tool_call_turn: jax.Array
+  valid_call_turn: jax.Array
   progress: jax.Array
 
 
@@ -221,6 +225,7 @@ class KVChainEnv:
         num_offpath_calls=z, resolved=z,
         queried=jnp.zeros((NUM_KEYS,), bool),
         tool_call_turn=jnp.zeros((self.max_turns,), bool),
+        valid_call_turn=jnp.zeros((self.max_turns,), bool),
         progress=jnp.zeros((self.max_turns + 1,), jnp.float32),
     )
     return state, prompt, prompt_len
@@ -282,6 +287,8 @@ class KVChainEnv:
         queried=state.queried | (good & (jnp.arange(NUM_KEYS) == key_idx)),
         tool_call_turn=state.tool_call_turn
         | (is_call & (jnp.arange(self.max_turns) == state.turn)),
+        valid_call_turn=state.valid_call_turn
+        | (good & (jnp.arange(self.max_turns) == state.turn)),
         progress=common.progress_update(
             state.progress, turn, active,
             resolved.astype(jnp.float32) / jnp.maximum(task.hops, 1)),
@@ -308,6 +315,7 @@ class KVChainEnv:
         "hard": state.task.hops >= 2,
         "tool_necessary": jnp.ones((), bool),
         "tool_call_turn": state.tool_call_turn,
+        "valid_call_turn": state.valid_call_turn,
         "progress": state.progress,
         "gold_answer": gold,
         "gold_answer_len": gold_len,

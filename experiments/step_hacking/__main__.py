@@ -1,0 +1,63 @@
+"""python -m experiments.step_hacking [--seeds=0,1,2] [--smoke]"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import rollout
+from agentic_rl import train
+from agentic_rl import types
+from experiments import harness
+from experiments.step_hacking import config
+
+
+def hacking_metrics(cfg, params):
+  """Repeated calls and episode length on the held-out tasks.
+
+  One greedy pass (the `accuracy` decoding) and one sampled pass at T = 1 (the
+  training distribution). repeat_rate = calls of a key already queried in the
+  episode / all calls, summed over the set (env fact 'num_redundant_calls');
+  turns = assistant turns per episode; horizon_rate = share of episodes that
+  used every turn.
+  """
+  env = train.make_env(cfg)
+  model_cfg = train.make_model_config(cfg)
+  graphdef = train.init_state(cfg, model_cfg)[0]
+  tasks = env.eval_tasks(cfg.eval.num_tasks, cfg.eval.seed)
+  out = {}
+  for suffix, temp, seed in (("", 0.0, cfg.eval.seed), ("_t1", 1.0, cfg.eval.seed + 7)):
+    traj = rollout.rollout_jit(
+        env, tasks, jax.random.PRNGKey(seed), max_len=cfg.max_len,
+        graphdef=graphdef, params=params, model_config=model_cfg,
+        temperature=jnp.float32(temp))
+    f = jax.device_get(traj.facts)
+    calls = np.asarray(f["num_tool_calls"], np.float64)
+    red = np.asarray(f["num_redundant_calls"], np.float64)
+    turns = np.asarray(traj.num_turns, np.float64)
+    out[f"repeat_rate{suffix}"] = float(red.sum() / max(calls.sum(), 1.0))
+    out[f"repeats{suffix}"] = float(red.mean())
+    out[f"turns{suffix}"] = float(turns.mean())
+    out[f"horizon_rate{suffix}"] = float((turns >= env.max_turns).mean())
+    out[f"unanswered{suffix}"] = float(
+        (np.asarray(traj.finish) != types.ANSWERED).mean())
+    if suffix:
+      out[f"accuracy{suffix}"] = float(np.asarray(f["correct"], np.float64).mean())
+  return out
+
+
+if __name__ == "__main__":
+  harness.cli(
+      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+      title="Hackable per-call step reward: sum vs Clip / Delta / min-form / gated "
+            "(key-value chains)",
+      arms_fn=config.arms,
+      metrics=(("accuracy", "accuracy"), ("tool_calls", "calls/ep"),
+               ("repeat_rate", "repeat rate"), ("turns", "turns/ep"),
+               ("accuracy_t1", "acc. T=1"), ("repeat_rate_t1", "repeat rate T=1"),
+               ("turns_t1", "turns/ep T=1"), ("unanswered_t1", "unanswered T=1")),
+      curve_keys=("rl/accuracy", "rl/tool_calls", "rl/redundant_calls", "rl/turns"),
+      extra_eval=hacking_metrics,
+  )
