@@ -59,8 +59,8 @@ if __name__ == "__main__":
                ("turns_greedy", "turns/ep"),
                ("obs_pred_acc", "obs. pred. acc."),
                ("obs_pred_prob", "obs. pred. prob."),
-               ("late_horizon", "RL horizon, last 20 it.")),
+               ("late_horizon", "RL horizon, last 10 it.")),
       curve_keys=("rl/accuracy", "rl/horizon_rate", "rl/obs_pred_acc"),
-      curve_means=(("late_horizon", "rl/horizon_rate", -20, None),),
+      curve_means=(("late_horizon", "rl/horizon_rate", -10, None),),
       extra_eval=dark_room_eval,
   )
