@@ -123,11 +123,12 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
 # (`rl.behaviour_logprobs`, see `behaviour_forward`).
 BEHAVIOUR_LOGPROBS = ("trainer", "sampler")
 # Potentials of PBRS (`rl.pbrs_potential`).
-PBRS_POTENTIALS = ("progress", "trace", "value")
+PBRS_POTENTIALS = ("progress", "trace", "value", "obs_prediction")
 
 
 def policy_forward(graphdef, params, tokens_bl: jax.Array,
-                   temperature, with_values: bool = False):
+                   temperature, with_values: bool = False,
+                   targets_bl: jax.Array | None = None):
   """Teacher-forced log-probs, entropies and (optionally) values of a batch.
 
   The one function both the loss and the behaviour recomputation call, so the
@@ -145,6 +146,11 @@ def policy_forward(graphdef, params, tokens_bl: jax.Array,
     tokens_bl: [B, L] int32.
     temperature: sampling temperature (> 0).
     with_values: also return values (needs TransformerConfig.value_head).
+    targets_bl: optional [B, L] int32 tokens to score in place of tokens_bl
+      (the context stays tokens_bl): logp[:, t] = log p(targets[:, t] |
+      tokens[:, :t]). Used by the shuffled-label placebo of the auxiliary
+      next-observation loss (`rl.obs_prediction_placebo`, which changes
+      targets at TOOL positions only). None = tokens_bl.
 
   Returns:
     (logp [B, L] float32, entropy [B, L] float32, values [B, L] float32 or
@@ -153,18 +159,21 @@ def policy_forward(graphdef, params, tokens_bl: jax.Array,
   Raises:
     ValueError: with_values and the model has no value head.
   """
-  if not with_values:
+  if not with_values and targets_bl is None:
     logp, entropy = sampling.token_logprobs(graphdef, params, tokens_bl,
                                             temperature)
     return logp, entropy, None
   model = nnx.merge(graphdef, params)
   hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  targets_bl = tokens_bl if targets_bl is None else targets_bl
   logp, entropy = sampling.chunked_logprob_and_entropy(
-      hidden_bld, model.output_weights_dv(), tokens_bl[:, 1:], temperature,
+      hidden_bld, model.output_weights_dv(), targets_bl[:, 1:], temperature,
       model.cfg.logprob_chunk_size)
-  values = model.value(hidden_bld)
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   cat = lambda x: jnp.concatenate([pad, x.astype(jnp.float32)], axis=1)
+  if not with_values:
+    return cat(logp), cat(entropy), None
+  values = model.value(hidden_bld)
   return cat(logp), cat(entropy), cat(values)
 
 
@@ -188,7 +197,8 @@ def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
 
 
 def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
-             log_z_params=None, value_denominator=None, first_step=None):
+             log_z_params=None, value_denominator=None, first_step=None,
+             obs_denominator=None):
   """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
 
   loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy)
@@ -201,6 +211,11 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   `rl.loss_type='flowrl'` replaces the policy term by `losses.flowrl_loss`
   with log Z from `log_z_params` (a `losses.LogPartition` state) applied to
   the batch's 'prompt_embedding'; its gradient flows to `log_z_params` too.
+  With 'obs_mask' in the batch (`rl.obs_prediction_coef` > 0) the loss adds
+  obs_prediction_coef * the next-observation cross-entropy over TOOL tokens
+  (`credit.observation_prediction_loss`, divided by `obs_denominator`, the
+  optimizer batch's TOOL-token count), on 'obs_targets' when present (the
+  shuffled placebo labels) and on the observations themselves otherwise.
 
   `first_step` (traced bool, `rl.behaviour_logprobs='trainer'` only): True on
   the update's first optimizer step, whose parameters ARE the behaviour
@@ -219,7 +234,8 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   temperature = rl_cfg.temperature
   with_values = "returns" in batch
   logp, entropy, values = policy_forward(graphdef, params, batch["tokens"],
-                                         temperature, with_values)
+                                         temperature, with_values,
+                                         targets_bl=batch.get("obs_targets"))
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
   own = jax.lax.stop_gradient(logp)
@@ -282,6 +298,11 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
         logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high)
     extra["aux_loss"] = agg(aux_pg)
     loss = loss + extra["aux_loss"]
+  if "obs_mask" in batch:
+    # Next-observation prediction as an auxiliary CE (papers.md F1-42).
+    extra["obs_pred_loss"] = credit.observation_prediction_loss(
+        logp, batch["obs_mask"], obs_denominator)
+    loss = loss + rl_cfg.obs_prediction_coef * extra["obs_pred_loss"]
   f32 = lambda x: x.astype(jnp.float32)
   metrics = {
       "loss": loss,
@@ -366,13 +387,17 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       )
       value_denominator = losses.aggregation_denominator(
           mb["mask"], "token-mean")
+      obs_denominator = None
+      if "obs_mask" in mb:
+        obs_denominator = jnp.maximum(
+            jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0)
 
       grad_fn = jax.value_and_grad(
           lambda p, zp, micro_batch: _rl_loss(
               graphdef, p, micro_batch, rl_cfg, kl_coef=kl_coef,
               denominator=denominator, log_z_params=zp,
               value_denominator=value_denominator,
-              first_step=step_index == 0),
+              first_step=step_index == 0, obs_denominator=obs_denominator),
           argnums=(0, 1), has_aux=True,
       )
 
@@ -730,6 +755,33 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
   return advantages.broadcast_turn_to_tokens(f_bk, traj.turn, traj.role)
 
 
+def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
+                        traj: types.Trajectory) -> dict[str, jax.Array]:
+  """Dark-room diagnostics of a batch (papers.md F1-42), float32 scalars.
+
+  Args:
+    prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
+      batch (probability of each token under the policy; arg-max hit).
+    traj: the batch (role, finish, num_turns).
+
+  Returns:
+    obs_pred_prob: mean probability of the observation (TOOL) tokens;
+    obs_pred_acc: share of TOOL tokens that are the arg-max prediction (both
+    over all TOOL tokens of the batch, 0 without any); horizon_rate: share of
+    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED);
+    num_turns: mean assistant turns.
+  """
+  obs = traj.role == types.TOOL
+  n = jnp.maximum(jnp.sum(obs.astype(jnp.float32)), 1.0)
+  horizon = (traj.finish == types.MAX_TURNS) | (traj.finish == types.TRUNCATED)
+  return {
+      "obs_pred_prob": jnp.sum(jnp.where(obs, prob_bl, 0.0)) / n,
+      "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
+      "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
+      "num_turns": jnp.mean(traj.num_turns.astype(jnp.float32)),
+  }
+
+
 def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
   """Adds the optional RL-phase state: the replay buffer (`rl.replay_capacity`
   > 0), the dual-ascent multiplier (`rl.dual_constraint` set, starting at
@@ -913,6 +965,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   num_free = rl_cfg.get("dual_path_tool_free", 0)
   train_free = rl_cfg.get("dual_path_train_tool_free", True)
   use_spa = uses_spa(rl_cfg)
+  # Next-observation prediction (papers.md F1-42): as a PBRS potential, as an
+  # auxiliary CE (optionally on shuffled placebo labels), and/or logged.
+  obs_potential = (potential == "obs_prediction"
+                   and rl_cfg.get("pbrs_coef", 0.0) > 0)
+  obs_coef = rl_cfg.get("obs_prediction_coef", 0.0)
+  obs_placebo = rl_cfg.get("obs_prediction_placebo", False)
+  obs_log = obs_potential or obs_coef > 0 or rl_cfg.get(
+      "log_obs_prediction", False)
 
   def sample_round(state, round_key, noise_key, num_groups, traj=None):
     """Rolls out num_groups groups of group_size episodes and scores them.
@@ -1046,6 +1106,15 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
                        traj.facts["correct"].astype(jnp.float32))
     if potential == "rm" and reward_model is not None:
       phi_bk1 = traj.facts["rm_potential"]  # learned-RM potential (issue 7)
+    if obs_log:
+      prob_bl, hit_bl = credit.observation_prediction_scores(
+          graphdef, state.params, traj.tokens, temperature)
+      info.update(obs_prediction_info(prob_bl, hit_bl, traj))
+      if obs_potential:
+        # Phi(s_k) = the sampling policy's mean probability of the
+        # observation tokens in s_k (papers.md F1-42 "dark room").
+        phi_bk1 = credit.observation_prediction_potential(
+            prob_bl, traj.role, traj.turn, env.max_turns)
     if dense_aux and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
           rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
@@ -1153,6 +1222,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       batch["sil"] = extras.pop("sil")
     if "aux_advantage" in extras:
       batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
+    if obs_coef > 0:
+      # Auxiliary next-observation CE on the TOOL tokens (papers.md F1-42);
+      # the placebo permutes its labels across the batch.
+      obs_mask = train_traj.role == types.TOOL
+      batch["obs_mask"] = obs_mask
+      if obs_placebo:
+        batch["obs_targets"] = credit.shuffle_observation_targets(
+            train_traj.tokens, obs_mask, jax.random.fold_in(key, 5))
     return batch, traj, reward, parts, adv_b, info, extras
 
   return collect

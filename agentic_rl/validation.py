@@ -252,10 +252,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
   potential = config.rl.get("pbrs_potential", "progress")
-  if potential not in ("progress", "trace", "value", "spa", "rm"):
+  if potential not in ("progress", "trace", "value", "spa", "rm",
+                       "obs_prediction"):
     _fail("rl.pbrs_potential", potential,
-          "must be 'progress', 'trace', 'value', 'spa' or 'rm'")
+          "must be 'progress', 'trace', 'value', 'spa', 'rm' or "
+          "'obs_prediction'")
   _validate_policy_optimisation(config)
+  _validate_obs_prediction(config)
   _validate_dual_path_and_spa(config, is_host)
   if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
     _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
@@ -364,6 +367,28 @@ def _validate_dual_path_and_spa(config, is_host: bool) -> None:
     steps = rl.get("spa_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
       _fail("rl.spa_steps", steps, "must be an int >= 1")
+
+
+def _validate_obs_prediction(config) -> None:
+  """Next-observation prediction (papers.md F1-42): rl.obs_prediction_coef,
+  rl.obs_prediction_placebo, rl.log_obs_prediction."""
+  rl = config.rl
+  coef = rl.get("obs_prediction_coef", 0.0)
+  if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (
+      0.0 <= coef < float("inf")):
+    _fail("rl.obs_prediction_coef", coef,
+          "must be a finite number >= 0 (auxiliary next-observation CE "
+          "weight; 0 = off)")
+  placebo = rl.get("obs_prediction_placebo", False)
+  if not isinstance(placebo, bool):
+    _fail("rl.obs_prediction_placebo", placebo, "must be True or False")
+  if placebo and not coef > 0:
+    _fail("rl.obs_prediction_placebo", placebo,
+          "shuffles the labels of the auxiliary next-observation loss: needs "
+          "rl.obs_prediction_coef > 0")
+  log = rl.get("log_obs_prediction", False)
+  if not isinstance(log, bool):
+    _fail("rl.log_obs_prediction", log, "must be True or False")
 
 
 def _validate_replay_and_dual(config, env_obj) -> None:

@@ -152,6 +152,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # or 'value' (the policy's value head V(s_k) at each turn boundary; needs
   # model.value_head=True; the head is trained on Monte-Carlo returns with
   # rl.value_coef / rl.value_clip);
+  # or 'obs_prediction' (the policy's mean probability of the observation
+  # tokens seen so far; see obs_prediction_coef below);
   # or 'spa' (SPA, papers.md F1-37: Phi(s_k) = sum_{j<k} c_j of a linear head on
   # the policy's stop-gradient hidden state after each turn, trained in the
   # same RL step so that sum_k c_k regresses 1[correct]; TrainState.spa).
@@ -171,6 +173,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'aux_loss' (its per-turn F_k in a separate surrogate term; the outcome
   # advantages are unchanged).
   config.rl.dense_as = "reward"
+  # Next-observation prediction (papers.md F1-42, "dark room"): the policy's
+  # teacher-forced prediction of the tool observations (TOOL tokens).
+  # rl.pbrs_potential='obs_prediction' makes Phi(s_k) = its mean probability of
+  # the observation tokens in s_k (a PBRS reward with rl.pbrs_coef).
+  # obs_prediction_coef > 0 adds the CE on observation tokens as an auxiliary
+  # loss instead (weight; 0 = off); obs_prediction_placebo shuffles its labels
+  # across the batch. log_obs_prediction logs rl/obs_pred_prob, obs_pred_acc,
+  # horizon_rate and num_turns (always on when either channel is).
+  config.rl.obs_prediction_coef = 0.0
+  config.rl.obs_prediction_placebo = False
+  config.rl.log_obs_prediction = False
   # Likelihood reward coef * log p_ref(gold answer | final context) (nats);
   # 0 = off. Needs env facts gold_answer, gold_answer_len.
   config.rl.likelihood_coef = 0.0

@@ -56,7 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.pbrs_coef = 0.0
   # Potential: "progress" | "trace" (reference log-prob of the gold answer) |
   # "value" (value head V(s_k); needs config.model.value_head = True) |
-  # "spa" (learned per-turn contributions summed so far; TrainState.spa).
+  # "spa" (learned per-turn contributions summed so far; TrainState.spa) |
+  # "obs_prediction" (the policy's mean probability of the observation tokens
+  # seen so far: next-observation prediction, papers.md F1-42).
   rl.pbrs_potential = "progress"
   # SPA head: Adam learning rate, steps per RL iteration.
   rl.spa_lr = 1e-2
@@ -68,6 +70,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.dual_path_train_tool_free = True
   # Dense signal as "reward" | "aux_loss".
   rl.dense_as = "reward"
+  # Next-observation CE on TOOL tokens as an auxiliary loss, e.g. 0.1 (0 =
+  # off); placebo: its labels shuffled across the batch; log: rl/obs_pred_*,
+  # rl/horizon_rate, rl/num_turns.
+  rl.obs_prediction_coef = 0.0
+  rl.obs_prediction_placebo = False
+  rl.log_obs_prediction = False
   # Likelihood reward log p_ref(gold | context), e.g. 0.1 (0 = off).
   rl.likelihood_coef = 0.0
 

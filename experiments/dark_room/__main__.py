@@ -1,0 +1,66 @@
+"""python -m experiments.dark_room [--seeds=0,1,2] [--smoke]"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl import credit
+from agentic_rl import rollout
+from agentic_rl import train
+from agentic_rl import types
+from experiments import harness
+from experiments.dark_room import config
+
+
+def dark_room_eval(cfg, params):
+  """Dark-room diagnostics of a final policy on the held-out tasks.
+
+  Greedy episodes (as for `accuracy`) and sampled ones (T = 1, one per task):
+  share of episodes cut off at the horizon (MAX_TURNS / TRUNCATED), mean
+  assistant turns, and (greedy episodes) the policy's mean probability and
+  arg-max accuracy on the observation tokens it received.
+  """
+  env = train.make_env(cfg)
+  model_cfg = train.make_model_config(cfg)
+  graphdef = train.init_state(cfg, model_cfg)[0]
+  tasks = env.eval_tasks(cfg.eval.num_tasks, cfg.eval.seed)
+  out = {}
+  for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+    traj = rollout.rollout_jit(
+        env, tasks, jax.random.PRNGKey(cfg.eval.seed + 7), max_len=cfg.max_len,
+        graphdef=graphdef, params=params, model_config=model_cfg,
+        temperature=jnp.float32(temp))
+    finish = np.asarray(traj.finish)
+    horizon = (finish == types.MAX_TURNS) | (finish == types.TRUNCATED)
+    out[f"horizon_{name}"] = float(horizon.mean())
+    out[f"turns_{name}"] = float(np.asarray(traj.num_turns).mean())
+    if name == "greedy":
+      prob, hit = jax.jit(lambda t: credit.observation_prediction_scores(
+          graphdef, params, t, 1.0))(traj.tokens)
+      obs = np.asarray(traj.role) == types.TOOL
+      n = max(int(obs.sum()), 1)
+      out["obs_pred_prob"] = float(np.asarray(prob)[obs].sum() / n)
+      out["obs_pred_acc"] = float(np.asarray(hit)[obs].sum() / n)
+  return out
+
+
+if __name__ == "__main__":
+  harness.cli(
+      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+      title="Dark room: next-observation-prediction reward, z-scored vs "
+            "mean-only GRPO vs auxiliary loss (kv chains d = 5-6)",
+      arms_fn=config.arms,
+      metrics=(("accuracy", "accuracy"), ("pass@1", "pass@1"),
+               ("horizon_greedy", "horizon share"),
+               ("horizon_sampled", "horizon share (T=1)"),
+               ("turns_greedy", "turns/ep"),
+               ("obs_pred_acc", "obs. pred. acc."),
+               ("obs_pred_prob", "obs. pred. prob."),
+               ("late_horizon", "RL horizon, last 10 it.")),
+      curve_keys=("rl/accuracy", "rl/horizon_rate", "rl/obs_pred_acc"),
+      curve_means=(("late_horizon", "rl/horizon_rate", -10, None),),
+      extra_eval=dark_room_eval,
+  )
