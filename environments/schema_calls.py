@@ -603,7 +603,8 @@ class SchemaCallsEnv:
     swapped with probability 1/2 (so demonstrations cover every valid path). After
     all nodes are resolved it answers the root value. Imperfections (see the class
     attributes): under-calling (answer at turn 0), over-calling (repeat the
-    previous call), wrong argument (second value + 1), wrong tool name.
+    previous call), wrong argument (second value + 1), wrong tool name, and
+    constraint violation (`sum` on a + node although forbidden).
 
     Returns:
       action_tokens int32 [A] (then PAD), action_len int32 [].
