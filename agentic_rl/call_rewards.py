@@ -130,10 +130,107 @@ def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
           + w_answer * f["correct"].astype(jnp.float32)).astype(jnp.float32)
 
 
+# ---------------------------------------------------------------------------
+# ToolRLA factors and a reference-trajectory-matching reward (claim 7,
+# experiments/tool_composition).
+#
+# ToolRLA (papers.md F1-7; inferred form R = f s p c): each factor lies in
+# [0, 1], so `rl.reward_composition = 'product'` with the four components
+# call_format, call_name, call_params, call_constraint gives the multiplicative
+# decomposition R_mult = f s p c, and 'sum' with weights 1/4 the additive
+# R_add = (f + s + p + c) / 4. The paper's fourth factor ("regulatory
+# compliance") is here the prompt's "Never call sum." rule.
+#
+# Reference-trajectory matching (the trajectory-supervised baseline of TIER,
+# papers.md F1-14; form inferred): credit for reproducing the environment's
+# canonical reference call sequence (fact call_ref_match, see
+# environments/schema_calls.py), so a valid alternative path (the equivalent
+# tool, swapped commutative values, the other sub-expression order) earns no
+# match credit although it executes and reaches the same answer.
+# ---------------------------------------------------------------------------
+
+
+def call_format_reward(traj: types.Trajectory) -> jax.Array:
+  """ToolRLA format factor f = 1[answered and every call parsed], [B] float32."""
+  return format_validity(traj)
+
+
+def call_params_reward(traj: types.Trajectory) -> jax.Array:
+  """ToolRLA parameter-accuracy factor p, [B] float32 in [0, 1].
+
+  p = mean over calls of (call_param_names_frac + call_param_values_frac) / 2
+  (name Jaccard and fraction of right values against the best-matching ready
+  node, so any valid path scores 1); 0 for an episode without calls.
+  """
+  f = traj.facts
+  per_call = 0.5 * (f["call_param_names_frac"].astype(jnp.float32)
+                    + f["call_param_values_frac"].astype(jnp.float32))
+  return mean_over_calls(per_call, _calls(traj))
+
+
+def call_constraint_reward(traj: types.Trajectory) -> jax.Array:
+  """ToolRLA compliance factor c = 1[no call named the forbidden tool], [B].
+
+  Reads the episode fact 'num_forbidden_calls' (int [B]). An episode of a task
+  without a constraint always has c = 1.
+  """
+  return (traj.facts["num_forbidden_calls"] == 0).astype(jnp.float32)
+
+
+def reference_match_score(traj: types.Trajectory, *, exact: bool = False
+                          ) -> jax.Array:
+  """Fraction M of the reference call sequence reproduced in order, [B].
+
+  M = sum_k call_ref_match_k / max(d, n), with d = 'num_nodes' (the reference
+  trajectory's length) and n the episode's number of calls (extra calls dilute
+  M); call_ref_match_k is 1 when the call at turn k equals reference call k
+  (same tool, parameter names and values). exact=True gives the exact-match
+  variant 1[M == 1] (all d reference calls, no extra call).
+
+  Args:
+    traj: facts 'call_ref_match' [B, K] bool, 'tool_call_turn' [B, K],
+      'num_nodes' [B] int.
+    exact: exact-match instead of the fraction.
+
+  Returns:
+    [B] float32 in [0, 1].
+  """
+  f = traj.facts
+  calls = _calls(traj)
+  matched = jnp.sum(f["call_ref_match"].astype(bool) & calls, axis=-1)
+  n = jnp.sum(calls, axis=-1)
+  denom = jnp.maximum(jnp.maximum(f["num_nodes"].astype(jnp.int32), n), 1)
+  frac = matched.astype(jnp.float32) / denom.astype(jnp.float32)
+  if exact:
+    return (frac >= 1.0).astype(jnp.float32)
+  return frac
+
+
+def ref_match_reward(traj: types.Trajectory, *, w_format: float = 1.0,
+                     w_match: float = 1.0, w_answer: float = 1.0,
+                     exact: bool = False) -> jax.Array:
+  """Reference-trajectory-matching reward, [B] float32.
+
+  R = w_format F + w_match M + w_answer A, F = `format_validity`, M =
+  `reference_match_score` (exact as given), A = answer correctness. The
+  trajectory-supervised counterpart of `tier_reward` (TIER, papers.md F1-14;
+  form inferred): M replaces TIER's schema-adherence and execution terms.
+  """
+  return (w_format * format_validity(traj)
+          + w_match * reference_match_score(traj, exact=exact)
+          + w_answer * traj.facts["correct"].astype(jnp.float32)
+          ).astype(jnp.float32)
+
+
 CALL_REWARD_COMPONENTS: dict[str, Callable[..., jax.Array]] = {
     "toolrl": toolrl_reward,
     "tier": tier_reward,
     "call_name": call_name_reward,
     "call_param_names": call_param_names_reward,
     "call_param_values": call_param_values_reward,
+    # ToolRLA factors and reference matching (claim 7, block above).
+    "call_format": call_format_reward,
+    "call_params": call_params_reward,
+    "call_constraint": call_constraint_reward,
+    "ref_match": ref_match_reward,
 }

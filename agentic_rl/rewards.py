@@ -1050,6 +1050,12 @@ def _check_params(name: str, given: Mapping[str, Any]) -> None:
         f"rl.reward_params.rm: temperature must be > 0, got "
         f"{given['temperature']!r}"
     )
+  # ref_match (call_rewards.py, claim 7): `exact` switches fraction/exact match.
+  if name == "ref_match" and not isinstance(given.get("exact", False), bool):
+    raise ValueError(
+        f"rl.reward_params.ref_match: exact must be a bool, got "
+        f"{given['exact']!r}"
+    )
   if name == "otc" and given.get("form", "paper") not in OTC_FORMS:
     raise ValueError(
         f"rl.reward_params.otc: unknown form {given['form']!r}; known: "

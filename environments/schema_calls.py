@@ -41,10 +41,20 @@ tool implements the node's operation, else the canonical tool of the operation):
   call_exec_ok          the tool executed (format, known tool, its names, allowed)
   call_forbidden        the call names the forbidden tool (a constraint violation)
   call_resolves         the call resolved a ready node
+  call_ref_match        the call at turn k equals the reference call k: the
+                        canonical reference trajectory resolves node k at turn k
+                        with the canonical tool of its operation (add for +,
+                        never `sum`) and values in schema order (a = left, b =
+                        right). Valid alternatives (sum, swapped commutative
+                        values, the other order of independent sub-expressions)
+                        do NOT match; used by reference-trajectory-matching
+                        rewards (call_rewards.ref_match_reward, TIER F1-14
+                        baseline).
 Per-episode facts: 'correct', 'answered', 'format_error', 'num_tool_calls',
 'num_tool_errors' (calls that did not execute), 'num_redundant_calls' (executed
 calls that resolve no ready node but match an already-resolved node),
-'num_forbidden_calls', 'num_nodes' (d), 'nodes_resolved', 'hard' (d >= 2),
+'num_forbidden_calls', 'has_constraint' (the prompt forbids a tool),
+'num_nodes' (d), 'nodes_resolved', 'hard' (d >= 2),
 'tool_necessary' (True: the query asks for the tools), 'tool_call_turn' [K],
 'progress' [K + 1] (nodes resolved / d after each turn), 'gold_answer' [Ag],
 'gold_answer_len'.
@@ -150,7 +160,7 @@ class SchemaState:
 _PER_TURN = ("call_format_ok", "call_schema_ok", "call_name_ok", "call_param_names_ok",
              "call_param_names_frac", "call_param_values_ok",
              "call_param_values_frac", "call_exec_ok", "call_forbidden",
-             "call_resolves")
+             "call_resolves", "call_ref_match")
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
@@ -233,6 +243,9 @@ class SchemaCallsEnv:
       off by one.
     expert_wrong_name_prob: per expert call, probability of calling `mul` for
       a + node or `add` otherwise (a wrong tool).
+    expert_violation_prob: per expert call on a + node of a task that forbids
+      `sum`, probability of calling `sum` anyway (a constraint violation; 0 =
+      the expert always obeys, the old behaviour).
   """
 
   max_prompt_len: int = 104
@@ -248,6 +261,7 @@ class SchemaCallsEnv:
   expert_undercall_prob: float = 0.0
   expert_wrong_arg_prob: float = 0.0
   expert_wrong_name_prob: float = 0.0
+  expert_violation_prob: float = 0.0
 
   def __post_init__(self):
     if not 2 <= self.num_tools <= len(TOOLS):
@@ -267,7 +281,8 @@ class SchemaCallsEnv:
                        f" got {self.max_turns}")
     common.check_probabilities(self, (
         "branch_prob", "forbid_prob", "expert_overcall_prob",
-        "expert_undercall_prob", "expert_wrong_arg_prob", "expert_wrong_name_prob"))
+        "expert_undercall_prob", "expert_wrong_arg_prob", "expert_wrong_name_prob",
+        "expert_violation_prob"))
 
   @property
   def prompt_len_needed(self) -> int:
@@ -492,6 +507,19 @@ class SchemaCallsEnv:
     obs = jnp.where(is_call, jnp.where(exec_ok, obs_ok, obs_err), tok.PAD)
     obs_len = jnp.where(is_call, jnp.where(exec_ok, len_ok, len_err), 0)
 
+    # Reference trajectory: call k resolves node k with the canonical tool of
+    # its operation, values in schema order (module docstring).
+    k_ref = jnp.clip(state.turn, 0, self.max_depth - 1)
+    ref_l = jnp.where(task.left_ref[k_ref] >= 0,
+                      task.value[jnp.maximum(task.left_ref[k_ref], 0)],
+                      task.left_const[k_ref])
+    ref_r = jnp.where(task.right_ref[k_ref] >= 0,
+                      task.value[jnp.maximum(task.right_ref[k_ref], 0)],
+                      task.right_const[k_ref])
+    ref_match = (is_call & parsed["format_ok"] & own_ok & (state.turn < task.depth)
+                 & (tool == jnp.asarray(_CANON)[task.op[k_ref]])
+                 & (va == ref_l) & (vb == ref_r))
+
     ans, ans_ok = _parse_int(tokens, 1, length - 1)
     ans_ok &= (length >= 3) & (last == tok.ANSWER_END)
     answered = is_answer & ans_ok
@@ -510,6 +538,7 @@ class SchemaCallsEnv:
         "call_exec_ok": exec_ok,
         "call_forbidden": forbidden,
         "call_resolves": resolves,
+        "call_ref_match": ref_match,
     }
     per_turn = {k: jnp.where(at, jnp.asarray(values[k], state.per_turn[k].dtype),
                              state.per_turn[k]) for k in _PER_TURN}
@@ -551,6 +580,7 @@ class SchemaCallsEnv:
         "num_tool_errors": state.num_tool_errors,
         "num_redundant_calls": state.num_redundant_calls,
         "num_forbidden_calls": state.num_forbidden_calls,
+        "has_constraint": state.task.forbidden >= 0,
         "num_nodes": d,
         "nodes_resolved": jnp.sum(state.resolved & (jnp.arange(self.max_depth) < d)
                                   ).astype(jnp.int32),
@@ -573,7 +603,8 @@ class SchemaCallsEnv:
     swapped with probability 1/2 (so demonstrations cover every valid path). After
     all nodes are resolved it answers the root value. Imperfections (see the class
     attributes): under-calling (answer at turn 0), over-calling (repeat the
-    previous call), wrong argument (second value + 1), wrong tool name.
+    previous call), wrong argument (second value + 1), wrong tool name, and
+    constraint violation (`sum` on a + node although forbidden).
 
     Returns:
       action_tokens int32 [A] (then PAD), action_len int32 [].
@@ -592,7 +623,11 @@ class SchemaCallsEnv:
                    task.left_const[node])
     rv = jnp.where(rref[node] >= 0, task.value[jnp.maximum(rref[node], 0)],
                    task.right_const[node])
-    use_sum = (op == OP_ADD) & (u[0] < 0.5) & (task.forbidden != 1) & (self.num_tools >= 2)
+    # A separate draw, so the old draws (u) are unchanged.
+    violate = ((task.forbidden == 1) & (jax.random.uniform(jax.random.fold_in(key, 7))
+                                        < self.expert_violation_prob))
+    use_sum = ((op == OP_ADD) & (((u[0] < 0.5) & (task.forbidden != 1)) | violate)
+               & (self.num_tools >= 2))
     tool = jnp.where(use_sum, 1, jnp.asarray(_CANON)[op])
     wrong_name = u[4] < self.expert_wrong_name_prob
     tool = jnp.where(wrong_name, jnp.where(op == OP_ADD, 2, 0), tool)

@@ -10,7 +10,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLAIMS = ("hdpo_conditional", "reward_noise", "length_bias", "trace_credit",
-          "portool_tree", "pica_model_size", "step_hacking", "dark_room")
+          "portool_tree", "pica_model_size", "step_hacking", "dark_room",
+          "tool_composition")
 
 
 @pytest.mark.experiments
