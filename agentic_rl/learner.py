@@ -768,8 +768,8 @@ def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
     obs_pred_prob: mean probability of the observation (TOOL) tokens;
     obs_pred_acc: share of TOOL tokens that are the arg-max prediction (both
     over all TOOL tokens of the batch, 0 without any); horizon_rate: share of
-    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED);
-    num_turns: mean assistant turns.
+    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED). Mean
+    assistant turns per episode are logged in every run as 'turns'.
   """
   obs = traj.role == types.TOOL
   n = jnp.maximum(jnp.sum(obs.astype(jnp.float32)), 1.0)
@@ -778,7 +778,6 @@ def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
       "obs_pred_prob": jnp.sum(jnp.where(obs, prob_bl, 0.0)) / n,
       "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
       "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
-      "num_turns": jnp.mean(traj.num_turns.astype(jnp.float32)),
   }
 
 

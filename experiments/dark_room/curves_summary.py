@@ -19,7 +19,7 @@ from experiments import harness
 from experiments.dark_room import config
 
 KEYS = (("rl/accuracy", "accuracy"), ("rl/horizon_rate", "horizon share"),
-        ("rl/num_turns", "turns/ep"), ("rl/obs_pred_acc", "obs. pred. acc."),
+        ("rl/turns", "turns/ep"), ("rl/obs_pred_acc", "obs. pred. acc."),
         ("rl/obs_pred_prob", "obs. pred. prob."))
 
 
@@ -34,6 +34,8 @@ def main():
     if os.path.exists(path):
       with np.load(path) as f:
         c = {k: f[k] for k in f.files if k.startswith("rl/")}
+      if "rl/num_turns" in c:  # the same metric, under its name before 2026-12
+        c.setdefault("rl/turns", c.pop("rl/num_turns"))
       if c:  # arms still before their first RL checkpoint are left out
         curves[arm] = c
   n = min(len(c["rl/accuracy"]) for c in curves.values())
