@@ -58,13 +58,71 @@ def policy_mask(traj: types.Trajectory) -> jax.Array:
   return traj.role == types.POLICY
 
 
-def sft_loss(graphdef, params, traj: types.Trajectory):
-  """Token-mean negative log-likelihood of the POLICY tokens of demonstrations."""
+def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
+  """Token-mean negative log-likelihood of the POLICY tokens of demonstrations.
+
+  Args:
+    graphdef, params: the policy.
+    traj: demonstrations, [B, L] arrays.
+    denominator: the token count to divide the summed NLL by; None = this
+      batch's POLICY-token count (clamped to >= 1). Gradient accumulation passes
+      the whole batch's count so that the micro-batch losses sum to the
+      full-batch token mean.
+
+  Returns:
+    (loss, {"loss", "policy_tokens"}): float32 scalars; policy_tokens is the
+    mean POLICY-token count per demonstration.
+  """
   logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
   mask = policy_mask(traj)
-  nll = losses.token_mean(-logp, mask)
+  if denominator is None:
+    nll = losses.token_mean(-logp, mask)
+  else:
+    nll = jnp.sum(-logp * mask.astype(jnp.float32)) / denominator
   policy_tokens = jnp.mean(jnp.sum(mask, axis=1).astype(jnp.float32))
   return nll, {"loss": nll, "policy_tokens": policy_tokens}
+
+
+def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1):
+  """(loss, metrics, grads) of `sft_loss` with gradient accumulation.
+
+  The [B, L] batch is cut into `num_microbatches` contiguous blocks of rows,
+  scanned with `lax.scan`; each block's summed NLL is divided by the whole
+  batch's POLICY-token count, so the accumulated loss and gradient equal the
+  full-batch token mean (up to float summation order) while only one block's
+  activations are live at a time.
+
+  Raises:
+    ValueError: if num_microbatches does not divide B.
+  """
+  rows = traj.tokens.shape[0]
+  if num_microbatches < 1 or rows % num_microbatches:
+    raise ValueError(f"sft.num_microbatches={num_microbatches} must divide the "
+                     f"batch ({rows} demonstrations)")
+  grad_fn = jax.value_and_grad(
+      lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True)
+  if num_microbatches == 1:
+    (loss, metrics), grads = grad_fn(params, traj, None)
+    return loss, metrics, grads
+  mask = policy_mask(traj)
+  denominator = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
+  # Only the fields sft_loss reads are cut into blocks.
+  blocks = jax.tree.map(
+      lambda x: x.reshape((num_microbatches, rows // num_microbatches) + x.shape[1:]),
+      (traj.tokens, traj.role))
+
+  def micro(acc, block):
+    tokens, role = block
+    (loss, m), g = grad_fn(params, traj.replace(tokens=tokens, role=role),
+                           denominator)
+    acc_loss, acc_tokens, acc_g = acc
+    return (acc_loss + loss, acc_tokens + m["policy_tokens"],
+            jax.tree.map(jnp.add, acc_g, g)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (loss, tokens, grads), _ = jax.lax.scan(
+      micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks)
+  return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
 
 
 def make_sft_step(config, env, graphdef: nnx.GraphDef,
@@ -78,14 +136,15 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
   `state_sharding` (sharding.tree_shardings of the state) keeps the state's
   layout across steps on a device mesh; the batch is split over the ambient
   mesh's ('data', 'fsdp') axes (sharding.constrain_batch).
+  `sft.num_microbatches` (default 1) accumulates the gradient over that many
+  blocks of the batch (`sft_grad`): same loss and update, less memory.
   """
   batch_size = config.sft.batch_size
+  num_microbatches = config.sft.get("num_microbatches", 1)
   max_len = config.max_len
 
   def learn(state: types.TrainState, traj: types.Trajectory):
-    (_, metrics), grads = jax.value_and_grad(
-        lambda p: sft_loss(graphdef, p, traj), has_aux=True
-    )(state.params)
+    _, metrics, grads = sft_grad(graphdef, state.params, traj, num_microbatches)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)

@@ -8,8 +8,10 @@ Workdir layout:
   config.json                the resolved config
   checkpoints/               orbax checkpoints of the full TrainState
   metrics.jsonl, tensorboard/  per-step metrics
+  eval_initial.json          held-out evaluation of the initial weights, before SFT
+                             (only with `eval.initial=True` and `sft.steps > 0`)
   eval_sft.json              held-out evaluation of the SFT checkpoint (the reference)
-  eval_report.{json,md}      SFT vs final evaluation, learning_curves.png
+  eval_report.{json,md}      [initial vs] SFT vs final evaluation, learning_curves.png
 """
 
 from __future__ import annotations
@@ -227,7 +229,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     workdir: output folder; an existing checkpoint there is resumed.
 
   Returns:
-    {'sft': eval metrics, 'rl': eval metrics}, or None if the run was halted
+    {'sft': eval metrics, 'rl': eval metrics} (plus 'initial' first when
+    eval_initial.json was written), or None if the run was halted
     early by `config.halt_after_step` (used by the resume test).
 
   Raises:
@@ -290,6 +293,19 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       state_sharding=rl_sharding, reward_model=reward_model,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
+  initial_eval_path = os.path.join(workdir, "eval_initial.json")
+  if config.eval.get("initial", False) and sft_steps > 0 and not os.path.exists(
+      initial_eval_path):
+    # The weights before SFT (e.g. an imported checkpoint's zero-shot score);
+    # with sft.steps = 0 the SFT evaluation already is this one.
+    if start == 0:
+      logging.info("evaluating the initial weights on the held-out set...")
+      _write_json(initial_eval_path,
+                  evaluate(config, env, graphdef, state.params, model_cfg))
+    else:
+      logging.warning("eval.initial: resumed at step %d without %s; the initial "
+                      "weights are gone, so that column is left out", start,
+                      initial_eval_path)
   halt = config.get("halt_after_step", -1)
   keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
@@ -329,8 +345,12 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   if sft_steps == total and not os.path.exists(sft_eval_path):
     _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
 
+  reports = {}
+  if os.path.exists(initial_eval_path):
+    with open(initial_eval_path) as f:
+      reports["initial"] = json.load(f)
   with open(sft_eval_path) as f:
-    reports = {"sft": json.load(f)}
+    reports["sft"] = json.load(f)
   logging.info("evaluating the final policy on the held-out set...")
   reports["rl"] = evaluate(config, env, graphdef, state.params, model_cfg)
   ckpt.close()

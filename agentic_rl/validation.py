@@ -90,6 +90,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.num_minibatches", rl.num_minibatches,
           f"must divide the number of groups ({num_groups}) so that no group is "
           "split across minibatches")
+  sft_micro = config.sft.get("num_microbatches", 1)
+  if (isinstance(sft_micro, bool) or not isinstance(sft_micro, int) or sft_micro < 1
+      or config.sft.batch_size % sft_micro):
+    _fail("sft.num_microbatches", sft_micro,
+          f"must be a positive int dividing sft.batch_size={config.sft.batch_size}")
   mb_rows = rl.batch_size // rl.num_minibatches
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,

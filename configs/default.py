@@ -46,6 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
   config.sft.steps = 300
   config.sft.batch_size = 64
+  # Gradient accumulation over this many blocks of the SFT batch (same update).
+  config.sft.num_microbatches = 1
 
   # GRPO (Shao et al., arXiv:2402.03300).
   config.rl = common.optimizer(learning_rate=5e-4, warmup_steps=5)
@@ -245,9 +247,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.mesh = common.mesh()
 
   # Held-out evaluation on a fixed task set (greedy) plus pass@k from samples.
+  # initial=True also evaluates the weights before SFT (eval_initial.json; only
+  # when sft.steps > 0, e.g. an imported checkpoint's zero-shot score).
   config.eval = ml_collections.ConfigDict(dict(
       num_tasks=256, seed=12345, num_samples=8, temperature=1.0,
-      pass_k=(1, 2, 4, 8),
+      pass_k=(1, 2, 4, 8), initial=False,
   ))
 
   if arg == "smoke":

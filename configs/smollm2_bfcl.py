@@ -10,6 +10,14 @@ BFCL's verdict (our checker, 100% agreement with BFCL's AST checker) + 0.5 x
 per-field partial credit + 0.1 x format. Held-out: 100 tasks from the fixed
 split (every 5th task of each category), greedy.
 
+Training: SFT warm start (16 steps x 8 gold calls of the training split, lr
+2e-5), then GRPO. Zero-shot the 135M model answers in prose and never emits a
+call (held-out format-error rate 1.00 with our sampler and with transformers'
+generate), so pure RL from the checkpoint sees reward 0 everywhere (measured:
+12 steps, all rewards 0). The imported weights are scored before SFT
+(`eval.initial`, eval_initial.json), the SFT checkpoint before RL
+(eval_sft.json); `--config.sft.steps=0` is pure RL.
+
 `:multi_turn`: BFCL multi_turn_base against its executable API simulators
 (GorillaFileSystem, TwitterAPI, ...): tool results come back as `tool`
 messages, the next user question as a `user` message; correct = BFCL's state
@@ -70,6 +78,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # BFCL verdict + partial credit per field + format (agentic_rl/rewards.py).
   config.rl.rewards = ml_collections.ConfigDict(
       dict(correct=1.0, call_score=0.5, format=0.1))
+  # SFT warm start on gold calls of the training split (never the held-out
+  # tasks): zero-shot, the 135M model answers in prose and never emits a
+  # <tool_call> (held-out format-error rate 1.00, also under transformers'
+  # own generate), so pure RL sees reward 0 on every sample and no gradient.
+  # 16 steps x 8 demonstrations, accumulated one demonstration at a time.
+  config.sft = smollm2_common.sft_warm_start(steps=16, batch_size=8,
+                                             learning_rate=2e-5)
+  # Also score the imported checkpoint before SFT (eval_initial.json).
+  config.eval.initial = True
 
   if arg == "smoke":
     config.name = "smollm2_bfcl_smoke"
@@ -85,6 +102,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.max_len = 3072
     config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
     config.eval.num_tasks = 40  # the held-out split has 40 multi-turn tasks
+    # No warm start: SFT on ~2k-token multi-turn demonstrations is not a CPU job.
+    config.sft.steps = 0
+    config.eval.initial = False
   elif arg is not None:
     raise ValueError(f"configs/smollm2_bfcl.py: unknown arg {arg!r}; known: "
                      "'smoke', 'multi_turn'")

@@ -53,10 +53,9 @@ def base(name: str) -> ml_collections.ConfigDict:
   # ChatML template (agentic_rl/chat.py ChatFormat).
   config.tokenizer = "hf"
 
-  # Pure RL from the instruct checkpoint: no SFT warm start.
-  config.sft = common.optimizer(learning_rate=1e-5, warmup_steps=0)
-  config.sft.steps = 0
-  config.sft.batch_size = 8
+  # Pure RL from the instruct checkpoint unless a config sets a warm start
+  # (sft_warm_start).
+  config.sft = sft_warm_start(steps=0, batch_size=8, learning_rate=1e-5)
 
   # GRPO, full fine-tuning. CPU defaults: 2 tasks x 4 samples per step.
   config.rl.learning_rate = 2e-6
@@ -75,8 +74,10 @@ def base(name: str) -> ml_collections.ConfigDict:
   config.rl.kl_coef = 0.0
 
   # Held-out set: 100 fixed tasks, greedy decoding with our sampler.
+  # initial=True (with SFT steps) also scores the imported weights before SFT.
   config.eval = ml_collections.ConfigDict(dict(
       num_tasks=100, seed=12345, num_samples=0, temperature=1.0, pass_k=(),
+      initial=False,
   ))
   # A checkpoint holds params, reference and AdamW moments (~2.2 GB in f32):
   # save at the end (and on demand), not every few steps.
@@ -85,8 +86,24 @@ def base(name: str) -> ml_collections.ConfigDict:
   return config
 
 
+def sft_warm_start(steps: int, batch_size: int, learning_rate: float
+                   ) -> ml_collections.ConfigDict:
+  """The `config.sft` block: AdamW at a constant `learning_rate` (no warmup),
+  `steps` steps of `batch_size` expert demonstrations, the gradient accumulated
+  one demonstration at a time (`sft.num_microbatches = batch_size`: the SFT
+  step has the RL step's memory profile, see `base`)."""
+  sft = common.optimizer(learning_rate=learning_rate, warmup_steps=0)
+  sft.steps = steps
+  sft.batch_size = batch_size
+  sft.num_microbatches = batch_size
+  return sft
+
+
 def shrink_for_smoke(config: ml_collections.ConfigDict) -> None:
   """A minutes-long end-to-end check with the real checkpoint."""
+  if config.sft.steps:
+    config.sft.steps = 2
+    config.sft.batch_size = config.sft.num_microbatches = 2
   config.rl.steps = 2
   config.rl.batch_size = 4
   config.rl.group_size = 2

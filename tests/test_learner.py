@@ -569,3 +569,40 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
       assert any(not np.allclose(a, b) for a, b in zip(
           jax.tree.leaves(first.log_partition),
           jax.tree.leaves(last.log_partition)))
+
+
+def _sft_traj(batch, seed=0):
+  """A Trajectory around _batch's tokens and roles (other fields unused by SFT)."""
+  b, l = batch["tokens"].shape
+  role = jnp.where(batch["mask"], types.POLICY, types.PROMPT).astype(jnp.int8)
+  zeros_b = jnp.zeros((b,), jnp.int32)
+  return types.Trajectory(
+      tokens=batch["tokens"], role=role, logprob=jnp.zeros((b, l), jnp.float32),
+      turn=jnp.zeros((b, l), jnp.int32), length=zeros_b + l, num_turns=zeros_b,
+      finish=zeros_b, group=zeros_b, facts={})
+
+
+def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
+  graphdef, params, _ = fakes.tiny_policy(0)
+  traj = _sft_traj(_batch(graphdef, params, b=8, l=12))
+  # Reference: token-mean NLL of the POLICY tokens, from the model's own logits.
+  model = nnx.merge(graphdef, params)
+  logits, _ = model(traj.tokens)
+  logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  logp = jnp.take_along_axis(logp_all, traj.tokens[:, 1:, None], axis=-1)[..., 0]
+  mask = (traj.role == types.POLICY)[:, 1:]
+  expected = float(-jnp.sum(logp * mask) / jnp.sum(mask))
+  out = {}
+  for micro in (1, 2, 4):
+    loss, m, grads = jax.jit(
+        lambda p, t, n=micro: learner.sft_grad(graphdef, p, t, n))(params, traj)
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(m["loss"]), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(m["policy_tokens"]),
+                               float(jnp.sum(traj.role == types.POLICY)) / 8, rtol=1e-6)
+    out[micro] = grads
+  for micro in (2, 4):
+    for a, b in zip(jax.tree.leaves(out[1]), jax.tree.leaves(out[micro])):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  with pytest.raises(ValueError, match="num_microbatches=3"):
+    learner.sft_grad(graphdef, params, traj, 3)

@@ -39,7 +39,12 @@ def test_configs_validate(name, args):
   for arg in args:
     config = module.get_config(arg)
     validation.validate_config(config)
-    assert config.tokenizer == "hf" and config.sft.steps == 0
+    assert config.tokenizer == "hf"
+    # BFCL single-turn: SFT warm start (the imported model never emits a call)
+    # with the imported weights scored first; otherwise pure RL.
+    warm = name == "smollm2_bfcl" and arg in (None, "smoke")
+    assert (config.sft.steps > 0) == warm and config.eval.initial == warm
+    assert config.sft.batch_size % config.sft.num_microbatches == 0
     if arg in (None, "gsm", "arithmetic"):
       assert config.eval.num_tasks >= 100
   with pytest.raises(ValueError, match="unknown arg"):

@@ -67,3 +67,27 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   steps = [r["step"] for r in metrics_lib.read_metrics(workdir)]
   assert steps == sorted(set(steps))
   assert steps == [r["step"] for r in metrics_lib.read_metrics(full_dir)]
+
+
+def test_eval_initial_scores_the_weights_before_sft(tmp_path):
+  config = default.get_config("smoke")
+  config.sft.steps, config.rl.steps = 3, 1
+  config.eval.update(num_tasks=8, num_samples=0, pass_k=(), initial=True)
+  reports = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert list(reports) == ["initial", "sft", "rl"]
+  # The column is the held-out evaluation of the freshly initialised weights.
+  graphdef, state = train.init_state(config, train.make_model_config(config))
+  expected = train.evaluate(config, train.make_env(config), graphdef, state.params,
+                            train.make_model_config(config))
+  assert reports["initial"] == expected
+  with open(tmp_path / "run" / "eval_initial.json") as f:
+    assert json.load(f) == expected
+  with open(tmp_path / "run" / "eval_report.json") as f:
+    report = json.load(f)
+  assert list(report["reports"]) == ["initial", "sft", "rl"]
+  assert report["delta"]["from"] == "initial"
+  # Without SFT the SFT column already is the initial weights: no extra pass.
+  config.sft.steps = 0
+  reports = train.train_and_evaluate(config, str(tmp_path / "no_sft"))
+  assert list(reports) == ["sft", "rl"]
+  assert not (tmp_path / "no_sft" / "eval_initial.json").exists()

@@ -14,6 +14,7 @@ from configs import default
     ("rl.temperature", 0.0, r"config\.rl\.temperature=0\.0"),
     ("rl.clip_low", 1.5, r"config\.rl\.clip_low=1\.5"),
     ("sft.steps", -1, r"config\.sft\.steps=-1"),
+    ("sft.num_microbatches", 3, r"config\.sft\.num_microbatches=3"),
     ("model.head_dim", 7, r"config\.model\.head_dim=7"),
     ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
     ("env.name", "chess", r"config\.env\.name='chess'"),

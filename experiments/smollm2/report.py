@@ -1,13 +1,15 @@
-"""Summarise a SmolLM2 run directory: zero-shot vs after-RL held-out scores,
-per-step RL metrics and a reward-curve plot.
+"""Summarise a SmolLM2 run directory: held-out scores of the imported model,
+after the SFT warm start (when there is one) and after RL, per-step SFT and RL
+metrics and a reward-curve plot.
 
   python -m experiments.smollm2.report /path/to/workdir [--log=run.log]
 
-Reads eval_sft.json (the imported model before RL: train.py evaluates the
-reference parameters, i.e. the checkpoint, since sft.steps = 0),
-eval_report.json (after RL, when the run finished) and metrics.jsonl; writes
-reward_curve.png into the workdir and prints a markdown summary. With --log,
-peak RSS and wall-clock are read from `/usr/bin/time -v` output.
+Reads eval_initial.json (the imported weights, written with eval.initial=True
+when sft.steps > 0), eval_sft.json (the SFT checkpoint; without SFT this *is*
+the imported model), eval_report.json (all columns, when the run finished) and
+metrics.jsonl; writes reward_curve.png into the workdir and prints a markdown
+summary. With --log, peak RSS and wall-clock are read from `/usr/bin/time -v`
+output.
 """
 
 from __future__ import annotations
@@ -28,23 +30,36 @@ def _load(path):
     return json.load(f)
 
 
+def _columns(workdir: str) -> list[tuple[str, dict | None]]:
+  """(label, metrics) per evaluated checkpoint, imported model first."""
+  initial = _load(os.path.join(workdir, "eval_initial.json"))
+  sft = _load(os.path.join(workdir, "eval_sft.json"))
+  report = _load(os.path.join(workdir, "eval_report.json"))
+  rl = report["reports"].get("rl") if report else None
+  if initial is not None:
+    return [("imported (zero-shot)", initial), ("after SFT", sft), ("after RL", rl)]
+  return [("imported (zero-shot)", sft), ("after RL", rl)]
+
+
 def summarise(workdir: str, log: str | None = None) -> str:
   lines = [f"## {workdir}", ""]
-  before = _load(os.path.join(workdir, "eval_sft.json"))
-  report = _load(os.path.join(workdir, "eval_report.json"))
-  after = report["reports"]["rl"] if report else None
-  lines.append("| held-out metric | before RL (zero-shot) | after RL |")
-  lines.append("|---|---|---|")
+  columns = _columns(workdir)
+  lines.append("| held-out metric | " + " | ".join(c for c, _ in columns) + " |")
+  lines.append("|---" * (len(columns) + 1) + "|")
+  fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
   for k in KEYS:
-    b = before.get(k) if before else None
-    a = after.get(k) if after else None
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-    lines.append(f"| {k} | {fmt(b)} | {fmt(a)} |")
+    lines.append(f"| {k} | " + " | ".join(
+        fmt(m.get(k) if m else None) for _, m in columns) + " |")
   rows = []
   mpath = os.path.join(workdir, "metrics.jsonl")
   if os.path.exists(mpath):
     with open(mpath) as f:
       rows = [json.loads(line) for line in f if line.strip()]
+  sft = [r for r in rows if "sft/loss" in r]
+  if sft:
+    lines += ["", "| SFT step | loss (token-mean NLL) | grad norm |", "|---|---|---|"]
+    lines += [f"| {r['step']} | {r['sft/loss']:.3f} | {r.get('sft/grad_norm', 0):.2f} |"
+              for r in sft]
   rl = [r for r in rows if "rl/reward" in r]
   if rl:
     lines += ["", "| step | reward | accuracy | tool calls | format errors | "
