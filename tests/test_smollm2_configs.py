@@ -61,6 +61,8 @@ SCRIPT = textwrap.dedent("""
     config.model.hf_path = sys.argv[1]
     config.mesh.data, config.mesh.fsdp = 4, 2
     config.rl.batch_size, config.rl.group_size, config.rl.steps = 8, 2, 2
+    if config.sft.steps:  # the warm start, accumulated over 2 blocks of 4
+      config.sft.batch_size, config.sft.num_microbatches = 8, 2
     config.eval.num_tasks = 8
     mesh = sharding.make_mesh(config.mesh)
     assert dict(mesh.shape) == {{"data": 4, "fsdp": 2, "tensor": 1}}, mesh.shape
@@ -72,6 +74,8 @@ SCRIPT = textwrap.dedent("""
     rows = [json.loads(l) for l in open(sys.argv[2] + "/metrics.jsonl")]
     losses = [r["rl/loss"] for r in rows if "rl/loss" in r]
     assert len(losses) == 2 and all(np.isfinite(losses)), losses
+    sft = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    assert len(sft) == config.sft.steps and all(np.isfinite(sft)), sft
     print("OK", json.dumps(reports["rl"]))
 """)
 

@@ -51,7 +51,7 @@ def hacking_metrics(cfg, params):
 if __name__ == "__main__":
   harness.cli(
       sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
-      title="Hackable per-call step reward: sum vs Clip / Delta / min-form / gated "
+      title="Hackable per-call step reward: sum vs Clip / Delta / min-form "
             "(key-value chains)",
       arms_fn=config.arms,
       metrics=(("accuracy", "accuracy"), ("tool_calls", "calls/ep"),
