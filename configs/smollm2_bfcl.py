@@ -11,7 +11,7 @@ per-field partial credit + 0.1 x format. Held-out: 100 tasks from the fixed
 split (every 5th task of each category), greedy.
 
 Training: SFT warm start (16 steps x 8 gold calls of the training split, lr
-2e-5), then GRPO. Zero-shot the 135M model answers in prose and never emits a
+5e-5), then GRPO. Zero-shot the 135M model answers in prose and never emits a
 call (held-out format-error rate 1.00 with our sampler and with transformers'
 generate), so pure RL from the checkpoint sees reward 0 everywhere (measured:
 12 steps, all rewards 0). The imported weights are scored before SFT
@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # own generate), so pure RL sees reward 0 on every sample and no gradient.
   # 16 steps x 8 demonstrations, accumulated one demonstration at a time.
   config.sft = smollm2_common.sft_warm_start(steps=16, batch_size=8,
-                                             learning_rate=2e-5)
+                                             learning_rate=5e-5)
   # Also score the imported checkpoint before SFT (eval_initial.json).
   config.eval.initial = True
 
