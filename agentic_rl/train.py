@@ -373,9 +373,13 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 # Fields that may change when a run is resumed (extending training, changing the
-# evaluation, logging or the device mesh); any other change is refused.
+# evaluation, logging or the device mesh, or the gradient-accumulation split,
+# which leaves the update unchanged: e.g. resume an OOM-killed run with more
+# microbatches; workdirs written before sft.num_microbatches existed also
+# resume); any other change is refused.
 _RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
-                      "halt_after_step", "name", "mesh.")
+                      "halt_after_step", "name", "mesh.", "sft.num_microbatches",
+                      "rl.num_microbatches")
 
 
 def _check_resume_compatible(config, workdir: str) -> None:

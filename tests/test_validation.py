@@ -1,5 +1,8 @@
 """Invalid configs raise ValueError naming the field and the value, before any work."""
 
+import json
+import os
+
 import pytest
 
 from agentic_rl import train
@@ -90,4 +93,22 @@ def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
   with pytest.raises(validation.ConfigError,
                      match=r"config\.rl\.kl_coef=0\.0 \(was 0\.01\).*"
                            r"config\.rl\.loss_type='cispo' \(was 'ppo'\)"):
+    train.train_and_evaluate(config, workdir)
+
+
+def test_resume_accepts_a_new_gradient_accumulation_split(tmp_path):
+  config, workdir = _finished_zero_step_run(tmp_path)
+  # A workdir written before sft.num_microbatches existed, resumed with it;
+  # then more microbatches (same update, less memory).
+  saved = os.path.join(workdir, "config.json")
+  with open(saved) as f:
+    old = json.load(f)
+  del old["sft"]["num_microbatches"]
+  with open(saved, "w") as f:
+    json.dump(old, f)
+  config.sft.num_microbatches = 2
+  config.rl.num_microbatches = 2
+  train.train_and_evaluate(config, workdir)
+  config.sft.batch_size = 32
+  with pytest.raises(validation.ConfigError, match=r"config\.sft\.batch_size=32"):
     train.train_and_evaluate(config, workdir)
