@@ -44,11 +44,18 @@ from environments.host import base as host_base
 
 init_state_jit = jax.jit(
     rollout_lib.init_state, static_argnames=("max_len", "graphdef", "model_config"))
+# The rollout state (with its KV cache: 2.2 GB for SmolLM2 at 100 rows x 480
+# positions in float32) is donated to every step: the driver never reads a
+# state it has passed on, so XLA updates the buffers in place instead of
+# holding a second copy of the cache.
 generate_turn_jit = jax.jit(
     rollout_lib.generate_turn,
-    static_argnames=("graphdef", "max_action_len", "stop_tokens"))
-end_turn_jit = jax.jit(rollout_lib.end_turn, static_argnames=("graphdef",))
-append_jit = jax.jit(rollout_lib._append, static_argnames=("role",))  # noqa: SLF001
+    static_argnames=("graphdef", "max_action_len", "stop_tokens"),
+    donate_argnames=("state",))
+end_turn_jit = jax.jit(rollout_lib.end_turn, static_argnames=("graphdef",),
+                       donate_argnames=("state",))
+append_jit = jax.jit(rollout_lib._append, static_argnames=("role",),  # noqa: SLF001
+                     donate_argnames=("state",))
 
 
 @jax.jit
@@ -188,7 +195,7 @@ def rollout(
       env_done[i] = bool(d)
     obs, obs_len = _pad_rows(obs_rows, o_len)
     obs_roles_pad, _ = _pad_rows(role_rows, o_len)
-    length_before = state.length
+    length_before = jnp.copy(state.length)  # state is donated to end_turn_jit
     facts = [env.facts(s) for s in host_states]
     answered = np.array([bool(f["answered"]) for f in facts])
     format_error = np.array([bool(f["format_error"]) for f in facts])
