@@ -83,6 +83,22 @@ def test_greedy_temperature_zero_takes_argmax():
   np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(2), tok])
 
 
+def test_one_compiled_sampler_greedy_and_sampled_streams():
+  # A traced temperature: one program; T = 0 takes the arg-max without drawing
+  # noise, T > 0 draws exactly jax.random.categorical's token for the key.
+  logits = jax.random.normal(jax.random.PRNGKey(3), (6, 50)) * 3
+  f = jax.jit(sampling.sample_token)
+  for i in range(4):
+    key = jax.random.PRNGKey(10 + i)
+    tok, _ = f(key, logits, jnp.float32(0.0))
+    np.testing.assert_array_equal(tok, jnp.argmax(logits, axis=-1))
+    tok, logp = f(key, logits, jnp.float32(0.7))
+    expected = jax.random.categorical(key, jax.nn.log_softmax(logits / 0.7), axis=-1)
+    np.testing.assert_array_equal(tok, expected)
+    np.testing.assert_allclose(
+        logp, jax.nn.log_softmax(logits / 0.7)[jnp.arange(6), expected], atol=1e-6)
+
+
 def test_sample_token_frequencies_follow_temperature():
   logits = jnp.log(jnp.array([[0.2, 0.8]]))
   keys = jax.random.split(jax.random.PRNGKey(0), 4000)
