@@ -41,12 +41,17 @@ StepFn = Callable[[types.TrainState], tuple[types.TrainState, dict[str, jax.Arra
 def make_optimizer(cfg) -> optax.GradientTransformation:
   """AdamW with global-norm clipping and linear warmup then constant LR.
 
+  The learning rate of update k (k = 0, 1, ...) is lr * k / warmup_steps during
+  the warmup, then lr; warmup_steps = 0 means lr from the first update (a
+  one-step linear schedule would give the first update a learning rate of 0).
+
   Args:
     cfg: ConfigDict with learning_rate, warmup_steps, weight_decay, max_grad_norm.
   """
-  schedule = optax.linear_schedule(
-      0.0, cfg.learning_rate, max(int(cfg.warmup_steps), 1)
-  )
+  if int(cfg.warmup_steps) <= 0:
+    schedule = optax.constant_schedule(cfg.learning_rate)
+  else:
+    schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
   return optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),

@@ -606,3 +606,20 @@ def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
   with pytest.raises(ValueError, match="num_microbatches=3"):
     learner.sft_grad(graphdef, params, traj, 3)
+
+
+@pytest.mark.parametrize("warmup,expected_lrs", [
+    (0, [0.1, 0.1, 0.1]),           # no warmup: the first update moves too
+    (2, [0.0, 0.05, 0.1]),          # lr * k / warmup for k < warmup
+])
+def test_optimizer_schedule_first_updates(warmup, expected_lrs):
+  cfg = default.get_config().rl
+  cfg.learning_rate, cfg.warmup_steps, cfg.weight_decay = 0.1, warmup, 0.0
+  tx = learner.make_optimizer(cfg)
+  params = {"w": jnp.zeros((1,))}
+  state = tx.init(params)
+  for lr in expected_lrs:
+    # A constant gradient: AdamW's bias-corrected step is exactly 1 (up to eps),
+    # so each update is -lr (clipping leaves a norm-0.5 gradient alone).
+    updates, state = tx.update({"w": jnp.full((1,), 0.5)}, state, params)
+    np.testing.assert_allclose(updates["w"], [-lr], atol=1e-6)
