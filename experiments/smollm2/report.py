@@ -20,7 +20,7 @@ import re
 import sys
 
 KEYS = ("accuracy", "accuracy_easy", "accuracy_hard", "tool_calls",
-        "format_error_rate", "response_tokens")
+        "tool_productivity", "format_error_rate", "response_tokens")
 
 
 def _load(path):
@@ -46,7 +46,9 @@ def summarise(workdir: str, log: str | None = None) -> str:
   columns = _columns(workdir)
   lines.append("| held-out metric | " + " | ".join(c for c, _ in columns) + " |")
   lines.append("|---" * (len(columns) + 1) + "|")
-  fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+  # A metric with no items (accuracy_hard on BFCL) is NaN in eval_*.json and
+  # None in eval_report.json; both print as n/a.
+  fmt = lambda x: "n/a" if x is None or x != x else f"{x:.3f}"
   for k in KEYS:
     lines.append(f"| {k} | " + " | ".join(
         fmt(m.get(k) if m else None) for _, m in columns) + " |")
