@@ -91,11 +91,3 @@ def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   reports = train.train_and_evaluate(config, str(tmp_path / "no_sft"))
   assert list(reports) == ["sft", "rl"]
   assert not (tmp_path / "no_sft" / "eval_initial.json").exists()
-
-
-def test_tool_productivity_is_correct_answers_per_call_and_nan_without_calls():
-  correct = np.array([True, True, False, True])
-  # 3 correct answers over 2 + 0 + 1 + 3 = 6 calls.
-  assert train.tool_productivity(correct, np.array([2, 0, 1, 3])) == 0.5
-  # No call anywhere: undefined, not "3 correct answers per call".
-  assert np.isnan(train.tool_productivity(correct, np.zeros(4)))
