@@ -322,16 +322,14 @@ class Attention(nnx.Module):
       # Decoding one token: three separate projections. A fused weight would
       # be re-concatenated on every step of the decode while_loop (XLA does
       # not hoist it out): ~9 MB of copies per layer per token at SmolLM2 size.
-      def proj(w_dnk, bias_nk):
-        out_bntk = jnp.einsum("btd,dnk->bntk", x_btd, w_dnk[...].astype(dt))
-        if cfg.qkv_bias:
-          out_bntk = out_bntk + bias_nk[...].astype(dt)[None, :, None, :]
-        return out_bntk
-      biases = ((self.q_bias_hk, self.k_bias_gk, self.v_bias_gk)
-                if cfg.qkv_bias else (None, None, None))
-      q_bhtk = proj(self.q_dhk, biases[0])
-      k_bgtk = proj(self.k_dgk, biases[1])
-      v_bgtk = proj(self.v_dgk, biases[2])
+      q_bhtk, k_bgtk, v_bgtk = (
+          jnp.einsum("btd,dnk->bntk", x_btd, w[...].astype(dt))
+          for w in (self.q_dhk, self.k_dgk, self.v_dgk))
+      if cfg.qkv_bias:
+        bias = lambda b_nk: b_nk[...].astype(dt)[None, :, None, :]
+        q_bhtk = q_bhtk + bias(self.q_bias_hk)
+        k_bgtk = k_bgtk + bias(self.k_bias_gk)
+        v_bgtk = v_bgtk + bias(self.v_bias_gk)
     else:
       # One fused projection for queries, keys and values (the three weights
       # are concatenated at run time; the parameters keep their own names),
