@@ -49,7 +49,10 @@ def get_config(arg: str | None = "pred_zscore") -> ml_collections.ConfigDict:
   if arm not in ARMS:
     raise ValueError(f"experiments/dark_room/config.py: unknown arm {arm!r}; "
                      f"known: {ARMS} (append ',smoke' for the smoke size)")
-  config = kv_deep.deep_kv_chain(5, 6, smoke=size == "smoke")
+  # kv_chain's expert noise (0.3), the setting every dark_room number was
+  # measured with (kv_deep's default is lower since 2026-12-01).
+  config = kv_deep.deep_kv_chain(5, 6, smoke=size == "smoke",
+                                 expert_undercall_prob=0.3)
   config.name = f"dark_room_{arm}"
   # Success only: a format bonus would pay for answering (see docstring).
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))

@@ -7,7 +7,7 @@ Setup: key-value chains with d = 3..5 hops (experiments/kv_deep.py), per-turn
 returns. Three model sizes (parameters counted by the runner):
   xs  d_model 64, 2 layers    s  the `tiny` preset (d_model 96, 3 layers)
   m   the `small` preset (d_model 128, 4 layers)
-and two arms per size: `outcome` (correct + 0.1 format, per-turn returns) and
+and two arms per size: `outcome` (correctness only, per-turn returns) and
 `pbrs` (the same + PBRS F_k = Phi(s_{k+1}) - Phi(s_k) on the env's oracle hop
 progress, `rl.pbrs_coef = 1`). The paper's Phi is a learned success probability;
 the oracle potential is the control of papers.md's PBRS row and isolates the size

@@ -7,7 +7,7 @@ redundant calls (the values telescope).
 
 Setup: key-value chains with d = 4..6 hops (experiments/kv_deep.py), reference
 model = the SFT checkpoint, per-turn returns (`rl.credit = 'per_turn'`). Arms:
-  outcome   correct + 0.1 format, per-turn returns, no shaping
+  outcome   correctness only (experiments/kv_deep.py), per-turn returns, no shaping
   trace     the same + PBRS on the TRACE potential (`rl.pbrs_potential = 'trace'`,
             `rl.pbrs_coef = 0.2` nats -> reward units)
   progress  the same + PBRS on the oracle hop-progress potential (control)
