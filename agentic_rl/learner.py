@@ -667,6 +667,37 @@ def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
       gate_threshold=rl_cfg.get("step_reward_gate_threshold", 1.0))
 
 
+def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
+  """[B] bool: which episodes end in an absorbing state for PBRS (Phi = 0).
+
+  ANSWERED and FORMAT_ERROR endings always do. Episodes cut off at the turn
+  budget or the context length (MAX_TURNS, TRUNCATED) depend on
+  `rl.pbrs_cutoff`:
+    'keep'  not terminal: Phi(s_n) stays in the return (the task is treated as
+            continuing past the cut, Phi as its value estimate). Not policy
+            invariant for a task whose budget is part of it: the episode that
+            never answers collects Phi(s_n) (the "dark room" path, F1-42).
+    'zero'  terminal: Phi(s_n) = 0 for every ending, so every shaped
+            trajectory return is R - Phi(s_0) (discount 1) and PBRS is policy
+            invariant for the budgeted task (Ng, Harada & Russell, ICML 1999:
+            invariance needs Phi = 0 at every terminal state).
+
+  Args:
+    rl_cfg: the `rl` block (`pbrs_cutoff`, default 'keep').
+    finish_b: [B] int32 finish codes (types.ANSWERED, ...).
+
+  Raises:
+    ValueError: `rl.pbrs_cutoff` not 'keep' or 'zero' (also caught by
+      validation before any work).
+  """
+  cutoff = rl_cfg.get("pbrs_cutoff", "keep")
+  if cutoff not in ("keep", "zero"):
+    raise ValueError(f"rl.pbrs_cutoff must be 'keep' or 'zero', got {cutoff!r}")
+  if cutoff == "zero":
+    return jnp.ones(finish_b.shape, jnp.bool_)
+  return (finish_b == types.ANSWERED) | (finish_b == types.FORMAT_ERROR)
+
+
 def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
                      max_turns: int, phi_bk1: jax.Array | None = None):
   """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
@@ -676,7 +707,8 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   sum_k discount^k F_k (closed form; credit.telescoped_episode_returns).
   'per_turn': the reward is placed at the episode's last turn, PBRS terms
   F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * facts['progress'],
-  Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings) are added per turn, the
+  Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings, and for cut-off ones
+  with `rl.pbrs_cutoff='zero'`; `pbrs_terminated`) are added per turn, the
   per-turn reward-to-go is normalised against the group's returns at the same turn
   index, and each turn's advantage goes to that turn's POLICY tokens. With
   `rl.step_reward` set, the per-turn step rewards of `step_rewards_bk` are
@@ -710,8 +742,7 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   if pbrs_coef > 0 or per_turn:
     turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
     # Episodes that reached an absorbing end (Phi(terminal) = 0) vs cut short.
-    terminated = ((traj.finish == types.ANSWERED)
-                  | (traj.finish == types.FORMAT_ERROR))
+    terminated = pbrs_terminated(rl_cfg, traj.finish)
     if rl_cfg.get("dense_as", "reward") == "aux_loss" or pbrs_coef <= 0:
       phi = None
     elif phi_bk1 is not None:
@@ -798,7 +829,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
 
   Turn k's POLICY tokens get its shaping reward F_k = discount *
   Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * phi_bk1, Phi(terminal) = 0 for
-  ANSWERED / FORMAT_ERROR endings; Ng et al. 1999), i.e. the one-step TD
+  the endings `pbrs_terminated` names; Ng et al. 1999), i.e. the one-step TD
   credit of TRACE (papers.md F1-9, inferred form). The learner adds the
   clipped surrogate of this signal to the loss as an auxiliary term, so the
   outcome advantages are unchanged.
@@ -811,8 +842,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
   """
   k = max_turns
   turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
-  terminated = ((traj.finish == types.ANSWERED)
-                | (traj.finish == types.FORMAT_ERROR))
+  terminated = pbrs_terminated(rl_cfg, traj.finish)
   f_bk = credit.shape_turn_rewards(
       jnp.zeros(turn_mask.shape, jnp.float32), rl_cfg.pbrs_coef * phi_bk1,
       turn_mask, rl_cfg.get("discount", 1.0), terminated)

@@ -262,6 +262,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.pbrs_potential", potential,
           "must be 'progress', 'trace', 'value', 'spa', 'rm' or "
           "'obs_prediction'")
+  if config.rl.get("pbrs_cutoff", "keep") not in ("keep", "zero"):
+    _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep' or 'zero'")
   _validate_policy_optimisation(config)
   _validate_obs_prediction(config)
   _validate_dual_path_and_spa(config, is_host)

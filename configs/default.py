@@ -160,6 +160,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the policy's stop-gradient hidden state after each turn, trained in the
   # same RL step so that sum_k c_k regresses 1[correct]; TrainState.spa).
   config.rl.pbrs_potential = "progress"
+  # PBRS at episodes cut off by the turn budget or the context (MAX_TURNS,
+  # TRUNCATED): 'keep' Phi(s_n) in the return (as if the task continued; an
+  # episode that never answers collects it), or 'zero' (every ending is
+  # terminal: policy-invariant shaping for the budgeted task).
+  # learner.pbrs_terminated.
+  config.rl.pbrs_cutoff = "keep"
   # SPA head: Adam learning rate and full-batch steps per RL iteration.
   config.rl.spa_lr = 1e-2
   config.rl.spa_steps = 4

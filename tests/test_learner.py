@@ -249,6 +249,64 @@ def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
       learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)), 0.0)
 
 
+def _stall_vs_answer_traj():
+  """Group of 2 (K = 2): ep 0 calls twice, resolving the chain (progress 0 ->
+  .5 -> 1), and is cut off at the turn budget without answering (reward 0);
+  ep 1 answers correctly at once (reward 1)."""
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
+  turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
+  return types.Trajectory(
+      tokens=jnp.zeros((2, 7), jnp.int32), role=role,
+      logprob=jnp.zeros((2, 7)), turn=turn, length=jnp.array([7, 4]),
+      num_turns=jnp.array([2, 1]),
+      finish=jnp.array([types.MAX_TURNS, types.ANSWERED]),
+      group=jnp.array([0, 0]),
+      facts={"progress": jnp.array([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]]),
+             "correct": jnp.array([False, True]),
+             "num_tool_calls": jnp.array([2, 0])})
+
+
+@pytest.mark.parametrize("credit_mode", ["trajectory", "per_turn"])
+def test_pbrs_cutoff_keep_pays_the_stall_zero_does_not(credit_mode):
+  rl = default.get_config().rl
+  rl.credit = credit_mode
+  rl.pbrs_coef = 1.0
+  rl.adv_eps = 0.0
+  reward = jnp.array([0.0, 1.0])
+  traj = _stall_vs_answer_traj()
+  # 'keep': the cut-off episode keeps Phi(s_2) = 1, so its return (trajectory:
+  # 0 + 1 - 0; per turn 0: F_0 + F_1 = .5 + .5) ties the correct answer's 1:
+  # every advantage is 0 and nothing teaches answering.
+  assert rl.pbrs_cutoff == "keep"
+  _, _, adv_keep = learner.token_advantages(rl, reward, traj, 2)
+  np.testing.assert_allclose(adv_keep, np.zeros((2, 7)), atol=1e-6)
+  # 'zero': Phi(s_2) = 0, returns 0 (turn 0: .5 - .5) vs 1 -> z-scores -1, +1;
+  # per turn, turn 1 has one episode -> 0.
+  rl.pbrs_cutoff = "zero"
+  _, _, adv_zero = learner.token_advantages(rl, reward, traj, 2)
+  want_ep0 = [0, 0, -1, -1, 0, -1, -1] if credit_mode == "trajectory" else [
+      0, 0, -1, -1, 0, 0, 0]
+  np.testing.assert_allclose(adv_zero, [want_ep0, [0, 0, 1, 1, 0, 0, 0]],
+                             atol=1e-6)
+  # The auxiliary-loss path reads the same switch: F = [.5, 1 - .5] kept,
+  # [.5, 0 - .5] zeroed, on each turn's POLICY tokens.
+  phi = traj.facts["progress"]
+  rl.pbrs_cutoff = "keep"
+  np.testing.assert_allclose(learner.dense_aux_advantages(rl, traj, phi, 2)[0],
+                             [0, 0, .5, .5, 0, .5, .5], atol=1e-6)
+  rl.pbrs_cutoff = "zero"
+  np.testing.assert_allclose(learner.dense_aux_advantages(rl, traj, phi, 2)[0],
+                             [0, 0, .5, .5, 0, -.5, -.5], atol=1e-6)
+
+
+def test_pbrs_terminated_rejects_unknown_cutoff():
+  rl = default.get_config().rl
+  rl.pbrs_cutoff = "drop"
+  with pytest.raises(ValueError, match="rl.pbrs_cutoff"):
+    learner.pbrs_terminated(rl, jnp.array([types.ANSWERED]))
+
+
 def test_any_potential_array_plugs_into_pbrs_credit():
   """Hand-made potentials passed as phi_bk1 reproduce the progress-fact path
   (per_turn hand values of test_per_turn_credit_with_pbrs_hand_values)."""

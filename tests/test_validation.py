@@ -22,6 +22,7 @@ from configs import default
     ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
     ("env.name", "chess", r"config\.env\.name='chess'"),
     ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
+    ("rl.pbrs_cutoff", "drop", r"config\.rl\.pbrs_cutoff='drop'"),
 ])
 def test_bad_values_name_field_and_value(field, value, match):
   config = default.get_config()

@@ -9,7 +9,7 @@ returns. Three model sizes (parameters counted by the runner):
   m   the `small` preset (d_model 128, 4 layers)
 and two arms per size: `outcome` (correctness only, per-turn returns) and
 `pbrs` (the same + PBRS F_k = Phi(s_{k+1}) - Phi(s_k) on the env's oracle hop
-progress, `rl.pbrs_coef = 1`). The paper's Phi is a learned success probability;
+progress, `rl.pbrs_coef = 1`, `rl.pbrs_cutoff = 'zero'`). The paper's Phi is a learned success probability;
 the oracle potential is the control of papers.md's PBRS row and isolates the size
 effect from the quality of a learned Phi. Arms are named `<size>_<arm>`.
 Append ',smoke' for the CI size.
@@ -45,6 +45,10 @@ def get_config(arg: str | None = "s_pbrs") -> ml_collections.ConfigDict:
   if shaping == "pbrs":
     config.rl.pbrs_potential = "progress"
     config.rl.pbrs_coef = 1.0
+    # Running out of turns is terminal (Phi = 0): policy-invariant shaping; with
+    # Phi kept, a cut-off episode at full progress earns as much as a correct
+    # answer (experiments/trace_credit/README.md).
+    config.rl.pbrs_cutoff = "zero"
   return config
 
 

@@ -9,7 +9,8 @@ Setup: key-value chains with d = 4..6 hops (experiments/kv_deep.py), reference
 model = the SFT checkpoint, per-turn returns (`rl.credit = 'per_turn'`). Arms:
   outcome   correctness only (experiments/kv_deep.py), per-turn returns, no shaping
   trace     the same + PBRS on the TRACE potential (`rl.pbrs_potential = 'trace'`,
-            `rl.pbrs_coef = 0.2` nats -> reward units)
+            `rl.pbrs_coef = 0.2` nats -> reward units; `rl.pbrs_cutoff =
+            'zero'`: an episode cut off at the turn budget ends with Phi = 0)
   progress  the same + PBRS on the oracle hop-progress potential (control)
 Measured: final greedy accuracy, mean RL-curve accuracy over the first 20
 iterations (learning speed), and on held-out sampled episodes of each final policy
@@ -41,6 +42,10 @@ def get_config(arg: str | None = "trace") -> ml_collections.ConfigDict:
   if arm != "outcome":
     config.rl.pbrs_potential = arm
     config.rl.pbrs_coef = 0.2 if arm == "trace" else 1.0
+    # Running out of turns is a terminal failure: Phi = 0 there, so the shaping
+    # is policy invariant (the first run kept Phi(s_n) and 2 of 3 seeds of both
+    # shaped arms learned to call until the budget; README.md).
+    config.rl.pbrs_cutoff = "zero"
   return config
 
 
