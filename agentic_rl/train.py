@@ -158,12 +158,30 @@ def start_rl(config, state: types.TrainState) -> types.TrainState:
   return jax.jit(fn, out_shardings=out)(state)
 
 
+def tool_productivity(correct: np.ndarray, calls: np.ndarray) -> float:
+  """Correct answers per tool call over a set (OTC-PO, arXiv:2504.14870).
+
+  Args:
+    correct: [B] bool, whether each episode's answer is correct.
+    calls: [B] number of tool calls of each episode.
+
+  Returns:
+    sum(correct) / sum(calls) as a Python float, or NaN when the set has no
+    call at all (dividing by max(calls, 1) instead would report a tool-free
+    policy's correct answers as "per call"; eval_report.json writes the NaN
+    as null).
+  """
+  total = float(np.sum(calls))
+  return float(np.sum(correct)) / total if total > 0 else float("nan")
+
+
 def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   """Held-out evaluation on `config.eval.num_tasks` fixed tasks.
 
   Greedy decoding (temperature 0) gives accuracy (overall, easy, hard), tool calls
   per episode, tool productivity (correct answers per tool call, summed over the
-  set; Wang et al., OTC, arXiv:2504.14870), format-error rate (malformed answer or
+  set; Wang et al., OTC, arXiv:2504.14870; NaN when the set has no call),
+  format-error rate (malformed answer or
   tool call, or no answer). `eval.num_samples` samples per task at
   `eval.temperature` give pass@k (unbiased estimator, arXiv:2107.03374).
 
@@ -196,7 +214,7 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
       "tool_calls": float(calls.mean()),
       "tool_calls_easy": float(calls[~hard].mean()) if (~hard).any() else float("nan"),
       "tool_calls_hard": float(calls[hard].mean()) if hard.any() else float("nan"),
-      "tool_productivity": float(correct.sum() / max(calls.sum(), 1.0)),
+      "tool_productivity": tool_productivity(correct, calls),
       "format_error_rate": float(malformed.mean()),
       "response_tokens": float(np.mean(np.sum(np.asarray(traj.role) == types.POLICY, 1))),
   }

@@ -1,6 +1,7 @@
 """The smoke config trains end to end; an interrupted run resumes exactly."""
 
 import json
+import math
 import os
 
 import jax
@@ -11,6 +12,28 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import train
 from configs import default
+
+
+def assert_same_report(got: dict, want: dict) -> None:
+  """Evaluation reports are equal, key by key; NaN (undefined, e.g. tool
+  productivity without a call) equals NaN, and equals the JSON null that
+  eval_report.json stores for it."""
+  assert list(got) == list(want), (list(got), list(want))
+  for k in want:
+    a, b = got[k], want[k]
+    a_nan = a is None or (isinstance(a, float) and math.isnan(a))
+    b_nan = b is None or (isinstance(b, float) and math.isnan(b))
+    assert (a_nan and b_nan) or a == b, (k, a, b)
+
+
+def test_tool_productivity_hand_values():
+  # 3 correct answers over 4 calls; a set without any call has none (NaN),
+  # not "2 correct per call" as max(calls, 1) would say.
+  assert train.tool_productivity(np.array([1, 1, 1, 0], bool),
+                                 np.array([2, 0, 1, 1])) == 0.75
+  assert math.isnan(train.tool_productivity(np.array([1, 1, 0], bool),
+                                            np.zeros(3)))
+  assert train.tool_productivity(np.array([0, 0], bool), np.array([1, 3])) == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +63,7 @@ def test_smoke_trains_end_to_end(full_run):
       assert key in reports[name]
       assert 0.0 <= reports[name]["pass@1"] <= reports[name]["pass@2"] <= 1.0
   with open(os.path.join(workdir, "eval_report.json")) as f:
-    assert json.load(f)["reports"]["rl"] == reports["rl"]
+    assert_same_report(json.load(f)["reports"]["rl"], reports["rl"])
 
 
 def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
@@ -53,7 +76,9 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   assert train.train_and_evaluate(config, workdir) is None
   assert checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == 20
   reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
-  assert reports == full_reports
+  assert list(reports) == list(full_reports)
+  for name in reports:
+    assert_same_report(reports[name], full_reports[name])
   # Same final parameters, bit for bit.
   ck_full = checkpoint_lib.Checkpointer(os.path.join(full_dir, "checkpoints"))
   ck_res = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
@@ -79,9 +104,9 @@ def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   graphdef, state = train.init_state(config, train.make_model_config(config))
   expected = train.evaluate(config, train.make_env(config), graphdef, state.params,
                             train.make_model_config(config))
-  assert reports["initial"] == expected
+  assert_same_report(reports["initial"], expected)
   with open(tmp_path / "run" / "eval_initial.json") as f:
-    assert json.load(f) == expected
+    assert_same_report(json.load(f), expected)
   with open(tmp_path / "run" / "eval_report.json") as f:
     report = json.load(f)
   assert list(report["reports"]) == ["initial", "sft", "rl"]
