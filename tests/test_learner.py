@@ -250,18 +250,11 @@ def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
 
 
 def _stall_vs_answer_traj():
-  """Group of 2 (K = 2): ep 0 calls twice, resolving the chain (progress 0 ->
-  .5 -> 1), and is cut off at the turn budget without answering (reward 0);
-  ep 1 answers correctly at once (reward 1)."""
-  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
-  role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
-  turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
-  return types.Trajectory(
-      tokens=jnp.zeros((2, 7), jnp.int32), role=role,
-      logprob=jnp.zeros((2, 7)), turn=turn, length=jnp.array([7, 4]),
-      num_turns=jnp.array([2, 1]),
+  """`_two_episode_traj`'s layout, but ep 0 calls twice, resolving the chain
+  (progress 0 -> .5 -> 1), and is cut off at the turn budget without
+  answering (reward 0); ep 1 answers correctly at once (reward 1)."""
+  return _two_episode_traj().replace(
       finish=jnp.array([types.MAX_TURNS, types.ANSWERED]),
-      group=jnp.array([0, 0]),
       facts={"progress": jnp.array([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]]),
              "correct": jnp.array([False, True]),
              "num_tool_calls": jnp.array([2, 0])})
