@@ -741,7 +741,7 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   phi = None
   if pbrs_coef > 0 or per_turn:
     turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
-    # Episodes that reached an absorbing end (Phi(terminal) = 0) vs cut short.
+    # Episodes whose last state is absorbing (Phi = 0; rl.pbrs_cutoff).
     terminated = pbrs_terminated(rl_cfg, traj.finish)
     if rl_cfg.get("dense_as", "reward") == "aux_loss" or pbrs_coef <= 0:
       phi = None

@@ -54,8 +54,8 @@ def get_config(arg: str | None = "pred_zscore") -> ml_collections.ConfigDict:
   config = kv_deep.deep_kv_chain(5, 6, smoke=size == "smoke",
                                  expert_undercall_prob=0.3)
   config.name = f"dark_room_{arm}"
-  # Success only: a format bonus would pay for answering (see docstring).
-  config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
+  # Success only (kv_deep's reward): a format bonus would pay for answering
+  # (see docstring).
   config.rl.credit = "trajectory"
   config.rl.discount = 1.0
   config.rl.log_obs_prediction = True

@@ -9,9 +9,9 @@ returns. Three model sizes (parameters counted by the runner):
   m   the `small` preset (d_model 128, 4 layers)
 and two arms per size: `outcome` (correctness only, per-turn returns) and
 `pbrs` (the same + PBRS F_k = Phi(s_{k+1}) - Phi(s_k) on the env's oracle hop
-progress, `rl.pbrs_coef = 1`, `rl.pbrs_cutoff = 'zero'`). The paper's Phi is a learned success probability;
-the oracle potential is the control of papers.md's PBRS row and isolates the size
-effect from the quality of a learned Phi. Arms are named `<size>_<arm>`.
+progress, `rl.pbrs_coef = 1`, `rl.pbrs_cutoff = 'zero'`). The paper's Phi is a
+learned success probability; the oracle potential is the control of papers.md's
+PBRS row and isolates the size effect from the quality of a learned Phi. Arms are named `<size>_<arm>`.
 Append ',smoke' for the CI size.
 
   python -m experiments.pica_model_size              # 3 seeds x 6 arms
