@@ -28,7 +28,6 @@ peak is measured in the same run so that MFU is a ratio of like with like.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import resource
 import sys

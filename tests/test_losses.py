@@ -85,7 +85,6 @@ def test_padding_mask_from_lengths_with_pad_id_equal_to_eos():
   """Pad id == eos id (2): the mask comes from the real length, never from
   comparing token values; lengths 3 and 5 give the same entropy whether the
   batch is padded to 5 or to 10."""
-  import jax
   from agentic_rl import sampling
   from tests import fakes
   eos = pad = 2

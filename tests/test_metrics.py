@@ -43,7 +43,7 @@ def _brute_force(n, c, k):
 
 
 def test_pass_at_k_matches_enumeration_vectorised():
-  ns, cs, ks, want = [], [], [], []
+  ns, cs = [], []
   for n in range(1, 8):
     for c in range(n + 1):
       ns.append(n)

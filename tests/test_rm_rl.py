@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from flax import nnx
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
@@ -22,7 +21,6 @@ from agentic_rl import rm_train
 from agentic_rl import train
 from agentic_rl import types
 from agentic_rl import validation
-from agentic_rl.models import transformer
 from configs import default
 from configs import rm_arithmetic
 from configs import rm_grpo
