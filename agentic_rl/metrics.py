@@ -22,13 +22,34 @@ import tempfile
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import tensorboardX
 import tqdm
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_REPORT_JSON = "eval_report.json"
 EVAL_REPORT_MD = "eval_report.md"
+
+
+def _summary_writer(**kwargs: Any):
+  """Returns `tensorboardX.SummaryWriter(**kwargs)`, imported without torch.
+
+  tensorboardX's writer module imports torch whenever it is installed (seconds
+  of start-up and hundreds of MB, for isinstance checks on tensors we never
+  log: we log Python floats). The import is deferred to the first writer and,
+  unless torch is already loaded, made with torch hidden from `import`:
+  tensorboardX catches the ImportError and works with numpy only.
+
+  Raises:
+    OSError: if the log directory cannot be created.
+  """
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # `import torch` raises ImportError meanwhile.
+    try:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+    finally:
+      del sys.modules["torch"]
+  import tensorboardX  # pylint: disable=g-import-not-at-top
+  return tensorboardX.SummaryWriter(**kwargs)
 
 
 # ----------------------------------------------------------------------------
@@ -181,7 +202,7 @@ class MetricsWriter:
     elif os.path.exists(self.path):
       self._terminate_last_line()
     self._file = open(self.path, "a", encoding="utf-8")
-    self._tb = tensorboardX.SummaryWriter(
+    self._tb = _summary_writer(
         logdir=os.path.join(self.workdir, TENSORBOARD_DIR),
         purge_step=None if resume_step is None else int(resume_step) + 1,
         flush_secs=30,
