@@ -667,6 +667,28 @@ def gold_instances(task: BFCLTask) -> dict[str, Any]:
   return inst
 
 
+def first_call_payload(text: str) -> str | None:
+  """The payload of the first `<call>` or `<tool_call>` block: up to the next
+  `</call>` or `</tool_call>`, else to the end of the text (less one final
+  newline); None without an opening tag.
+
+  Same result as `re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)",
+  text, re.DOTALL).group(1)`, in O(len(text)) time.
+  """
+  found = [(i, len(tag)) for tag in ("<call>", "<tool_call>")
+           for i in (text.find(tag),) if i >= 0]
+  if not found:
+    return None
+  i, n = min(found)
+  start = i + n
+  ends = [e for e in (text.find("</call>", start), text.find("</tool_call>", start))
+          if e >= 0]
+  if ends:
+    return text[start:min(ends)]
+  end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+  return text[start:end]
+
+
 @dataclasses.dataclass
 class _MultiState:
   task: BFCLTask
@@ -747,9 +769,9 @@ class BFCLMultiTurnEnv:
       calls = bare if isinstance(bare, list) else None
     if isinstance(calls, parsers.ParseError):
       # BFCL's own multi-turn calls use positional arguments (`sort('a.txt')`).
-      m = re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)", action_text,
-                    re.DOTALL)
-      alt = parsers.parse_python_calls(m.group(1), True) if m else calls
+      payload = first_call_payload(action_text)
+      alt = (parsers.parse_python_calls(payload, True) if payload is not None
+             else calls)
       calls = alt if isinstance(alt, list) else calls
     if isinstance(calls, parsers.ParseError):
       state.errors += 1
