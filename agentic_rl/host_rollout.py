@@ -6,8 +6,13 @@ Each turn calls the very same jitted pieces as the JAX-native engine
 (KV-cache decode loop, stop tokens, behaviour log-probs) and `end_turn`
 (observation write + one chunked prefill, finish bookkeeping). Between them the
 host decodes each active row's sampled turn with the environment's tokenizer (for
-the environment's parser only), calls `env.step` (or `env.step_batch`, which may
-run the tools concurrently), and pads the observations to [B, O]. The trajectory
+the environment's parser only; cut to base.MAX_TURN_CHARS characters), calls
+`env.step` (or `env.step_batch`, which may run the tools concurrently) through
+`environments.host.base.guarded_step_batch`: a step that raises or passes its
+time limit (`env.step_timeout_s`) becomes a tool-error observation and is
+counted in the facts 'num_tool_exceptions' / 'num_tool_timeouts' [B] int32
+(added to the environment's own counts of these when it reports them), and the
+run goes on. Observations longer than O ids are cut, then padded to [B, O]. The trajectory
 keeps the sampled token ids and their log-probs exactly as generated: nothing is
 re-tokenised. The result is the same `Trajectory` type; its facts are numpy
 arrays stacked from `env.facts` ([B] per-episode, [B, K] per-turn).
@@ -157,6 +162,8 @@ def rollout(
   temperature = jnp.float32(temperature)
   expert_rng = None if use_model else numpy_rng(jax.random.fold_in(key, 7))
   a_len, o_len = env.max_action_len, env.max_obs_len
+  tool_exceptions = np.zeros((b,), np.int32)
+  tool_timeouts = np.zeros((b,), np.int32)
   for _ in range(env.max_turns):
     done = np.asarray(state.done)
     if done.all():
@@ -176,14 +183,20 @@ def rollout(
       state = append_jit(state, jnp.asarray(action), jnp.asarray(action_len),
                          jnp.asarray(active), role=types.POLICY)
     idx = np.flatnonzero(active)
-    texts = [decode(action[i, : action_len[i]]) for i in idx]
-    results = host_base.step_batch(env, [host_states[i] for i in idx], texts)
+    texts = [decode(action[i, : action_len[i]])[: host_base.MAX_TURN_CHARS]
+             for i in idx]
+    results, exc, tmo = host_base.guarded_step_batch(
+        env, [host_states[i] for i in idx], texts)
+    tool_exceptions[idx] += exc
+    tool_timeouts[idx] += tmo
     obs_rows = [np.zeros((0,), np.int32)] * b
     role_rows = [np.zeros((0,), np.int8)] * b
     env_done = np.zeros((b,), bool)
     for i, (s, obs_x, d) in zip(idx, results):
       host_states[i] = s
       obs_ids, obs_roles = _split(obs_x)
+      obs_ids = obs_ids[:o_len]  # output-size limit, before any concatenation
+      obs_roles = None if obs_roles is None else obs_roles[:o_len]
       if obs_roles is None:
         obs_roles = np.full(len(obs_ids), types.TOOL, np.int8)
       if fmt is not None and len(obs_ids):
@@ -211,6 +224,10 @@ def rollout(
   left = ~np.asarray(state.done)
   finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(np.int32)
   group = np.arange(b, dtype=np.int32) if group is None else np.asarray(group, np.int32)
+  facts = stack_facts([env.facts(s) for s in host_states])
+  for name, counts in (("num_tool_exceptions", tool_exceptions),
+                       ("num_tool_timeouts", tool_timeouts)):
+    facts[name] = (np.asarray(facts.get(name, 0), np.int32) + counts).astype(np.int32)
   return types.Trajectory(
       tokens=state.tokens,
       role=state.role,
@@ -220,5 +237,5 @@ def rollout(
       num_turns=state.num_turns,
       finish=jnp.asarray(finish),
       group=jnp.asarray(group),
-      facts=stack_facts([env.facts(s) for s in host_states]),
+      facts=facts,
   )

@@ -1437,6 +1437,13 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })
+    # Host tool steps that raised / timed out (host_rollout facts), counted
+    # over the batch, and non-finite float facts the reward sanitised.
+    for name in ("tool_exceptions", "tool_timeouts"):
+      if f"num_{name}" in facts:
+        metrics[name] = jnp.sum(facts[f"num_{name}"]).astype(jnp.float32)
+    metrics["reward_nonfinite_inputs"] = jnp.sum(
+        rewards.nonfinite_fact_counts(facts)).astype(jnp.float32)
     # Episode length in turns and repeated calls (step-reward hacking, claim 6).
     metrics["turns"] = f32(traj.num_turns)
     if "num_redundant_calls" in facts:

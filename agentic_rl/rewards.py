@@ -26,6 +26,15 @@ Components (`REWARD_COMPONENTS`; keyword params and defaults in
 | rm                        | bounded learned-RM score         | transform=    |
 |                           | (facts['rm_score'], rm_reward)   | 'sigmoid',... |
 
+Non-finite inputs (`sanitize_facts`): the composed reward never is NaN or
+inf because of a fact. `make_reward_fn`'s reward reads every floating fact with
+its NaN / +-inf entries replaced by 0 (for 'call_score' and the call_*_frac
+facts: no credit, their minimum; for 'rm_score': the RM's neutral logit 0),
+and `compose` treats a non-finite component value as 0 ('sum', 'product') or
+leaves it out of its group's statistics with z = 0 ('gdpo'). The learner logs
+how many fact entries were replaced (`nonfinite_fact_counts`, summed over the
+batch: metric 'reward_nonfinite_inputs').
+
 m_i = facts['num_tool_calls'], e_i = facts['num_tool_errors']. Group
 statistics use segment ops on the int32 `traj.group` ids (never row order), so
 group ids must lie in [0, B) (see `advantages.group_ids_from_keys`).
@@ -93,6 +102,59 @@ def _correct_group_min_max(
       jnp.where(any_b, max_g[group], 0),
       any_b,
   )
+
+
+def _finite_or_zero(x: jax.Array) -> jax.Array:
+  x = jnp.asarray(x)
+  return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
+def nonfinite_fact_counts(facts: Mapping[str, Any]) -> jax.Array:
+  """Per-episode number of NaN / +-inf entries over the floating facts.
+
+  Args:
+    facts: name -> [B, ...] array (numpy or jax); non-floating facts are
+      skipped.
+
+  Returns:
+    [B] int32 (zeros when no fact is floating).
+  """
+  b = None
+  total = None
+  for v in facts.values():
+    v = jnp.asarray(v)
+    if v.ndim == 0:
+      continue
+    b = v.shape[0] if b is None else b
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+      continue
+    bad = jnp.sum(~jnp.isfinite(v).reshape(v.shape[0], -1), axis=1, dtype=jnp.int32)
+    total = bad if total is None else total + bad
+  if total is None:
+    return jnp.zeros((b or 0,), jnp.int32)
+  return total
+
+
+def sanitize_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+  """`facts` with the NaN / +-inf entries of every floating fact replaced by 0.
+
+  The documented value 0 is: no credit for 'call_score' and the call_*_frac
+  facts (their minimum), the neutral logit for 'rm_score' (sigma(0 - ref)
+  under the 'sigmoid' transform). Non-floating facts are returned unchanged.
+
+  Args:
+    facts: name -> [B, ...] array.
+
+  Returns:
+    A new dict with the same keys, shapes and dtypes.
+  """
+  out = {}
+  for k, v in facts.items():
+    if jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating):
+      out[k] = _finite_or_zero(v)
+    else:
+      out[k] = v
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -852,6 +914,10 @@ def compose(
 
   Components used are the keys of `weights` (each must be in `parts`):
 
+  A non-finite component value (NaN, +-inf) counts as 0 in 'sum' and
+  'product'; in 'gdpo' it is left out of its group's mean and std and its z is
+  0, so the other rows of that group keep finite values.
+
   - 'sum': R = sum_c w_c r_c.
   - 'product': R = prod_{c: w_c != 0} r_c. Each factor must lie in [0, 1]
     (not checked: values are traced), so any failed factor zeros the reward;
@@ -894,13 +960,14 @@ def compose(
       )
   items = tuple(weights.items())
   if mode == "sum":
-    return sum(w * parts[name] for name, w in items).astype(jnp.float32)
+    return sum(w * _finite_or_zero(parts[name]) for name, w in items
+               ).astype(jnp.float32)
   if mode == "product":
     out = None
     for name, w in items:
       if isinstance(w, (int, float)) and w == 0:
         continue
-      factor = jnp.asarray(parts[name], jnp.float32)
+      factor = _finite_or_zero(jnp.asarray(parts[name], jnp.float32))
       if not isinstance(w, (int, float)):
         factor = jnp.where(w == 0, 1.0, factor)
       out = factor if out is None else out * factor
@@ -912,8 +979,10 @@ def compose(
     raise ValueError("compose: mode 'gdpo' requires group_b")
   total = None
   for name, w in items:
+    x = jnp.asarray(parts[name], jnp.float32)
+    finite = jnp.isfinite(x)
     z = advantages.grpo_advantages(
-        jnp.asarray(parts[name], jnp.float32), group_b, eps=eps
+        jnp.where(finite, x, 0.0), group_b, eps=eps, valid_b=finite
     )
     total = w * z if total is None else total + w * z
   return total.astype(jnp.float32)
@@ -1093,7 +1162,9 @@ def make_reward_fn(
 
   Returns:
     reward_fn(traj, step=0, key=None) -> (reward [B] float32,
-    {name: unweighted component [B] float32}). `step` may be a traced int32;
+    {name: unweighted component [B] float32}). Floating facts are read
+    through `sanitize_facts` (NaN / inf -> 0) and a non-finite component value
+    counts as 0. `step` may be a traced int32;
     `key` is required when noise is configured.
 
   Raises:
@@ -1155,8 +1226,12 @@ def make_reward_fn(
   plain = composition == "sum" and not schedules and not noise
 
   def reward_fn(traj, step=0, key=None):
+    # Non-finite float facts read as 0 (sanitize_facts); a component that
+    # still yields a non-finite value contributes 0.
+    traj = traj.replace(facts=sanitize_facts(traj.facts))
     parts = {
-        name: REWARD_COMPONENTS[name](traj, **params.get(name, {}))
+        name: _finite_or_zero(
+            REWARD_COMPONENTS[name](traj, **params.get(name, {})))
         for name, _ in items
     }
     if plain:

@@ -45,16 +45,21 @@ import copy
 import dataclasses
 import functools
 import importlib
+import decimal
 import inspect
 import json
+import math
 import os
 import re
+import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
 
 from agentic_rl import chat
 from agentic_rl import tokenizers as tok
+from environments.host import base as host_base
 from environments.host import parsers
 
 CATEGORY_FILES = {
@@ -488,6 +493,7 @@ class _SingleState:
   name_ok: float = 0.0
   parsed: bool = False
   num_calls: int = 0
+  num_errors: int = 0
   done: bool = False
 
 
@@ -502,8 +508,14 @@ class BFCLEnv:
 
   Facts (per episode): correct (BFCL verdict), call_score (partial credit in
   [0, 1]), name_ok (fraction of gold functions called), answered (a call
-  parsed), format_error (no parseable call), num_tool_calls, num_tool_errors
-  (1 if the turn did not parse), hard (parallel categories).
+  parsed), format_error (no parseable call), num_tool_calls, num_tool_errors,
+  hard (parallel categories).
+
+  Call accounting follows the environment family's definition (calls,
+  well-formed or not; calls that failed): the episode's one turn is its call
+  turn, so a turn that parses counts its calls (none executed, so 0 errors)
+  and a turn that does not parse counts as one malformed call (1 call, 1
+  error). Hence num_tool_errors <= num_tool_calls always.
   """
 
   categories: tuple[str, ...] = ("simple",)
@@ -561,6 +573,8 @@ class BFCLEnv:
     s = dataclasses.replace(state, turns=state.turns + 1, done=True)
     calls = parsers.parse_tool_calls(action_text)
     if isinstance(calls, parsers.ParseError):
+      # One malformed call (see the class docstring).
+      s = dataclasses.replace(s, num_calls=1, num_errors=1)
       return s, np.zeros((0,), np.int32), True
     check = check_calls(state.task.functions, calls, state.task.ground_truth,
                         state.task.category)
@@ -576,7 +590,7 @@ class BFCLEnv:
         "answered": np.bool_(state.parsed),
         "format_error": np.bool_(state.done and not state.parsed),
         "num_tool_calls": np.int32(state.num_calls),
-        "num_tool_errors": np.int32(state.done and not state.parsed),
+        "num_tool_errors": np.int32(state.num_errors),
         "hard": np.bool_("parallel" in state.task.category),
     }
 
@@ -624,30 +638,155 @@ def make_instances(task: BFCLTask) -> dict[str, Any]:
   return out
 
 
-def execute_call(instances: dict[str, Any], call: parsers.ToolCall) -> tuple[str, bool]:
-  """Runs one call on the API instances by method name; never raises.
+# Bounds on arguments whose cost in BFCL's tools grows without limit in their
+# value (the tools are BFCL's Python code, run in this process: a thread past
+# its time limit cannot be stopped, so the work itself must stay small).
+MAX_PRECISION = 1000        # MathAPI.square_root / logarithm: digits
+MAX_POWER_BITS = 1 << 16    # MathAPI.power, integer base and exponent: result bits
+MAX_ROUND_DIGITS = 1000     # MathAPI.round_number: |decimal_places|
+TOOL_TIMEOUT_S = 5.0        # default time limit of one call
+MAX_RESULT_CHARS = 4096     # default cap on one call's result text
 
-  Returns:
-    (result text, ok). Unknown or private methods, bad arguments and exceptions
-    give ok=False and an error text.
+# mpmath's precision (mp.prec / mp.dps) is process-wide; calls hold this lock
+# while it may differ from its saved value.
+_GLOBAL_STATE_LOCK = threading.Lock()
+
+
+def _number(x) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_call_arguments(call: parsers.ToolCall) -> str | None:
+  """An error text if a call's arguments exceed the bounds above, else None.
+
+  Checked: precision > MAX_PRECISION (square_root, logarithm), an integer
+  power whose result would have more than MAX_POWER_BITS bits, and
+  |decimal_places| > MAX_ROUND_DIGITS (round_number), keyword or positional.
   """
   name = call.name.rsplit(".", 1)[-1]
-  if name.startswith("_"):
-    return f"Error: unknown function {call.name!r}", False
-  for inst in instances.values():
-    method = getattr(inst, name, None)
-    if method is not None and inspect.ismethod(method):
-      try:
-        result = method(*call.positional, **call.arguments)
-      except Exception as e:  # noqa: BLE001 -- a bad call is an observation
-        return f"Error during execution: {e}", False
-      if isinstance(result, dict):
-        try:
-          return json.dumps(result), "error" not in result
-        except (TypeError, ValueError):
-          return str(result), "error" not in result
-      return str(result), True
-  return f"Error: unknown function {call.name!r}", False
+
+  def arg(i: int, key: str):
+    if key in call.arguments:
+      return call.arguments[key]
+    return call.positional[i] if len(call.positional) > i else None
+
+  if name in ("square_root", "logarithm"):
+    prec = arg(1 if name == "square_root" else 2, "precision")
+    if _number(prec) and prec > MAX_PRECISION:
+      return f"Error: precision={prec!r} is above the limit {MAX_PRECISION}"
+  if name == "power":
+    base, exp = arg(0, "base"), arg(1, "exponent")
+    if (all(isinstance(x, int) and not isinstance(x, bool) for x in (base, exp))
+        and abs(base) > 1 and exp > 0
+        and exp * math.log2(abs(base)) > MAX_POWER_BITS):
+      return (f"Error: power(base={base}, exponent={exp}) has more than "
+              f"{MAX_POWER_BITS} bits")
+  if name == "round_number":
+    places = arg(1, "decimal_places")
+    if _number(places) and abs(places) > MAX_ROUND_DIGITS:
+      return (f"Error: decimal_places={places!r} is beyond the limit "
+              f"+-{MAX_ROUND_DIGITS}")
+  return None
+
+
+def _render(result: Any) -> tuple[str, bool]:
+  """(text, ok) of a tool's return value; may raise (e.g. str() of an int
+  over Python's digit limit)."""
+  if isinstance(result, dict):
+    try:
+      return json.dumps(result), "error" not in result
+    except (TypeError, ValueError, OverflowError, RecursionError):
+      return str(result), "error" not in result
+  return str(result), True
+
+
+def _run_isolated(method, call: parsers.ToolCall, lock_timeout_s: float
+                  ) -> tuple[str, bool]:
+  """Runs and renders one call with process-global numeric state isolated:
+  a local `decimal` context (decimal's context is per thread; this one is
+  dropped after the call) and mpmath's precision saved and restored under
+  _GLOBAL_STATE_LOCK (mpmath's is per process)."""
+  import mpmath  # bfcl-eval's MathAPI needs it (requirements-test.txt)
+  if not _GLOBAL_STATE_LOCK.acquire(timeout=lock_timeout_s):
+    raise TimeoutError("another tool call still holds the numeric-state lock")
+  try:
+    prec = mpmath.mp.prec
+    try:
+      with decimal.localcontext():
+        return _render(method(*call.positional, **call.arguments))
+    finally:
+      mpmath.mp.prec = prec
+  finally:
+    _GLOBAL_STATE_LOCK.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+  """One executed call: result text, ok, and status ('ok', 'error': refused
+  or an error result, 'exception': the tool raised or its result could not be
+  rendered, 'timeout': abandoned at the time limit)."""
+
+  text: str
+  ok: bool
+  status: str
+
+
+def run_call(instances: dict[str, Any], call: parsers.ToolCall, *,
+             timeout_s: float = TOOL_TIMEOUT_S,
+             max_chars: int = MAX_RESULT_CHARS) -> CallResult:
+  """Runs one call on the API instances by method name; never raises.
+
+  Unknown or private methods and arguments over the bounds of
+  `check_call_arguments` are refused without running. The call runs in a
+  worker thread (base.call_with_deadline) with `_run_isolated`'s state
+  isolation; past `timeout_s` it is abandoned (it may still modify
+  `instances` until it returns, so the caller must stop using them). The text
+  is cut to `max_chars` characters.
+
+  Args:
+    instances: class name -> API instance (make_instances).
+    call: the parsed call.
+    timeout_s: > 0, seconds.
+    max_chars: cap on the result text.
+  """
+  name = call.name.rsplit(".", 1)[-1]
+  method = None
+  if not name.startswith("_"):
+    for inst in instances.values():
+      m = getattr(inst, name, None)
+      if m is not None and inspect.ismethod(m):
+        method = m
+        break
+  if method is None:
+    return CallResult(f"Error: unknown function {call.name!r}"[:max_chars], False,
+                      "error")
+  refused = check_call_arguments(call)
+  if refused is not None:
+    return CallResult(refused[:max_chars], False, "error")
+  out = host_base.call_with_deadline(_run_isolated, method, call, timeout_s,
+                                     timeout_s=timeout_s)
+  if out.status == "timeout":
+    return CallResult(f"Error: {name} did not finish within {timeout_s:g} s",
+                      False, "timeout")
+  if out.status == "exception":
+    try:
+      detail = str(out.error)
+    except Exception:  # noqa: BLE001 -- an exception whose str() fails
+      detail = type(out.error).__name__
+    return CallResult(f"Error during execution: {detail}"[:max_chars], False,
+                      "exception")
+  text, ok = out.value
+  return CallResult(text[:max_chars], ok, "ok" if ok else "error")
+
+
+def execute_call(instances: dict[str, Any], call: parsers.ToolCall) -> tuple[str, bool]:
+  """(result text, ok) of `run_call` with its default limits; never raises.
+
+  Unknown or private methods, refused arguments, exceptions and timeouts give
+  ok=False and an error text.
+  """
+  r = run_call(instances, call)
+  return r.text, r.ok
 
 
 def public_state(instances: dict[str, Any]) -> dict[str, dict]:
@@ -667,6 +806,28 @@ def gold_instances(task: BFCLTask) -> dict[str, Any]:
   return inst
 
 
+def first_call_payload(text: str) -> str | None:
+  """The payload of the first `<call>` or `<tool_call>` block: up to the next
+  `</call>` or `</tool_call>`, else to the end of the text (less one final
+  newline); None without an opening tag.
+
+  Same result as `re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)",
+  text, re.DOTALL).group(1)`, in O(len(text)) time.
+  """
+  found = [(i, len(tag)) for tag in ("<call>", "<tool_call>")
+           for i in (text.find(tag),) if i >= 0]
+  if not found:
+    return None
+  i, n = min(found)
+  start = i + n
+  ends = [e for e in (text.find("</call>", start), text.find("</tool_call>", start))
+          if e >= 0]
+  if ends:
+    return text[start:min(ends)]
+  end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+  return text[start:end]
+
+
 @dataclasses.dataclass
 class _MultiState:
   task: BFCLTask
@@ -675,6 +836,8 @@ class _MultiState:
   turns: int = 0
   calls: int = 0
   errors: int = 0
+  exceptions: int = 0
+  timeouts: int = 0
   format_errors: int = 0
   done: bool = False
   correct: bool = False
@@ -688,7 +851,16 @@ class BFCLMultiTurnEnv:
   Facts: correct (BFCL state check at the end), answered (every user question
   reached its end), format_error (False: a turn without a call is a reply),
   num_tool_calls, num_tool_errors (failed executions and unparseable calls
-  count), questions_done (user questions finished), hard (True).
+  count; an unparseable call turn is 1 call and 1 error, so errors <= calls),
+  num_tool_exceptions / num_tool_timeouts (calls that raised / passed their
+  time limit; also counted as errors), questions_done (user questions
+  finished), hard (True).
+
+  Tool limits (`run_call`): each call runs in a worker thread with
+  `tool_timeout_s`, the calls of one turn share `turn_timeout_s`, arguments
+  over `check_call_arguments`' bounds are refused, results are cut to
+  `max_result_chars`. A call that times out may still be running, so the
+  episode ends there (its API state can no longer be trusted).
   """
 
   eval_every: int = 5
@@ -698,12 +870,38 @@ class BFCLMultiTurnEnv:
   max_turns: int = 16
   descriptions: bool = False
   tokenizer: Any = dataclasses.field(default_factory=tok.ByteTokenizer)
+  tool_timeout_s: float = TOOL_TIMEOUT_S
+  turn_timeout_s: float = 20.0
+  max_result_chars: int = MAX_RESULT_CHARS
   is_host = True
+
+  @property
+  def step_timeout_s(self) -> float:
+    """The host driver's limit on one step: the turn's calls plus the gold
+    replay of the state check at the episode's end."""
+    return self.turn_timeout_s + 40.0
 
   @functools.cached_property
   def chat_format(self):
     """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
     return chat.make_format(self.tokenizer)
+
+  def __post_init__(self):
+    for name in ("tool_timeout_s", "turn_timeout_s"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"BFCLMultiTurnEnv.{name}={getattr(self, name)!r}: must be > 0")
+    if not self.max_result_chars > 0:
+      raise ValueError(f"BFCLMultiTurnEnv.max_result_chars={self.max_result_chars!r}: "
+                       "must be > 0")
+
+  def tool_failure(self, state: _MultiState, message: str):
+    """The host driver's result for a step that raised or timed out: one
+    failed call, `message` as the observation, and the episode ends (the API
+    state may be half-updated or still changing)."""
+    state.calls += 1
+    state.errors += 1
+    state.done = True
+    return state, self._obs(message), True
 
   @functools.cached_property
   def _splits(self):
@@ -747,9 +945,9 @@ class BFCLMultiTurnEnv:
       calls = bare if isinstance(bare, list) else None
     if isinstance(calls, parsers.ParseError):
       # BFCL's own multi-turn calls use positional arguments (`sort('a.txt')`).
-      m = re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)", action_text,
-                    re.DOTALL)
-      alt = parsers.parse_python_calls(m.group(1), True) if m else calls
+      payload = first_call_payload(action_text)
+      alt = (parsers.parse_python_calls(payload, True) if payload is not None
+             else calls)
       calls = alt if isinstance(alt, list) else calls
     if isinstance(calls, parsers.ParseError):
       state.errors += 1
@@ -757,12 +955,30 @@ class BFCLMultiTurnEnv:
       obs = self._obs(f"Error: {calls.reason}")
     elif calls:
       results = []
+      deadline = time.monotonic() + self.turn_timeout_s
+      timed_out = False
       for c in calls:
-        text, ok = execute_call(state.instances, c)
         state.calls += 1
-        state.errors += int(not ok)
-        results.append(text)
-      obs = self._obs("\n".join(results))
+        left = min(self.tool_timeout_s, deadline - time.monotonic())
+        if timed_out:
+          r = CallResult("Error: not run (an earlier call of this turn timed out)",
+                         False, "error")
+        elif left <= 0:
+          r = CallResult("Error: not run (the turn's time limit was reached)", False,
+                         "timeout")
+        else:
+          r = run_call(state.instances, c, timeout_s=left,
+                       max_chars=self.max_result_chars)
+        state.errors += int(not r.ok)
+        state.exceptions += int(r.status == "exception")
+        state.timeouts += int(r.status == "timeout")
+        timed_out = timed_out or r.status == "timeout"
+        results.append(r.text)
+      obs = self._obs("\n".join(results)[: self.max_result_chars])
+      if timed_out:
+        # An abandoned call may still be changing the API instances.
+        state.done = True
+        return state, obs, True
     else:
       # A reply without a call ends the current user question.
       state.question += 1
@@ -785,6 +1001,8 @@ class BFCLMultiTurnEnv:
         "format_error": np.bool_(False),
         "num_tool_calls": np.int32(state.calls),
         "num_tool_errors": np.int32(state.errors),
+        "num_tool_exceptions": np.int32(state.exceptions),
+        "num_tool_timeouts": np.int32(state.timeouts),
         "questions_done": np.int32(state.question),
         "hard": np.bool_(True),
     }

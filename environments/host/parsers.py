@@ -58,9 +58,59 @@ class ParseError:
   reason: str
 
 
-_TAG_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_CALL_RE = re.compile(r"<call>(.*?)(?:</call>|$)", re.DOTALL)
-_FENCE_RE = re.compile(r"```(?:json|python|tool_code)?\s*(.*?)```", re.DOTALL)
+# Block extraction scans the text left to right with str.find (linear time in
+# the text). The equivalent backtracking regexes, e.g. r"```(?:json)?\s*(.*?)```",
+# take quadratic or worse time on adversarial text such as "```json" plus
+# spaces repeated without a closing fence.
+_WS_RE = re.compile(r"\s*")  # one run of whitespace: linear, no backtracking
+_FENCE_LANGS = ("json", "python", "tool_code")
+
+
+def tag_blocks(text: str, open_tag: str, close_tag: str) -> list[str]:
+  """Contents of the `open_tag ... close_tag` blocks of `text`, in order.
+
+  Each block runs from its opening tag to the next closing tag; the last one may
+  be unclosed and then runs to the end of the text (less one final newline).
+  Same result as `re.findall(open + "(.*?)(?:" + close + "|$)", text, re.DOTALL)`,
+  in one left-to-right scan: O(len(text)) time.
+  """
+  out = []
+  i = text.find(open_tag)
+  while i >= 0:
+    start = i + len(open_tag)
+    end = text.find(close_tag, start)
+    if end < 0:
+      end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+      out.append(text[start:end])
+      break
+    out.append(text[start:end])
+    i = text.find(open_tag, end + len(close_tag))
+  return out
+
+
+def fence_blocks(text: str) -> list[str]:
+  r"""Contents of the closed ``` fences of `text`, in order, without an opening
+  `json` / `python` / `tool_code` tag and the whitespace after it.
+
+  Same result as `re.findall(r"```(?:json|python|tool_code)?\s*(.*?)```", text,
+  re.DOTALL)` in O(len(text)) time. An opening fence without a closing one ends
+  the scan (no later fence can close either).
+  """
+  out = []
+  i = text.find("```")
+  while i >= 0:
+    p = i + 3
+    for lang in _FENCE_LANGS:
+      if text.startswith(lang, p):
+        p += len(lang)
+        break
+    p = _WS_RE.match(text, p).end()
+    end = text.find("```", p)
+    if end < 0:
+      break
+    out.append(text[p:end])
+    i = text.find("```", end + 3)
+  return out
 
 
 def _call_from_obj(obj: Any) -> ToolCall | None:
@@ -179,8 +229,8 @@ def _parse(text: Any) -> list[ToolCall] | ParseError:
     return ParseError(f"not a string: {type(text).__name__}")
   if len(text) > MAX_TEXT_CHARS:
     return ParseError(f"text too long ({len(text)} > {MAX_TEXT_CHARS} chars)")
-  for regex, fmt in ((_TAG_RE, "<tool_call>"), (_CALL_RE, "<call>")):
-    blocks = regex.findall(text)
+  for fmt, close in (("<tool_call>", "</tool_call>"), ("<call>", "</call>")):
+    blocks = tag_blocks(text, fmt, close)
     if blocks:
       calls = []
       for block in blocks:
@@ -189,7 +239,7 @@ def _parse(text: Any) -> list[ToolCall] | ParseError:
           return ParseError(f"malformed {fmt} payload: {block.strip()[:80]!r}")
         calls.extend(parsed)
       return calls
-  fences = _FENCE_RE.findall(text)
+  fences = fence_blocks(text)
   for candidate in fences + [text.strip()]:
     parsed = _calls_from_payload(candidate.strip())
     if parsed:

@@ -50,9 +50,11 @@ from agentic_rl import tokenizers as tok
 from environments.host import parsers
 from environments.host import sandbox as sandbox_lib
 
-_CALL_RE = re.compile(r"^\s*<call>(.*?)</call>\s*$", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_FENCE_RE = re.compile(r"```(?:python|py)\s*\n(.*?)(?:```|$)", re.DOTALL)
+# Turn parsing scans with str.find (linear time in the text); the backtracking
+# regexes these replace, e.g. r"<answer>(.*?)</answer>", took quadratic time on
+# adversarial text such as many unclosed "<answer>" tags. The two regexes
+# below have no nested or overlapping quantifiers (linear).
+_WS_RE = re.compile(r"\s*")
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 CHAT_SYSTEM_PROMPT = (
@@ -64,6 +66,69 @@ _INSTRUCTION = ("\nUse <call>python code</call> to run Python (print what you ne
                 "and give the final answer as <answer>...</answer>.\n")
 
 
+def answer_block(text: str) -> str | None:
+  """The text of the first closed `<answer>...</answer>` block, or None.
+
+  Same result as `re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+  .group(1)` in O(len(text)) time: if the first `<answer>` has no closing tag
+  after it, no later one has.
+  """
+  i = text.find("<answer>")
+  if i < 0:
+    return None
+  end = text.find("</answer>", i + 8)
+  return None if end < 0 else text[i + 8:end]
+
+
+def call_block(text: str) -> str | None:
+  """The payload of a turn that is exactly `<call>...</call>` up to
+  surrounding whitespace, or None.
+
+  Same result as `re.match(r"^\\s*<call>(.*?)</call>\\s*$", text, re.DOTALL)
+  .group(1)` in O(len(text)) time: only the last `</call>` can be followed by
+  nothing but whitespace.
+  """
+  p = _WS_RE.match(text).end()
+  if not text.startswith("<call>", p):
+    return None
+  start = p + 6
+  end = text.rfind("</call>", start)
+  if end < 0 or text[end + 7:].strip():
+    return None
+  return text[start:end]
+
+
+def python_fence(text: str) -> str | None:
+  """The code of the first ```python (or ```py) fence whose tag is followed
+  by whitespace holding a newline; the code starts after the last newline of
+  that whitespace and runs to the next ``` (or the end of the text, less one
+  final newline). None if there is no such fence.
+
+  Same result as `re.search(r"```(?:python|py)\\s*\\n(.*?)(?:```|$)", text,
+  re.DOTALL).group(1)` in O(len(text)) time.
+  """
+  i = text.find("```")
+  while i >= 0:
+    p = i + 3
+    if text.startswith("python", p):
+      p += 6
+    elif text.startswith("py", p):
+      p += 2
+    else:
+      i = text.find("```", i + 1)
+      continue
+    nl = text.rfind("\n", p, _WS_RE.match(text, p).end())
+    if nl < 0:
+      i = text.find("```", i + 1)
+      continue
+    start = nl + 1
+    end = text.find("```", start)
+    if end < 0:
+      end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+    return text[start:end]
+  return None
+
+
 def _chat_code_of(text: str) -> str | None:
   """Chat format: the code of a Python call (Hermes tag or ```python block)."""
   if "<tool_call>" in text:
@@ -71,18 +136,18 @@ def _chat_code_of(text: str) -> str | None:
     if isinstance(calls, list) and len(calls) == 1 and isinstance(
         calls[0].arguments.get("code"), str):
       return calls[0].arguments["code"]
-  m = _FENCE_RE.search(text)
-  if m and m.group(1).strip():
-    return m.group(1)
+  code = python_fence(text)
+  if code is not None and code.strip():
+    return code
   return None
 
 
 def chat_answer_of(text: str) -> str | None:
   """Chat format: the answer in a reply (<answer> tag, then \\boxed{}, then
   the last number), or None."""
-  m = _ANSWER_RE.search(text)
-  if m:
-    return m.group(1).strip()
+  m = answer_block(text)
+  if m is not None:
+    return m.strip()
   m = _BOXED_RE.findall(text)
   if m:
     return m[-1].strip()
@@ -115,9 +180,8 @@ class _State:
 
 def _code_of(text: str) -> str | None:
   """The Python code of a tool-call turn, or None if the turn is not a call."""
-  m = _CALL_RE.match(text)
-  if m:
-    payload = m.group(1)
+  payload = call_block(text)
+  if payload is not None:
     calls = parsers.parse_tool_calls(payload)
     if isinstance(calls, list) and len(calls) == 1 and "code" in calls[0].arguments:
       return str(calls[0].arguments["code"])
@@ -232,7 +296,7 @@ class ReasoningGymEnv:
       return "done", (state, np.zeros((0,), np.int32), True)
     state = dataclasses.replace(state, turns=state.turns + 1)
     if self.chat_format is not None:
-      code = None if _ANSWER_RE.search(text) else _chat_code_of(text)
+      code = None if answer_block(text) is not None else _chat_code_of(text)
       if code is not None:
         return "code", (state, code)
       answer = chat_answer_of(text)
@@ -242,10 +306,10 @@ class ReasoningGymEnv:
         state = dataclasses.replace(state, answered=True, done=True,
                                     score=self._score(answer, state.task))
       return "done", (state, np.zeros((0,), np.int32), True)
-    m = _ANSWER_RE.search(text)
-    if m:
+    m = answer_block(text)
+    if m is not None:
       state = dataclasses.replace(state, answered=True, done=True,
-                                  score=self._score(m.group(1).strip(), state.task))
+                                  score=self._score(m.strip(), state.task))
       return "done", (state, np.zeros((0,), np.int32), True)
     code = _code_of(text)
     if code is None:
