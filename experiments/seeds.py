@@ -15,12 +15,17 @@ vmapped batch of S seeds fills it, so an S-seed sweep costs much less than S run
 
 Resume: with a workdir, the stacked state is checkpointed (orbax, every
 `config.checkpoint.every_steps` and at the SFT/RL boundary and the end) and a re-run
-resumes from the latest checkpoint. Held-out evaluation runs per seed with
+resumes from the latest checkpoint. The workdir's `config.json` (the config plus
+the list of seeds) is compared with the new one first, as `main.py` does
+(`train._check_resume_compatible`): a changed training setting or seed list is
+refused with one line naming each field, so a workdir never mixes two
+experiments. Held-out evaluation runs per seed with
 `train.evaluate` (the same greedy + pass@k report as `main.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -68,10 +73,19 @@ def train_seeds(
 
   Raises:
     ValueError: invalid config (names the field and value) or no seeds.
+    validation.ConfigError: the workdir holds a run of a different config or
+      seed list (names every differing field with its old and new value).
   """
   if not seeds:
     raise ValueError("train_seeds: seeds must be non-empty")
   validation.validate_config(config)
+  if workdir is not None:
+    workdir = os.path.abspath(workdir)
+    saved = config_with_seeds(config, seeds)
+    train._check_resume_compatible(saved, workdir)  # pylint: disable=protected-access
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(saved.to_json_best_effort(indent=2))
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef, states = None, []
@@ -88,8 +102,6 @@ def train_seeds(
   start_rl = jax.jit(jax.vmap(lambda st: train.start_rl(config, st)))
   ckpt = None
   if workdir is not None:
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
     ckpt = checkpoint_lib.Checkpointer(
         os.path.join(workdir, "checkpoints"),
         max_to_keep=config.checkpoint.max_to_keep,
@@ -171,6 +183,22 @@ def train_seeds(
       "wall_s": wall,
       "params": state.params,
   }
+
+
+def config_with_seeds(config: ml_collections.ConfigDict,
+                      seeds: Sequence[int]) -> ml_collections.ConfigDict:
+  """The config `train_seeds` saves and checks on resume: `config` plus `seeds`
+  (a list of ints; `config.seed` is ignored by `train_seeds`)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.seeds = [int(s) for s in seeds]
+  return c
+
+
+def config_hash(config: ml_collections.ConfigDict) -> str:
+  """First 12 hex digits of the SHA-1 of the config's sorted-key JSON (a stable
+  identifier of an experiment's settings for results.json)."""
+  blob = json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
+  return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
 def unstack(tree: Any, n: int) -> list[Any]:

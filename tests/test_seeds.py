@@ -5,6 +5,7 @@ import pytest
 
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import train
+from agentic_rl import validation
 from configs import default
 from experiments import seeds as seeds_lib
 
@@ -71,3 +72,29 @@ def test_resume_from_checkpoint_gives_same_result(vmapped, tmp_path):
 def test_no_seeds_is_an_error():
   with pytest.raises(ValueError, match="seeds"):
     seeds_lib.train_seeds(_tiny(), ())
+
+
+def test_resume_refuses_a_changed_config(vmapped):
+  # The check runs before any work, so the finished fixture workdir is enough.
+  workdir, _ = vmapped
+  with open(f"{workdir}/config.json") as f:
+    saved = f.read()
+  assert '"seeds": [\n    0,\n    3\n  ]' in saved
+  c = _tiny()
+  c.rl.learning_rate = 1e-3
+  with pytest.raises(validation.ConfigError,
+                     match=r"config\.rl\.learning_rate=0\.001 \(was 0\.0005\)"):
+    seeds_lib.train_seeds(c, (0, 3), workdir)
+  with pytest.raises(validation.ConfigError,
+                     match=r"config\.seeds=\[0, 1\] \(was \[0, 3\]\)"):
+    seeds_lib.train_seeds(_tiny(), (0, 1), workdir)
+  with open(f"{workdir}/config.json") as f:  # a refused run leaves it untouched
+    assert f.read() == saved
+
+
+def test_config_hash_is_stable_and_sensitive():
+  a, b = _tiny(), _tiny()
+  assert seeds_lib.config_hash(a) == seeds_lib.config_hash(b)
+  assert len(seeds_lib.config_hash(a)) == 12
+  b.rl.kl_coef = 0.02
+  assert seeds_lib.config_hash(a) != seeds_lib.config_hash(b)
