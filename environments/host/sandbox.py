@@ -22,10 +22,10 @@ Choosing 'hooks' explicitly also needs `allow_weak_isolation=True`.
 What is enforced, and by what (honest list), in 'bwrap' mode:
 
   * Filesystem: a new mount namespace whose root is an empty tmpfs remounted
-    read-only; only /usr (with the /bin, /lib, /lib64, /sbin links), five files
-    of /etc (the dynamic loader's cache and config, localtime) and the Python
-    installation (sys.prefix / base_prefix, read-only, at the same paths) are
-    bound in, all read-only. /root, /home, the trainer's working directory and
+    read-only; only /usr (with the /bin, /lib, /lib64, /sbin links), five
+    entries of /etc (the dynamic loader's cache and config, localtime,
+    nsswitch.conf) and the Python installation (sys.prefix / base_prefix, at
+    the same paths) are bound in, all read-only. /root, /home, the trainer's working directory and
     the host's /tmp, /run, /var, /sys do not exist in the sandbox. The only
     writable place is a private tmpfs at /tmp (the cwd and HOME) of at most
     `scratch_bytes` (kernel; ENOSPC past it), gone when the call ends.
