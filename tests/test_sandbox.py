@@ -128,6 +128,18 @@ def test_bad_input_never_raises(sb):
   assert not r.ok and r.error == "exception" and "surrogates not allowed" in r.stderr, r
 
 
+def test_start_failure_is_an_error_and_leaks_no_descriptors(sb):
+  box = sandbox.Sandbox(sb.config)
+  box._prefix = ["/nonexistent/bwrap"]  # as if bwrap vanished after the probe
+  box.isolation = "bwrap"
+  before = len(os.listdir("/proc/self/fd"))
+  results = [box.run("print(1)") for _ in range(5)]
+  assert len(os.listdir("/proc/self/fd")) == before
+  assert all(r.error == "sandbox_failure" and "FileNotFoundError" in r.stderr
+             for r in results), results[0]
+  box.close()
+
+
 def test_batch_runs_concurrently_in_order(sb):
   codes = [f"import time\ntime.sleep(2.0)\nprint({i})" for i in range(4)]
   t0 = time.time()

@@ -403,6 +403,10 @@ def _execute(config: SandboxConfig, code: str, prefix: list[str],
     proc = subprocess.Popen(
         argv, cwd=cwd, env=_child_env(cwd or _SCRATCH), stdin=code_fd,
         stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True)
+  except BaseException:
+    os.close(out_r)
+    os.close(err_r)
+    raise
   finally:
     for fd in (code_fd, out_w, err_w):
       os.close(fd)
