@@ -216,6 +216,10 @@ class ReasoningGymEnv:
   wall_seconds: float = 10.0
   memory_bytes: int = 1 << 30
   max_workers: int = 4
+  # Isolation (SandboxConfig.isolation): 'auto' = bubblewrap if it works here,
+  # else refuse to run unless allow_weak_isolation accepts audit hooks only.
+  sandbox_isolation: str = "auto"
+  allow_weak_isolation: bool = False
   # Probability that the expert computes the answer with one Python call first.
   expert_tool_prob: float = 0.5
   # Generators whose items count as 'hard' (the `hard` fact; the eval report's
@@ -261,7 +265,8 @@ class ReasoningGymEnv:
     return sandbox_lib.Sandbox(sandbox_lib.SandboxConfig(
         cpu_seconds=self.cpu_seconds, wall_seconds=self.wall_seconds,
         memory_bytes=self.memory_bytes, max_output_chars=self.max_obs_len * 4,
-        max_workers=self.max_workers))
+        max_workers=self.max_workers, isolation=self.sandbox_isolation,
+        allow_weak_isolation=self.allow_weak_isolation))
 
   def sample_tasks(self, rng: np.random.Generator, n: int) -> list[RGTask]:
     data = self._data(self.train_seed)
