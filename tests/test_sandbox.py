@@ -131,6 +131,7 @@ def test_bad_input_never_raises(sb):
 def test_start_failure_is_an_error_and_leaks_no_descriptors(sb):
   box = sandbox.Sandbox(sb.config)
   box._prefix = ["/nonexistent/bwrap"]  # as if bwrap vanished after the probe
+  box._uid_pool = None
   box.isolation = "bwrap"
   before = len(os.listdir("/proc/self/fd"))
   results = [box.run("print(1)") for _ in range(5)]
@@ -217,7 +218,34 @@ def test_auto_selects_bwrap_and_the_child_is_confined():
   assert set(listing) <= allowed and "work" not in listing, listing
   assert cwd == "/tmp" and interfaces == ["lo"] and pid < 10, r.stdout
   if os.geteuid() == 0:
-    assert box.run("import os\nprint(os.getuid(), os.getgid())").stdout == "65534 65534\n"
+    uid, gid = map(int, box.run("import os\nprint(os.getuid(), os.getgid())").stdout.split())
+    assert 65534 - box.config.max_workers < uid <= 65534 and gid == 65534
+  box.close()
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="distinct uids per call need a root trainer")
+def test_a_fork_bomb_does_not_starve_a_concurrent_call():
+  # Call 0 holds max_processes (8) processes for 4 s; call 1 forks 4 children
+  # meanwhile. RLIMIT_NPROC counts per uid, so this needs a uid per call.
+  box = sandbox.Sandbox(sandbox.SandboxConfig(max_processes=8, max_workers=2,
+                                              wall_seconds=30, isolation="bwrap"))
+  forks = ("import gc, os, time\n"
+           "for f in gc.get_objects():\n"
+           "  if type(f).__name__ == 'function' and f.__code__.co_argcount == 2 and "
+           "'PermissionError' in f.__code__.co_names:\n"
+           "    f.__code__ = (lambda e, a: None).__code__\n"
+           "time.sleep($delay)\nn = 0\nfor i in range($count):\n"
+           "  try:\n    pid = os.fork()\n  except OSError:\n    break\n"
+           "  if pid == 0:\n    time.sleep($hold)\n    os._exit(0)\n  n += 1\n"
+           "print(n, os.getuid())\nfor i in range(n):\n  os.wait()\n")
+  bomb = string.Template(forks).substitute(delay=0, count=64, hold=4)
+  small = string.Template(forks).substitute(delay=1.5, count=4, hold=0)
+  r_bomb, r_small = box.run_batch([bomb, small])
+  n_bomb, uid_bomb = map(int, r_bomb.stdout.split())
+  n_small, uid_small = map(int, r_small.stdout.split())
+  assert n_bomb < 8 and n_small == 4 and uid_bomb != uid_small, (r_bomb, r_small)
+  assert {uid_bomb, uid_small} == {65534, 65533}
   box.close()
 
 

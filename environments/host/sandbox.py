@@ -31,8 +31,9 @@ What is enforced, and by what (honest list), in 'bwrap' mode:
     `scratch_bytes` (kernel; ENOSPC past it), gone when the call ends.
     RLIMIT_FSIZE caps each file at `max_file_bytes`.
   * User: when the trainer runs as root, bwrap keeps only CAP_SETUID/SETGID/
-    SETPCAP and `setpriv` (util-linux) switches to uid/gid `uid`/`gid` (65534,
-    nobody), clears supplementary groups, the inheritable and bounding
+    SETPCAP and `setpriv` (util-linux) switches to gid `gid` (65534, nogroup)
+    and a uid of its own among `uid`, `uid - 1`, ..., `uid - max_workers + 1`
+    (65534 is nobody; one per concurrent call), clears supplementary groups, the inheritable and bounding
     capability sets, with no_new_privs (bwrap sets it), before Python starts.
     The child is then an unprivileged host uid: DAC checks apply and rlimits
     cannot be raised. For a non-root trainer bwrap runs unprivileged in a new
@@ -44,8 +45,9 @@ What is enforced, and by what (honest list), in 'bwrap' mode:
     kill every process of the call when the call ends or bwrap dies; the parent
     SIGKILLs bwrap at the wall-time limit. `--new-session` (setsid) blocks
     terminal injection. RLIMIT_NPROC (`max_processes`) bounds forks: the kernel
-    enforces it for a non-root uid; the count is per uid, so concurrent calls of
-    one batch share it.
+    enforces it for a non-root uid and counts per uid, which is why concurrent
+    calls get distinct uids (a non-root trainer's calls share its uid, and
+    its own threads count too).
   * Network: a new, empty network namespace (only a down loopback device): no
     TCP/UDP anywhere, and abstract Unix sockets are per network namespace;
     path Unix sockets of the host are unreachable because no host socket
@@ -89,6 +91,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -201,7 +204,8 @@ class SandboxConfig:
     allow_weak_isolation: accept 'hooks' mode (one warning is logged).
     scratch_bytes: size of the sandbox's private writable tmpfs ('bwrap'),
       bytes.
-    uid: host uid the child runs as when the trainer is root ('bwrap').
+    uid: highest host uid the child runs as when the trainer is root
+      ('bwrap'); concurrent calls use uid, uid - 1, ..., uid - max_workers + 1.
     gid: host gid, likewise.
   """
 
@@ -231,6 +235,9 @@ class SandboxConfig:
     if self.isolation not in _ISOLATIONS:
       raise ValueError(f"SandboxConfig.isolation={self.isolation!r}: "
                        "must be 'auto', 'bwrap' or 'hooks'")
+    if self.uid < self.max_workers:
+      raise ValueError(f"SandboxConfig.uid={self.uid!r}: must be >= max_workers "
+                       f"({self.max_workers}); calls use uid down to uid - max_workers + 1")
     if not isinstance(self.allow_weak_isolation, bool):
       raise ValueError(f"SandboxConfig.allow_weak_isolation="
                        f"{self.allow_weak_isolation!r}: must be True or False")
@@ -283,8 +290,10 @@ def _python_roots() -> list[str]:
                 if not any(r != o and r.startswith(o + os.sep) for o in roots))
 
 
-def _bwrap_argv(config: SandboxConfig, bwrap: str, setpriv: str | None) -> list[str]:
-  """The bwrap command line (everything before the Python argv)."""
+def _bwrap_argv(config: SandboxConfig, bwrap: str, setpriv: str | None,
+                uid: int) -> list[str]:
+  """The bwrap command line (everything before the Python argv); `uid` is
+  the child's host uid when `setpriv` is given (the trainer is root)."""
   argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc",
           "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
   if setpriv is not None:  # root: no user namespace; setpriv drops to `uid`
@@ -314,7 +323,7 @@ def _bwrap_argv(config: SandboxConfig, bwrap: str, setpriv: str | None) -> list[
     argv += ["--setenv", k, v]
   argv.append("--")
   if setpriv is not None:
-    argv += [setpriv, f"--reuid={config.uid}", f"--regid={config.gid}",
+    argv += [setpriv, f"--reuid={uid}", f"--regid={config.gid}",
              "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
   return argv
 
@@ -346,7 +355,7 @@ def bwrap_status(uid: int = 65534, gid: int = 65534) -> tuple[bool, str]:
       return False, "`setpriv` (util-linux) is not in /usr/bin or /bin"
   config = SandboxConfig(uid=uid, gid=gid, isolation="bwrap", wall_seconds=30)
   r = _execute(config, "import os\nprint('ok', os.getuid())",
-               _bwrap_argv(config, bwrap, setpriv), cwd=None)
+               _bwrap_argv(config, bwrap, setpriv, uid), cwd=None)
   want = f"ok {uid}\n" if setpriv is not None else f"ok {os.getuid()}\n"
   if r.stdout != want:
     why = (r.stderr.strip().splitlines() or [r.error or "no output"])[0]
@@ -507,6 +516,7 @@ class Sandbox:
   def __init__(self, config: SandboxConfig = SandboxConfig()):
     self.config = config
     self._prefix: list[str] = []
+    self._uid_pool: queue.Queue | None = None
     why = ("isolation='hooks' was chosen; for kernel isolation install "
            "bubblewrap: `apt-get install bubblewrap`")
     if config.isolation in ("auto", "bwrap"):
@@ -514,7 +524,12 @@ class Sandbox:
       if ok:
         setpriv = (shutil.which("setpriv", path="/usr/bin:/bin")
                    if os.geteuid() == 0 else None)
-        self._prefix = _bwrap_argv(config, shutil.which("bwrap"), setpriv)
+        bwrap = shutil.which("bwrap")
+        self._prefix = _bwrap_argv(config, bwrap, setpriv, config.uid)
+        if setpriv is not None:  # one uid per concurrent call
+          self._uid_pool = queue.Queue()
+          for i in range(config.max_workers):
+            self._uid_pool.put(_bwrap_argv(config, bwrap, setpriv, config.uid - i))
     if self._prefix:
       self.isolation = "bwrap"
     elif config.isolation == "bwrap" or not config.allow_weak_isolation:
@@ -536,6 +551,9 @@ class Sandbox:
   def run(self, code: str) -> ExecResult:
     """Runs one program; never raises (failures are an ExecResult with ok=False).
 
+    In 'bwrap' mode as root, at most max_workers calls run at once (each holds
+    one of the pool's uids); a further concurrent call waits for a free uid.
+
     Args:
       code: Python source (any string; non-strings give a 'sandbox_failure').
     """
@@ -553,7 +571,15 @@ class Sandbox:
     if not isinstance(code, str):
       raise TypeError(f"code must be str, got {type(code).__name__}")
     if self.isolation == "bwrap":
-      return _execute(self.config, code, self._prefix, cwd=None)
+      if self._uid_pool is None:  # non-root trainer: the trainer's uid
+        return _execute(self.config, code, self._prefix, cwd=None)
+      # As root, each running call holds its own uid (blocks while max_workers
+      # calls run).
+      prefix = self._uid_pool.get()
+      try:
+        return _execute(self.config, code, prefix, cwd=None)
+      finally:
+        self._uid_pool.put(prefix)
     workdir = tempfile.mkdtemp(prefix="agentic_rl_sandbox_")
     try:
       return _execute(self.config, code, [], cwd=workdir)
