@@ -33,8 +33,9 @@ What is enforced, and by what (honest list), in 'bwrap' mode:
   * User: when the trainer runs as root, bwrap keeps only CAP_SETUID/SETGID/
     SETPCAP and `setpriv` (util-linux) switches to gid `gid` (65534, nogroup)
     and a uid of its own among `uid`, `uid - 1`, ..., `uid - max_workers + 1`
-    (65534 is nobody; one per concurrent call), clears supplementary groups, the inheritable and bounding
-    capability sets, with no_new_privs (bwrap sets it), before Python starts.
+    (65534 is nobody; one per concurrent call), clears supplementary groups,
+    the inheritable and bounding capability sets, with no_new_privs (bwrap
+    sets it), before Python starts.
     The child is then an unprivileged host uid: DAC checks apply and rlimits
     cannot be raised. For a non-root trainer bwrap runs unprivileged in a new
     user namespace (`--unshare-user --disable-userns`); the child keeps the
