@@ -32,7 +32,6 @@ import string
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 
@@ -51,9 +50,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def sb():
   # Generous wall time: the CI machine's 2 cores are shared, so 1 s of CPU time
   # can take several seconds of wall time.
-  box = sandbox.Sandbox(sandbox.SandboxConfig(
-      cpu_seconds=1, wall_seconds=30, memory_bytes=512 << 20,
-      max_output_chars=100, max_workers=4, allow_weak_isolation=True))
+  box = sandbox.Sandbox(
+      sandbox.SandboxConfig(
+          cpu_seconds=1,
+          wall_seconds=30,
+          memory_bytes=512 << 20,
+          max_output_chars=100,
+          max_workers=4,
+          allow_weak_isolation=True,
+      )
+  )
   yield box
   box.close()
 
@@ -66,15 +72,20 @@ def test_normal_code_returns_stdout(sb):
 
 
 def test_writes_inside_own_directory_are_allowed(sb):
-  r = sb.run("open('a.txt', 'w').write('hi')\nimport os\nprint(open('a.txt').read(), "
-             "os.listdir('.'))")
+  r = sb.run(
+      "open('a.txt', 'w').write('hi')\nimport os\nprint(open('a.txt').read(), "
+      "os.listdir('.'))"
+  )
   assert r.ok and r.stdout == "hi ['a.txt']\n", r
 
 
 def test_exception_is_an_error_observation(sb):
   r = sb.run("print('before')\n1/0")
   assert not r.ok and r.error == "exception"
-  assert r.observation() == "before\n\nError (exception): ZeroDivisionError: division by zero"
+  assert (
+      r.observation()
+      == "before\n\nError (exception): ZeroDivisionError: division by zero"
+  )
 
 
 def test_infinite_loop_is_stopped_by_cpu_limit(sb):
@@ -85,7 +96,9 @@ def test_infinite_loop_is_stopped_by_cpu_limit(sb):
 
 
 def test_sleep_is_stopped_by_wall_limit():
-  box = sandbox.Sandbox(sandbox.SandboxConfig(wall_seconds=3, allow_weak_isolation=True))
+  box = sandbox.Sandbox(
+      sandbox.SandboxConfig(wall_seconds=3, allow_weak_isolation=True)
+  )
   t0 = time.time()
   r = box.run("import time\nprint('start', flush=True)\ntime.sleep(60)")
   assert not r.ok and r.error == "timeout" and r.stdout == "start\n", r
@@ -116,7 +129,12 @@ def test_output_is_truncated(sb):
   r = sb.run("print('a' * 100000)")
   assert r.ok and r.truncated and r.stdout == "a" * 100
   r = sb.run("while True:\n  print('b' * 1000)")  # the parent's byte cap
-  assert not r.ok and r.error == "output_limit" and r.truncated and r.stdout == "b" * 100
+  assert (
+      not r.ok
+      and r.error == "output_limit"
+      and r.truncated
+      and r.stdout == "b" * 100
+  )
 
 
 def test_bad_input_never_raises(sb):
@@ -125,18 +143,25 @@ def test_bad_input_never_raises(sb):
   assert not r.ok and r.error == "exception" and "SyntaxError" in r.stderr
   # A lone surrogate reaches the child, whose compile() rejects it.
   r = sb.run("print(len('\udcff'))")
-  assert not r.ok and r.error == "exception" and "surrogates not allowed" in r.stderr, r
+  assert (
+      not r.ok
+      and r.error == "exception"
+      and "surrogates not allowed" in r.stderr
+  ), r
 
 
 def test_start_failure_is_an_error_and_leaks_no_descriptors(sb):
   box = sandbox.Sandbox(sb.config)
   box._prefix = ["/nonexistent/bwrap"]  # as if bwrap vanished after the probe
+  box._uid_pool = None
   box.isolation = "bwrap"
   before = len(os.listdir("/proc/self/fd"))
   results = [box.run("print(1)") for _ in range(5)]
   assert len(os.listdir("/proc/self/fd")) == before
-  assert all(r.error == "sandbox_failure" and "FileNotFoundError" in r.stderr
-             for r in results), results[0]
+  assert all(
+      r.error == "sandbox_failure" and "FileNotFoundError" in r.stderr
+      for r in results
+  ), results[0]
   box.close()
 
 
@@ -161,8 +186,13 @@ def test_config_errors_name_the_field():
 @pytest.fixture
 def no_bwrap(monkeypatch):
   real_which = shutil.which
-  monkeypatch.setattr(sandbox.shutil, "which",
-                      lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
+  monkeypatch.setattr(
+      sandbox.shutil,
+      "which",
+      lambda name, *a, **k: None
+      if name == "bwrap"
+      else real_which(name, *a, **k),
+  )
   sandbox.bwrap_status.cache_clear()
   yield
   sandbox.bwrap_status.cache_clear()
@@ -176,7 +206,9 @@ def test_missing_bwrap_refuses_in_one_line(no_bwrap):
   assert "allow_weak_isolation=True" in msg
   # An explicit 'bwrap' is never downgraded.
   with pytest.raises(RuntimeError, match="bwrap"):
-    sandbox.Sandbox(sandbox.SandboxConfig(isolation="bwrap", allow_weak_isolation=True))
+    sandbox.Sandbox(
+        sandbox.SandboxConfig(isolation="bwrap", allow_weak_isolation=True)
+    )
 
 
 def test_weak_isolation_needs_consent_and_warns_once(no_bwrap, caplog):
@@ -198,26 +230,84 @@ def _bwrap_ok():
 
 
 needs_bwrap = pytest.mark.skipif(
-    not _bwrap_ok(), reason=f"no kernel isolation here: {sandbox.bwrap_status()[1]}")
+    not _bwrap_ok(),
+    reason=f"no kernel isolation here: {sandbox.bwrap_status()[1]}",
+)
 
 
 @needs_bwrap
 def test_auto_selects_bwrap_and_the_child_is_confined():
   box = sandbox.Sandbox()
   assert box.isolation == "bwrap"
-  r = box.run("import json, os\nprint(json.dumps([sorted(os.listdir('/')), os.getcwd(), "
-              "sorted(l.split(':')[0].strip() for l in "
-              "open('/proc/net/dev').read().splitlines()[2:]), os.getpid()]))")
+  r = box.run(
+      "import json, os\nprint(json.dumps([sorted(os.listdir('/')), os.getcwd(), "
+      "sorted(l.split(':')[0].strip() for l in "
+      "open('/proc/net/dev').read().splitlines()[2:]), os.getpid()]))"
+  )
   assert r.ok, r
   listing, cwd, interfaces, pid = json.loads(r.stdout)
   # Only what the module doc lists exists; the network namespace has only lo;
   # the child is a low PID of its own PID namespace.
-  allowed = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
-             "sbin", "tmp", "usr", "opt", "home"}
+  allowed = {
+      "bin",
+      "dev",
+      "etc",
+      "lib",
+      "lib32",
+      "lib64",
+      "libx32",
+      "proc",
+      "root",
+      "sbin",
+      "tmp",
+      "usr",
+      "opt",
+      "home",
+  }
   assert set(listing) <= allowed and "work" not in listing, listing
   assert cwd == "/tmp" and interfaces == ["lo"] and pid < 10, r.stdout
   if os.geteuid() == 0:
-    assert box.run("import os\nprint(os.getuid(), os.getgid())").stdout == "65534 65534\n"
+    uid, gid = map(
+        int,
+        box.run("import os\nprint(os.getuid(), os.getgid())").stdout.split(),
+    )
+    assert 65534 - box.config.max_workers < uid <= 65534 and gid == 65534
+  box.close()
+
+
+@needs_bwrap
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="distinct uids per call need a root trainer"
+)
+def test_a_fork_bomb_does_not_starve_a_concurrent_call():
+  # Call 0 holds max_processes (8) processes for 4 s; call 1 forks 4 children
+  # meanwhile. RLIMIT_NPROC counts per uid, so this needs a uid per call.
+  box = sandbox.Sandbox(
+      sandbox.SandboxConfig(
+          max_processes=8, max_workers=2, wall_seconds=30, isolation="bwrap"
+      )
+  )
+  forks = (
+      "import gc, os, time\n"
+      "for f in gc.get_objects():\n"
+      "  if type(f).__name__ == 'function' and f.__code__.co_argcount == 2 and "
+      "'PermissionError' in f.__code__.co_names:\n"
+      "    f.__code__ = (lambda e, a: None).__code__\n"
+      "time.sleep($delay)\nn = 0\nfor i in range($count):\n"
+      "  try:\n    pid = os.fork()\n  except OSError:\n    break\n"
+      "  if pid == 0:\n    time.sleep($hold)\n    os._exit(0)\n  n += 1\n"
+      "print(n, os.getuid())\nfor i in range(n):\n  os.wait()\n"
+  )
+  bomb = string.Template(forks).substitute(delay=0, count=64, hold=4)
+  small = string.Template(forks).substitute(delay=1.5, count=4, hold=0)
+  r_bomb, r_small = box.run_batch([bomb, small])
+  n_bomb, uid_bomb = map(int, r_bomb.stdout.split())
+  n_small, uid_small = map(int, r_small.stdout.split())
+  assert n_bomb < 8 and n_small == 4 and uid_bomb != uid_small, (
+      r_bomb,
+      r_small,
+  )
+  assert {uid_bomb, uid_small} == {65534, 65533}
   box.close()
 
 
@@ -225,13 +315,20 @@ def test_auto_selects_bwrap_and_the_child_is_confined():
 
 WALL = 5.0  # wall limit of the attack sandbox, seconds
 SLACK = 8.0  # allowed lateness of a call past WALL (2 shared cores)
-ATTACK_LIMITS = dict(cpu_seconds=1, wall_seconds=WALL, memory_bytes=512 << 20,
-                     max_output_chars=200, max_file_bytes=1 << 20, max_processes=16,
-                     scratch_bytes=16 << 20, max_workers=1)
+ATTACK_LIMITS = dict(
+    cpu_seconds=1,
+    wall_seconds=WALL,
+    memory_bytes=512 << 20,
+    max_output_chars=200,
+    max_file_bytes=1 << 20,
+    max_processes=16,
+    scratch_bytes=16 << 20,
+    max_workers=1,
+)
 
 # Replaces the code of every Python-level audit hook (a 2-argument function that
 # raises PermissionError) by a no-op, and restores _posixsubprocess.fork_exec.
-UNHOOK = '''
+UNHOOK = """
 import gc as _gc, sys as _sys
 for _f in _gc.get_objects():
   if (type(_f).__name__ == "function" and _f.__code__.co_argcount == 2
@@ -240,7 +337,7 @@ for _f in _gc.get_objects():
 _sys.modules.pop("_posixsubprocess", None)
 import _posixsubprocess as _ps, subprocess as _sp
 _sp._posixsubprocess = _ps
-'''
+"""
 
 ATTACKS = collections.OrderedDict()
 
@@ -249,11 +346,14 @@ def attack(name):
   def register(fn):
     ATTACKS[name] = fn
     return fn
+
   return register
 
 
 def _code(template, **kw):
-  return string.Template(template).substitute({k: repr(v) for k, v in kw.items()})
+  return string.Template(template).substitute(
+      {k: repr(v) for k, v in kw.items()}
+  )
 
 
 def _outside_dir():
@@ -294,7 +394,10 @@ def _absent_after(run, template):
   target = os.path.join(d, "escape.txt")
   try:
     run(_code(template, target=target, dir=d, name="escape.txt"))
-    return not os.path.exists(target), f"{target} exists: {os.path.exists(target)}"
+    return (
+        not os.path.exists(target),
+        f"{target} exists: {os.path.exists(target)}",
+    )
   finally:
     shutil.rmtree(d, ignore_errors=True)
 
@@ -319,19 +422,26 @@ def _(run):
 
 @attack("write_os_open_dir_fd")
 def _(run):
-  return _absent_after(run, "import os\nfd = os.open($dir, os.O_RDONLY)\n"
-                       "os.write(os.open($name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), b'x')")
+  return _absent_after(
+      run,
+      "import os\nfd = os.open($dir, os.O_RDONLY)\n"
+      "os.write(os.open($name, os.O_WRONLY | os.O_CREAT, dir_fd=fd), b'x')",
+  )
 
 
 @attack("write_through_symlink")
 def _(run):
-  return _absent_after(run, "import os\nos.symlink($target, 'link')\n"
-                       "open('link', 'w').write('x')")
+  return _absent_after(
+      run,
+      "import os\nos.symlink($target, 'link')\n" "open('link', 'w').write('x')",
+  )
 
 
 @attack("write_rename_out")
 def _(run):
-  return _absent_after(run, "import os\nopen('a', 'w').write('x')\nos.rename('a', $target)")
+  return _absent_after(
+      run, "import os\nopen('a', 'w').write('x')\nos.rename('a', $target)"
+  )
 
 
 @attack("write_unhooked")
@@ -341,11 +451,15 @@ def _(run):
 
 @attack("write_into_bound_python_prefix_unhooked")
 def _(run):
-  target = os.path.join(os.path.realpath(sys.prefix),
-                        f"agrl_canary_{secrets.token_hex(4)}")
+  target = os.path.join(
+      os.path.realpath(sys.prefix), f"agrl_canary_{secrets.token_hex(4)}"
+  )
   try:
     run(_code(UNHOOK + "open($target, 'w').write('x')", target=target))
-    return not os.path.exists(target), f"{target} exists: {os.path.exists(target)}"
+    return (
+        not os.path.exists(target),
+        f"{target} exists: {os.path.exists(target)}",
+    )
   finally:
     if os.path.exists(target):
       os.remove(target)
@@ -353,15 +467,21 @@ def _(run):
 
 @attack("truncate_existing_dir_fd")
 def _(run):
-  return _intact_after(run, "import os\nfd = os.open($dir, os.O_RDONLY)\n"
-                       "w = os.open($name, os.O_WRONLY | os.O_TRUNC, dir_fd=fd)\n"
-                       "os.write(w, b'pwned')")
+  return _intact_after(
+      run,
+      "import os\nfd = os.open($dir, os.O_RDONLY)\n"
+      "w = os.open($name, os.O_WRONLY | os.O_TRUNC, dir_fd=fd)\n"
+      "os.write(w, b'pwned')",
+  )
 
 
 @attack("delete_dir_fd")
 def _(run):
-  return _intact_after(run, "import os\nfd = os.open($dir, os.O_RDONLY)\n"
-                       "os.unlink($name, dir_fd=fd)")
+  return _intact_after(
+      run,
+      "import os\nfd = os.open($dir, os.O_RDONLY)\n"
+      "os.unlink($name, dir_fd=fd)",
+  )
 
 
 @attack("delete_absolute")
@@ -376,7 +496,9 @@ def _(run):
 
 @attack("rename_existing_unhooked")
 def _(run):
-  return _intact_after(run, UNHOOK + "import os\nos.rename($victim, $victim + '.moved')")
+  return _intact_after(
+      run, UNHOOK + "import os\nos.rename($victim, $victim + '.moved')"
+  )
 
 
 # --- reading host secrets and other processes
@@ -407,7 +529,9 @@ def _(run):
 
 @attack("read_secret_via_proc_pid_cwd")
 def _(run):
-  return _secret_file(os.getcwd(), run, "print(open(f'/proc/{$pid}/cwd/' + $name).read())")
+  return _secret_file(
+      os.getcwd(), run, "print(open(f'/proc/{$pid}/cwd/' + $name).read())"
+  )
 
 
 @attack("read_other_process_environ")
@@ -415,12 +539,16 @@ def _(run):
   token = secrets.token_hex(16)
   victim = subprocess.Popen(["sleep", "60"], env={"AGRL_SANDBOX_SECRET": token})
   try:
-    r = run(_code(
-        "import os\nfor p in os.listdir('/proc'):\n"
-        "  try:\n    env = open(f'/proc/{p}/environ', 'rb').read()\n"
-        "  except Exception:\n    continue\n"
-        "  if b'AGRL_SANDBOX_SECRET' in env:\n    print(p, env)\n"
-        "print(open(f'/proc/{$pid}/environ', 'rb').read()[:60])", pid=victim.pid))
+    r = run(
+        _code(
+            "import os\nfor p in os.listdir('/proc'):\n"
+            "  try:\n    env = open(f'/proc/{p}/environ', 'rb').read()\n"
+            "  except Exception:\n    continue\n"
+            "  if b'AGRL_SANDBOX_SECRET' in env:\n    print(p, env)\n"
+            "print(open(f'/proc/{$pid}/environ', 'rb').read()[:60])",
+            pid=victim.pid,
+        )
+    )
     return token not in _output(r), f"output: {_output(r)[:120]!r}"
   finally:
     victim.kill()
@@ -430,12 +558,18 @@ def _(run):
 @attack("list_other_processes")
 def _(run):
   marker = f"agrl_victim_{secrets.token_hex(6)}"
-  victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+  victim = subprocess.Popen(
+      [sys.executable, "-c", "import time; time.sleep(60)", marker]
+  )
   try:
-    r = run(_code("import os\nfor p in os.listdir('/proc'):\n"
-                  "  try:\n    c = open(f'/proc/{p}/cmdline', 'rb').read()\n"
-                  "  except Exception:\n    continue\n"
-                  "  if b'agrl_victim_' in c:\n    print(c)\n"))
+    r = run(
+        _code(
+            "import os\nfor p in os.listdir('/proc'):\n"
+            "  try:\n    c = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+            "  except Exception:\n    continue\n"
+            "  if b'agrl_victim_' in c:\n    print(c)\n"
+        )
+    )
     return marker not in _output(r), f"output: {_output(r)[:120]!r}"
   finally:
     victim.kill()
@@ -475,8 +609,10 @@ def _no_connection(run, family, kind, address, template, unhook):
       shutil.rmtree(d, ignore_errors=True)
 
 
-_CONNECT = ("import socket\ns = socket.socket($family, socket.SOCK_STREAM)\n"
-            "s.settimeout(3)\ns.connect($addr)\ns.sendall(b'x')\n")
+_CONNECT = (
+    "import socket\ns = socket.socket($family, socket.SOCK_STREAM)\n"
+    "s.settimeout(3)\ns.connect($addr)\ns.sendall(b'x')\n"
+)
 
 
 def _connect(family):
@@ -485,40 +621,75 @@ def _connect(family):
 
 @attack("tcp_loopback")
 def _(run):
-  return _no_connection(run, socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0),
-                        _connect(socket.AF_INET), unhook=False)
+  return _no_connection(
+      run,
+      socket.AF_INET,
+      socket.SOCK_STREAM,
+      ("127.0.0.1", 0),
+      _connect(socket.AF_INET),
+      unhook=False,
+  )
 
 
 @attack("tcp_loopback_unhooked")
 def _(run):
-  return _no_connection(run, socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0),
-                        _connect(socket.AF_INET), unhook=True)
+  return _no_connection(
+      run,
+      socket.AF_INET,
+      socket.SOCK_STREAM,
+      ("127.0.0.1", 0),
+      _connect(socket.AF_INET),
+      unhook=True,
+  )
 
 
 @attack("udp_loopback_unhooked")
 def _(run):
-  return _no_connection(run, socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0),
-                        "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-                        ".sendto(b'x', $addr)\n", unhook=True)
+  return _no_connection(
+      run,
+      socket.AF_INET,
+      socket.SOCK_DGRAM,
+      ("127.0.0.1", 0),
+      "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+      ".sendto(b'x', $addr)\n",
+      unhook=True,
+  )
 
 
 @attack("unix_path_socket")
 def _(run):
-  return _no_connection(run, socket.AF_UNIX, socket.SOCK_STREAM, "path",
-                        _connect(socket.AF_UNIX), unhook=False)
+  return _no_connection(
+      run,
+      socket.AF_UNIX,
+      socket.SOCK_STREAM,
+      "path",
+      _connect(socket.AF_UNIX),
+      unhook=False,
+  )
 
 
 @attack("unix_path_socket_unhooked")
 def _(run):
-  return _no_connection(run, socket.AF_UNIX, socket.SOCK_STREAM, "path",
-                        _connect(socket.AF_UNIX), unhook=True)
+  return _no_connection(
+      run,
+      socket.AF_UNIX,
+      socket.SOCK_STREAM,
+      "path",
+      _connect(socket.AF_UNIX),
+      unhook=True,
+  )
 
 
 @attack("unix_abstract_socket_unhooked")
 def _(run):
-  return _no_connection(run, socket.AF_UNIX, socket.SOCK_STREAM,
-                        f"\0agrl_sandbox_{secrets.token_hex(6)}",
-                        _connect(socket.AF_UNIX), unhook=True)
+  return _no_connection(
+      run,
+      socket.AF_UNIX,
+      socket.SOCK_STREAM,
+      f"\0agrl_sandbox_{secrets.token_hex(6)}",
+      _connect(socket.AF_UNIX),
+      unhook=True,
+  )
 
 
 # --- processes: fork bombs, escaping daemons
@@ -528,13 +699,18 @@ def _fork_bomb(run, prefix, fork_expr):
   """Forks up to 64 `sh` children (each carrying a marker), then sleeps 1.5 s;
   the test samples the host's process table during the call and after it."""
   marker = f"agrl_bomb_{secrets.token_hex(6)}"
-  code = _code(prefix + (
-      "import os, time\nn = 0\nfor i in range(64):\n"
-      "  try:\n    pid = " + fork_expr + "\n  except OSError:\n    break\n"
-      "  if pid == 0:\n"
-      "    try:\n      os.execv('/bin/sh', ['sh', '-c', 'sleep 30; true ' + $marker])\n"
-      "    finally:\n      os._exit(0)\n"
-      "  n += 1\nprint('forked', n, flush=True)\ntime.sleep(1.5)\n"), marker=marker)
+  code = _code(
+      prefix
+      + (
+          "import os, time\nn = 0\nfor i in range(64):\n"
+          "  try:\n    pid = " + fork_expr + "\n  except OSError:\n    break\n"
+          "  if pid == 0:\n"
+          "    try:\n      os.execv('/bin/sh', ['sh', '-c', 'sleep 30; true ' + $marker])\n"
+          "    finally:\n      os._exit(0)\n"
+          "  n += 1\nprint('forked', n, flush=True)\ntime.sleep(1.5)\n"
+      ),
+      marker=marker,
+  )
   peak = 0
   try:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -546,7 +722,10 @@ def _fork_bomb(run, prefix, fork_expr):
     time.sleep(1.0)
     left = len(_host_procs(marker))
     bound = ATTACK_LIMITS["max_processes"]
-    return peak <= bound and left == 0, f"peak {peak} (bound {bound}), left over {left}"
+    return (
+        peak <= bound and left == 0,
+        f"peak {peak} (bound {bound}), left over {left}",
+    )
   finally:
     _kill_marked(marker)
 
@@ -558,7 +737,9 @@ def _(run):
 
 @attack("fork_bomb_ctypes")
 def _(run):
-  return _fork_bomb(run, "import ctypes\n_fork = ctypes.CDLL(None).fork\n", "_fork()")
+  return _fork_bomb(
+      run, "import ctypes\n_fork = ctypes.CDLL(None).fork\n", "_fork()"
+  )
 
 
 @attack("fork_bomb_unhooked")
@@ -570,10 +751,15 @@ def _(run):
 def _(run):
   marker = f"agrl_daemon_{secrets.token_hex(6)}"
   try:
-    run(_code(UNHOOK + "import os\nif os.fork() == 0:\n  os.setsid()\n"
-              "  if os.fork() == 0:\n"
-              "    os.execv('/bin/sh', ['sh', '-c', 'sleep 30; true ' + $marker])\n"
-              "  os._exit(0)\nprint('parent exits')\n", marker=marker))
+    run(
+        _code(
+            UNHOOK + "import os\nif os.fork() == 0:\n  os.setsid()\n"
+            "  if os.fork() == 0:\n"
+            "    os.execv('/bin/sh', ['sh', '-c', 'sleep 30; true ' + $marker])\n"
+            "  os._exit(0)\nprint('parent exits')\n",
+            marker=marker,
+        )
+    )
     time.sleep(1.0)
     left = len(_host_procs(marker))
     return left == 0, f"{left} daemon(s) alive after the call"
@@ -593,10 +779,12 @@ def _(run):
 @attack("memory_raise_rlimit_then_map_8g")
 def _(run):
   # mmap does not touch the pages, so a breach costs no real memory.
-  r = run("import mmap, resource\ninf = resource.RLIM_INFINITY\n"
-          "try:\n  resource.setrlimit(resource.RLIMIT_AS, (inf, inf))\n"
-          "except Exception as e:\n  print('no raise', e)\n"
-          "m = mmap.mmap(-1, 8 << 30)\nprint('mapped')")
+  r = run(
+      "import mmap, resource\ninf = resource.RLIM_INFINITY\n"
+      "try:\n  resource.setrlimit(resource.RLIMIT_AS, (inf, inf))\n"
+      "except Exception as e:\n  print('no raise', e)\n"
+      "m = mmap.mmap(-1, 8 << 30)\nprint('mapped')"
+  )
   return "mapped" not in r.stdout, f"stdout {r.stdout!r}"
 
 
@@ -604,8 +792,10 @@ def _bounded_time(run, code):
   t0 = time.monotonic()
   r = run(code)
   elapsed = time.monotonic() - t0
-  return (not r.ok and elapsed < WALL + SLACK,
-          f"{elapsed:.1f} s (bound {WALL + SLACK}), error {r.error}")
+  return (
+      not r.ok and elapsed < WALL + SLACK,
+      f"{elapsed:.1f} s (bound {WALL + SLACK}), error {r.error}",
+  )
 
 
 @attack("cpu_loop")
@@ -615,9 +805,12 @@ def _(run):
 
 @attack("cpu_loop_raise_rlimit")
 def _(run):
-  return _bounded_time(run, "import resource\ninf = resource.RLIM_INFINITY\n"
-                       "try:\n  resource.setrlimit(resource.RLIMIT_CPU, (inf, inf))\n"
-                       "except Exception:\n  pass\nwhile True:\n  pass")
+  return _bounded_time(
+      run,
+      "import resource\ninf = resource.RLIM_INFINITY\n"
+      "try:\n  resource.setrlimit(resource.RLIMIT_CPU, (inf, inf))\n"
+      "except Exception:\n  pass\nwhile True:\n  pass",
+  )
 
 
 # --- escapes through the shell, subprocess, ctypes
@@ -639,7 +832,10 @@ def _(run):
 
 @attack("escape_ctypes_libc_system")
 def _(run):
-  return _escape(run, "import ctypes\nctypes.CDLL(None).system(('touch ' + $target).encode())")
+  return _escape(
+      run,
+      "import ctypes\nctypes.CDLL(None).system(('touch ' + $target).encode())",
+  )
 
 
 @attack("escape_os_system_unhooked")
@@ -649,13 +845,18 @@ def _(run):
 
 @attack("escape_subprocess_unhooked")
 def _(run):
-  return _escape(run, UNHOOK + "import subprocess\nsubprocess.run(['touch', $target])")
+  return _escape(
+      run, UNHOOK + "import subprocess\nsubprocess.run(['touch', $target])"
+  )
 
 
 @attack("escape_ctypes_libc_system_unhooked")
 def _(run):
-  return _escape(run, UNHOOK + "import ctypes\n"
-                 "ctypes.CDLL(None).system(('touch ' + $target).encode())")
+  return _escape(
+      run,
+      UNHOOK + "import ctypes\n"
+      "ctypes.CDLL(None).system(('touch ' + $target).encode())",
+  )
 
 
 # --- signals to the trainer and other processes
@@ -666,7 +867,11 @@ def _(run):
   got = []
   old = signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
   try:
-    run(_code("import os, signal\nos.kill($pid, signal.SIGUSR1)", pid=os.getpid()))
+    run(
+        _code(
+            "import os, signal\nos.kill($pid, signal.SIGUSR1)", pid=os.getpid()
+        )
+    )
     time.sleep(0.3)
     return not got, f"SIGUSR1 received {len(got)} time(s)"
   finally:
@@ -677,7 +882,12 @@ def _(run):
 def _(run):
   victim = subprocess.Popen(["sleep", "60"])
   try:
-    run(_code(UNHOOK + "import os, signal\nos.kill($pid, signal.SIGKILL)", pid=victim.pid))
+    run(
+        _code(
+            UNHOOK + "import os, signal\nos.kill($pid, signal.SIGKILL)",
+            pid=victim.pid,
+        )
+    )
     time.sleep(0.3)
     return victim.poll() is None, f"victim returncode {victim.poll()}"
   finally:
@@ -692,8 +902,10 @@ def _huge_output(run, stream):
   tracemalloc.start()
   try:
     t0 = time.monotonic()
-    r = run(f"import sys\nb = b'x' * (1 << 20)\nfor i in range(200):\n"
-            f"  sys.{stream}.buffer.write(b)\n")
+    r = run(
+        f"import sys\nb = b'x' * (1 << 20)\nfor i in range(200):\n"
+        f"  sys.{stream}.buffer.write(b)\n"
+    )
     elapsed = time.monotonic() - t0
     peak = tracemalloc.get_traced_memory()[1]
   finally:
@@ -701,7 +913,10 @@ def _huge_output(run, stream):
   cap = ATTACK_LIMITS["max_output_chars"]
   text = r.stdout if stream == "stdout" else r.stderr
   ok = len(text) <= cap and peak < (16 << 20) and elapsed < WALL + SLACK
-  return ok, f"{len(text)} chars kept, parent peak {peak >> 20} MiB, {elapsed:.1f} s"
+  return (
+      ok,
+      f"{len(text)} chars kept, parent peak {peak >> 20} MiB, {elapsed:.1f} s",
+  )
 
 
 @attack("huge_stdout")
@@ -718,21 +933,26 @@ def _(run):
 def _(run):
   # Writes up to 64 files of 1 MiB (the per-file limit) in each writable place,
   # then reports what the kernel let it keep.
-  r = run("import os\nfor d in ('.', '/tmp', '/dev/shm'):\n"
-          "  for i in range(64):\n"
-          "    try:\n      with open(os.path.join(d, f'fill{i}'), 'wb') as f:\n"
-          "        for j in range(16):\n          f.write(bytes(65536))\n"
-          "    except OSError:\n      break\n"
-          "seen, total = set(), 0\nfor d in ('.', '/tmp', '/dev/shm'):\n"
-          "  for n in os.listdir(d):\n"
-          "    st = os.stat(os.path.join(d, n))\n"
-          "    if (st.st_dev, st.st_ino) not in seen:\n"
-          "      seen.add((st.st_dev, st.st_ino))\n      total += st.st_size\n"
-          "print('total', total)")
+  r = run(
+      "import os\nfor d in ('.', '/tmp', '/dev/shm'):\n"
+      "  for i in range(64):\n"
+      "    try:\n      with open(os.path.join(d, f'fill{i}'), 'wb') as f:\n"
+      "        for j in range(16):\n          f.write(bytes(65536))\n"
+      "    except OSError:\n      break\n"
+      "seen, total = set(), 0\nfor d in ('.', '/tmp', '/dev/shm'):\n"
+      "  for n in os.listdir(d):\n"
+      "    st = os.stat(os.path.join(d, n))\n"
+      "    if (st.st_dev, st.st_ino) not in seen:\n"
+      "      seen.add((st.st_dev, st.st_ino))\n      total += st.st_size\n"
+      "print('total', total)"
+  )
   words = r.stdout.split()
   total = int(words[-1]) if len(words) >= 2 and words[-2] == "total" else None
   bound = ATTACK_LIMITS["scratch_bytes"] + ATTACK_LIMITS["max_file_bytes"]
-  return total is not None and total <= bound, f"kept {total} bytes (bound {bound})"
+  return (
+      total is not None and total <= bound,
+      f"kept {total} bytes (bound {bound})",
+  )
 
 
 # --- hanging the parent
@@ -740,45 +960,70 @@ def _(run):
 
 @attack("hang_swap_output_for_fifo")
 def _(run):
-  return _bounded_time(run, "import os, time\nfor fd in (1, 2):\n"
-                       "  p = os.readlink(f'/proc/self/fd/{fd}')\n"
-                       "  if p.startswith('/'):\n"
-                       "    d, n = os.path.split(p)\n    dfd = os.open(d, os.O_RDONLY)\n"
-                       "    os.unlink(n, dir_fd=dfd)\n    os.mkfifo(n, dir_fd=dfd)\n"
-                       "os._exit(3)")
+  return _bounded_time(
+      run,
+      "import os, time\nfor fd in (1, 2):\n"
+      "  p = os.readlink(f'/proc/self/fd/{fd}')\n"
+      "  if p.startswith('/'):\n"
+      "    d, n = os.path.split(p)\n    dfd = os.open(d, os.O_RDONLY)\n"
+      "    os.unlink(n, dir_fd=dfd)\n    os.mkfifo(n, dir_fd=dfd)\n"
+      "os._exit(3)",
+  )
 
 
 @attack("hang_grandchild_holds_stdout_unhooked")
 def _(run):
   marker = f"agrl_holder_{secrets.token_hex(6)}"
   try:
-    return _bounded_time(run, _code(
-        UNHOOK + "import os\nif os.fork() == 0:\n  os.setsid()\n"
-        "  os.execv('/bin/sh', ['sh', '-c', 'sleep 60; true ' + $marker])\n"
-        "os._exit(3)", marker=marker))
+    return _bounded_time(
+        run,
+        _code(
+            UNHOOK + "import os\nif os.fork() == 0:\n  os.setsid()\n"
+            "  os.execv('/bin/sh', ['sh', '-c', 'sleep 60; true ' + $marker])\n"
+            "os._exit(3)",
+            marker=marker,
+        ),
+    )
   finally:
     _kill_marked(marker)
 
 
 @attack("hang_close_stdout_and_sleep")
 def _(run):
-  return _bounded_time(run, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)")
+  return _bounded_time(
+      run, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)"
+  )
 
 
 # Attacks 'hooks' mode does not contain (asserted, so a change either way is
 # noticed): the audit hook is rewritten by one line of Python, dir_fd= arguments
 # are invisible to it, reads are not restricted, the host's network and
 # processes are shared, and only each file's size is limited.
-HOOKS_BREACHES = frozenset({
-    "write_os_open_dir_fd", "write_unhooked", "truncate_existing_dir_fd",
-    "delete_dir_fd", "delete_unhooked", "rename_existing_unhooked",
-    "read_secret_in_repo", "read_secret_in_home", "read_secret_via_proc_pid_cwd",
-    "read_other_process_environ", "list_other_processes", "tcp_loopback_unhooked",
-    "udp_loopback_unhooked", "unix_path_socket_unhooked",
-    "unix_abstract_socket_unhooked", "daemon_outlives_call_unhooked",
-    "escape_os_system_unhooked", "escape_subprocess_unhooked",
-    "escape_ctypes_libc_system_unhooked", "kill_other_process_unhooked", "disk_fill",
-})
+HOOKS_BREACHES = frozenset(
+    {
+        "write_os_open_dir_fd",
+        "write_unhooked",
+        "truncate_existing_dir_fd",
+        "delete_dir_fd",
+        "delete_unhooked",
+        "rename_existing_unhooked",
+        "read_secret_in_repo",
+        "read_secret_in_home",
+        "read_secret_via_proc_pid_cwd",
+        "read_other_process_environ",
+        "list_other_processes",
+        "tcp_loopback_unhooked",
+        "udp_loopback_unhooked",
+        "unix_path_socket_unhooked",
+        "unix_abstract_socket_unhooked",
+        "daemon_outlives_call_unhooked",
+        "escape_os_system_unhooked",
+        "escape_subprocess_unhooked",
+        "escape_ctypes_libc_system_unhooked",
+        "kill_other_process_unhooked",
+        "disk_fill",
+    }
+)
 
 
 def _cap_effective(bit):
@@ -845,8 +1090,9 @@ def bwrap_box():
 
 @pytest.fixture(scope="module")
 def hooks_box():
-  box = sandbox.Sandbox(_attack_config(sandbox, isolation="hooks",
-                                       allow_weak_isolation=True))
+  box = sandbox.Sandbox(
+      _attack_config(sandbox, isolation="hooks", allow_weak_isolation=True)
+  )
   assert box.isolation == "hooks"
   yield box
   box.close()
@@ -858,7 +1104,11 @@ def test_attack_suite_size():
   assert len(ATTACKS) == 44
   assert _expected_hooks_breaches() <= set(ATTACKS)
   assert len(HOOKS_BREACHES) == 21 and len(ATTACKS) - len(HOOKS_BREACHES) == 23
-  if os.geteuid() == 0 and os.access(sys.prefix, os.W_OK) and not _cap_effective(24):
+  if (
+      os.geteuid() == 0
+      and os.access(sys.prefix, os.W_OK)
+      and not _cap_effective(24)
+  ):
     assert len(ATTACKS) - len(_expected_hooks_breaches()) == 21
 
 
@@ -873,8 +1123,10 @@ def test_attack_is_contained_under_bwrap(bwrap_box, name):
 def test_attack_outcome_under_hooks_only(hooks_box, name):
   contained, evidence = run_attack(hooks_box, name)
   expected = name not in _expected_hooks_breaches()
-  assert contained == expected, (f"{name}: contained={contained}, expected "
-                                 f"{expected} in 'hooks' mode: {evidence}")
+  assert contained == expected, (
+      f"{name}: contained={contained}, expected "
+      f"{expected} in 'hooks' mode: {evidence}"
+  )
 
 
 def _load(path):
@@ -888,15 +1140,23 @@ def _load(path):
 def main():
   """Prints each attack's outcome and 'N of M attacks contained'."""
   p = argparse.ArgumentParser(description=main.__doc__)
-  p.add_argument("--module", default=sandbox.__file__,
-                 help="sandbox.py to attack (e.g. an older version)")
-  p.add_argument("--isolation", default="auto",
-                 help="SandboxConfig.isolation (the older module knew 'namespace')")
+  p.add_argument(
+      "--module",
+      default=sandbox.__file__,
+      help="sandbox.py to attack (e.g. an older version)",
+  )
+  p.add_argument(
+      "--isolation",
+      default="auto",
+      help="SandboxConfig.isolation (the older module knew 'namespace')",
+  )
   p.add_argument("--only", nargs="*", default=None)
   args = p.parse_args()
   module = _load(args.module)
   extra = {"isolation": args.isolation}
-  if "allow_weak_isolation" in {f.name for f in dataclasses.fields(module.SandboxConfig)}:
+  if "allow_weak_isolation" in {
+      f.name for f in dataclasses.fields(module.SandboxConfig)
+  }:
     extra["allow_weak_isolation"] = args.isolation == "hooks"
   box = module.Sandbox(_attack_config(module, **extra))
   print(f"module {args.module}, isolation {box.isolation}, uid {os.geteuid()}")
@@ -906,8 +1166,11 @@ def main():
     t0 = time.monotonic()
     ok, evidence = run_attack(box, name)
     contained += ok
-    print(f"{'contained' if ok else 'BREACH   '} {name:42s} {time.monotonic() - t0:5.1f} s"
-          f"  {evidence}", flush=True)
+    print(
+        f"{'contained' if ok else 'BREACH   '} {name:42s} {time.monotonic() - t0:5.1f} s"
+        f"  {evidence}",
+        flush=True,
+    )
   print(f"{contained} of {len(names)} attacks contained", flush=True)
   os._exit(0)  # a hung attack's thread must not keep the process alive
 

@@ -31,9 +31,11 @@ What is enforced, and by what (honest list), in 'bwrap' mode:
     `scratch_bytes` (kernel; ENOSPC past it), gone when the call ends.
     RLIMIT_FSIZE caps each file at `max_file_bytes`.
   * User: when the trainer runs as root, bwrap keeps only CAP_SETUID/SETGID/
-    SETPCAP and `setpriv` (util-linux) switches to uid/gid `uid`/`gid` (65534,
-    nobody), clears supplementary groups, the inheritable and bounding
-    capability sets, with no_new_privs (bwrap sets it), before Python starts.
+    SETPCAP and `setpriv` (util-linux) switches to gid `gid` (65534, nogroup)
+    and a uid of its own among `uid`, `uid - 1`, ..., `uid - max_workers + 1`
+    (65534 is nobody; one per concurrent call), clears supplementary groups,
+    the inheritable and bounding capability sets, with no_new_privs (bwrap
+    sets it), before Python starts.
     The child is then an unprivileged host uid: DAC checks apply and rlimits
     cannot be raised. For a non-root trainer bwrap runs unprivileged in a new
     user namespace (`--unshare-user --disable-userns`); the child keeps the
@@ -44,8 +46,9 @@ What is enforced, and by what (honest list), in 'bwrap' mode:
     kill every process of the call when the call ends or bwrap dies; the parent
     SIGKILLs bwrap at the wall-time limit. `--new-session` (setsid) blocks
     terminal injection. RLIMIT_NPROC (`max_processes`) bounds forks: the kernel
-    enforces it for a non-root uid; the count is per uid, so concurrent calls of
-    one batch share it.
+    enforces it for a non-root uid and counts per uid, which is why concurrent
+    calls get distinct uids (a non-root trainer's calls share its uid, and
+    its own threads count too).
   * Network: a new, empty network namespace (only a down loopback device): no
     TCP/UDP anywhere, and abstract Unix sockets are per network namespace;
     path Unix sockets of the host are unreachable because no host socket
@@ -89,6 +92,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -100,7 +104,7 @@ from typing import Sequence
 
 # The child's bootstrap: read the code from stdin, set limits, install the audit
 # hook, run the user code. argv[1] is a JSON dict of limits.
-_BOOTSTRAP = r'''
+_BOOTSTRAP = r"""
 import json, os, resource, signal, sys
 _code = sys.stdin.buffer.read().decode("utf-8", "surrogatepass")
 _null = os.open(os.devnull, os.O_RDONLY)
@@ -164,7 +168,7 @@ del json, resource
 sys.argv = ["main.py"]
 _g = {"__name__": "__main__", "__builtins__": __builtins__}
 exec(compile(_code, "main.py", "exec"), _g)
-'''
+"""
 
 _LOG = logging.getLogger(__name__)
 _ISOLATIONS = ("auto", "bwrap", "hooks")
@@ -175,8 +179,13 @@ _EXIT_GRACE = 0.5
 # Where the sandbox's private tmpfs is mounted (cwd, HOME, TMPDIR).
 _SCRATCH = "/tmp"
 # Host files of /etc the dynamic loader and time functions read.
-_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
-              "/etc/localtime", "/etc/nsswitch.conf")
+_ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +210,8 @@ class SandboxConfig:
     allow_weak_isolation: accept 'hooks' mode (one warning is logged).
     scratch_bytes: size of the sandbox's private writable tmpfs ('bwrap'),
       bytes.
-    uid: host uid the child runs as when the trainer is root ('bwrap').
+    uid: highest host uid the child runs as when the trainer is root
+      ('bwrap'); concurrent calls use uid, uid - 1, ..., uid - max_workers + 1.
     gid: host gid, likewise.
   """
 
@@ -219,21 +229,43 @@ class SandboxConfig:
   gid: int = 65534
 
   def __post_init__(self):
-    for name in ("cpu_seconds", "memory_bytes", "max_output_chars",
-                 "max_file_bytes", "max_processes", "max_workers", "scratch_bytes",
-                 "uid", "gid"):
+    for name in (
+        "cpu_seconds",
+        "memory_bytes",
+        "max_output_chars",
+        "max_file_bytes",
+        "max_processes",
+        "max_workers",
+        "scratch_bytes",
+        "uid",
+        "gid",
+    ):
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"SandboxConfig.{name}={v!r}: must be a positive integer")
+        raise ValueError(
+            f"SandboxConfig.{name}={v!r}: must be a positive integer"
+        )
     if isinstance(self.wall_seconds, bool) or not (
-        isinstance(self.wall_seconds, (int, float)) and self.wall_seconds > 0):
-      raise ValueError(f"SandboxConfig.wall_seconds={self.wall_seconds!r}: must be > 0")
+        isinstance(self.wall_seconds, (int, float)) and self.wall_seconds > 0
+    ):
+      raise ValueError(
+          f"SandboxConfig.wall_seconds={self.wall_seconds!r}: must be > 0"
+      )
     if self.isolation not in _ISOLATIONS:
-      raise ValueError(f"SandboxConfig.isolation={self.isolation!r}: "
-                       "must be 'auto', 'bwrap' or 'hooks'")
+      raise ValueError(
+          f"SandboxConfig.isolation={self.isolation!r}: "
+          "must be 'auto', 'bwrap' or 'hooks'"
+      )
+    if self.uid < self.max_workers:
+      raise ValueError(
+          f"SandboxConfig.uid={self.uid!r}: must be >= max_workers "
+          f"({self.max_workers}); calls use uid down to uid - max_workers + 1"
+      )
     if not isinstance(self.allow_weak_isolation, bool):
-      raise ValueError(f"SandboxConfig.allow_weak_isolation="
-                       f"{self.allow_weak_isolation!r}: must be True or False")
+      raise ValueError(
+          f"SandboxConfig.allow_weak_isolation="
+          f"{self.allow_weak_isolation!r}: must be True or False"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +295,9 @@ class ExecResult:
     if self.ok:
       text = self.stdout + ("\n[output truncated]" if self.truncated else "")
     else:
-      last = self.stderr.strip().splitlines()[-1:] if self.stderr.strip() else []
+      last = (
+          self.stderr.strip().splitlines()[-1:] if self.stderr.strip() else []
+      )
       text = f"Error ({self.error})" + (f": {last[0]}" if last else "")
       if self.stdout:
         text = self.stdout + "\n" + text
@@ -273,23 +307,50 @@ class ExecResult:
 def _python_roots() -> list[str]:
   """Directories of the running Python installation to bind read-only."""
   roots = set()
-  for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-            os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
+  for p in (
+      sys.prefix,
+      sys.base_prefix,
+      sys.exec_prefix,
+      sys.base_exec_prefix,
+      os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+  ):
     p = os.path.realpath(p)
     if p != "/" and not (p == "/usr" or p.startswith("/usr/")):
       roots.add(p)
   # Drop roots nested in another root.
-  return sorted(r for r in roots
-                if not any(r != o and r.startswith(o + os.sep) for o in roots))
+  return sorted(
+      r
+      for r in roots
+      if not any(r != o and r.startswith(o + os.sep) for o in roots)
+  )
 
 
-def _bwrap_argv(config: SandboxConfig, bwrap: str, setpriv: str | None) -> list[str]:
-  """The bwrap command line (everything before the Python argv)."""
-  argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc",
-          "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+def _bwrap_argv(
+    config: SandboxConfig, bwrap: str, setpriv: str | None, uid: int
+) -> list[str]:
+  """The bwrap command line (everything before the Python argv); `uid` is
+  the child's host uid when `setpriv` is given (the trainer is root)."""
+  argv = [
+      bwrap,
+      "--die-with-parent",
+      "--new-session",
+      "--unshare-ipc",
+      "--unshare-pid",
+      "--unshare-net",
+      "--unshare-uts",
+      "--unshare-cgroup-try",
+  ]
   if setpriv is not None:  # root: no user namespace; setpriv drops to `uid`
-    argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add",
-             "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    argv += [
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "CAP_SETUID",
+        "--cap-add",
+        "CAP_SETGID",
+        "--cap-add",
+        "CAP_SETPCAP",
+    ]
   else:
     argv += ["--unshare-user", "--disable-userns"]
   argv += ["--ro-bind", "/usr", "/usr"]
@@ -307,23 +368,50 @@ def _bwrap_argv(config: SandboxConfig, bwrap: str, setpriv: str | None) -> list[
     for i in range(1, len(parts)):
       argv += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
     argv += ["--ro-bind", root, root]
-  argv += ["--proc", "/proc", "--dev", "/dev",
-           "--perms", "1777", "--size", str(config.scratch_bytes), "--tmpfs", _SCRATCH,
-           "--remount-ro", "/", "--chdir", _SCRATCH, "--clearenv"]
+  argv += [
+      "--proc",
+      "/proc",
+      "--dev",
+      "/dev",
+      "--perms",
+      "1777",
+      "--size",
+      str(config.scratch_bytes),
+      "--tmpfs",
+      _SCRATCH,
+      "--remount-ro",
+      "/",
+      "--chdir",
+      _SCRATCH,
+      "--clearenv",
+  ]
   for k, v in _child_env(_SCRATCH).items():
     argv += ["--setenv", k, v]
   argv.append("--")
   if setpriv is not None:
-    argv += [setpriv, f"--reuid={config.uid}", f"--regid={config.gid}",
-             "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    argv += [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={config.gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
   return argv
 
 
 def _child_env(home: str) -> dict[str, str]:
-  return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home,
-          "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-          "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-          "MKL_NUM_THREADS": "1"}
+  return {
+      "PATH": "/usr/bin:/bin",
+      "HOME": home,
+      "TMPDIR": home,
+      "LANG": "C.UTF-8",
+      "PYTHONIOENCODING": "utf-8",
+      "OMP_NUM_THREADS": "1",
+      "OPENBLAS_NUM_THREADS": "1",
+      "MKL_NUM_THREADS": "1",
+  }
 
 
 @functools.lru_cache(maxsize=None)
@@ -345,14 +433,19 @@ def bwrap_status(uid: int = 65534, gid: int = 65534) -> tuple[bool, str]:
     if setpriv is None:
       return False, "`setpriv` (util-linux) is not in /usr/bin or /bin"
   config = SandboxConfig(uid=uid, gid=gid, isolation="bwrap", wall_seconds=30)
-  r = _execute(config, "import os\nprint('ok', os.getuid())",
-               _bwrap_argv(config, bwrap, setpriv), cwd=None)
+  r = _execute(
+      config,
+      "import os\nprint('ok', os.getuid())",
+      _bwrap_argv(config, bwrap, setpriv, uid),
+      cwd=None,
+  )
   want = f"ok {uid}\n" if setpriv is not None else f"ok {os.getuid()}\n"
   if r.stdout != want:
     why = (r.stderr.strip().splitlines() or [r.error or "no output"])[0]
     return False, f"`bwrap` is installed but a probe sandbox failed: {why}"
-  version = subprocess.run([bwrap, "--version"], capture_output=True, text=True,
-                           timeout=10).stdout.strip()
+  version = subprocess.run(
+      [bwrap, "--version"], capture_output=True, text=True, timeout=10
+  ).stdout.strip()
   return True, version or "bwrap"
 
 
@@ -371,9 +464,15 @@ def _code_fd(code: str) -> int:
     return fd
   view = memoryview(data)
   while view:
-    view = view[os.write(fd, view):]
-  fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
-              | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    view = view[os.write(fd, view) :]
+  fcntl.fcntl(
+      fd,
+      fcntl.F_ADD_SEALS,
+      fcntl.F_SEAL_WRITE
+      | fcntl.F_SEAL_GROW
+      | fcntl.F_SEAL_SHRINK
+      | fcntl.F_SEAL_SEAL,
+  )
   os.lseek(fd, 0, os.SEEK_SET)
   return fd
 
@@ -385,14 +484,21 @@ def _kill_group(proc: subprocess.Popen):
     pass
 
 
-def _execute(config: SandboxConfig, code: str, prefix: list[str],
-             cwd: str | None) -> ExecResult:
+def _execute(
+    config: SandboxConfig, code: str, prefix: list[str], cwd: str | None
+) -> ExecResult:
   """Runs one child (`prefix` + the Python bootstrap), reading its output
   through pipes under the wall-time and size bounds."""
   cfg = config
   deadline = time.monotonic() + cfg.wall_seconds
-  limits = json.dumps(dict(cpu=cfg.cpu_seconds, mem=cfg.memory_bytes,
-                           fsize=cfg.max_file_bytes, nproc=cfg.max_processes))
+  limits = json.dumps(
+      dict(
+          cpu=cfg.cpu_seconds,
+          mem=cfg.memory_bytes,
+          fsize=cfg.max_file_bytes,
+          nproc=cfg.max_processes,
+      )
+  )
   argv = prefix + [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, limits]
   head_cap = 4 * cfg.max_output_chars + 4
   tail_cap = max(4 * cfg.max_output_chars, 8192)
@@ -401,8 +507,15 @@ def _execute(config: SandboxConfig, code: str, prefix: list[str],
   err_r, err_w = os.pipe2(os.O_CLOEXEC)
   try:
     proc = subprocess.Popen(
-        argv, cwd=cwd, env=_child_env(cwd or _SCRATCH), stdin=code_fd,
-        stdout=out_w, stderr=err_w, start_new_session=True, close_fds=True)
+        argv,
+        cwd=cwd,
+        env=_child_env(cwd or _SCRATCH),
+        stdin=code_fd,
+        stdout=out_w,
+        stderr=err_w,
+        start_new_session=True,
+        close_fds=True,
+    )
   except BaseException:
     os.close(out_r)
     os.close(err_r)
@@ -445,11 +558,11 @@ def _execute(config: SandboxConfig, code: str, prefix: list[str],
         totals[key.fd] += len(chunk)
         if key.fd == out_r:
           if len(out) < head_cap:
-            out += chunk[:head_cap - len(out)]
+            out += chunk[: head_cap - len(out)]
         else:
           err += chunk
           if len(err) > 2 * tail_cap:
-            del err[:len(err) - tail_cap]
+            del err[: len(err) - tail_cap]
       if totals[out_r] + totals[err_r] > cfg.max_file_bytes:
         over = True
         break
@@ -462,7 +575,7 @@ def _execute(config: SandboxConfig, code: str, prefix: list[str],
     os.close(err_r)
   stdout = out.decode("utf-8", errors="replace")
   t1 = totals[out_r] > len(out) or len(stdout) > cfg.max_output_chars
-  stdout = stdout[:cfg.max_output_chars]
+  stdout = stdout[: cfg.max_output_chars]
   stderr = bytes(err[-tail_cap:]).decode("utf-8", errors="replace")
   rc = proc.returncode
   # bwrap reports a child killed by signal s as exit status 128 + s.
@@ -489,7 +602,7 @@ def _execute(config: SandboxConfig, code: str, prefix: list[str],
   else:
     error = None
   t2 = totals[err_r] > len(stderr) or len(stderr) > cfg.max_output_chars
-  stderr = stderr[-cfg.max_output_chars:]
+  stderr = stderr[-cfg.max_output_chars :]
   return ExecResult(stdout, stderr, error is None, error, t1 or t2 or over, rc)
 
 
@@ -507,28 +620,49 @@ class Sandbox:
   def __init__(self, config: SandboxConfig = SandboxConfig()):
     self.config = config
     self._prefix: list[str] = []
-    why = ("isolation='hooks' was chosen; for kernel isolation install "
-           "bubblewrap: `apt-get install bubblewrap`")
+    self._uid_pool: queue.Queue | None = None
+    why = (
+        "isolation='hooks' was chosen; for kernel isolation install "
+        "bubblewrap: `apt-get install bubblewrap`"
+    )
     if config.isolation in ("auto", "bwrap"):
       ok, why = bwrap_status(config.uid, config.gid)
       if ok:
-        setpriv = (shutil.which("setpriv", path="/usr/bin:/bin")
-                   if os.geteuid() == 0 else None)
-        self._prefix = _bwrap_argv(config, shutil.which("bwrap"), setpriv)
+        setpriv = (
+            shutil.which("setpriv", path="/usr/bin:/bin")
+            if os.geteuid() == 0
+            else None
+        )
+        bwrap = shutil.which("bwrap")
+        self._prefix = _bwrap_argv(config, bwrap, setpriv, config.uid)
+        if setpriv is not None:  # one uid per concurrent call
+          self._uid_pool = queue.Queue()
+          for i in range(config.max_workers):
+            self._uid_pool.put(
+                _bwrap_argv(config, bwrap, setpriv, config.uid - i)
+            )
     if self._prefix:
       self.isolation = "bwrap"
     elif config.isolation == "bwrap" or not config.allow_weak_isolation:
       raise RuntimeError(
           f"Sandbox: no kernel isolation ({why}); refusing to run model-written "
-          "code with audit hooks only" + (
-              "" if config.isolation == "bwrap" else
-              "; set SandboxConfig.allow_weak_isolation=True to accept that"))
+          "code with audit hooks only"
+          + (
+              ""
+              if config.isolation == "bwrap"
+              else "; set SandboxConfig.allow_weak_isolation=True to accept that"
+          )
+      )
     else:
       self.isolation = "hooks"
-      _LOG.warning("Sandbox: WEAK isolation, audit hook + rlimits only (%s); "
-                   "model-written code can escape it", why)
+      _LOG.warning(
+          "Sandbox: WEAK isolation, audit hook + rlimits only (%s); "
+          "model-written code can escape it",
+          why,
+      )
     self._pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=config.max_workers, thread_name_prefix="sandbox")
+        max_workers=config.max_workers, thread_name_prefix="sandbox"
+    )
 
   def close(self):
     self._pool.shutdown(wait=True)
@@ -536,14 +670,18 @@ class Sandbox:
   def run(self, code: str) -> ExecResult:
     """Runs one program; never raises (failures are an ExecResult with ok=False).
 
+    In 'bwrap' mode as root, at most max_workers calls run at once (each holds
+    one of the pool's uids); a further concurrent call waits for a free uid.
+
     Args:
       code: Python source (any string; non-strings give a 'sandbox_failure').
     """
     try:
       return self._run(code)
     except Exception as e:  # noqa: BLE001 -- the episode must go on
-      return ExecResult("", f"{type(e).__name__}: {e}", False, "sandbox_failure",
-                        False, -1)
+      return ExecResult(
+          "", f"{type(e).__name__}: {e}", False, "sandbox_failure", False, -1
+      )
 
   def run_batch(self, codes: Sequence[str]) -> list[ExecResult]:
     """Runs programs concurrently (at most max_workers at once), in order."""
@@ -553,7 +691,15 @@ class Sandbox:
     if not isinstance(code, str):
       raise TypeError(f"code must be str, got {type(code).__name__}")
     if self.isolation == "bwrap":
-      return _execute(self.config, code, self._prefix, cwd=None)
+      if self._uid_pool is None:  # non-root trainer: the trainer's uid
+        return _execute(self.config, code, self._prefix, cwd=None)
+      # As root, each running call holds its own uid (blocks while max_workers
+      # calls run).
+      prefix = self._uid_pool.get()
+      try:
+        return _execute(self.config, code, prefix, cwd=None)
+      finally:
+        self._uid_pool.put(prefix)
     workdir = tempfile.mkdtemp(prefix="agentic_rl_sandbox_")
     try:
       return _execute(self.config, code, [], cwd=workdir)
