@@ -3,7 +3,7 @@
 Episode-level estimators map [B] scalar rewards to [B] advantages; per-turn
 estimators map [B, K] turn rewards to [B, K] advantages; `broadcast_to_tokens`
 and `broadcast_turn_to_tokens` turn either into the per-token [B, L] array the
-learner consumes (DESIGN.md section 6).
+learner consumes (docs/rewards_and_credit.md).
 
 Groups are given by the trajectory's `group` field (an int32 id per row, the
 task index), never by row position, so any batch order is fine. Group
@@ -497,7 +497,7 @@ def token_gae(
   """GAE over the POLICY tokens of one episode; other tokens add no step.
 
   The MDP steps are the episode's POLICY tokens t_1 < t_2 < ... < t_N in
-  position order (DESIGN.md section 6: prompt, observation (TOOL) and
+  position order (docs/rewards_and_credit.md: prompt, observation (TOOL) and
   TEMPLATE tokens are part of the next state, not actions, so they add no
   discount step and no value estimate of their own). With V_n = values_l[t_n]
   (the value of the state just before POLICY token t_n is emitted),
@@ -696,7 +696,7 @@ def broadcast_turn_to_tokens(
   """Per-turn advantages to per-token [B, L], zero off POLICY tokens.
 
   A_bl = adv_bk[b, turn_bl[b, l]] if role_bl == POLICY and
-  0 <= turn_bl < K, else 0 (turn -1 marks prompt/padding; DESIGN.md sec. 3).
+  0 <= turn_bl < K, else 0 (turn -1 marks prompt/padding; docs/design.md).
 
   Args:
     adv_bk: [B, K] float per-turn advantages.

@@ -131,10 +131,10 @@ def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 
 
 # ---------------------------------------------------------------------------
-# ToolRLA factors and a reference-trajectory-matching reward (claim 7,
+# ToolRLA factors and a reference-trajectory-matching reward (see
 # experiments/tool_composition).
 #
-# ToolRLA (papers.md F1-7; inferred form R = f s p c): each factor lies in
+# ToolRLA (docs/papers.md F1-7; inferred form R = f s p c): each factor lies in
 # [0, 1], so `rl.reward_composition = 'product'` with the four components
 # call_format, call_name, call_params, call_constraint gives the multiplicative
 # decomposition R_mult = f s p c, and 'sum' with weights 1/4 the additive
@@ -142,7 +142,7 @@ def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 # compliance") is here the prompt's "Never call sum." rule.
 #
 # Reference-trajectory matching (the trajectory-supervised baseline of TIER,
-# papers.md F1-14; form inferred): credit for reproducing the environment's
+# docs/papers.md F1-14; form inferred): credit for reproducing the environment's
 # canonical reference call sequence (fact call_ref_match, see
 # environments/schema_calls.py), so a valid alternative path (the equivalent
 # tool, swapped commutative values, the other sub-expression order) earns no
@@ -213,7 +213,7 @@ def ref_match_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 
   R = w_format F + w_match M + w_answer A, F = `format_validity`, M =
   `reference_match_score` (exact as given), A = answer correctness. The
-  trajectory-supervised counterpart of `tier_reward` (TIER, papers.md F1-14;
+  trajectory-supervised counterpart of `tier_reward` (TIER, docs/papers.md F1-14;
   form inferred): M replaces TIER's schema-adherence and execution terms.
   """
   return (w_format * format_validity(traj)
@@ -228,7 +228,7 @@ CALL_REWARD_COMPONENTS: dict[str, Callable[..., jax.Array]] = {
     "call_name": call_name_reward,
     "call_param_names": call_param_names_reward,
     "call_param_values": call_param_values_reward,
-    # ToolRLA factors and reference matching (claim 7, block above).
+    # ToolRLA factors and reference matching (block above).
     "call_format": call_format_reward,
     "call_params": call_params_reward,
     "call_constraint": call_constraint_reward,

@@ -6,8 +6,8 @@ A ChatML-style template renders each message as
 
 and a generation prompt as `<|im_start|>assistant\\n`. `ChatBuilder` appends
 messages one at a time to a growing id list and never re-tokenises what is
-already there: sampled assistant tokens are appended verbatim (DESIGN.md
-section 3: sampled tokens are never decoded and re-encoded).
+already there: sampled assistant tokens are appended verbatim (docs/design.md,
+invariants: sampled tokens are never decoded and re-encoded).
 
 Each id gets a role from agentic_rl.types: TEMPLATE for scaffolding (the start
 and end markers, the role name and the newlines), PROMPT for system/user

@@ -1,13 +1,13 @@
 """Credit assignment: PBRS, potentials, shaped returns, HDPO, SPA.
 
-Per-turn quantities are [B, K] arrays with a turn mask (DESIGN.md section 3);
+Per-turn quantities are [B, K] arrays with a turn mask (docs/design.md);
 potentials are [B, K + 1] (Phi(s_0) .. Phi(s_K), s_k = the state after k
 turns). Core math is written for one episode (`pbrs_shaping`) and vmapped by
 the batched wrappers; group statistics are segment ops on `group_b` (via
 `advantages.grpo_advantages`).
 
-How shaping reaches the policy (DESIGN.md section 6, papers.md "Implementation
-note on PBRS"):
+How shaping reaches the policy (docs/rewards_and_credit.md, "How shaping
+reaches the policy"):
 
 * Trajectory-level returns, discount 1, Phi(terminal) = 0: every shaped return
   is outcome - Phi(s_0). When all episodes of a task share s_0 (same prompt,
@@ -271,8 +271,8 @@ def progress_potential(
 ) -> jax.Array:
   """Oracle progress potential Phi(s_k) = scale * progress(s_k).
 
-  A control arm for PBRS (papers.md, "PBRS core with pluggable Phi", choice
-  (c)): progress is an environment fact, e.g. hops resolved / depth on
+  A control arm for PBRS (docs/rewards_and_credit.md, potential sources):
+  progress is an environment fact, e.g. hops resolved / depth on
   KV-CHAIN, in [0, 1].
 
   Args:
@@ -296,11 +296,11 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
 
   V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), where log p_ref(y*|s_k)
   is the frozen reference model's log-probability of the gold answer y*
-  appended after the k-th tool boundary. TRACE (papers.md F1-9; arXiv id not
+  appended after the k-th tool boundary. TRACE (docs/papers.md F1-9; arXiv id not
   given there). From the abstract: states at tool-call boundaries, a frozen
   reference model's gold-answer log-probability per state, "log-ratio state
   values", a per-action reward equal to the TD change of those values, and
-  telescoping over redundant calls. Inferred (papers.md, matched here): the
+  telescoping over redundant calls. Inferred (docs/papers.md, matched here): the
   ratio is taken against the initial state s_0, and r_k = V(s_{k+1}) - V(s_k)
   with discount 1. Our choice: y* is appended after an answer-opening prefix
   (`gold_answer_logprobs`). V(s_0) = 0 by construction.
@@ -329,7 +329,7 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
 def success_probability_potential(p_bk1: jax.Array) -> jax.Array:
   """PiCA-style potential Phi(h_k) = P(correct final answer | h_k) (inferred).
 
-  PiCA (papers.md F1-32; arXiv id not given there): process rewards are
+  PiCA (docs/papers.md F1-32; arXiv id not given there): process rewards are
   history-conditioned success probabilities used as PBRS potentials, with
   discount 1; the exact form Phi = P(correct | h_k), F_k = Phi(h_{k+1}) -
   Phi(h_k) is inferred from the abstract. P comes from a learned value head
@@ -370,7 +370,7 @@ def hdpo_advantages(
   the episode's group and C(G) its correct episodes. The accuracy channel is
   GRPO on correctness; the efficiency channel is GRPO on -cost restricted to
   the correct episodes of the group, so a cost penalty is never washed out by
-  (or traded against) accuracy variance. HDPO / Metis (papers.md F1-8; arXiv
+  (or traded against) accuracy variance. HDPO / Metis (docs/papers.md F1-8; arXiv
   id not given there); the formula is inferred from the abstract's
   "conditional advantage estimation" restricted to accurate trajectories.
 
@@ -433,7 +433,7 @@ def spa_progress_loss(
   """SPA progress-estimator loss mean_b (sum_k m_bk c_bk - R_b)^2 (inferred).
 
   Stepwise Progress Attribution (Wang et al., SPA-RL, arXiv:2505.20732;
-  papers.md F1-37):
+  docs/papers.md F1-37):
   a progress estimator c_psi(s_k, a_k) is trained so that its per-turn
   contributions summed over a trajectory match the task outcome; the squared
   loss is inferred from the abstract. The step reward (also inferred) is
@@ -667,11 +667,11 @@ def gold_answer_logprobs(
 ) -> jax.Array:
   """log p_ref(y* | s_k) for k = 0 .. K, all in one batched forward pass.
 
-  TRACE-style (papers.md F1-9; arXiv id not given there): the frozen
+  TRACE-style (docs/papers.md F1-9; arXiv id not given there): the frozen
   reference model scores the gold answer y* appended (after `answer_prefix`)
   to the context after each turn; with `log_ratio_potential` this gives the
   log-ratio state values, and the value at the final context is the
-  likelihood reward (papers.md F1-61: log-prob, not prob).
+  likelihood reward (docs/papers.md F1-61: log-prob, not prob).
 
   Args:
     logprob_fn: tokens [N, T] int32 -> teacher-forced log-probs [N, T] float32
@@ -698,7 +698,7 @@ def gold_answer_logprobs(
 def likelihood_reward(
     gold_logp_bk1: jax.Array, num_turns_b: jax.Array, finish_b: jax.Array
 ) -> jax.Array:
-  """[B] log p_ref(y* | final context): the likelihood reward (papers.md F1-61).
+  """[B] log p_ref(y* | final context): the likelihood reward (docs/papers.md F1-61).
 
   The final context is the state before the answering turn for ANSWERED
   episodes (the gold answer replaces the policy's answer), and the state after
@@ -729,7 +729,7 @@ def observation_state_keys(
   tokens) returned after turn k - 1 (FNV-1a over the tokens in order; an
   empty observation hashes to the FNV offset basis [mixed with k]).
 
-  From the paper (GiGPO, arXiv:2505.10978, section 4.2; not in papers.md):
+  From the paper (GiGPO, arXiv:2505.10978, section 4.2):
   anchor states are identical *environment states* shared by trajectories of
   one task group, wherever they occur (any time step). Ours: the observation
   stands in for the environment state (it is all the environment shows),
@@ -835,12 +835,12 @@ def tree_fork_advantages(
 ) -> jax.Array:
   """PORTool fork-relative advantages blended with the trajectory advantage.
 
-  PORTool (Wu et al., arXiv:2510.26020; papers.md F0-2 = F1-3). From the
+  PORTool (Wu et al., arXiv:2510.26020; docs/papers.md F0-2 = F1-3). From the
   abstract: rollouts share their first tool-call steps (a tree); each step is
   rewarded for its ability to lead to a correct answer AND for making
   successful tool calls; a shared step gets one reward, different steps under
   the same fork get different rewards; fork-relative advantages are blended
-  with trajectory-relative ones. Inferred (papers.md, not from the paper):
+  with trajectory-relative ones. Inferred (docs/papers.md, not from the paper):
   the node value as the leaves' success rate (the paper's wording, "whether
   the offspring of that step can eventually produce the correct final
   answer", might instead mean any-leaf-correct) plus a call-success bonus,
@@ -930,7 +930,7 @@ def tree_turn_advantages(adv_gd: jax.Array, num_turns: int) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------
-# Next-observation prediction (papers.md F1-42 "dark room"): the policy's own
+# Next-observation prediction (docs/papers.md F1-42 "dark room"): the policy's own
 # teacher-forced prediction of the tool observations, as a PBRS potential or
 # as an auxiliary cross-entropy target (with a shuffled-label placebo).
 # ---------------------------------------------------------------------------
@@ -946,7 +946,7 @@ def observation_prediction_scores(
   LM head on the hidden state of position t - 1, at `temperature`), exactly
   the distribution `sampling.token_logprobs` scores. Used on TOOL positions
   (the environment's observation tokens, which the policy never samples), it
-  measures how well the policy predicts what the tool will return (papers.md
+  measures how well the policy predicts what the tool will return (docs/papers.md
   F1-42, next-observation prediction; no arXiv id there). One trunk pass; the
   full [B, L, V] logits are formed at once (fine for byte vocabularies; a
   large-vocabulary model would want the chunked path of `sampling`).
@@ -987,7 +987,7 @@ def observation_prediction_potential(
   observation (so Phi(s_0) = 0). With score = the policy's probability of
   each observation token (`observation_prediction_scores`), Phi is bounded in
   [0, 1] and `pbrs_shaping` turns it into the potential-based
-  next-observation-prediction reward of papers.md F1-42 ("dark room"):
+  next-observation-prediction reward of docs/papers.md F1-42 ("dark room"):
   with discount 1 and trajectory returns the shaped return is
   R + Phi(s_n) for an episode cut off at the horizon (MAX_TURNS / TRUNCATED
   keep their last potential) and R for a terminated one (Phi(terminal) = 0).
@@ -1018,7 +1018,7 @@ def shuffle_observation_targets(
 ) -> jax.Array:
   """Placebo labels: observation tokens permuted at random across the batch.
 
-  The shuffled-gold placebo of papers.md F1-42: the auxiliary
+  The shuffled-gold placebo of docs/papers.md F1-42: the auxiliary
   next-observation loss is trained on targets that keep the marginal
   distribution of observation tokens but lose their relation to the context.
   The N = sum(obs_mask) observation tokens of the whole batch (all rows) are
@@ -1055,7 +1055,7 @@ def observation_prediction_loss(
 ) -> jax.Array:
   """Auxiliary next-observation cross-entropy -sum(mask * logp) / denominator.
 
-  papers.md F1-42 ("auxiliary-loss channel instead of reward"): the same
+  docs/papers.md F1-42 ("auxiliary-loss channel instead of reward"): the same
   prediction target as the dense reward, trained as a self-supervised CE on
   the policy's LM head at observation (TOOL) positions instead of entering
   the returns. `logp_bl` are the teacher-forced log-probs of the targets

@@ -1,5 +1,5 @@
 """Host rollout driver: a Python loop over turns for environments whose tools run in
-Python (DESIGN.md section 5; environments/host/base.py).
+Python (docs/design.md; environments/host/base.py).
 
 Each turn calls the very same jitted pieces as the JAX-native engine
 (agentic_rl/rollout.py): `init_state` (prompt write + prefill), `generate_turn`

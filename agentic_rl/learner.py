@@ -363,7 +363,7 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
     extra["aux_loss"] = agg(aux_pg)
     loss = loss + extra["aux_loss"]
   if "obs_mask" in batch:
-    # Next-observation prediction as an auxiliary CE (papers.md F1-42).
+    # Next-observation prediction as an auxiliary CE (docs/papers.md F1-42).
     extra["obs_pred_loss"] = credit.observation_prediction_loss(
         logp, batch["obs_mask"], obs_denominator)
     loss = loss + rl_cfg.obs_prediction_coef * extra["obs_pred_loss"]
@@ -562,7 +562,7 @@ def gae_token_advantages(rl_cfg, reward_b: jax.Array, mask_bl: jax.Array,
 
   The episode's (composed) reward is the reward of its last POLICY token;
   `advantages.token_gae` runs over the POLICY tokens only (observation and
-  template tokens add no discount step; DESIGN.md section 6) with discount
+  template tokens add no discount step; docs/rewards_and_credit.md) with discount
   `rl.discount` per POLICY token and lambda `rl.gae_lambda` (or `lambda_`;
   1.0 gives Monte-Carlo returns, used to train the value head as a PBRS
   potential). Values are the behaviour values V_old (`behaviour_forward`).
@@ -630,7 +630,7 @@ def prompt_embedding(graphdef: nnx.GraphDef, params,
 
 
 # ---------------------------------------------------------------------------
-# Per-turn step (process) rewards (`rl.step_reward`, papers.md claim 6).
+# Per-turn step (process) rewards (`rl.step_reward`; experiments/step_hacking).
 # ---------------------------------------------------------------------------
 
 
@@ -648,7 +648,7 @@ def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
   tool-call turns (fact 'tool_call_turn'); transformed by
   `rl.step_reward_transform` ('sum', 'clip', 'delta', 'min', 'gated') and
   scaled by `rl.step_reward_coef` (rewards.step_turn_rewards; Clipping /
-  Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA papers.md F0-34). The
+  Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA docs/papers.md F0-34). The
   gate of 'gated' reads `reward_b`, the episode's composed outcome reward.
   Added to the per-turn rewards of `rl.credit='per_turn'` before the
   reward-to-go (`token_advantages`).
@@ -830,7 +830,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
   Turn k's POLICY tokens get its shaping reward F_k = discount *
   Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * phi_bk1, Phi(terminal) = 0 for
   the endings `pbrs_terminated` names; Ng et al. 1999), i.e. the one-step TD
-  credit of TRACE (papers.md F1-9, inferred form). The learner adds the
+  credit of TRACE (docs/papers.md F1-9, inferred form). The learner adds the
   clipped surrogate of this signal to the loss as an auxiliary term, so the
   outcome advantages are unchanged.
 
@@ -851,7 +851,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
 
 def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
                         traj: types.Trajectory) -> dict[str, jax.Array]:
-  """Dark-room diagnostics of a batch (papers.md F1-42), float32 scalars.
+  """Dark-room diagnostics of a batch (docs/papers.md F1-42), float32 scalars.
 
   Args:
     prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
@@ -920,7 +920,7 @@ def _d_model(params) -> int:
 def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
   """[num_rows] bool: the last `num_free` rows of every contiguous group of
   `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
-  EAPO, papers.md F1-10, F1-57); None when num_free is 0."""
+  EAPO, docs/papers.md F1-10, F1-57); None when num_free is 0."""
   if num_free <= 0:
     return None
   return (jnp.arange(num_rows) % group_size) >= group_size - num_free
@@ -1058,7 +1058,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   num_free = rl_cfg.get("dual_path_tool_free", 0)
   train_free = rl_cfg.get("dual_path_train_tool_free", True)
   use_spa = uses_spa(rl_cfg)
-  # Next-observation prediction (papers.md F1-42): as a PBRS potential, as an
+  # Next-observation prediction (docs/papers.md F1-42): as a PBRS potential, as an
   # auxiliary CE (optionally on shuffled placebo labels), and/or logged.
   obs_potential = (potential == "obs_prediction"
                    and rl_cfg.get("pbrs_coef", 0.0) > 0)
@@ -1198,14 +1198,14 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       extras["spa"] = (feat, turn_mask,
                        traj.facts["correct"].astype(jnp.float32))
     if potential == "rm" and reward_model is not None:
-      phi_bk1 = traj.facts["rm_potential"]  # learned-RM potential (issue 7)
+      phi_bk1 = traj.facts["rm_potential"]  # learned-RM potential
     if obs_log:
       prob_bl, hit_bl = credit.observation_prediction_scores(
           graphdef, state.params, traj.tokens, temperature)
       info.update(obs_prediction_info(prob_bl, hit_bl, traj))
       if obs_potential:
         # Phi(s_k) = the sampling policy's mean probability of the
-        # observation tokens in s_k (papers.md F1-42 "dark room").
+        # observation tokens in s_k (docs/papers.md F1-42 "dark room").
         phi_bk1 = credit.observation_prediction_potential(
             prob_bl, traj.role, traj.turn, env.max_turns)
     if dense_aux and rl_cfg.pbrs_coef > 0:
@@ -1316,7 +1316,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     if "aux_advantage" in extras:
       batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
     if obs_coef > 0:
-      # Auxiliary next-observation CE on the TOOL tokens (papers.md F1-42);
+      # Auxiliary next-observation CE on the TOOL tokens (docs/papers.md F1-42);
       # the placebo permutes its labels across the batch.
       obs_mask = train_traj.role == types.TOOL
       batch["obs_mask"] = obs_mask
@@ -1444,7 +1444,7 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         metrics[name] = jnp.sum(facts[f"num_{name}"]).astype(jnp.float32)
     metrics["reward_nonfinite_inputs"] = jnp.sum(
         rewards.nonfinite_fact_counts(facts)).astype(jnp.float32)
-    # Episode length in turns and repeated calls (step-reward hacking, claim 6).
+    # Episode length in turns and repeated calls (step-reward hacking).
     metrics["turns"] = f32(traj.num_turns)
     if "num_redundant_calls" in facts:
       metrics["redundant_calls"] = f32(facts["num_redundant_calls"])

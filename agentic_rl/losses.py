@@ -405,7 +405,7 @@ def length_mask(length_b: jax.Array, num_positions: int,
 
   mask[b, t] = start_b[b] <= t < start_b[b] + length_b[b] (start defaults
   to 0). Masks never come from comparing token ids with a pad or eos id
-  (DESIGN.md section 3): with pad id == eos id, a response [7, 8, 2, 2, 2]
+  (docs/design.md): with pad id == eos id, a response [7, 8, 2, 2, 2]
   of real length 3 (its eos included) gets [1, 1, 1, 0, 0].
 
   Args:
@@ -702,7 +702,7 @@ def flowrl_loss(
 
   What is from where: the target distribution, the reverse-KL / trajectory-
   balance equivalence and the learned log Z_phi(x) are in the paper's
-  abstract and in papers.md (F0-119, section 2.2), which marks the squared
+  abstract and in our reading of it (docs/papers.md F0-119), which marks the squared
   form as inferred and names length normalisation and importance weighting
   as the full paper's additions. Their exact form here (1/|y| on both
   log-probs, w = detached clip(pi/pi_old, 1 - eps, 1 + eps), r_hat = group

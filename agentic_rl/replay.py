@@ -8,7 +8,7 @@ prompt determines the task.
 
 Two uses (agentic_rl/learner.py):
 
-* RAPO-style per-prompt replay (Fathom-DeepResearch; papers.md F0-43, arXiv
+* RAPO-style per-prompt replay (Fathom-DeepResearch; docs/papers.md F0-43, arXiv
   id not given there): a group of fresh episodes with no success whose task
   has a buffered success gets that episode in place of its last row; its
   advantage is then computed against the current group like any other row
@@ -174,7 +174,7 @@ def inject_into_failed_groups(
   row is replaced by the buffered episode (tokens, roles, behaviour log-probs,
   reward). Its advantage is then computed against the current group
   (SPEAR's recalibration, arXiv:2509.22601; the replacement rule is the
-  inferred RAPO per-prompt replay, papers.md F0-43).
+  inferred RAPO per-prompt replay, docs/papers.md F0-43).
 
   Args:
     buf: the buffer.
@@ -221,8 +221,8 @@ def sil_baselines(
   b_m = mean reward of the current batch's episodes of the same task, when
   the task is in the batch; otherwise the mean reward of the whole current
   batch. SPEAR (arXiv:2509.22601) recalibrates buffered advantages against
-  the current policy to account for drift (from the abstract). papers.md
-  (section 2.1, "Replay-based advantages") infers A = R_buf - mean of the
+  the current policy to account for drift (from the abstract). Our reading
+  of the abstract (docs/papers.md) infers A = R_buf - mean of the
   current group's R, which is the per-task rule here; the whole-batch
   fallback for tasks absent from the batch is our choice. Neither is taken
   from the paper's equations.

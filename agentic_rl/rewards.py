@@ -4,7 +4,7 @@ A component maps the trajectory's env facts and finish reasons to a [B] float32
 reward, `fn(traj, **params)`. Components are composed by a weighted sum, a
 product (all-or-nothing) or per-component group normalisation (GDPO); weights
 may follow a schedule over training steps, and the composed reward may be
-corrupted by label noise for robustness studies (DESIGN.md section 6). Each
+corrupted by label noise for robustness studies (docs/rewards_and_credit.md). Each
 component is also returned separately (unweighted) so it can be logged.
 
 Components (`REWARD_COMPONENTS`; keyword params and defaults in
@@ -201,7 +201,7 @@ def otc_tool_score(
   For n* > 0 the score rises from 0 at m = 0 to 1 at m = n* and falls towards
   0 as m -> inf; for n* = 0 it falls from 1 at m = 0 towards cos(pi/2) = 0.
 
-  form='inverse' (the catalogue's inferred stand-in, papers.md F0-3; inferred,
+  form='inverse' (the catalogue's inferred stand-in, docs/papers.md F0-3; inferred,
   not the paper's): f(m, n*) = 1 / (1 + alpha * |m - n*|).
 
   Args:
@@ -244,7 +244,7 @@ def otc_reward(
   """OTC-PO tool-integrated reward R_i = 1[correct_i] * f(m_i, n*_g).
 
   Wang et al., "Acting Less is Reasoning More! Teaching Model to Act
-  Efficiently" (OTC-PO), arXiv:2504.14870 (papers.md F0-3). m_i = the episode's
+  Efficiently" (OTC-PO), arXiv:2504.14870 (docs/papers.md F0-3). m_i = the episode's
   tool calls; n*_g = the fewest tool calls among the CORRECT episodes of the
   episode's group (the paper's OTC-GRPO estimate of the optimal call count).
   f is `otc_tool_score` (default the paper's sin/cos form; form='inverse' is
@@ -275,7 +275,7 @@ def otc_reward(
 def tool_cost_reward(traj: types.Trajectory, *, c: float = 0.1) -> jax.Array:
   """Per-call cost R_i = -c * m_i, m_i = facts['num_tool_calls'].
 
-  Router-R1 style cost reward (papers.md F0-70; format + outcome + cost). The
+  Router-R1 style cost reward (docs/papers.md F0-70; format + outcome + cost). The
   paper's exact cost model is not reproduced; this is a constant cost per call.
 
   Args:
@@ -293,7 +293,7 @@ def failed_call_penalty_reward(
 ) -> jax.Array:
   """Penalty only for failed calls: R_i = -c * e_i (e_i = num_tool_errors).
 
-  AutoTIR (papers.md F0-84): hybrid reward with a penalty for *incorrect* tool
+  AutoTIR (docs/papers.md F0-84): hybrid reward with a penalty for *incorrect* tool
   usage, not for tool use itself; successful calls cost nothing.
 
   Args:
@@ -319,7 +319,7 @@ def gated_relative_efficiency_reward(
   economical 0; incorrect episodes get 0 (the correctness gate), and a group
   whose correct episodes all use the same count gives 0 to all. Counts are
   integers, so the denominator max(., 1) only guards the all-equal case.
-  Combined with `correct` (weight 1) this is papers.md's inferred SlimSearcher
+  Combined with `correct` (weight 1) this is the inferred SlimSearcher
   form R = 1[correct] (1 + lam e_rel) (F1-27, "Adaptive Reward Gating"); the
   normalisation by the within-group range of correct episodes is our choice.
 
@@ -343,7 +343,7 @@ def gated_relative_efficiency_reward(
 def tool_bonus_reward(traj: types.Trajectory, *, b: float = 1.0) -> jax.Array:
   """Anti-collapse tool-use bonus R_i = b * 1[m_i > 0].
 
-  Counters "interaction collapse" (PyVision-RL, papers.md F1-0; SPEAR's
+  Counters "interaction collapse" (PyVision-RL, docs/papers.md F1-0; SPEAR's
   auxiliary tool-call reward, F0-5 = F1-1): an episode that calls a tool at
   least once gets b. Meant to be annealed: give it a decaying weight schedule
   in `make_reward_fn(..., schedules={'tool_bonus': {...}})` (inferred recipe).
@@ -395,7 +395,7 @@ def tool_necessity_stats(
   For the group g of each row: acc_t = accuracy of its tool-enabled episodes,
   acc_n = accuracy of its tool-free episodes (sampled with the tool-call
   token masked), necessity = acc_t - acc_n (AT-GRPO's Tool Benefit Score,
-  papers.md F0-76, inferred definition; AKBE's knowledge boundary, F1-10,
+  docs/papers.md F0-76, inferred definition; AKBE's knowledge boundary, F1-10,
   compares correctness across the two paths), n* = fewest tool calls among
   the correct tool-enabled episodes (0 if none).
 
@@ -450,10 +450,10 @@ def dual_path_efficiency_reward(
   `correct`).
 
   Sources and what is ours. From AKBE's abstract (Chen et al.,
-  arXiv:2605.26952; papers.md F1-10): dual-path (with-tool / no-tool)
+  arXiv:2605.26952; docs/papers.md F1-10): dual-path (with-tool / no-tool)
   rollouts; the knowledge boundary is whether a task needs tools and the
   minimum number of calls; trajectories are categorised by comparing
-  correctness across the paths. Inferred by papers.md (not from a paper):
+  correctness across the paths. Inferred from the abstract (not from a paper):
   the categories (i) solved without tools -> tools unnecessary, penalise
   calls; (ii) only solved with tools -> tools needed, favour the minimal-call
   correct episodes; (iii) neither -> no efficiency signal; EAPO (F1-57)
@@ -499,7 +499,7 @@ def rm_reward(
     temperature: float = 1.0,
     eta: float = 0.0,
 ) -> jax.Array:
-  """A frozen learned reward model's episode score s, bounded (issue 7).
+  """A frozen learned reward model's episode score s, bounded.
 
   s = facts['rm_score'], the RM's episode logit written by the learner when
   `rl.reward_model_dir` is set (reward_models.trajectory_rm_outputs: the ORM
@@ -567,7 +567,7 @@ def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
   """Clipping refinement r'_k = min(r_k - eta, 0) (inferred form).
 
   "Clipping" of Gao et al., "On Designing Effective RL Reward at Training Time
-  for LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred, recalled from
+  for LLM Reasoning" (docs/papers.md F0-36 = F1-6; formula inferred, recalled from
   the full paper): every step reward is <= 0, so repeating steps can never
   raise the return; the cumulative reward of any trajectory is bounded above
   by 0.
@@ -588,12 +588,12 @@ def delta_transform(r_k: jax.Array, mask_k: jax.Array,
   """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
 
   "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
-  LLM Reasoning" (papers.md F0-36 = F1-6; formula inferred). next(k) is the
+  LLM Reasoning" (docs/papers.md F0-36 = F1-6; formula inferred). next(k) is the
   next VALID turn after k (the next position for the usual prefix mask). The
   sum telescopes: sum_k r'_k = r_{first valid turn}, bounded whatever the
   number of turns; the reward-to-go from turn k is r_k. With
   keep_last=False the last valid turn gets 0 instead (the paper's figure and
-  papers.md section 2.4: sum_k r'_k = r_first - r_last; the reward-to-go from
+  our reading of it: sum_k r'_k = r_first - r_last; the reward-to-go from
   turn k is r_k - r_last).
 
   Args:
@@ -631,7 +631,7 @@ def min_form_values(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
   """PURE min-form credit V_k = min_{j >= k, j valid} r_j (inferred form).
 
   Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
-  Reward Model Needs for Reasoning" (PURE, papers.md F0-104; formula
+  Reward Model Needs for Reasoning" (PURE, docs/papers.md F0-104; formula
   inferred): the value of turn k is the minimum of the future process rewards
   instead of their (discounted) sum, which bounds the value range by the range
   of r and removes the incentive to add steps.
@@ -661,7 +661,7 @@ def saturating_transform(
   """Bounded, centred reward sigma((r - ref) / temperature) in (0, 1).
 
   PAR, "Preference As Reward" (Fu et al., "Reward Shaping to Mitigate Reward
-  Hacking in RLHF", papers.md F0-39; inferred form sigma(r - r_ref)): bounded,
+  Hacking in RLHF", docs/papers.md F0-39; inferred form sigma(r - r_ref)): bounded,
   grows fast near the reference then saturates, a function of the centred
   reward. temperature generalises the unit scale.
 
@@ -685,7 +685,7 @@ def gated_accumulation(
 ) -> jax.Array:
   """G-RA: R_b = o_b + 1[o_b >= tau] * sum_k m_bk r_bk (inferred form).
 
-  Gated Reward Accumulation (papers.md F0-34 = F1-13; form inferred from
+  Gated Reward Accumulation (docs/papers.md F0-34 = F1-13; form inferred from
   "accumulates immediate rewards only when high-level rewards meet a
   predefined threshold"): step rewards count only for episodes whose outcome
   reward reaches the threshold, so they cannot be hacked at the expense of the
@@ -721,7 +721,7 @@ def gated_accumulation(
 # `rl.step_reward`: where the per-turn step score p_k in [0, 1] comes from.
 # 'valid_call': p_k = 1 for a well-formed tool call that returned a value (env
 # fact 'valid_call_turn' [K]), 0 for any other call; repeats are paid again,
-# so the score is hackable by design (papers.md section 3, claim 6).
+# so the score is hackable by design (experiments/step_hacking).
 STEP_REWARDS = ("none", "valid_call")
 # `rl.step_reward_transform`: how the scored steps enter the per-turn rewards.
 STEP_REWARD_TRANSFORMS = ("sum", "clip", "delta", "delta_drop", "min", "gated")
@@ -733,7 +733,7 @@ def min_form_turn_rewards(
   """Per-turn rewards whose undiscounted reward-to-go is PURE's min-form value.
 
   Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
-  Reward Model Needs for Reasoning" (PURE, arXiv:2504.15275; papers.md F0-104,
+  Reward Model Needs for Reasoning" (PURE, arXiv:2504.15275; docs/papers.md F0-104,
   form inferred there as V(s_t) = min_{k >= t} r_k). Here
   V_k = min_{j >= k, j scored} p_j over the scored turns at or after turn k,
   and V_k = 0 when no scored turn follows (e.g. the final answer turn); the
@@ -792,12 +792,12 @@ def step_turn_rewards(
   | gated     | c p_k 1[outcome_b >= gate_threshold]   | G-RA (F0-34)             |
 
   Clipping / Delta: Gao et al., "On Designing Effective RL Reward at Training
-  Time for LLM Reasoning", arXiv:2410.15115 (papers.md F0-36 = F1-6; both
-  forms inferred in papers.md, see `clip_transform`, `delta_transform`). The
+  Time for LLM Reasoning", arXiv:2410.15115 (docs/papers.md F0-36 = F1-6; both
+  forms inferred from the abstract, see `clip_transform`, `delta_transform`). The
   sum of step rewards of an episode is then <= 0 (clip) or c p_first (delta),
   whatever the number of steps; the reward-to-go from scored turn k is c p_k
   for delta. PURE: arXiv:2504.15275 (`min_form_turn_rewards`); the step part
-  of the return from turn k is c min_{j >= k} p_j. G-RA (papers.md F0-34 =
+  of the return from turn k is c min_{j >= k} p_j. G-RA (docs/papers.md F0-34 =
   F1-13, inferred): R = o + 1[o >= tau] sum_k c p_k, delivered per turn
   (`gated_accumulation` is its episode total). 'sum' and 'gated' are not
   bounded: every extra scored step with p > 0 adds c p.
@@ -922,13 +922,13 @@ def compose(
   - 'product': R = prod_{c: w_c != 0} r_c. Each factor must lie in [0, 1]
     (not checked: values are traced), so any failed factor zeros the reward;
     weights are otherwise ignored (0 drops a component; a traced 0 also
-    drops it). ToolRLA multiplicative decomposition (papers.md F1-7; inferred
+    drops it). ToolRLA multiplicative decomposition (docs/papers.md F1-7; inferred
     R = f s p c). Needs non-negative factors: `tool_cost` and
     `failed_call_penalty` do not qualify.
   - 'gdpo': R = sum_c w_c z_g(r_c), z_g(x)_i = (x_i - mean_g x) / (std_g x +
     eps), population std over the row's group; a component that is constant
     within a group contributes exactly 0 there. GDPO per-reward decoupled
-    normalisation as described by SMOPD (papers.md F1-62; inferred form).
+    normalisation as described by SMOPD (docs/papers.md F1-62; inferred form).
     Requires group_b. The result is already group-normalised; a GRPO
     estimator on top re-normalises it.
 
@@ -1119,7 +1119,7 @@ def _check_params(name: str, given: Mapping[str, Any]) -> None:
         f"rl.reward_params.rm: temperature must be > 0, got "
         f"{given['temperature']!r}"
     )
-  # ref_match (call_rewards.py, claim 7): `exact` switches fraction/exact match.
+  # ref_match (call_rewards.py): `exact` switches fraction/exact match.
   if name == "ref_match" and not isinstance(given.get("exact", False), bool):
     raise ValueError(
         f"rl.reward_params.ref_match: exact must be a bool, got "

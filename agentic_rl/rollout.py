@@ -1,4 +1,4 @@
-"""Multi-turn episode engine for JAX-native environments (DESIGN.md section 5).
+"""Multi-turn episode engine for JAX-native environments (docs/design.md).
 
 (`init_state`, `generate_turn` and `end_turn` are also the building blocks of the
 host driver, agentic_rl/host_rollout.py.)
@@ -174,7 +174,7 @@ def mask_logits(
   """Per-row logit mask: logits of `banned_tokens` set to BANNED_LOGIT where
   `banned_b` is True.
 
-  Used for dual-path groups (AKBE / EAPO, papers.md F1-10, F1-57): rows
+  Used for dual-path groups (AKBE / EAPO, docs/papers.md F1-10, F1-57): rows
   sampled with tool calls disabled ban the environment's tool-call opening
   token(s), so the sampled distribution is the policy renormalised over the
   remaining tokens (log-probs of the masked distribution: log p(v) -

@@ -1,5 +1,5 @@
 """Device mesh from config and partition rules for parameters, optimizer state,
-batches and KV caches (DESIGN.md section 8).
+batches and KV caches (docs/design.md).
 
 One `jax.sharding.Mesh` with axes ('data', 'fsdp', 'tensor'), built from the
 config's `mesh` block (configs/common.py). The axes have `AxisType.Auto`: arrays

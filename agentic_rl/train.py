@@ -274,7 +274,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   graphdef, state = init_state(config, model_cfg, mesh)
   reward_model = None
   if config.rl.get("reward_model_dir", ""):
-    # Frozen learned reward model (issue 7): carried in the state (and its
+    # Frozen learned reward model: carried in the state (and its
     # checkpoints) from step 0, scored inside the jitted RL step.
     reward_model, rm_params = rm_train.load_rl_reward_model(config)
     state = state.replace(reward_model=jax.device_put(

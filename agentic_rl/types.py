@@ -1,4 +1,4 @@
-"""Pytrees that cross module boundaries (DESIGN.md section 3)."""
+"""Pytrees that cross module boundaries (docs/design.md)."""
 
 from __future__ import annotations
 

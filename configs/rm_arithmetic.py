@@ -1,4 +1,4 @@
-"""Outcome vs process reward models for the calculator task (issue 7).
+"""Outcome vs process reward models for the calculator task.
 
 Trains the policy by SFT (the policy whose samples the reward models rank, and the
 initialisation of both reward-model trunks), builds preference pairs from the

@@ -1,4 +1,4 @@
-"""GRPO on the calculator task with a learned reward model (issue 7).
+"""GRPO on the calculator task with a learned reward model.
 
 The main experiment (configs/default.py) with a frozen reward model trained by
 the rm mode (configs/rm_arithmetic.py) inside RL: as the reward (its bounded

@@ -1,4 +1,4 @@
-"""Outcome vs process reward models on key-value chains (issue 7).
+"""Outcome vs process reward models on key-value chains.
 
 Same pipeline as configs/rm_arithmetic.py on environments/kv_chain.py: gold
 episodes from the perfect expert, negatives from the imperfect expert (a

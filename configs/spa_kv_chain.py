@@ -5,9 +5,9 @@ per-turn contributions are trained to sum to the outcome. Here a linear head on
 the policy's stop-gradient hidden state at the end of each turn (TrainState.spa,
 trained in every RL step) gives the contributions c_k; their running sum is the
 PBRS potential Phi(s_k) (rl.pbrs_potential='spa'), delivered through per-turn
-returns, where it acts as a state baseline (DESIGN.md section 6). Compare with
+returns, where it acts as a state baseline (docs/rewards_and_credit.md). Compare with
 configs/kv_chain.py (outcome only) and with rl.pbrs_potential='progress' (the
-oracle hops-resolved potential) as the claim-8 arms of papers.md.
+oracle hops-resolved potential) as in experiments/pica_model_size.
 
 Launch:   python main.py --config=configs/spa_kv_chain.py --workdir=runs/spa_kv
           python main.py --config=configs/spa_kv_chain.py:smoke --workdir=/tmp/spa_smoke

@@ -1,4 +1,4 @@
-"""The environment protocol (DESIGN.md section 4).
+"""The environment protocol (docs/design.md).
 
 An environment is a frozen dataclass with pure, *unbatched* methods over token arrays;
 the rollout engine vmaps them over the batch. All shapes are static:

@@ -1,4 +1,4 @@
-"""How much a vmapped S-seed sweep saves over S separate runs (issue 8).
+"""How much a vmapped S-seed sweep saves over S separate runs.
 
     python -m experiments.bench_seeds [--config=default] [--seeds=5] [--sft_steps=60]
         [--rl_steps=20] [--out=experiments/bench_seeds.md]

@@ -53,7 +53,7 @@ def test_overlong_modes_and_truncated_never_get_the_correct_reward():
 
 def test_refill_round_keeps_issue_table_groups_intact():
   """Round 0 had no usable group (N = 3 slots of constant fillers); the refill
-  round holds the issue's table: exactly its first three groups fill the slots,
+  round holds the hand-made table: exactly its first three groups fill the slots,
   whole and in order."""
   filler = jnp.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]], jnp.float32)
   table = jnp.array([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1],

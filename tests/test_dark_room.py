@@ -1,4 +1,4 @@
-"""Next-observation prediction as reward or auxiliary loss (papers.md F1-42).
+"""Next-observation prediction as reward or auxiliary loss (docs/papers.md F1-42).
 
 Hand-computed values for the prediction potential, the dark-room proposition
 (z-scored advantages of an all-fail group do not depend on the shaping

@@ -342,7 +342,7 @@ def _run_smoke(module, ckpt, workdir):
 @pytest.mark.slow
 def test_bfcl_grpo_smoke_from_the_tiny_chat_checkpoint(ckpt, tmp_path):
   """configs/bfcl_grpo.py:smoke --config.model.hf_path=DIR --config.tokenizer=hf:
-  SFT on the chat-format expert, 2 RL steps, evaluation (issue 4)."""
+  SFT on the chat-format expert, 2 RL steps, evaluation."""
   pytest.importorskip("bfcl_eval")
   from configs import bfcl_grpo
   reports, rows = _run_smoke(bfcl_grpo, ckpt, tmp_path)

@@ -1,4 +1,4 @@
-"""Claim 7 (experiments/tool_composition): ToolRLA factors under multiplicative vs
+"""experiments/tool_composition: ToolRLA factors under multiplicative vs
 additive composition, reference-trajectory matching vs TIER execution reward.
 
 Every expected value is computed by hand from real schema_calls episodes (the

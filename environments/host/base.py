@@ -1,4 +1,4 @@
-"""The host-environment protocol (DESIGN.md sections 4-5, host half).
+"""The host-environment protocol (docs/design.md, host half).
 
 A host environment runs its tools in Python, so its `step` works on decoded text and
 the rollout is driven turn by turn from the host (agentic_rl/host_rollout.py), which

@@ -1,6 +1,6 @@
-"""Shaping gain vs model size (claim 8, PiCA).
+"""Shaping gain vs model size (PiCA).
 
-Claim (PiCA, papers.md F1-32; Planner-R1, F0-103): dense, potential-based shaping
+Claim (PiCA, docs/papers.md F1-32; Planner-R1, F0-103): dense, potential-based shaping
 helps smaller models more than larger ones (PiCA: +15.2% at 3B vs +2.2% at 7B).
 
 Setup: key-value chains with d = 3..5 hops (experiments/kv_deep.py), per-turn
@@ -10,8 +10,8 @@ returns. Three model sizes (parameters counted by the runner):
 and two arms per size: `outcome` (correctness only, per-turn returns) and
 `pbrs` (the same + PBRS F_k = Phi(s_{k+1}) - Phi(s_k) on the env's oracle hop
 progress, `rl.pbrs_coef = 1`, `rl.pbrs_cutoff = 'zero'`). The paper's Phi is a
-learned success probability; the oracle potential is the control of papers.md's
-PBRS row and isolates the size effect from the quality of a learned Phi. Arms are named `<size>_<arm>`.
+learned success probability; the oracle potential is the control arm and
+isolates the size effect from the quality of a learned Phi. Arms are named `<size>_<arm>`.
 Append ',smoke' for the CI size.
 
   python -m experiments.pica_model_size              # 3 seeds x 6 arms
