@@ -139,6 +139,24 @@ def test_env_step_batch_that_raises_is_retried_row_by_row():
   assert BYTES.decode(results[1][1]).startswith("<obs>Error")
 
 
+def test_env_step_batch_past_its_deadline_fails_every_row():
+  @dataclasses.dataclass(frozen=True, eq=False)
+  class SlowBatchEnv(FlakyEnv):
+    def step_batch_timeout_s(self, n):
+      return 0.1 * n
+
+    def step_batch(self, states, texts):
+      time.sleep(5.0)
+
+  t0 = time.perf_counter()
+  results, exc, tmo = base.guarded_step_batch(SlowBatchEnv(), [{}, {}], ["a", "b"])
+  assert time.perf_counter() - t0 < 2.0
+  np.testing.assert_array_equal(tmo, [1, 1])
+  np.testing.assert_array_equal(exc, [0, 0])
+  assert all(r[2] for r in results)
+  assert BYTES.decode(results[0][1]) == "<obs>Error: the</obs>"
+
+
 def test_host_rollout_survives_raising_and_hanging_steps():
   env = FlakyEnv()
   traj = host_rollout.rollout(env, ["ok", "boom", "slow"], jax.random.PRNGKey(0),
