@@ -106,6 +106,20 @@ def test_guarded_step_batch_turns_failures_into_counted_error_observations():
   assert len(results[2][1]) == env.max_obs_len
 
 
+def test_unprintable_exception_still_gives_an_observation():
+  @dataclasses.dataclass(frozen=True, eq=False)
+  class BadEnv(FlakyEnv):
+    max_obs_len: int = 64
+
+    def step(self, state, text):
+      raise ValueError(10 ** 5000)  # str() of it raises (int digit limit)
+
+  results, exc, _ = base.guarded_step_batch(BadEnv(), [{}], ["x"])
+  assert exc.tolist() == [1]
+  assert BYTES.decode(results[0][1]) == (
+      "<obs>Error: the tool call failed (ValueError: (unprintable))</obs>")
+
+
 def test_step_workers_run_rows_concurrently_in_order():
   @dataclasses.dataclass(frozen=True, eq=False)
   class SleepEnv(FlakyEnv):

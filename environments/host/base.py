@@ -62,6 +62,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Protocol, Sequence
 
+from absl import logging
 import numpy as np
 
 from agentic_rl import tokenizers as tok
@@ -190,7 +191,16 @@ def _describe(outcome: Outcome, timeout_s: float) -> str:
   if outcome.status == "timeout":
     return f"Error: the tool call did not finish within {timeout_s:g} s"
   e = outcome.error
-  return f"Error: the tool call failed ({type(e).__name__}: {str(e)[:200]})"
+  try:
+    detail = str(e)[:200]
+  except Exception:  # noqa: BLE001 -- e.g. an int argument over the digit limit
+    detail = "(unprintable)"
+  return f"Error: the tool call failed ({type(e).__name__}: {detail})"
+
+
+def _warn_timeouts(count: int, timeout_s: float) -> None:
+  logging.warning("host environment: %d step(s) abandoned after %g s; %d abandoned "
+                  "call(s) still running", count, timeout_s, abandoned_threads())
 
 
 def _failure(env: Any, state: Any, message: str, timed_out: bool):
@@ -249,6 +259,7 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
     if out.status == "timeout":
       message = _describe(out, batch_timeout_s)
       timeouts[:] = 1
+      _warn_timeouts(n, batch_timeout_s)
       return [_failure(env, s, message, True) for s in states], exceptions, timeouts
 
   def one(i: int):
@@ -272,4 +283,6 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
     timeouts[i] = out.status == "timeout"
     results.append(_failure(env, states[i], _describe(out, timeout_s),
                             out.status == "timeout"))
+  if timeouts.any():
+    _warn_timeouts(int(timeouts.sum()), timeout_s)
   return results, exceptions, timeouts
