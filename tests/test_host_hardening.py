@@ -233,7 +233,19 @@ def test_power_over_the_digit_limit_is_a_tool_error(math_task):
                     parsers.ParseError)  # not a literal: never executed
   s, obs, _, secs = _step(env, math_task,
                           "<call>power(base=2, exponent=1000000000)</call>")
-  assert "more than 65536 bits" in obs and secs < 2.0
+  assert "is above 2**65536" in obs and secs < 2.0
+  big = "9" * 4000  # an exponent too large for a float
+  call = parsers.ToolCall("power", {"base": 3, "exponent": int(big)})
+  assert "is above 2**65536" in bfcl.check_call_arguments(call)
+  # The bound is |result| <= 2**65536: 2**65537 and 3**41349 (log2 = 41349 *
+  # 1.58496 = 65536.6) are refused; 2**65536, (-2)**65536 and 3**41348
+  # (log2 = 65535.03) are computed.
+  check = bfcl.check_call_arguments
+  assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65537}))
+  assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65536})) is None
+  assert check(parsers.ToolCall("power", {"base": -2, "exponent": 65536})) is None
+  assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41349}))
+  assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41348})) is None
 
 
 def test_huge_precision_is_refused_within_seconds(math_task):
