@@ -748,7 +748,7 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
     elif phi_bk1 is not None:
       phi = pbrs_coef * phi_bk1
     else:
-      phi = pbrs_coef * traj.facts["progress"]
+      phi = pbrs_coef * rewards.finite_or_zero(traj.facts["progress"])
   tree_branching = tuple(rl_cfg.get("tree_branching", ()))
   if tree_branching:
     # PORTool: fork-relative advantages blended with the trajectory advantage,
@@ -1198,7 +1198,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       extras["spa"] = (feat, turn_mask,
                        traj.facts["correct"].astype(jnp.float32))
     if potential == "rm" and reward_model is not None:
-      phi_bk1 = traj.facts["rm_potential"]  # learned-RM potential
+      # learned-RM potential; a non-finite entry reads as 0
+      phi_bk1 = rewards.finite_or_zero(traj.facts["rm_potential"])
     if obs_log:
       prob_bl, hit_bl = credit.observation_prediction_scores(
           graphdef, state.params, traj.tokens, temperature)
@@ -1210,7 +1211,9 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
             prob_bl, traj.role, traj.turn, env.max_turns)
     if dense_aux and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
-          rl_cfg, traj, traj.facts["progress"] if phi_bk1 is None else phi_bk1,
+          rl_cfg, traj,
+          (rewards.finite_or_zero(traj.facts["progress"]) if phi_bk1 is None
+           else phi_bk1),
           env.max_turns)
     if dual_fact:
       # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g

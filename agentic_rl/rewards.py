@@ -33,7 +33,8 @@ facts: no credit, their minimum; for 'rm_score': the RM's neutral logit 0),
 and `compose` treats a non-finite component value as 0 ('sum', 'product') or
 leaves it out of its group's statistics with z = 0 ('gdpo'). The learner logs
 how many fact entries were replaced (`nonfinite_fact_counts`, summed over the
-batch: metric 'reward_nonfinite_inputs').
+batch: metric 'reward_nonfinite_inputs') and reads the PBRS potentials
+('progress', 'rm_potential') through `finite_or_zero` too.
 
 m_i = facts['num_tool_calls'], e_i = facts['num_tool_errors']. Group
 statistics use segment ops on the int32 `traj.group` ids (never row order), so
@@ -104,9 +105,13 @@ def _correct_group_min_max(
   )
 
 
-def _finite_or_zero(x: jax.Array) -> jax.Array:
+def finite_or_zero(x: jax.Array) -> jax.Array:
+  """`x` with its NaN / +-inf entries replaced by 0 (same shape and dtype)."""
   x = jnp.asarray(x)
   return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
+_finite_or_zero = finite_or_zero
 
 
 def nonfinite_fact_counts(facts: Mapping[str, Any]) -> jax.Array:

@@ -106,6 +106,20 @@ def test_guarded_step_batch_turns_failures_into_counted_error_observations():
   assert len(results[2][1]) == env.max_obs_len
 
 
+def test_unprintable_exception_still_gives_an_observation():
+  @dataclasses.dataclass(frozen=True, eq=False)
+  class BadEnv(FlakyEnv):
+    max_obs_len: int = 64
+
+    def step(self, state, text):
+      raise ValueError(10 ** 5000)  # str() of it raises (int digit limit)
+
+  results, exc, _ = base.guarded_step_batch(BadEnv(), [{}], ["x"])
+  assert exc.tolist() == [1]
+  assert BYTES.decode(results[0][1]) == (
+      "<obs>Error: the tool call failed (ValueError: (unprintable))</obs>")
+
+
 def test_step_workers_run_rows_concurrently_in_order():
   @dataclasses.dataclass(frozen=True, eq=False)
   class SleepEnv(FlakyEnv):
@@ -137,6 +151,24 @@ def test_env_step_batch_that_raises_is_retried_row_by_row():
   np.testing.assert_array_equal(exc, [0, 1])
   assert results[0][0]["turns"] == 1 and not results[1][2]
   assert BYTES.decode(results[1][1]).startswith("<obs>Error")
+
+
+def test_env_step_batch_past_its_deadline_fails_every_row():
+  @dataclasses.dataclass(frozen=True, eq=False)
+  class SlowBatchEnv(FlakyEnv):
+    def step_batch_timeout_s(self, n):
+      return 0.1 * n
+
+    def step_batch(self, states, texts):
+      time.sleep(5.0)
+
+  t0 = time.perf_counter()
+  results, exc, tmo = base.guarded_step_batch(SlowBatchEnv(), [{}, {}], ["a", "b"])
+  assert time.perf_counter() - t0 < 2.0
+  np.testing.assert_array_equal(tmo, [1, 1])
+  np.testing.assert_array_equal(exc, [0, 0])
+  assert all(r[2] for r in results)
+  assert BYTES.decode(results[0][1]) == "<obs>Error: the</obs>"
 
 
 def test_host_rollout_survives_raising_and_hanging_steps():
@@ -201,7 +233,19 @@ def test_power_over_the_digit_limit_is_a_tool_error(math_task):
                     parsers.ParseError)  # not a literal: never executed
   s, obs, _, secs = _step(env, math_task,
                           "<call>power(base=2, exponent=1000000000)</call>")
-  assert "more than 65536 bits" in obs and secs < 2.0
+  assert "is above 2**65536" in obs and secs < 2.0
+  big = "9" * 4000  # an exponent too large for a float
+  call = parsers.ToolCall("power", {"base": 3, "exponent": int(big)})
+  assert "is above 2**65536" in bfcl.check_call_arguments(call)
+  # The bound is |result| <= 2**65536: 2**65537 and 3**41349 (log2 = 41349 *
+  # 1.58496 = 65536.6) are refused; 2**65536, (-2)**65536 and 3**41348
+  # (log2 = 65535.03) are computed.
+  check = bfcl.check_call_arguments
+  assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65537}))
+  assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65536})) is None
+  assert check(parsers.ToolCall("power", {"base": -2, "exponent": 65536})) is None
+  assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41349}))
+  assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41348})) is None
 
 
 def test_huge_precision_is_refused_within_seconds(math_task):

@@ -6,13 +6,15 @@ than RATIO = 1000 times as long as parsing 1,000 characters, and under
 ABS_SECONDS. For a 100x longer input a linear parser gives about 100 (measured
 up to ~400 on a loaded machine: the 100 KB string no longer fits the CPU's
 fast caches), a quadratic one about 10,000 and the regexes these scanners
-replaced far more. Times are the minimum of 3 runs (time.perf_counter).
+replaced far more. Times are the minimum of 3 runs (time.perf_counter,
+garbage collection off while timing).
 
 The str.find-based block scanners replace backtracking regexes; they are also
 checked against those regexes (the reference, fast on short text) on random
 short strings built from the delimiters, so behaviour on normal text is unchanged.
 """
 
+import gc
 import random
 import re
 import time
@@ -55,12 +57,21 @@ def _make(unit: str, n: int) -> str:
 
 
 def _time(fn, text: str, reps: int) -> float:
+  """Min over 3 runs of the mean time of `reps` calls, garbage collection off
+  while timing (as `timeit` does: a collection's cost depends on the whole
+  heap, not on the input)."""
   best = float("inf")
-  for _ in range(3):
-    t0 = time.perf_counter()
-    for _ in range(reps):
-      fn(text)
-    best = min(best, (time.perf_counter() - t0) / reps)
+  was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    for _ in range(3):
+      t0 = time.perf_counter()
+      for _ in range(reps):
+        fn(text)
+      best = min(best, (time.perf_counter() - t0) / reps)
+  finally:
+    if was_enabled:
+      gc.enable()
   return best
 
 

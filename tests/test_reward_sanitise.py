@@ -93,3 +93,28 @@ def test_nonfinite_fact_counts_and_sanitize_facts():
   assert clean["progress"].dtype == jnp.float32
   np.testing.assert_array_equal(
       np.asarray(rewards.nonfinite_fact_counts({"correct": facts["correct"]})), [0, 0, 0])
+
+
+def test_pbrs_potential_with_a_nan_reads_as_zero():
+  """tests/test_learner.py's per-turn PBRS hand case (group of 2, K = 2,
+  pbrs_coef 0.5), with ep 1's Phi(s_0) = 0 written as NaN: it reads as 0, so
+  the advantages are the hand values [1, 1] / [-1, -1] on turn 0's tokens."""
+  from agentic_rl import learner
+  from configs import default
+  P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
+  traj = types.Trajectory(
+      tokens=jnp.zeros((2, 7), jnp.int32),
+      role=jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8),
+      logprob=jnp.zeros((2, 7)),
+      turn=jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]]),
+      length=jnp.array([7, 4]), num_turns=jnp.array([2, 1]),
+      finish=jnp.array([types.ANSWERED, types.ANSWERED]), group=jnp.array([0, 0]),
+      facts={"progress": jnp.array([[0.0, 1.0, 1.0], [NAN, 0.0, 0.0]]),
+             "correct": jnp.array([True, False]), "num_tool_calls": jnp.array([1, 0])})
+  rl = default.get_config().rl
+  rl.credit = "per_turn"
+  rl.pbrs_coef = 0.5
+  rl.adv_eps = 0.0
+  _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]), traj, 2)
+  np.testing.assert_allclose(adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]],
+                             atol=1e-6)

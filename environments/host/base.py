@@ -29,9 +29,10 @@ Methods (plain Python/numpy; none may raise on malformed model output):
 
 Optional attributes read by the host rollout driver:
 
-  step_timeout_s: float, the time limit of one `step` (of the whole
-      `step_batch` call when the environment has one); default
+  step_timeout_s: float, the time limit of one `step`; default
       DEFAULT_STEP_TIMEOUT_S.
+  step_batch_timeout_s(n) -> float: the time limit of one `step_batch` call
+      over n rows; default n * step_timeout_s.
   step_workers: int, how many rows' `step` calls may run at once in threads
       (default 1: one after the other). Only for environments whose `step` is
       safe to run concurrently for different states (an HF tokenizer's encode
@@ -48,7 +49,10 @@ thread cannot be killed: a step past its deadline is abandoned in its daemon
 thread and keeps running (and holding the GIL for long C-level operations, such
 as arithmetic on huge integers) until it returns on its own. The time limit
 stops the rollout from waiting; only bounds on the tools' arguments (e.g. BFCL's
-`bfcl.check_call_arguments`) stop the work itself.
+`bfcl.check_call_arguments`) stop the work itself. An abandoned step may also
+still touch objects shared with later steps (its state, the tokenizer), which
+is why its episode ends; environments bound their own tools' time more tightly
+than the driver's step limit, so the driver's limit is a last resort.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Protocol, Sequence
 
+from absl import logging
 import numpy as np
 
 from agentic_rl import tokenizers as tok
@@ -186,7 +191,16 @@ def _describe(outcome: Outcome, timeout_s: float) -> str:
   if outcome.status == "timeout":
     return f"Error: the tool call did not finish within {timeout_s:g} s"
   e = outcome.error
-  return f"Error: the tool call failed ({type(e).__name__}: {str(e)[:200]})"
+  try:
+    detail = str(e)[:200]
+  except Exception:  # noqa: BLE001 -- e.g. an int argument over the digit limit
+    detail = "(unprintable)"
+  return f"Error: the tool call failed ({type(e).__name__}: {detail})"
+
+
+def _warn_timeouts(count: int, timeout_s: float) -> None:
+  logging.warning("host environment: %d step(s) abandoned after %g s; %d abandoned "
+                  "call(s) still running", count, timeout_s, abandoned_threads())
 
 
 def _failure(env: Any, state: Any, message: str, timed_out: bool):
@@ -210,8 +224,8 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
   Each row's `env.step` runs under `call_with_deadline` (up to
   `env.step_workers` rows at once, results in row order whatever the finish
   order); an environment with its own `step_batch` gets one call with the
-  deadline for the whole batch, and if that raises, each row is retried with
-  `env.step`. A row whose step raised or timed out gets `_failure`'s result
+  deadline `env.step_batch_timeout_s(n)` for the whole batch (a timeout fails
+  every row), and if that raises, each row is retried with `env.step`. A row whose step raised or timed out gets `_failure`'s result
   (the environment's `tool_failure`; else the state from before the step,
   the error message as the observation, and done only after a timeout).
 
@@ -232,8 +246,10 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
   if n == 0:
     return [], exceptions, timeouts
   if hasattr(env, "step_batch"):
+    batch_timeout_s = (float(env.step_batch_timeout_s(n))
+                       if hasattr(env, "step_batch_timeout_s") else timeout_s * n)
     out = call_with_deadline(env.step_batch, list(states), list(texts),
-                             timeout_s=timeout_s)
+                             timeout_s=batch_timeout_s)
     if out.status == "ok":
       results = list(out.value)
       if len(results) == n:
@@ -241,8 +257,9 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
       out = Outcome("exception", error=ValueError(
           f"step_batch returned {len(results)} results for {n} rows"))
     if out.status == "timeout":
-      message = _describe(out, timeout_s)
+      message = _describe(out, batch_timeout_s)
       timeouts[:] = 1
+      _warn_timeouts(n, batch_timeout_s)
       return [_failure(env, s, message, True) for s in states], exceptions, timeouts
 
   def one(i: int):
@@ -266,4 +283,6 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
     timeouts[i] = out.status == "timeout"
     results.append(_failure(env, states[i], _describe(out, timeout_s),
                             out.status == "timeout"))
+  if timeouts.any():
+    _warn_timeouts(int(timeouts.sum()), timeout_s)
   return results, exceptions, timeouts

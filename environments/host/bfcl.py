@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import decimal
 import functools
 import importlib
-import decimal
 import inspect
 import json
 import math
@@ -642,7 +642,7 @@ def make_instances(task: BFCLTask) -> dict[str, Any]:
 # value (the tools are BFCL's Python code, run in this process: a thread past
 # its time limit cannot be stopped, so the work itself must stay small).
 MAX_PRECISION = 1000        # MathAPI.square_root / logarithm: digits
-MAX_POWER_BITS = 1 << 16    # MathAPI.power, integer base and exponent: result bits
+MAX_POWER_BITS = 1 << 16    # MathAPI.power, integer arguments: |result| <= 2**this
 MAX_ROUND_DIGITS = 1000     # MathAPI.round_number: |decimal_places|
 TOOL_TIMEOUT_S = 5.0        # default time limit of one call
 MAX_RESULT_CHARS = 4096     # default cap on one call's result text
@@ -660,7 +660,7 @@ def check_call_arguments(call: parsers.ToolCall) -> str | None:
   """An error text if a call's arguments exceed the bounds above, else None.
 
   Checked: precision > MAX_PRECISION (square_root, logarithm), an integer
-  power whose result would have more than MAX_POWER_BITS bits, and
+  power whose result would exceed 2**MAX_POWER_BITS in size, and
   |decimal_places| > MAX_ROUND_DIGITS (round_number), keyword or positional.
   """
   name = call.name.rsplit(".", 1)[-1]
@@ -678,9 +678,11 @@ def check_call_arguments(call: parsers.ToolCall) -> str | None:
     base, exp = arg(0, "base"), arg(1, "exponent")
     if (all(isinstance(x, int) and not isinstance(x, bool) for x in (base, exp))
         and abs(base) > 1 and exp > 0
-        and exp * math.log2(abs(base)) > MAX_POWER_BITS):
-      return (f"Error: power(base={base}, exponent={exp}) has more than "
-              f"{MAX_POWER_BITS} bits")
+        # |base| >= 2, so the result is >= 2**exp (tested first: exp may be
+        # too large for a float).
+        and (exp > MAX_POWER_BITS or exp * math.log2(abs(base)) > MAX_POWER_BITS)):
+      return (f"Error: power(base={base}, exponent={exp}) is above "
+              f"2**{MAX_POWER_BITS}")
   if name == "round_number":
     places = arg(1, "decimal_places")
     if _number(places) and abs(places) > MAX_ROUND_DIGITS:

@@ -16,7 +16,9 @@ Accepted formats (tried in this order; the first that yields calls wins):
      dicts and unary minus on constants). Nothing is ever evaluated or executed.
 
 `parse_tool_calls(text)` never raises on any input string: a text with no parseable
-call returns a `ParseError` value that says why.
+call returns a `ParseError` value that says why. Tags and fences are found by
+left-to-right `str.find` scans (`tag_blocks`, `fence_blocks`), linear in the
+text; texts over MAX_TEXT_CHARS are refused before parsing.
 """
 
 from __future__ import annotations

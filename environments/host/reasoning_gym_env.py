@@ -336,6 +336,16 @@ class ReasoningGymEnv:
                        suffix=(tok.OBS_END,))
     return state, obs, done
 
+  def step_batch_timeout_s(self, n: int) -> float:
+    """The host driver's limit on one `step_batch` over n rows: n sandbox
+    runs of up to wall_seconds, max_workers at a time, plus 30 s for scoring."""
+    return self.wall_seconds * -(-n // max(self.max_workers, 1)) + 30.0
+
+  @property
+  def step_timeout_s(self) -> float:
+    """The host driver's limit on one `step` (one sandbox run)."""
+    return self.step_batch_timeout_s(1)
+
   def step(self, state: _State, action_text: str):
     return self.step_batch([state], [action_text])[0]
 
