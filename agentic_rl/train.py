@@ -252,13 +252,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     early by `config.halt_after_step` (used by the resume test).
 
   Raises:
-    ValueError: invalid config (names the field and value).
+    ValueError: invalid config (names the field and value); a workdir that
+      is not writable or is locked by another run (validation.ConfigError).
+    checkpoint.CheckpointError: a checkpoint save failed (e.g. a full disk),
+      or checkpoints exist but none passes its checksums.
     FloatingPointError: a non-finite loss (names the step and metric).
   """
   sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.get("mesh"))
-  with jax.set_mesh(mesh):
+  # One run per workdir at a time (WORKDIR/.lock, held until this returns).
+  with validation.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)
 
 
@@ -291,7 +295,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       max_to_keep=config.checkpoint.max_to_keep,
       save_interval_steps=config.checkpoint.every_steps,
   )
-  start = ckpt.latest_step()
+  start = ckpt.latest_intact_step()  # damaged newer ones: one warning, set aside
   if start is not None:
     if start >= sft_steps:
       state = start_rl(config, state)  # restore into the RL optimizer's structure

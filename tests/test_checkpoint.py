@@ -350,6 +350,8 @@ def test_full_disk_while_writing_manifest_leaves_nothing_partial(tmp_path,
   msg = str(info.value)
   assert "\n" not in msg
   assert f"no space left on device in {d} (" in msg and " free of " in msg
+  # Array bytes of _big_state(2): 48 + 16 + 40 + 8 + 12 + 64*64*4 = 16508.
+  assert "the checkpoint needs about 16.1 KiB" in msg
   assert sorted(os.listdir(d)) == ["1"] and not _partial_dirs(d)
   ck.close()  # no second error from the abandoned save
   with Checkpointer(d) as ck:
@@ -403,7 +405,8 @@ def test_real_full_disk_one_error_no_partial_dirs(tmp_path, caplog):
       ck.save(2, big)
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("checkpoint step 2: no space left")
-    assert d in msg and "free of 1.0 MiB" in msg
+    assert d in msg and "free of 1.0 MiB when the write failed" in msg
+    assert "needs about 4.0 MiB" in msg  # 2**20 float32
     assert sorted(os.listdir(d)) == ["1"]  # no partial directory
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     ck.close()
