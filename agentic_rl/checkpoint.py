@@ -225,6 +225,12 @@ def disk_space(path: str) -> str:
   return f"{_human(usage.free)} free of {_human(usage.total)}"
 
 
+def _is_primary() -> bool:
+  """Process 0 of a multi-process run (or the only process) writes manifests,
+  removes partial saves and moves damaged checkpoints."""
+  return jax.process_index() == 0
+
+
 class _DropOrbaxErrors(py_logging.Filter):
   """Drops Orbax's error records (tracebacks of a failed save, which
   `CheckpointError` reports in one line) and its warnings about a step's
@@ -280,7 +286,7 @@ class Checkpointer:
     self._status: dict[int, tuple[str, str]] = {}  # verify_step_dir, cached
     self._broken = False  # a save failed: pending Orbax work is abandoned
     self._warned: set[int] = set()  # unverified steps already warned about
-    removed = self.remove_partial()
+    removed = self.remove_partial() if _is_primary() else []
     if removed:
       logging.info("removed %d partial checkpoint(s) of an interrupted save: %s",
                    len(removed), ", ".join(removed))
@@ -390,7 +396,8 @@ class Checkpointer:
     if not started:
       return False
     try:
-      write_manifest(self._step_dir(step))
+      if _is_primary():  # one writer; Orbax's wait is a barrier across processes
+        write_manifest(self._step_dir(step))
     except OSError as e:
       self._broken = True
       error = self._save_error(step, e, state)
@@ -446,7 +453,8 @@ class Checkpointer:
         damaged.append((step, why))
         continue
       if damaged:
-        moved = [self._quarantine(s) for s, _ in damaged]
+        moved = ([self._quarantine(s) for s, _ in damaged] if _is_primary()
+                 else ["(by process 0)"])
         logging.warning(
             "damaged checkpoint%s in %s: %s; resuming from step %d (moved to %s)",
             "s" if len(damaged) > 1 else "", self.directory,

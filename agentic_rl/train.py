@@ -6,7 +6,10 @@ inside a step is a pure jitted function from learner.py.
 
 Workdir layout:
   config.json                the resolved config
-  checkpoints/               orbax checkpoints of the full TrainState
+  .lock                      held (fcntl.flock) by the run using the workdir
+  checkpoints/               orbax checkpoints of the full TrainState, each with
+                             a checksum manifest (checkpoint.py); damaged ones
+                             found at resume are moved to checkpoints-damaged/
   metrics.jsonl, tensorboard/  per-step metrics
   eval_initial.json          held-out evaluation of the initial weights, before SFT
                              (only with `eval.initial=True` and `sft.steps > 0`)
