@@ -12,6 +12,7 @@ by another run, a full disk while saving) end with one line on stderr,
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import glob
@@ -165,12 +166,18 @@ def main(argv):
       jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE.value)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     validation.check_workdir(workdir, create=False)  # creates nothing
-    if mode == "rl":
-      from agentic_rl import train  # pylint: disable=g-import-not-at-top
-      train.train_and_evaluate(config, workdir)  # locks the workdir after validation
-    else:
-      from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
-      with validation.workdir_lock(workdir):  # one run per workdir
+    # One run per workdir. A workdir in use exists already: lock it now, before
+    # the heavy imports (train.train_and_evaluate re-enters the lock; it takes
+    # it itself, after validation, for a new workdir or a multi-process run).
+    early = (os.path.isdir(workdir) or mode == "rm") and not config.get(
+        "mesh", {}).get("distributed", False)
+    with (validation.workdir_lock(workdir, name=".lock") if early
+          else contextlib.nullcontext()):
+      if mode == "rl":
+        from agentic_rl import train  # pylint: disable=g-import-not-at-top
+        train.train_and_evaluate(config, workdir)
+      else:
+        from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
         rm_train.train_and_evaluate_rm(config, workdir)
   except (validation.ConfigError, checkpoint.CheckpointError) as e:
     _die(str(e))  # bad config, workdir or checkpoint: one line, no traceback

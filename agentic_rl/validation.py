@@ -97,18 +97,24 @@ def check_known_fields(config: ml_collections.ConfigDict) -> None:
   mode = config.get("mode", "rl")
   reference = "configs/rm_arithmetic.py" if mode == "rm" else "configs/default.py"
   known = set(_field_paths(_reference_config(mode))) | set(OPTIONAL_FIELDS)
-  for path, value in _field_paths(config).items():
-    if path in known:
-      continue
-    parent, _, leaf = path.rpartition(".")
-    block = f"config.{parent}" if parent else "config"
-    near = closest(leaf, [k.rpartition(".")[2] for k in known
-                          if k.rpartition(".")[0] == parent])
-    shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-    hint = (f"did you mean {block}.{near}?" if near else
-            f"the fields of {block} are those {reference} sets")
-    raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
-                      + hint)
+  unknown = [(p, v) for p, v in _field_paths(config).items() if p not in known]
+  # A sub-block that is unknown is reported, not each field inside it.
+  unknown = [(p, v) for p, v in unknown
+             if not any(p.startswith(q + ".") for q, _ in unknown)]
+  if not unknown:
+    return
+  path, value = unknown[0]
+  parent, _, leaf = path.rpartition(".")
+  block = f"config.{parent}" if parent else "config"
+  near = closest(leaf, [k.rpartition(".")[2] for k in known
+                        if k.rpartition(".")[0] == parent])
+  shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+  hint = (f"did you mean {block}.{near}?" if near else
+          f"the fields of {block} are those {reference} sets")
+  more = (f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
+          if len(unknown) > 1 else "")
+  raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
+                    + hint + more)
 
 
 def _positive_int(config, field: str, allow_zero: bool = False):
@@ -708,13 +714,18 @@ _HELD_LOCKS: dict[str, int] = {}  # lock path -> nesting depth in this process
 
 
 @contextlib.contextmanager
-def workdir_lock(workdir: str):
+def workdir_lock(workdir: str, name: str | None = None):
   """Holds an exclusive lock on `workdir/.lock` (fcntl.flock) while the block runs.
 
   Checks the workdir first (`check_workdir`). The lock file holds the owner's
   pid; the kernel releases the lock when the process exits, however it ends, so
   a stale file never blocks a later run. Re-entrant within a process (main.py
   takes it before train.train_and_evaluate takes it again).
+
+  Args:
+    workdir: the run's output folder (created if missing).
+    name: the lock file's name; None: '.lock', or '.lock.<process index>' in a
+      multi-process run (asks jax, which starts its backend).
 
   Yields:
     The lock file's path.
@@ -723,7 +734,7 @@ def workdir_lock(workdir: str):
     ConfigError: another process holds the lock (one line, naming its pid), or
       as `check_workdir`.
   """
-  path = os.path.join(check_workdir(workdir), _lock_name())
+  path = os.path.join(check_workdir(workdir), name or _lock_name())
   if path in _HELD_LOCKS:
     _HELD_LOCKS[path] += 1
     try:

@@ -105,6 +105,18 @@ def test_invalid_values_are_one_line(tmp_path, flag, text):
   assert not (tmp_path / "run").exists()  # refused before any work
 
 
+def test_unknown_field_in_a_forked_config_file(tmp_path):
+  fork = tmp_path / "my_fork.py"
+  fork.write_text("from configs import default\n\n\ndef get_config(arg=None):\n"
+                  "  config = default.get_config('smoke')\n"
+                  "  config.rl.top_p = 0.9\n  config.rl.grup_size = 4\n"
+                  "  return config\n")
+  line = _one_line(_main(f"--config={fork}", f"--workdir={tmp_path / 'run'}"))
+  assert line == ("error: config.rl.grup_size=4: unknown field (nothing reads it); "
+                  "did you mean config.rl.group_size? (also unknown: config.rl.top_p)")
+  assert not (tmp_path / "run").exists()
+
+
 def test_second_run_on_a_locked_workdir_is_refused(tmp_path):
   workdir = str(tmp_path / "run")
   with validation.workdir_lock(workdir):  # this process plays the first run

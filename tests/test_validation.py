@@ -155,6 +155,12 @@ def test_vocab_equal_to_the_tokenizer_is_valid():
     (lambda c: c.rl.__setattr__("grup_size", 4),
      "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
      "config.rl.group_size?"),
+    (lambda c: c.__setattr__("evl", {"num_tasks": 8, "seed": 1}),
+     "config.evl={'num_tasks': 8, 'seed': 1}: unknown field (nothing reads it); did "
+     "you mean config.eval?"),
+    (lambda c: (c.rl.__setattr__("top_p", 0.9), c.rl.__setattr__("grup_size", 4)),
+     "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
+     "config.rl.group_size? (also unknown: config.rl.top_p)"),
     (lambda c: c.__setattr__("sed", 1),
      "config.sed=1: unknown field (nothing reads it); did you mean config.seed?"),
     (lambda c: c.eval.__setattr__("num_task", 8),
