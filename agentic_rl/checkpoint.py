@@ -55,6 +55,7 @@ import shutil
 from typing import Any
 
 from absl import logging
+import jax
 import orbax.checkpoint as ocp
 
 # Item names inside a step directory: the state pytree (the name Orbax gives a
@@ -205,6 +206,12 @@ def _human(n: float) -> str:
   return f"{n} B"
 
 
+def _nbytes(tree: Any) -> int:
+  """Bytes of the array leaves of a pytree (the size of a checkpoint before
+  compression)."""
+  return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)))
+
+
 def disk_space(path: str) -> str:
   """'X free of Y' for the file system holding `path` (or its nearest existing
   parent), e.g. '12.0 KiB free of 1.0 MiB'; 'unknown free space' if unreadable."""
@@ -216,6 +223,12 @@ def disk_space(path: str) -> str:
   except OSError:
     return "unknown free space"
   return f"{_human(usage.free)} free of {_human(usage.total)}"
+
+
+def _is_primary() -> bool:
+  """Process 0 of a multi-process run (or the only process) writes manifests,
+  removes partial saves and moves damaged checkpoints."""
+  return jax.process_index() == 0
 
 
 class _DropOrbaxErrors(py_logging.Filter):
@@ -273,7 +286,7 @@ class Checkpointer:
     self._status: dict[int, tuple[str, str]] = {}  # verify_step_dir, cached
     self._broken = False  # a save failed: pending Orbax work is abandoned
     self._warned: set[int] = set()  # unverified steps already warned about
-    removed = self.remove_partial()
+    removed = self.remove_partial() if _is_primary() else []
     if removed:
       logging.info("removed %d partial checkpoint(s) of an interrupted save: %s",
                    len(removed), ", ".join(removed))
@@ -315,17 +328,20 @@ class Checkpointer:
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(int(step)))
 
-  def _save_error(self, step: int, exc: BaseException) -> CheckpointError:
+  def _save_error(self, step: int, exc: BaseException, state: Any) -> CheckpointError:
+    """The one-line error of a failed save; call before removing the partial
+    files (the free space reported is the space left when the write failed)."""
     if _is_disk_full(exc):
       return CheckpointError(
           f"checkpoint step {step}: no space left on device in {self.directory} "
-          f"({disk_space(self.directory)}); the partial checkpoint was removed and "
-          "earlier ones are intact: free some space (or use a --workdir on another "
-          "disk) and re-run to resume")
+          f"({disk_space(self.directory)} when the write failed; the checkpoint "
+          f"needs about {_human(_nbytes(state))}); the partial checkpoint was "
+          "removed and earlier ones are intact: free some space (or use a "
+          "--workdir on another disk) and re-run to resume")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CheckpointError(
         f"checkpoint step {step}: saving to {self.directory} failed "
-        f"({type(exc).__name__}: {first}); the partial checkpoint was removed")
+        f"({type(exc).__name__}: {first[:300]}); the partial checkpoint was removed")
 
   def save(self, step: int, state: Any, force: bool = False,
            data_position: dict | None = None) -> bool:
@@ -374,16 +390,19 @@ class Checkpointer:
         return False
       except Exception as e:  # pylint: disable=broad-except
         self._broken = True
+        error = self._save_error(step, e, state)
         self._discard(step)
-        raise self._save_error(step, e) from e
+        raise error from e
     if not started:
       return False
     try:
-      write_manifest(self._step_dir(step))
+      if _is_primary():  # one writer; Orbax's wait is a barrier across processes
+        write_manifest(self._step_dir(step))
     except OSError as e:
       self._broken = True
+      error = self._save_error(step, e, state)
       self._discard(step)
-      raise self._save_error(step, e) from e
+      raise error from e
     self._status[step] = ("ok", "")
     return True
 
@@ -434,7 +453,8 @@ class Checkpointer:
         damaged.append((step, why))
         continue
       if damaged:
-        moved = [self._quarantine(s) for s, _ in damaged]
+        moved = ([self._quarantine(s) for s, _ in damaged] if _is_primary()
+                 else ["(by process 0)"])
         logging.warning(
             "damaged checkpoint%s in %s: %s; resuming from step %d (moved to %s)",
             "s" if len(damaged) > 1 else "", self.directory,

@@ -6,7 +6,10 @@ inside a step is a pure jitted function from learner.py.
 
 Workdir layout:
   config.json                the resolved config
-  checkpoints/               orbax checkpoints of the full TrainState
+  .lock                      held (fcntl.flock) by the run using the workdir
+  checkpoints/               orbax checkpoints of the full TrainState, each with
+                             a checksum manifest (checkpoint.py); damaged ones
+                             found at resume are moved to checkpoints-damaged/
   metrics.jsonl, tensorboard/  per-step metrics
   eval_initial.json          held-out evaluation of the initial weights, before SFT
                              (only with `eval.initial=True` and `sft.steps > 0`)
@@ -252,13 +255,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
     early by `config.halt_after_step` (used by the resume test).
 
   Raises:
-    ValueError: invalid config (names the field and value).
+    ValueError: invalid config (names the field and value); a workdir that
+      is not writable or is locked by another run (validation.ConfigError).
+    checkpoint.CheckpointError: a checkpoint save failed (e.g. a full disk),
+      or checkpoints exist but none passes its checksums.
     FloatingPointError: a non-finite loss (names the step and metric).
   """
   sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.get("mesh"))
-  with jax.set_mesh(mesh):
+  # One run per workdir at a time (WORKDIR/.lock, held until this returns).
+  with validation.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)
 
 
@@ -291,7 +298,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       max_to_keep=config.checkpoint.max_to_keep,
       save_interval_steps=config.checkpoint.every_steps,
   )
-  start = ckpt.latest_step()
+  start = ckpt.latest_intact_step()  # damaged newer ones: one warning, set aside
   if start is not None:
     if start >= sft_steps:
       state = start_rl(config, state)  # restore into the RL optimizer's structure

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import difflib
+import errno
+import fcntl
 import math
 import os
+import re
+import tempfile
+from typing import Any
 
 import jax
 import ml_collections
@@ -27,6 +35,86 @@ class ConfigError(ValueError):
 
 def _fail(field: str, value, why: str):
   raise ConfigError(f"config.{field}={value!r}: {why}")
+
+
+# Fields the code reads with a default (`config.get`) that the reference
+# configs (configs/default.py; configs/rm_arithmetic.py for mode 'rm') do not
+# set. A config may set these, or any field of its reference config; any other
+# field is a typo or a setting nothing reads, and is refused.
+OPTIONAL_FIELDS = (
+    "mode",  # main.py: 'rl' or 'rm'
+    "tokenizer",  # 'byte' or 'hf' (_validate_tokenizer)
+    "data",  # task-loader block (agentic_rl/data.py)
+    "rl.reward_model_dir", "rl.reward_model_kind",  # rm_train.validate_rl_reward_model
+    "rl.step_reward", "rl.step_reward_transform", "rl.step_reward_coef",
+    "rl.step_reward_clip_eta", "rl.step_reward_gate_threshold",  # _validate_step_reward
+)
+# Blocks whose keys are checked by their owner, not against the reference:
+# environment fields (the environment's dataclass), loader fields
+# (data.validate_data_config), reward names and parameters (rewards.py) and
+# rm-mode negative types (rm_train.validate_rm_config).
+OPEN_BLOCKS = ("env", "data", "rl.rewards", "rl.reward_params",
+               "rl.reward_schedules", "rl.reward_noise", "rm.imperfect")
+
+
+def _reference_config(mode: str):
+  """The config whose fields define the valid ones (for `check_known_fields`)."""
+  if mode == "rm":
+    from configs import rm_arithmetic  # pylint: disable=g-import-not-at-top
+    return rm_arithmetic.get_config()
+  from configs import default  # pylint: disable=g-import-not-at-top
+  return default.get_config()
+
+
+def _field_paths(node, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of every leaf and sub-block of a ConfigDict/dict."""
+  out = {}
+  for key, value in node.items():
+    path = f"{prefix}{key}"
+    out[path] = value
+    if isinstance(value, (ml_collections.ConfigDict, dict)) and path not in OPEN_BLOCKS:
+      out.update(_field_paths(value, path + "."))
+  return out
+
+
+def closest(name: str, known) -> str | None:
+  """The entry of `known` closest to `name` (difflib ratio >= 0.6), or None."""
+  close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+  return close[0] if close else None
+
+
+def check_known_fields(config: ml_collections.ConfigDict) -> None:
+  """Refuses fields that no code reads (typos in a forked config file).
+
+  Valid fields: those of the reference config (configs/default.py, or
+  configs/rm_arithmetic.py when config.mode == 'rm'), plus OPTIONAL_FIELDS;
+  blocks in OPEN_BLOCKS are checked by their owners instead.
+
+  Raises:
+    ConfigError: one line naming the unknown field and its value, with the
+      nearest valid field (difflib) when there is one.
+  """
+  mode = config.get("mode", "rl")
+  reference = "configs/rm_arithmetic.py" if mode == "rm" else "configs/default.py"
+  known = set(_field_paths(_reference_config(mode))) | set(OPTIONAL_FIELDS)
+  unknown = [(p, v) for p, v in _field_paths(config).items() if p not in known]
+  # A sub-block that is unknown is reported, not each field inside it.
+  unknown = [(p, v) for p, v in unknown
+             if not any(p.startswith(q + ".") for q, _ in unknown)]
+  if not unknown:
+    return
+  path, value = unknown[0]
+  parent, _, leaf = path.rpartition(".")
+  block = f"config.{parent}" if parent else "config"
+  near = closest(leaf, [k.rpartition(".")[2] for k in known
+                        if k.rpartition(".")[0] == parent])
+  shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+  hint = (f"did you mean {block}.{near}?" if near else
+          f"the fields of {block} are those {reference} sets")
+  more = (f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
+          if len(unknown) > 1 else "")
+  raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
+                    + hint + more)
 
 
 def _positive_int(config, field: str, allow_zero: bool = False):
@@ -64,8 +152,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     ConfigError (a ValueError): e.g. group size 1, batch not divisible by group size, unknown
       reward name, minibatches that would split a group, non-positive sizes.
   """
+  check_known_fields(config)
   if config.env.name not in KNOWN_ENVS:
     _fail("env.name", config.env.name, f"unknown environment; known: {KNOWN_ENVS}")
+  for f in ("sft.warmup_steps", "rl.warmup_steps"):
+    _positive_int(config, f, allow_zero=True)
+  for f in ("sft.weight_decay", "rl.weight_decay"):
+    phase, name = f.split(".")
+    if not config[phase][name] >= 0:
+      _fail(f, config[phase][name], "must be >= 0")
   for f in ("model.d_model", "model.num_layers", "model.num_heads",
             "model.head_dim", "model.ffn_dim", "max_len", "sft.batch_size",
             "rl.batch_size", "rl.group_size", "rl.num_minibatches",
@@ -237,6 +332,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   try:
     env_obj = environments.make(config.env)
   except TypeError as e:
+    unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+    ctor = environments.REGISTRY[config.env.name]
+    if unknown and unknown.group(1) in config.env:
+      name = unknown.group(1)
+      fields = ([f.name for f in dataclasses.fields(ctor)]
+                if dataclasses.is_dataclass(ctor) else [])
+      near = closest(name, fields)
+      _fail(f"env.{name}", config.env[name],
+            f"not a field of environment {config.env.name!r}"
+            + (f"; did you mean config.env.{near}?" if near else ""))
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
   except ValueError as e:  # the environment's own field checks name the field
     raise ConfigError(f"config.env.{e}") from e
@@ -528,6 +633,13 @@ def _validate_model(model) -> None:
     raise ConfigError(f"config.model: {e}") from e
   path = model.get("hf_path", "")
   if not path:
+    # Token ids >= vocab_size index past the embedding table: NaN losses
+    # minutes into the run, so refuse them here.
+    if model.vocab_size < tokenizers.VOCAB_SIZE:
+      _fail("model.vocab_size", model.vocab_size,
+            f"smaller than the byte tokenizer's {tokenizers.VOCAB_SIZE} ids "
+            f"(agentic_rl/tokenizers.py) the environments emit: use >= "
+            f"{tokenizers.VOCAB_SIZE}")
     return
   if not os.path.isfile(os.path.join(path, "config.json")):
     _fail("model.hf_path", path, "no config.json in this directory")
@@ -540,3 +652,111 @@ def _validate_model(model) -> None:
     _fail("model.hf_path", path,
           f"vocab_size {cfg.vocab_size} does not cover the {tokenizers.VOCAB_SIZE} "
           "byte-tokenizer ids the environments emit")
+
+
+def _free_space(path: str) -> str:
+  from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.disk_space(path)
+
+
+def check_workdir(workdir: str, create: bool = True) -> str:
+  """Checks that files can be written in `workdir` (creating it if `create`).
+
+  Args:
+    workdir: the run's output folder.
+    create: make the folder (and its parents); False probes the nearest
+      existing parent instead, leaving nothing behind.
+
+  Returns:
+    The absolute path.
+
+  Raises:
+    ConfigError: one line saying what is wrong and what to do: the path is a
+      file (or under one), cannot be created, is not writable (read-only file
+      system or permissions), or its disk is full (with the free space).
+  """
+  path = os.path.abspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f"workdir {path} is a file, not a folder: pass --workdir=A_FOLDER "
+                      "(created if missing)")
+  try:
+    probe = path
+    if create:
+      os.makedirs(path, exist_ok=True)
+    else:
+      while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+      if not os.path.isdir(probe):
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), probe)
+    with tempfile.TemporaryFile(dir=probe) as f:
+      f.write(b"x")
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    why = e.strerror or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+      raise ConfigError(f"workdir {path}: no space left on device ({_free_space(path)}): "
+                        "free some space or pass a --workdir on another disk") from None
+    if e.errno == errno.ENOTDIR:
+      why = "a parent of it is a file"
+    raise ConfigError(f"workdir {path} is not writable ({why}): pass a --workdir "
+                      "you can write to") from None
+  return path
+
+
+def _lock_name() -> str:
+  """'.lock', or '.lock.<process index>' in a multi-process run (every
+  process of one run writes the same workdir)."""
+  return ".lock" if jax.process_count() == 1 else f".lock.{jax.process_index()}"
+
+
+_HELD_LOCKS: dict[str, int] = {}  # lock path -> nesting depth in this process
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, name: str | None = None):
+  """Holds an exclusive lock on `workdir/.lock` (fcntl.flock) while the block runs.
+
+  Checks the workdir first (`check_workdir`). The lock file holds the owner's
+  pid; the kernel releases the lock when the process exits, however it ends, so
+  a stale file never blocks a later run. Re-entrant within a process (main.py
+  takes it before train.train_and_evaluate takes it again).
+
+  Args:
+    workdir: the run's output folder (created if missing).
+    name: the lock file's name; None: '.lock', or '.lock.<process index>' in a
+      multi-process run (asks jax, which starts its backend).
+
+  Yields:
+    The lock file's path.
+
+  Raises:
+    ConfigError: another process holds the lock (one line, naming its pid), or
+      as `check_workdir`.
+  """
+  path = os.path.join(check_workdir(workdir), name or _lock_name())
+  if path in _HELD_LOCKS:
+    _HELD_LOCKS[path] += 1
+    try:
+      yield path
+    finally:
+      _HELD_LOCKS[path] -= 1
+    return
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    os.close(fd)
+    raise ConfigError(
+        f"workdir {os.path.dirname(path)} is in use by another run (pid {holder}, "
+        f"lock {path}): wait for it to finish, or pass a different --workdir") from None
+  _HELD_LOCKS[path] = 1
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    yield path
+  finally:
+    del _HELD_LOCKS[path]
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)

@@ -34,7 +34,8 @@ def _assert_bitwise_equal(a, b):
       continue
     x, y = np.asarray(x), np.asarray(y)
     assert x.dtype == y.dtype and x.shape == y.shape
-    np.testing.assert_array_equal(x.view(np.uint8), y.view(np.uint8))
+    np.testing.assert_array_equal(np.atleast_1d(x).view(np.uint8),
+                                  np.atleast_1d(y).view(np.uint8))
 
 
 def test_round_trip_bitwise(tmp_path):
@@ -350,6 +351,8 @@ def test_full_disk_while_writing_manifest_leaves_nothing_partial(tmp_path,
   msg = str(info.value)
   assert "\n" not in msg
   assert f"no space left on device in {d} (" in msg and " free of " in msg
+  # Array bytes of _big_state(2): 48 + 16 + 40 + 8 + 12 + 64*64*4 = 16508.
+  assert "the checkpoint needs about 16.1 KiB" in msg
   assert sorted(os.listdir(d)) == ["1"] and not _partial_dirs(d)
   ck.close()  # no second error from the abandoned save
   with Checkpointer(d) as ck:
@@ -403,7 +406,8 @@ def test_real_full_disk_one_error_no_partial_dirs(tmp_path, caplog):
       ck.save(2, big)
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("checkpoint step 2: no space left")
-    assert d in msg and "free of 1.0 MiB" in msg
+    assert d in msg and "free of 1.0 MiB when the write failed" in msg
+    assert "needs about 4.0 MiB" in msg  # 2**20 float32
     assert sorted(os.listdir(d)) == ["1"]  # no partial directory
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     ck.close()
@@ -412,3 +416,42 @@ def test_real_full_disk_one_error_no_partial_dirs(tmp_path, caplog):
       _assert_bitwise_equal(ck2.restore(_state(0)), _state(1))
   finally:
     subprocess.run(["umount", mnt], check=False)
+
+
+def _short_config(halt=-1):
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config("smoke")
+  config.sft.steps = 10
+  config.rl.steps = 2
+  config.eval.num_tasks = 4
+  config.eval.num_samples = 0
+  config.eval.pass_k = ()
+  config.halt_after_step = halt
+  return config
+
+
+@pytest.mark.slow
+def test_training_resumes_past_a_damaged_checkpoint_to_the_same_result(tmp_path,
+                                                                       caplog):
+  """A run halted after step 11 (checkpoints 5 and 10) whose step 10 is then
+  zeroed resumes from step 5 with one warning and ends bit-identical to an
+  uninterrupted run."""
+  from agentic_rl import train  # pylint: disable=g-import-not-at-top
+  full = str(tmp_path / "full")
+  train.train_and_evaluate(_short_config(), full)
+  run = str(tmp_path / "run")
+  assert train.train_and_evaluate(_short_config(halt=11), run) is None
+  ckdir = os.path.join(run, "checkpoints")
+  assert sorted(int(n) for n in os.listdir(ckdir)) == [5, 10]
+  _zero(os.path.join(ckdir, "10"))
+  caplog.set_level(logging.WARNING)
+  train.train_and_evaluate(_short_config(), run)
+  warns = [w for w in _warnings(caplog) if "damaged" in w]
+  assert len(warns) == 1 and "step 10:" in warns[0] and "resuming from step 5" in warns[0]
+  assert os.path.isdir(os.path.join(run, "checkpoints-damaged", "10"))
+  config = _short_config()
+  _, like = train.init_state(config, train.make_model_config(config))
+  like = train.start_rl(config, like)
+  with Checkpointer(os.path.join(full, "checkpoints")) as a, Checkpointer(ckdir) as b:
+    assert a.latest_intact_step() == b.latest_intact_step() == 12
+    _assert_bitwise_equal(b.restore(like), a.restore(like))

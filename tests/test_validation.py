@@ -113,3 +113,157 @@ def test_resume_accepts_a_new_gradient_accumulation_split(tmp_path):
   config.sft.batch_size = 32
   with pytest.raises(validation.ConfigError, match=r"config\.sft\.batch_size=32"):
     train.train_and_evaluate(config, workdir)
+
+
+# --- Fields no code reads, negative warmup, a vocabulary smaller than the tokenizer
+
+import glob  # noqa: E402
+import importlib  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("rl.warmup_steps", -5, r"^config\.rl\.warmup_steps=-5: must be >= 0$"),
+    ("sft.warmup_steps", -1, r"^config\.sft\.warmup_steps=-1: must be >= 0$"),
+    ("sft.weight_decay", -0.1, r"^config\.sft\.weight_decay=-0\.1: must be >= 0$"),
+    ("model.vocab_size", 200,
+     r"^config\.model\.vocab_size=200: smaller than the byte tokenizer's 265 ids"),
+    ("model.vocab_size", 264, r"^config\.model\.vocab_size=264: smaller"),
+])
+def test_more_bad_values(field, value, match):
+  config = default.get_config("smoke")
+  phase, name = field.split(".")
+  config[phase][name] = value
+  with pytest.raises(validation.ConfigError, match=match):
+    validation.validate_config(config)
+
+
+def test_vocab_equal_to_the_tokenizer_is_valid():
+  config = default.get_config("smoke")
+  config.model.vocab_size = 265  # tokenizers.VOCAB_SIZE: 256 bytes + 9 specials
+  validation.validate_config(config)
+
+
+@pytest.mark.parametrize("setter,message", [
+    (lambda c: c.rl.__setattr__("top_p", 0.9),
+     "config.rl.top_p=0.9: unknown field (nothing reads it); the fields of config.rl "
+     "are those configs/default.py sets"),
+    (lambda c: c.rl.__setattr__("grup_size", 4),
+     "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
+     "config.rl.group_size?"),
+    (lambda c: c.__setattr__("evl", {"num_tasks": 8, "seed": 1}),
+     "config.evl={'num_tasks': 8, 'seed': 1}: unknown field (nothing reads it); did "
+     "you mean config.eval?"),
+    (lambda c: (c.rl.__setattr__("top_p", 0.9), c.rl.__setattr__("grup_size", 4)),
+     "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
+     "config.rl.group_size? (also unknown: config.rl.top_p)"),
+    (lambda c: c.__setattr__("sed", 1),
+     "config.sed=1: unknown field (nothing reads it); did you mean config.seed?"),
+    (lambda c: c.eval.__setattr__("num_task", 8),
+     "config.eval.num_task=8: unknown field (nothing reads it); did you mean "
+     "config.eval.num_tasks?"),
+    (lambda c: c.model.__setattr__("dmodel", 64),
+     "config.model.dmodel=64: unknown field (nothing reads it); did you mean "
+     "config.model.d_model?"),
+    (lambda c: c.env.__setattr__("max_turn", 4),
+     "config.env.max_turn=4: not a field of environment 'arithmetic'; did you mean "
+     "config.env.max_turns?"),
+])
+def test_unknown_fields_are_refused_with_the_nearest_name(setter, message):
+  config = default.get_config("smoke")
+  setter(config)
+  with pytest.raises(validation.ConfigError) as info:
+    validation.validate_config(config)
+  assert str(info.value) == message
+
+
+def test_optional_fields_and_open_blocks_are_accepted():
+  config = default.get_config("smoke")
+  config.mode = "rl"
+  config.tokenizer = "byte"
+  config.rl.step_reward = "none"
+  config.rl.rewards.tool_bonus = 0.1  # reward names: checked by rewards.py
+  validation.validate_config(config)
+
+
+def _all_config_files():
+  """(module, arg) of every config file in configs/ and experiments/*/config.py,
+  with each arg its source names (arg == "x") or lists in ARMS / EXTRA_ARMS."""
+  out = []
+  files = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                 + glob.glob(os.path.join(ROOT, "experiments", "*", "config.py")))
+  for path in files:
+    rel = os.path.relpath(path, ROOT)
+    if os.path.basename(path) in ("__init__.py", "common.py", "smollm2_common.py"):
+      continue
+    module = importlib.import_module(rel[:-3].replace(os.sep, "."))
+    with open(path) as f:
+      args = set(re.findall(r'arg == "([^"]+)"', f.read())) | {None}
+    for name in ("ARMS", "EXTRA_ARMS"):
+      args |= set(getattr(module, name, ()))
+    out += [(rel, module, a) for a in sorted(args, key=str)]
+  return out
+
+
+def test_every_config_file_uses_only_known_fields():
+  checked = 0
+  for rel, module, arg in _all_config_files():
+    try:
+      config = module.get_config() if arg is None else module.get_config(arg)
+    except (ValueError, TypeError):
+      continue  # an arm that needs a suffix, or no default arm
+    validation.check_known_fields(config)
+    checked += 1
+  assert checked >= 40  # 75 when written
+
+
+def test_workdir_checks(tmp_path):
+  f = tmp_path / "file"
+  f.write_text("x")
+  with pytest.raises(validation.ConfigError, match=r"is a file, not a folder"):
+    validation.check_workdir(str(f))
+  with pytest.raises(validation.ConfigError,
+                     match=r"is not writable \(a parent of it is a file\)"):
+    validation.check_workdir(str(f / "run"), create=False)
+  new = tmp_path / "a" / "b"
+  assert validation.check_workdir(str(new), create=False) == str(new)
+  assert not (tmp_path / "a").exists()  # create=False leaves nothing behind
+  validation.check_workdir(str(new))
+  assert new.is_dir() and os.listdir(new) == []
+
+
+def test_workdir_lock_refuses_a_second_process_and_is_reentrant(tmp_path):
+  workdir = str(tmp_path / "run")
+  with validation.workdir_lock(workdir) as path:
+    assert open(path).read() == f"{os.getpid()}\n"
+    with validation.workdir_lock(workdir):  # same process: re-entrant
+      pass
+    # Another process cannot take it while this one holds it.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR);"
+         " fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", path],
+        capture_output=True, text=True)
+    assert probe.returncode != 0 and "BlockingIOError" in probe.stderr
+  # A process holding the lock: refused with its pid; after it dies, free.
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+       " fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'4242');"
+       " print('locked', flush=True); time.sleep(60)", path],
+      stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(validation.ConfigError,
+                       match=rf"workdir {re.escape(workdir)} is in use by another run "
+                             r"\(pid 4242, lock .*\.lock\): wait for it to finish"):
+      with validation.workdir_lock(workdir):
+        pass
+  finally:
+    holder.kill()
+    holder.wait()
+  with validation.workdir_lock(workdir):  # the stale file does not block
+    pass
