@@ -225,7 +225,8 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
   `env.step_workers` rows at once, results in row order whatever the finish
   order); an environment with its own `step_batch` gets one call with the
   deadline `env.step_batch_timeout_s(n)` for the whole batch (a timeout fails
-  every row), and if that raises, each row is retried with `env.step`. A row whose step raised or timed out gets `_failure`'s result
+  every row), and if that raises, each row is retried with `env.step`. A row
+  whose step raised or timed out gets `_failure`'s result
   (the environment's `tool_failure`; else the state from before the step,
   the error message as the observation, and done only after a timeout).
 
