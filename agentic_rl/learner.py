@@ -22,6 +22,7 @@ from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
+from agentic_rl import mixed_precision
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
 from agentic_rl import host_rollout
@@ -45,6 +46,10 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   the warmup, then lr; warmup_steps = 0 means lr from the first update (a
   one-step linear schedule would give the first update a learning rate of 0).
 
+  Low-precision (bfloat16) parameters get float32 master weights and float32
+  optimizer state (`mixed_precision.with_float32_master`); for float32
+  parameters the optimizer and its state are the plain chain.
+
   Args:
     cfg: ConfigDict with learning_rate, warmup_steps, weight_decay, max_grad_norm.
   """
@@ -52,10 +57,10 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     schedule = optax.constant_schedule(cfg.learning_rate)
   else:
     schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
-  return optax.chain(
+  return mixed_precision.with_float32_master(optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
-  )
+  ))
 
 
 def policy_mask(traj: types.Trajectory) -> jax.Array:
