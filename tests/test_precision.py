@@ -291,8 +291,14 @@ def test_bf16_train_state_checkpoint_roundtrip(tmp_path):
   model_cfg = train.make_model_config(config)
   _, state = train.init_state(config, model_cfg)
   assert isinstance(state.opt_state, mixed_precision.MasterWeightsState)
+  sft_master = jax.tree.map(lambda x: x + 1e-5, state.opt_state.master)
+  state = state.replace(opt_state=state.opt_state._replace(master=sft_master))
   state = train.start_rl(config, state)
   assert isinstance(state.opt_state, mixed_precision.MasterWeightsState)
+  # The RL phase keeps the SFT phase's float32 master (fresh moments).
+  for a, b in zip(jax.tree.leaves(sft_master),
+                  jax.tree.leaves(state.opt_state.master)):
+    np.testing.assert_array_equal(a, b)
   assert jax.tree.leaves(state.params)[0].dtype == jnp.bfloat16
   assert {x.dtype for x in jax.tree.leaves(state.opt_state.master)} == {
       np.dtype(jnp.float32)}
@@ -307,3 +313,39 @@ def test_bf16_train_state_checkpoint_roundtrip(tmp_path):
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
     assert a.dtype == b.dtype
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_bf16_run_resumes_bit_exactly(tmp_path):
+  """bf16 params and compute, 3 SFT + 3 RL steps, killed after step 4 (last
+  checkpoint: step 3, the SFT -> RL transition) and rerun: the final train
+  state (bf16 params, float32 master and moments) equals the uninterrupted
+  run's bit for bit."""
+  from agentic_rl import train
+  from configs import default
+
+  def config(halt=-1):
+    c = default.get_config("smoke")
+    c.model.param_dtype = c.model.dtype = "bfloat16"
+    c.sft.steps, c.rl.steps = 3, 3
+    c.checkpoint.every_steps = 100
+    c.eval.update(num_tasks=4, num_samples=0, pass_k=())
+    c.halt_after_step = halt
+    return c
+
+  full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
+  train.train_and_evaluate(config(), full)
+  assert train.train_and_evaluate(config(halt=4), resumed) is None
+  assert checkpoint.Checkpointer(
+      str(tmp_path / "resumed" / "checkpoints")).latest_step() == 3
+  train.train_and_evaluate(config(), resumed)
+  c = config()
+  _, like = train.init_state(c, train.make_model_config(c))
+  like = train.start_rl(c, like)
+  a = checkpoint.Checkpointer(str(tmp_path / "full" / "checkpoints")).restore(like)
+  b = checkpoint.Checkpointer(str(tmp_path / "resumed" / "checkpoints")).restore(
+      like)
+  assert int(a.step) == 6 and isinstance(a.opt_state,
+                                         mixed_precision.MasterWeightsState)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
