@@ -127,9 +127,9 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
                            denominator)
     acc_loss, acc_tokens, acc_g = acc
     return (acc_loss + loss, acc_tokens + m["policy_tokens"],
-            jax.tree.map(jnp.add, acc_g, g)), None
+            mixed_precision.accumulate(acc_g, g)), None
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  zeros = mixed_precision.accumulation_zeros(params)  # f32 for bf16 params
   (loss, tokens, grads), _ = jax.lax.scan(
       micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks)
   return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
@@ -484,7 +484,8 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       def micro(acc, micro_batch):
         (_, m), g = grad_fn(params, z_params, micro_batch)
         acc_g, acc_m = acc
-        return (jax.tree.map(jnp.add, acc_g, g), _combine_metrics(acc_m, m)), None
+        return (mixed_precision.accumulate(acc_g, g),
+                _combine_metrics(acc_m, m)), None
 
       micro_batches = split(mb, num_micro)
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
@@ -492,8 +493,9 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
           lambda: grad_fn(params, z_params,
                           jax.tree.map(lambda x: x[0], micro_batches))
       )
-      zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                           (shapes[1], shapes[0][1]))
+      # Gradients of bf16 params are accumulated in float32.
+      zeros = (mixed_precision.accumulation_zeros(shapes[1]),
+               jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]))
       ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.

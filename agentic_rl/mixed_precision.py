@@ -41,7 +41,7 @@ class MasterWeightsState(NamedTuple):
 
 
 def _is_low_float(x) -> bool:
-  dtype = jnp.result_type(x)
+  dtype = x.dtype if hasattr(x, "dtype") else jnp.result_type(x)
   return jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32
 
 
@@ -104,3 +104,19 @@ def with_float32_master(
     return out, MasterWeightsState(master=master, inner=inner_state)
 
   return optax.GradientTransformation(init, update)
+
+
+def accumulation_zeros(tree: Any) -> Any:
+  """Zero gradient accumulators shaped like `tree` (arrays or
+  ShapeDtypeStructs): float32 for low-precision floating leaves, the leaf's
+  dtype otherwise, so that micro-batch gradients of bf16 parameters are summed
+  in float32 (`accumulate`)."""
+  def zeros(x):
+    dtype = jnp.float32 if _is_low_float(x) else x.dtype
+    return jnp.zeros(x.shape, dtype)
+  return jax.tree.map(zeros, tree)
+
+
+def accumulate(acc: Any, grads: Any) -> Any:
+  """acc + grads leaf by leaf, in the accumulator's dtype (`accumulation_zeros`)."""
+  return jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)

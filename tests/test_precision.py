@@ -19,6 +19,7 @@ from agentic_rl import checkpoint
 from agentic_rl import learner
 from agentic_rl import mixed_precision
 from agentic_rl import sampling
+from agentic_rl import types
 from agentic_rl.models import transformer
 from tests import fakes
 
@@ -349,3 +350,33 @@ def test_bf16_run_resumes_bit_exactly(tmp_path):
                                          mixed_precision.MasterWeightsState)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_bf16_microbatch_gradients_accumulate_in_float32():
+  # Hand values: 1 + four micro-batch gradients of 2^-9 (each bf16). A bf16
+  # running sum stays 1.0 (2^-9 is below half a unit at 1, 2^-8); the float32
+  # accumulator gives 1 + 4 * 2^-9 = 1.0078125.
+  grads = [{"w": jnp.full((3,), v, jnp.bfloat16)} for v in (1.0,) + (2.0 ** -9,) * 4]
+  acc = mixed_precision.accumulation_zeros(grads[0])
+  for g in grads:
+    acc = mixed_precision.accumulate(acc, g)
+  assert acc["w"].dtype == jnp.float32
+  np.testing.assert_array_equal(acc["w"], 1.0078125)
+  bf16_sum = grads[0]["w"]
+  for g in grads[1:]:
+    bf16_sum = bf16_sum + g["w"]
+  np.testing.assert_array_equal(bf16_sum.astype(jnp.float32), 1.0)
+  # Wired into the learner: sft_grad over 4 micro-batches of a bf16 model
+  # returns float32 gradients.
+  cfg = dataclasses.replace(fakes.TINY, param_dtype="bfloat16", dtype="bfloat16")
+  graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (8, 10), 0, 256)
+  role = jnp.where(jnp.arange(10) < 3, types.PROMPT, types.POLICY).astype(jnp.int8)
+  traj = types.Trajectory(
+      tokens=tokens, role=jnp.broadcast_to(role, (8, 10)),
+      logprob=jnp.zeros((8, 10)), turn=jnp.zeros((8, 10), jnp.int32),
+      length=jnp.full((8,), 10), num_turns=jnp.ones(8, jnp.int32),
+      finish=jnp.ones(8, jnp.int32), group=jnp.arange(8), facts={})
+  _, _, g = jax.jit(lambda p: learner.sft_grad(graphdef, p, traj, 4))(params)
+  assert {x.dtype for x in jax.tree.leaves(g)} == {np.dtype(jnp.float32)}
+  assert np.all(np.isfinite(_flat(g))) and np.any(_flat(g) != 0)
