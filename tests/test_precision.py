@@ -380,3 +380,19 @@ def test_bf16_microbatch_gradients_accumulate_in_float32():
   _, _, g = jax.jit(lambda p: learner.sft_grad(graphdef, p, traj, 4))(params)
   assert {x.dtype for x in jax.tree.leaves(g)} == {np.dtype(jnp.float32)}
   assert np.all(np.isfinite(_flat(g))) and np.any(_flat(g) != 0)
+
+
+def test_master_copy_and_moments_are_sharded_like_the_params():
+  from agentic_rl import sharding
+  cfg = dataclasses.replace(fakes.TINY, param_dtype="bfloat16")
+  params = jax.eval_shape(
+      lambda: nnx.state(transformer.Transformer(cfg, nnx.Rngs(params=0))))
+  opt = jax.eval_shape(learner.make_optimizer(_opt_cfg(1e-3)).init, params)
+  mesh = {"data": 1, "fsdp": 2, "tensor": 2}
+  want = sharding.tree_specs(params, mesh)
+  got = sharding.tree_specs(opt, mesh)
+  leaves = lambda t: jax.tree.leaves(
+      t, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  for tree in (got.master, got.inner[1][0].mu, got.inner[1][0].nu):
+    assert leaves(tree) == leaves(want)
+  assert jax.sharding.PartitionSpec("fsdp", "tensor", None) in leaves(want)
