@@ -22,6 +22,7 @@ from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
+from agentic_rl import mixed_precision
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
 from agentic_rl import host_rollout
@@ -45,6 +46,10 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   the warmup, then lr; warmup_steps = 0 means lr from the first update (a
   one-step linear schedule would give the first update a learning rate of 0).
 
+  Low-precision (bfloat16) parameters get float32 master weights and float32
+  optimizer state (`mixed_precision.with_float32_master`); for float32
+  parameters the optimizer and its state are the plain chain.
+
   Args:
     cfg: ConfigDict with learning_rate, warmup_steps, weight_decay, max_grad_norm.
   """
@@ -52,10 +57,10 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     schedule = optax.constant_schedule(cfg.learning_rate)
   else:
     schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
-  return optax.chain(
+  return mixed_precision.with_float32_master(optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
-  )
+  ))
 
 
 def policy_mask(traj: types.Trajectory) -> jax.Array:
@@ -122,9 +127,9 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
                            denominator)
     acc_loss, acc_tokens, acc_g = acc
     return (acc_loss + loss, acc_tokens + m["policy_tokens"],
-            jax.tree.map(jnp.add, acc_g, g)), None
+            mixed_precision.accumulate(acc_g, g)), None
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  zeros = mixed_precision.accumulation_zeros(params)  # f32 for bf16 params
   (loss, tokens, grads), _ = jax.lax.scan(
       micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks)
   return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
@@ -288,7 +293,12 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   program (the separately recomputed `behaviour_forward` log-probs agree
   only to ~5e-7 inside one fused jitted iteration; their gap is logged as
   'behaviour_gap_max'); the gradient is unchanged (rho A grad logp with
-  rho = 1). Later steps use the batch's behaviour log-probs.
+  rho = 1). Later steps use the batch's behaviour log-probs. With
+  'behaviour_shift' in the batch (dual-path tool-free rows, see
+  `masked_behaviour_logprobs`) the first step's behaviour log-prob is
+  stop_gradient(logp) + shift, the masked distribution's log-prob, so those
+  rows' first ratio is 1 - P(banned) (the unmasked policy over the masked
+  behaviour), as with `rl.behaviour_logprobs='sampler'`.
 
   Returns:
     (loss scalar, metrics dict of scalars, each already divided by `denominator`
@@ -303,6 +313,10 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
   own = jax.lax.stop_gradient(logp)
+  if "behaviour_shift" in batch:
+    # Dual-path tool-free rows were sampled from the masked distribution:
+    # its log-prob is this forward's plus -log(1 - P(banned)).
+    own = own + batch["behaviour_shift"]
   beh_gap_max = jnp.max(jnp.where(mask, jnp.abs(own - beh), 0.0))
   if (first_step is not None
       and rl_cfg.get("behaviour_logprobs", "trainer") == "trainer"):
@@ -412,7 +426,9 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   the behaviour log-probs come from `behaviour_forward` (the loss's function
   on the same micro-batch shapes) and, on the first optimizer step, from the
   loss's own forward (see `_rl_loss`): the first step's ratios are exactly 1
-  (`ratio_dev_max_first == 0`; tests/test_learner.py).
+  (`ratio_dev_max_first == 0`; tests/test_learner.py), except on dual-path
+  tool-free rows (batch key 'behaviour_shift'), whose masked behaviour gives
+  ratio 1 - P(banned tokens).
 
   `log_z_state` (FlowRL only): (log-partition params, their optax state);
   they get the loss gradient too and are updated by
@@ -468,7 +484,8 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       def micro(acc, micro_batch):
         (_, m), g = grad_fn(params, z_params, micro_batch)
         acc_g, acc_m = acc
-        return (jax.tree.map(jnp.add, acc_g, g), _combine_metrics(acc_m, m)), None
+        return (mixed_precision.accumulate(acc_g, g),
+                _combine_metrics(acc_m, m)), None
 
       micro_batches = split(mb, num_micro)
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
@@ -476,8 +493,9 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
           lambda: grad_fn(params, z_params,
                           jax.tree.map(lambda x: x[0], micro_batches))
       )
-      zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                           (shapes[1], shapes[0][1]))
+      # Gradients of bf16 params are accumulated in float32.
+      zeros = (mixed_precision.accumulation_zeros(shapes[1]),
+               jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]))
       ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.
@@ -545,6 +563,50 @@ def behaviour_forward(config, graphdef: nnx.GraphDef, params,
                                with_values), blocks)
   unblock = lambda x: None if x is None else x.reshape(b, l)
   return unblock(logp), unblock(values)
+
+
+def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
+                              tokens_bl: jax.Array, logp_bl: jax.Array,
+                              rows_b: jax.Array,
+                              banned_tokens: tuple[int, ...]):
+  """Behaviour log-probs of rows sampled with `banned_tokens` masked.
+
+  Dual-path tool-free rows (`rl.dual_path_tool_free`) sample every token from
+  the policy renormalised over the allowed tokens (`rollout.mask_logits`):
+  log p_masked(a_t) = log p(a_t) - log(1 - P_t), P_t = sum over banned v of
+  p(v | tokens[:, :t]), all at the sampling temperature. P_t comes from
+  `policy_forward` scoring each banned id at every position (one extra
+  teacher-forced pass per banned id, on `behaviour_forward`'s block shapes).
+
+  Args:
+    config: experiment config (rl.temperature, rl.num_minibatches,
+      rl.num_microbatches).
+    graphdef, params: the policy that sampled the batch.
+    tokens_bl: [B, L] int32 trajectories.
+    logp_bl: [B, L] float32 unmasked log-probs (`behaviour_forward`).
+    rows_b: [B] bool, rows sampled with the mask.
+    banned_tokens: static tuple of banned ids (`rollout.tool_call_tokens`).
+
+  Returns:
+    (logp [B, L] float32: logp_bl + shift on `rows_b`, shift [B, L] float32:
+     -log(1 - P_t) on `rows_b` from position 1, 0 elsewhere).
+  """
+  rl_cfg = config.rl
+  n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
+  b, l = tokens_bl.shape
+
+  def banned_mass(t):
+    total = jnp.zeros(t.shape, jnp.float32)
+    for v in banned_tokens:
+      lp, _, _ = policy_forward(graphdef, params, t, rl_cfg.temperature,
+                                targets_bl=jnp.full_like(t, v))
+      total = total + jnp.exp(lp)
+    return total
+
+  mass = jax.lax.map(banned_mass, tokens_bl.reshape(n, b // n, l)).reshape(b, l)
+  mass = jnp.clip(mass, 0.0, 1.0 - 1e-7).at[:, 0].set(0.0)
+  shift = jnp.where(jnp.asarray(rows_b, bool)[:, None], -jnp.log1p(-mass), 0.0)
+  return logp_bl + shift, shift
 
 
 def last_policy_reward(reward_b: jax.Array, mask_bl: jax.Array) -> jax.Array:
@@ -977,6 +1039,36 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
   }
 
 
+def inject_replay(buf, traj: types.Trajectory, reward_b: jax.Array,
+                  group_size: int, success_threshold: float):
+  """`rl.replay_inject`: buffered successes replace the last row of failed groups.
+
+  The injected rows take the buffered episode's tokens, roles, behaviour
+  log-probs, turn indices and reward (`replay.inject_into_failed_groups`),
+  and num_turns = 1 + its largest turn index, so per-turn estimators (GiGPO)
+  see the injected episode's own turns. Facts and finish stay the replaced
+  row's (validation rules out the switches that read them).
+
+  Args:
+    buf: the `replay.ReplayBuffer`.
+    traj: the fresh batch (B = groups * group_size rows, group-major).
+    reward_b: [B] float32 rewards of the fresh batch.
+    group_size: K (static).
+    success_threshold: reward counting as a success.
+
+  Returns:
+    (train_traj, reward [B] float32, injected [B] bool).
+  """
+  tokens, role, logprob, turn, reward, injected = (
+      replay_lib.inject_into_failed_groups(
+          buf, traj.tokens, traj.role, traj.logprob, traj.turn, reward_b,
+          group_size, success_threshold))
+  num_turns = jnp.where(injected, jnp.max(turn, axis=1) + 1, traj.num_turns)
+  return (traj.replace(tokens=tokens, role=role, logprob=logprob, turn=turn,
+                       num_turns=num_turns.astype(traj.num_turns.dtype)),
+          reward, injected)
+
+
 def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
   """One projected dual-ascent step on the constraint multiplier.
 
@@ -1225,12 +1317,10 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     if use_replay:
       fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
       if replay_inject:
-        tokens, role, logprob, reward, injected = (
-            replay_lib.inject_into_failed_groups(
-                state.replay, traj.tokens, traj.role, traj.logprob, reward,
-                group_size, replay_threshold))
-        train_traj = traj.replace(tokens=tokens, role=role, logprob=logprob)
-        mask = jnp.where(injected[:, None], role == types.POLICY, mask)
+        train_traj, reward, injected = inject_replay(
+            state.replay, traj, reward, group_size, replay_threshold)
+        mask = jnp.where(injected[:, None], train_traj.role == types.POLICY,
+                         mask)
         info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
       if sil_coef > 0:
         buf = state.replay
@@ -1246,7 +1336,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         }
       extras["replay"] = replay_lib.insert(
           state.replay, fresh_keys, traj.tokens, traj.role, traj.logprob,
-          reward, reward >= replay_threshold, state.step)
+          reward, reward >= replay_threshold, state.step, traj.turn)
       info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
     ref_logp, _ = sampling.token_logprobs(
         graphdef, state.ref_params, train_traj.tokens, temperature
@@ -1269,7 +1359,15 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
         # Fresh rows only: replay-injected episodes carry an older policy's
         # log-probs.
         pmask = policy_mask(train_traj)
-        fresh = pmask & jnp.all(train_traj.tokens == traj.tokens, axis=1)[:, None]
+        fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
+        fresh = pmask & fresh_b[:, None]
+        if num_free > 0:
+          # Dual-path tool-free rows were sampled with the tool-call tokens
+          # masked: their behaviour log-probs are the masked distribution's.
+          trainer_logp, shift = masked_behaviour_logprobs(
+              config, graphdef, state.params, train_traj.tokens, trainer_logp,
+              traj.facts["tool_free"] & fresh_b, rollout.tool_call_tokens(env))
+          extras["behaviour_shift"] = jnp.where(pmask, shift, 0.0)
         gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
         info["logp_mismatch_max"] = jnp.max(gap)
         info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
@@ -1316,6 +1414,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
                                                    train_traj)
     if "sil" in extras:
       batch["sil"] = extras.pop("sil")
+    if "behaviour_shift" in extras:
+      batch["behaviour_shift"] = extras.pop("behaviour_shift")
     if "aux_advantage" in extras:
       batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
     if obs_coef > 0:

@@ -39,6 +39,9 @@ class ReplayBuffer:
     tokens: [S, L] int32 episode tokens.
     role: [S, L] int8 token roles (types.PROMPT, POLICY, ...).
     logprob: [S, L] float32 behaviour log-probs recorded when it was sampled.
+    turn: [S, L] int32 turn index of each token (types.Trajectory.turn; -1
+      on prompt and padding), so that an injected episode keeps its own turn
+      structure (per-turn estimators such as GiGPO read it).
     reward: [S] float32 reward it got.
     step: [S] int32 training step at which it was stored (-1 when empty).
   """
@@ -48,6 +51,7 @@ class ReplayBuffer:
   tokens: jax.Array
   role: jax.Array
   logprob: jax.Array
+  turn: jax.Array
   reward: jax.Array
   step: jax.Array
 
@@ -67,6 +71,7 @@ def init(capacity: int, max_len: int) -> ReplayBuffer:
       tokens=jnp.zeros((s, l), jnp.int32),
       role=jnp.full((s, l), types.PAD, jnp.int8),
       logprob=jnp.zeros((s, l), jnp.float32),
+      turn=jnp.full((s, l), -1, jnp.int32),
       reward=jnp.zeros((s,), jnp.float32),
       step=jnp.full((s,), -1, jnp.int32),
   )
@@ -109,6 +114,7 @@ def insert(
     reward_b: jax.Array,
     success_b: jax.Array,
     step: jax.Array,
+    turn_bl: jax.Array,
 ) -> ReplayBuffer:
   """Stores each successful row: in its task's slot if the task is present
   (the newer episode replaces the older), else in an empty slot, else in the
@@ -122,6 +128,7 @@ def insert(
     reward_b: [B] float32 rewards.
     success_b: [B] bool, rows to store.
     step: int32 scalar, the current training step.
+    turn_bl: [B, L] int32 turn indices of the episodes.
 
   Returns:
     The updated buffer.
@@ -129,7 +136,7 @@ def insert(
   chex.assert_rank([key_b, reward_b, success_b], 1)
 
   def body(b, row):
-    key, tokens, role, logprob, reward, ok = row
+    key, tokens, role, logprob, turn, reward, ok = row
     same = b.valid & (b.key == key)
     # Priority: the task's own slot, then empty slots, then the oldest.
     age = jnp.where(b.valid, b.step, jnp.iinfo(jnp.int32).min)
@@ -141,13 +148,15 @@ def insert(
     return b.replace(
         key=put(b.key, key), valid=put(b.valid, True),
         tokens=put(b.tokens, tokens), role=put(b.role, role),
-        logprob=put(b.logprob, logprob), reward=put(b.reward, reward),
+        logprob=put(b.logprob, logprob), turn=put(b.turn, turn),
+        reward=put(b.reward, reward),
         step=put(b.step, jnp.asarray(step, jnp.int32)),
     ), None
 
   rows = (key_b.astype(jnp.uint32), tokens_bl.astype(jnp.int32),
           role_bl.astype(jnp.int8), logprob_bl.astype(jnp.float32),
-          reward_b.astype(jnp.float32), success_b.astype(bool))
+          turn_bl.astype(jnp.int32), reward_b.astype(jnp.float32),
+          success_b.astype(bool))
   buf, _ = jax.lax.scan(body, buf, rows)
   return buf
 
@@ -163,6 +172,7 @@ def inject_into_failed_groups(
     tokens_bl: jax.Array,
     role_bl: jax.Array,
     logprob_bl: jax.Array,
+    turn_bl: jax.Array,
     reward_b: jax.Array,
     group_size: int,
     success_threshold: float,
@@ -172,19 +182,19 @@ def inject_into_failed_groups(
   For every group (rows group-major, K = group_size) in which no row reached
   `success_threshold` and whose task has a buffered episode, the group's last
   row is replaced by the buffered episode (tokens, roles, behaviour log-probs,
-  reward). Its advantage is then computed against the current group
+  turn indices, reward). Its advantage is then computed against the current group
   (SPEAR's recalibration, arXiv:2509.22601; the replacement rule is the
   inferred RAPO per-prompt replay, docs/papers.md F0-43).
 
   Args:
     buf: the buffer.
-    tokens_bl, role_bl, logprob_bl: [B, L] batch arrays, B = G * K.
+    tokens_bl, role_bl, logprob_bl, turn_bl: [B, L] batch arrays, B = G * K.
     reward_b: [B] float32 rewards.
     group_size: K (static).
     success_threshold: reward counting as a success.
 
   Returns:
-    (tokens, role, logprob, reward, injected_b [B] bool).
+    (tokens, role, logprob, turn, reward, injected_b [B] bool).
   """
   b = reward_b.shape[0]
   keys_b = task_keys(tokens_bl, role_bl)
@@ -200,7 +210,8 @@ def inject_into_failed_groups(
     return jnp.where(m, new.astype(batch.dtype), batch)
 
   return (pick(tokens_bl, buf.tokens), pick(role_bl, buf.role),
-          pick(logprob_bl, buf.logprob), pick(reward_b, buf.reward), inj_b)
+          pick(logprob_bl, buf.logprob), pick(turn_bl, buf.turn),
+          pick(reward_b, buf.reward), inj_b)
 
 
 def sample_slots(buf: ReplayBuffer, rng: jax.Array, num: int) -> jax.Array:

@@ -93,7 +93,7 @@ def generate_turn(
     *,
     max_action_len: int,
     temperature: float | jax.Array,
-    stop_tokens: tuple[int, ...] = tokenizers.STOP_TOKENS,
+    stop_tokens: tuple[int, ...],
     banned_b: jax.Array | None = None,
     banned_tokens: tuple[int, ...] = (),
 ) -> tuple[RolloutState, jax.Array, jax.Array]:
@@ -102,7 +102,10 @@ def generate_turn(
   Each active row samples from `state.next_logits`, writes the token (role POLICY,
   its behaviour log-prob, the current turn index) at its own position, feeds it
   through the model with the KV cache, and stops after a stop token, after
-  `max_action_len` tokens, or when the buffer is full.
+  `max_action_len` tokens, or when the buffer is full. `stop_tokens` are the
+  ids that end a turn in the policy's vocabulary (`env_stop_tokens`); there is
+  no default, since the byte tokenizer's stop ids are ordinary tokens of an
+  imported checkpoint's vocabulary.
 
   Per-episode logit mask (dual-path groups, `mask_logits`): rows with
   `banned_b` set never sample a token of `banned_tokens` (their logits are
@@ -193,6 +196,53 @@ def mask_logits(
   new_bn = jnp.where(jnp.asarray(banned_b, bool)[:, None],
                      jnp.asarray(BANNED_LOGIT, logits_bv.dtype), cols_bn)
   return logits_bv.at[:, ids].set(new_bn)
+
+
+def env_stop_tokens(env) -> tuple[int, ...]:
+  """The token ids that end an assistant turn in `env`'s token format.
+
+  In order: the chat format's stop ids (`env.chat_format.stop_tokens`, an HF
+  checkpoint's `<|im_end|>` and end-of-text ids), ids the environment declares
+  (`env.stop_tokens`), the end-of-sequence ids of its tokenizer
+  (`env.tokenizer.eos_ids`), else the byte tokenizer's
+  `tokenizers.STOP_TOKENS` (</call>, </answer>, <eos>), the format every
+  JAX-native environment here parses.
+  """
+  fmt = getattr(env, "chat_format", None)
+  if fmt is not None:
+    return tuple(int(t) for t in fmt.stop_tokens)
+  declared = getattr(env, "stop_tokens", None)
+  if declared is not None:
+    return tuple(int(t) for t in declared)
+  eos = getattr(getattr(env, "tokenizer", None), "eos_ids", None)
+  if eos:
+    return tuple(int(t) for t in eos)
+  return tokenizers.STOP_TOKENS
+
+
+def check_stop_tokens(stop_tokens: tuple[int, ...], env,
+                      model_config: transformer.TransformerConfig | None) -> None:
+  """Refuses byte-tokenizer stop ids for a model with another vocabulary.
+
+  Raises:
+    ValueError: `stop_tokens` are the byte defaults while the model's
+      vocab_size is not the byte tokenizer's (e.g. an imported checkpoint),
+      where those ids are ordinary tokens; or a stop id is outside the
+      vocabulary.
+  """
+  if model_config is None:
+    return
+  v = model_config.vocab_size
+  if tuple(stop_tokens) == tokenizers.STOP_TOKENS and v != tokenizers.VOCAB_SIZE:
+    raise ValueError(
+        f"model.vocab_size={v}: {type(env).__name__} gives no stop ids of its "
+        f"own (chat_format, stop_tokens or tokenizer.eos_ids), and the byte "
+        f"tokenizer's {tokenizers.STOP_TOKENS} are ordinary tokens of a "
+        f"{v}-token vocabulary")
+  bad = [t for t in stop_tokens if not 0 <= t < v]
+  if bad:
+    raise ValueError(f"stop_tokens={tuple(stop_tokens)}: {bad} outside the "
+                     f"model's vocabulary (vocab_size={v})")
 
 
 def tool_call_tokens(env) -> tuple[int, ...]:
@@ -340,7 +390,11 @@ def end_turn(
     logits, cache = sampling.extend(
         graphdef, params, cache, obs, state.length, obs_len
     )
-    next_logits = jnp.where(write_obs[:, None], logits, next_logits)
+    # An empty observation leaves the context as it is: the next turn starts
+    # from the logits after the last sampled token, not from `extend`'s
+    # (meaningless) logits of a length-0 chunk.
+    next_logits = jnp.where((write_obs & (obs_len > 0))[:, None], logits,
+                            next_logits)
   state = _append(state, obs, obs_len, write_obs, types.TOOL)
   length = state.length
   # A row whose buffer filled up (during its action, or with no room for the
@@ -382,9 +436,10 @@ def rollout(
 ) -> types.Trajectory:
   """Runs a batch of episodes to completion and returns their `Trajectory`.
 
-  With (graphdef, params, model_config) the policy samples every assistant turn;
-  with graphdef None the environment's expert acts instead (SFT demonstrations,
-  same format, behaviour log-prob 0).
+  With (graphdef, params, model_config) the policy samples every assistant turn,
+  each ending at one of `env_stop_tokens(env)`; with graphdef None the
+  environment's expert acts instead (SFT demonstrations, same format, behaviour
+  log-prob 0).
 
   Args:
     env: a JAX-native environment (environments/base.py).
@@ -403,11 +458,18 @@ def rollout(
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.
+
+  Raises:
+    ValueError: the stop ids do not fit the model's vocabulary
+      (`check_stop_tokens`).
   """
   b = jax.tree.leaves(tasks)[0].shape[0]
   env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
   use_model = graphdef is not None
   banned_tokens = tool_call_tokens(env) if tool_free is not None else ()
+  stop_tokens = env_stop_tokens(env)
+  if use_model:
+    check_stop_tokens(stop_tokens, env, model_config)
   state = init_state(prompt, prompt_len, env_state, max_len=max_len,
                      graphdef=graphdef, params=params, model_config=model_config)
 
@@ -423,6 +485,7 @@ def rollout(
           sub,
           max_action_len=env.max_action_len,
           temperature=temperature,
+          stop_tokens=stop_tokens,
           banned_b=tool_free,
           banned_tokens=banned_tokens,
       )

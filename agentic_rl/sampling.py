@@ -153,7 +153,7 @@ def chunked_logprob_and_entropy(
   b, t, d = hidden_btd.shape
   if chunk_size <= 0 or chunk_size >= t:
     return logprob_and_entropy(
-        (hidden_btd @ w_dv).astype(jnp.float32), targets_bt, temperature)
+        transformer.vocab_logits(hidden_btd, w_dv), targets_bt, temperature)
   n = -(-t // chunk_size)
   pad = n * chunk_size - t
   h_nbcd = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(
@@ -163,7 +163,8 @@ def chunked_logprob_and_entropy(
 
   @jax.checkpoint
   def one_chunk(h_bcd, y_bc, w):
-    return logprob_and_entropy((h_bcd @ w).astype(jnp.float32), y_bc, temperature)
+    return logprob_and_entropy(transformer.vocab_logits(h_bcd, w), y_bc,
+                               temperature)
 
   logp_nbc, entropy_nbc = jax.lax.map(lambda a: one_chunk(a[0], a[1], w_dv),
                                       (h_nbcd, y_nbc))

@@ -35,6 +35,7 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
+from agentic_rl import mixed_precision
 from agentic_rl import rm_train
 from agentic_rl import rollout
 from agentic_rl import sharding
@@ -138,9 +139,15 @@ def _rl_transition(config):
   tx = learner.make_optimizer(config.rl)
 
   def fn(state):
+    opt_state = tx.init(state.params)
+    if isinstance(opt_state, mixed_precision.MasterWeightsState) and isinstance(
+        state.opt_state, mixed_precision.MasterWeightsState):
+      # bf16 params: the RL phase continues from the SFT phase's float32
+      # master (its progress below bf16 resolution), with fresh moments.
+      opt_state = opt_state._replace(master=state.opt_state.master)
     return learner.init_rl_extras(config, state.replace(
         ref_params=jax.tree.map(jnp.copy, state.params),
-        opt_state=tx.init(state.params),
+        opt_state=opt_state,
     ))
 
   return fn

@@ -41,7 +41,7 @@ def _turn(env, graphdef, params, state: rollout.RolloutState, key, temperature):
   active = ~state.done
   state, action, action_len = rollout.generate_turn(
       graphdef, params, state, key, max_action_len=env.max_action_len,
-      temperature=temperature)
+      temperature=temperature, stop_tokens=rollout.env_stop_tokens(env))
   new_env_state, obs, obs_len, env_done = jax.vmap(env.step)(
       state.env_state, action, action_len)
   env_state = rollout._tree_where(active, new_env_state, state.env_state)
@@ -54,7 +54,9 @@ def _turn(env, graphdef, params, state: rollout.RolloutState, key, temperature):
   obs_len = jnp.where(write_obs, obs_len, 0)
   logits, cache = sampling.extend(graphdef, params, state.cache, obs,
                                   state.length, obs_len)
-  next_logits = jnp.where(write_obs[:, None], logits, state.next_logits)
+  # Empty observation: keep the logits after the last sampled token.
+  next_logits = jnp.where((write_obs & (obs_len > 0))[:, None], logits,
+                          state.next_logits)
   state = rollout._append(state, obs, obs_len, write_obs, types.TOOL)
   truncated = active & ~facts["answered"] & (
       full | (cont & ~obs_fits) | (~env_done & (state.length >= l)))
@@ -98,10 +100,12 @@ def tree_rollout(
     task n's leaves (group = n).
 
   Raises:
-    ValueError: empty branching or a fork size < 1.
+    ValueError: empty branching or a fork size < 1; stop ids that do not fit
+      the model's vocabulary (`rollout.check_stop_tokens`).
   """
   if not branching or any(b < 1 for b in branching):
     raise ValueError(f"branching={branching!r}: need fork sizes >= 1")
+  rollout.check_stop_tokens(rollout.env_stop_tokens(env), env, model_config)
   n = jax.tree.leaves(tasks)[0].shape[0]
   l = max_len
   env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)

@@ -59,7 +59,8 @@ def test_generate_turn_never_samples_a_banned_token_and_logs_masked_logp():
         60.0))
     return rollout.generate_turn(
         graphdef, params, st, key, max_action_len=1, temperature=1.0,
-        banned_b=banned, banned_tokens=(tokenizers.CALL,))
+        stop_tokens=tokenizers.STOP_TOKENS, banned_b=banned,
+        banned_tokens=(tokenizers.CALL,))
 
   for seed in range(3):
     out, action, _ = gen(params, jax.random.PRNGKey(seed))

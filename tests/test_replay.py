@@ -22,6 +22,11 @@ def _rows(prompts, answers):
   return tokens, role
 
 
+def _turns(n):
+  """Turn indices of `_rows`' layout: -1 on the prompt, turn 0 after."""
+  return jnp.array([[-1, -1, 0, 0]] * n, jnp.int32)
+
+
 def test_task_keys_depend_only_on_prompt_tokens_in_order():
   tokens, role = _rows([(5, 6), (5, 6), (6, 5), (5, 7)],
                        [(1, 2), (3, 4), (1, 2), (1, 2)])
@@ -39,7 +44,8 @@ def test_insert_keeps_one_episode_per_task_and_evicts_the_oldest():
   # Rows 0 and 1 (same task) succeed: the later one is kept. Row 2 fails.
   buf = jax.jit(replay.insert)(buf, keys, tokens, role, lp,
                                jnp.array([1.0, 0.9, 0.0]),
-                               jnp.array([True, True, False]), jnp.int32(3))
+                               jnp.array([True, True, False]), jnp.int32(3),
+                               _turns(3))
   np.testing.assert_array_equal(buf.valid, [True, False])
   np.testing.assert_array_equal(buf.tokens[0], [5, 6, 2, 2])
   np.testing.assert_allclose(buf.reward[0], 0.9)
@@ -47,10 +53,12 @@ def test_insert_keeps_one_episode_per_task_and_evicts_the_oldest():
   # Task (7, 7) at step 4 takes the empty slot; a third task at step 5
   # evicts the oldest entry (slot 0, stored at step 3).
   buf = replay.insert(buf, keys[2:], tokens[2:], role[2:], lp[2:],
-                      jnp.array([1.0]), jnp.array([True]), jnp.int32(4))
+                      jnp.array([1.0]), jnp.array([True]), jnp.int32(4),
+                      _turns(1))
   t3, r3 = _rows([(8, 8)], [(4, 4)])
   buf = replay.insert(buf, replay.task_keys(t3, r3), t3, r3, lp[:1],
-                      jnp.array([1.0]), jnp.array([True]), jnp.int32(5))
+                      jnp.array([1.0]), jnp.array([True]), jnp.int32(5),
+                      _turns(1))
   np.testing.assert_array_equal(buf.tokens[:, 0], [8, 7])
   np.testing.assert_array_equal(buf.step, [5, 4])
   slot, found = replay.lookup(buf, jnp.concatenate(
@@ -65,16 +73,16 @@ def test_injection_replaces_last_row_of_failed_groups_and_recomputes_advantage()
   ta, ra = _rows([(5, 6)], [(9, 9)])
   buf = replay.insert(buf, replay.task_keys(ta, ra), ta, ra,
                       jnp.full((1, 4), -0.25), jnp.array([1.0]),
-                      jnp.array([True]), jnp.int32(0))
+                      jnp.array([True]), jnp.int32(0), _turns(1))
   # Groups of K = 2: g0 = task A, both failed -> last row replaced;
   # g1 = task A with a success -> unchanged; g2 = task B failed, not buffered.
   tokens, role = _rows([(5, 6)] * 4 + [(7, 7)] * 2,
                        [(1, 1), (2, 2), (3, 3), (4, 4), (1, 1), (2, 2)])
   reward = jnp.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
   lp = jnp.full((6, 4), -1.0)
-  out = jax.jit(replay.inject_into_failed_groups, static_argnums=(5, 6))(
-      buf, tokens, role, lp, reward, 2, 1.0)
-  tok, rol, logp, rew, inj = out
+  out = jax.jit(replay.inject_into_failed_groups, static_argnums=(6, 7))(
+      buf, tokens, role, lp, _turns(6), reward, 2, 1.0)
+  tok, rol, logp, _, rew, inj = out
   np.testing.assert_array_equal(inj, [False, True, False, False, False, False])
   np.testing.assert_array_equal(tok[1], [5, 6, 9, 9])
   np.testing.assert_allclose(logp[1], -0.25)
@@ -114,7 +122,7 @@ def test_train_state_with_buffer_and_dual_coef_checkpoints(tmp_path):
   tokens, role = _rows([(5, 6)], [(1, 2)])
   buf = replay.insert(buf, replay.task_keys(tokens, role), tokens, role,
                       jnp.full((1, 4), -0.5), jnp.array([1.0]),
-                      jnp.array([True]), jnp.int32(7))
+                      jnp.array([True]), jnp.int32(7), _turns(1))
   base = dict(step=jnp.int32(7), params={"w": jnp.ones(3)},
               ref_params={"w": jnp.zeros(3)}, opt_state={"m": jnp.zeros(3)},
               rng=jnp.zeros(2, jnp.uint32), kl_coef=jnp.float32(0.01))

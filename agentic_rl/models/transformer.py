@@ -36,7 +36,11 @@ final_norm), a vector over d_model.
 
 Dtype policy: parameters are stored in `param_dtype`; every matmul runs in the
 compute `dtype` (parameters are cast at use); RMSNorm statistics, attention
-softmax, logits and log-softmax are float32.
+softmax, logits and log-softmax are float32, and the two matmuls that feed a
+softmax (attention scores, LM-head logits) accumulate and return float32
+(`preferred_element_type`), so no log-prob is computed from bf16-rounded
+logits. Training with `param_dtype='bfloat16'` keeps a float32 master copy
+of the parameters in the optimizer state (agentic_rl/mixed_precision.py).
 """
 
 from __future__ import annotations
@@ -363,16 +367,19 @@ class Attention(nnx.Module):
       new_cache = {"k": keys_bgsk, "v": values_bgsk}
     scale = cfg.head_dim ** -0.5
     if r == 1:
-      scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk) * scale
+      # Scores feed the softmax: accumulated and returned in float32.
+      scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk,
+                               preferred_element_type=jnp.float32) * scale
       scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
-      probs_bhts = jax.nn.softmax(scores_bhts.astype(jnp.float32), axis=-1)
+      probs_bhts = jax.nn.softmax(scores_bhts, axis=-1)
       out_bhtk = jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dt), values_bgsk)
     else:
       # Query head h reads kv head h // r (Hugging Face's repeat_kv).
       q_bgrtk = q_bhtk.reshape(b, g, r, t, cfg.head_dim)
-      scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, keys_bgsk) * scale
+      scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, keys_bgsk,
+                                preferred_element_type=jnp.float32) * scale
       scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, -1e30)
-      probs_bgrts = jax.nn.softmax(scores_bgrts.astype(jnp.float32), axis=-1)
+      probs_bgrts = jax.nn.softmax(scores_bgrts, axis=-1)
       out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dt), values_bgsk)
       out_bhtk = out_bgrtk.reshape(b, h, t, cfg.head_dim)
     out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
@@ -531,8 +538,8 @@ class Transformer(nnx.Module):
     return w.astype(self.cfg.compute_dtype)
 
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
-    """LM head: [..., D] hidden -> [..., V] float32 logits."""
-    return (hidden_btd @ self.output_weights_dv()).astype(jnp.float32)
+    """LM head: [..., D] hidden -> [..., V] float32 logits (`vocab_logits`)."""
+    return vocab_logits(hidden_btd, self.output_weights_dv())
 
   def __call__(
       self,
@@ -584,6 +591,25 @@ class Transformer(nnx.Module):
     last_b = last_token_index(mask_bl)
     h_bd = jnp.take_along_axis(hidden_bld, last_b[:, None, None], axis=1)[:, 0]
     return h_bd.astype(jnp.float32) @ self.reward_head_d[...].astype(jnp.float32)
+
+
+def vocab_logits(hidden_btd: jax.Array, w_dv: jax.Array) -> jax.Array:
+  """LM-head projection [..., D] x [D, V] -> [..., V] float32 logits.
+
+  The products are accumulated and returned in float32 whatever the input
+  dtype (`preferred_element_type`): with bfloat16 compute, rounding the
+  logits to bfloat16 first (8 significant bits) would cost up to half a unit
+  in the last place, 0.125 at |logit| in [32, 64), in every log-prob.
+
+  Args:
+    hidden_btd: [..., D] hidden states (any float dtype).
+    w_dv: [D, V] output layer (same dtype as hidden).
+
+  Returns:
+    [..., V] float32.
+  """
+  return jnp.einsum("...d,dv->...v", hidden_btd, w_dv,
+                    preferred_element_type=jnp.float32)
 
 
 def last_token_index(mask_bl: jax.Array) -> jax.Array:
