@@ -156,6 +156,7 @@ def run_claim(
     include_sft_row: bool = True,
     curve_means: Sequence[tuple[str, str, int, int]] = (),
     spec: stats.ClaimSpec | None = None,
+    stem: str = "results",
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
 
@@ -178,6 +179,7 @@ def run_claim(
       labels or 'SFT (start)'; its room metric is computed on the SFT start of
       the control arm (of the treatment when the control is the start), as the
       mean over seeds.
+    stem: output file names (stem.md / .json / .png).
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
@@ -207,7 +209,9 @@ def run_claim(
       c = ml_collections.ConfigDict(config.to_dict())
       c.rl.steps = 0
       t0 = time.time()
-      out = seeds_lib.train_seeds(c, seeds, sft_dir)
+      # Arms that share this SFT run differ in their RL settings: only the other
+      # sections must match the SFT workdir's config.json.
+      out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
       walls[f"sft_{key}"] = time.time() - t0
       sft_dirs[key] = sft_dir
       if include_sft_row and "SFT (start)" not in rows:
@@ -243,7 +247,7 @@ def run_claim(
   meta = {"commit": git_commit(), "seeds": list(seeds),
           "config_hash": {arm: seeds_lib.config_hash(c) for arm, c in arms.items()},
           "room": room, "analysis": analysis}
-  _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta)
+  _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
   return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,
           "analysis": analysis}
 
@@ -257,7 +261,8 @@ def _with_extra(out, which, extra_eval, config, seeds):
   return [dict(r, **extra_eval(config, p)) for r, p in zip(reports, params)]
 
 
-def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta):
+def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta,
+           stem="results"):
   os.makedirs(out_dir, exist_ok=True)
   lines = [f"# {title}", "",
            "| arm | " + " | ".join(lbl for _, lbl in metrics) + " |",
@@ -284,13 +289,13 @@ def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta
             ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
             "", f"Commit {meta['commit']}; config hashes " +
             ", ".join(f"{k} {v}" for k, v in meta["config_hash"].items()) + ".", ""]
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
+  with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(lines))
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
+  with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
     json.dump(dict(meta, rows=rows, wall_s=walls), f, indent=2, default=float)
   print("\n".join(lines))
   plot_grid(title, rows, curves, metrics, curve_keys,
-            os.path.join(out_dir, "results.png"))
+            os.path.join(out_dir, f"{stem}.png"))
 
 
 # Metric names holding a share in [0, 1] (plot axes are capped at 1).
@@ -408,14 +413,14 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
 def cli(argv: Sequence[str], *, here: str, title: str,
         arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
         default_seeds: str = "0,1,2",
-        after_run: Callable[[str, str, Sequence[int]], None] | None = None,
+        after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
         **run_kwargs) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
 
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
   committed results stay untouched), --root=DIR (default runs/<folder name>).
-  `after_run(root, out_dir, seeds)`, if given, runs after `run_claim` (extra
-  tables of the same workdirs, so one command produces every output).
+  `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
+  (extra tables of the same workdirs, so one command produces every output).
   """
   import argparse  # pylint: disable=g-import-not-at-top
   name = os.path.basename(here)
@@ -435,5 +440,5 @@ def cli(argv: Sequence[str], *, here: str, title: str,
   out = run_claim(title, arms_fn(args.smoke), seeds, root=root, out_dir=out_dir,
                   **run_kwargs)
   if after_run is not None:
-    after_run(root, out_dir, seeds)
+    after_run(root, out_dir, seeds, args.smoke)
   return out
