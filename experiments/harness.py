@@ -219,7 +219,7 @@ def run_claim(
       if (spec is not None and spec.room_fn is not None
           and key == _sft_key(arms[room_arm])):
         params = seeds_lib.unstack(out["params"], len(seeds))
-        per_seed = [float(spec.room_fn(config, p)) for p in params]
+        per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
         room = {"metric": spec.room_metric, "value": float(np.mean(per_seed)),
                 "per_seed": per_seed, "threshold": spec.room_threshold}
         print(f"room check ({spec.room_metric}, start policy): "

@@ -8,9 +8,13 @@ asserts the held-out gain the full run shows in its first iterations: the SFT
 start answers easy items and guesses hard ones (accuracy about 0.5, hard items
 about 0); GRPO teaches it to call the calculator on hard items.
 
-Measured (seed 0, 2-core CPU shared with other jobs at load 13-17): SFT 0.500 ->
-RL 1.000 held-out accuracy on 128 tasks; byte-identical over two runs. It takes
-minutes, so it is in its own tier: `python -m pytest -q -m learning`.
+Measured (seed 0, 2026-12-01, 2-core CPU shared with other jobs at load 10-17):
+held-out accuracy SFT 0.500 -> RL 1.000 on 128 tasks, hard items 0.000 -> 1.000,
+tool calls per hard episode 0.000 -> 1.000; the same numbers (and the same
+training curve) in three runs. 153 s of CPU time for the training, 1152 s wall
+on the loaded machine (the whole pytest call: 2 min 45 s user CPU, 21 min wall).
+Too long for the default tier, so it has its own: `python -m pytest -q -m
+learning`.
 """
 
 import resource
