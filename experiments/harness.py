@@ -299,7 +299,8 @@ def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta
 
 
 # Metric names holding a share in [0, 1] (plot axes are capped at 1).
-_SHARE_WORDS = ("acc", "pass@", "rate", "share", "horizon", "prob", "groups")
+_SHARE_WORDS = ("acc", "pass@", "rate", "share", "horizon", "prob", "groups",
+                "unanswered")
 
 
 def _base(key: str) -> str:
