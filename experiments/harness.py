@@ -7,18 +7,31 @@ environment, SFT settings, context length) share one SFT run: it is trained once
 (rl.steps = 0) and each arm's workdir starts from a copy of its checkpoint, so the
 arms differ only in what the claim varies.
 
+A claim may declare a `stats.ClaimSpec` (primary metric, treatment and control
+arms, prediction, room metric and threshold) before its run: the room metric is
+computed from the shared SFT start policy of every seed (`spec.room_fn`), printed
+and stored, and the paired per-seed effect with its 95% t interval and the
+verdict (`stats.analyse`) go into results.md / results.json; a room below the
+threshold makes the verdict 'untestable at this setup'.
+
 Outputs in `out_dir`: `results.md` (per metric mean +- standard error over seeds,
-then every seed's value), `results.json` (all numbers), `results.png` (bars per
-arm with the seeds as dots, and RL learning curves mean +- standard error).
-Workdirs live under `root` and make a re-run resume instead of restarting.
+then every seed's value, then the verdict), `results.json` (all numbers, plus the
+commit, every arm's config hash, the seeds, room and analysis), `results.png` (a
+grid of panels: bars per arm with 95% t intervals and the seeds as dots, RL
+learning curves with 95% t bands; panels of one metric share their y-limits and
+show the SFT start level as a dashed line). Workdirs live under `root` and make a
+re-run resume instead of restarting (a changed config is refused,
+experiments/seeds.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
+import subprocess
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -26,6 +39,7 @@ import ml_collections
 import numpy as np
 
 from experiments import seeds as seeds_lib
+from experiments import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +58,91 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
   return float(v.mean()), se
 
 
+def ci_halfwidth(values: Sequence[float], level: float = 0.95) -> float:
+  """Half-width t_{n-1} * SE of the mean's t interval (0 for one value)."""
+  n = len(values)
+  return mean_se(values)[1] * stats.t_multiplier(n, level) if n > 1 else 0.0
+
+
+def git_commit(repo: str = REPO) -> str:
+  """`git rev-parse HEAD` of repo (+ '-dirty' with uncommitted changes to
+  tracked files), or 'unknown' outside a git checkout or without git."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                          text=True, timeout=30, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=repo, capture_output=True, text=True, timeout=30,
+                           check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  return head + ("-dirty" if dirty else "") if head else "unknown"
+
+
+def sample_groups(config: ml_collections.ConfigDict, params, *,
+                  num_groups: int | None = None, group_size: int | None = None,
+                  seed: int = 0, temperature: float = 1.0) -> dict[str, np.ndarray]:
+  """Samples GRPO-style groups from a policy, as its first RL iteration would.
+
+  Tasks come from the training distribution (`env.sample_tasks` with a fixed
+  key), each repeated `group_size` times; episodes are sampled at `temperature`.
+
+  Args:
+    config: the experiment config.
+    params: one seed's policy parameters.
+    num_groups: default config.eval.num_tasks // 4 (64 at the claims' full
+      size).
+    group_size: default config.rl.group_size.
+    seed: PRNG seed of tasks and sampling.
+    temperature: sampling temperature (the RL default is 1).
+
+  Returns:
+    The environment's per-episode facts (e.g. 'correct', 'num_tool_calls',
+    'hard') as float64 arrays of shape [num_groups, group_size].
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from agentic_rl import rollout  # pylint: disable=g-import-not-at-top
+  from agentic_rl import train  # pylint: disable=g-import-not-at-top
+  g = int(group_size or config.rl.group_size)
+  n = int(num_groups or max(config.eval.num_tasks // 4, 1))
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef = train.init_state(config, model_cfg)[0]
+  task_key, sample_key = jax.random.split(jax.random.PRNGKey(seed))
+  tasks = jax.tree.map(lambda x: jnp.repeat(x, g, axis=0),
+                       env.sample_tasks(task_key, n))
+  traj = rollout.rollout_jit(
+      env, tasks, sample_key, max_len=config.max_len,
+      group=jnp.repeat(jnp.arange(n, dtype=jnp.int32), g), graphdef=graphdef,
+      params=params, model_config=model_cfg, temperature=jnp.float32(temperature))
+  facts = jax.device_get(traj.facts)
+  return {k: np.asarray(v, np.float64).reshape(n, g) for k, v in facts.items()
+          if np.ndim(v) == 1}
+
+
+def room_correct_zero_call_groups(config, params) -> float:
+  """Share of sampled groups holding at least one correct episode without a tool
+  call: only there can an efficiency signal (OTC, HDPO) prefer not calling at
+  equal correctness. In [0, 1]."""
+  f = sample_groups(config, params)
+  return float(np.any((f["correct"] > 0) & (f["num_tool_calls"] == 0), axis=1).mean())
+
+
+def room_mixed_groups(config, params) -> float:
+  """Share of sampled groups whose episodes differ in correctness: the only
+  groups where a group-relative advantage (GRPO) is non-zero, i.e. where
+  learning from the outcome reward can start. In [0, 1]."""
+  return 1.0 - room_tied_groups(config, params)
+
+
+def room_tied_groups(config, params) -> float:
+  """Share of sampled groups whose episodes all tie on correctness (all right
+  or all wrong): GRPO's advantage is zero there, and only there can reward
+  dithering add a gradient. In [0, 1]."""
+  c = sample_groups(config, params)["correct"]
+  return float(np.all(c == c[:, :1], axis=1).mean())
+
+
 def run_claim(
     title: str,
     arms: Mapping[str, ml_collections.ConfigDict],
@@ -56,6 +155,8 @@ def run_claim(
     extra_eval: Callable | None = None,
     include_sft_row: bool = True,
     curve_means: Sequence[tuple[str, str, int, int]] = (),
+    spec: stats.ClaimSpec | None = None,
+    stem: str = "results",
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
 
@@ -74,11 +175,28 @@ def run_claim(
     curve_means: (new metric key, curve key, first, last) adds to each arm's
       per-seed row the mean of a training curve over RL iterations
       [first, last) (e.g. early-learning speed); list the key in `metrics`.
+    spec: the claim's declared ClaimSpec (None: no verdict). Its arms are arm
+      labels or 'SFT (start)'; its room metric is computed on the SFT start of
+      the control arm (of the treatment when the control is the start), as the
+      mean over seeds.
+    stem: output file names (stem.md / .json / .png).
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
-    [steps, S]}}, 'wall_s': {arm: seconds}}.
+    [steps, S]}}, 'wall_s': {arm: seconds}, 'room': {'metric', 'value',
+    'per_seed'} or None, 'analysis': stats.analyse's dict or None}.
+
+  Raises:
+    ValueError: a spec whose arms are not among `arms`.
   """
+  labels = set(arms) | ({"SFT (start)"} if include_sft_row else set())
+  if spec is not None and not {spec.treatment, spec.control} <= labels:
+    raise ValueError(f"run_claim: spec arms {spec.treatment!r} / {spec.control!r} "
+                     f"must be among the row labels {sorted(labels)}")
+  room = None
+  room_arm = None
+  if spec is not None:
+    room_arm = spec.control if spec.control in arms else spec.treatment
   os.makedirs(root, exist_ok=True)
   sft_dirs: dict[str, str] = {}
   rows: dict[str, list[dict]] = {}
@@ -91,15 +209,29 @@ def run_claim(
       c = ml_collections.ConfigDict(config.to_dict())
       c.rl.steps = 0
       t0 = time.time()
-      out = seeds_lib.train_seeds(c, seeds, sft_dir)
+      # Arms that share this SFT run differ in their RL settings: only the other
+      # sections must match the SFT workdir's config.json.
+      out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
       walls[f"sft_{key}"] = time.time() - t0
       sft_dirs[key] = sft_dir
       if include_sft_row and "SFT (start)" not in rows:
         rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
+      if (spec is not None and spec.room_fn is not None
+          and key == _sft_key(arms[room_arm])):
+        params = seeds_lib.unstack(out["params"], len(seeds))
+        per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
+        room = {"metric": spec.room_metric, "value": float(np.mean(per_seed)),
+                "per_seed": per_seed, "threshold": spec.room_threshold}
+        print(f"room check ({spec.room_metric}, start policy): "
+              f"{room['value']:.3f} (per seed {per_seed}; threshold "
+              f"{spec.room_threshold}): "
+              f"{'room' if room['value'] >= spec.room_threshold else 'NO room'}",
+              flush=True)
     arm_dir = os.path.join(root, arm)
     if not os.path.exists(arm_dir):
+      # The arm's own config.json is written by train_seeds (not the SFT run's).
       shutil.copytree(sft_dirs[key], arm_dir,
-                      ignore=shutil.ignore_patterns("seed_*"))
+                      ignore=shutil.ignore_patterns("seed_*", "config.json"))
     t0 = time.time()
     out = seeds_lib.train_seeds(config, seeds, arm_dir)
     walls[arm] = time.time() - t0
@@ -109,8 +241,15 @@ def run_claim(
       per_seed = c[first:last].mean(0)
       rows[arm] = [dict(r, **{new_key: float(v)}) for r, v in zip(rows[arm], per_seed)]
     curves[arm] = out["curves"]
-  _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls)
-  return {"rows": rows, "curves": curves, "wall_s": walls}
+  analysis = None
+  if spec is not None:
+    analysis = stats.analyse(spec, rows, None if room is None else room["value"])
+  meta = {"commit": git_commit(), "seeds": list(seeds),
+          "config_hash": {arm: seeds_lib.config_hash(c) for arm, c in arms.items()},
+          "room": room, "analysis": analysis}
+  _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
+  return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,
+          "analysis": analysis}
 
 
 def _with_extra(out, which, extra_eval, config, seeds):
@@ -122,7 +261,8 @@ def _with_extra(out, which, extra_eval, config, seeds):
   return [dict(r, **extra_eval(config, p)) for r, p in zip(reports, params)]
 
 
-def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls):
+def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta,
+           stem="results"):
   os.makedirs(out_dir, exist_ok=True)
   lines = [f"# {title}", "",
            "| arm | " + " | ".join(lbl for _, lbl in metrics) + " |",
@@ -139,57 +279,149 @@ def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls):
         f"{lbl} " + "/".join(f"{r.get(k, np.nan):.3f}" for r in reps)
         for k, lbl in metrics)
     lines.append(f"- {label}: {per}")
+  if meta.get("analysis") is not None:
+    lines += ["", "## Verdict (declared before the run)", "",
+              stats.format_analysis(meta["analysis"])]
+  elif meta.get("room") is not None:
+    lines += ["", f"Room metric `{meta['room']['metric']}` of the start policy: "
+              f"{meta['room']['value']:.3f}."]
   lines += ["", "Wall time (s, training incl. compilation, all seeds vmapped): " +
-            ", ".join(f"{k} {v:.0f}" for k, v in walls.items()), ""]
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
+            ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
+            "", f"Commit {meta['commit']}; config hashes " +
+            ", ".join(f"{k} {v}" for k, v in meta["config_hash"].items()) + ".", ""]
+  with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(lines))
-  with open(os.path.join(out_dir, "results.json"), "w") as f:
-    json.dump({"seeds": list(seeds), "rows": rows, "wall_s": walls}, f, indent=2,
-              default=float)
+  with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+    json.dump(dict(meta, rows=rows, wall_s=walls), f, indent=2, default=float)
   print("\n".join(lines))
+  plot_grid(title, rows, curves, metrics, curve_keys,
+            os.path.join(out_dir, f"{stem}.png"))
 
+
+# Metric names holding a share in [0, 1] (plot axes are capped at 1).
+_SHARE_WORDS = ("acc", "pass@", "rate", "share", "horizon", "prob", "groups",
+                "unanswered")
+
+
+def _base(key: str) -> str:
+  return key.split("/", 1)[1] if key.startswith(("rl/", "sft/")) else key
+
+
+def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
+              curves: Mapping[str, Mapping[str, np.ndarray]],
+              metrics: Sequence[tuple[str, str]], curve_keys: Sequence[str],
+              path: str, ncols: int = 4) -> list[tuple[float, float]]:
+  """Writes the claim's figure: a grid of panels, at most `ncols` per row.
+
+  One bar panel per held-out metric (mean per row label with its 95% t
+  interval, every seed as a dot) and one panel per training curve (mean over
+  seeds per RL iteration with a 95% t band). Panels of the same metric (a
+  held-out key and its 'rl/' / 'sft/' curve) share their y-limits (clipped at 0
+  for non-negative metrics and at 1 for shares); the SFT start row's mean, when
+  it has the metric, is drawn as a dashed reference line.
+
+  Args:
+    title: figure title.
+    rows: row label -> per-seed metric dicts ('SFT (start)' = the start level).
+    curves: arm -> {curve key: [steps, S] array}.
+    metrics: (key, label) of the bar panels.
+    curve_keys: keys of the curve panels.
+    path: PNG path.
+    ncols: panels per row.
+
+  Returns:
+    The y-limits of every panel in order (bar panels, then curve panels).
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  n = len(metrics) + len(curve_keys)
-  fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.3))
+  panels = [("bar", k, lbl) for k, lbl in metrics] + [
+      ("curve", k, k) for k in curve_keys]
+  n = len(panels)
+  ncols = max(1, min(ncols, n))
+  nrows = math.ceil(n / ncols)
+  fig, axes = plt.subplots(nrows, ncols, figsize=(3.7 * ncols, 3.4 * nrows),
+                           squeeze=False)
   labels = list(rows)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for ax, (k, lbl) in zip(axes, metrics):
-    for j, label in enumerate(labels):
-      v = np.asarray([r.get(k, np.nan) for r in rows[label]], np.float64)
-      m, se = mean_se(v)
-      ax.bar(j, m, yerr=se, color=colors[j % len(colors)], alpha=0.8)
-      ax.scatter(np.full(len(v), j), v, color="k", s=8, zorder=3)
-    ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=7)
+  start = rows.get("SFT (start)")
+  ranges: dict[str, list[float]] = {}
+  data: dict[str, list[float]] = {}  # min and max of the plotted values themselves
+
+  def grow(key, lo, hi, vals):
+    if np.isfinite(lo) and np.isfinite(hi):
+      r = ranges.setdefault(_base(key), [lo, hi])
+      r[0], r[1] = min(r[0], lo), max(r[1], hi)
+      d = data.setdefault(_base(key), [np.inf, -np.inf])
+      d[0], d[1] = min(d[0], float(np.min(vals))), max(d[1], float(np.max(vals)))
+
+  for ax, (kind, k, lbl) in zip(axes.flat, panels):
+    if kind == "bar":
+      for j, label in enumerate(labels):
+        v = np.asarray([r.get(k, np.nan) for r in rows[label]], np.float64)
+        if not np.all(np.isfinite(v)):
+          continue
+        m, h = float(v.mean()), ci_halfwidth(v)
+        ax.bar(j, m, yerr=h, color=colors[j % len(colors)], alpha=0.8, capsize=3)
+        ax.scatter(np.full(len(v), j), v, color="k", s=8, zorder=3)
+        grow(k, min(m - h, v.min(), 0.0), max(m + h, v.max()), v)
+      ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=7)
+    else:
+      for j, arm in enumerate(curves):
+        if k not in curves[arm]:
+          continue
+        c = np.asarray(curves[arm][k], np.float64)
+        x = np.arange(1, len(c) + 1)
+        m = c.mean(1)
+        h = np.array([ci_halfwidth(row) for row in c])
+        color = colors[(labels.index(arm) if arm in labels else j) % len(colors)]
+        ax.plot(x, m, color=color, label=arm)
+        ax.fill_between(x, m - h, m + h, color=color, alpha=0.2)
+        grow(k, float(np.nanmin(m - h)), float(np.nanmax(m + h)), m)
+      ax.set_xlabel("RL iteration", fontsize=8)
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    if start is not None:
+      v = np.asarray([r.get(_base(k), np.nan) for r in start], np.float64)
+      if np.all(np.isfinite(v)):
+        ax.axhline(float(v.mean()), color="0.3", ls="--", lw=0.9, label="_start")
+        grow(k, float(v.mean()), float(v.mean()), v.mean())
     ax.set_title(lbl, fontsize=9)
-  for ax, k in zip(axes[len(metrics):], curve_keys):
-    for j, arm in enumerate(curves):
-      if k not in curves[arm]:
-        continue
-      c = np.asarray(curves[arm][k], np.float64)
-      x = np.arange(1, len(c) + 1)
-      m = c.mean(1)
-      se = c.std(1, ddof=1) / np.sqrt(c.shape[1]) if c.shape[1] > 1 else 0 * m
-      color = colors[(labels.index(arm) if arm in labels else j) % len(colors)]
-      ax.plot(x, m, color=color, label=arm)
-      ax.fill_between(x, m - se, m + se, color=color, alpha=0.2)
-    ax.set_title(k, fontsize=9)
-    ax.set_xlabel("RL iteration", fontsize=8)
-    ax.legend(fontsize=6)
-  fig.suptitle(title, fontsize=10)
+  limits = []
+  for ax, (_, k, _) in zip(axes.flat, panels):
+    lo, hi = ranges.get(_base(k), (0.0, 1.0))
+    dmin, dmax = data.get(_base(k), (0.0, 1.0))
+    # Intervals of few seeds are wide: do not let them push the axis past the
+    # metric's natural bounds (non-negative values; shares in [0, 1]).
+    if dmin >= 0:
+      lo = max(lo, 0.0)
+    if dmin >= 0 and dmax <= 1 and any(w in _base(k) for w in _SHARE_WORDS):
+      hi = min(hi, 1.0)
+    hi = max(hi, lo)
+    pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1.0)
+    ax.set_ylim(lo - pad, hi + pad)
+    limits.append((lo - pad, hi + pad))
+  for ax in list(axes.flat)[n:]:
+    ax.set_visible(False)
+  fig.suptitle(title + " (dashed: SFT start; bars and bands: 95% t intervals)",
+               fontsize=10)
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "results.png"), dpi=110)
+  fig.savefig(path, dpi=110)
   plt.close(fig)
+  return limits
 
 
 def cli(argv: Sequence[str], *, here: str, title: str,
         arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
-        default_seeds: str = "0,1,2", **run_kwargs) -> dict:
+        default_seeds: str = "0,1,2",
+        after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
+        **run_kwargs) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
 
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
   committed results stay untouched), --root=DIR (default runs/<folder name>).
+  `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
+  (extra tables of the same workdirs, so one command produces every output).
   """
   import argparse  # pylint: disable=g-import-not-at-top
   name = os.path.basename(here)
@@ -206,5 +438,8 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     raise ValueError(f"--seeds must be comma-separated integers, got {seeds_str!r}") from e
   root = args.root or os.path.join(REPO, "runs", name + ("_smoke" if args.smoke else ""))
   out_dir = root if args.smoke else here
-  return run_claim(title, arms_fn(args.smoke), seeds, root=root, out_dir=out_dir,
-                   **run_kwargs)
+  out = run_claim(title, arms_fn(args.smoke), seeds, root=root, out_dir=out_dir,
+                  **run_kwargs)
+  if after_run is not None:
+    after_run(root, out_dir, seeds, args.smoke)
+  return out

@@ -54,6 +54,8 @@ def train_seeds(
     config: ml_collections.ConfigDict,
     seeds: Sequence[int],
     workdir: str | None = None,
+    *,
+    resume_free: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Trains `len(seeds)` independent runs of `config` as one vmapped program.
 
@@ -64,6 +66,9 @@ def train_seeds(
     workdir: optional folder for checkpoints (resume), per-seed eval reports
       (`seed_<s>/eval_report.json`) and `curves.npz`; None keeps everything in
       memory.
+    resume_free: top-level config sections whose changes a resume accepts on
+      top of main.py's (e.g. ('rl',) for an SFT-only run that arms with
+      different RL settings share; see `check_resume`).
 
   Returns:
     dict with 'sft' and 'rl': lists (one per seed, in `seeds` order) of the
@@ -81,8 +86,7 @@ def train_seeds(
   validation.validate_config(config)
   if workdir is not None:
     workdir = os.path.abspath(workdir)
-    saved = config_with_seeds(config, seeds)
-    train._check_resume_compatible(saved, workdir)  # pylint: disable=protected-access
+    saved = check_resume(config, seeds, workdir, resume_free)
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(saved.to_json_best_effort(indent=2))
@@ -183,6 +187,36 @@ def train_seeds(
       "wall_s": wall,
       "params": state.params,
   }
+
+
+def check_resume(config: ml_collections.ConfigDict, seeds: Sequence[int],
+                 workdir: str, resume_free: Sequence[str] = ()
+                 ) -> ml_collections.ConfigDict:
+  """Refuses to resume a workdir that holds a run of another config or seed list.
+
+  The config plus `seeds` is compared with the workdir's config.json by
+  `train._check_resume_compatible` (main.py's rule: only evaluation, logging,
+  checkpointing, mesh, microbatching and rl.steps may change). Sections named
+  in `resume_free` are taken from the saved config before the comparison, so
+  their changes are accepted. Nothing is written.
+
+  Returns:
+    The config to save in the workdir (`config_with_seeds(config, seeds)`).
+
+  Raises:
+    validation.ConfigError: naming every refused field with old and new value.
+  """
+  saved = config_with_seeds(config, seeds)
+  checked = saved
+  path = os.path.join(workdir, "config.json")
+  if resume_free and os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    d = json.loads(saved.to_json_best_effort())
+    d.update({k: old[k] for k in resume_free if k in old})
+    checked = ml_collections.ConfigDict(d)
+  train._check_resume_compatible(checked, workdir)  # pylint: disable=protected-access
+  return saved
 
 
 def config_with_seeds(config: ml_collections.ConfigDict,

@@ -9,9 +9,11 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("hdpo_conditional", "reward_noise", "length_bias", "trace_credit",
-          "portool_tree", "pica_model_size", "step_hacking", "dark_room",
-          "tool_composition")
+CLAIMS = ("calculator_grpo", "otc_efficiency", "hdpo_conditional", "reward_noise",
+          "length_bias", "trace_credit", "portool_tree", "pica_model_size",
+          "step_hacking", "dark_room", "tool_composition")
+# Claims whose runner declares a ClaimSpec (room check + paired verdict).
+WITH_SPEC = ("calculator_grpo", "otc_efficiency", "hdpo_conditional", "reward_noise")
 
 
 @pytest.mark.experiments
@@ -32,3 +34,38 @@ def test_claim_smoke(name, tmp_path):
   for rows in results["rows"].values():
     assert len(rows) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
   assert os.path.getsize(os.path.join(root, "results.png")) > 10_000
+  assert results["commit"] != "" and set(results["config_hash"]) == set(arms)
+  if name in WITH_SPEC:
+    from experiments import stats
+    analysis = results["analysis"]
+    assert analysis["verdict"] in stats.VERDICTS
+    assert 0.0 <= results["room"]["value"] <= 1.0
+    assert len(results["room"]["per_seed"]) == 2
+    assert analysis["room"]["ok"] == (results["room"]["value"] >=
+                                      results["room"]["threshold"])
+    with open(os.path.join(root, "results.md")) as f:
+      assert "**Verdict: " in f.read()
+  if name == "dark_room":  # the second table comes from the same command
+    assert os.path.exists(os.path.join(root, "curves_summary.md"))
+
+
+@pytest.mark.experiments
+def test_rm_selection_smoke(tmp_path):
+  root = str(tmp_path / "rm_selection")
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.rm_selection", "--smoke", f"--root={root}"],
+      cwd=REPO, capture_output=True, text=True, timeout=1800,
+      env=dict(os.environ, PYTHONPATH=REPO))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for suffix in ("", "_kv"):
+    with open(os.path.join(root, f"results{suffix}.json")) as f:
+      results = json.load(f)
+    assert results["seeds"] == [0] and len(results["config_hash"]) == 12
+    for rm in ("orm", "prm"):
+      assert 0.0 <= results[f"{rm}_pairwise"]["overall"] <= 1.0
+      assert 0.0 <= results["best_of_n"][rm]["rank1_accuracy"] <= 1.0
+    with open(os.path.join(root, f"results{suffix}.md")) as f:
+      md = f.read()
+    # The table is the run's own report, not a copy typed by hand.
+    overall = results["orm_pairwise"]["overall"]
+    assert f"| **overall** | {results['orm_pairwise']['n']} | {overall:.3f} |" in md

@@ -113,3 +113,58 @@ def test_claimspec_errors():
   spec = stats.ClaimSpec("acc", True, "r", 0.1, treatment="a", control="b")
   with pytest.raises(ValueError, match="arm 'a'"):
     stats.analyse(spec, {"b": [{"acc": 1.0}]}, None)
+
+
+def test_plot_grid_shares_limits_per_metric(tmp_path):
+  import matplotlib.image as mpimg
+  import numpy as np
+  from experiments import harness
+  rows = {"SFT (start)": [{"accuracy": 0.4, "calls": 0.3}, {"accuracy": 0.4, "calls": 0.3}],
+          "a": [{"accuracy": 0.8, "calls": 1.0}, {"accuracy": 0.8, "calls": 1.0}],
+          "b": [{"accuracy": 0.6, "calls": 2.0}, {"accuracy": 0.6, "calls": 2.2}]}
+  curves = {"a": {"rl/accuracy": np.array([[0.3, 0.3], [1.1, 1.1]])},
+            "b": {"rl/accuracy": np.array([[0.5, 0.5], [0.6, 0.6]])}}
+  metrics = [("accuracy", "acc"), ("calls", "calls"), ("accuracy", "acc 2"),
+             ("calls", "calls 2"), ("accuracy", "acc 3")]
+  path = str(tmp_path / "p.png")
+  limits = harness.plot_grid("t", rows, curves, metrics, ["rl/accuracy"], path)
+  # 6 panels in a 4-column grid: 2 rows, so the figure is at most 2.2:1.
+  img = mpimg.imread(path)
+  assert img.shape[1] / img.shape[0] < 2.2
+  # accuracy bars and the rl/accuracy curve share limits; their range covers the
+  # curve's 1.1 mean and the bars' 0 base: [0, 1.1] padded by 5%.
+  acc = [limits[i] for i in (0, 2, 4, 5)]
+  assert all(lim == acc[0] for lim in acc)
+  assert acc[0][0] == pytest.approx(-0.055) and acc[0][1] == pytest.approx(1.155)
+  # calls: bar b [2.0, 2.2]: mean 2.1, SE 0.1, t(1 dof) 12.706 -> upper CI end
+  # 3.3706; range [0, 3.3706] padded by 5% = 0.16853.
+  assert limits[1] == limits[3]
+  assert limits[1][0] == pytest.approx(-0.16853, abs=1e-4)
+  assert limits[1][1] == pytest.approx(3.53913, abs=1e-4)
+
+
+def test_git_commit(tmp_path):
+  from experiments import harness
+  c = harness.git_commit()
+  assert c == "unknown" or len(c.split("-")[0]) == 40
+  assert harness.git_commit(str(tmp_path)) == "unknown"
+
+
+def test_dark_room_curves_summary_from_workdirs(tmp_path):
+  import numpy as np
+  from experiments.dark_room import curves_summary
+  keys = [k for k, _ in curves_summary.KEYS]
+  # Arm 'outcome': 6 iterations x 2 seeds; accuracy rises 0.0 .. 0.5 in seed 0
+  # and is 1.0 in seed 1. First window (it. 1-5) seed 0: mean(0..0.4) = 0.2;
+  # last window (it. 2-6): mean(0.1..0.5) = 0.3.
+  acc = np.stack([np.arange(6) / 10, np.ones(6)], axis=1)
+  for arm in ("outcome", "pred_zscore"):
+    (tmp_path / arm).mkdir()
+    np.savez(tmp_path / arm / "curves.npz",
+             **{k: (acc if k == "rl/accuracy" else np.zeros((6, 2))) for k in keys})
+  curves_summary.write_summary(str(tmp_path), str(tmp_path / "out"), seeds=[0, 1])
+  md = (tmp_path / "out" / "curves_summary.md").read_text()
+  # Seed means 0.2 / 1.0 -> 0.600 +- 0.400; 0.3 / 1.0 -> 0.650 +- 0.350.
+  assert "| outcome | 0.600 +- 0.400 | 0.650 +- 0.350 |" in md
+  assert "accuracy (last 5) 0.300/1.000" in md and "seeds 0, 1" in md
+  assert (tmp_path / "out" / "curves_summary.png").stat().st_size > 10_000

@@ -98,3 +98,18 @@ def test_config_hash_is_stable_and_sensitive():
   assert len(seeds_lib.config_hash(a)) == 12
   b.rl.kl_coef = 0.02
   assert seeds_lib.config_hash(a) != seeds_lib.config_hash(b)
+
+
+def test_check_resume_free_sections(tmp_path):
+  workdir = str(tmp_path)
+  saved = seeds_lib.config_with_seeds(_tiny(), (0, 1))
+  with open(f"{workdir}/config.json", "w") as f:
+    f.write(saved.to_json_best_effort(indent=2))
+  c = _tiny()
+  c.rl.kl_coef = 0.5  # an arm with other RL settings sharing an SFT-only run
+  with pytest.raises(validation.ConfigError, match=r"config\.rl\.kl_coef=0\.5"):
+    seeds_lib.check_resume(c, (0, 1), workdir)
+  assert seeds_lib.check_resume(c, (0, 1), workdir, ("rl",)).rl.kl_coef == 0.5
+  c.sft.learning_rate = 1.0  # ... but its SFT settings must match
+  with pytest.raises(validation.ConfigError, match=r"config\.sft\.learning_rate=1\.0"):
+    seeds_lib.check_resume(c, (0, 1), workdir, ("rl",))

@@ -1,4 +1,7 @@
-"""python -m experiments.dark_room [--seeds=0,1,2] [--smoke]"""
+"""python -m experiments.dark_room [--seeds=0,1,2] [--smoke]
+
+Writes results.md / .json / .png (held-out table) and curves_summary.md / .png
+(training-curve windows) of the same workdirs."""
 
 import os
 import sys
@@ -13,6 +16,7 @@ from agentic_rl import train
 from agentic_rl import types
 from experiments import harness
 from experiments.dark_room import config
+from experiments.dark_room import curves_summary
 
 
 def dark_room_eval(cfg, params):
@@ -63,4 +67,6 @@ if __name__ == "__main__":
       curve_keys=("rl/accuracy", "rl/horizon_rate", "rl/obs_pred_acc"),
       curve_means=(("late_horizon", "rl/horizon_rate", -10, None),),
       extra_eval=dark_room_eval,
+      after_run=lambda root, out_dir, seeds, smoke: curves_summary.write_summary(
+          root, out_dir, seeds),
   )

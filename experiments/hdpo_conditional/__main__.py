@@ -4,7 +4,18 @@ import os
 import sys
 
 from experiments import harness
+from experiments import stats
 from experiments.hdpo_conditional import config
+
+# Declared before the run: HDPO's conditional efficiency should cut easy-item
+# calls below the no-penalty arm. It can only act on groups that hold a correct
+# episode without a call; with fewer than a quarter of the start policy's groups
+# holding one, the setup gives the efficiency channel too little to act on.
+SPEC = stats.ClaimSpec(
+    primary_metric="tool_calls_easy", higher_is_better=False,
+    room_metric="share of groups holding a correct zero-call episode",
+    room_threshold=0.25, treatment="hdpo", control="correct", prediction="better",
+    room_fn=harness.room_correct_zero_call_groups)
 
 if __name__ == "__main__":
   harness.cli(
@@ -15,4 +26,5 @@ if __name__ == "__main__":
                ("accuracy_easy", "acc. easy"), ("tool_calls_easy", "calls/ep easy"),
                ("tool_calls_hard", "calls/ep hard")),
       curve_keys=("rl/accuracy", "rl/tool_calls"),
+      spec=SPEC,
   )

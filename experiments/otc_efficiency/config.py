@@ -10,7 +10,7 @@ and 'otc' (otc + 0.1 format). Both start from the same over-calling SFT checkpoi
 its expert always uses the tool on hard items and also calls it on 80% of easy
 items, so the SFT policy solves both kinds but wastes calls on easy ones.
 
-  python -m experiments.otc_efficiency.run            # 3 seeds x 2 arms
+  python -m experiments.otc_efficiency                # 3 seeds x 2 arms
   python main.py --config=experiments/otc_efficiency/config.py:otc --workdir=runs/otc
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import ml_collections
 
 from configs import default
+
+ARMS = ("correct", "otc")
 
 
 def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
@@ -38,3 +40,7 @@ def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
     raise ValueError(f"experiments/otc_efficiency/config.py: unknown arm {arm!r}; "
                      "known: 'correct', 'otc' (append ',smoke' for the smoke size)")
   return config
+
+
+def arms(smoke: bool) -> dict[str, ml_collections.ConfigDict]:
+  return {a: get_config(a + (",smoke" if smoke else "")) for a in ARMS}

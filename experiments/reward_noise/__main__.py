@@ -4,7 +4,19 @@ import os
 import sys
 
 from experiments import harness
+from experiments import stats
 from experiments.reward_noise import config
+
+# Declared before the run: dithering (ReDit) should raise early training
+# accuracy over the clean reward. It changes the update only in groups whose
+# rewards tie (binary correctness reward here); with fewer than 30% of the start
+# policy's groups tied there is too little for it to act on. An effect inside
+# +-0.02 of accuracy counts as no effect.
+SPEC = stats.ClaimSpec(
+    primary_metric="early_acc", higher_is_better=True,
+    room_metric="share of tied groups", room_threshold=0.3,
+    equivalence_margin=0.02, treatment="dither_0.05", control="clean",
+    prediction="better", room_fn=harness.room_tied_groups)
 
 if __name__ == "__main__":
   harness.cli(
@@ -15,4 +27,5 @@ if __name__ == "__main__":
                ("pass@1", "pass@1"), ("early_acc", "train acc. it. 1-15")),
       curve_keys=("rl/accuracy", "rl/zero_variance_groups"),
       curve_means=(("early_acc", "rl/accuracy", 0, 15),),
+      spec=SPEC,
   )

@@ -1,4 +1,7 @@
-"""python -m experiments.step_hacking [--seeds=0,1,2] [--smoke]"""
+"""python -m experiments.step_hacking [--seeds=0,1,2] [--smoke]
+
+Writes results.* (the five arms) and results_delta_drop.* (the post-hoc arm,
+same SFT checkpoint and seeds)."""
 
 import os
 import sys
@@ -48,16 +51,29 @@ def hacking_metrics(cfg, params):
   return out
 
 
+METRICS = (("accuracy", "accuracy"), ("tool_calls", "calls/ep"),
+           ("repeat_rate", "repeat rate"), ("turns", "turns/ep"),
+           ("accuracy_t1", "acc. T=1"), ("repeat_rate_t1", "repeat rate T=1"),
+           ("turns_t1", "turns/ep T=1"), ("unanswered_t1", "unanswered T=1"))
+CURVES = ("rl/accuracy", "rl/tool_calls", "rl/redundant_calls", "rl/turns")
+
+
+def delta_drop(root, out_dir, seeds, smoke):
+  """Post-hoc arm (added after the first look at results.md): Delta with the
+  last step dropped, from the same shared SFT checkpoint (ROOT/sft_*), written
+  as results_delta_drop.md / .json / .png."""
+  harness.run_claim(
+      "post-hoc: Delta with the last step dropped",
+      {"delta_drop": config.get_config("delta_drop" + (",smoke" if smoke else ""))},
+      seeds, root=root, out_dir=out_dir, metrics=METRICS, curve_keys=CURVES,
+      extra_eval=hacking_metrics, include_sft_row=False, stem="results_delta_drop")
+
+
 if __name__ == "__main__":
   harness.cli(
       sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
       title="Hackable per-call step reward: sum vs Clip / Delta / min-form "
             "(key-value chains)",
-      arms_fn=config.arms,
-      metrics=(("accuracy", "accuracy"), ("tool_calls", "calls/ep"),
-               ("repeat_rate", "repeat rate"), ("turns", "turns/ep"),
-               ("accuracy_t1", "acc. T=1"), ("repeat_rate_t1", "repeat rate T=1"),
-               ("turns_t1", "turns/ep T=1"), ("unanswered_t1", "unanswered T=1")),
-      curve_keys=("rl/accuracy", "rl/tool_calls", "rl/redundant_calls", "rl/turns"),
-      extra_eval=hacking_metrics,
+      arms_fn=config.arms, metrics=METRICS, curve_keys=CURVES,
+      extra_eval=hacking_metrics, after_run=delta_drop,
   )
