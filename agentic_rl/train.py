@@ -16,6 +16,7 @@ Workdir layout:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -38,6 +39,7 @@ from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import hf
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 import environments
 from environments.host import base as host_base
@@ -74,11 +76,18 @@ def make_model_config(config) -> transformer.TransformerConfig:
   """TransformerConfig from config.model, or from config.model.hf_path's
   config.json (plus config.model's non-shape fields, hf.RUNTIME_FIELDS)."""
   path = config.model.get("hf_path", "")
+  fields = lora_lib.transformer_fields(config.model)
   if path:
     return hf.config_from_hf(
-        hf.read_config(path), **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
-  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
+        hf.read_config(path), lora=fields["lora"],
+        **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
   return transformer.TransformerConfig(**fields)
+
+
+def make_optimizer(opt_cfg, model_cfg):
+  """learner.make_optimizer, restricted to the adapters when LoRA is on."""
+  tx = learner.make_optimizer(opt_cfg)
+  return tx if model_cfg.lora is None else lora_lib.optimizer(tx)
 
 
 def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
@@ -100,11 +109,14 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
   if hf_path:
     # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
     graphdef, imported = hf.params_from_hf_tensors(
-        model_cfg, hf.read_safetensors(hf_path))
+        dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path))
+    if model_cfg.lora is not None:
+      graphdef, imported = lora_lib.init_adapters(
+          model_cfg, imported, jax.random.fold_in(root, 2))
   else:
     graphdef = nnx.graphdef(nnx.eval_shape(
         lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
-  tx = learner.make_optimizer(config.sft)
+  tx = make_optimizer(config.sft, model_cfg)
 
   def init():
     if hf_path:
@@ -117,7 +129,8 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
     return types.TrainState(
         step=jnp.int32(0),
         params=params,
-        ref_params=jax.tree.map(jnp.copy, params),
+        # With LoRA only the adapters are copied (lora.reference_state).
+        ref_params=lora_lib.reference_state(params),
         opt_state=tx.init(params),
         rng=jax.random.fold_in(root, 1),
         kl_coef=jnp.float32(config.rl.kl_coef),
@@ -132,11 +145,11 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
 
 def _rl_transition(config):
   """Pure state -> state of `start_rl` (new reference, fresh RL optimizer)."""
-  tx = learner.make_optimizer(config.rl)
+  tx = make_optimizer(config.rl, make_model_config(config))
 
   def fn(state):
     return learner.init_rl_extras(config, state.replace(
-        ref_params=jax.tree.map(jnp.copy, state.params),
+        ref_params=lora_lib.reference_state(state.params),
         opt_state=tx.init(state.params),
     ))
 
@@ -235,6 +248,11 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   return out
 
 
+def _reference(state: types.TrainState):
+  """Full parameters of the reference (SFT) model (lora.reference_params)."""
+  return lora_lib.reference_params(state.params, state.ref_params)
+
+
 def _host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -291,11 +309,13 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       max_to_keep=config.checkpoint.max_to_keep,
       save_interval_steps=config.checkpoint.every_steps,
   )
+  if model_cfg.lora is not None:
+    _check_lora_base(config, ckpt.directory, state.params)
   start = ckpt.latest_step()
   if start is not None:
     if start >= sft_steps:
       state = start_rl(config, state)  # restore into the RL optimizer's structure
-    state = ckpt.restore(state, step=start)
+    state = _restore(ckpt, state, start, model_cfg)
     position = ckpt.restore_data_position(start)
     if position is not None and hasattr(env, "set_position"):
       env.set_position(position)  # the task loader continues where it was
@@ -304,10 +324,11 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     state = start_rl(config, state)  # pure RL from the initial weights
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft),
+  sft_step = learner.make_sft_step(config, env, graphdef,
+                                   make_optimizer(config.sft, model_cfg),
                                    state_sharding=sft_sharding)
   rl_step = learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
+      config, env, graphdef, make_optimizer(config.rl, model_cfg), model_cfg,
       state_sharding=rl_sharding, reward_model=reward_model,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
@@ -347,12 +368,13 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       bar.update(step, m)
       if step == sft_steps:
         state = start_rl(config, state)
-      ckpt.save(step, state, force=step in (sft_steps, total),
+      ckpt.save(step, _to_save(state), force=step in (sft_steps, total),
                 data_position=_data_position(env))
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")
-        _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+        _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state),
+                                            model_cfg))
       if step == halt:
         ckpt.wait()
         return None
@@ -361,7 +383,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     writer.close()
     ckpt.wait()
   if sft_steps == total and not os.path.exists(sft_eval_path):
-    _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+    _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state), model_cfg))
 
   reports = {}
   if os.path.exists(initial_eval_path):
@@ -378,6 +400,54 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   print(metrics_lib.format_eval_table(reports))
   return reports
+
+
+def _to_save(state: types.TrainState) -> types.TrainState:
+  """What a checkpoint holds: with LoRA, the params are the trainable subtree
+  only (adapters, scalar heads); the frozen base is named by lora_base.json."""
+  if not lora_lib.has_adapters(state.params):
+    return state
+  return state.replace(params=lora_lib.trainable(state.params))
+
+
+def _restore(ckpt, state: types.TrainState, step: int, model_cfg) -> types.TrainState:
+  """Restores checkpoint `step` into `state`'s structure; with LoRA the saved
+  adapters are put back onto `state`'s (freshly built, fingerprinted) base."""
+  if model_cfg.lora is None:
+    return ckpt.restore(state, step=step)
+  restored = ckpt.restore(_to_save(state), step=step)
+  return restored.replace(params=lora_lib.with_trainable(state.params, restored.params))
+
+
+_LORA_BASE = "lora_base.json"
+
+
+def _check_lora_base(config, directory: str, params) -> None:
+  """Names the frozen base of a LoRA run in `directory`/lora_base.json (the
+  checkpoints there hold adapters only), or checks that a resumed run's base
+  is the one its adapters were trained on.
+
+  Raises:
+    validation.ConfigError: the base's fingerprint differs.
+  """
+  info = {
+      "hf_path": config.model.get("hf_path", ""),
+      "seed": config.seed,
+      "sha256": lora_lib.base_fingerprint(params),
+      "lora": dataclasses.asdict(lora_lib.from_config(config.model.lora)),
+  }
+  path = os.path.join(directory, _LORA_BASE)
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    if old.get("sha256") != info["sha256"]:
+      raise validation.ConfigError(
+          f"{path}: the checkpoints' adapters were trained on base "
+          f"{old.get('hf_path') or 'random init'} sha256={old.get('sha256')}; "
+          f"this run's base has sha256={info['sha256']}")
+    return
+  os.makedirs(directory, exist_ok=True)
+  _write_json(path, info)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
