@@ -53,10 +53,11 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     schedule = optax.constant_schedule(cfg.learning_rate)
   else:
     schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
-  return optax.chain(
+  # With LoRA adapters in the params, only they are optimised (models/lora.py).
+  return lora_lib.optimizer(optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
-  )
+  ))
 
 
 def policy_mask(traj: types.Trajectory) -> jax.Array:

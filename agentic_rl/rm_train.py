@@ -48,6 +48,7 @@ from agentic_rl import reward_models
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 import environments
 
@@ -106,8 +107,7 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _model_cfg(config) -> transformer.TransformerConfig:
-  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
-  return transformer.TransformerConfig(**fields)
+  return transformer.TransformerConfig(**lora_lib.transformer_fields(config.model))
 
 
 def _init(config, model_cfg):
@@ -439,7 +439,7 @@ def _read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfo
              f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
   try:
     fields = {k: tuple(v) if isinstance(v, list) else v
-              for k, v in rm_config.model.to_dict().items() if k != "hf_path"}
+              for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
     model_cfg = transformer.TransformerConfig(**fields)
     s_steps, r_steps = int(rm_config.sft.steps), int(rm_config.rm.steps)
   except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -84,11 +84,6 @@ def make_model_config(config) -> transformer.TransformerConfig:
   return transformer.TransformerConfig(**fields)
 
 
-def make_optimizer(opt_cfg, model_cfg):
-  """learner.make_optimizer, restricted to the adapters when LoRA is on."""
-  tx = learner.make_optimizer(opt_cfg)
-  return tx if model_cfg.lora is None else lora_lib.optimizer(tx)
-
 
 def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
   """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
@@ -116,7 +111,7 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
   else:
     graphdef = nnx.graphdef(nnx.eval_shape(
         lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
-  tx = make_optimizer(config.sft, model_cfg)
+  tx = learner.make_optimizer(config.sft)
 
   def init():
     if hf_path:
@@ -145,7 +140,7 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
 
 def _rl_transition(config):
   """Pure state -> state of `start_rl` (new reference, fresh RL optimizer)."""
-  tx = make_optimizer(config.rl, make_model_config(config))
+  tx = learner.make_optimizer(config.rl)
 
   def fn(state):
     return learner.init_rl_extras(config, state.replace(
@@ -303,6 +298,9 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
+  if model_cfg.lora is not None:
+    logging.info("LoRA %s: %d trainable parameters (adapters and scalar heads) of %d",
+                 model_cfg.lora, *lora_lib.count(state.params))
 
   ckpt = checkpoint_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"),
@@ -324,11 +322,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     state = start_rl(config, state)  # pure RL from the initial weights
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(config, env, graphdef,
-                                   make_optimizer(config.sft, model_cfg),
+  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft),
                                    state_sharding=sft_sharding)
   rl_step = learner.make_rl_step(
-      config, env, graphdef, make_optimizer(config.rl, model_cfg), model_cfg,
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
       state_sharding=rl_sharding, reward_model=reward_model,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")

@@ -209,7 +209,7 @@ def test_update_trains_adapters_only_and_optimizer_holds_adapter_shapes():
   _, adapted = _models()
   g, params = nnx.split(adapted)
   params = _randomize_adapters(params)  # nonzero B: every adapter gets a gradient
-  tx = lora.optimizer(learner.make_optimizer(_opt_cfg()))
+  tx = learner.make_optimizer(_opt_cfg())  # wraps lora.optimizer
   opt_state = tx.init(params)
   adapter_shapes = sorted(tuple(x.shape) for p, x in
                           jax.tree_util.tree_flatten_with_path(params)[0]
@@ -283,8 +283,8 @@ def test_export_writes_merged_weights_transformers_loads_with_equal_logits(tmp_p
   p = _randomize_adapters(p, seed=4)
   tokens = np.asarray(TOKENS) % 97
   want = np.asarray(_forward(nnx.merge(g, p), jnp.asarray(tokens)))
-  mcfg, _, mp = lora.merge(dataclasses.replace(cfg, lora=lcfg), g, p)
-  hf.save_pretrained(str(tmp_path), mcfg, mp)
+  hf.save_pretrained(str(tmp_path), dataclasses.replace(cfg, lora=lcfg), p)
+  assert not any("lora" in k for k in hf.read_safetensors(str(tmp_path)))
   hf_model = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path)).eval()
   with torch.no_grad():
     got = hf_model(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
@@ -292,3 +292,99 @@ def test_export_writes_merged_weights_transformers_loads_with_equal_logits(tmp_p
                                     jnp.asarray(tokens)))
   assert np.abs(want - base_logits).max() > 0.1
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------- training, checkpoints --
+
+def _smoke_config(**lora_fields):
+  from configs import default  # noqa: PLC0415
+  config = default.get_config("smoke")
+  config.sft.batch_size = 4
+  config.model.lora.rank = 4
+  config.model.lora.update(lora_fields)
+  return config
+
+
+def _leaves(tree):
+  return {jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_init_state_trains_only_adapters():
+  from agentic_rl import train  # noqa: PLC0415
+  config = _smoke_config(targets=("q", "v"))
+  model_cfg = train.make_model_config(config)
+  assert model_cfg.lora == lora.LoRAConfig(4, 16.0, ("q", "v"), 0.0)
+  _, state = train.init_state(config, model_cfg)
+  m = model_cfg
+  # q: A [D, 4] + B [4, H, Dh]; v: A [D, 4] + B [4, G, Dh]; per layer.
+  want = m.num_layers * (2 * m.d_model * 4 + 4 * m.num_heads * m.head_dim
+                         + 4 * m.kv_heads * m.head_dim)
+  n_train, n_total = lora.count(state.params)
+  assert n_train == want and n_total > 10 * want
+  adapter_shapes = sorted(x.shape for p, x in jax.tree_util.tree_flatten_with_path(
+      state.params)[0] if lora.is_trainable_path(p))
+  state_shapes = sorted(x.shape for x in jax.tree.leaves(state.opt_state) if np.ndim(x))
+  assert state_shapes == sorted(adapter_shapes * 2)
+  # The reference holds the adapters only (B = 0 now: the base).
+  assert not lora.has_frozen(state.ref_params)
+  assert sum(x.size for x in jax.tree.leaves(state.ref_params)) == want
+  # The RL transition keeps that layout.
+  rl_state = train.start_rl(config, state)
+  assert not lora.has_frozen(rl_state.ref_params)
+  assert sorted(x.shape for x in jax.tree.leaves(rl_state.opt_state)
+                if np.ndim(x)) == state_shapes
+
+
+@pytest.mark.slow  # ~60 s on a loaded 2-core CPU (compiling the SFT step)
+def test_resume_from_an_adapter_checkpoint_is_bit_exact(tmp_path):
+  """2 SFT steps, save, restore onto a fresh base, 1 step == 3 straight steps."""
+  from agentic_rl import checkpoint as checkpoint_lib  # noqa: PLC0415
+  from agentic_rl import train  # noqa: PLC0415
+  config = _smoke_config()
+  model_cfg = train.make_model_config(config)
+  env = train.make_env(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  base0 = {k: v for k, v in _leaves(state.params).items() if "_lora_" not in k}
+  step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft))
+  states = []
+  for _ in range(3):
+    state, _ = step(state)
+    states.append((_leaves(state.params), _leaves(state.opt_state)))
+  ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"))
+  # Replay to step 2 and save it (the step donates its input state).
+  _, s = train.init_state(config, model_cfg)
+  s, _ = step(s)
+  s, _ = step(s)
+  ckpt.save(2, train._to_save(s), force=True)
+  ckpt.wait()
+  raw = ckpt.restore(train._to_save(s), step=2)
+  assert not lora.has_frozen(raw.params)  # the checkpoint holds no base weights
+  _, fresh = train.init_state(config, model_cfg)
+  resumed = train._restore(ckpt, fresh, 2, model_cfg)
+  ckpt.close()
+  resumed, _ = step(resumed)
+  params, opt = _leaves(resumed.params), _leaves(resumed.opt_state)
+  want_params, want_opt = states[2]
+  assert params.keys() == want_params.keys() and opt.keys() == want_opt.keys()
+  for k in want_params:
+    np.testing.assert_array_equal(params[k], want_params[k], err_msg=k)
+  for k in want_opt:
+    np.testing.assert_array_equal(opt[k], want_opt[k], err_msg=k)
+  # Training moved the adapters and left the base bitwise unchanged.
+  assert any("_lora_b_" in k and np.any(v) for k, v in params.items())
+  for k, v in base0.items():
+    np.testing.assert_array_equal(params[k], v, err_msg=k)
+
+
+def test_resume_on_a_different_base_is_refused(tmp_path):
+  from agentic_rl import train  # noqa: PLC0415
+  config = _smoke_config()
+  model_cfg = train.make_model_config(config)
+  _, state = train.init_state(config, model_cfg)
+  train._check_lora_base(config, str(tmp_path), state.params)
+  train._check_lora_base(config, str(tmp_path), state.params)  # same base: fine
+  config.seed = 1
+  _, other = train.init_state(config, model_cfg)
+  with pytest.raises(validation.ConfigError, match="lora_base.json: the checkpoints"):
+    train._check_lora_base(config, str(tmp_path), other.params)

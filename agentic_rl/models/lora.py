@@ -317,6 +317,21 @@ def merge(model_cfg, graphdef: nnx.GraphDef, params: nnx.State):
   return base_cfg, graphdef, params
 
 
+def merged_params(model_cfg, params: Any):
+  """`merge` without a graphdef: (config with lora=None, merged params).
+
+  Args:
+    model_cfg: TransformerConfig with `lora` set.
+    params: nnx.State of the adapted model.
+  """
+  from agentic_rl.models import transformer  # noqa: PLC0415 (import cycle)
+
+  graphdef = nnx.graphdef(nnx.eval_shape(
+      lambda: transformer.Transformer(model_cfg, nnx.Rngs(0))))
+  base_cfg, _, merged = merge(model_cfg, graphdef, params)
+  return base_cfg, merged
+
+
 # ----------------------------------------------------------------- pytrees --
 
 def _key_name(entry) -> str | None:
@@ -486,17 +501,29 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0,
 
 
 def optimizer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` on the trainable leaves; frozen (base) leaves get zero updates and no state.
+  """`tx` on the trainable leaves of LoRA params; `tx` itself otherwise.
 
-  optax.multi_transform labels each leaf by its path (`is_trainable_path`),
-  so gradient clipping, Adam moments and weight decay see only the adapters
-  (and scalar heads); the base weights' optimizer state is empty.
+  For a parameter tree with adapters (`has_adapters`, decided from the tree
+  at `init` / `update`), optax.multi_transform labels each leaf by its path
+  (`is_trainable_path`): gradient clipping, Adam moments and weight decay see
+  only the adapters (and scalar heads); the frozen base gets zero updates
+  (optax.set_to_zero) and holds no optimizer state. For a tree without
+  adapters the state and updates are exactly `tx`'s, so wrapping every
+  optimizer is safe (learner.make_optimizer does).
   """
   def labels(tree):
     return jax.tree_util.tree_map_with_path(
         lambda p, _: "train" if is_trainable_path(p) else "frozen", tree)
 
-  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  multi = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+
+  def init(params):
+    return (multi if has_adapters(params) else tx).init(params)
+
+  def update(updates, state, params=None):
+    return (multi if has_adapters(updates) else tx).update(updates, state, params)
+
+  return optax.GradientTransformation(init, update)
 
 
 def base_fingerprint(params: Any) -> str:
