@@ -388,3 +388,89 @@ def test_resume_on_a_different_base_is_refused(tmp_path):
   _, other = train.init_state(config, model_cfg)
   with pytest.raises(validation.ConfigError, match="lora_base.json: the checkpoints"):
     train._check_lora_base(config, str(tmp_path), other.params)
+
+
+def test_delta_with_a_dropout_mask_matches_numpy():
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(2, 4, 3, 8)).astype(np.float32)  # [B, H, T, Dh] into o
+  a = rng.normal(size=(4, 8, 2)).astype(np.float32)     # [H, Dh, r]
+  b = rng.normal(size=(2, 16)).astype(np.float32)       # [r, D]
+  keep = (rng.random(x.shape) > 0.25).astype(np.float32) / 0.75
+  got = lora.delta("o", jnp.asarray(x), jnp.asarray(a), jnp.asarray(b), 1.5,
+                   jnp.asarray(keep))
+  xm = (x * keep).transpose(0, 2, 1, 3).reshape(2, 3, 32)  # [B, T, H*Dh]
+  want = 1.5 * (xm @ a.reshape(32, 2)) @ b
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_acts_only_while_a_key_is_set():
+  _, adapted = _models(lcfg=lora.LoRAConfig(rank=3, alpha=6.0, dropout=0.5))
+  g, p = nnx.split(adapted)
+  model = nnx.merge(g, _randomize_adapters(p))
+  clean = np.asarray(model(TOKENS)[0])
+  lora.set_dropout_key(model, jax.random.PRNGKey(0))
+  noisy = np.asarray(model(TOKENS)[0])
+  lora.set_dropout_key(model, None)
+  np.testing.assert_array_equal(np.asarray(model(TOKENS)[0]), clean)
+  assert np.abs(noisy - clean).max() > 1e-3
+
+
+_MESH_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+from agentic_rl import learner, sharding, train
+from agentic_rl.models import lora
+from configs import default
+assert jax.device_count() == 8
+cfg = default.get_config("smoke")
+cfg.model.update(d_model=32, num_layers=1, num_heads=4, head_dim=8, ffn_dim=64)
+cfg.model.lora.rank = 4
+cfg.sft.batch_size = 8
+model_cfg = train.make_model_config(cfg)
+env = train.make_env(cfg)
+
+def run(shape):
+  d, f, t = shape
+  mesh = sharding.make_mesh(dict(data=d, fsdp=f, tensor=t),
+                            devices=jax.devices()[:d * f * t])
+  with jax.set_mesh(mesh):
+    graphdef, state = train.init_state(cfg, model_cfg, mesh)
+    base0 = jax.device_get(state.params)
+    step = learner.make_sft_step(cfg, env, graphdef, learner.make_optimizer(cfg.sft),
+                                 state_sharding=sharding.tree_shardings(state, mesh))
+    for _ in range(2):
+      state, m = step(state)
+    return state, base0
+
+one, base_one = run((1, 1, 1))
+multi, _ = run((2, 2, 2))
+attn = multi.params["blocks"][0]["attn"]
+assert attn["q_lora_a_dr"][...].sharding.spec == P("fsdp", None)
+assert attn["q_lora_b_rhk"][...].sharding.spec == P(None, "tensor", None)
+flat = jax.tree_util.tree_flatten_with_path(jax.device_get(multi.params))[0]
+ref = jax.tree.leaves(jax.device_get(one.params))
+base = jax.tree.leaves(base_one)
+moved = 0.0
+for (path, x), y, b in zip(flat, ref, base):
+  np.testing.assert_allclose(x, y, atol=1e-5)
+  if lora.is_trainable_path(path):
+    moved = max(moved, float(np.max(np.abs(np.asarray(y) - np.asarray(b)))))
+  else:
+    np.testing.assert_array_equal(y, b)
+assert moved > 1e-4, moved
+print("OK lora mesh", moved)
+"""
+
+
+@pytest.mark.slow  # 8 simulated devices in a subprocess: ~1-2 min here
+def test_adapters_shard_and_train_on_a_2x2x2_mesh_like_one_device():
+  import os  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=repo)
+  proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, cwd=repo,
+                        capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "OK lora mesh" in proc.stdout

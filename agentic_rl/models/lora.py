@@ -86,7 +86,9 @@ class LoRAConfig:
     alpha: > 0; the update is scaled by alpha / rank (arXiv:2106.09685, 4.1).
     targets: non-empty tuple of names from ALL_TARGETS.
     dropout: probability in [0, 1) of dropping an input feature of the
-      adapter branch (x in (x A) B) in the training loss; 0 = none.
+      adapter branch (x in (x A) B, inverted dropout); 0 = none. Applied only
+      while a key is set (`set_dropout_key`); the trainer sets none yet, so
+      config validation refuses dropout > 0 in training configs.
   """
 
   rank: int = 8
@@ -264,7 +266,7 @@ def set_dropout_key(model: nnx.Module, key: jax.Array | None) -> None:
       sub.lora_dropout_key = None if key is None else jax.random.fold_in(key, i)
 
 
-def merged_weights(model: nnx.Module) -> None:
+def fold_adapters(model: nnx.Module) -> None:
   """Folds every adapter into its weight in place: W <- W + scale * A B.
 
   The einsum of A and B is done in float32 and the sum cast to the weight's
@@ -278,11 +280,10 @@ def merged_weights(model: nnx.Module) -> None:
         continue
       for target in cfg.targets:
         _, wname, spec = TARGETS[target]
-        if not hasattr(sub, wname):
+        if not hasattr(sub, wname):  # a target of the other sub-module
           continue
         a_name, b_name = adapter_names(target)
-        _, w, _ = _split_spec(spec)
-        lhs, _, _ = _split_spec(spec)
+        lhs, w, _ = _split_spec(spec)
         w_in = "".join(c for c in w if c in lhs)
         w_out = "".join(c for c in w if c not in lhs)
         ab = jnp.einsum(f"{w_in}{_RANK},{_RANK}{w_out}->{w}",
@@ -308,7 +309,7 @@ def merge(model_cfg, graphdef: nnx.GraphDef, params: nnx.State):
     `save_pretrained` writes; `transformers` then gives the adapted logits).
   """
   model = nnx.merge(graphdef, params)
-  merged_weights(model)
+  fold_adapters(model)
   base_cfg = dataclasses.replace(model_cfg, lora=None)
   model.cfg = base_cfg
   for block in model.blocks:
