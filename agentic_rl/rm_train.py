@@ -69,6 +69,11 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   if config.env.name not in environments.REGISTRY:
     _fail("env.name", config.env.name,
           f"unknown environment; known: {tuple(environments.REGISTRY)}")
+  lora_block = config.model.get("lora", None)
+  if lora_block is not None and lora_block.get("rank", 0):
+    # The reward heads ('head' hidden_dd / bias_d) would be frozen with the base.
+    _fail("model.lora.rank", lora_block.rank,
+          "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'")
   try:
     env = environments.make(config.env)
   except (TypeError, ValueError) as e:

@@ -474,3 +474,12 @@ def test_adapters_shard_and_train_on_a_2x2x2_mesh_like_one_device():
                         capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "OK lora mesh" in proc.stdout
+
+
+def test_reward_model_mode_refuses_adapters():
+  from agentic_rl import rm_train  # noqa: PLC0415
+  from configs import rm_arithmetic  # noqa: PLC0415
+  config = rm_arithmetic.get_config()
+  config.model.lora.rank = 4
+  with pytest.raises(validation.ConfigError, match=r"^config\.model\.lora\.rank=4: "):
+    rm_train.validate_rm_config(config)
