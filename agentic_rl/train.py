@@ -6,7 +6,9 @@ inside a step is a pure jitted function from learner.py.
 
 Workdir layout:
   config.json                the resolved config
-  checkpoints/               orbax checkpoints of the full TrainState
+  checkpoints/               orbax checkpoints of the full TrainState (with LoRA,
+                             params = the adapters only; checkpoints/lora_base.json
+                             names the frozen base)
   metrics.jsonl, tensorboard/  per-step metrics
   eval_initial.json          held-out evaluation of the initial weights, before SFT
                              (only with `eval.initial=True` and `sft.steps > 0`)
@@ -84,9 +86,9 @@ def make_model_config(config) -> transformer.TransformerConfig:
   return transformer.TransformerConfig(**fields)
 
 
-
 def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
-  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
+  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params;
+  with LoRA (config.model.lora) fresh adapters on the base, ref_params = their copy).
 
   The initial params are random, or the checkpoint at config.model.hf_path. On a
   mesh of several devices (default: the mesh of `config.mesh`) a random init is
