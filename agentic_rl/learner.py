@@ -33,6 +33,7 @@ from agentic_rl import tokenizers
 from agentic_rl import tree_rollout
 from agentic_rl import sharding
 from agentic_rl import types
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from environments.host import base as host_base
 
@@ -57,10 +58,12 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     schedule = optax.constant_schedule(cfg.learning_rate)
   else:
     schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
-  return mixed_precision.with_float32_master(optax.chain(
+  # With LoRA adapters in the params, only they are optimised (models/lora.py);
+  # low-precision trainable params get float32 master weights.
+  return lora_lib.optimizer(mixed_precision.with_float32_master(optax.chain(
       optax.clip_by_global_norm(cfg.max_grad_norm),
       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
-  ))
+  )))
 
 
 def policy_mask(traj: types.Trajectory) -> jax.Array:
@@ -109,7 +112,8 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
   if num_microbatches < 1 or rows % num_microbatches:
     raise ValueError(f"sft.num_microbatches={num_microbatches} must divide the "
                      f"batch ({rows} demonstrations)")
-  grad_fn = jax.value_and_grad(
+  # With LoRA adapters, only they are differentiated (models/lora.py).
+  grad_fn = lora_lib.value_and_grad(
       lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True)
   if num_microbatches == 1:
     (loss, metrics), grads = grad_fn(params, traj, None)
@@ -472,7 +476,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
         obs_denominator = jnp.maximum(
             jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0)
 
-      grad_fn = jax.value_and_grad(
+      grad_fn = lora_lib.value_and_grad(
           lambda p, zp, micro_batch: _rl_loss(
               graphdef, p, micro_batch, rl_cfg, kl_coef=kl_coef,
               denominator=denominator, log_z_params=zp,
@@ -499,7 +503,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.
-        sil_value, sil_grads = jax.value_and_grad(sil_loss)(params, sil)
+        sil_value, sil_grads = lora_lib.value_and_grad(sil_loss)(params, sil)
         grads = jax.tree.map(lambda g, h: g + sil_coef * h, grads, sil_grads)
         m["sil_loss"] = sil_value
       updates, opt_state = tx.update(grads, opt_state, params)
@@ -1207,6 +1211,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
 
   def collect(state: types.TrainState, first_traj=None):
     key = jax.random.fold_in(state.rng, state.step)
+    # With LoRA: the policy's frozen base plus the reference's adapters.
+    ref_params = lora_lib.reference_params(state.params, state.ref_params)
     num_sampled = num_tasks * over
     traj, reward, parts = sample_round(
         state, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2), num_sampled,
@@ -1263,7 +1269,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       # One batched pass of the reference model over every (episode, state).
       gold_lp = credit.gold_answer_logprobs(
           lambda x: sampling.token_logprobs(
-              graphdef, state.ref_params, x, temperature)[0],
+              graphdef, ref_params, x, temperature)[0],
           traj.tokens, traj.role, traj.turn, traj.facts["gold_answer"],
           traj.facts["gold_answer_len"], num_turns=env.max_turns,
           answer_prefix=(tokenizers.ANSWER,), pad_id=tokenizers.PAD)
@@ -1339,7 +1345,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
           reward, reward >= replay_threshold, state.step, traj.turn)
       info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
     ref_logp, _ = sampling.token_logprobs(
-        graphdef, state.ref_params, train_traj.tokens, temperature
+        graphdef, ref_params, train_traj.tokens, temperature
     )
     if rl_cfg.kl_reward_coef > 0:
       # KL as a reward penalty (no gradient), estimated on the behaviour samples.

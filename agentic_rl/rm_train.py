@@ -48,6 +48,7 @@ from agentic_rl import reward_models
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 import environments
 
@@ -68,6 +69,11 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   if config.env.name not in environments.REGISTRY:
     _fail("env.name", config.env.name,
           f"unknown environment; known: {tuple(environments.REGISTRY)}")
+  lora_block = config.model.get("lora", None)
+  if lora_block is not None and lora_block.get("rank", 0):
+    # The reward heads ('head' hidden_dd / bias_d) would be frozen with the base.
+    _fail("model.lora.rank", lora_block.rank,
+          "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'")
   try:
     env = environments.make(config.env)
   except (TypeError, ValueError) as e:
@@ -106,8 +112,7 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _model_cfg(config) -> transformer.TransformerConfig:
-  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
-  return transformer.TransformerConfig(**fields)
+  return transformer.TransformerConfig(**lora_lib.transformer_fields(config.model))
 
 
 def _init(config, model_cfg):
@@ -439,7 +444,7 @@ def _read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfo
              f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
   try:
     fields = {k: tuple(v) if isinstance(v, list) else v
-              for k, v in rm_config.model.to_dict().items() if k != "hf_path"}
+              for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
     model_cfg = transformer.TransformerConfig(**fields)
     s_steps, r_steps = int(rm_config.sft.steps), int(rm_config.rm.steps)
   except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -18,6 +18,7 @@ Partition rules come from parameter names. Every parameter name ends in
   f       FFN hidden        'tensor'
   v       vocabulary        'tensor'
   k       head dim          None     (replicated)
+  r       LoRA rank         None     (replicated)
 
 e.g. q_dhk -> P('fsdp', 'tensor', None), down_fd -> P('tensor', 'fsdp'). A
 dimension whose size is not divisible by its mesh axis size is replicated along
@@ -59,6 +60,7 @@ AXIS_RULES = {
     "f": "tensor",
     "v": "tensor",
     "k": None,
+    "r": None,  # LoRA rank (models/lora.py)
 }
 _SUFFIX = re.compile(r"_([a-z]+)$")
 

@@ -9,7 +9,9 @@ Workdir layout:
   .lock                      held (fcntl.flock) by the run using the workdir
   checkpoints/               orbax checkpoints of the full TrainState, each with
                              a checksum manifest (checkpoint.py); damaged ones
-                             found at resume are moved to checkpoints-damaged/
+                             found at resume are moved to checkpoints-damaged/;
+                             with LoRA, params = the adapters only
+                             (checkpoints/lora_base.json names the frozen base)
   metrics.jsonl, tensorboard/  per-step metrics
   eval_initial.json          held-out evaluation of the initial weights, before SFT
                              (only with `eval.initial=True` and `sft.steps > 0`)
@@ -19,6 +21,7 @@ Workdir layout:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -42,6 +45,7 @@ from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import hf
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 import environments
 from environments.host import base as host_base
@@ -78,15 +82,17 @@ def make_model_config(config) -> transformer.TransformerConfig:
   """TransformerConfig from config.model, or from config.model.hf_path's
   config.json (plus config.model's non-shape fields, hf.RUNTIME_FIELDS)."""
   path = config.model.get("hf_path", "")
+  fields = lora_lib.transformer_fields(config.model)
   if path:
     return hf.config_from_hf(
-        hf.read_config(path), **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
-  fields = {k: v for k, v in dict(config.model).items() if k != "hf_path"}
+        hf.read_config(path), lora=fields["lora"],
+        **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
   return transformer.TransformerConfig(**fields)
 
 
 def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
-  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params).
+  """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params;
+  with LoRA (config.model.lora) fresh adapters on the base, ref_params = their copy).
 
   The initial params are random, or the checkpoint at config.model.hf_path. On a
   mesh of several devices (default: the mesh of `config.mesh`) a random init is
@@ -104,7 +110,10 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
   if hf_path:
     # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
     graphdef, imported = hf.params_from_hf_tensors(
-        model_cfg, hf.read_safetensors(hf_path))
+        dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path))
+    if model_cfg.lora is not None:
+      graphdef, imported = lora_lib.init_adapters(
+          model_cfg, imported, jax.random.fold_in(root, 2))
   else:
     graphdef = nnx.graphdef(nnx.eval_shape(
         lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
@@ -121,7 +130,8 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
     return types.TrainState(
         step=jnp.int32(0),
         params=params,
-        ref_params=jax.tree.map(jnp.copy, params),
+        # With LoRA only the adapters are copied (lora.reference_state).
+        ref_params=lora_lib.reference_state(params),
         opt_state=tx.init(params),
         rng=jax.random.fold_in(root, 1),
         kl_coef=jnp.float32(config.rl.kl_coef),
@@ -146,7 +156,7 @@ def _rl_transition(config):
       # master (its progress below bf16 resolution), with fresh moments.
       opt_state = opt_state._replace(master=state.opt_state.master)
     return learner.init_rl_extras(config, state.replace(
-        ref_params=jax.tree.map(jnp.copy, state.params),
+        ref_params=lora_lib.reference_state(state.params),
         opt_state=opt_state,
     ))
 
@@ -245,6 +255,11 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   return out
 
 
+def _reference(state: types.TrainState):
+  """Full parameters of the reference (SFT) model (lora.reference_params)."""
+  return lora_lib.reference_params(state.params, state.ref_params)
+
+
 def _host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -299,17 +314,22 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
+  if model_cfg.lora is not None:
+    logging.info("LoRA %s: %d trainable parameters (adapters and scalar heads) of %d",
+                 model_cfg.lora, *lora_lib.count(state.params))
 
   ckpt = checkpoint_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"),
       max_to_keep=config.checkpoint.max_to_keep,
       save_interval_steps=config.checkpoint.every_steps,
   )
+  if model_cfg.lora is not None:
+    _check_lora_base(config, ckpt.directory, state.params)
   start = ckpt.latest_intact_step()  # damaged newer ones: one warning, set aside
   if start is not None:
     if start >= sft_steps:
       state = start_rl(config, state)  # restore into the RL optimizer's structure
-    state = ckpt.restore(state, step=start)
+    state = _restore(ckpt, state, start, model_cfg)
     position = ckpt.restore_data_position(start)
     if position is not None and hasattr(env, "set_position"):
       env.set_position(position)  # the task loader continues where it was
@@ -361,12 +381,13 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       bar.update(step, m)
       if step == sft_steps:
         state = start_rl(config, state)
-      ckpt.save(step, state, force=step in (sft_steps, total),
+      ckpt.save(step, _to_save(state), force=step in (sft_steps, total),
                 data_position=_data_position(env))
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")
-        _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+        _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state),
+                                            model_cfg))
       if step == halt:
         ckpt.wait()
         return None
@@ -375,7 +396,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     writer.close()
     ckpt.wait()
   if sft_steps == total and not os.path.exists(sft_eval_path):
-    _write_json(sft_eval_path, evaluate(config, env, graphdef, state.ref_params, model_cfg))
+    _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state), model_cfg))
 
   reports = {}
   if os.path.exists(initial_eval_path):
@@ -392,6 +413,54 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   print(metrics_lib.format_eval_table(reports))
   return reports
+
+
+def _to_save(state: types.TrainState) -> types.TrainState:
+  """What a checkpoint holds: with LoRA, the params are the trainable subtree
+  only (adapters, scalar heads); the frozen base is named by lora_base.json."""
+  if not lora_lib.has_adapters(state.params):
+    return state
+  return state.replace(params=lora_lib.trainable(state.params))
+
+
+def _restore(ckpt, state: types.TrainState, step: int, model_cfg) -> types.TrainState:
+  """Restores checkpoint `step` into `state`'s structure; with LoRA the saved
+  adapters are put back onto `state`'s (freshly built, fingerprinted) base."""
+  if model_cfg.lora is None:
+    return ckpt.restore(state, step=step)
+  restored = ckpt.restore(_to_save(state), step=step)
+  return restored.replace(params=lora_lib.with_trainable(state.params, restored.params))
+
+
+_LORA_BASE = "lora_base.json"
+
+
+def _check_lora_base(config, directory: str, params) -> None:
+  """Names the frozen base of a LoRA run in `directory`/lora_base.json (the
+  checkpoints there hold adapters only), or checks that a resumed run's base
+  is the one its adapters were trained on.
+
+  Raises:
+    validation.ConfigError: the base's fingerprint differs.
+  """
+  info = {
+      "hf_path": config.model.get("hf_path", ""),
+      "seed": config.seed,
+      "sha256": lora_lib.base_fingerprint(params),
+      "lora": dataclasses.asdict(lora_lib.from_config(config.model.lora)),
+  }
+  path = os.path.join(directory, _LORA_BASE)
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    if old.get("sha256") != info["sha256"]:
+      raise validation.ConfigError(
+          f"{path}: the checkpoints' adapters were trained on base "
+          f"{old.get('hf_path') or 'random init'} sha256={old.get('sha256')}; "
+          f"this run's base has sha256={info['sha256']}")
+    return
+  os.makedirs(directory, exist_ok=True)
+  _write_json(path, info)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -22,6 +22,7 @@ from agentic_rl import losses
 from agentic_rl import rewards
 from agentic_rl import tokenizers
 from agentic_rl.models import hf
+from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from agentic_rl import sharding
 import environments
@@ -624,7 +625,13 @@ def _validate_tokenizer(config, is_host: bool) -> None:
 def _validate_model(model) -> None:
   """The model fields build a TransformerConfig; an hf_path is an importable
   checkpoint whose vocabulary covers the byte tokenizer the environments use."""
-  fields = {k: v for k, v in dict(model).items() if k != "hf_path"}
+  try:
+    fields = lora_lib.transformer_fields(model)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from e
+  if fields["lora"] is not None and fields["lora"].dropout > 0:
+    _fail("model.lora.dropout", fields["lora"].dropout,
+          "adapter dropout is not applied by the trainer yet; use 0.0")
   try:
     transformer.TransformerConfig(**fields)
   except ValueError as e:

@@ -34,7 +34,7 @@ MODEL_PRESETS = {
 
 
 def model(preset: str = "tiny") -> ml_collections.ConfigDict:
-  """Transformer config: every TransformerConfig field, plus `hf_path`.
+  """Transformer config: every TransformerConfig field, plus `hf_path` and `lora`.
 
   Fields not set by the preset keep the TransformerConfig defaults (documented
   in agentic_rl/models/transformer.py); every one can be overridden with
@@ -52,11 +52,27 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
   fields["rope_theta"] = 10_000.0
   fields["norm_eps"] = 1e-6
   fields.update(MODEL_PRESETS[preset])
+  fields.pop("lora")  # a sub-block of its own, below
   cfg = ml_collections.ConfigDict(fields)
   # Directory of a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM checkpoint
   # (config.json + *.safetensors); when set, the policy is built from it and the
   # shape fields above are ignored. '' = random init from the fields above.
   cfg.hf_path = ""
+  # Low-rank adapters (agentic_rl/models/lora.py; Hu et al. 2021,
+  # arXiv:2106.09685): rank 0 = off (full fine-tuning). With rank r > 0 only
+  # the adapters (and scalar heads) train; the base is frozen, has no optimizer
+  # state, and is the reference model (adapters off); checkpoints hold the
+  # adapters only. e.g. --config.model.lora.rank=8
+  cfg.lora = ml_collections.ConfigDict(dict(
+      rank=0,
+      # Update scale alpha / rank.
+      alpha=16.0,
+      # Any of 'q', 'k', 'v', 'o', 'gate', 'up', 'down'.
+      targets=("q", "k", "v", "o", "gate", "up", "down"),
+      # Dropout on the adapter branch's input (must be 0 for now: the trainer
+      # does not pass a dropout key to the loss forward).
+      dropout=0.0,
+  ))
   return cfg
 
 

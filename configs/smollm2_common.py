@@ -8,9 +8,10 @@ written once as an HF folder by agentic_rl.models.gguf.smollm2_hf_folder
 (~/.cache/agentic_rl/..., or $AGENTIC_RL_SMOLLM2_DIR). Its weights are 4-bit
 dequantised, not the original bf16 release.
 
-Full fine-tuning, not LoRA: the codebase has no adapter layers, and at 135M
-parameters full fine-tuning fits a CPU (params + reference + AdamW moments in
-float32: 4 x 538 MB) and a single accelerator with room to spare.
+Full fine-tuning by default (at 135M parameters it fits a CPU: params +
+reference + AdamW moments in float32, 4 x 538 MB); `--config.model.lora.rank=8`
+trains LoRA adapters instead (agentic_rl/models/lora.py: frozen base without
+optimizer state, the base as reference).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
 from agentic_rl import train
 from agentic_rl import validation
+from agentic_rl.models import lora
 
 
 def _stack(trees: Sequence[Any]) -> Any:
@@ -163,13 +164,14 @@ def train_seeds(
       # restored step are dropped on resume.
       np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
     if step >= sft_steps and sft_reports is None:
-      sft_reports = evaluate_all(state.ref_params)
+      sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params))
       if sft_path:
         with open(sft_path, "w") as f:
           json.dump(sft_reports, f, indent=2)
   wall = time.time() - t0
   if sft_reports is None:  # rl.steps == 0 and the run was already past SFT
-    sft_reports = evaluate_all(state.ref_params if sft_steps else state.params)
+    sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params)
+                               if sft_steps else state.params)
   rl_reports = evaluate_all(state.params)
   if ckpt is not None:
     ckpt.wait()

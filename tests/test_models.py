@@ -17,7 +17,8 @@ from tests import fakes
 
 
 def _preset(name, **overrides):
-  fields = {k: v for k, v in dict(common.model(name)).items() if k != "hf_path"}
+  fields = {k: v for k, v in dict(common.model(name)).items()
+            if k not in ("hf_path", "lora")}
   fields.update(overrides)
   return transformer.TransformerConfig(**fields)
 

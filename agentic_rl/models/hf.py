@@ -334,9 +334,15 @@ def save_pretrained(
 ) -> None:
   """Writes config.json + model.safetensors that `transformers` loads.
 
+  A model with LoRA adapters (cfg.lora) is written with the adapters folded
+  into its weights, W + (alpha / r) A B (lora.merged_params).
+
   Raises:
     ValueError: the config has scalar heads (see config_to_hf).
   """
+  if cfg.lora is not None:
+    from agentic_rl.models import lora  # noqa: PLC0415
+    cfg, params = lora.merged_params(cfg, params)
   hf = config_to_hf(cfg)
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:

@@ -53,6 +53,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentic_rl.models import lora as lora_lib
+
 KVCache = list[dict[str, jax.Array]]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -95,6 +97,8 @@ class TransformerConfig:
     logprob_chunk_size: sequence positions per chunk when computing log-probs
       and entropies (agentic_rl.sampling.token_logprobs), so that a
       [B, L, V] array is never materialised; 0 = the whole sequence at once.
+    lora: low-rank adapters on the projections (agentic_rl/models/lora.py),
+      or None for none.
   """
 
   vocab_size: int = 265
@@ -120,6 +124,7 @@ class TransformerConfig:
   value_head: bool = False
   reward_head: bool = False
   logprob_chunk_size: int = 0
+  lora: lora_lib.LoRAConfig | None = None
 
   def __post_init__(self):
     def fail(field, why):
@@ -147,6 +152,8 @@ class TransformerConfig:
         fail(f, f"unknown; known: {sorted(DTYPES)}")
     if self.rope_scaling not in ROPE_SCALINGS:
       fail("rope_scaling", f"unknown; known: {ROPE_SCALINGS}")
+    if self.lora is not None and not isinstance(self.lora, lora_lib.LoRAConfig):
+      fail("lora", "must be a lora.LoRAConfig or None")
     if self.rope_scaling == "llama3":
       if not self.rope_factor >= 1:
         fail("rope_factor", "must be >= 1")
@@ -349,6 +356,9 @@ class Attention(nnx.Module):
       q_bhtk = qkv_bntk[:, :h]
       k_bgtk = qkv_bntk[:, h:h + g]
       v_bgtk = qkv_bntk[:, h + g:]
+    if cfg.lora is not None:  # low-rank adapters (models/lora.py)
+      q_bhtk, k_bgtk, v_bgtk = (lora_lib.apply(self, n, x_btd, y) for n, y in
+                                (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk)))
     sin, cos = rope_sc
     q_bhtk = apply_rope(q_bhtk, sin, cos)
     k_bgtk = apply_rope(k_bgtk, sin, cos)
@@ -383,7 +393,7 @@ class Attention(nnx.Module):
       out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dt), values_bgsk)
       out_bhtk = out_bgrtk.reshape(b, h, t, cfg.head_dim)
     out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
-    return out, new_cache
+    return lora_lib.apply(self, "o", out_bhtk, out), new_cache
 
 
 class SwiGLU(nnx.Module):
@@ -404,14 +414,17 @@ class SwiGLU(nnx.Module):
     if x_btd.shape[1] == 1:
       # Decoding one token: two matmuls (a fused weight would be
       # re-concatenated on every step of the decode while_loop).
-      gate = jax.nn.silu(x_btd @ self.gate_df[...].astype(dt))
+      gate = x_btd @ self.gate_df[...].astype(dt)
       up = x_btd @ self.up_df[...].astype(dt)
     else:
       # One fused [D, 2F] matmul for gate and up (concatenated at run time).
       w_df2 = jnp.concatenate([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
       gate_up = x_btd @ w_df2
-      gate, up = jax.nn.silu(gate_up[..., :f]), gate_up[..., f:]
-    return (gate * up) @ self.down_fd[...].astype(dt)
+      gate, up = gate_up[..., :f], gate_up[..., f:]
+    # Low-rank adapters, if any (models/lora.py); identity otherwise.
+    gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
+    hidden = gate * lora_lib.apply(self, "up", x_btd, up)
+    return lora_lib.apply(self, "down", hidden, hidden @ self.down_fd[...].astype(dt))
 
 
 class Block(nnx.Module):
@@ -475,6 +488,9 @@ class Transformer(nnx.Module):
       self.value_head_d = nnx.Param(jnp.zeros((d,), pdt))
     if cfg.reward_head:
       self.reward_head_d = nnx.Param(jnp.zeros((d,), pdt))
+    if cfg.lora is not None:
+      # Drawn last, from the next key, so the base weights do not depend on it.
+      lora_lib.attach(self, cfg.lora, rngs.params())
 
   def hidden_states(
       self,
