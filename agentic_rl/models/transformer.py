@@ -316,8 +316,9 @@ class Attention(nnx.Module):
     """
     cfg = self.cfg
     dt = cfg.compute_dtype
-    b, t = x_btd.shape[:2]
+    b, t, d = x_btd.shape
     h, g, r = cfg.num_heads, cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    dh = cfg.head_dim
     if t == 1:
       # Decoding one token: three separate projections. A fused weight would
       # be re-concatenated on every step of the decode while_loop (XLA does
@@ -331,20 +332,28 @@ class Attention(nnx.Module):
         k_bgtk = k_bgtk + bias(self.k_bias_gk)
         v_bgtk = v_bgtk + bias(self.v_bias_gk)
     else:
-      # One fused projection for queries, keys and values (the three weights
-      # are concatenated at run time; the parameters keep their own names),
-      # straight into the attention layout [B, heads, T, Dh].
-      w_dnk = jnp.concatenate(
-          [self.q_dhk[...], self.k_dgk[...], self.v_dgk[...]], axis=1).astype(dt)
-      qkv_bntk = jnp.einsum("btd,dnk->bntk", x_btd, w_dnk)
+      # One fused projection for queries, keys and values, laid out per kv
+      # group: q [D, H, Dh] is viewed as [D, G, r, Dh] (query head h = g*r + i
+      # reads kv head g, as in repeat_kv) and k, v as [D, G, 1, Dh]; they are
+      # concatenated along the new within-group axis into [D, G, r + 2, Dh].
+      # Tensor parallelism shards G, never the concatenated axis, so the
+      # concatenation is local to each device (column-parallel, Megatron-style:
+      # Shoeybi et al. 2019, arXiv:1909.08053) and the only collective of the
+      # layer is the all-reduce after the row-parallel output projection.
+      # (Concatenating along the sharded head axis instead made XLA reshuffle
+      # the weights and activations with collective-permutes.)
+      w_dgck = jnp.concatenate(
+          [self.q_dhk[...].reshape(d, g, r, dh), self.k_dgk[...][:, :, None],
+           self.v_dgk[...][:, :, None]], axis=2).astype(dt)
+      qkv_bgctk = jnp.einsum("btd,dgck->bgctk", x_btd, w_dgck)
       if cfg.qkv_bias:
-        bias_nk = jnp.concatenate(
-            [self.q_bias_hk[...], self.k_bias_gk[...], self.v_bias_gk[...]],
-            axis=0).astype(dt)
-        qkv_bntk = qkv_bntk + bias_nk[None, :, None, :]
-      q_bhtk = qkv_bntk[:, :h]
-      k_bgtk = qkv_bntk[:, h:h + g]
-      v_bgtk = qkv_bntk[:, h + g:]
+        bias_gck = jnp.concatenate(
+            [self.q_bias_hk[...].reshape(g, r, dh), self.k_bias_gk[...][:, None],
+             self.v_bias_gk[...][:, None]], axis=1).astype(dt)
+        qkv_bgctk = qkv_bgctk + bias_gck[None, :, :, None, :]
+      q_bhtk = qkv_bgctk[:, :, :r].reshape(b, h, t, dh)
+      k_bgtk = qkv_bgctk[:, :, r]
+      v_bgtk = qkv_bgctk[:, :, r + 1]
     sin, cos = rope_sc
     q_bhtk = apply_rope(q_bhtk, sin, cos)
     k_bgtk = apply_rope(k_bgtk, sin, cos)
@@ -393,17 +402,19 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     dt = self.dtype
-    f = self.gate_df.shape[1]
     if x_btd.shape[1] == 1:
       # Decoding one token: two matmuls (a fused weight would be
       # re-concatenated on every step of the decode while_loop).
       gate = jax.nn.silu(x_btd @ self.gate_df[...].astype(dt))
       up = x_btd @ self.up_df[...].astype(dt)
     else:
-      # One fused [D, 2F] matmul for gate and up (concatenated at run time).
-      w_df2 = jnp.concatenate([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
-      gate_up = x_btd @ w_df2
-      gate, up = jax.nn.silu(gate_up[..., :f]), gate_up[..., f:]
+      # One fused matmul for gate and up: the two [D, F] weights are stacked
+      # on a new axis into [D, 2, F]. Tensor parallelism shards F, not the
+      # stacked axis, so the stack is local to each device (column-parallel;
+      # down_fd is row-parallel, followed by one all-reduce).
+      w_dcf = jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
+      gate_up = jnp.einsum("btd,dcf->btcf", x_btd, w_dcf)
+      gate, up = jax.nn.silu(gate_up[..., 0, :]), gate_up[..., 1, :]
     return (gate * up) @ self.down_fd[...].astype(dt)
 
 
