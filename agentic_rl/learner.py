@@ -154,6 +154,9 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
+    # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer.
+    metrics["trained_token_share"] = jnp.mean(
+        policy_mask(traj).astype(jnp.float32))
     state = state.replace(
         step=state.step + 1,
         params=params,
@@ -1438,6 +1441,8 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
         "truncated_rate": f32(traj.finish == types.TRUNCATED),
         "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+        # Trained (loss-mask) tokens / all B * L tokens of the batch buffer.
+        "trained_token_share": f32(batch["mask"]),
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })

@@ -428,6 +428,32 @@ def _constrain_parts(x: jax.Array) -> jax.Array:
       x, P(None, *batch_spec(x.shape[1:], mesh)))
 
 
+def constrain_gathered(x: jax.Array, letters: str) -> jax.Array:
+  """Inside jit: pins a weight built at run time (e.g. a fused projection) to
+  its tensor-parallel layout, gathered over 'fsdp'.
+
+  `letters` names x's dimensions as in the module docstring; 'd' (and any
+  letter without a rule, such as the stacking axis of a fused weight) is left
+  unsharded, so the weight is all-gathered over 'fsdp' before use (ZeRO-3),
+  while 'h' / 'g' / 'f' / 'v' keep 'tensor' when divisible. Without this pin
+  XLA may move the 'fsdp' split of d onto the stacking axis and exchange the
+  activations with all-to-alls. No-op without an ambient mesh.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  sizes = _sizes(mesh)
+  spec, used = [], set()
+  for letter, size in zip(letters, x.shape):
+    axis = AXIS_RULES.get(letter)
+    if axis in (None, "fsdp") or axis in used or size % sizes[axis]:
+      spec.append(None)
+    else:
+      used.add(axis)
+      spec.append(axis)
+  return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
 def cache_spec(shape: Sequence[int], mesh) -> P:
   """KV-cache layout [B, G, S, Dh]: B over ('data', 'fsdp'), G over 'tensor'.
 

@@ -49,6 +49,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentic_rl import sharding
+
 KVCache = list[dict[str, jax.Array]]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -345,6 +347,7 @@ class Attention(nnx.Module):
       w_dgck = jnp.concatenate(
           [self.q_dhk[...].reshape(d, g, r, dh), self.k_dgk[...][:, :, None],
            self.v_dgk[...][:, :, None]], axis=2).astype(dt)
+      w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
       qkv_bgctk = jnp.einsum("btd,dgck->bgctk", x_btd, w_dgck)
       if cfg.qkv_bias:
         bias_gck = jnp.concatenate(
@@ -412,7 +415,8 @@ class SwiGLU(nnx.Module):
       # on a new axis into [D, 2, F]. Tensor parallelism shards F, not the
       # stacked axis, so the stack is local to each device (column-parallel;
       # down_fd is row-parallel, followed by one all-reduce).
-      w_dcf = jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
+      w_dcf = sharding.constrain_gathered(
+          jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt), "dcf")
       gate_up = jnp.einsum("btd,dcf->btcf", x_btd, w_dcf)
       gate, up = jax.nn.silu(gate_up[..., 0, :]), gate_up[..., 1, :]
     return (gate * up) @ self.down_fd[...].astype(dt)
@@ -507,8 +511,12 @@ class Transformer(nnx.Module):
     b, t = tokens_bt.shape
     if positions_bt is None:
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
-        self.cfg.compute_dtype)
+    # Activations [B, T, D] stay split over the batch axes only (D whole on
+    # every device) on a mesh; otherwise XLA may carry the embedding table's
+    # 'fsdp' split of D into the blocks and reshuffle activations with
+    # all-to-alls. No-op without a mesh.
+    x = sharding.constrain_batch(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+        self.cfg.compute_dtype))
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
@@ -532,6 +540,7 @@ class Transformer(nnx.Module):
       x, layer_cache = apply(
           block, x, positions_bt, None if cache is None else cache[i], mask_bts,
           rope_sc)
+      x = sharding.constrain_batch(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
