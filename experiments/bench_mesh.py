@@ -12,12 +12,18 @@ For each model preset (configs/common.py) and mesh:
     over the shard shapes of `sharding.tree_shardings` / `cache_shardings`;
     `ideal` is the total divided by fsdp * tensor (parameters and optimizer
     state) or by the device count (cache);
-  * train args / temp: `compiled.memory_analysis()` of one jitted training step
-    (teacher-forced token log-probs of a [B, L] batch, gradient, AdamW update;
-    parameters and optimizer state donated): per-device argument bytes
-    (parameters + optimizer state + batch) and temporary bytes;
-  * decode args / temp: the same for one cached decode step ([B, 1] tokens,
-    cache of length S).
+  * train args / temp / coll: `compiled.memory_analysis()` of one jitted
+    training step (teacher-forced token log-probs of a [B, L] batch, gradient,
+    AdamW update; parameters and optimizer state donated): per-device argument
+    bytes (parameters + optimizer state + batch) and temporary bytes, and the
+    MiB per device that the program's collectives produce (sum of their
+    output shapes in the compiled HLO);
+  * decode args / temp / coll: the same for one cached decode step ([B, 1]
+    tokens, cache of length S).
+
+`--no_pins` turns off the model's sharding pins (activations split over the
+batch axes with d_model whole, fused weights gathered over 'fsdp') to compare
+with XLA's own sharding propagation.
 
 A head count that the tensor axis does not divide is refused
 (`sharding.check_heads_divide_tensor`); such a preset is reported with the error
@@ -28,7 +34,7 @@ own per-device memory accounting on 8 simulated CPU devices.
 
 Usage:
   python experiments/bench_mesh.py [--presets smollm2-135m,qwen2.5-0.5b,...]
-      [--batch 8] [--seq 256] [--cache_len 2048] [--no_compile]
+      [--batch 8] [--seq 256] [--cache_len 2048] [--no_compile] [--no_pins]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 
@@ -168,6 +175,28 @@ def compile_decode(p: dict, batch: int):
                    out_shardings=(None, p["c_sh"])).lower(*args).compile()
 
 
+COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all",
+               "reduce-scatter")
+
+
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
+              "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
+              "u64": 8}
+
+
+def collective_mib(compiled) -> float:
+  """MiB per device produced by the collectives of a compiled program (sum of
+  their output shapes; operands of tuple collectives counted one by one)."""
+  total = 0
+  for line in compiled.as_text().splitlines():
+    m = re.search(r"= (.*?) (%s)(-start)?\(" % "|".join(COLLECTIVES), line)
+    if m:
+      for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
+        n = math.prod(int(v) for v in dims.split(",") if v)
+        total += n * _HLO_BYTES.get(dt, 4)
+  return total / MIB
+
+
 def _mib(x) -> str:
   return f"{x / MIB:,.1f}"
 
@@ -179,12 +208,20 @@ def main(argv=None) -> None:
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--cache_len", type=int, default=2048)
   ap.add_argument("--no_compile", action="store_true")
+  ap.add_argument("--no_pins", action="store_true",
+                  help="diagnostic: turn off the model's sharding pins "
+                  "(sharding.constrain_batch / constrain_gathered become the "
+                  "identity) to compare with XLA's own propagation")
   args = ap.parse_args(argv)
+  if args.no_pins:
+    sharding.constrain_batch = lambda tree: tree
+    sharding.constrain_gathered = lambda x, letters: x
   print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}; "
         f"train batch {args.batch} x {args.seq} tokens; decode batch "
         f"{args.batch}, cache length {args.cache_len}; float32; MiB per device\n")
   print("| preset | params | mesh (d,f,t) | params/dev (ideal) | adam/dev (ideal) "
-        "| kv/dev (ideal) | train args / temp | decode args / temp | compile s |")
+        "| kv/dev (ideal) | train args / temp / coll | decode args / temp / coll "
+        "| compile s |")
   print("|---|---|---|---|---|---|---|---|---|")
   notes = []
   for preset in args.presets.split(","):
@@ -201,11 +238,15 @@ def main(argv=None) -> None:
     secs = "-"
     if not args.no_compile:
       t0 = time.time()
-      mt = compile_train(p, args.batch, args.seq).memory_analysis()
-      md = compile_decode(p, args.batch).memory_analysis()
+      ct = compile_train(p, args.batch, args.seq)
+      cd = compile_decode(p, args.batch)
       secs = f"{time.time() - t0:.0f}"
-      train_col = f"{_mib(mt.argument_size_in_bytes)} / {_mib(mt.temp_size_in_bytes)}"
-      decode_col = f"{_mib(md.argument_size_in_bytes)} / {_mib(md.temp_size_in_bytes)}"
+      cols = []
+      for c in (ct, cd):
+        m = c.memory_analysis()
+        cols.append(f"{_mib(m.argument_size_in_bytes)} / "
+                    f"{_mib(m.temp_size_in_bytes)} / {collective_mib(c):,.1f}")
+      train_col, decode_col = cols
     print(f"| {preset} | {p['num_params'] / 1e6:.1f}M | {p['mesh']} | "
           f"{_mib(p['param_dev'])} ({_mib(ideal_p)}) | "
           f"{_mib(p['opt_dev'])} ({_mib(ideal_o)}) | "

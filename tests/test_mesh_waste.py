@@ -383,3 +383,26 @@ _PRESETS = textwrap.dedent("""
 def test_real_presets_per_device_bytes_on_2x2x2():
   out = _run_8_devices(_PRESETS)
   assert out.count("OK") == 4, out
+
+
+# ------------------------------------------------------ trained-token share
+
+
+@pytest.mark.slow
+def test_trained_token_share_is_the_loss_mask_share_of_the_buffer():
+  """`trained_token_share` = loss-mask tokens / (B * L): the per-row mean of
+  trained tokens (`policy_tokens`) divided by the buffer length L."""
+  from agentic_rl import train
+  config = default.get_config("smoke")
+  train.validation.validate_config(config)
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  step = learner.make_rl_step(config, env, graphdef,
+                              learner.make_optimizer(config.rl), model_cfg)
+  _, m = step(state)
+  share = float(m["trained_token_share"])
+  assert 0.0 < share < 1.0
+  np.testing.assert_allclose(share, float(m["policy_tokens"]) / config.max_len,
+                             rtol=1e-6)

@@ -511,11 +511,15 @@ class Transformer(nnx.Module):
     b, t = tokens_bt.shape
     if positions_bt is None:
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    # Activations [B, T, D] stay split over the batch axes only (D whole on
-    # every device) on a mesh; otherwise XLA may carry the embedding table's
-    # 'fsdp' split of D into the blocks and reshuffle activations with
-    # all-to-alls. No-op without a mesh.
-    x = sharding.constrain_batch(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+    # On a mesh, multi-token activations [B, T, D] stay split over the batch
+    # axes only (D whole on every device: the weights are gathered over
+    # 'fsdp', ZeRO-3); otherwise XLA may carry the embedding table's 'fsdp'
+    # split of D into the blocks and reshuffle activations with all-to-alls.
+    # One-token decode steps are left to XLA: there moving the few activations
+    # is cheaper than gathering the weights (measured in
+    # experiments/bench_mesh.py). No-op without a mesh.
+    pin = sharding.constrain_batch if t > 1 else (lambda x: x)
+    x = pin(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
         self.cfg.compute_dtype))
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
@@ -540,7 +544,7 @@ class Transformer(nnx.Module):
       x, layer_cache = apply(
           block, x, positions_bt, None if cache is None else cache[i], mask_bts,
           rope_sc)
-      x = sharding.constrain_batch(x)
+      x = pin(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
