@@ -340,8 +340,10 @@ class Attention(nnx.Module):
       # concatenated along the new within-group axis into [D, G, r + 2, Dh].
       # Tensor parallelism shards G, never the concatenated axis, so the
       # concatenation is local to each device (column-parallel, Megatron-style:
-      # Shoeybi et al. 2019, arXiv:1909.08053) and the only collective of the
-      # layer is the all-reduce after the row-parallel output projection.
+      # Shoeybi et al. 2019, arXiv:1909.08053): with tensor parallelism alone
+      # the layer's only collectives are all-reduces (after the row-parallel
+      # output projection; of the input gradient in the backward pass). With
+      # 'fsdp' too, the fused weight is gathered over 'fsdp' before use.
       # (Concatenating along the sharded head axis instead made XLA reshuffle
       # the weights and activations with collective-permutes.)
       w_dgck = jnp.concatenate(
