@@ -22,7 +22,10 @@ Partition rules come from parameter names. Every parameter name ends in
 e.g. q_dhk -> P('fsdp', 'tensor', None), down_fd -> P('tensor', 'fsdp'). A
 dimension whose size is not divisible by its mesh axis size is replicated along
 that dimension, and a mesh axis is used at most once per array (the first letter
-that asks for it wins). Leaves whose name does not match (RMSNorm `scale`,
+that asks for it wins). Head counts are the exception: config validation
+refuses a 'tensor' axis that does not divide them
+(`check_heads_divide_tensor`), since replicating attention on every tensor
+device would be silent waste. Leaves whose name does not match (RMSNorm `scale`,
 optimizer step counts, PRNG keys, scalars) are replicated; `unmatched_leaves`
 lists the non-scalar ones for debugging. Optax state mirrors the parameter tree
 (Adam's mu/nu paths end in the parameter's name), so the same rule shards it.
@@ -31,7 +34,9 @@ Batches (Trajectory fields, learner batches, task pytrees) are split on their
 leading (batch) axis over ('data', 'fsdp'); KV caches [B, G, S, Dh] over
 ('data', 'fsdp') on B and 'tensor' on G. Any global reduction inside a jitted
 step (e.g. the loss denominator: the number of trainable tokens) is computed
-over the whole global batch, across all shards.
+over the whole global batch, across all shards. Minibatches and micro-batches
+are strided splits of the batch (`split_rows`), so each keeps every device's
+share of the rows.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def mesh() -> ml_collections.ConfigDict:
       data=-1,
       # Fully sharded data parallelism: parameters split on d_model.
       fsdp=1,
-      # Tensor parallelism: heads, FFN hidden and vocabulary split.
+      # Tensor parallelism: heads, FFN hidden and vocabulary split; must divide
+      # the query and key/value head counts (validation refuses it otherwise).
       tensor=1,
       # Multi-host: call jax.distributed.initialize before anything else.
       distributed=False,
