@@ -99,7 +99,9 @@ def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
 def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1):
   """(loss, metrics, grads) of `sft_loss` with gradient accumulation.
 
-  The [B, L] batch is cut into `num_microbatches` contiguous blocks of rows,
+  The [B, L] batch is cut into `num_microbatches` blocks of rows by a strided
+  split (row i in block i % num_microbatches, `sharding.split_rows`, so that
+  on a device mesh every block keeps each device's share of the rows),
   scanned with `lax.scan`; each block's summed NLL is divided by the whole
   batch's POLICY-token count, so the accumulated loss and gradient equal the
   full-batch token mean (up to float summation order) while only one block's
@@ -121,12 +123,10 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
   mask = policy_mask(traj)
   denominator = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
   # Only the fields sft_loss reads are cut into blocks.
-  blocks = jax.tree.map(
-      lambda x: x.reshape((num_microbatches, rows // num_microbatches) + x.shape[1:]),
-      (traj.tokens, traj.role))
+  blocks = sharding.split_rows((traj.tokens, traj.role), num_microbatches)
 
   def micro(acc, block):
-    tokens, role = block
+    tokens, role = sharding.constrain_batch(block)
     (loss, m), g = grad_fn(params, traj.replace(tokens=tokens, role=role),
                            denominator)
     acc_loss, acc_tokens, acc_g = acc
@@ -163,6 +163,9 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
+    # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer.
+    metrics["trained_token_share"] = jnp.mean(
+        policy_mask(traj).astype(jnp.float32))
     state = state.replace(
         step=state.step + 1,
         params=params,
@@ -417,10 +420,13 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
   ref_logp, advantage (plus old_values and returns when the value head is
   trained, prompt_embedding [B, D] and reward_hat [B] for FlowRL). It is
-  split into `rl.num_minibatches` contiguous minibatches
-  (whole groups when rows are group-major), swept `rl.ppo_epochs` times with
-  `lax.scan`, one optimizer step per minibatch. Each minibatch is further split
-  into `rl.num_microbatches` for gradient accumulation; the loss denominator is
+  split into `rl.num_minibatches` minibatches by a strided split (row i in
+  minibatch i % num_minibatches, `sharding.split_rows`: on a device mesh every
+  minibatch keeps each device's share of the rows; with group-major rows each
+  minibatch holds an equal share of every group), swept `rl.ppo_epochs` times
+  with `lax.scan`, one optimizer step per minibatch. Each minibatch is further
+  split (strided again) into `rl.num_microbatches` for gradient accumulation;
+  the loss denominator is
   computed once over the whole minibatch (the optimizer batch), so accumulation
   does not change the loss or its gradient. Metrics are means over all optimizer
   steps (maxima for '*_max' keys), plus `ratio_mean_first` and
@@ -446,8 +452,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   norm = rl_cfg.loss_norm_constant or None
   tx_z = make_log_partition_optimizer(rl_cfg)
 
-  def split(tree, n):
-    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+  split = sharding.split_rows
 
   sil_coef = rl_cfg.get("sil_coef", 0.0)
 
@@ -465,7 +470,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
 
     def mb_update(carry, xs):
       params, opt_state, z_params, z_opt, step_index = carry
-      mb = xs
+      mb = sharding.constrain_batch(xs)
       denominator = losses.aggregation_denominator(
           mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
       )
@@ -486,6 +491,7 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       )
 
       def micro(acc, micro_batch):
+        micro_batch = sharding.constrain_batch(micro_batch)
         (_, m), g = grad_fn(params, z_params, micro_batch)
         acc_g, acc_m = acc
         return (mixed_precision.accumulate(acc_g, g),
@@ -540,9 +546,11 @@ def behaviour_forward(config, graphdef: nnx.GraphDef, params,
   `rl.behaviour_logprobs='trainer'`: the behaviour log-probs of the importance
   ratio are recomputed once per batch by `policy_forward` (exactly the
   function the loss calls: a teacher-forced forward over the whole
-  trajectory) on the same micro-batch shapes the update uses (the batch cut
-  into num_minibatches * num_microbatches contiguous blocks, mapped with
-  `lax.map`), with the parameters that sampled the batch. The loss then
+  trajectory) on the same micro-batches the update uses (the batch cut into
+  n = num_minibatches * num_microbatches blocks by the strided split
+  `sharding.split_rows`, row i in block i % n, mapped with `lax.map`: block
+  j + num_minibatches * k holds, in the same order, the rows of micro-batch k
+  of minibatch j), with the parameters that sampled the batch. The loss then
   reproduces them bit for bit on the first optimizer step, so the first
   epoch's ratios are exactly 1 (no float drift from the sampler's cached
   one-token decode). Values are the behaviour values V_old of GAE.
@@ -560,12 +568,11 @@ def behaviour_forward(config, graphdef: nnx.GraphDef, params,
   """
   rl_cfg = config.rl
   n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
-  b, l = tokens_bl.shape
-  blocks = tokens_bl.reshape(n, b // n, l)
+  blocks = sharding.split_rows(tokens_bl, n)
   logp, _, values = jax.lax.map(
-      lambda t: policy_forward(graphdef, params, t, rl_cfg.temperature,
-                               with_values), blocks)
-  unblock = lambda x: None if x is None else x.reshape(b, l)
+      lambda t: policy_forward(graphdef, params, sharding.constrain_batch(t),
+                               rl_cfg.temperature, with_values), blocks)
+  unblock = lambda x: None if x is None else sharding.merge_rows(x)
   return unblock(logp), unblock(values)
 
 
@@ -1543,6 +1550,8 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
         "truncated_rate": f32(traj.finish == types.TRUNCATED),
         "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+        # Trained (loss-mask) tokens / all B * L tokens of the batch buffer.
+        "trained_token_share": f32(batch["mask"]),
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })

@@ -23,7 +23,10 @@ Partition rules come from parameter names. Every parameter name ends in
 e.g. q_dhk -> P('fsdp', 'tensor', None), down_fd -> P('tensor', 'fsdp'). A
 dimension whose size is not divisible by its mesh axis size is replicated along
 that dimension, and a mesh axis is used at most once per array (the first letter
-that asks for it wins). Leaves whose name does not match (RMSNorm `scale`,
+that asks for it wins). Head counts are the exception: config validation
+refuses a 'tensor' axis that does not divide them
+(`check_heads_divide_tensor`), since replicating attention on every tensor
+device would be silent waste. Leaves whose name does not match (RMSNorm `scale`,
 optimizer step counts, PRNG keys, scalars) are replicated; `unmatched_leaves`
 lists the non-scalar ones for debugging. Optax state mirrors the parameter tree
 (Adam's mu/nu paths end in the parameter's name), so the same rule shards it.
@@ -32,7 +35,9 @@ Batches (Trajectory fields, learner batches, task pytrees) are split on their
 leading (batch) axis over ('data', 'fsdp'); KV caches [B, G, S, Dh] over
 ('data', 'fsdp') on B and 'tensor' on G. Any global reduction inside a jitted
 step (e.g. the loss denominator: the number of trainable tokens) is computed
-over the whole global batch, across all shards.
+over the whole global batch, across all shards. Minibatches and micro-batches
+are strided splits of the batch (`split_rows`), so each keeps every device's
+share of the rows.
 """
 
 from __future__ import annotations
@@ -128,6 +133,40 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
         f"config.mesh=({desc}): data*fsdp*tensor = {math.prod(shape)} must equal "
         f"the number of devices ({num_devices}); set one axis to -1 to fill")
   return shape
+
+
+def check_heads_divide_tensor(num_heads: int, num_kv_heads: int, tensor: int,
+                              where: str = "config.model") -> None:
+  """Refuses a tensor-parallel mesh that cannot split the attention heads.
+
+  Tensor parallelism gives each of the `tensor` devices H / tensor query heads
+  and G / tensor key/value heads (and the matching KV-cache heads). The
+  partition rules would otherwise replicate a non-divisible head axis, i.e.
+  every tensor device would compute and store all of attention: silent
+  waste rather than parallelism.
+
+  Args:
+    num_heads: query heads H.
+    num_kv_heads: key/value heads G (0 = H, multi-head attention).
+    tensor: size of the 'tensor' mesh axis.
+    where: prefix of the field names in the message.
+
+  Raises:
+    ValueError: naming the field and value, when tensor > 1 does not divide H
+      or G.
+  """
+  if tensor <= 1:
+    return
+  for field, value in (("num_heads", num_heads),
+                       ("num_kv_heads", num_kv_heads or num_heads)):
+    if value % tensor:
+      raise ValueError(
+          f"{where}.{field}={value}: not divisible by mesh.tensor={tensor}; "
+          "tensor parallelism splits attention heads across the 'tensor' "
+          "devices (query and key/value heads alike), so mesh.tensor must "
+          f"divide num_heads={num_heads} and the key/value heads "
+          f"({num_kv_heads or num_heads}); use a smaller mesh.tensor (e.g. more "
+          "mesh.fsdp)")
 
 
 def make_mesh(mesh_cfg=None, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -333,6 +372,93 @@ def constrain_batch(tree: Any) -> Any:
   return jax.tree.map(
       lambda x: jax.lax.with_sharding_constraint(x, batch_spec(x.shape, mesh)),
       tree)
+
+
+def split_rows(tree: Any, n: int) -> Any:
+  """Strided split of a batch into `n` parts: row i goes to part i % n.
+
+  Every leaf [B, ...] becomes [n, B / n, ...] with out[j, t] = x[t * n + j].
+  On a mesh whose ('data', 'fsdp') devices each hold a contiguous block of
+  B / N rows, part j takes B / (n N) rows from every device's block (when N
+  divides B / n), so scanning or mapping over the parts keeps every device
+  busy with its own rows and moves no data. A contiguous split
+  (x.reshape(n, B / n, ...)) instead puts each part on N / n devices; slicing
+  a part out of that sharded axis makes XLA replicate it, so every device
+  computes whole parts (n times its share, and no memory saved by
+  accumulating over parts). The parts are
+  pinned to P(None, ('data', 'fsdp')) on the ambient mesh (no-op without one).
+
+  Which rows form a part is the same on every mesh (it does not depend on N),
+  so a one-device run and a mesh run see the same parts. With rows laid out
+  group-major (K episodes per group, n dividing K), each part holds K / n
+  episodes of every group.
+
+  Args:
+    tree: pytree of [B, ...] arrays.
+    n: number of parts, dividing B.
+
+  Returns:
+    Pytree of [n, B / n, ...] arrays (inverse: `merge_rows`).
+
+  Raises:
+    ValueError: n < 1 or n does not divide a leaf's leading axis.
+  """
+  def split(x):
+    b = x.shape[0]
+    if n < 1 or b % n:
+      raise ValueError(f"split_rows: n={n} must be >= 1 and divide the batch "
+                       f"({b} rows)")
+    return _constrain_parts(x.reshape((b // n, n) + x.shape[1:]).swapaxes(0, 1))
+
+  return jax.tree.map(split, tree)
+
+
+def merge_rows(tree: Any) -> Any:
+  """Inverse of `split_rows`: [n, B / n, ...] leaves back to [B, ...].
+
+  x[t * n + j] = parts[j, t]; pinned to `batch_spec` on the ambient mesh.
+  """
+  def merge(x):
+    n, m = x.shape[:2]
+    return constrain_batch(x.swapaxes(0, 1).reshape((n * m,) + x.shape[2:]))
+
+  return jax.tree.map(merge, tree)
+
+
+def _constrain_parts(x: jax.Array) -> jax.Array:
+  """Pins [n, B / n, ...] parts to P(None, ('data', 'fsdp')) on the ambient
+  mesh (replicated rows when B / n is not divisible by data * fsdp)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(
+      x, P(None, *batch_spec(x.shape[1:], mesh)))
+
+
+def constrain_gathered(x: jax.Array, letters: str) -> jax.Array:
+  """Inside jit: pins a weight built at run time (e.g. a fused projection) to
+  its tensor-parallel layout, gathered over 'fsdp'.
+
+  `letters` names x's dimensions as in the module docstring; 'd' (and any
+  letter without a rule, such as the stacking axis of a fused weight) is left
+  unsharded, so the weight is all-gathered over 'fsdp' before use (ZeRO-3),
+  while 'h' / 'g' / 'f' / 'v' keep 'tensor' when divisible. Without this pin
+  XLA may move the 'fsdp' split of d onto the stacking axis and exchange the
+  activations with all-to-alls. No-op without an ambient mesh.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  sizes = _sizes(mesh)
+  spec, used = [], set()
+  for letter, size in zip(letters, x.shape):
+    axis = AXIS_RULES.get(letter)
+    if axis in (None, "fsdp") or axis in used or size % sizes[axis]:
+      spec.append(None)
+    else:
+      used.add(axis)
+      spec.append(axis)
+  return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
 def cache_spec(shape: Sequence[int], mesh) -> P:

@@ -184,8 +184,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   num_groups = rl.batch_size // rl.group_size
   if num_groups % rl.num_minibatches:
     _fail("rl.num_minibatches", rl.num_minibatches,
-          f"must divide the number of groups ({num_groups}) so that no group is "
-          "split across minibatches")
+          f"must divide the number of groups ({num_groups}) (equal minibatches; "
+          "batch rows are split i % num_minibatches, sharding.split_rows)")
   sft_micro = config.sft.get("num_microbatches", 1)
   if (isinstance(sft_micro, bool) or not isinstance(sft_micro, int) or sft_micro < 1
       or config.sft.batch_size % sft_micro):
@@ -312,7 +312,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # Device mesh: its sizes must cover every device exactly, and each batch must
   # split evenly over the batch axes (data * fsdp).
   try:
-    data, fsdp, _ = sharding.mesh_shape(config.get("mesh"), jax.device_count())
+    data, fsdp, tensor = sharding.mesh_shape(config.get("mesh"), jax.device_count())
+    heads = config.model
+    if heads.get("hf_path", ""):
+      hf_cfg = hf.config_from_hf(hf.read_config(heads.hf_path))
+      heads = dict(num_heads=hf_cfg.num_heads, num_kv_heads=hf_cfg.kv_heads)
+    sharding.check_heads_divide_tensor(heads["num_heads"],
+                                       heads.get("num_kv_heads", 0), tensor)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   for f in ("sft.batch_size", "rl.batch_size"):

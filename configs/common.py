@@ -14,7 +14,14 @@ MODEL_PRESETS = {
     # ~1M parameters.
     "small": dict(d_model=128, num_layers=4, num_heads=4, head_dim=32, ffn_dim=384),
     # Real checkpoint shapes (for jax.eval_shape, sharding plans and HF import;
-    # far too large to train on a CPU). Qwen2.5-0.5B: 0.49B parameters, GQA
+    # far too large to train on a CPU). SmolLM2-135M(-Instruct): 134.5M
+    # parameters, GQA 9 query / 3 kv heads, tied embeddings.
+    "smollm2-135m": dict(
+        vocab_size=49_152, d_model=576, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, ffn_dim=1536, rope_theta=100_000.0,
+        norm_eps=1e-5, tie_embeddings=True, max_positions=8192,
+        logprob_chunk_size=256),
+    # Qwen2.5-0.5B: 0.49B parameters, GQA
     # 14 query / 2 kv heads, QKV bias, tied embeddings.
     "qwen2.5-0.5b": dict(
         vocab_size=151_936, d_model=896, num_layers=24, num_heads=14,
@@ -99,7 +106,8 @@ def mesh() -> ml_collections.ConfigDict:
       data=-1,
       # Fully sharded data parallelism: parameters split on d_model.
       fsdp=1,
-      # Tensor parallelism: heads, FFN hidden and vocabulary split.
+      # Tensor parallelism: heads, FFN hidden and vocabulary split; must divide
+      # the query and key/value head counts (validation refuses it otherwise).
       tensor=1,
       # Multi-host: call jax.distributed.initialize before anything else.
       distributed=False,

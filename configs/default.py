@@ -56,9 +56,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.batch_size = 64
   # Completions per task: G in GRPO.
   config.rl.group_size = 8
-  # Optimizer steps per iteration = ppo_epochs * num_minibatches; each minibatch
-  # holds whole groups and is split into num_microbatches for gradient accumulation
-  # (the loss denominator is computed over the whole minibatch).
+  # Optimizer steps per iteration = ppo_epochs * num_minibatches; minibatch j
+  # holds rows i with i % num_minibatches == j (strided: on a device mesh each
+  # minibatch keeps every device's share of the rows) and is split the same way
+  # into num_microbatches for gradient accumulation (the loss denominator is
+  # computed over the whole minibatch).
   config.rl.num_minibatches = 2
   config.rl.num_microbatches = 1
   config.rl.ppo_epochs = 1

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentic_rl import sharding
 from agentic_rl.models import lora as lora_lib
 
 KVCache = list[dict[str, jax.Array]]
@@ -327,8 +328,9 @@ class Attention(nnx.Module):
     """
     cfg = self.cfg
     dt = cfg.compute_dtype
-    b, t = x_btd.shape[:2]
+    b, t, d = x_btd.shape
     h, g, r = cfg.num_heads, cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    dh = cfg.head_dim
     if t == 1:
       # Decoding one token: three separate projections. A fused weight would
       # be re-concatenated on every step of the decode while_loop (XLA does
@@ -342,20 +344,31 @@ class Attention(nnx.Module):
         k_bgtk = k_bgtk + bias(self.k_bias_gk)
         v_bgtk = v_bgtk + bias(self.v_bias_gk)
     else:
-      # One fused projection for queries, keys and values (the three weights
-      # are concatenated at run time; the parameters keep their own names),
-      # straight into the attention layout [B, heads, T, Dh].
-      w_dnk = jnp.concatenate(
-          [self.q_dhk[...], self.k_dgk[...], self.v_dgk[...]], axis=1).astype(dt)
-      qkv_bntk = jnp.einsum("btd,dnk->bntk", x_btd, w_dnk)
+      # One fused projection for queries, keys and values, laid out per kv
+      # group: q [D, H, Dh] is viewed as [D, G, r, Dh] (query head h = g*r + i
+      # reads kv head g, as in repeat_kv) and k, v as [D, G, 1, Dh]; they are
+      # concatenated along the new within-group axis into [D, G, r + 2, Dh].
+      # Tensor parallelism shards G, never the concatenated axis, so the
+      # concatenation is local to each device (column-parallel, Megatron-style:
+      # Shoeybi et al. 2019, arXiv:1909.08053): with tensor parallelism alone
+      # the layer's only collectives are all-reduces (after the row-parallel
+      # output projection; of the input gradient in the backward pass). With
+      # 'fsdp' too, the fused weight is gathered over 'fsdp' before use.
+      # (Concatenating along the sharded head axis instead made XLA reshuffle
+      # the weights and activations with collective-permutes.)
+      w_dgck = jnp.concatenate(
+          [self.q_dhk[...].reshape(d, g, r, dh), self.k_dgk[...][:, :, None],
+           self.v_dgk[...][:, :, None]], axis=2).astype(dt)
+      w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
+      qkv_bgctk = jnp.einsum("btd,dgck->bgctk", x_btd, w_dgck)
       if cfg.qkv_bias:
-        bias_nk = jnp.concatenate(
-            [self.q_bias_hk[...], self.k_bias_gk[...], self.v_bias_gk[...]],
-            axis=0).astype(dt)
-        qkv_bntk = qkv_bntk + bias_nk[None, :, None, :]
-      q_bhtk = qkv_bntk[:, :h]
-      k_bgtk = qkv_bntk[:, h:h + g]
-      v_bgtk = qkv_bntk[:, h + g:]
+        bias_gck = jnp.concatenate(
+            [self.q_bias_hk[...].reshape(g, r, dh), self.k_bias_gk[...][:, None],
+             self.v_bias_gk[...][:, None]], axis=1).astype(dt)
+        qkv_bgctk = qkv_bgctk + bias_gck[None, :, :, None, :]
+      q_bhtk = qkv_bgctk[:, :, :r].reshape(b, h, t, dh)
+      k_bgtk = qkv_bgctk[:, :, r]
+      v_bgtk = qkv_bgctk[:, :, r + 1]
     if cfg.lora is not None:  # low-rank adapters (models/lora.py)
       q_bhtk, k_bgtk, v_bgtk = (lora_lib.apply(self, n, x_btd, y) for n, y in
                                 (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk)))
@@ -410,17 +423,20 @@ class SwiGLU(nnx.Module):
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
     dt = self.dtype
-    f = self.gate_df.shape[1]
     if x_btd.shape[1] == 1:
       # Decoding one token: two matmuls (a fused weight would be
       # re-concatenated on every step of the decode while_loop).
       gate = x_btd @ self.gate_df[...].astype(dt)
       up = x_btd @ self.up_df[...].astype(dt)
     else:
-      # One fused [D, 2F] matmul for gate and up (concatenated at run time).
-      w_df2 = jnp.concatenate([self.gate_df[...], self.up_df[...]], axis=1).astype(dt)
-      gate_up = x_btd @ w_df2
-      gate, up = gate_up[..., :f], gate_up[..., f:]
+      # One fused matmul for gate and up: the two [D, F] weights are stacked
+      # on a new axis into [D, 2, F]. Tensor parallelism shards F, not the
+      # stacked axis, so the stack is local to each device (column-parallel;
+      # down_fd is row-parallel, followed by one all-reduce).
+      w_dcf = sharding.constrain_gathered(
+          jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt), "dcf")
+      gate_up = jnp.einsum("btd,dcf->btcf", x_btd, w_dcf)
+      gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
     # Low-rank adapters, if any (models/lora.py); identity otherwise.
     gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
     hidden = gate * lora_lib.apply(self, "up", x_btd, up)
@@ -519,8 +535,16 @@ class Transformer(nnx.Module):
     b, t = tokens_bt.shape
     if positions_bt is None:
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
-        self.cfg.compute_dtype)
+    # On a mesh, multi-token activations [B, T, D] stay split over the batch
+    # axes only (D whole on every device: the weights are gathered over
+    # 'fsdp', ZeRO-3); otherwise XLA may carry the embedding table's 'fsdp'
+    # split of D into the blocks and reshuffle activations with all-to-alls.
+    # One-token decode steps are left to XLA: there moving the few activations
+    # is cheaper than gathering the weights (measured in
+    # experiments/bench_mesh.py). No-op without a mesh.
+    pin = sharding.constrain_batch if t > 1 else (lambda x: x)
+    x = pin(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+        self.cfg.compute_dtype))
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
@@ -544,6 +568,7 @@ class Transformer(nnx.Module):
       x, layer_cache = apply(
           block, x, positions_bt, None if cache is None else cache[i], mask_bts,
           rope_sc)
+      x = pin(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
