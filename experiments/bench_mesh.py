@@ -60,6 +60,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from agentic_rl import learner  # noqa: E402
 from agentic_rl import sampling  # noqa: E402
 from agentic_rl import sharding  # noqa: E402
+from agentic_rl.models import lora  # noqa: E402
 from agentic_rl.models import transformer  # noqa: E402
 from configs import common  # noqa: E402
 
@@ -71,8 +72,8 @@ MIB = 2.0 ** 20
 
 def model_config(preset: str) -> transformer.TransformerConfig:
   """TransformerConfig of a configs/common.py model preset."""
-  fields = {k: v for k, v in common.model(preset).items() if k != "hf_path"}
-  return transformer.TransformerConfig(**fields)
+  return transformer.TransformerConfig(
+      **lora.transformer_fields(common.model(preset)))
 
 
 def make_mesh(shape: tuple[int, int, int]) -> jax.sharding.Mesh:

@@ -27,7 +27,6 @@ import pytest
 
 from agentic_rl import learner
 from agentic_rl import sharding
-from agentic_rl import types
 from agentic_rl import validation
 from configs import default
 from tests import fakes
