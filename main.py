@@ -70,7 +70,8 @@ def _missing_config_file(spec: str) -> str | None:
   candidates = sorted(glob.glob("configs/*.py") + glob.glob("experiments/*/config.py"))
   near = _closest(path, candidates, cutoff=0.85)
   hint = f"did you mean --config={near}?" if near else (
-      "pass one of configs/*.py, e.g. --config=configs/default.py")
+      "pass one of configs/*.py, e.g. --config=configs/default.py, and run "
+      "from the repository root (config paths are relative to it)")
   return f"config file {path!r} does not exist (--config={spec}): {hint}"
 
 
@@ -187,6 +188,12 @@ def main(argv):
     where = e.filename or workdir
     _die(f"no space left on device writing {where} ({checkpoint.disk_space(where)}): "
          "free some space (or pass a --workdir on another disk) and re-run to resume")
+  except KeyboardInterrupt:
+    # One line, not a traceback; the last checkpoint is intact (saves block
+    # until committed), so the same command resumes from it.
+    print(f"interrupted: re-run the same command to resume from the last "
+          f"checkpoint in {workdir}", file=sys.stderr)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -638,6 +638,16 @@ def _validate_model(model) -> None:
   if fields["lora"] is not None and fields["lora"].dropout > 0:
     _fail("model.lora.dropout", fields["lora"].dropout,
           "adapter dropout is not applied by the trainer yet; use 0.0")
+  lora_block = model.get("lora", None)
+  if fields["lora"] is None and lora_block is not None:
+    # LoRA off (rank 0): a changed adapter field would be silently ignored.
+    for name, default in (("dropout", 0.0), ("alpha", 16.0),
+                          ("targets", lora_lib.ALL_TARGETS)):
+      value = lora_block.get(name, default)
+      if (tuple(value) if isinstance(value, list) else value) != default:
+        _fail(f"model.lora.{name}", value,
+              "LoRA is off (model.lora.rank=0), so nothing reads this field; "
+              "set model.lora.rank > 0 or leave it at its default")
   try:
     transformer.TransformerConfig(**fields)
   except ValueError as e:

@@ -107,6 +107,19 @@ def test_config_validation_gives_one_line_config_errors():
     validation.validate_config(config)
 
 
+def test_adapter_fields_with_lora_off_are_refused():
+  # rank 0 = LoRA off: a changed adapter field would be read by nothing.
+  from configs import default  # noqa: PLC0415
+  for name, value, shown in (("dropout", 0.1, "0.1"), ("alpha", 8.0, "8.0"),
+                             ("targets", ("q",), r"\('q',\)")):
+    config = default.get_config("smoke")
+    validation.validate_config(config)  # the defaults are valid with rank 0
+    config.model.lora[name] = value
+    with pytest.raises(validation.ConfigError,
+                       match=rf"^config\.model\.lora\.{name}={shown}: LoRA is off"):
+      validation.validate_config(config)
+
+
 def test_adapter_names_follow_the_axis_suffix_convention():
   assert lora.adapter_names("q") == ("q_lora_a_dr", "q_lora_b_rhk")
   assert lora.adapter_names("k") == ("k_lora_a_dr", "k_lora_b_rgk")
