@@ -127,6 +127,7 @@ def test_validation_names_field_and_value(field, value, match):
     validation.validate_config(config)
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_rl_step_with_dual_path_groups_and_spa_potential(tmp_path):
   """One jitted GRPO iteration with 2 tool-free episodes per group, the
   dual-path efficiency reward and PBRS on the SPA potential (per-turn

@@ -181,6 +181,7 @@ def test_trajectory_credit_pbrs_leaves_grpo_unchanged_at_discount_one():
   np.testing.assert_allclose(adv[0], [0, 0, 1, 1, 0, 1, 1], atol=1e-6)
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
   """A freshly initialised policy is never correct: with the 'correct' metric
   no group varies, so the step retries up to the bound, then skips the update
@@ -203,6 +204,7 @@ def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
   assert int(state.step) == 1
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_rl_steps_with_replay_injection_and_self_imitation():
   """Two GRPO iterations with the replay buffer on: successes are stored
   (then checkpointable in TrainState.replay), SIL runs on buffered episodes."""
@@ -394,6 +396,7 @@ def test_tree_token_advantages_hand_values():
       [0, 0, -.25, -.25, 0, 0, 0], [0, 0, -.25, -.25, 0, 0, 0]], atol=1e-6)
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_rl_step_with_tree_rollouts_runs():
   config = default.get_config("smoke")
   config.rl.tree_branching = (2, 2)
@@ -554,6 +557,7 @@ def test_value_potential_reads_the_value_head_at_turn_boundaries():
                                    [v[1, 1], v[1, 3], v[1, 3]]], rtol=1e-6)
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
   from agentic_rl import checkpoint as checkpoint_lib
   from agentic_rl import train

@@ -280,6 +280,7 @@ def _check_rl_run(config, workdir, rm_as_reward):
   ck.close()
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_rl_with_process_rm_as_reward_and_potential_end_to_end(rm_dir, tmp_path):
   """SFT -> GRPO (per-turn credit) with the process RM both as the `rm` reward
   component and as the PBRS potential; the monitor is logged every iteration."""

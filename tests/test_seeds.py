@@ -30,6 +30,7 @@ def vmapped(tmp_path_factory):
   return workdir, seeds_lib.train_seeds(_tiny(), (0, 3), workdir)
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 @pytest.mark.parametrize("index,seed", [(1, 3)])  # the 2nd column is seed 3
 def test_each_seed_matches_its_single_run(vmapped, tmp_path, index, seed):
   _, out = vmapped

@@ -544,6 +544,7 @@ def _run_8_devices(script: str) -> str:
   return proc.stdout
 
 
+@pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_2x2x2_mesh_equals_one_device_and_normaliser_spans_shards():
   # One subprocess (one JAX start-up) for both fast-tier checks.
   out = _run_8_devices(_FAST_TRAIN + _NORMALISER)
