@@ -134,7 +134,7 @@ def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 # ToolRLA factors and a reference-trajectory-matching reward (see
 # experiments/tool_composition).
 #
-# ToolRLA (docs/papers.md F1-7; inferred form R = f s p c): each factor lies in
+# ToolRLA (docs/papers.md; inferred form R = f s p c): each factor lies in
 # [0, 1], so `rl.reward_composition = 'product'` with the four components
 # call_format, call_name, call_params, call_constraint gives the multiplicative
 # decomposition R_mult = f s p c, and 'sum' with weights 1/4 the additive
@@ -142,7 +142,7 @@ def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 # compliance") is here the prompt's "Never call sum." rule.
 #
 # Reference-trajectory matching (the trajectory-supervised baseline of TIER,
-# docs/papers.md F1-14; form inferred): credit for reproducing the environment's
+# docs/papers.md; form inferred): credit for reproducing the environment's
 # canonical reference call sequence (fact call_ref_match, see
 # environments/schema_calls.py), so a valid alternative path (the equivalent
 # tool, swapped commutative values, the other sub-expression order) earns no
@@ -213,7 +213,7 @@ def ref_match_reward(traj: types.Trajectory, *, w_format: float = 1.0,
 
   R = w_format F + w_match M + w_answer A, F = `format_validity`, M =
   `reference_match_score` (exact as given), A = answer correctness. The
-  trajectory-supervised counterpart of `tier_reward` (TIER, docs/papers.md F1-14;
+  trajectory-supervised counterpart of `tier_reward` (TIER, docs/papers.md;
   form inferred): M replaces TIER's schema-adherence and execution terms.
   """
   return (w_format * format_validity(traj)

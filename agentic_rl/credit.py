@@ -19,7 +19,7 @@ reaches the policy"):
   state-dependent baseline.
 * A dense term that does NOT telescope (e.g. lambda * s_b added to the
   outcome) under z-scored GRPO: in an all-fail group the advantage does not
-  depend on lambda > 0 (F1-42 "dark room"); `hdpo_advantages` is the
+  depend on lambda > 0 ("dark room"); `hdpo_advantages` is the
   conditional alternative for efficiency terms.
 
 Floating-point caveat: on the trajectory path the shift -Phi(s_0) is exact
@@ -296,7 +296,7 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
 
   V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), where log p_ref(y*|s_k)
   is the frozen reference model's log-probability of the gold answer y*
-  appended after the k-th tool boundary. TRACE (docs/papers.md F1-9; arXiv id not
+  appended after the k-th tool boundary. TRACE (docs/papers.md; arXiv id not
   given there). From the abstract: states at tool-call boundaries, a frozen
   reference model's gold-answer log-probability per state, "log-ratio state
   values", a per-action reward equal to the TD change of those values, and
@@ -329,7 +329,7 @@ def log_ratio_potential(gold_logp_bk1: jax.Array) -> jax.Array:
 def success_probability_potential(p_bk1: jax.Array) -> jax.Array:
   """PiCA-style potential Phi(h_k) = P(correct final answer | h_k) (inferred).
 
-  PiCA (docs/papers.md F1-32; arXiv id not given there): process rewards are
+  PiCA (docs/papers.md; arXiv id not given there): process rewards are
   history-conditioned success probabilities used as PBRS potentials, with
   discount 1; the exact form Phi = P(correct | h_k), F_k = Phi(h_{k+1}) -
   Phi(h_k) is inferred from the abstract. P comes from a learned value head
@@ -370,7 +370,7 @@ def hdpo_advantages(
   the episode's group and C(G) its correct episodes. The accuracy channel is
   GRPO on correctness; the efficiency channel is GRPO on -cost restricted to
   the correct episodes of the group, so a cost penalty is never washed out by
-  (or traded against) accuracy variance. HDPO / Metis (docs/papers.md F1-8; arXiv
+  (or traded against) accuracy variance. HDPO / Metis (docs/papers.md; arXiv
   id not given there); the formula is inferred from the abstract's
   "conditional advantage estimation" restricted to accurate trajectories.
 
@@ -433,7 +433,7 @@ def spa_progress_loss(
   """SPA progress-estimator loss mean_b (sum_k m_bk c_bk - R_b)^2 (inferred).
 
   Stepwise Progress Attribution (Wang et al., SPA-RL, arXiv:2505.20732;
-  docs/papers.md F1-37):
+  docs/papers.md):
   a progress estimator c_psi(s_k, a_k) is trained so that its per-turn
   contributions summed over a trajectory match the task outcome; the squared
   loss is inferred from the abstract. The step reward (also inferred) is
@@ -667,11 +667,11 @@ def gold_answer_logprobs(
 ) -> jax.Array:
   """log p_ref(y* | s_k) for k = 0 .. K, all in one batched forward pass.
 
-  TRACE-style (docs/papers.md F1-9; arXiv id not given there): the frozen
+  TRACE-style (docs/papers.md; arXiv id not given there): the frozen
   reference model scores the gold answer y* appended (after `answer_prefix`)
   to the context after each turn; with `log_ratio_potential` this gives the
   log-ratio state values, and the value at the final context is the
-  likelihood reward (docs/papers.md F1-61: log-prob, not prob).
+  likelihood reward (docs/papers.md: log-prob, not prob).
 
   Args:
     logprob_fn: tokens [N, T] int32 -> teacher-forced log-probs [N, T] float32
@@ -698,7 +698,7 @@ def gold_answer_logprobs(
 def likelihood_reward(
     gold_logp_bk1: jax.Array, num_turns_b: jax.Array, finish_b: jax.Array
 ) -> jax.Array:
-  """[B] log p_ref(y* | final context): the likelihood reward (docs/papers.md F1-61).
+  """[B] log p_ref(y* | final context): the likelihood reward (docs/papers.md).
 
   The final context is the state before the answering turn for ANSWERED
   episodes (the gold answer replaces the policy's answer), and the state after
@@ -835,7 +835,7 @@ def tree_fork_advantages(
 ) -> jax.Array:
   """PORTool fork-relative advantages blended with the trajectory advantage.
 
-  PORTool (Wu et al., arXiv:2510.26020; docs/papers.md F0-2 = F1-3). From the
+  PORTool (Wu et al., arXiv:2510.26020; docs/papers.md). From the
   abstract: rollouts share their first tool-call steps (a tree); each step is
   rewarded for its ability to lead to a correct answer AND for making
   successful tool calls; a shared step gets one reward, different steps under
@@ -930,7 +930,7 @@ def tree_turn_advantages(adv_gd: jax.Array, num_turns: int) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------
-# Next-observation prediction (docs/papers.md F1-42 "dark room"): the policy's own
+# Next-observation prediction (docs/papers.md "dark room"): the policy's own
 # teacher-forced prediction of the tool observations, as a PBRS potential or
 # as an auxiliary cross-entropy target (with a shuffled-label placebo).
 # ---------------------------------------------------------------------------
@@ -946,8 +946,9 @@ def observation_prediction_scores(
   LM head on the hidden state of position t - 1, at `temperature`), exactly
   the distribution `sampling.token_logprobs` scores. Used on TOOL positions
   (the environment's observation tokens, which the policy never samples), it
-  measures how well the policy predicts what the tool will return (docs/papers.md
-  F1-42, next-observation prediction; no arXiv id there). One trunk pass; the
+  measures how well the policy predicts what the tool will return (docs/papers.md,
+  the "dark room" study, next-observation prediction; no arXiv id there). One
+  trunk pass; the
   full [B, L, V] logits are formed at once (fine for byte vocabularies; a
   large-vocabulary model would want the chunked path of `sampling`).
 
@@ -987,7 +988,7 @@ def observation_prediction_potential(
   observation (so Phi(s_0) = 0). With score = the policy's probability of
   each observation token (`observation_prediction_scores`), Phi is bounded in
   [0, 1] and `pbrs_shaping` turns it into the potential-based
-  next-observation-prediction reward of docs/papers.md F1-42 ("dark room"):
+  next-observation-prediction reward of docs/papers.md ("dark room"):
   with discount 1 and trajectory returns the shaped return is
   R + Phi(s_n) for an episode cut off at the horizon (MAX_TURNS / TRUNCATED
   keep their last potential) and R for a terminated one (Phi(terminal) = 0).
@@ -1018,7 +1019,7 @@ def shuffle_observation_targets(
 ) -> jax.Array:
   """Placebo labels: observation tokens permuted at random across the batch.
 
-  The shuffled-gold placebo of docs/papers.md F1-42: the auxiliary
+  The shuffled-gold placebo of docs/papers.md: the auxiliary
   next-observation loss is trained on targets that keep the marginal
   distribution of observation tokens but lose their relation to the context.
   The N = sum(obs_mask) observation tokens of the whole batch (all rows) are
@@ -1055,7 +1056,7 @@ def observation_prediction_loss(
 ) -> jax.Array:
   """Auxiliary next-observation cross-entropy -sum(mask * logp) / denominator.
 
-  docs/papers.md F1-42 ("auxiliary-loss channel instead of reward"): the same
+  docs/papers.md ("auxiliary-loss channel instead of reward"): the same
   prediction target as the dense reward, trained as a self-supervised CE on
   the policy's LM head at observation (TOOL) positions instead of entering
   the returns. `logp_bl` are the teacher-forced log-probs of the targets

@@ -384,7 +384,7 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
     extra["aux_loss"] = agg(aux_pg)
     loss = loss + extra["aux_loss"]
   if "obs_mask" in batch:
-    # Next-observation prediction as an auxiliary CE (docs/papers.md F1-42).
+    # Next-observation prediction as an auxiliary CE (docs/papers.md).
     extra["obs_pred_loss"] = credit.observation_prediction_loss(
         logp, batch["obs_mask"], obs_denominator)
     loss = loss + rl_cfg.obs_prediction_coef * extra["obs_pred_loss"]
@@ -721,7 +721,7 @@ def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
   tool-call turns (fact 'tool_call_turn'); transformed by
   `rl.step_reward_transform` ('sum', 'clip', 'delta', 'min', 'gated') and
   scaled by `rl.step_reward_coef` (rewards.step_turn_rewards; Clipping /
-  Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA docs/papers.md F0-34). The
+  Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA docs/papers.md). The
   gate of 'gated' reads `reward_b`, the episode's composed outcome reward.
   Added to the per-turn rewards of `rl.credit='per_turn'` before the
   reward-to-go (`token_advantages`).
@@ -749,7 +749,7 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
     'keep'  not terminal: Phi(s_n) stays in the return (the task is treated as
             continuing past the cut, Phi as its value estimate). Not policy
             invariant for a task whose budget is part of it: the episode that
-            never answers collects Phi(s_n) (the "dark room" path, F1-42).
+            never answers collects Phi(s_n) (the "dark room" path).
     'zero'  terminal: Phi(s_n) = 0 for every ending, so every shaped
             trajectory return is R - Phi(s_0) (discount 1) and PBRS is policy
             invariant for the budgeted task (Ng, Harada & Russell, ICML 1999:
@@ -903,7 +903,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
   Turn k's POLICY tokens get its shaping reward F_k = discount *
   Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * phi_bk1, Phi(terminal) = 0 for
   the endings `pbrs_terminated` names; Ng et al. 1999), i.e. the one-step TD
-  credit of TRACE (docs/papers.md F1-9, inferred form). The learner adds the
+  credit of TRACE (docs/papers.md, inferred form). The learner adds the
   clipped surrogate of this signal to the loss as an auxiliary term, so the
   outcome advantages are unchanged.
 
@@ -924,7 +924,7 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
 
 def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
                         traj: types.Trajectory) -> dict[str, jax.Array]:
-  """Dark-room diagnostics of a batch (docs/papers.md F1-42), float32 scalars.
+  """Dark-room diagnostics of a batch (docs/papers.md), float32 scalars.
 
   Args:
     prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
@@ -993,7 +993,7 @@ def _d_model(params) -> int:
 def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
   """[num_rows] bool: the last `num_free` rows of every contiguous group of
   `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
-  EAPO, docs/papers.md F1-10, F1-57); None when num_free is 0."""
+  EAPO, docs/papers.md); None when num_free is 0."""
   if num_free <= 0:
     return None
   return (jnp.arange(num_rows) % group_size) >= group_size - num_free
@@ -1161,7 +1161,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
   num_free = rl_cfg.get("dual_path_tool_free", 0)
   train_free = rl_cfg.get("dual_path_train_tool_free", True)
   use_spa = uses_spa(rl_cfg)
-  # Next-observation prediction (docs/papers.md F1-42): as a PBRS potential, as an
+  # Next-observation prediction (docs/papers.md): as a PBRS potential, as an
   # auxiliary CE (optionally on shuffled placebo labels), and/or logged.
   obs_potential = (potential == "obs_prediction"
                    and rl_cfg.get("pbrs_coef", 0.0) > 0)
@@ -1311,7 +1311,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       info.update(obs_prediction_info(prob_bl, hit_bl, traj))
       if obs_potential:
         # Phi(s_k) = the sampling policy's mean probability of the
-        # observation tokens in s_k (docs/papers.md F1-42 "dark room").
+        # observation tokens in s_k (docs/papers.md "dark room").
         phi_bk1 = credit.observation_prediction_potential(
             prob_bl, traj.role, traj.turn, env.max_turns)
     if dense_aux and rl_cfg.pbrs_coef > 0:
@@ -1432,7 +1432,7 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     if "aux_advantage" in extras:
       batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
     if obs_coef > 0:
-      # Auxiliary next-observation CE on the TOOL tokens (docs/papers.md F1-42);
+      # Auxiliary next-observation CE on the TOOL tokens (docs/papers.md);
       # the placebo permutes its labels across the batch.
       obs_mask = train_traj.role == types.TOOL
       batch["obs_mask"] = obs_mask

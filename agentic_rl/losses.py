@@ -702,7 +702,7 @@ def flowrl_loss(
 
   What is from where: the target distribution, the reverse-KL / trajectory-
   balance equivalence and the learned log Z_phi(x) are in the paper's
-  abstract and in our reading of it (docs/papers.md F0-119), which marks the squared
+  abstract and in our reading of it (docs/papers.md), which marks the squared
   form as inferred and names length normalisation and importance weighting
   as the full paper's additions. Their exact form here (1/|y| on both
   log-probs, w = detached clip(pi/pi_old, 1 - eps, 1 + eps), r_hat = group

@@ -8,7 +8,7 @@ prompt determines the task.
 
 Two uses (agentic_rl/learner.py):
 
-* RAPO-style per-prompt replay (Fathom-DeepResearch; docs/papers.md F0-43, arXiv
+* RAPO-style per-prompt replay (Fathom-DeepResearch; docs/papers.md, arXiv
   id not given there): a group of fresh episodes with no success whose task
   has a buffered success gets that episode in place of its last row; its
   advantage is then computed against the current group like any other row
@@ -184,7 +184,7 @@ def inject_into_failed_groups(
   row is replaced by the buffered episode (tokens, roles, behaviour log-probs,
   turn indices, reward). Its advantage is then computed against the current group
   (SPEAR's recalibration, arXiv:2509.22601; the replacement rule is the
-  inferred RAPO per-prompt replay, docs/papers.md F0-43).
+  inferred RAPO per-prompt replay, docs/papers.md).
 
   Args:
     buf: the buffer.

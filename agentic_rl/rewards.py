@@ -206,7 +206,7 @@ def otc_tool_score(
   For n* > 0 the score rises from 0 at m = 0 to 1 at m = n* and falls towards
   0 as m -> inf; for n* = 0 it falls from 1 at m = 0 towards cos(pi/2) = 0.
 
-  form='inverse' (the catalogue's inferred stand-in, docs/papers.md F0-3; inferred,
+  form='inverse' (the catalogue's inferred stand-in, docs/papers.md; inferred,
   not the paper's): f(m, n*) = 1 / (1 + alpha * |m - n*|).
 
   Args:
@@ -249,7 +249,7 @@ def otc_reward(
   """OTC-PO tool-integrated reward R_i = 1[correct_i] * f(m_i, n*_g).
 
   Wang et al., "Acting Less is Reasoning More! Teaching Model to Act
-  Efficiently" (OTC-PO), arXiv:2504.14870 (docs/papers.md F0-3). m_i = the episode's
+  Efficiently" (OTC-PO), arXiv:2504.14870 (docs/papers.md). m_i = the episode's
   tool calls; n*_g = the fewest tool calls among the CORRECT episodes of the
   episode's group (the paper's OTC-GRPO estimate of the optimal call count).
   f is `otc_tool_score` (default the paper's sin/cos form; form='inverse' is
@@ -280,7 +280,7 @@ def otc_reward(
 def tool_cost_reward(traj: types.Trajectory, *, c: float = 0.1) -> jax.Array:
   """Per-call cost R_i = -c * m_i, m_i = facts['num_tool_calls'].
 
-  Router-R1 style cost reward (docs/papers.md F0-70; format + outcome + cost). The
+  Router-R1 style cost reward (docs/papers.md; format + outcome + cost). The
   paper's exact cost model is not reproduced; this is a constant cost per call.
 
   Args:
@@ -298,7 +298,7 @@ def failed_call_penalty_reward(
 ) -> jax.Array:
   """Penalty only for failed calls: R_i = -c * e_i (e_i = num_tool_errors).
 
-  AutoTIR (docs/papers.md F0-84): hybrid reward with a penalty for *incorrect* tool
+  AutoTIR (docs/papers.md): hybrid reward with a penalty for *incorrect* tool
   usage, not for tool use itself; successful calls cost nothing.
 
   Args:
@@ -325,7 +325,7 @@ def gated_relative_efficiency_reward(
   whose correct episodes all use the same count gives 0 to all. Counts are
   integers, so the denominator max(., 1) only guards the all-equal case.
   Combined with `correct` (weight 1) this is the inferred SlimSearcher
-  form R = 1[correct] (1 + lam e_rel) (F1-27, "Adaptive Reward Gating"); the
+  form R = 1[correct] (1 + lam e_rel) (SlimSearcher, "Adaptive Reward Gating"); the
   normalisation by the within-group range of correct episodes is our choice.
 
   Args:
@@ -348,8 +348,8 @@ def gated_relative_efficiency_reward(
 def tool_bonus_reward(traj: types.Trajectory, *, b: float = 1.0) -> jax.Array:
   """Anti-collapse tool-use bonus R_i = b * 1[m_i > 0].
 
-  Counters "interaction collapse" (PyVision-RL, docs/papers.md F1-0; SPEAR's
-  auxiliary tool-call reward, F0-5 = F1-1): an episode that calls a tool at
+  Counters "interaction collapse" (PyVision-RL, docs/papers.md; SPEAR's
+  auxiliary tool-call reward, SPEAR): an episode that calls a tool at
   least once gets b. Meant to be annealed: give it a decaying weight schedule
   in `make_reward_fn(..., schedules={'tool_bonus': {...}})` (inferred recipe).
 
@@ -400,7 +400,7 @@ def tool_necessity_stats(
   For the group g of each row: acc_t = accuracy of its tool-enabled episodes,
   acc_n = accuracy of its tool-free episodes (sampled with the tool-call
   token masked), necessity = acc_t - acc_n (AT-GRPO's Tool Benefit Score,
-  docs/papers.md F0-76, inferred definition; AKBE's knowledge boundary, F1-10,
+  docs/papers.md, inferred definition; AKBE's knowledge boundary,
   compares correctness across the two paths), n* = fewest tool calls among
   the correct tool-enabled episodes (0 if none).
 
@@ -455,14 +455,14 @@ def dual_path_efficiency_reward(
   `correct`).
 
   Sources and what is ours. From AKBE's abstract (Chen et al.,
-  arXiv:2605.26952; docs/papers.md F1-10): dual-path (with-tool / no-tool)
+  arXiv:2605.26952; docs/papers.md): dual-path (with-tool / no-tool)
   rollouts; the knowledge boundary is whether a task needs tools and the
   minimum number of calls; trajectories are categorised by comparing
   correctness across the paths. Inferred from the abstract (not from a paper):
   the categories (i) solved without tools -> tools unnecessary, penalise
   calls; (ii) only solved with tools -> tools needed, favour the minimal-call
-  correct episodes; (iii) neither -> no efficiency signal; EAPO (F1-57)
-  penalising redundant calls mainly on easy queries; AT-GRPO (F0-76) scaling
+  correct episodes; (iii) neither -> no efficiency signal; EAPO
+  penalising redundant calls mainly on easy queries; AT-GRPO (AdaTooler-V) scaling
   the tool reward by the Tool Benefit Score acc_t - acc_n. Our choice makes
   the categories soft: the call cost is weighted by acc_n (how often the task
   is solved without tools: full cost in (i), none in (ii) and (iii)) and the
@@ -572,7 +572,7 @@ def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
   """Clipping refinement r'_k = min(r_k - eta, 0) (inferred form).
 
   "Clipping" of Gao et al., "On Designing Effective RL Reward at Training Time
-  for LLM Reasoning" (docs/papers.md F0-36 = F1-6; formula inferred, recalled from
+  for LLM Reasoning" (docs/papers.md; formula inferred, recalled from
   the full paper): every step reward is <= 0, so repeating steps can never
   raise the return; the cumulative reward of any trajectory is bounded above
   by 0.
@@ -593,7 +593,7 @@ def delta_transform(r_k: jax.Array, mask_k: jax.Array,
   """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
 
   "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
-  LLM Reasoning" (docs/papers.md F0-36 = F1-6; formula inferred). next(k) is the
+  LLM Reasoning" (docs/papers.md; formula inferred). next(k) is the
   next VALID turn after k (the next position for the usual prefix mask). The
   sum telescopes: sum_k r'_k = r_{first valid turn}, bounded whatever the
   number of turns; the reward-to-go from turn k is r_k. With
@@ -636,7 +636,7 @@ def min_form_values(r_k: jax.Array, mask_k: jax.Array) -> jax.Array:
   """PURE min-form credit V_k = min_{j >= k, j valid} r_j (inferred form).
 
   Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
-  Reward Model Needs for Reasoning" (PURE, docs/papers.md F0-104; formula
+  Reward Model Needs for Reasoning" (PURE, docs/papers.md; formula
   inferred): the value of turn k is the minimum of the future process rewards
   instead of their (discounted) sum, which bounds the value range by the range
   of r and removes the incentive to add steps.
@@ -666,7 +666,7 @@ def saturating_transform(
   """Bounded, centred reward sigma((r - ref) / temperature) in (0, 1).
 
   PAR, "Preference As Reward" (Fu et al., "Reward Shaping to Mitigate Reward
-  Hacking in RLHF", docs/papers.md F0-39; inferred form sigma(r - r_ref)): bounded,
+  Hacking in RLHF", docs/papers.md; inferred form sigma(r - r_ref)): bounded,
   grows fast near the reference then saturates, a function of the centred
   reward. temperature generalises the unit scale.
 
@@ -690,7 +690,7 @@ def gated_accumulation(
 ) -> jax.Array:
   """G-RA: R_b = o_b + 1[o_b >= tau] * sum_k m_bk r_bk (inferred form).
 
-  Gated Reward Accumulation (docs/papers.md F0-34 = F1-13; form inferred from
+  Gated Reward Accumulation (docs/papers.md; form inferred from
   "accumulates immediate rewards only when high-level rewards meet a
   predefined threshold"): step rewards count only for episodes whose outcome
   reward reaches the threshold, so they cannot be hacked at the expense of the
@@ -738,7 +738,7 @@ def min_form_turn_rewards(
   """Per-turn rewards whose undiscounted reward-to-go is PURE's min-form value.
 
   Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process
-  Reward Model Needs for Reasoning" (PURE, arXiv:2504.15275; docs/papers.md F0-104,
+  Reward Model Needs for Reasoning" (PURE, arXiv:2504.15275; docs/papers.md,
   form inferred there as V(s_t) = min_{k >= t} r_k). Here
   V_k = min_{j >= k, j scored} p_j over the scored turns at or after turn k,
   and V_k = 0 when no scored turn follows (e.g. the final answer turn); the
@@ -790,20 +790,20 @@ def step_turn_rewards(
   | transform | s'_k                                   | source                   |
   |-----------|----------------------------------------|--------------------------|
   | sum       | c p_k                                  | naive sum-form PRM       |
-  | clip      | c min(p_k - eta, 0)                    | Clipping (F0-36)         |
-  | delta     | c (p_k - p_next(k)); last scored: c p_k| Delta (F0-36)            |
+  | clip      | c min(p_k - eta, 0)                    | Clipping |
+  | delta     | c (p_k - p_next(k)); last scored: c p_k| Delta |
   | delta_drop| c (p_k - p_next(k)); last scored: 0    | Delta, paper's figure    |
-  | min       | c (V_k - V_{k+1}), V_k = min_{j>=k} p_j| PURE min-form (F0-104)   |
-  | gated     | c p_k 1[outcome_b >= gate_threshold]   | G-RA (F0-34)             |
+  | min       | c (V_k - V_{k+1}), V_k = min_{j>=k} p_j| PURE min-form |
+  | gated     | c p_k 1[outcome_b >= gate_threshold]   | G-RA             |
 
   Clipping / Delta: Gao et al., "On Designing Effective RL Reward at Training
-  Time for LLM Reasoning", arXiv:2410.15115 (docs/papers.md F0-36 = F1-6; both
+  Time for LLM Reasoning", arXiv:2410.15115 (docs/papers.md; both
   forms inferred from the abstract, see `clip_transform`, `delta_transform`). The
   sum of step rewards of an episode is then <= 0 (clip) or c p_first (delta),
   whatever the number of steps; the reward-to-go from scored turn k is c p_k
   for delta. PURE: arXiv:2504.15275 (`min_form_turn_rewards`); the step part
-  of the return from turn k is c min_{j >= k} p_j. G-RA (docs/papers.md F0-34 =
-  F1-13, inferred): R = o + 1[o >= tau] sum_k c p_k, delivered per turn
+  of the return from turn k is c min_{j >= k} p_j. G-RA (docs/papers.md,
+  inferred): R = o + 1[o >= tau] sum_k c p_k, delivered per turn
   (`gated_accumulation` is its episode total). 'sum' and 'gated' are not
   bounded: every extra scored step with p > 0 adds c p.
 
@@ -927,13 +927,13 @@ def compose(
   - 'product': R = prod_{c: w_c != 0} r_c. Each factor must lie in [0, 1]
     (not checked: values are traced), so any failed factor zeros the reward;
     weights are otherwise ignored (0 drops a component; a traced 0 also
-    drops it). ToolRLA multiplicative decomposition (docs/papers.md F1-7; inferred
+    drops it). ToolRLA multiplicative decomposition (docs/papers.md; inferred
     R = f s p c). Needs non-negative factors: `tool_cost` and
     `failed_call_penalty` do not qualify.
   - 'gdpo': R = sum_c w_c z_g(r_c), z_g(x)_i = (x_i - mean_g x) / (std_g x +
     eps), population std over the row's group; a component that is constant
     within a group contributes exactly 0 there. GDPO per-reward decoupled
-    normalisation as described by SMOPD (docs/papers.md F1-62; inferred form).
+    normalisation as described by SMOPD (docs/papers.md; inferred form).
     Requires group_b. The result is already group-normalised; a GRPO
     estimator on top re-normalises it.
 

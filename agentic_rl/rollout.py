@@ -177,7 +177,7 @@ def mask_logits(
   """Per-row logit mask: logits of `banned_tokens` set to BANNED_LOGIT where
   `banned_b` is True.
 
-  Used for dual-path groups (AKBE / EAPO, docs/papers.md F1-10, F1-57): rows
+  Used for dual-path groups (AKBE / EAPO, docs/papers.md): rows
   sampled with tool calls disabled ban the environment's tool-call opening
   token(s), so the sampled distribution is the policy renormalised over the
   remaining tokens (log-probs of the masked distribution: log p(v) -

@@ -84,7 +84,7 @@ def tree_rollout(
     model_config: transformer.TransformerConfig,
     temperature: float | jax.Array = 1.0,
 ) -> types.Trajectory:
-  """Rolls out a tree of episodes per task (PORTool, docs/papers.md F0-2).
+  """Rolls out a tree of episodes per task (PORTool, docs/papers.md).
 
   Args:
     env: a JAX-native environment.

@@ -489,7 +489,7 @@ def _validate_dual_path_and_spa(config, is_host: bool) -> None:
 
 
 def _validate_obs_prediction(config) -> None:
-  """Next-observation prediction (docs/papers.md F1-42): rl.obs_prediction_coef,
+  """Next-observation prediction (docs/papers.md): rl.obs_prediction_coef,
   rl.obs_prediction_placebo, rl.log_obs_prediction."""
   rl = config.rl
   coef = rl.get("obs_prediction_coef", 0.0)

@@ -158,7 +158,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # rl.value_coef / rl.value_clip);
   # or 'obs_prediction' (the policy's mean probability of the observation
   # tokens seen so far; see obs_prediction_coef below);
-  # or 'spa' (SPA, docs/papers.md F1-37: Phi(s_k) = sum_{j<k} c_j of a linear head on
+  # or 'spa' (SPA, docs/papers.md: Phi(s_k) = sum_{j<k} c_j of a linear head on
   # the policy's stop-gradient hidden state after each turn, trained in the
   # same RL step so that sum_k c_k regresses 1[correct]; TrainState.spa).
   config.rl.pbrs_potential = "progress"
@@ -171,7 +171,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SPA head: Adam learning rate and full-batch steps per RL iteration.
   config.rl.spa_lr = 1e-2
   config.rl.spa_steps = 4
-  # Dual-path groups (AKBE / EAPO, docs/papers.md F1-10, F1-57): the last N episodes
+  # Dual-path groups (AKBE / EAPO, docs/papers.md): the last N episodes
   # of each group are sampled with the tool-call token masked (0 = off); tool
   # necessity per task = acc(with tools) - acc(without) is logged
   # (rl/dual_path_*) and feeds the 'dual_path_efficiency' reward component.
@@ -183,7 +183,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'aux_loss' (its per-turn F_k in a separate surrogate term; the outcome
   # advantages are unchanged).
   config.rl.dense_as = "reward"
-  # Next-observation prediction (docs/papers.md F1-42, "dark room"): the policy's
+  # Next-observation prediction (docs/papers.md, "dark room"): the policy's
   # teacher-forced prediction of the tool observations (TOOL tokens).
   # rl.pbrs_potential='obs_prediction' makes Phi(s_k) = its mean probability of
   # the observation tokens in s_k (a PBRS reward with rl.pbrs_coef).

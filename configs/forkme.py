@@ -58,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "value" (value head V(s_k); needs config.model.value_head = True) |
   # "spa" (learned per-turn contributions summed so far; TrainState.spa) |
   # "obs_prediction" (the policy's mean probability of the observation tokens
-  # seen so far: next-observation prediction, docs/papers.md F1-42).
+  # seen so far: next-observation prediction, docs/papers.md).
   rl.pbrs_potential = "progress"
   # SPA head: Adam learning rate, steps per RL iteration.
   rl.spa_lr = 1e-2

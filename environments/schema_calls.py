@@ -48,7 +48,7 @@ tool implements the node's operation, else the canonical tool of the operation):
                         right). Valid alternatives (sum, swapped commutative
                         values, the other order of independent sub-expressions)
                         do NOT match; used by reference-trajectory-matching
-                        rewards (call_rewards.ref_match_reward, TIER F1-14
+                        rewards (call_rewards.ref_match_reward, TIER TIER
                         baseline).
 Per-episode facts: 'correct', 'answered', 'format_error', 'num_tool_calls',
 'num_tool_errors' (calls that did not execute), 'num_redundant_calls' (executed

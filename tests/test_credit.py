@@ -159,7 +159,7 @@ def test_per_turn_returns_potential_is_state_baseline():
 
 
 def test_dark_room_zscore_ignores_dense_coefficient():
-  # F1-42: in an all-fail group (outcome 0) the reward is lambda * s_b alone;
+  # the "dark room" study: in an all-fail group (outcome 0) the reward is lambda * s_b alone;
   # its z-score is (s - mean s) / std s whatever lambda > 0 is, so a bounded
   # dense bonus exerts full-strength pressure however small lambda is (and
   # annealing lambda cannot help). This is the mechanism behind GRPO's
@@ -171,7 +171,7 @@ def test_dark_room_zscore_ignores_dense_coefficient():
     # eps = 0: exact invariance (with eps > 0 it holds while lambda*std >> eps).
     a = advantages.grpo_advantages(outcome + lam * s, group, eps=0.0)
     np.testing.assert_allclose(a, [-1.0, 1.0, -1.0, 1.0], rtol=1e-5)
-    # Mean-only advantages (the fix in F1-42) scale with lambda instead.
+    # Mean-only advantages (the fix in the "dark room" study) scale with lambda instead.
     a_mean = advantages.grpo_advantages(outcome + lam * s, group,
                                         scale_by_std=False)
     np.testing.assert_allclose(a_mean, lam * np.array([-0.1, 0.1, -0.1, 0.1]),

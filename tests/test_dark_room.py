@@ -1,4 +1,4 @@
-"""Next-observation prediction as reward or auxiliary loss (docs/papers.md F1-42).
+"""Next-observation prediction as reward or auxiliary loss (docs/papers.md).
 
 Hand-computed values for the prediction potential, the dark-room proposition
 (z-scored advantages of an all-fail group do not depend on the shaping
@@ -120,7 +120,7 @@ def _dark_room_rl(lam, scale_by_std):
 
 
 def test_zscored_all_fail_group_ignores_lambda_mean_only_scales_with_it():
-  """F1-42's proposition through the learner's PBRS path, by hand.
+  """the "dark room" study's proposition through the learner's PBRS path, by hand.
 
   One all-fail group of 4 (outcome 0): episodes 0 and 2 answer (terminated,
   shaped return 0); episodes 1 and 3 are cut off at the horizon with final

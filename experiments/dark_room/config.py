@@ -1,6 +1,6 @@
 """Dense next-observation-prediction reward under z-scored vs mean-only GRPO.
 
-Claim (docs/papers.md F1-42, "dark room"): a potential-based next-observation
+Claim (docs/papers.md, "dark room"): a potential-based next-observation
 prediction reward under GRPO drives the policy into a degenerate absorbing state
 (prediction accuracy up, success -> 0, episode length pinned at the horizon);
 removing only GRPO's std normalisation restores baseline parity (in all-fail

@@ -1,6 +1,6 @@
 """Conditional efficiency (HDPO) vs an additive per-call penalty, on arithmetic.
 
-Claim (HDPO; docs/papers.md F1-8): a small additive per-call penalty barely changes tool
+Claim (HDPO; docs/papers.md): a small additive per-call penalty barely changes tool
 calls (after group normalisation it is swamped by accuracy variance), a large one
 causes under-use on items that need the tool; the conditional efficiency advantage
 (efficiency compared only among correct episodes of the group, added to the

@@ -1,6 +1,6 @@
 """Shaping gain vs model size (PiCA).
 
-Claim (PiCA, docs/papers.md F1-32; Planner-R1, F0-103): dense, potential-based shaping
+Claim (PiCA, docs/papers.md; Planner-R1, Planner-R1): dense, potential-based shaping
 helps smaller models more than larger ones (PiCA: +15.2% at 3B vs +2.2% at 7B).
 
 Setup: key-value chains with d = 3..5 hops (experiments/kv_deep.py), per-turn

@@ -1,6 +1,6 @@
 """PORTool fork-relative tree advantages vs trajectory-only GRPO.
 
-Claim (PORTool, docs/papers.md F0-2): rollouts that branch at tool-call boundaries,
+Claim (PORTool, docs/papers.md): rollouts that branch at tool-call boundaries,
 with fork-relative step advantages blended into the trajectory-relative advantage
 (A = alpha * fork-relative + (1 - alpha) * trajectory), beat trajectory-only GRPO
 on accuracy and on tool-call steps per episode.

@@ -1,10 +1,10 @@
 """A hackable per-call step reward on key-value chains, raw vs bounded.
 
-Claim (Clipping/Delta, Gao et al., arXiv:2410.15115, docs/papers.md F0-36; PURE,
-Cheng et al., arXiv:2504.15275, docs/papers.md F0-104): adding a process reward to the
+Claim (Clipping/Delta, Gao et al., arXiv:2410.15115, docs/papers.md; PURE,
+Cheng et al., arXiv:2504.15275, docs/papers.md): adding a process reward to the
 success reward can hurt RL because the policy hacks it by repeating correct but
 unnecessary steps (sum-form credit); bounding the cumulative step reward (Clip,
-Delta) or min-form credit removes the hacking. G-RA (docs/papers.md F0-34) gates the
+Delta) or min-form credit removes the hacking. G-RA (docs/papers.md) gates the
 step rewards on the outcome instead.
 
 Setup: configs/kv_chain.py (d = 1..3 hops, 5 assistant turns, so a d-hop chain

@@ -2,11 +2,11 @@
 execution-based vs reference-trajectory-matching rewards over call depth 1..6.
 
 Claims (docs/papers.md):
-  ToolRLA (docs/papers.md F1-7): composing the tool-call reward factors (format,
+  ToolRLA (docs/papers.md): composing the tool-call reward factors (format,
     tool selection, parameter accuracy, constraint compliance; each in [0, 1])
     multiplicatively beats their additive mean (+7 pp task completion, fewer
     violations).
-  TIER (docs/papers.md F1-14): a trajectory-invariant execution reward (format +
+  TIER (docs/papers.md): a trajectory-invariant execution reward (format +
     schema adherence + execution success + answer correctness) stays accurate at
     every compositional depth 1..6, while rewards that match a reference
     trajectory collapse beyond depth ~4.

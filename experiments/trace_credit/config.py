@@ -1,6 +1,6 @@
 """TRACE-style turn rewards vs outcome-only on deep key-value chains.
 
-Claim (TRACE, docs/papers.md F1-9): TD rewards on frozen-reference log-ratio values of
+Claim (TRACE, docs/papers.md): TD rewards on frozen-reference log-ratio values of
 the gold answer, V(s_k) = log p_ref(y* | s_k) - log p_ref(y* | s_0), learn faster
 than outcome-only RL on long-horizon tool use and give about zero net reward to
 redundant calls (the values telescope).
