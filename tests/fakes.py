@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import flax.struct
 import jax
@@ -79,3 +82,34 @@ class EchoEnv:
     del state, key
     a = jnp.full((self.max_action_len,), tokenizers.PAD, jnp.int32)
     return a.at[0].set(66).at[1].set(tokenizers.CALL_END), jnp.int32(2)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_on_8_devices(script: str) -> str:
+  """Runs `script` in a fresh Python with 8 simulated CPU devices; its stdout.
+
+  A subprocess, because the device count is fixed when JAX starts. Fails the
+  calling test with the tail of stderr when the script exits non-zero.
+  """
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc.stdout
+
+
+def rl_state_and_step(config):
+  """Validated config -> (RL-phase TrainState at step 0, jitted GRPO step)."""
+  from agentic_rl import learner  # pylint: disable=g-import-not-at-top
+  from agentic_rl import train  # pylint: disable=g-import-not-at-top
+  train.validation.validate_config(config)
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  step = learner.make_rl_step(config, env, graphdef,
+                              learner.make_optimizer(config.rl), model_cfg)
+  return state, step

@@ -85,17 +85,7 @@ def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
   assert any(changed)
 
 
-def _rl_state_and_step(config):
-  """Validated config -> (RL-phase TrainState at step 0, jitted GRPO step)."""
-  from agentic_rl import train
-  train.validation.validate_config(config)
-  env = train.make_env(config)
-  model_cfg = train.make_model_config(config)
-  graphdef, state = train.init_state(config, model_cfg)
-  state = train.start_rl(config, state)
-  step = learner.make_rl_step(config, env, graphdef,
-                              learner.make_optimizer(config.rl), model_cfg)
-  return state, step
+_rl_state_and_step = fakes.rl_state_and_step
 
 
 def test_rl_step_with_non_default_switches_runs():

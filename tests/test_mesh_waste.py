@@ -15,9 +15,6 @@
 The multi-device checks run in a subprocess with 8 simulated CPU devices.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -31,16 +28,9 @@ from agentic_rl import validation
 from configs import default
 from tests import fakes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_8_devices(script: str) -> str:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=1800)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return proc.stdout
+_run_8_devices = fakes.run_on_8_devices
 
 
 # ------------------------------------------------------------ strided split
@@ -391,15 +381,8 @@ def test_real_presets_per_device_bytes_on_2x2x2():
 def test_trained_token_share_is_the_loss_mask_share_of_the_buffer():
   """`trained_token_share` = loss-mask tokens / (B * L): the per-row mean of
   trained tokens (`policy_tokens`) divided by the buffer length L."""
-  from agentic_rl import train
   config = default.get_config("smoke")
-  train.validation.validate_config(config)
-  env = train.make_env(config)
-  model_cfg = train.make_model_config(config)
-  graphdef, state = train.init_state(config, model_cfg)
-  state = train.start_rl(config, state)
-  step = learner.make_rl_step(config, env, graphdef,
-                              learner.make_optimizer(config.rl), model_cfg)
+  state, step = fakes.rl_state_and_step(config)
   _, m = step(state)
   share = float(m["trained_token_share"])
   assert 0.0 < share < 1.0

@@ -5,9 +5,6 @@ The multi-device checks run in a subprocess with 8 simulated CPU devices
 (`--xla_force_host_platform_device_count=8` must be set before JAX starts).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -21,8 +18,8 @@ from agentic_rl import train
 from agentic_rl import validation
 from agentic_rl.models import transformer
 from configs import default
+from tests import fakes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH_222 = {"data": 2, "fsdp": 2, "tensor": 2}
 
 
@@ -535,13 +532,7 @@ _RL_UPDATE = textwrap.dedent("""
 """)
 
 
-def _run_8_devices(script: str) -> str:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=1800)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return proc.stdout
+_run_8_devices = fakes.run_on_8_devices
 
 
 @pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
