@@ -587,7 +587,7 @@ def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
   log p_masked(a_t) = log p(a_t) - log(1 - P_t), P_t = sum over banned v of
   p(v | tokens[:, :t]), all at the sampling temperature. P_t comes from
   `policy_forward` scoring each banned id at every position (one extra
-  teacher-forced pass per banned id, on `behaviour_forward`'s block shapes).
+  teacher-forced pass per banned id, on `behaviour_forward`'s strided blocks).
 
   Args:
     config: experiment config (rl.temperature, rl.num_minibatches,
@@ -604,9 +604,9 @@ def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
   """
   rl_cfg = config.rl
   n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
-  b, l = tokens_bl.shape
 
   def banned_mass(t):
+    t = sharding.constrain_batch(t)
     total = jnp.zeros(t.shape, jnp.float32)
     for v in banned_tokens:
       lp, _, _ = policy_forward(graphdef, params, t, rl_cfg.temperature,
@@ -614,7 +614,10 @@ def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
       total = total + jnp.exp(lp)
     return total
 
-  mass = jax.lax.map(banned_mass, tokens_bl.reshape(n, b // n, l)).reshape(b, l)
+  # The same strided blocks as `behaviour_forward` (each keeps every device's
+  # share of the rows on a data-sharded mesh).
+  mass = sharding.merge_rows(
+      jax.lax.map(banned_mass, sharding.split_rows(tokens_bl, n)))
   mass = jnp.clip(mass, 0.0, 1.0 - 1e-7).at[:, 0].set(0.0)
   shift = jnp.where(jnp.asarray(rows_b, bool)[:, None], -jnp.log1p(-mass), 0.0)
   return logp_bl + shift, shift
