@@ -143,7 +143,7 @@ def rollout(
   use_model = graphdef is not None
   tokenizer = env.tokenizer
   fmt = getattr(env, "chat_format", None)
-  stop_tokens = tuple(fmt.stop_tokens) if fmt is not None else tokenizers.STOP_TOKENS
+  stop_tokens = rollout_lib.env_stop_tokens(env)  # as the JAX-native rollout
   decode = fmt.decode if fmt is not None else tokenizer.decode
   resets = [env.reset(t) for t in tasks]
   host_states = [r[0] for r in resets]
