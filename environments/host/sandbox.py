@@ -499,7 +499,11 @@ def _execute(
           nproc=cfg.max_processes,
       )
   )
-  argv = prefix + [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, limits]
+  # Under bwrap the child runs the real interpreter file: a virtualenv's
+  # `python` is a link that may sit under /tmp (hidden by the private /tmp) or
+  # elsewhere outside the bound roots; `-I` ignores its site-packages anyway.
+  exe = os.path.realpath(sys.executable) if prefix else sys.executable
+  argv = prefix + [exe, "-I", "-B", "-c", _BOOTSTRAP, limits]
   head_cap = 4 * cfg.max_output_chars + 4
   tail_cap = max(4 * cfg.max_output_chars, 8192)
   code_fd = _code_fd(code)
