@@ -39,7 +39,7 @@ from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import mixed_precision
-from agentic_rl import rm_train
+from agentic_rl import reward_model_loader
 from agentic_rl import rollout
 from agentic_rl import sharding
 from agentic_rl import types
@@ -305,7 +305,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   if config.rl.get("reward_model_dir", ""):
     # Frozen learned reward model: carried in the state (and its
     # checkpoints) from step 0, scored inside the jitted RL step.
-    reward_model, rm_params = rm_train.load_rl_reward_model(config)
+    reward_model, rm_params = reward_model_loader.load_rl_reward_model(config)
     state = state.replace(reward_model=jax.device_put(
         rm_params, sharding.tree_shardings(rm_params, mesh)))
   sft_sharding = sharding.tree_shardings(state, mesh)
