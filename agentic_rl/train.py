@@ -62,7 +62,7 @@ def make_env(config: ml_collections.ConfigDict):
   loader (agentic_rl/datasets/tasks.py).
   """
   if config.get("tokenizer", "byte") == "hf":
-    from agentic_rl import tokenizers  # pylint: disable=g-import-not-at-top
+    from agentic_text import tokenizers  # pylint: disable=g-import-not-at-top
     tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
     env = environments.make({**dict(config.env), "tokenizer": tok})
   else:

@@ -7,12 +7,9 @@ from typing import Any
 import flax.struct
 import jax
 
-# Roles of tokens in a trajectory (int8). Only POLICY tokens are ever trained.
-PAD = 0
-PROMPT = 1
-POLICY = 2
-TOOL = 3
-TEMPLATE = 4
+# Roles of tokens in a trajectory (int8 values of Trajectory.role), defined
+# with the chat renderer that assigns them. Only POLICY tokens are ever trained.
+from agentic_text.roles import PAD, POLICY, PROMPT, TEMPLATE, TOOL  # noqa: F401
 
 # Finish reasons (int32).
 RUNNING = 0  # not finished (only inside the rollout loop)

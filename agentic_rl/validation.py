@@ -22,7 +22,7 @@ from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import reward_models
 from agentic_rl import rewards
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -709,7 +709,7 @@ def _validate_tokenizer(config, is_host: bool) -> None:
   if tok.vocab_size > vocab:
     _fail("tokenizer", name, f"the tokenizer has {tok.vocab_size} ids; the "
           f"checkpoint's vocab_size is {vocab}")
-  from agentic_rl import chat  # pylint: disable=g-import-not-at-top
+  from agentic_text import chat  # pylint: disable=g-import-not-at-top
   try:
     chat.ChatFormat(tok)
   except ValueError as e:
@@ -749,7 +749,7 @@ def _validate_model(model) -> None:
     if model.vocab_size < tokenizers.VOCAB_SIZE:
       _fail("model.vocab_size", model.vocab_size,
             f"smaller than the byte tokenizer's {tokenizers.VOCAB_SIZE} ids "
-            f"(agentic_rl/tokenizers.py) the environments emit: use >= "
+            f"(agentic_text/tokenizers.py) the environments emit: use >= "
             f"{tokenizers.VOCAB_SIZE}")
     return
   if not os.path.isfile(os.path.join(path, "config.json")):
