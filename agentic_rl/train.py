@@ -113,7 +113,7 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
         dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path))
     if model_cfg.lora is not None:
       graphdef, imported = lora_lib.init_adapters(
-          model_cfg, imported, jax.random.fold_in(root, 2))
+          model_cfg, graphdef, imported, jax.random.fold_in(root, 2))
   else:
     graphdef = nnx.graphdef(nnx.eval_shape(
         lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
