@@ -21,7 +21,7 @@ Compiled programs are cached by jax.jit on (graphdef, shapes, static sizes), so
 every call with the same shapes reuses them (temperature is traced).
 
 Chat checkpoints (an environment whose `chat_format` is an
-agentic_rl.chat.ChatFormat, i.e. built with an HF tokenizer): turns stop on the
+agentic_text.chat.ChatFormat, i.e. built with an HF tokenizer): turns stop on the
 checkpoint's stop ids (`chat_format.stop_tokens`), sampled turns are decoded
 with `chat_format.decode` (stop ids dropped), and each observation is preceded
 by `chat_format.close_turn(sampled ids)` (the newline after `<|im_end|>`, or a
@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 
 from agentic_rl import rollout as rollout_lib
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import types
 from agentic_rl.models import transformer
 from environments.host import base as host_base

@@ -29,7 +29,7 @@ from agentic_rl import host_rollout
 from agentic_rl import rewards
 from agentic_rl import rollout
 from agentic_rl import sampling
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import tree_rollout
 from agentic_rl import sharding
 from agentic_rl import types

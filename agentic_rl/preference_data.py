@@ -43,7 +43,7 @@ import numpy as np
 
 from agentic_rl import reward_models
 from agentic_rl import rollout
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from agentic_rl import types
 
 NEGATIVE_TYPES = ("wrong_value", "extra_call", "missing_call", "ignored_obs",

@@ -20,10 +20,11 @@ Workdir: config.json, checkpoints/, metrics.jsonl + tensorboard/, preferences.js
 rm_report.{json,md}, rm_report.png. Re-running on a finished workdir (final
 checkpoint and rm_report.json present) returns the saved report and writes nothing.
 
-Use inside RL (`validate_rl_reward_model`, `load_rl_reward_model`): an RL config
-names a finished rm-mode workdir in `rl.reward_model_dir` and which of its two
-models to use in `rl.reward_model_kind`; train.py loads it frozen into
-TrainState.reward_model and learner.py scores every rollout with it.
+Use inside RL: an RL config names a finished rm-mode workdir in
+`rl.reward_model_dir` and which of its two models to use in
+`rl.reward_model_kind`; validation.py checks it, agentic_rl/reward_model_loader.py
+loads it frozen into TrainState.reward_model (the checkpoint layout written here
+is defined there), and the RL step scores every rollout with it.
 """
 
 from __future__ import annotations
@@ -38,18 +39,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from flax import nnx
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import preference_data
+from agentic_rl import reward_model_loader
 from agentic_rl import reward_models
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
-from agentic_rl.models import lora as lora_lib
-from agentic_rl.models import transformer
 import environments
 
 PREFERENCES_FILE = "preferences.jsonl"
@@ -109,30 +108,6 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
               f"the {config.env.name} environment has no field {name!r}")
   if config.rm_eval.temperature < 0:
     _fail("rm_eval.temperature", config.rm_eval.temperature, "must be >= 0")
-
-
-def _model_cfg(config) -> transformer.TransformerConfig:
-  return transformer.TransformerConfig(**lora_lib.transformer_fields(config.model))
-
-
-def _init(config, model_cfg):
-  """(policy graphdef, rm graphdef, fresh full state)."""
-  root = jax.random.PRNGKey(config.seed)
-  policy = transformer.Transformer(model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0)))
-  pgraph, pparams = nnx.split(policy)
-  policy_state = types.TrainState(
-      step=jnp.int32(0), params=pparams, ref_params=jax.tree.map(jnp.copy, pparams),
-      opt_state=learner.make_optimizer(config.sft).init(pparams),
-      rng=jax.random.fold_in(root, 1), kl_coef=jnp.float32(0.0))
-  rm_cfg = reward_models.RewardModelConfig(model_cfg, config.rm.head_layers)
-  rgraph, orm = reward_models.init_reward_model(rm_cfg, jax.random.fold_in(root, 2))
-  _, prm = reward_models.init_reward_model(rm_cfg, jax.random.fold_in(root, 3))
-  tx = learner.make_optimizer(config.rm)
-  state = {
-      "step": jnp.int32(0), "policy": policy_state,
-      "orm": orm, "orm_opt": tx.init(orm), "prm": prm, "prm_opt": tx.init(prm),
-  }
-  return pgraph, rgraph, state
 
 
 def _pairs(config, env, workdir) -> list[dict]:
@@ -306,8 +281,8 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
   env = environments.make(config.env)
-  model_cfg = _model_cfg(config)
-  pgraph, rgraph, state = _init(config, model_cfg)
+  model_cfg = reward_model_loader.model_config(config)
+  pgraph, rgraph, state = reward_model_loader.init_rm_state(config, model_cfg)
   s_steps, r_steps = config.sft.steps, config.rm.steps
   total = s_steps + 2 * r_steps
   ckpt = checkpoint_lib.Checkpointer(
@@ -404,126 +379,3 @@ def _init_from_policy(state: dict) -> dict:
   return dict(state,
               orm=dict(state["orm"], trunk=reward_models.copy_trunk(state["orm"]["trunk"], pol)),
               prm=dict(state["prm"], trunk=reward_models.copy_trunk(state["prm"]["trunk"], pol)))
-
-
-# ---------------------------------------------------------------------------
-# A finished rm-mode workdir as a frozen reward model inside RL.
-# ---------------------------------------------------------------------------
-
-
-def _rl_fail(field: str, value: Any, why: str):
-  raise validation.ConfigError(f"config.rl.{field}={value!r}: {why}")
-
-
-def _policy_vocab_size(config) -> int:
-  path = config.model.get("hf_path", "")
-  if path:
-    from agentic_rl.models import hf  # pylint: disable=g-import-not-at-top
-    return hf.read_config(path).get("vocab_size", -1)
-  return int(config.model.get("vocab_size", transformer.TransformerConfig.vocab_size))
-
-
-def _read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
-  """(the rm workdir's config, its RM TransformerConfig, the checkpoint step to
-  load), after checking everything that can be checked without loading."""
-  path = config.rl.get("reward_model_dir", "")
-  kind = config.rl.get("reward_model_kind", "outcome")
-  if kind not in reward_models.KINDS:
-    _rl_fail("reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
-  if not isinstance(path, str) or not os.path.isdir(path):
-    _rl_fail("reward_model_dir", path, "not a directory (an rm-mode workdir: "
-             "python main.py --config=configs/rm_arithmetic.py --workdir=DIR)")
-  cfg_path = os.path.join(path, "config.json")
-  try:
-    with open(cfg_path) as f:
-      rm_config = ml_collections.ConfigDict(json.load(f))
-  except (OSError, ValueError) as e:
-    _rl_fail("reward_model_dir", path, f"no readable config.json: {e}")
-  if rm_config.get("mode", "rl") != "rm":
-    _rl_fail("reward_model_dir", path,
-             f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
-  try:
-    fields = {k: tuple(v) if isinstance(v, list) else v
-              for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
-    model_cfg = transformer.TransformerConfig(**fields)
-    s_steps, r_steps = int(rm_config.sft.steps), int(rm_config.rm.steps)
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    _rl_fail("reward_model_dir", path, f"config.json is not an rm-mode config: {e}")
-  need = s_steps + (r_steps if kind == "outcome" else 2 * r_steps)
-  ckpt_dir = os.path.join(path, "checkpoints")
-  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
-                 if d.isdigit())
-  if not steps or steps[-1] < need:
-    _rl_fail("reward_model_dir", path,
-             f"holds no trained {kind} RM: latest checkpoint step "
-             f"{steps[-1] if steps else None}, the {kind} RM is done at step {need}")
-  vocab = _policy_vocab_size(config)
-  if model_cfg.vocab_size != vocab:
-    _rl_fail("reward_model_dir", path,
-             f"the RM's model.vocab_size={model_cfg.vocab_size} differs from the "
-             f"policy's {vocab} (they must share the tokenizer)")
-  return rm_config, model_cfg, steps[-1]
-
-
-def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
-  """Checks the learned-RM fields of an RL config (no loading, no compiles).
-
-  `rl.rewards.rm` or `rl.pbrs_potential='rm'` (with pbrs_coef > 0) need
-  `rl.reward_model_dir`: a directory holding an rm-mode config.json and a
-  checkpoint in which the `rl.reward_model_kind` model ('outcome' or
-  'process') has finished training, whose vocabulary equals the policy's. A
-  reward_model_dir without either use loads the RM for the monitor only.
-
-  Raises:
-    ConfigError (a ValueError) naming the field and value.
-  """
-  rl = config.rl
-  path = rl.get("reward_model_dir", "")
-  uses = [f for f, on in (
-      ("rl.rewards.rm", "rm" in dict(rl.rewards)),
-      ("rl.pbrs_potential='rm'", rl.get("pbrs_potential", "progress") == "rm"
-       and rl.get("pbrs_coef", 0.0) > 0)) if on]
-  if uses and not path:
-    _rl_fail("reward_model_dir", path, f"{' and '.join(uses)} need a trained reward "
-             "model: set rl.reward_model_dir to an rm-mode workdir")
-  if path:
-    _read_rm_dir(config)
-
-
-def load_rl_reward_model(
-    config: ml_collections.ConfigDict,
-) -> tuple[reward_models.FrozenRewardModel, dict[str, Any]]:
-  """Loads the `rl.reward_model_kind` RM of `rl.reward_model_dir`, frozen.
-
-  Returns:
-    (FrozenRewardModel with the graphdef, kind and the rm run's PRM aggregation;
-     its params {'trunk', 'head'} as restored from the latest checkpoint).
-
-  Raises:
-    ConfigError: as `validate_rl_reward_model`, or a checkpoint whose shapes do
-      not match the workdir's config.json.
-  """
-  path = config.rl.reward_model_dir
-  kind = config.rl.get("reward_model_kind", "outcome")
-  rm_config, model_cfg, step = _read_rm_dir(config)
-  holder = {}
-
-  def init():
-    pgraph, rgraph, state = _init(rm_config, model_cfg)
-    holder["rgraph"] = rgraph
-    return state
-
-  like = jax.eval_shape(init)
-  ckpt = checkpoint_lib.Checkpointer(os.path.join(path, "checkpoints"))
-  try:
-    state = ckpt.restore(like, step=step)
-  except (ValueError, KeyError, TypeError) as e:
-    _rl_fail("reward_model_dir", path,
-             f"checkpoint {step} does not match its config.json: {e}")
-  finally:
-    ckpt.close()
-  params = state["orm" if kind == "outcome" else "prm"]
-  spec = reward_models.FrozenRewardModel(
-      holder["rgraph"], kind, rm_config.rm.get("prm_aggregation", "log_prod"))
-  logging.info("loaded the frozen %s RM of %s (checkpoint %d)", kind, path, step)
-  return spec, params

@@ -39,7 +39,7 @@ from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import mixed_precision
-from agentic_rl import rm_train
+from agentic_rl import reward_model_loader
 from agentic_rl import rollout
 from agentic_rl import sharding
 from agentic_rl import types
@@ -62,7 +62,7 @@ def make_env(config: ml_collections.ConfigDict):
   loader (agentic_rl/datasets/tasks.py).
   """
   if config.get("tokenizer", "byte") == "hf":
-    from agentic_rl import tokenizers  # pylint: disable=g-import-not-at-top
+    from agentic_text import tokenizers  # pylint: disable=g-import-not-at-top
     tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
     env = environments.make({**dict(config.env), "tokenizer": tok})
   else:
@@ -113,7 +113,7 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
         dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path))
     if model_cfg.lora is not None:
       graphdef, imported = lora_lib.init_adapters(
-          model_cfg, imported, jax.random.fold_in(root, 2))
+          model_cfg, graphdef, imported, jax.random.fold_in(root, 2))
   else:
     graphdef = nnx.graphdef(nnx.eval_shape(
         lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
@@ -305,7 +305,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   if config.rl.get("reward_model_dir", ""):
     # Frozen learned reward model: carried in the state (and its
     # checkpoints) from step 0, scored inside the jitted RL step.
-    reward_model, rm_params = rm_train.load_rl_reward_model(config)
+    reward_model, rm_params = reward_model_loader.load_rl_reward_model(config)
     state = state.replace(reward_model=jax.device_put(
         rm_params, sharding.tree_shardings(rm_params, mesh)))
   sft_sharding = sharding.tree_shardings(state, mesh)

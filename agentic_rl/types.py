@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
 
-# Roles of tokens in a trajectory (int8). Only POLICY tokens are ever trained.
-PAD = 0
-PROMPT = 1
-POLICY = 2
-TOOL = 3
-TEMPLATE = 4
+if TYPE_CHECKING:  # annotations only: these modules import this one
+  import optax
+  from flax import nnx
+
+  from agentic_rl import credit
+  from agentic_rl import replay as replay_lib
+
+# Roles of tokens in a trajectory (int8 values of Trajectory.role), defined
+# with the chat renderer that assigns them. Only POLICY tokens are ever trained.
+from agentic_text.roles import PAD, POLICY, PROMPT, TEMPLATE, TOOL  # noqa: F401
 
 # Finish reasons (int32).
 RUNNING = 0  # not finished (only inside the rollout loop)
@@ -59,6 +63,12 @@ class Trajectory:
   facts: Any
 
 
+# A frozen reward model's parameters (reward_models.init_reward_model):
+# {'trunk': nnx.State of the transformer trunk, 'head': {} or
+#  {'hidden_dd': [D, D] float32, 'bias_d': [D] float32}}.
+RewardModelParams = dict[str, Any]
+
+
 @flax.struct.dataclass
 class TrainState:
   """Everything needed to resume a run exactly.
@@ -74,23 +84,30 @@ class TrainState:
     rng: uint32 [2] base PRNG key data; per-step keys are fold_in(rng, step).
     kl_coef: float32 scalar; the KL-in-loss coefficient (constant unless an
       adaptive KL target is set).
-    replay: None, or a `replay.ReplayBuffer` of successful episodes (when
-      `rl.replay_capacity` > 0); set at the start of the RL phase.
-    dual_coef: None, or the float32 scalar Lagrange multiplier of the
-      dual-ascent constraint (when `rl.dual_constraint` is set).
-    log_partition: None, or the parameters (flax.nnx.State) of FlowRL's
-      learned log-partition log Z_phi(x) (`losses.LogPartition`; when
-      `rl.loss_type='flowrl'`), set at the start of the RL phase.
-    log_partition_opt_state: None, or the optax state of its optimizer.
-    reward_model: None, or the frozen learned reward model's params
-      {'trunk', 'head'} (when `rl.reward_model_dir` is set; never updated,
-      scored inside the RL step like ref_params).
-    spa: None, or the SPA progress estimator `credit.SpaState` (head
-      parameters and its optimizer state; when `rl.pbrs_potential='spa'`).
 
-  The optional fields default to None (an empty pytree), so states and
-  checkpoints of runs without these switches keep their structure. The
-  policy's value head (GAE, `rl.advantage_estimator='gae'`) is part of
+  Optional per-feature parts: None (an empty pytree) unless the feature is on,
+  so states and checkpoints of runs without it keep their structure. Each is
+  created at the start of the RL phase by `learner.init_rl_extras`, except
+  reward_model (train.py, from `reward_model_loader.load_rl_reward_model`):
+
+    field                    type                  feature (config switch)
+    replay                   replay.ReplayBuffer   success replay
+                                                   (rl.replay_capacity > 0)
+    dual_coef                float32 []            dual-ascent Lagrange
+                                                   multiplier (rl.dual_constraint)
+    log_partition            nnx.State             FlowRL's learned log Z_phi(x)
+                                                   (losses.LogPartition;
+                                                   rl.loss_type='flowrl')
+    log_partition_opt_state  optax.OptState        its optimizer's state
+    spa                      credit.SpaState       SPA progress head and its
+                                                   optimizer state
+                                                   (rl.pbrs_potential='spa')
+    reward_model             RewardModelParams     frozen learned RM, never
+                                                   updated, scored inside the
+                                                   RL step like ref_params
+                                                   (rl.reward_model_dir)
+
+  The policy's value head (GAE, `rl.advantage_estimator='gae'`) is part of
   `params` (TransformerConfig.value_head), not a field of its own.
   """
 
@@ -100,9 +117,9 @@ class TrainState:
   opt_state: Any
   rng: jax.Array
   kl_coef: jax.Array
-  replay: Any = None
-  dual_coef: Any = None
-  log_partition: Any = None
-  log_partition_opt_state: Any = None
-  spa: Any = None
-  reward_model: Any = None
+  replay: replay_lib.ReplayBuffer | None = None
+  dual_coef: jax.Array | None = None
+  log_partition: nnx.State | None = None
+  log_partition_opt_state: optax.OptState | None = None
+  spa: credit.SpaState | None = None
+  reward_model: RewardModelParams | None = None

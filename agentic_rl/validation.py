@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import errno
 import fcntl
+import json
 import math
 import os
 import re
@@ -19,8 +20,9 @@ import ml_collections
 from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import losses
+from agentic_rl import reward_models
 from agentic_rl import rewards
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -46,7 +48,7 @@ OPTIONAL_FIELDS = (
     "mode",  # main.py: 'rl' or 'rm'
     "tokenizer",  # 'byte' or 'hf' (_validate_tokenizer)
     "data",  # task-loader block (agentic_rl/data.py)
-    "rl.reward_model_dir", "rl.reward_model_kind",  # rm_train.validate_rl_reward_model
+    "rl.reward_model_dir", "rl.reward_model_kind",  # validate_rl_reward_model
     "rl.step_reward", "rl.step_reward_transform", "rl.step_reward_coef",
     "rl.step_reward_clip_eta", "rl.step_reward_gate_threshold",  # _validate_step_reward
 )
@@ -404,9 +406,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"needs an environment fact 'progress' of shape {want} (the potential)")
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
-  # Learned reward model (rl.reward_model_dir; rm_train imports this module).
-  from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
-  rm_train.validate_rl_reward_model(config)
+  validate_rl_reward_model(config)  # learned reward model (rl.reward_model_dir)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
     _fail("max_len", config.max_len,
@@ -601,6 +601,94 @@ def _validate_step_reward(config, env_obj) -> None:
             f"{config.env.name!r} has none; kv_chain has it)")
 
 
+# ---------------------------------------------------------------------------
+# A finished rm-mode workdir as a frozen reward model inside RL
+# (agentic_rl/reward_model_loader.py loads it).
+# ---------------------------------------------------------------------------
+
+
+def _policy_vocab_size(config) -> int:
+  """The policy's vocabulary size (from its HF config.json when hf_path is set)."""
+  path = config.model.get("hf_path", "")
+  if path:
+    return hf.read_config(path).get("vocab_size", -1)
+  return int(config.model.get("vocab_size", transformer.TransformerConfig.vocab_size))
+
+
+def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
+  """Reads `rl.reward_model_dir` without loading weights.
+
+  Returns:
+    (the rm workdir's config, its RM TransformerConfig, the checkpoint step to
+    load), after checking everything that can be checked without loading.
+
+  Raises:
+    ConfigError naming `rl.reward_model_dir` or `rl.reward_model_kind`.
+  """
+  path = config.rl.get("reward_model_dir", "")
+  kind = config.rl.get("reward_model_kind", "outcome")
+  if kind not in reward_models.KINDS:
+    _fail("rl.reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
+  if not isinstance(path, str) or not os.path.isdir(path):
+    _fail("rl.reward_model_dir", path, "not a directory (an rm-mode workdir: "
+          "python main.py --config=configs/rm_arithmetic.py --workdir=DIR)")
+  cfg_path = os.path.join(path, "config.json")
+  try:
+    with open(cfg_path) as f:
+      rm_config = ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError) as e:
+    _fail("rl.reward_model_dir", path, f"no readable config.json: {e}")
+  if rm_config.get("mode", "rl") != "rm":
+    _fail("rl.reward_model_dir", path,
+          f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
+  try:
+    fields = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
+    model_cfg = transformer.TransformerConfig(**fields)
+    s_steps, r_steps = int(rm_config.sft.steps), int(rm_config.rm.steps)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    _fail("rl.reward_model_dir", path, f"config.json is not an rm-mode config: {e}")
+  need = s_steps + (r_steps if kind == "outcome" else 2 * r_steps)
+  ckpt_dir = os.path.join(path, "checkpoints")
+  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
+                 if d.isdigit())
+  if not steps or steps[-1] < need:
+    _fail("rl.reward_model_dir", path,
+          f"holds no trained {kind} RM: latest checkpoint step "
+          f"{steps[-1] if steps else None}, the {kind} RM is done at step {need}")
+  vocab = _policy_vocab_size(config)
+  if model_cfg.vocab_size != vocab:
+    _fail("rl.reward_model_dir", path,
+          f"the RM's model.vocab_size={model_cfg.vocab_size} differs from the "
+          f"policy's {vocab} (they must share the tokenizer)")
+  return rm_config, model_cfg, steps[-1]
+
+
+def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
+  """Checks the learned-RM fields of an RL config (no loading, no compiles).
+
+  `rl.rewards.rm` or `rl.pbrs_potential='rm'` (with pbrs_coef > 0) need
+  `rl.reward_model_dir`: a directory holding an rm-mode config.json and a
+  checkpoint in which the `rl.reward_model_kind` model ('outcome' or
+  'process') has finished training, whose vocabulary equals the policy's. A
+  reward_model_dir without either use loads the RM for the monitor only.
+
+  Raises:
+    ConfigError (a ValueError) naming the field and value.
+  """
+  rl = config.rl
+  path = rl.get("reward_model_dir", "")
+  uses = [f for f, on in (
+      ("rl.rewards.rm", "rm" in dict(rl.rewards)),
+      ("rl.pbrs_potential='rm'", rl.get("pbrs_potential", "progress") == "rm"
+       and rl.get("pbrs_coef", 0.0) > 0)) if on]
+  if uses and not path:
+    _fail("rl.reward_model_dir", path, f"{' and '.join(uses)} need a trained reward "
+          "model: set rl.reward_model_dir to an rm-mode workdir")
+  if path:
+    read_rm_dir(config)
+
+
 def _validate_tokenizer(config, is_host: bool) -> None:
   """config.tokenizer: 'byte' (default) or 'hf' (the checkpoint's tokenizer and
   chat template, from config.model.hf_path; host environments only)."""
@@ -621,7 +709,7 @@ def _validate_tokenizer(config, is_host: bool) -> None:
   if tok.vocab_size > vocab:
     _fail("tokenizer", name, f"the tokenizer has {tok.vocab_size} ids; the "
           f"checkpoint's vocab_size is {vocab}")
-  from agentic_rl import chat  # pylint: disable=g-import-not-at-top
+  from agentic_text import chat  # pylint: disable=g-import-not-at-top
   try:
     chat.ChatFormat(tok)
   except ValueError as e:
@@ -661,7 +749,7 @@ def _validate_model(model) -> None:
     if model.vocab_size < tokenizers.VOCAB_SIZE:
       _fail("model.vocab_size", model.vocab_size,
             f"smaller than the byte tokenizer's {tokenizers.VOCAB_SIZE} ids "
-            f"(agentic_rl/tokenizers.py) the environments emit: use >= "
+            f"(agentic_text/tokenizers.py) the environments emit: use >= "
             f"{tokenizers.VOCAB_SIZE}")
     return
   if not os.path.isfile(os.path.join(path, "config.json")):

@@ -54,7 +54,7 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
     raise ValueError(f"model preset {preset!r}: unknown; known: {sorted(MODEL_PRESETS)}")
   fields = {f.name: f.default
             for f in dataclasses.fields(transformer.TransformerConfig)}
-  # Byte-level vocabulary with tool/answer specials (agentic_rl/tokenizers.py).
+  # Byte-level vocabulary with tool/answer specials (agentic_text/tokenizers.py).
   fields["vocab_size"] = 265
   fields["rope_theta"] = 10_000.0
   fields["norm_eps"] = 1e-6

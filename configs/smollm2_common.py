@@ -51,7 +51,7 @@ def base(name: str) -> ml_collections.ConfigDict:
   # Vocabulary projection in chunks of this many positions (49k-entry vocab).
   config.model.logprob_chunk_size = 128
   # The checkpoint's own tokenizer, stop ids (<|im_end|>, <|endoftext|>) and
-  # ChatML template (agentic_rl/chat.py ChatFormat).
+  # ChatML template (agentic_text/chat.py ChatFormat).
   config.tokenizer = "hf"
 
   # Pure RL from the instruct checkpoint unless a config sets a warm start

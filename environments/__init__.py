@@ -8,35 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from environments import arithmetic
 from environments import budget
-from environments import clarification
-from environments import kv_chain
-from environments import schema_calls
+from environments import registry
 
-
-
-def _lazy(module: str, name: str):
-  """Constructor that imports a host environment's module on first use (their
-  optional dependencies, e.g. bfcl-eval, are only needed when selected)."""
-  def make_env(**kwargs):
-    import importlib
-    return getattr(importlib.import_module(module), name)(**kwargs)
-  make_env.__name__ = name
-  return make_env
-
-
-REGISTRY = {
-    "arithmetic": arithmetic.ArithmeticEnv,
-    "kv_chain": kv_chain.KVChainEnv,
-    "schema_calls": schema_calls.SchemaCallsEnv,
-    "clarification": clarification.ClarificationEnv,
-    "budget": budget.BudgetEnv,
-    # Host environments (environments/host/README.md).
-    "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
-    "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
-    "reasoning_gym": _lazy("environments.host.reasoning_gym_env", "ReasoningGymEnv"),
-}
+# Every environment by config name: the base ones and the wrappers around them.
+REGISTRY = {**registry.BASE_ENVS, "budget": budget.BudgetEnv}
 
 
 def make(env_config: Mapping[str, Any]):

@@ -2,7 +2,7 @@
 JAX-native environment and cuts the episode when the budget is exhausted.
 
 `BudgetEnv(base="kv_chain", budget=2, base_kwargs={...})` wraps
-`environments.REGISTRY[base](**base_kwargs)`. The prompt is the base prompt followed
+`environments.registry.BASE_ENVS[base](**base_kwargs)`. The prompt is the base prompt followed
 by "Budget: 2 calls.\n". A tool call that would be call number budget + 1 is not
 executed for the policy: the episode ends at once (done, empty observation, fact
 'budget_exceeded'); the base environment still records the attempted call in its
@@ -26,8 +26,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from environments import common
+from environments import registry
 
 
 @flax.struct.dataclass
@@ -44,7 +45,7 @@ class BudgetEnv:
   """A tool-call budget around a base environment (see module docstring).
 
   Attributes:
-    base: name of the base environment in environments.REGISTRY.
+    base: name of the base environment in environments.registry.BASE_ENVS.
     budget: tool calls allowed (>= 0).
     base_kwargs: the base environment's fields (a mapping, stored as sorted
       (name, value) pairs so that the environment stays hashable).
@@ -55,17 +56,16 @@ class BudgetEnv:
   base_kwargs: Any = ()
 
   def __post_init__(self):
-    from environments import REGISTRY  # pylint: disable=import-outside-toplevel
     kwargs = self.base_kwargs
     if hasattr(kwargs, "items"):
       kwargs = tuple(sorted(dict(kwargs).items()))
     object.__setattr__(self, "base_kwargs", tuple(kwargs))
-    if self.base not in REGISTRY or self.base == "budget":
+    if self.base not in registry.BASE_ENVS:
       raise ValueError(f"base must name a non-budget environment in "
-                       f"{sorted(REGISTRY)}, got {self.base!r}")
+                       f"{sorted(registry.BASE_ENVS)}, got {self.base!r}")
     if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
       raise ValueError(f"budget must be an integer >= 0, got {self.budget!r}")
-    object.__setattr__(self, "_inner", REGISTRY[self.base](**dict(self.base_kwargs)))
+    object.__setattr__(self, "_inner", registry.BASE_ENVS[self.base](**dict(self.base_kwargs)))
 
   @property
   def inner(self):

@@ -32,7 +32,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from environments import arithmetic
 from environments import common
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 
 ZERO = ord("0")
 MINUS = ord("-")

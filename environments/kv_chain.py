@@ -41,7 +41,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from environments import common
 
 NUM_KEYS = 26  # lowercase letters

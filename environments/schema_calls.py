@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from environments import common
 
 # Operations.

@@ -57,7 +57,7 @@ def run_mode(mode: str, batch: int, length: int, steps: int, rank: int) -> dict:
   cfg, graphdef, params = hf.load_pretrained(path, remat=True, logprob_chunk_size=128)
   if mode == "lora":
     cfg = dataclasses.replace(cfg, lora=lora.LoRAConfig(rank=rank, alpha=2.0 * rank))
-    graphdef, params = lora.init_adapters(cfg, params, jax.random.PRNGKey(0))
+    graphdef, params = lora.init_adapters(cfg, graphdef, params, jax.random.PRNGKey(0))
   opt_cfg = ml_collections.ConfigDict(dict(learning_rate=1e-5, warmup_steps=0,
                                            weight_decay=0.0, max_grad_norm=1.0))
   tx = learner.make_optimizer(opt_cfg)

@@ -4,7 +4,7 @@
         [--rl_steps=20] [--out=experiments/bench_seeds.md]
 
 Times, on the same shrunk schedule of one experiment config:
-  vmapped    `experiments.seeds.train_seeds(config, range(S))`: all S seeds in one
+  vmapped    `agentic_rl.seeds.train_seeds(config, range(S))`: all S seeds in one
              jitted program (what the claim runners do);
   sequential S calls of `train_seeds(config, [s])` in this process, so only the
              first pays the compilation (a lower bound on S `main.py` runs, each of
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from experiments import seeds as seeds_lib
+from agentic_rl import seeds as seeds_lib
 
 
 def _config(name: str, sft_steps: int, rl_steps: int):

@@ -2,7 +2,7 @@
 
 A claim folder defines `ARMS` (arm name -> config, via its `config.py`) and calls
 `run_claim`. Per arm, every seed trains in one vmapped program
-(`experiments.seeds.train_seeds`). Arms whose SFT phase is identical (same model,
+(`agentic_rl.seeds.train_seeds`). Arms whose SFT phase is identical (same model,
 environment, SFT settings, context length) share one SFT run: it is trained once
 (rl.steps = 0) and each arm's workdir starts from a copy of its checkpoint, so the
 arms differ only in what the claim varies.
@@ -21,7 +21,7 @@ grid of panels: bars per arm with 95% t intervals and the seeds as dots, RL
 learning curves with 95% t bands; panels of one metric share their y-limits and
 show the SFT start level as a dashed line). Workdirs live under `root` and make a
 re-run resume instead of restarting (a changed config is refused,
-experiments/seeds.py).
+agentic_rl/seeds.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import Callable, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from experiments import seeds as seeds_lib
+from agentic_rl import seeds as seeds_lib
+from experiments import seeds as experiment_seeds
 from experiments import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,7 +246,7 @@ def run_claim(
   if spec is not None:
     analysis = stats.analyse(spec, rows, None if room is None else room["value"])
   meta = {"commit": git_commit(), "seeds": list(seeds),
-          "config_hash": {arm: seeds_lib.config_hash(c) for arm, c in arms.items()},
+          "config_hash": {arm: experiment_seeds.config_hash(c) for arm, c in arms.items()},
           "room": room, "analysis": analysis}
   _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
   return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl.models import transformer
 
 TINY = transformer.TransformerConfig(

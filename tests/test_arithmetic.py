@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import rollout
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from environments import arithmetic
 from environments.arithmetic import ArithmeticEnv, ArithmeticTask
 

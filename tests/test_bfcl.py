@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("bfcl_eval")
 
-from agentic_rl import tokenizers as tok  # noqa: E402
+from agentic_text import tokenizers as tok  # noqa: E402
 from environments.host import bfcl  # noqa: E402
 from environments.host.parsers import ToolCall  # noqa: E402
 

@@ -82,7 +82,7 @@ def test_registered_and_jittable_through_make_reward_fn():
 def schema_paths():
   """Facts of real schema_calls episodes: two different valid paths and one with a
   wrong value, on the task (3+4)*5."""
-  from agentic_rl import tokenizers as tk
+  from agentic_text import tokenizers as tk
   from environments import schema_calls as sc
   env = sc.SchemaCallsEnv()
   tok = tk.ByteTokenizer()

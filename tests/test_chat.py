@@ -5,8 +5,8 @@ ids are kept verbatim, and every id has the right role."""
 import numpy as np
 import pytest
 
-from agentic_rl import chat
-from agentic_rl import tokenizers
+from agentic_text import chat
+from agentic_text import tokenizers
 from agentic_rl import types
 
 hf_tokenizers = pytest.importorskip("tokenizers")

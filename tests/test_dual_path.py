@@ -11,7 +11,7 @@ import pytest
 from agentic_rl import credit
 from agentic_rl import learner
 from agentic_rl import rollout
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import types
 from agentic_rl import validation
 from configs import default

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import environments
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from environments.budget import BudgetEnv
 from environments.kv_chain import KVChainTask
 

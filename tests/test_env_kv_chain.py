@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import rollout
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from environments.kv_chain import KVChainEnv, KVChainTask
 
 TOK = tk.ByteTokenizer()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import environments
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 
 ENV_CONFIGS = {
     "arithmetic": dict(name="arithmetic"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import rollout
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from environments import schema_calls as sc
 from environments.schema_calls import SchemaCallsEnv, SchemaTask
 

@@ -25,9 +25,9 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentic_rl import chat  # noqa: E402
+from agentic_text import chat  # noqa: E402
 from agentic_rl import host_rollout  # noqa: E402
-from agentic_rl import tokenizers  # noqa: E402
+from agentic_text import tokenizers  # noqa: E402
 from agentic_rl import types  # noqa: E402
 from agentic_rl.models import hf  # noqa: E402
 from tests import chat_fixtures  # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import host_rollout
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from environments.host import base
 from environments.host import parsers
 

@@ -3,7 +3,7 @@
 The smoke runs elsewhere end near 0 accuracy by design and would not notice a
 change that breaks learning (a sign flip in the advantage, a detached loss, a
 broken sampler). This test trains configs/default.py shortened (SFT 200 steps,
-GRPO 12 iterations, seed 0, in-process through experiments/seeds.train_seeds) and
+GRPO 12 iterations, seed 0, in-process through agentic_rl/seeds.train_seeds) and
 asserts the held-out gain the full run shows in its first iterations: the SFT
 start answers easy items and guesses hard ones (accuracy about 0.5, hard items
 about 0); GRPO teaches it to call the calculator on hard items.
@@ -23,7 +23,7 @@ import time
 import pytest
 
 from configs import default
-from experiments import seeds as seeds_lib
+from agentic_rl import seeds as seeds_lib
 
 
 def _short_default():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import preference_data as pd
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 from agentic_rl import types
 from environments import arithmetic
 

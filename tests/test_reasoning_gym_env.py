@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("reasoning_gym")
 
-from agentic_rl import tokenizers as tok  # noqa: E402
+from agentic_text import tokenizers as tok  # noqa: E402
 from environments.host import reasoning_gym_env as rge  # noqa: E402
 
 BYTES = tok.ByteTokenizer()

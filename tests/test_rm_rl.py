@@ -17,6 +17,7 @@ from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import reward_models as rm
 from agentic_rl import rewards
+from agentic_rl import reward_model_loader
 from agentic_rl import rm_train
 from agentic_rl import train
 from agentic_rl import types
@@ -64,8 +65,8 @@ def rm_dir(tmp_path_factory):
   config = _rm_config()
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  model_cfg = rm_train._model_cfg(config)
-  _, rgraph, state = rm_train._init(config, model_cfg)
+  model_cfg = reward_model_loader.model_config(config)
+  _, rgraph, state = reward_model_loader.init_rm_state(config, model_cfg)
   tx = learner.make_optimizer(config.rm)
   batch = _toy_pairs()
   for name, kind in (("orm", "outcome"), ("prm", "process")):
@@ -254,7 +255,7 @@ def test_rm_grpo_config_files_validate(rm_dir, arg):
 def test_load_rl_reward_model_restores_the_frozen_params(rm_dir):
   workdir, _, state = rm_dir
   for kind, name in (("outcome", "orm"), ("process", "prm")):
-    spec, params = rm_train.load_rl_reward_model(_rl_config(workdir, kind))
+    spec, params = reward_model_loader.load_rl_reward_model(_rl_config(workdir, kind))
     assert spec.kind == kind and spec.aggregation == "log_prod"
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state[name])):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -6,7 +6,7 @@ import numpy as np
 
 from agentic_rl import learner
 from agentic_rl import rollout
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import types
 from environments import arithmetic
 from tests import fakes

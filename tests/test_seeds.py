@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from agentic_rl import metrics as metrics_lib
+from agentic_rl import seeds as seeds_lib
 from agentic_rl import train
 from agentic_rl import validation
 from configs import default
-from experiments import seeds as seeds_lib
+from experiments import seeds as experiment_seeds
 
 
 def _tiny():
@@ -95,10 +96,10 @@ def test_resume_refuses_a_changed_config(vmapped):
 
 def test_config_hash_is_stable_and_sensitive():
   a, b = _tiny(), _tiny()
-  assert seeds_lib.config_hash(a) == seeds_lib.config_hash(b)
-  assert len(seeds_lib.config_hash(a)) == 12
+  assert experiment_seeds.config_hash(a) == experiment_seeds.config_hash(b)
+  assert len(experiment_seeds.config_hash(a)) == 12
   b.rl.kl_coef = 0.02
-  assert seeds_lib.config_hash(a) != seeds_lib.config_hash(b)
+  assert experiment_seeds.config_hash(a) != experiment_seeds.config_hash(b)
 
 
 def test_check_resume_free_sections(tmp_path):

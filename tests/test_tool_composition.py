@@ -15,7 +15,7 @@ import pytest
 
 from agentic_rl import call_rewards as cr
 from agentic_rl import rewards
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from agentic_rl import types
 from environments import schema_calls as sc
 

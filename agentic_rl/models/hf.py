@@ -335,14 +335,16 @@ def save_pretrained(
   """Writes config.json + model.safetensors that `transformers` loads.
 
   A model with LoRA adapters (cfg.lora) is written with the adapters folded
-  into its weights, W + (alpha / r) A B (lora.merged_params).
+  into its weights, W + (alpha / r) A B (lora.merge).
 
   Raises:
     ValueError: the config has scalar heads (see config_to_hf).
   """
   if cfg.lora is not None:
     from agentic_rl.models import lora  # noqa: PLC0415
-    cfg, params = lora.merged_params(cfg, params)
+    graphdef = nnx.graphdef(nnx.eval_shape(
+        lambda: transformer.Transformer(cfg, nnx.Rngs(0))))
+    cfg, _, params = lora.merge(cfg, graphdef, params)
   hf = config_to_hf(cfg)
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:

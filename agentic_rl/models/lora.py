@@ -318,21 +318,6 @@ def merge(model_cfg, graphdef: nnx.GraphDef, params: nnx.State):
   return base_cfg, graphdef, params
 
 
-def merged_params(model_cfg, params: Any):
-  """`merge` without a graphdef: (config with lora=None, merged params).
-
-  Args:
-    model_cfg: TransformerConfig with `lora` set.
-    params: nnx.State of the adapted model.
-  """
-  from agentic_rl.models import transformer  # noqa: PLC0415 (import cycle)
-
-  graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: transformer.Transformer(model_cfg, nnx.Rngs(0))))
-  base_cfg, _, merged = merge(model_cfg, graphdef, params)
-  return base_cfg, merged
-
-
 # ----------------------------------------------------------------- pytrees --
 
 def _key_name(entry) -> str | None:
@@ -566,22 +551,20 @@ def transformer_fields(model_block: Any) -> dict[str, Any]:
   return fields
 
 
-def init_adapters(model_cfg, params: Any, key: jax.Array):
+def init_adapters(model_cfg, base_graphdef: nnx.GraphDef, params: Any,
+                  key: jax.Array):
   """Adds fresh adapters (`attach`) to a base model's params, e.g. an import.
 
   Args:
     model_cfg: TransformerConfig with `lora` set.
-    params: nnx.State of a Transformer with the same config but lora=None.
+    base_graphdef, params: nnx.split of a Transformer with the same config but
+      lora=None (e.g. what hf.load_pretrained returns).
     key: PRNG key of the A matrices.
 
   Returns:
     (graphdef, params) of the adapted model; the base leaves are `params`'.
   """
-  from agentic_rl.models import transformer  # noqa: PLC0415 (import cycle)
-
-  base_cfg = dataclasses.replace(model_cfg, lora=None)
-  model = nnx.merge(nnx.graphdef(nnx.eval_shape(
-      lambda: transformer.Transformer(base_cfg, nnx.Rngs(0)))), params)
+  model = nnx.merge(base_graphdef, params)
   model.cfg = model_cfg
   for block in model.blocks:
     block.attn.cfg = model_cfg

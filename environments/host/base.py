@@ -65,7 +65,7 @@ from typing import Any, Callable, Protocol, Sequence
 from absl import logging
 import numpy as np
 
-from agentic_rl import tokenizers as tok
+from agentic_text import tokenizers as tok
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 # Longest turn text handed to an environment's step (characters); longer

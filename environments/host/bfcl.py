@@ -29,7 +29,7 @@ f(a=1) </call>` (or `<tool_call>{json}</tool_call>` text); observations
 `<obs> ... </obs>`.
 
 Chat format (an `HFTokenizer`, e.g. an imported checkpoint's; `chat_format` is
-an agentic_rl.chat.ChatFormat): the prompt is the checkpoint's chat template
+an agentic_text.chat.ChatFormat): the prompt is the checkpoint's chat template
 with a system message (`SYSTEM_PROMPT`: the tools as JSON schemas in
 `<tools>` tags and the call format) and the user question, then the generation
 prompt; the policy calls tools as `<tool_call>[{"name": ..., "arguments":
@@ -57,8 +57,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agentic_rl import chat
-from agentic_rl import tokenizers as tok
+from agentic_text import chat
+from agentic_text import tokenizers as tok
 from environments.host import base as host_base
 from environments.host import parsers
 
@@ -531,7 +531,7 @@ class BFCLEnv:
 
   @functools.cached_property
   def chat_format(self):
-    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    """agentic_text.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
     return chat.make_format(self.tokenizer)
 
   def __post_init__(self):
@@ -885,7 +885,7 @@ class BFCLMultiTurnEnv:
 
   @functools.cached_property
   def chat_format(self):
-    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    """agentic_text.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
     return chat.make_format(self.tokenizer)
 
   def __post_init__(self):

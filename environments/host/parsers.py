@@ -6,7 +6,7 @@ Accepted formats (tried in this order; the first that yields calls wins):
      </tool_call>` blocks (the closing tag may be missing at the end of the text);
      the payload may also be a JSON list of such objects.
   2. Our byte tokenizer's specials: `<call>...</call>` with a JSON or Python-call
-     payload (agentic_rl/tokenizers.py renders CALL / CALL_END this way).
+     payload (agentic_text/tokenizers.py renders CALL / CALL_END this way).
   3. A bare JSON object or list of objects (optionally inside a ```json fence):
      `{"name": f, "arguments": {...}}`, also with the keys `parameters` / `args`,
      or the BFCL style `{"f": {...}}` (one key whose value is a dict).

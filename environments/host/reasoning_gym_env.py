@@ -21,7 +21,7 @@ batch run concurrently (`step_batch`). A failing call (exception, limit) returns
 an error observation and counts a tool error; the episode goes on. A turn that is
 neither a call nor an answer is a format error and ends the episode.
 
-Chat format (an `HFTokenizer`; `chat_format` is an agentic_rl.chat.ChatFormat):
+Chat format (an `HFTokenizer`; `chat_format` is an agentic_text.chat.ChatFormat):
 the prompt is the checkpoint's chat template with `CHAT_SYSTEM_PROMPT` and the
 question as the user message. A turn is a Python call if it holds a
 `<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>` (parsed
@@ -45,8 +45,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agentic_rl import chat
-from agentic_rl import tokenizers as tok
+from agentic_text import chat
+from agentic_text import tokenizers as tok
 from environments.host import parsers
 from environments.host import sandbox as sandbox_lib
 
@@ -231,7 +231,7 @@ class ReasoningGymEnv:
 
   @functools.cached_property
   def chat_format(self):
-    """agentic_rl.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
+    """agentic_text.chat.ChatFormat for an HF tokenizer, else None (byte format)."""
     return chat.make_format(self.tokenizer)
 
   def __post_init__(self):

@@ -6,7 +6,7 @@ alone, on existing workdirs:
     python -m experiments.dark_room.curves_summary --root=runs/dark_room
 
 Reads `<root>/<arm>/curves.npz` (written with every checkpoint by
-experiments/seeds.py; metrics of the training batches, sampled at T = 1) and
+agentic_rl/seeds.py; metrics of the training batches, sampled at T = 1) and
 writes `curves_summary.md` / `.png` (into this folder, or --out_dir): per arm the
 mean +- standard error over seeds (and every seed) of the first and last 5 RL
 iterations available in all arms.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentic_rl import tokenizers as tk
+from agentic_text import tokenizers as tk
 from agentic_rl.models import gguf
 from environments.host import bfcl
 from environments.host import parsers

@@ -10,7 +10,7 @@ import numpy as np
 from agentic_rl import credit
 from agentic_rl import rollout
 from agentic_rl import sampling
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import train
 from experiments import harness
 from experiments.trace_credit import config

@@ -9,7 +9,7 @@ messages one at a time to a growing id list and never re-tokenises what is
 already there: sampled assistant tokens are appended verbatim (docs/design.md,
 invariants: sampled tokens are never decoded and re-encoded).
 
-Each id gets a role from agentic_rl.types: TEMPLATE for scaffolding (the start
+Each id gets a role from agentic_text.roles: TEMPLATE for scaffolding (the start
 and end markers, the role name and the newlines), PROMPT for system/user
 content, TOOL for tool observations, POLICY for assistant tokens (including the
 `<|im_end|>` that ends an assistant turn, which the policy must emit).
@@ -31,11 +31,11 @@ from typing import Sequence
 
 import numpy as np
 
-from agentic_rl import types
-from agentic_rl.tokenizers import HFTokenizer
+from agentic_text import roles as roles_lib
+from agentic_text.tokenizers import HFTokenizer
 
-CONTENT_ROLES = {"system": types.PROMPT, "user": types.PROMPT,
-                 "tool": types.TOOL, "assistant": types.POLICY}
+CONTENT_ROLES = {"system": roles_lib.PROMPT, "user": roles_lib.PROMPT,
+                 "tool": roles_lib.TOOL, "assistant": roles_lib.POLICY}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ class ChatBuilder:
 
   @property
   def roles(self) -> np.ndarray:
-    """[N] int8 role of each id (types.PROMPT / POLICY / TOOL / TEMPLATE)."""
+    """[N] int8 role of each id (agentic_text.roles PROMPT / POLICY / TOOL / TEMPLATE)."""
     return np.asarray(self._roles, np.int8)
 
   def _append(self, ids: Sequence[int], role: int) -> None:
@@ -89,7 +89,7 @@ class ChatBuilder:
     header = role + self.template.newline
     ids, offsets = self.tokenizer.encode_with_offsets(header + content)
     for i, (_, end) in zip(ids, offsets):
-      self._append([i], types.TEMPLATE if end <= len(header) else content_role)
+      self._append([i], roles_lib.TEMPLATE if end <= len(header) else content_role)
 
   def add_message(self, role: str, content: str) -> None:
     """Appends a whole text message (system, user, tool, or an assistant
@@ -107,11 +107,11 @@ class ChatBuilder:
     if self._open_assistant:
       raise ValueError("an assistant turn is open: add_sampled() first")
     content_role = CONTENT_ROLES[role]
-    self._append([self.start_id], types.TEMPLATE)
+    self._append([self.start_id], roles_lib.TEMPLATE)
     self._header_and_content(role, content, content_role)
     self._append([self.end_id],
-                 types.POLICY if role == "assistant" else types.TEMPLATE)
-    self._append(self.newline_ids, types.TEMPLATE)
+                 roles_lib.POLICY if role == "assistant" else roles_lib.TEMPLATE)
+    self._append(self.newline_ids, roles_lib.TEMPLATE)
 
   def add_generation_prompt(self) -> np.ndarray:
     """Appends `<|im_start|>assistant\\n` (TEMPLATE) and returns all ids so far,
@@ -122,8 +122,8 @@ class ChatBuilder:
     """
     if self._open_assistant:
       raise ValueError("an assistant turn is already open")
-    self._append([self.start_id], types.TEMPLATE)
-    self._header_and_content(self.template.assistant, "", types.POLICY)
+    self._append([self.start_id], roles_lib.TEMPLATE)
+    self._header_and_content(self.template.assistant, "", roles_lib.POLICY)
     self._open_assistant = True
     return self.ids
 
@@ -139,10 +139,10 @@ class ChatBuilder:
     if not self._open_assistant:
       raise ValueError("no assistant turn is open: add_generation_prompt() first")
     sampled = [int(i) for i in np.asarray(sampled_ids).reshape(-1)]
-    self._append(sampled, types.POLICY)
+    self._append(sampled, roles_lib.POLICY)
     if not sampled or sampled[-1] != self.end_id:
-      self._append([self.end_id], types.TEMPLATE)
-    self._append(self.newline_ids, types.TEMPLATE)
+      self._append([self.end_id], roles_lib.TEMPLATE)
+    self._append(self.newline_ids, roles_lib.TEMPLATE)
     self._open_assistant = False
 
 
@@ -290,7 +290,7 @@ class ChatFormat:
     sampled = [int(i) for i in np.asarray(sampled_ids).reshape(-1)]
     ids = ([] if sampled and sampled[-1] == self.end_id else [self.end_id])
     ids += list(self.newline_ids)
-    return np.asarray(ids, np.int32), np.full((len(ids),), types.TEMPLATE, np.int8)
+    return np.asarray(ids, np.int32), np.full((len(ids),), roles_lib.TEMPLATE, np.int8)
 
   def assistant(self, content: str, limit: int | None = None) -> np.ndarray:
     """An assistant turn as the policy would emit it (demonstrations): content

@@ -1,7 +1,7 @@
 """Byte-level tokenizer with special tokens for tool calls, observations and answers.
 
 `HFTokenizer` wraps a Hugging Face tokenizer.json for imported checkpoints
-(agentic_rl/chat.py renders multi-turn chats with it).
+(agentic_text/chat.py renders multi-turn chats with it).
 
 Ids 0..255 are raw UTF-8 bytes; ids 256.. are special tokens. Encoding is lossless for
 any string; special tokens are never produced by `encode` (they are inserted explicitly

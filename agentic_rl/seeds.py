@@ -1,0 +1,234 @@
+"""Several seeds of one experiment in one vmapped XLA program.
+
+`train_seeds(config, seeds, workdir)` runs the main job's SFT -> RL loop for every
+seed at once: the per-seed `TrainState`s are stacked along a leading axis and the
+same jitted SFT / GRPO steps that `main.py` uses (`learner.make_sft_step`,
+`learner.make_rl_step`) are `jax.vmap`ped over it. The environment is JAX-native,
+so sampling tasks, rolling out, scoring and updating are all inside the vmap; seed
+s reproduces, up to float reassociation in batched matmuls, the run
+`python main.py --config=... --config.seed=s` would make (same initial params, same
+task stream, same sampling keys).
+
+Why: on this 2-core CPU a tiny model leaves most of each core idle at batch 64; a
+vmapped batch of S seeds fills it, so an S-seed sweep costs much less than S runs
+(`experiments/bench_seeds.py` measures the ratio).
+
+Resume: with a workdir, the stacked state is checkpointed (orbax, every
+`config.checkpoint.every_steps` and at the SFT/RL boundary and the end) and a re-run
+resumes from the latest checkpoint. The workdir's `config.json` (the config plus
+the list of seeds) is compared with the new one first, as `main.py` does
+(`train._check_resume_compatible`): a changed training setting or seed list is
+refused with one line naming each field, so a workdir never mixes two
+experiments. Held-out evaluation runs per seed with
+`train.evaluate` (the same greedy + pass@k report as `main.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from agentic_rl import checkpoint as checkpoint_lib
+from agentic_rl import learner
+from agentic_rl import train
+from agentic_rl import validation
+from agentic_rl.models import lora
+
+
+def _stack(trees: Sequence[Any]) -> Any:
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _index(tree: Any, i: int) -> Any:
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def train_seeds(
+    config: ml_collections.ConfigDict,
+    seeds: Sequence[int],
+    workdir: str | None = None,
+    *,
+    resume_free: Sequence[str] = (),
+) -> dict[str, Any]:
+  """Trains `len(seeds)` independent runs of `config` as one vmapped program.
+
+  Args:
+    config: an experiment config (configs/*.py); validated first. `config.seed`
+      is ignored in favour of `seeds`.
+    seeds: the seeds, e.g. (0, 1, 2).
+    workdir: optional folder for checkpoints (resume), per-seed eval reports
+      (`seed_<s>/eval_report.json`) and `curves.npz`; None keeps everything in
+      memory.
+    resume_free: top-level config sections whose changes a resume accepts on
+      top of main.py's (e.g. ('rl',) for an SFT-only run that arms with
+      different RL settings share; see `check_resume`).
+
+  Returns:
+    dict with 'sft' and 'rl': lists (one per seed, in `seeds` order) of the
+    held-out metric dicts of `train.evaluate`; 'curves': {metric name:
+    float64 [num_steps, S]} of every logged step metric (prefixed 'sft/' or
+    'rl/'); 'wall_s': training wall time of this call in seconds.
+
+  Raises:
+    ValueError: invalid config (names the field and value) or no seeds.
+    validation.ConfigError: the workdir holds a run of a different config or
+      seed list (names every differing field with its old and new value).
+  """
+  if not seeds:
+    raise ValueError("train_seeds: seeds must be non-empty")
+  validation.validate_config(config)
+  if workdir is not None:
+    workdir = os.path.abspath(workdir)
+    saved = check_resume(config, seeds, workdir, resume_free)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(saved.to_json_best_effort(indent=2))
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, states = None, []
+  for s in seeds:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.seed = int(s)
+    graphdef, st = train.init_state(c, model_cfg)
+    states.append(st)
+  state = _stack(states)
+  del states
+  sft_steps, rl_steps = config.sft.steps, config.rl.steps
+  total = sft_steps + rl_steps
+
+  start_rl = jax.jit(jax.vmap(lambda st: train.start_rl(config, st)))
+  ckpt = None
+  if workdir is not None:
+    ckpt = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        max_to_keep=config.checkpoint.max_to_keep,
+        save_interval_steps=config.checkpoint.every_steps,
+    )
+    latest = ckpt.latest_step()
+    if latest is not None:
+      if latest >= sft_steps:
+        state = start_rl(state)
+      state = ckpt.restore(state, step=latest)
+  if int(state.step[0]) == 0 and sft_steps == 0:
+    state = start_rl(state)
+
+  sft_step = jax.jit(jax.vmap(learner.make_sft_step(
+      config, env, graphdef, learner.make_optimizer(config.sft))), donate_argnums=0)
+  rl_step = jax.jit(jax.vmap(learner.make_rl_step(
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg)),
+      donate_argnums=0)
+
+  curves_path = None if workdir is None else os.path.join(workdir, "curves.npz")
+  curves: dict[str, list] = {}
+  if curves_path and os.path.exists(curves_path):
+    with np.load(curves_path) as f:
+      curves = {k: list(f[k]) for k in f.files}
+  sft_reports = None
+  sft_path = None if workdir is None else os.path.join(workdir, "eval_sft.json")
+  if sft_path and os.path.exists(sft_path):
+    with open(sft_path) as f:
+      sft_reports = json.load(f)
+
+  def evaluate_all(params_s):
+    return [train.evaluate(config, env, graphdef, _index(params_s, i), model_cfg)
+            for i in range(len(seeds))]
+
+  step = int(state.step[0])
+  # Curves saved after the restored checkpoint's step are dropped (re-run below).
+  for k in curves:
+    keep = min(step, sft_steps) if k.startswith("sft/") else max(0, step - sft_steps)
+    curves[k] = curves[k][:keep]
+  t0 = time.time()
+  while step < total:
+    phase = "sft" if step < sft_steps else "rl"
+    state, m = (sft_step if phase == "sft" else rl_step)(state)
+    step += 1
+    m = jax.device_get(m)
+    if not np.all(np.isfinite(m["loss"])):
+      raise FloatingPointError(f"non-finite {phase}/loss {m['loss']} at step {step}")
+    for k, v in m.items():  # one row per step of the phase
+      curves.setdefault(f"{phase}/{k}", []).append(
+          np.asarray(v, np.float64).reshape(len(seeds)))
+    if step == sft_steps:
+      state = start_rl(state)
+    if ckpt is not None and ckpt.save(step, state, force=step in (sft_steps, total)):
+      # Curves are written with each checkpoint (not every step); rows past the
+      # restored step are dropped on resume.
+      np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
+    if step >= sft_steps and sft_reports is None:
+      sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params))
+      if sft_path:
+        with open(sft_path, "w") as f:
+          json.dump(sft_reports, f, indent=2)
+  wall = time.time() - t0
+  if sft_reports is None:  # rl.steps == 0 and the run was already past SFT
+    sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params)
+                               if sft_steps else state.params)
+  rl_reports = evaluate_all(state.params)
+  if ckpt is not None:
+    ckpt.wait()
+    ckpt.close()
+  if workdir is not None:
+    for s, sft_r, rl_r in zip(seeds, sft_reports, rl_reports):
+      d = os.path.join(workdir, f"seed_{s}")
+      os.makedirs(d, exist_ok=True)
+      with open(os.path.join(d, "eval_report.json"), "w") as f:
+        json.dump({"sft": sft_r, "rl": rl_r}, f, indent=2)
+  return {
+      "sft": sft_reports,
+      "rl": rl_reports,
+      "curves": {k: np.stack(v) for k, v in curves.items()},
+      "wall_s": wall,
+      "params": state.params,
+  }
+
+
+def check_resume(config: ml_collections.ConfigDict, seeds: Sequence[int],
+                 workdir: str, resume_free: Sequence[str] = ()
+                 ) -> ml_collections.ConfigDict:
+  """Refuses to resume a workdir that holds a run of another config or seed list.
+
+  The config plus `seeds` is compared with the workdir's config.json by
+  `train._check_resume_compatible` (main.py's rule: only evaluation, logging,
+  checkpointing, mesh, microbatching and rl.steps may change). Sections named
+  in `resume_free` are taken from the saved config before the comparison, so
+  their changes are accepted. Nothing is written.
+
+  Returns:
+    The config to save in the workdir (`config_with_seeds(config, seeds)`).
+
+  Raises:
+    validation.ConfigError: naming every refused field with old and new value.
+  """
+  saved = config_with_seeds(config, seeds)
+  checked = saved
+  path = os.path.join(workdir, "config.json")
+  if resume_free and os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    d = json.loads(saved.to_json_best_effort())
+    d.update({k: old[k] for k in resume_free if k in old})
+    checked = ml_collections.ConfigDict(d)
+  train._check_resume_compatible(checked, workdir)  # pylint: disable=protected-access
+  return saved
+
+
+def config_with_seeds(config: ml_collections.ConfigDict,
+                      seeds: Sequence[int]) -> ml_collections.ConfigDict:
+  """The config `train_seeds` saves and checks on resume: `config` plus `seeds`
+  (a list of ints; `config.seed` is ignored by `train_seeds`)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.seeds = [int(s) for s in seeds]
+  return c
+
+
+def unstack(tree: Any, n: int) -> list[Any]:
+  """Splits a pytree stacked over seeds into n per-seed pytrees."""
+  return [_index(tree, i) for i in range(n)]

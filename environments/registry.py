@@ -1,0 +1,35 @@
+"""The environments that wrap no other one, by config name (`env.name`).
+
+Wrappers (`budget.BudgetEnv`) build their inner environment from this table;
+`environments.REGISTRY` adds the wrappers to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from environments import arithmetic
+from environments import clarification
+from environments import kv_chain
+from environments import schema_calls
+
+
+def _lazy(module: str, name: str):
+  """Constructor that imports a host environment's module on first use (their
+  optional dependencies, e.g. bfcl-eval, are only needed when selected)."""
+  def make_env(**kwargs):
+    return getattr(importlib.import_module(module), name)(**kwargs)
+  make_env.__name__ = name
+  return make_env
+
+
+BASE_ENVS = {
+    "arithmetic": arithmetic.ArithmeticEnv,
+    "kv_chain": kv_chain.KVChainEnv,
+    "schema_calls": schema_calls.SchemaCallsEnv,
+    "clarification": clarification.ClarificationEnv,
+    # Host environments (environments/host/README.md).
+    "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
+    "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
+    "reasoning_gym": _lazy("environments.host.reasoning_gym_env", "ReasoningGymEnv"),
+}
