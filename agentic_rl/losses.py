@@ -8,12 +8,16 @@ unaggregated; `aggregate` (or `token_mean`) reduces them. An entropy bonus is
 `aggregate(entropy_bl, mask_bl, mode)` scaled by its coefficient; it needs no
 function of its own.
 
-Config validation uses `LOSS_TYPES`, `AGG_MODES` and `KL_ESTIMATORS`.
+`POLICY_LOSSES` is the table of policy-loss types by `rl.loss_type` (the
+learner looks them up there); config validation uses `LOSS_TYPES` (its keys),
+`AGG_MODES` and `KL_ESTIMATORS`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+from typing import Any, Callable
 
 import chex
 import jax
@@ -27,8 +31,6 @@ from flax import nnx
 # w.r.t. logp is 0 wherever the clamp is active.
 KL_LOG_RATIO_CLAMP = 20.0
 
-# Policy-loss types, for config validation (`rl.loss_type`).
-LOSS_TYPES = ("ppo", "gspo", "gspo_token", "cispo", "flowrl")
 # Loss-aggregation modes, see `aggregate`.
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # Per-token KL(pi || pi_ref) estimators, see `kl_estimate`.
@@ -793,3 +795,94 @@ def masked_mean_pool(h_bld: jax.Array, mask_bl: jax.Array) -> jax.Array:
   """[B, D] mean of h over the positions where mask (e.g. PROMPT role) is set."""
   m = mask_bl.astype(h_bld.dtype)[..., None]
   return jnp.sum(h_bld * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+
+
+# ----------------------------------------------------------------------------
+# The policy-loss table (`rl.loss_type`).
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossInputs:
+  """What a policy-loss entry of `POLICY_LOSSES` may read (one micro-batch).
+
+  Attributes:
+    logp: [B, L] float32 log-probs under the current parameters (with grad).
+    behaviour_logp: [B, L] float32 behaviour log-probs of the ratio.
+    advantage: [B, L] float32 per-token advantages.
+    mask: [B, L] bool POLICY-token loss mask.
+    ref_logp: [B, L] float32 reference-model log-probs.
+    denominator: the aggregation denominator of the optimizer batch
+      (`aggregation_denominator`), or None for this batch's own.
+    reward_hat: [B] float32 FlowRL's normalised episode reward, else None.
+    log_z: [B] float32 FlowRL's log-partition output, else None.
+  """
+
+  logp: jax.Array
+  behaviour_logp: jax.Array
+  advantage: jax.Array
+  mask: jax.Array
+  ref_logp: jax.Array
+  denominator: Any = None
+  reward_hat: jax.Array | None = None
+  log_z: jax.Array | None = None
+
+
+# Uniform signature of a policy-loss entry: fn(inputs: PolicyLossInputs,
+# rl_cfg) -> (pg_bl [B, L] float32 per-token loss, ratio_bl [B, L] float32
+# importance ratio, loss: a float32 scalar that replaces the aggregated pg_bl,
+# or None to aggregate pg_bl by `rl.loss_agg_mode`). A new loss type is one
+# function plus one entry here.
+PolicyLossFn = Callable[[PolicyLossInputs, Any], tuple[jax.Array, jax.Array,
+                                                       jax.Array | None]]
+
+
+def _ppo_policy_loss(x: PolicyLossInputs, rl_cfg):
+  """'ppo': `clipped_surrogate` with clip_low / clip_high and the optional
+  dual clip (`rl.dual_clip` > 0); arXiv:1707.06347, arXiv:2503.14476,
+  arXiv:1912.09729."""
+  pg, ratio = clipped_surrogate(
+      x.logp, x.behaviour_logp, x.advantage, rl_cfg.clip_low, rl_cfg.clip_high,
+      dual_clip=rl_cfg.dual_clip if rl_cfg.dual_clip > 0 else None,
+  )
+  return pg, ratio, None
+
+
+def _cispo_policy_loss(x: PolicyLossInputs, rl_cfg):
+  """'cispo': `cispo_loss`, clipped importance-sampling weights
+  (arXiv:2506.13585)."""
+  pg, ratio = cispo_loss(x.logp, x.behaviour_logp, x.advantage,
+                         rl_cfg.clip_low, rl_cfg.clip_high)
+  return pg, ratio, None
+
+
+def _gspo_policy_loss(x: PolicyLossInputs, rl_cfg):
+  """'gspo' and 'gspo_token': `gspo_token_loss` (arXiv:2507.18071). With
+  seq-mean-token-mean aggregation (enforced for 'gspo' by validation)
+  GSPO-token's loss equals GSPO's sequence-level loss."""
+  pg, ratio = gspo_token_loss(x.logp, x.behaviour_logp, x.advantage, x.mask,
+                              rl_cfg.clip_low, rl_cfg.clip_high)
+  return pg, ratio, None
+
+
+def _flowrl_policy_loss(x: PolicyLossInputs, rl_cfg):
+  """'flowrl': `flowrl_loss` (arXiv:2509.15207) with beta `rl.flowrl_beta` and
+  clip `rl.flowrl_clip`; the per-token pg is 0 and the scalar loss replaces
+  its aggregate."""
+  flow, _ = flowrl_loss(
+      x.logp, x.behaviour_logp, x.ref_logp, x.mask, x.reward_hat, x.log_z,
+      beta=rl_cfg.flowrl_beta, clip_eps=rl_cfg.flowrl_clip,
+      denominator=x.denominator)
+  ratio = jnp.exp(x.logp - x.behaviour_logp)
+  return jnp.zeros_like(x.logp), ratio, flow
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "ppo": _ppo_policy_loss,
+    "gspo": _gspo_policy_loss,
+    "gspo_token": _gspo_policy_loss,
+    "cispo": _cispo_policy_loss,
+    "flowrl": _flowrl_policy_loss,
+}
+# Policy-loss types, for config validation (`rl.loss_type`).
+LOSS_TYPES = tuple(POLICY_LOSSES)

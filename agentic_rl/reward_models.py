@@ -51,7 +51,8 @@ from agentic_rl.models import transformer
 KINDS = ("outcome", "process")
 PRM_AGGREGATIONS = ("log_prod", "min")
 ENSEMBLE_REDUCTIONS = ("mean", "min")
-BOUNDED_TRANSFORMS = ("sigmoid", "tanh", "none")
+# The bounded score transforms (one table: rewards.SCORE_TRANSFORMS).
+BOUNDED_TRANSFORMS = rewards.RM_TRANSFORMS
 
 
 # ---------------------------------------------------------------------------
@@ -543,17 +544,20 @@ def average_params(params_list: Sequence[Any], weights: Sequence[float] | None =
 
 def rm_reward(
     score_b: jax.Array, transform: str = "sigmoid", ref: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float = 1.0, eta: float = 0.0,
 ) -> jax.Array:
   """A learned-RM score as a bounded reward component.
 
-  'sigmoid': rewards.saturating_transform, sigma((r - ref) / T) in (0, 1) (PAR,
-  Fu et al.; see rewards.py); 'tanh': tanh((r - ref) / T) in (-1, 1); 'none': r.
+  One table of transforms for every learned score: `rewards.SCORE_TRANSFORMS`
+  through `rewards.bounded_score` ('sigmoid': sigma((r - ref) / T) in (0, 1),
+  PAR; 'tanh': tanh((r - ref) / T) in (-1, 1); 'clip': min(r - eta, 0);
+  'none': r).
 
   Args:
     score_b: float [B] RM scores.
-    transform: 'sigmoid', 'tanh' or 'none'.
+    transform: a key of `rewards.SCORE_TRANSFORMS`.
     ref, temperature: centre and scale (> 0).
+    eta: threshold of 'clip'.
 
   Returns:
     float32 [B].
@@ -561,13 +565,8 @@ def rm_reward(
   Raises:
     ValueError: unknown transform.
   """
-  if transform == "sigmoid":
-    return rewards.saturating_transform(score_b, ref, temperature)
-  if transform == "tanh":
-    return jnp.tanh((jnp.asarray(score_b, jnp.float32) - ref) / temperature)
-  if transform == "none":
-    return jnp.asarray(score_b, jnp.float32)
-  raise ValueError(f"transform must be one of {BOUNDED_TRANSFORMS}, got {transform!r}")
+  return rewards.bounded_score(transform, score_b, ref=ref,
+                               temperature=temperature, eta=eta)
 
 
 def overoptimization_gap(rm_reward_b: jax.Array, verified_b: jax.Array) -> dict[str, jax.Array]:

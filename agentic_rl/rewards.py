@@ -493,9 +493,6 @@ def dual_path_efficiency_reward(
       jnp.float32)
 
 
-RM_TRANSFORMS = ("sigmoid", "tanh", "clip", "none")
-
-
 def rm_reward(
     traj: types.Trajectory,
     *,
@@ -508,10 +505,8 @@ def rm_reward(
 
   s = facts['rm_score'], the RM's episode logit written by the learner when
   `rl.reward_model_dir` is set (reward_models.trajectory_rm_outputs: the ORM
-  score, or logit(P) of a process RM). Transforms (defined below):
-  'sigmoid': saturating_transform sigma((s - ref) / temperature) in (0, 1) (PAR);
-  'tanh': tanh((s - ref) / temperature) in (-1, 1); 'clip': clip_transform
-  min(s - eta, 0) <= 0; 'none': s.
+  score, or logit(P) of a process RM), mapped by the `SCORE_TRANSFORMS` entry
+  `transform` ('sigmoid', 'tanh', 'clip' or 'none'; see `bounded_score`).
 
   Returns:
     [B] float32.
@@ -519,17 +514,8 @@ def rm_reward(
   Raises:
     ValueError: unknown transform (at trace time; validated with the config).
   """
-  s = traj.facts["rm_score"].astype(jnp.float32)
-  if transform == "sigmoid":
-    return saturating_transform(s, ref, temperature)
-  if transform == "tanh":
-    return jnp.tanh((s - ref) / temperature).astype(jnp.float32)
-  if transform == "clip":
-    return clip_transform(s, eta)
-  if transform == "none":
-    return s
-  raise ValueError(f"rl.reward_params.rm.transform={transform!r}: unknown; known: "
-                   f"{RM_TRANSFORMS}")
+  return bounded_score(transform, traj.facts["rm_score"], ref=ref,
+                       temperature=temperature, eta=eta)
 
 
 REWARD_COMPONENTS: dict[str, RewardFn] = {
@@ -682,6 +668,70 @@ def saturating_transform(
   return jax.nn.sigmoid(x).astype(jnp.float32)
 
 
+# Bounded maps of a learned score s [B] (e.g. a frozen reward model's logit)
+# to a reward. Uniform signature of an entry: fn(s_b float32 [B], *, ref,
+# temperature, eta) -> [B] float32; arguments an entry does not use are
+# ignored. Used by the `rm` reward component (`rm_reward`) and by
+# reward_models.rm_reward; config name `rl.reward_params.rm.transform`.
+ScoreTransformFn = Callable[..., jax.Array]
+
+
+def _score_sigmoid(s_b, *, ref, temperature, eta):
+  """sigma((s - ref) / temperature) in (0, 1): `saturating_transform` (PAR,
+  Fu et al., "Reward Shaping to Mitigate Reward Hacking in RLHF"; inferred)."""
+  del eta
+  return saturating_transform(s_b, ref, temperature)
+
+
+def _score_tanh(s_b, *, ref, temperature, eta):
+  """tanh((s - ref) / temperature) in (-1, 1)."""
+  del eta
+  return jnp.tanh((s_b - ref) / temperature).astype(jnp.float32)
+
+
+def _score_clip(s_b, *, ref, temperature, eta):
+  """min(s - eta, 0) <= 0: `clip_transform` (Gao et al., arXiv:2410.15115)."""
+  del ref, temperature
+  return clip_transform(s_b, eta)
+
+
+def _score_none(s_b, *, ref, temperature, eta):
+  """s unchanged (float32)."""
+  del ref, temperature, eta
+  return s_b
+
+
+SCORE_TRANSFORMS: dict[str, ScoreTransformFn] = {
+    "sigmoid": _score_sigmoid,
+    "tanh": _score_tanh,
+    "clip": _score_clip,
+    "none": _score_none,
+}
+RM_TRANSFORMS = tuple(SCORE_TRANSFORMS)
+
+
+def bounded_score(name: str, s_b: jax.Array, *, ref: float = 0.0,
+                  temperature: float = 1.0, eta: float = 0.0) -> jax.Array:
+  """A learned score mapped by the `SCORE_TRANSFORMS` entry `name`.
+
+  Args:
+    name: 'sigmoid', 'tanh', 'clip' or 'none' (a Python str).
+    s_b: [B] float scores (cast to float32 first).
+    ref, temperature: centre and scale (> 0) of 'sigmoid' and 'tanh'.
+    eta: threshold of 'clip'.
+
+  Returns:
+    [B] float32.
+
+  Raises:
+    ValueError: unknown transform name.
+  """
+  if name not in SCORE_TRANSFORMS:
+    raise ValueError(f"transform={name!r}: unknown; known: {RM_TRANSFORMS}")
+  s = jnp.asarray(s_b, jnp.float32)
+  return SCORE_TRANSFORMS[name](s, ref=ref, temperature=temperature, eta=eta)
+
+
 def gated_accumulation(
     outcome_b: jax.Array,
     step_rewards_bk: jax.Array,
@@ -728,8 +778,6 @@ def gated_accumulation(
 # fact 'valid_call_turn' [K]), 0 for any other call; repeats are paid again,
 # so the score is hackable by design (experiments/step_hacking).
 STEP_REWARDS = ("none", "valid_call")
-# `rl.step_reward_transform`: how the scored steps enter the per-turn rewards.
-STEP_REWARD_TRANSFORMS = ("sum", "clip", "delta", "delta_drop", "min", "gated")
 
 
 def min_form_turn_rewards(
@@ -768,6 +816,69 @@ def min_form_turn_rewards(
   v = jnp.where(jnp.isinf(v), 0.0, v)
   v_next = jnp.concatenate([v[:, 1:], jnp.zeros_like(v[:, :1])], axis=1)
   return jnp.where(m, v - v_next, 0.0).astype(jnp.float32)
+
+
+# `rl.step_reward_transform`: how the scored steps enter the per-turn rewards.
+# Uniform signature of an entry: fn(p_bk, scored_bk, turn_mask_bk, outcome_b,
+# *, eta, gate_threshold) -> [B, K] float32 unscaled step rewards, where p_bk
+# [B, K] float32 is already 0 off the scored turns, scored_bk and
+# turn_mask_bk are [B, K] bool (scored is a subset of the valid turns) and
+# outcome_b [B] is the episode's outcome reward. `step_turn_rewards` masks the
+# result to the valid turns and multiplies it by the coefficient. A new
+# transform is one function plus one entry here.
+StepTransformFn = Callable[..., jax.Array]
+
+
+def _step_sum(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'sum': s'_k = p_k, the naive sum-form process reward (unbounded)."""
+  del s, m, outcome_b, eta, gate_threshold
+  return p
+
+
+def _step_clip(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'clip': s'_k = min(p_k - eta, 0) on scored turns (`clip_transform`;
+  Gao et al., arXiv:2410.15115, inferred form)."""
+  del m, outcome_b, gate_threshold
+  return jnp.where(s, clip_transform(p, eta), 0.0)
+
+
+def _step_delta(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'delta': s'_k = p_k - p_next(k), the last scored turn keeps p_k
+  (`delta_transform`; arXiv:2410.15115, inferred form)."""
+  del m, outcome_b, eta, gate_threshold
+  return delta_transform(p, s)
+
+
+def _step_delta_drop(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'delta_drop': as 'delta' but the last scored turn gets 0 (the paper's
+  figure; arXiv:2410.15115)."""
+  del m, outcome_b, eta, gate_threshold
+  return delta_transform(p, s, keep_last=False)
+
+
+def _step_min(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'min': PURE's min-form V_k - V_{k+1}, V_k = min_{j >= k} p_j
+  (`min_form_turn_rewards`; arXiv:2504.15275)."""
+  del outcome_b, eta, gate_threshold
+  return min_form_turn_rewards(p, s, m)
+
+
+def _step_gated(p, s, m, outcome_b, *, eta, gate_threshold):
+  """'gated': s'_k = p_k 1[outcome_b >= gate_threshold] (G-RA, inferred)."""
+  del s, m, eta
+  gate_b = jnp.asarray(outcome_b, jnp.float32) >= gate_threshold
+  return jnp.where(gate_b[:, None], p, 0.0)
+
+
+STEP_TRANSFORMS: dict[str, StepTransformFn] = {
+    "sum": _step_sum,
+    "clip": _step_clip,
+    "delta": _step_delta,
+    "delta_drop": _step_delta_drop,
+    "min": _step_min,
+    "gated": _step_gated,
+}
+STEP_REWARD_TRANSFORMS = tuple(STEP_TRANSFORMS)
 
 
 def step_turn_rewards(
@@ -812,7 +923,7 @@ def step_turn_rewards(
     scored_bk: [B, K] bool turns with a step score.
     turn_mask_bk: [B, K] bool valid turns (a prefix per row).
     outcome_b: [B] float outcome reward (read by 'gated' only).
-    transform: one of STEP_REWARD_TRANSFORMS.
+    transform: a key of `STEP_TRANSFORMS` (= STEP_REWARD_TRANSFORMS).
     coef: c, the step-reward coefficient (reward units per unit score).
     eta: clip threshold in score units ('clip' only).
     gate_threshold: tau ('gated' only).
@@ -834,19 +945,8 @@ def step_turn_rewards(
   m = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
   s = jnp.asarray(scored_bk).astype(jnp.bool_) & m
   p = jnp.where(s, jnp.asarray(p_bk, jnp.float32), 0.0)
-  if transform == "sum":
-    out = p
-  elif transform == "clip":
-    out = jnp.where(s, clip_transform(p, eta), 0.0)
-  elif transform == "delta":
-    out = delta_transform(p, s)
-  elif transform == "delta_drop":
-    out = delta_transform(p, s, keep_last=False)
-  elif transform == "min":
-    out = min_form_turn_rewards(p, s, m)
-  else:  # gated
-    gate_b = jnp.asarray(outcome_b, jnp.float32) >= gate_threshold
-    out = jnp.where(gate_b[:, None], p, 0.0)
+  out = STEP_TRANSFORMS[transform](p, s, m, outcome_b, eta=eta,
+                                   gate_threshold=gate_threshold)
   return jnp.where(m, coef * out, 0.0).astype(jnp.float32)
 
 

@@ -17,12 +17,14 @@ from typing import Any
 import jax
 import ml_collections
 
-from agentic_rl import advantages
 from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import reward_models
 from agentic_rl import rewards
 from agentic_text import tokenizers
+from agentic_rl.learner import behaviour as learner_behaviour
+from agentic_rl.learner import potentials as learner_potentials
+from agentic_rl.learner import token_credit
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -197,7 +199,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if mb_rows % rl.num_microbatches:
     _fail("rl.num_microbatches", rl.num_microbatches,
           f"must divide the minibatch size ({mb_rows} episodes)")
-  known_estimators = sorted(advantages.ESTIMATORS) + ["hdpo", "gigpo", "gae"]
+  known_estimators = list(token_credit.ADVANTAGE_ESTIMATORS)
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
@@ -371,11 +373,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
   potential = config.rl.get("pbrs_potential", "progress")
-  if potential not in ("progress", "trace", "value", "spa", "rm",
-                       "obs_prediction"):
+  if potential not in learner_potentials.POTENTIALS:
     _fail("rl.pbrs_potential", potential,
-          "must be 'progress', 'trace', 'value', 'spa', 'rm' or "
-          "'obs_prediction'")
+          f"unknown; known: {tuple(learner_potentials.POTENTIALS)}")
   if config.rl.get("pbrs_cutoff", "keep") not in ("keep", "zero"):
     _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep' or 'zero'")
   _validate_policy_optimisation(config)
@@ -417,7 +417,7 @@ def _validate_policy_optimisation(config) -> None:
   """GAE / value head, FlowRL and behaviour log-prob switches."""
   rl = config.rl
   beh = rl.get("behaviour_logprobs", "trainer")
-  if beh not in ("trainer", "sampler"):
+  if beh not in learner_behaviour.BEHAVIOUR_LOGPROBS:
     _fail("rl.behaviour_logprobs", beh, "must be 'trainer' or 'sampler'")
   value_potential = (rl.get("pbrs_potential", "progress") == "value"
                      and rl.get("pbrs_coef", 0.0) > 0)

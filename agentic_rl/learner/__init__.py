@@ -1,0 +1,89 @@
+"""Update functions: loss -> grads -> optax, one jitted program per iteration.
+
+`make_sft_step` and `make_rl_step` read the config once and return pure functions
+`step(state) -> (state, metrics)`; the data for step s is generated inside from
+fold_in(key, s), so a whole iteration (task sampling, multi-turn rollout, rewards,
+advantages, reference log-probs and the PPO epochs) is one XLA program.
+
+One module per stage:
+
+  common.py        optimizer, POLICY mask, the teacher-forced `policy_forward`
+  sft.py           SFT loss, gradient accumulation, `make_sft_step`
+  collect.py       `make_collect_fn`: rollout -> rewards -> potentials ->
+                   reference / behaviour log-probs -> advantages -> batch
+  potentials.py    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
+  token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token
+                   advantages by `rl.advantage_estimator` / `rl.credit`
+  behaviour.py     trainer-side behaviour log-probs (`rl.behaviour_logprobs`)
+  update.py        the RL loss (policy loss from `losses.POLICY_LOSSES`) and
+                   the PPO epochs, `make_update_fn`
+  rl_step.py       `make_rl_step`: collect + update + state bookkeeping
+
+The names below are re-exported so that `learner.make_rl_step` etc. work.
+"""
+
+from agentic_rl import sampling  # noqa: F401  (tests patch learner.sampling)
+from agentic_rl.learner.behaviour import (
+    BEHAVIOUR_LOGPROBS,
+    behaviour_forward,
+    masked_behaviour_logprobs,
+)
+from agentic_rl.learner.collect import (
+    dual_path_tool_free,
+    inject_replay,
+    make_collect_fn,
+    make_host_rollout_fn,
+    obs_prediction_info,
+    prompt_embedding,
+)
+from agentic_rl.learner.common import (
+    StepFn,
+    make_optimizer,
+    policy_forward,
+    policy_mask,
+)
+from agentic_rl.learner.potentials import (
+    POTENTIALS,
+    uses_spa,
+    value_potential,
+)
+from agentic_rl.learner.rl_step import (
+    dual_coef_update,
+    dual_path_metrics,
+    init_rl_extras,
+    make_rl_step,
+)
+from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
+from agentic_rl.learner.token_credit import (
+    ADVANTAGE_ESTIMATORS,
+    EPISODE_ESTIMATORS,
+    TURN_ESTIMATORS,
+    dense_aux_advantages,
+    gae_token_advantages,
+    last_policy_reward,
+    pbrs_terminated,
+    step_reward_on,
+    step_rewards_bk,
+    token_advantages,
+)
+from agentic_rl.learner.update import (
+    _rl_loss,
+    log_partition_graphdef,
+    make_log_partition_optimizer,
+    make_update_fn,
+    uses_values,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "BEHAVIOUR_LOGPROBS", "EPISODE_ESTIMATORS",
+    "POTENTIALS", "StepFn", "TURN_ESTIMATORS", "_rl_loss", "behaviour_forward",
+    "dense_aux_advantages", "dual_coef_update", "dual_path_metrics",
+    "dual_path_tool_free", "gae_token_advantages", "init_rl_extras",
+    "inject_replay", "last_policy_reward", "log_partition_graphdef",
+    "make_collect_fn", "make_host_rollout_fn", "make_log_partition_optimizer",
+    "make_optimizer", "make_rl_step", "make_sft_step", "make_update_fn",
+    "masked_behaviour_logprobs", "obs_prediction_info", "pbrs_terminated",
+    "policy_forward", "policy_mask", "prompt_embedding", "sft_grad", "sft_loss",
+    "step_reward_on", "step_rewards_bk", "token_advantages", "uses_spa",
+    "uses_values", "value_potential",
+]

@@ -1,0 +1,503 @@
+"""Collect stage: rollout, rewards, potentials, reference and behaviour
+log-probs, advantages, packed into the learner batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentic_rl import batch_policies
+from agentic_rl import credit
+from agentic_rl import losses
+from agentic_rl import replay as replay_lib
+from agentic_rl import reward_models
+from agentic_rl import host_rollout
+from agentic_rl import rewards
+from agentic_rl import rollout
+from agentic_rl import sampling
+from agentic_rl import tree_rollout
+from agentic_rl import sharding
+from agentic_rl import types
+from agentic_rl.models import lora as lora_lib
+from agentic_rl.models import transformer
+from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
+from agentic_rl.learner.common import policy_mask
+from agentic_rl.learner.potentials import PotentialContext, compute_potential
+from agentic_rl.learner.token_credit import (
+    dense_aux_advantages,
+    gae_token_advantages,
+    step_reward_on,
+    step_rewards_bk,
+    token_advantages,
+)
+from agentic_rl.learner.update import uses_values
+
+
+def prompt_embedding(graphdef: nnx.GraphDef, params,
+                     traj: types.Trajectory) -> jax.Array:
+  """[B, D] float32 mean of the policy's final hidden states over PROMPT tokens.
+
+  The input of FlowRL's log-partition network (arXiv:2509.15207 feeds the
+  policy's prompt hidden states to it); computed once per batch with the
+  parameters that sampled it and treated as a constant feature
+  (stop_gradient: the log Z loss does not train the policy's trunk; the
+  authors' code lets that gradient through, our choice differs).
+  """
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(traj.tokens)
+  pooled = losses.masked_mean_pool(hidden_bld.astype(jnp.float32),
+                                   traj.role == types.PROMPT)
+  return jax.lax.stop_gradient(pooled)
+
+
+def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
+                        traj: types.Trajectory) -> dict[str, jax.Array]:
+  """Dark-room diagnostics of a batch (docs/papers.md), float32 scalars.
+
+  Args:
+    prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
+      batch (probability of each token under the policy; arg-max hit).
+    traj: the batch (role, finish, num_turns).
+
+  Returns:
+    obs_pred_prob: mean probability of the observation (TOOL) tokens;
+    obs_pred_acc: share of TOOL tokens that are the arg-max prediction (both
+    over all TOOL tokens of the batch, 0 without any); horizon_rate: share of
+    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED). Mean
+    assistant turns per episode are logged in every run as 'turns'.
+  """
+  obs = traj.role == types.TOOL
+  n = jnp.maximum(jnp.sum(obs.astype(jnp.float32)), 1.0)
+  horizon = (traj.finish == types.MAX_TURNS) | (traj.finish == types.TRUNCATED)
+  return {
+      "obs_pred_prob": jnp.sum(jnp.where(obs, prob_bl, 0.0)) / n,
+      "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
+      "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
+  }
+
+
+def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
+  """[num_rows] bool: the last `num_free` rows of every contiguous group of
+  `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
+  EAPO, docs/papers.md); None when num_free is 0."""
+  if num_free <= 0:
+    return None
+  return (jnp.arange(num_rows) % group_size) >= group_size - num_free
+
+
+def inject_replay(buf, traj: types.Trajectory, reward_b: jax.Array,
+                  group_size: int, success_threshold: float):
+  """`rl.replay_inject`: buffered successes replace the last row of failed groups.
+
+  The injected rows take the buffered episode's tokens, roles, behaviour
+  log-probs, turn indices and reward (`replay.inject_into_failed_groups`),
+  and num_turns = 1 + its largest turn index, so per-turn estimators (GiGPO)
+  see the injected episode's own turns. Facts and finish stay the replaced
+  row's (validation rules out the switches that read them).
+
+  Args:
+    buf: the `replay.ReplayBuffer`.
+    traj: the fresh batch (B = groups * group_size rows, group-major).
+    reward_b: [B] float32 rewards of the fresh batch.
+    group_size: K (static).
+    success_threshold: reward counting as a success.
+
+  Returns:
+    (train_traj, reward [B] float32, injected [B] bool).
+  """
+  tokens, role, logprob, turn, reward, injected = (
+      replay_lib.inject_into_failed_groups(
+          buf, traj.tokens, traj.role, traj.logprob, traj.turn, reward_b,
+          group_size, success_threshold))
+  num_turns = jnp.where(injected, jnp.max(turn, axis=1) + 1, traj.num_turns)
+  return (traj.replace(tokens=tokens, role=role, logprob=logprob, turn=turn,
+                       num_turns=num_turns.astype(traj.num_turns.dtype)),
+          reward, injected)
+
+
+def make_collect_fn(config, env, graphdef: nnx.GraphDef,
+                    model_config: transformer.TransformerConfig,
+                    reward_model: reward_models.FrozenRewardModel | None = None):
+  """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
+  parts, adv_b, info, extras)`.
+
+  `first_traj`: the first round's rollout when it was made outside the jitted
+  program (host environments, see `make_host_rollout_fn`); None rolls out here.
+
+  `reward_model` (with its params in `state.reward_model`, set when
+  `rl.reward_model_dir` is): every rollout round is scored by the frozen RM in
+  one batched pass (reward_models.trajectory_rm_outputs), stored as env facts
+  'rm_score' [B] (read by the `rm` reward component) and 'rm_potential'
+  [B, K + 1] (the PBRS potential when `rl.pbrs_potential` is 'rm').
+
+  Samples `rl.batch_size // rl.group_size` tasks from fold_in(rng, step), repeats
+  each `rl.group_size` times contiguously (group = task index), rolls them out with
+  the current policy, scores them, computes the advantages and the reference
+  model's log-probs (once per batch), and packs the learner batch.
+
+  The pipeline, one named stage each (all inside one jitted program):
+
+    1. `sample_batch`       rollout round(s), frozen-RM scores, rewards, DAPO
+                            dynamic sampling (`rl.dynamic_sampling_*`)
+    2. `loss_mask`          POLICY mask, dual-path tool-free rows, overlong
+    3. `shaping_terms`      likelihood reward, the PBRS potential
+                            (`potentials.POTENTIALS`), dark-room diagnostics,
+                            dense auxiliary advantages, dual-ascent penalty
+    4. `replay_stage`       replay insertion / injection, SIL samples
+    5. `reference_stage`    reference log-probs, KL-in-reward
+    6. `behaviour_stage`    trainer-side behaviour log-probs and values V_old
+    7. `advantage_stage`    GAE or `token_advantages` (the estimator tables)
+    8. `pack_batch`         the learner batch (FlowRL, SIL, aux and
+                            next-observation-prediction keys)
+
+  Also once per batch, before the update and with the sampling parameters:
+  trainer-side behaviour log-probs (`rl.behaviour_logprobs='trainer'`, with
+  the sampler/trainer mismatch in `info`), behaviour values V_old and their
+  targets (`rl.advantage_estimator='gae'`: GAE advantages replace the
+  estimator; `rl.pbrs_potential='value'`: V(s_k) as the PBRS potential and
+  Monte-Carlo targets for the head), and FlowRL's `reward_hat` (the
+  episode-level advantage) and `prompt_embedding`.
+  """
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
+  num_tasks = rl_cfg.batch_size // group_size
+  max_turns = env.max_turns
+  temperature = rl_cfg.temperature
+  reward_fn = rewards.reward_fn_from_config(config.rl)
+  sft_steps = config.sft.steps
+  over = rl_cfg.dynamic_sampling_oversample
+  tree_branching = tuple(rl_cfg.tree_branching)
+  num_free = rl_cfg.dual_path_tool_free  # dual-path tool-free rows per group
+  with_values = uses_values(rl_cfg)
+  trainer_beh = rl_cfg.behaviour_logprobs == "trainer"
+
+  def sample_round(state, round_key, noise_key, num_groups, traj=None):
+    """Rolls out num_groups groups of group_size episodes and scores them.
+
+    `traj`: the round's trajectory when it was rolled out outside this program
+    (host environments: `make_host_rollout_fn` with the same keys).
+    """
+    task_key, sample_key = jax.random.split(round_key)
+    if traj is None and tree_branching:
+      tasks = env.sample_tasks(task_key, num_groups)
+      # PORTool tree: each group is one task's tree of group_size leaves.
+      traj = tree_rollout.tree_rollout(
+          env, tasks, sample_key, max_len=config.max_len,
+          branching=tree_branching, graphdef=graphdef, params=state.params,
+          model_config=model_config, temperature=temperature)
+    elif traj is None:
+      tasks = env.sample_tasks(task_key, num_groups)
+      tasks = sharding.constrain_batch(
+          jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks))
+      group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
+      traj = rollout.rollout(
+          env, tasks, sample_key, max_len=config.max_len, group=group,
+          graphdef=graphdef, params=state.params, model_config=model_config,
+          temperature=temperature,
+          tool_free=dual_path_tool_free(num_groups * group_size, group_size,
+                                        num_free),
+      )
+    if reward_model is not None:
+      # Frozen learned RM: episode score and per-state potentials, one pass.
+      rm_out = reward_models.trajectory_rm_outputs(
+          reward_model, state.reward_model, traj.tokens, traj.role, traj.turn,
+          max_turns)
+      traj = traj.replace(facts=dict(traj.facts, rm_score=rm_out["score"],
+                                     rm_potential=rm_out["potential"]))
+    # Reward schedules run on the RL step index (0 at the first RL iteration).
+    reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
+    if rl_cfg.overlong_soft_cache > 0:
+      reward = reward + batch_policies.soft_overlong_penalty(
+          jnp.sum(policy_mask(traj), axis=1), rl_cfg.overlong_soft_max,
+          rl_cfg.overlong_soft_cache)
+    return traj, reward, parts
+
+  def ds_metric_gk(traj, reward):
+    metric = (reward if rl_cfg.dynamic_sampling_metric == "reward"
+              else traj.facts["correct"].astype(jnp.float32))
+    return metric.reshape(-1, group_size)
+
+  def sample_batch(state, key, first_traj, info):
+    """Stage 1: (traj, reward [B], parts) of num_tasks groups.
+
+    DAPO dynamic sampling (`rl.dynamic_sampling_oversample` > 1): keep the
+    first num_tasks groups whose metric varies; with retries, roll out fresh
+    groups into the remaining slots (at most `rl.dynamic_sampling_max_retries`
+    more rounds, stopping once the batch is full).
+    """
+    num_sampled = num_tasks * over
+    traj, reward, parts = sample_round(
+        state, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2),
+        num_sampled, traj=first_traj)
+    if over <= 1:
+      return traj, reward, parts
+    keep, usable = batch_policies.select_groups(
+        ds_metric_gk(traj, reward), num_tasks)
+    kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
+    filled = jnp.sum(usable.astype(jnp.int32))
+    rounds = jnp.int32(1)
+    max_retries = rl_cfg.dynamic_sampling_max_retries
+    if max_retries > 0:
+      retry_key = jax.random.fold_in(key, 3)
+
+      def retry_cond(carry):
+        _, filled, r = carry
+        return (filled < num_tasks) & (r <= max_retries)
+
+      def retry_body(carry):
+        kept, filled, r = carry
+        round_key = jax.random.fold_in(retry_key, r)
+        new = sample_round(state, jax.random.fold_in(round_key, 1),
+                           jax.random.fold_in(round_key, 2), num_sampled)
+        kept, filled = batch_policies.refill_groups(
+            kept, filled, new, ds_metric_gk(new[0], new[1]), group_size)
+        return kept, filled, r + 1
+
+      kept, filled, rounds = jax.lax.while_loop(
+          retry_cond, retry_body, (kept, filled, rounds))
+    traj, reward, parts = kept
+    traj = traj.replace(
+        group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size))
+    info["usable_groups"] = filled.astype(jnp.float32) / num_tasks
+    info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
+    info["any_usable"] = filled > 0
+    return traj, reward, parts
+
+  def loss_mask(traj, reward):
+    """Stage 2: (reward [B], mask [B, L] bool) after the overlong policy."""
+    mask = policy_mask(traj)
+    if num_free > 0 and not rl_cfg.dual_path_train_tool_free:
+      # Tool-free episodes only measure tool necessity: no loss on them.
+      mask = mask & ~traj.facts["tool_free"][:, None]
+    return batch_policies.apply_overlong(
+        reward, mask, traj.finish, rl_cfg.overlong_mode, rl_cfg.overlong_reward)
+
+  def shaping_terms(ctx, reward, info, extras, dual_coef):
+    """Stage 3: (reward [B], phi_bk1 [B, K + 1] or None).
+
+    The likelihood reward (`rl.likelihood_coef`), the PBRS potential
+    (`potentials.compute_potential`), the dark-room diagnostics (logged when
+    next-observation prediction is used in any way or
+    `rl.log_obs_prediction`), the dense auxiliary advantages
+    (`rl.dense_as='aux_loss'`) and the dual-ascent penalty
+    (`rl.dual_constraint`).
+    """
+    traj = ctx.traj
+    if rl_cfg.likelihood_coef > 0:
+      lik = credit.likelihood_reward(ctx.gold_logprobs(), traj.num_turns,
+                                     traj.finish)
+      reward = reward + rl_cfg.likelihood_coef * lik
+      info["likelihood"] = jnp.mean(lik)
+    phi_bk1 = compute_potential(ctx)
+    if (rl_cfg.obs_prediction_coef > 0 or rl_cfg.log_obs_prediction
+        or (rl_cfg.pbrs_potential == "obs_prediction" and rl_cfg.pbrs_coef > 0)):
+      info.update(obs_prediction_info(*ctx.observation_scores(), traj))
+    if rl_cfg.dense_as == "aux_loss" and rl_cfg.pbrs_coef > 0:
+      extras["aux_advantage"] = dense_aux_advantages(
+          rl_cfg, traj, phi_bk1, max_turns)
+    if rl_cfg.dual_constraint:
+      # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
+      # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
+      dual_sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
+      g_b = traj.facts[rl_cfg.dual_constraint].astype(jnp.float32)
+      reward = reward - dual_sign * dual_coef * g_b
+      extras["dual_observed"] = jnp.mean(g_b)
+    return reward, phi_bk1
+
+  def replay_stage(state, key, traj, reward, mask, info, extras):
+    """Stage 4: (train_traj, reward, mask) with the replay buffer
+    (`rl.replay_capacity` > 0): injection of buffered successes into failed
+    groups (`rl.replay_inject`), SIL samples (`rl.sil_coef`), and the
+    buffer's insertion of this batch (extras['replay'])."""
+    if rl_cfg.replay_capacity <= 0:
+      return traj, reward, mask
+    train_traj = traj
+    threshold = rl_cfg.replay_success_threshold
+    fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
+    if rl_cfg.replay_inject:
+      train_traj, reward, injected = inject_replay(
+          state.replay, traj, reward, group_size, threshold)
+      mask = jnp.where(injected[:, None], train_traj.role == types.POLICY, mask)
+      info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
+    if rl_cfg.sil_coef > 0:
+      buf = state.replay
+      slots = replay_lib.sample_slots(
+          buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size)
+      extras["sil"] = {
+          "tokens": buf.tokens[slots],
+          "mask": buf.role[slots] == types.POLICY,
+          "return": buf.reward[slots],
+          "baseline": replay_lib.sil_baselines(buf.key[slots], fresh_keys,
+                                               reward),
+          "valid": buf.valid[slots],
+      }
+    extras["replay"] = replay_lib.insert(
+        state.replay, fresh_keys, traj.tokens, traj.role, traj.logprob,
+        reward, reward >= threshold, state.step, traj.turn)
+    info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
+    return train_traj, reward, mask
+
+  def reference_stage(ref_params, train_traj, reward, mask):
+    """Stage 5: (ref_logp [B, L], reward): the reference model's log-probs and
+    the KL-in-reward penalty (`rl.kl_reward_coef` > 0, no gradient, estimated
+    on the behaviour samples)."""
+    ref_logp, _ = sampling.token_logprobs(
+        graphdef, ref_params, train_traj.tokens, temperature)
+    if rl_cfg.kl_reward_coef > 0:
+      reward = losses.kl_penalized_rewards(
+          reward, train_traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
+          estimator=rl_cfg.kl_estimator)
+    return ref_logp, reward
+
+  def behaviour_stage(state, traj, train_traj, info, extras):
+    """Stage 6: (behaviour_logp [B, L], old_values [B, L] or None).
+
+    One teacher-forced pass with the sampling parameters, on the update's
+    micro-batch shapes (`behaviour_forward`): trainer-side behaviour
+    log-probs (`rl.behaviour_logprobs='trainer'`) and behaviour values.
+    """
+    if not (trainer_beh or with_values):
+      return train_traj.logprob, None
+    trainer_logp, old_values = behaviour_forward(
+        config, graphdef, state.params, train_traj.tokens, with_values)
+    if not trainer_beh:
+      return train_traj.logprob, old_values
+    # Training/inference mismatch: sampler (cached one-token decode) vs
+    # trainer (full forward) log-probs of the same tokens. Fresh rows only:
+    # replay-injected episodes carry an older policy's log-probs.
+    pmask = policy_mask(train_traj)
+    fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
+    fresh = pmask & fresh_b[:, None]
+    if num_free > 0:
+      # Dual-path tool-free rows were sampled with the tool-call tokens
+      # masked: their behaviour log-probs are the masked distribution's.
+      trainer_logp, shift = masked_behaviour_logprobs(
+          config, graphdef, state.params, train_traj.tokens, trainer_logp,
+          traj.facts["tool_free"] & fresh_b, rollout.tool_call_tokens(env))
+      extras["behaviour_shift"] = jnp.where(pmask, shift, 0.0)
+    gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
+    info["logp_mismatch_max"] = jnp.max(gap)
+    info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
+        jnp.sum(fresh), 1).astype(jnp.float32)
+    return jnp.where(pmask, trainer_logp, 0.0), old_values
+
+  def advantage_stage(train_traj, reward, phi_bk1, old_values, info):
+    """Stage 7: (reward, adv_b [B], adv_bl [B, L], returns_bl or None).
+
+    'gae': PPO with GAE from the value head (arXiv:1707.06347,
+    arXiv:1506.02438). Otherwise `token_advantages` (the estimator tables),
+    and with a value-head potential the head's Monte-Carlo targets (lambda =
+    1) of the reward before shaping, so the potential never regresses on its
+    own shaping terms.
+    """
+    if rl_cfg.advantage_estimator == "gae":
+      adv_b, adv_bl, returns_bl = gae_token_advantages(
+          rl_cfg, reward, policy_mask(train_traj), old_values)
+      return reward, adv_b, adv_bl, returns_bl
+    unshaped = reward
+    if step_reward_on(rl_cfg):
+      # Step rewards as delivered (per episode sum), and before the transform.
+      s_bk = step_rewards_bk(rl_cfg, train_traj, reward, max_turns)
+      info["step_reward"] = jnp.mean(jnp.sum(s_bk, axis=1))
+      raw = rl_cfg.step_reward_coef * (train_traj.facts["valid_call_turn"]
+                                       & train_traj.facts["tool_call_turn"])
+      info["step_reward_raw"] = jnp.mean(jnp.sum(raw.astype(jnp.float32), 1))
+    reward, adv_b, adv_bl = token_advantages(
+        rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1)
+    returns_bl = None
+    if with_values:
+      _, _, returns_bl = gae_token_advantages(
+          rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0)
+    return reward, adv_b, adv_bl, returns_bl
+
+  def pack_batch(state, key, train_traj, mask, behaviour_logp, ref_logp,
+                 adv_b, adv_bl, old_values, returns_bl, extras):
+    """Stage 8: the learner batch of `make_update_fn` ([B, L] arrays)."""
+    batch = {
+        "tokens": train_traj.tokens,
+        "mask": mask,
+        "behaviour_logp": behaviour_logp,
+        "ref_logp": ref_logp,
+        "advantage": adv_bl,
+    }
+    if returns_bl is not None:
+      batch["old_values"] = old_values
+      batch["returns"] = returns_bl
+    if rl_cfg.loss_type == "flowrl":
+      # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
+      # the log-partition network's input.
+      batch["reward_hat"] = adv_b
+      batch["prompt_embedding"] = prompt_embedding(graphdef, state.params,
+                                                   train_traj)
+    if "sil" in extras:
+      batch["sil"] = extras.pop("sil")
+    if "behaviour_shift" in extras:
+      batch["behaviour_shift"] = extras.pop("behaviour_shift")
+    if "aux_advantage" in extras:
+      batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
+    if rl_cfg.obs_prediction_coef > 0:
+      # Auxiliary next-observation CE on the TOOL tokens; the placebo
+      # (`rl.obs_prediction_placebo`) permutes its labels across the batch.
+      obs_mask = train_traj.role == types.TOOL
+      batch["obs_mask"] = obs_mask
+      if rl_cfg.obs_prediction_placebo:
+        batch["obs_targets"] = credit.shuffle_observation_targets(
+            train_traj.tokens, obs_mask, jax.random.fold_in(key, 5))
+    return batch
+
+  def collect(state: types.TrainState, first_traj=None):
+    key = jax.random.fold_in(state.rng, state.step)
+    # With LoRA: the policy's frozen base plus the reference's adapters.
+    ref_params = lora_lib.reference_params(state.params, state.ref_params)
+    info, extras = {}, {}
+    traj, reward, parts = sample_batch(state, key, first_traj, info)
+    reward, mask = loss_mask(traj, reward)
+    ctx = PotentialContext(
+        rl_cfg=rl_cfg, traj=traj, graphdef=graphdef, params=state.params,
+        ref_params=ref_params, spa=state.spa, max_turns=max_turns,
+        temperature=temperature, extras=extras)
+    reward, phi_bk1 = shaping_terms(ctx, reward, info, extras, state.dual_coef)
+    train_traj, reward, mask = replay_stage(state, key, traj, reward, mask,
+                                            info, extras)
+    ref_logp, reward = reference_stage(ref_params, train_traj, reward, mask)
+    behaviour_logp, old_values = behaviour_stage(state, traj, train_traj, info,
+                                                 extras)
+    reward, adv_b, adv_bl, returns_bl = advantage_stage(
+        train_traj, reward, phi_bk1, old_values, info)
+    batch = pack_batch(state, key, train_traj, mask, behaviour_logp, ref_logp,
+                       adv_b, adv_bl, old_values, returns_bl, extras)
+    return batch, traj, reward, parts, adv_b, info, extras
+
+  return collect
+
+
+def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
+                         model_config: transformer.TransformerConfig):
+  """Returns `rollout_fn(state) -> Trajectory`: the first-round RL rollout of a
+  host environment (`env.is_host`), driven by agentic_rl/host_rollout.py.
+
+  Same keys and grouping as the JAX-native round in `make_collect_fn`: tasks
+  from a numpy Generator seeded by fold_in(fold_in(rng, step), 1)'s task half,
+  each repeated `rl.group_size` times contiguously (group = task index).
+  """
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
+  num_sampled = rl_cfg.batch_size // group_size * (
+      rl_cfg.dynamic_sampling_oversample)
+
+  def rollout_fn(state: types.TrainState) -> types.Trajectory:
+    key = jax.random.fold_in(state.rng, state.step)
+    task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
+    tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), num_sampled)
+    tasks = [t for t in tasks for _ in range(group_size)]
+    group = np.repeat(np.arange(num_sampled, dtype=np.int32), group_size)
+    return host_rollout.rollout(
+        env, tasks, sample_key, max_len=config.max_len, group=group,
+        graphdef=graphdef, params=state.params, model_config=model_config,
+        temperature=rl_cfg.temperature,
+    )
+
+  return rollout_fn

@@ -1,0 +1,107 @@
+"""Shared pieces of the learner: the optimizer, the POLICY mask and the
+teacher-forced forward that both the loss and the behaviour recomputation call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentic_rl import mixed_precision
+from agentic_rl import sampling
+from agentic_rl import types
+from agentic_rl.models import lora as lora_lib
+
+
+StepFn = Callable[[types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]]
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping and linear warmup then constant LR.
+
+  The learning rate of update k (k = 0, 1, ...) is lr * k / warmup_steps during
+  the warmup, then lr; warmup_steps = 0 means lr from the first update (a
+  one-step linear schedule would give the first update a learning rate of 0).
+
+  Low-precision (bfloat16) parameters get float32 master weights and float32
+  optimizer state (`mixed_precision.with_float32_master`); for float32
+  parameters the optimizer and its state are the plain chain.
+
+  Args:
+    cfg: ConfigDict with learning_rate, warmup_steps, weight_decay, max_grad_norm.
+  """
+  if int(cfg.warmup_steps) <= 0:
+    schedule = optax.constant_schedule(cfg.learning_rate)
+  else:
+    schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
+  # With LoRA adapters in the params, only they are optimised (models/lora.py);
+  # low-precision trainable params get float32 master weights.
+  return lora_lib.optimizer(mixed_precision.with_float32_master(optax.chain(
+      optax.clip_by_global_norm(cfg.max_grad_norm),
+      optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
+  )))
+
+
+def policy_mask(traj: types.Trajectory) -> jax.Array:
+  """[B, L] bool loss mask: True exactly on POLICY (sampled) tokens."""
+  return traj.role == types.POLICY
+
+
+def policy_forward(graphdef, params, tokens_bl: jax.Array,
+                   temperature, with_values: bool = False,
+                   targets_bl: jax.Array | None = None):
+  """Teacher-forced log-probs, entropies and (optionally) values of a batch.
+
+  The one function both the loss and the behaviour recomputation call, so the
+  two see the same computation. Without values it is exactly
+  `sampling.token_logprobs`. With values, one trunk pass gives both heads:
+  hidden h_t = model.hidden_states(tokens[:, :-1])[:, t] reads tokens 0..t,
+  logp[:, t + 1] = log_softmax(lm_head(h_t) / T)[tokens[:, t + 1]] and
+  values[:, t + 1] = model.value(h_t): the value of a token is the value of
+  the state (the whole prefix, prompt, observations and template tokens
+  included) just BEFORE that token is emitted, i.e. V(s) of the state in
+  which the token is the action. Position 0 gets 0 for all three.
+
+  Args:
+    graphdef, params: the policy (value_head=True when with_values).
+    tokens_bl: [B, L] int32.
+    temperature: sampling temperature (> 0).
+    with_values: also return values (needs TransformerConfig.value_head).
+    targets_bl: optional [B, L] int32 tokens to score in place of tokens_bl
+      (the context stays tokens_bl): logp[:, t] = log p(targets[:, t] |
+      tokens[:, :t]). Used by the shuffled-label placebo of the auxiliary
+      next-observation loss (`rl.obs_prediction_placebo`, which changes
+      targets at TOOL positions only). None = tokens_bl.
+
+  Returns:
+    (logp [B, L] float32, entropy [B, L] float32, values [B, L] float32 or
+     None).
+
+  Raises:
+    ValueError: with_values and the model has no value head.
+  """
+  if not with_values and targets_bl is None:
+    logp, entropy = sampling.token_logprobs(graphdef, params, tokens_bl,
+                                            temperature)
+    return logp, entropy, None
+  model = nnx.merge(graphdef, params)
+  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  targets_bl = tokens_bl if targets_bl is None else targets_bl
+  logp, entropy = sampling.chunked_logprob_and_entropy(
+      hidden_bld, model.output_weights_dv(), targets_bl[:, 1:], temperature,
+      model.cfg.logprob_chunk_size)
+  pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
+  cat = lambda x: jnp.concatenate([pad, x.astype(jnp.float32)], axis=1)
+  if not with_values:
+    return cat(logp), cat(entropy), None
+  values = model.value(hidden_bld)
+  return cat(logp), cat(entropy), cat(values)
+
+
+def d_model(params) -> int:
+  """Hidden width D of the policy, read from its embedding table [V, D]."""
+  return int(jnp.shape(params["embed_vd"][...])[-1])

@@ -1,0 +1,242 @@
+"""RL step: collect + update + state bookkeeping as one jitted program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentic_rl import credit
+from agentic_rl import losses
+from agentic_rl import replay as replay_lib
+from agentic_rl import reward_models
+from agentic_rl import rewards
+from agentic_rl import sharding
+from agentic_rl import types
+from agentic_rl.models import transformer
+from agentic_rl.learner.collect import make_collect_fn, make_host_rollout_fn
+from agentic_rl.learner.common import StepFn, d_model
+from agentic_rl.learner.potentials import uses_spa
+from agentic_rl.learner.update import make_log_partition_optimizer, make_update_fn
+from environments.host import base as host_base
+
+
+def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
+  """Adds the optional RL-phase state: the replay buffer (`rl.replay_capacity`
+  > 0), the dual-ascent multiplier (`rl.dual_constraint` set, starting at
+  `rl.dual_init`) and FlowRL's log-partition parameters with their optimizer
+  state (`rl.loss_type='flowrl'`). Without these switches the state is returned unchanged
+  (fields stay None), so checkpoints of such runs keep their structure."""
+  rl_cfg = config.rl
+  if rl_cfg.replay_capacity > 0 and state.replay is None:
+    state = state.replace(
+        replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len))
+  if rl_cfg.dual_constraint and state.dual_coef is None:
+    state = state.replace(dual_coef=jnp.float32(rl_cfg.dual_init))
+  if rl_cfg.loss_type == "flowrl" and state.log_partition is None:
+    # FlowRL's learned log Z_phi(x) on the pooled prompt embedding [D]; its
+    # output layer starts at 0 (log Z = 0), the hidden layer is drawn from
+    # fold_in(rng, -1) so the policy's keys are untouched.
+    d = jax.tree.leaves(state.params["embed_vd"])[0].shape[1]
+    model = losses.LogPartition(
+        d, rl_cfg.flowrl_log_z_hidden,
+        rngs=nnx.Rngs(params=jax.random.fold_in(state.rng, 2**31 - 1)))
+    z = nnx.state(model)
+    state = state.replace(
+        log_partition=z,
+        log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z))
+  if uses_spa(rl_cfg) and state.spa is None:
+    state = state.replace(
+        spa=credit.spa_init(d_model(state.params), rl_cfg.spa_lr))
+  return state
+
+
+def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
+  """Tool-necessity metrics of a dual-path batch (facts['tool_free'] set).
+
+  Per group (`rewards.tool_necessity_stats`): acc_t (tool-enabled accuracy),
+  acc_n (tool-free accuracy), necessity = acc_t - acc_n. Logged: the two
+  accuracies over their episodes, the mean necessity over groups, the share
+  of groups where tools are needed (acc_n = 0 < acc_t) or unneeded
+  (acc_n > 0), and tool calls per tool-enabled episode in each kind of group
+  (overuse shows as calls where tools are unneeded), and, when the env has a
+  'tool_necessary' label, the mean necessity on labelled-necessary and
+  labelled-unnecessary tasks. Means over rows equal
+  means over groups (equal-size groups); an empty selection gives 0.
+  """
+  facts = traj.facts
+  free = facts["tool_free"]
+  correct = facts["correct"].astype(bool)
+  calls = facts["num_tool_calls"].astype(jnp.float32)
+  st = rewards.tool_necessity_stats(correct, calls.astype(jnp.int32), free,
+                                    traj.group)
+  f32 = lambda x: x.astype(jnp.float32)
+
+  def mean_where(x, w):
+    w = f32(w)
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+  needed = (st["acc_no_tool"] == 0) & (st["acc_tool"] > 0)
+  unneeded = st["acc_no_tool"] > 0
+  extra = {}
+  if "tool_necessary" in facts:
+    # Measured necessity against the environment's ground-truth label.
+    label = facts["tool_necessary"].astype(bool)
+    extra = {
+        "dual_path_necessity_labelled_necessary": mean_where(
+            st["necessity"], label),
+        "dual_path_necessity_labelled_unnecessary": mean_where(
+            st["necessity"], ~label),
+    }
+  return {
+      **extra,
+      "dual_path_acc_tool": mean_where(f32(correct), ~free),
+      "dual_path_acc_no_tool": mean_where(f32(correct), free),
+      "dual_path_necessity": jnp.mean(st["necessity"]),
+      "dual_path_needed_frac": jnp.mean(f32(needed)),
+      "dual_path_unneeded_frac": jnp.mean(f32(unneeded)),
+      "dual_path_calls_needed": mean_where(calls, ~free & needed),
+      "dual_path_calls_unneeded": mean_where(calls, ~free & unneeded),
+      # Exactly 0 when the logit mask works (a health check).
+      "dual_path_calls_tool_free": mean_where(calls, free),
+  }
+
+
+def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
+  """One projected dual-ascent step on the constraint multiplier.
+
+  'max' (E[g] <= target): lam' = max(0, lam + lr (observed - target));
+  'min' (E[g] >= target): lam' = max(0, lam + lr (target - observed))
+  (`rewards.dual_ascent_update`; RCPO, arXiv:1805.11074).
+
+  Args:
+    rl_cfg: the `rl` config block (dual_sense, dual_target, dual_lr).
+    lam: float32 scalar multiplier.
+    observed: float32 scalar, the batch mean of the constrained fact.
+
+  Returns:
+    float32 scalar.
+  """
+  sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
+  return rewards.dual_ascent_update(
+      lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr)
+
+
+def make_rl_step(config, env, graphdef: nnx.GraphDef,
+                 tx: optax.GradientTransformation,
+                 model_config: transformer.TransformerConfig,
+                 state_sharding=None,
+                 reward_model: reward_models.FrozenRewardModel | None = None,
+                 ) -> StepFn:
+  """One GRPO iteration (collect + update) as a single jitted program.
+
+  `state_sharding`: as in `make_sft_step`. `reward_model`: the frozen learned
+  RM (params in `state.reward_model`; see `make_collect_fn`); its
+  over-optimisation monitor (`reward_models.monitor_metrics`: rm_reward,
+  verified_reward, rm_gap, rm_verified_corr, rm_false_positive_rate, plus the
+  mean raw rm_score) is added to the metrics of every iteration.
+  """
+  rl_cfg = config.rl
+  group_size = rl_cfg.group_size
+  collect = make_collect_fn(config, env, graphdef, model_config, reward_model)
+  rm_params = dict(rl_cfg.reward_params or {}).get("rm", {})
+  rm_params = dict(rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params)
+  update = make_update_fn(config, graphdef, tx)
+
+  def step(state: types.TrainState, first_traj=None):
+    batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
+    z_state = None
+    if state.log_partition is not None:
+      params, opt_state, metrics, z_state = update(
+          state.params, state.opt_state, batch, state.kl_coef,
+          (state.log_partition, state.log_partition_opt_state))
+    else:
+      params, opt_state, metrics = update(
+          state.params, state.opt_state, batch, state.kl_coef
+      )
+    if "any_usable" in info:
+      # No group with varying outcomes: skip the update (logged), don't crash.
+      skip = ~info.pop("any_usable")
+      params, opt_state, z_state = jax.tree.map(
+          lambda old, new: jnp.where(skip, old, new),
+          (state.params, state.opt_state,
+           None if z_state is None else (state.log_partition,
+                                         state.log_partition_opt_state)),
+          (params, opt_state, z_state),
+      )
+      metrics["skipped_update"] = skip.astype(jnp.float32)
+    metrics.update(info)
+    kl_coef = state.kl_coef
+    if rl_cfg.kl_target > 0:
+      kl_coef = losses.adaptive_kl_update(
+          kl_coef, metrics["kl"], rl_cfg.kl_target, rl_cfg.kl_horizon,
+          rl_cfg.batch_size,
+      )
+    metrics["kl_coef"] = state.kl_coef
+    dual_coef = state.dual_coef
+    if "dual_observed" in extras:
+      metrics["dual_coef"] = state.dual_coef
+      metrics["dual_observed"] = extras["dual_observed"]
+      dual_coef = dual_coef_update(rl_cfg, state.dual_coef, extras["dual_observed"])
+    spa = state.spa
+    if "spa" in extras:
+      feat, turn_mask, outcome = extras["spa"]
+      spa, metrics["spa_loss"] = credit.spa_update(
+          spa, feat, turn_mask, outcome, learning_rate=rl_cfg.spa_lr,
+          num_steps=rl_cfg.spa_steps)
+    facts = traj.facts
+    if "tool_free" in facts:
+      metrics.update(dual_path_metrics(traj))
+    reward_gk = reward.reshape(-1, group_size)
+    is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
+    f32 = lambda x: jnp.mean(x.astype(jnp.float32))
+    metrics.update({
+        "reward": jnp.mean(reward),
+        **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
+        "accuracy": f32(facts["correct"]),
+        "tool_calls": f32(facts["num_tool_calls"]),
+        "tool_errors": f32(facts["num_tool_errors"]),
+        "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
+        "truncated_rate": f32(traj.finish == types.TRUNCATED),
+        "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+        # Trained (loss-mask) tokens / all B * L tokens of the batch buffer.
+        "trained_token_share": f32(batch["mask"]),
+        "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
+        "zero_variance_groups": f32(is_const),
+    })
+    # Host tool steps that raised / timed out (host_rollout facts), counted
+    # over the batch, and non-finite float facts the reward sanitised.
+    for name in ("tool_exceptions", "tool_timeouts"):
+      if f"num_{name}" in facts:
+        metrics[name] = jnp.sum(facts[f"num_{name}"]).astype(jnp.float32)
+    metrics["reward_nonfinite_inputs"] = jnp.sum(
+        rewards.nonfinite_fact_counts(facts)).astype(jnp.float32)
+    # Episode length in turns and repeated calls (step-reward hacking).
+    metrics["turns"] = f32(traj.num_turns)
+    if "num_redundant_calls" in facts:
+      metrics["redundant_calls"] = f32(facts["num_redundant_calls"])
+    if reward_model is not None:
+      # Gold-verifier over-optimisation monitor (Gao et al., arXiv:2210.10760).
+      rm_r = parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)
+      metrics.update(reward_models.monitor_metrics(rm_r, facts["correct"]))
+      metrics["rm_score"] = jnp.mean(facts["rm_score"])
+    state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
+        replay=extras.get("replay", state.replay), dual_coef=dual_coef,
+        spa=spa,
+    )
+    if z_state is not None:
+      state = state.replace(log_partition=z_state[0],
+                            log_partition_opt_state=z_state[1])
+    return state, metrics
+
+  if host_base.is_host(env):
+    # Host environments: the rollout runs in Python between jitted turns; the
+    # rest of the iteration is one jitted program.
+    rollout_fn = make_host_rollout_fn(config, env, graphdef, model_config)
+    learn_jit = jax.jit(step, donate_argnums=0)  # host envs: one device
+    return lambda state: learn_jit(state, rollout_fn(state))
+
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))

@@ -1,0 +1,145 @@
+"""SFT stage: token-mean NLL on expert demonstrations, with gradient
+accumulation, and the jitted SFT step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentic_rl import losses
+from agentic_rl import mixed_precision
+from agentic_rl import host_rollout
+from agentic_rl import rollout
+from agentic_rl import sampling
+from agentic_rl import sharding
+from agentic_rl import types
+from agentic_rl.models import lora as lora_lib
+from agentic_rl.learner.common import StepFn, policy_mask
+from environments.host import base as host_base
+
+
+def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
+  """Token-mean negative log-likelihood of the POLICY tokens of demonstrations.
+
+  Args:
+    graphdef, params: the policy.
+    traj: demonstrations, [B, L] arrays.
+    denominator: the token count to divide the summed NLL by; None = this
+      batch's POLICY-token count (clamped to >= 1). Gradient accumulation passes
+      the whole batch's count so that the micro-batch losses sum to the
+      full-batch token mean.
+
+  Returns:
+    (loss, {"loss", "policy_tokens"}): float32 scalars; policy_tokens is the
+    mean POLICY-token count per demonstration.
+  """
+  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
+  mask = policy_mask(traj)
+  if denominator is None:
+    nll = losses.token_mean(-logp, mask)
+  else:
+    nll = jnp.sum(-logp * mask.astype(jnp.float32)) / denominator
+  policy_tokens = jnp.mean(jnp.sum(mask, axis=1).astype(jnp.float32))
+  return nll, {"loss": nll, "policy_tokens": policy_tokens}
+
+
+def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1):
+  """(loss, metrics, grads) of `sft_loss` with gradient accumulation.
+
+  The [B, L] batch is cut into `num_microbatches` blocks of rows by a strided
+  split (row i in block i % num_microbatches, `sharding.split_rows`, so that
+  on a device mesh every block keeps each device's share of the rows),
+  scanned with `lax.scan`; each block's summed NLL is divided by the whole
+  batch's POLICY-token count, so the accumulated loss and gradient equal the
+  full-batch token mean (up to float summation order) while only one block's
+  activations are live at a time.
+
+  Raises:
+    ValueError: if num_microbatches does not divide B.
+  """
+  rows = traj.tokens.shape[0]
+  if num_microbatches < 1 or rows % num_microbatches:
+    raise ValueError(f"sft.num_microbatches={num_microbatches} must divide the "
+                     f"batch ({rows} demonstrations)")
+  # With LoRA adapters, only they are differentiated (models/lora.py).
+  grad_fn = lora_lib.value_and_grad(
+      lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True)
+  if num_microbatches == 1:
+    (loss, metrics), grads = grad_fn(params, traj, None)
+    return loss, metrics, grads
+  mask = policy_mask(traj)
+  denominator = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
+  # Only the fields sft_loss reads are cut into blocks.
+  blocks = sharding.split_rows((traj.tokens, traj.role), num_microbatches)
+
+  def micro(acc, block):
+    tokens, role = sharding.constrain_batch(block)
+    (loss, m), g = grad_fn(params, traj.replace(tokens=tokens, role=role),
+                           denominator)
+    acc_loss, acc_tokens, acc_g = acc
+    return (acc_loss + loss, acc_tokens + m["policy_tokens"],
+            mixed_precision.accumulate(acc_g, g)), None
+
+  zeros = mixed_precision.accumulation_zeros(params)  # f32 for bf16 params
+  (loss, tokens, grads), _ = jax.lax.scan(
+      micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks)
+  return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
+
+
+def make_sft_step(config, env, graphdef: nnx.GraphDef,
+                  tx: optax.GradientTransformation, state_sharding=None) -> StepFn:
+  """SFT on expert demonstrations generated on the fly (one batch per step).
+
+  JAX-native environments: one jitted program. Host environments
+  (`env.is_host`): the demonstrations come from the host driver, the update is
+  jitted.
+
+  `state_sharding` (sharding.tree_shardings of the state) keeps the state's
+  layout across steps on a device mesh; the batch is split over the ambient
+  mesh's ('data', 'fsdp') axes (sharding.constrain_batch).
+  `sft.num_microbatches` accumulates the gradient over that many
+  blocks of the batch (`sft_grad`): same loss and update, less memory.
+  """
+  batch_size = config.sft.batch_size
+  num_microbatches = config.sft.num_microbatches
+  max_len = config.max_len
+
+  def learn(state: types.TrainState, traj: types.Trajectory):
+    _, metrics, grads = sft_grad(graphdef, state.params, traj, num_microbatches)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
+    # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer.
+    metrics["trained_token_share"] = jnp.mean(
+        policy_mask(traj).astype(jnp.float32))
+    state = state.replace(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+    )
+    return state, metrics
+
+  if host_base.is_host(env):
+    learn_jit = jax.jit(learn, donate_argnums=0)  # host envs: one device
+
+    def host_step(state: types.TrainState):
+      key = jax.random.fold_in(state.rng, state.step)
+      task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+      tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), batch_size)
+      traj = host_rollout.rollout(env, tasks, expert_key, max_len=max_len)
+      return learn_jit(state, traj)
+
+    return host_step
+
+  def step(state: types.TrainState):
+    key = jax.random.fold_in(state.rng, state.step)
+    task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+    tasks = sharding.constrain_batch(env.sample_tasks(task_key, batch_size))
+    traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
+    return learn(state, traj)
+
+  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
