@@ -57,6 +57,33 @@ def bucket_length(length_b: Any, *, bucket: int, max_len: int) -> int:
   return min(max_len, max(1, -(-longest // bucket)) * bucket)
 
 
+def host_trim_length(config, length_b: Any) -> int:
+  """Length a host-rollout batch is cut to before the update (max_len = none).
+
+  `bucket_length` with `config.trim_bucket`, except where trimming would
+  change the update: `config.trim_bucket` = 0 (off), a replay buffer
+  (`rl.replay_capacity` > 0: its rows hold max_len tokens and replace batch
+  rows), and Dr.GRPO's constant normaliser left at its default L
+  (`rl.loss_agg_mode='seq-mean-token-sum-norm'` with `rl.loss_norm_constant`
+  = 0). With an SFT-only config (no `rl` block) only trim_bucket matters.
+
+  Args:
+    config: the experiment config (max_len, trim_bucket, rl).
+    length_b: [B] int episode lengths.
+
+  Returns:
+    An int in [1, config.max_len].
+  """
+  max_len = config.max_len
+  rl = config.rl if "rl" in config else None
+  if config.trim_bucket == 0 or (rl is not None and (
+      rl.replay_capacity > 0
+      or (rl.loss_agg_mode == "seq-mean-token-sum-norm"
+          and not rl.loss_norm_constant))):
+    return max_len
+  return bucket_length(length_b, bucket=config.trim_bucket, max_len=max_len)
+
+
 def trim(tree: Any, full_len: int, new_len: int) -> Any:
   """Cuts axis 1 of every [B, full_len, ...] leaf of a pytree to new_len.
 

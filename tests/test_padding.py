@@ -26,6 +26,24 @@ def test_bucket_length_rounds_the_longest_episode_up():
     padding.bucket_length(np.array([65]), bucket=16, max_len=64)
 
 
+def test_host_trim_length_keeps_the_buffer_where_trimming_changes_the_update():
+  from configs import default  # noqa: PLC0415
+  config = default.get_config(None)
+  lengths = np.array([20, 37, 25])
+  assert config.trim_bucket == 16
+  assert padding.host_trim_length(config, lengths) == 48
+  for field, value in (("trim_bucket", 0), ("rl.replay_capacity", 8),
+                       ("rl.loss_agg_mode", "seq-mean-token-sum-norm")):
+    c = default.get_config(None)
+    parent, _, leaf = field.rpartition(".")
+    setattr(c.rl if parent else c, leaf, value)
+    assert padding.host_trim_length(c, lengths) == 64, field
+  c = default.get_config(None)
+  c.rl.loss_agg_mode = "seq-mean-token-sum-norm"
+  c.rl.loss_norm_constant = 64  # explicit: the trimmed loss is unchanged
+  assert padding.host_trim_length(c, lengths) == 48
+
+
 def _traj(b=3, l=12, k=2):
   r = np.random.default_rng(0)
   return types.Trajectory(
