@@ -7,6 +7,7 @@ for segments, separate forwards of the unpacked sequences.
 """
 
 import re
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from flax import nnx
 
 from agentic_rl.models import attention
 from agentic_rl.models import transformer
+from tests import fakes
 
 BF16_EPS = 2.0 ** -8  # bfloat16 unit roundoff (8 significant bits)
 # float32: both forms sum the same T products per output, in a different
@@ -225,3 +227,43 @@ def test_attention_config_errors_name_the_field():
     cache = transformer.init_cache(model.cfg, 1, 8)
     model.hidden_states(jnp.zeros((1, 2), jnp.int32), cache=cache,
                         segment_ids_bt=jnp.zeros((1, 2), jnp.int32))
+
+
+_MESH = textwrap.dedent("""
+    import collections, re
+    import jax, jax.numpy as jnp
+    from flax import nnx
+    from agentic_rl import sampling, sharding
+    from agentic_rl.models import transformer as T
+
+    def all_reduces(impl):
+      # 2-layer GQA model (H 8, G 4) on a tensor = 4 mesh, T = 32 in 4 blocks.
+      cfg = T.TransformerConfig(vocab_size=256, d_model=64, num_layers=2,
+                                num_heads=8, num_kv_heads=4, head_dim=16,
+                                ffn_dim=128, attention_impl=impl,
+                                attention_block=8)
+      graphdef, params = nnx.split(T.Transformer(cfg, nnx.Rngs(0)))
+      mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=4),
+                                devices=jax.devices()[:4])
+      params = jax.device_put(params, sharding.tree_shardings(params, mesh))
+      tokens = sharding.put_batch(jnp.zeros((8, 32), jnp.int32), mesh)
+      loss = lambda p, t: sampling.token_logprobs(graphdef, p, t, 1.0)[0].sum()
+      with jax.set_mesh(mesh):
+        hlo = jax.jit(jax.grad(loss)).lower(params, tokens).compile().as_text()
+      ops = re.findall(r"(all-reduce|all-gather|collective-permute|all-to-all|"
+                       r"reduce-scatter)(?:-start)?\\(", hlo)
+      return collections.Counter(ops)
+
+    dense, chunked = all_reduces("dense"), all_reduces("chunked")
+    assert chunked == dense and set(chunked) == {"all-reduce"}, (dense, chunked)
+    print("OK", dict(chunked))
+""")
+
+
+@pytest.mark.slow
+def test_chunked_attention_adds_no_collectives_under_tensor_parallelism():
+  # Query/kv heads are split over 'tensor'; the chunked blocks slice only the
+  # sequence axis, so its forward + backward compiles to the same all-reduces
+  # as the dense form (Megatron-style, counted in tests/test_mesh_waste.py).
+  out = fakes.run_on_8_devices(_MESH)
+  assert "OK" in out, out
