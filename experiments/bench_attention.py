@@ -88,6 +88,7 @@ def op_table(h: int, g: int, dh: int, lengths, batches, block: int, reps: int,
              check_square: bool = True) -> list[str]:
   rows = ["| B | L | impl | temp MiB | [L, L] in HLO | wall s | CPU s |",
           "|---|---|---|---|---|---|---|"]
+  print("\n".join(rows), flush=True)
   for b in batches:
     for t in lengths:
       keys = jax.random.split(jax.random.PRNGKey(t), 4)
@@ -112,6 +113,7 @@ def op_table(h: int, g: int, dh: int, lengths, batches, block: int, reps: int,
 def model_table(lengths, block: int, reps: int, timed: bool) -> list[str]:
   rows = ["| B | L | impl | temp MiB | [L, L] in HLO | wall s | CPU s |",
           "|---|---|---|---|---|---|---|"]
+  print("\n".join(rows), flush=True)
   fields = {k: v for k, v in dict(common.model("smollm2-135m")).items()
             if k not in ("hf_path", "lora")}
   fields.update(remat=True, attention_block=block)
