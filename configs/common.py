@@ -126,6 +126,10 @@ def base() -> ml_collections.ConfigDict:
   config.seed = 0
   # Token buffer length L of a whole episode (prompt + all turns + observations).
   config.max_len = 64
+  # Host-rollout batches are cut after their longest episode, rounded up to a
+  # multiple of this many positions, before the update (agentic_rl/padding.py;
+  # one compiled update per bucket); 0 = train on the whole max_len buffer.
+  config.trim_bucket = 16
   config.model = model("tiny")
   config.log_every_steps = 5
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=25, max_to_keep=2))

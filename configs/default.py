@@ -42,6 +42,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       max_turns=3,
   ))
 
+  # Attention of the training forward (agentic_rl/models/attention.py):
+  # 'auto' = the dense [B, H, L, L] scores up to attention_block positions
+  # (faster there, and small), the chunked form above (less memory and
+  # faster: experiments/bench_attention.md); 'chunked' / 'dense' force one.
+  config.model.attention_impl = "auto"
+  config.model.attention_block = 256
+
   # SFT warm start on expert demonstrations (loss on POLICY tokens only).
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
   config.sft.steps = 300

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import sharding
+from agentic_rl.models import attention as attention_lib
 from agentic_rl.models import lora as lora_lib
 
 KVCache = list[dict[str, jax.Array]]
@@ -100,6 +101,13 @@ class TransformerConfig:
       [B, L, V] array is never materialised; 0 = the whole sequence at once.
     lora: low-rank adapters on the projections (agentic_rl/models/lora.py),
       or None for none.
+    attention_impl: attention of a cache-free (training, scoring) forward:
+      'chunked' (blocks of `attention_block` positions with an online
+      softmax; no [B, H, T, T] array in the forward or backward pass,
+      agentic_rl/models/attention.py), 'dense' (the [B, H, T, T] scores at
+      once), or 'auto' (dense up to one block, chunked above). The KV-cache
+      decode is always dense.
+    attention_block: query/key block size in positions of the chunked path.
   """
 
   vocab_size: int = 265
@@ -126,13 +134,16 @@ class TransformerConfig:
   reward_head: bool = False
   logprob_chunk_size: int = 0
   lora: lora_lib.LoRAConfig | None = None
+  attention_impl: str = "auto"
+  attention_block: int = 256
 
   def __post_init__(self):
     def fail(field, why):
       raise ValueError(f"{field}={getattr(self, field)!r}: {why}")
 
     for f in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim",
-              "ffn_dim", "max_positions", "rope_original_max_positions"):
+              "ffn_dim", "max_positions", "rope_original_max_positions",
+              "attention_block"):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         fail(f, "must be a positive integer")
@@ -153,6 +164,8 @@ class TransformerConfig:
         fail(f, f"unknown; known: {sorted(DTYPES)}")
     if self.rope_scaling not in ROPE_SCALINGS:
       fail("rope_scaling", f"unknown; known: {ROPE_SCALINGS}")
+    if self.attention_impl not in attention_lib.IMPLS:
+      fail("attention_impl", f"unknown; known: {attention_lib.IMPLS}")
     if self.lora is not None and not isinstance(self.lora, lora_lib.LoRAConfig):
       fail("lora", "must be a lora.LoRAConfig or None")
     if self.rope_scaling == "llama3":
@@ -320,7 +333,10 @@ class Attention(nnx.Module):
       positions_bt: [B, T] int32 absolute positions (cache write positions).
       cache: this layer's {'k', 'v'} [B, G, S, Dh] or None.
       mask_bts: [B, T, S] bool, True where query t may attend to key s
-        (S = T without a cache); built once per forward (Transformer).
+        (S = T without a cache), or, without a cache, an
+        `attention.SelfMask` (per-token positions, padding and segments;
+        attention then follows cfg.attention_impl); built once per forward
+        (Transformer).
       rope_sc: (sin, cos) [B, 1, T, Dh / 2] from `rope_tables`.
 
     Returns:
@@ -388,23 +404,14 @@ class Attention(nnx.Module):
       values_bgsk = cache["v"].at[b_idx, :, positions_bt].set(
           v_bgtk.transpose(0, 2, 1, 3), mode="drop")
       new_cache = {"k": keys_bgsk, "v": values_bgsk}
-    scale = cfg.head_dim ** -0.5
-    if r == 1:
-      # Scores feed the softmax: accumulated and returned in float32.
-      scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk,
-                               preferred_element_type=jnp.float32) * scale
-      scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
-      probs_bhts = jax.nn.softmax(scores_bhts, axis=-1)
-      out_bhtk = jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dt), values_bgsk)
+    # Scores feed the softmax: accumulated in float32 on both paths.
+    if isinstance(mask_bts, attention_lib.SelfMask):
+      out_bhtk = attention_lib.self_attention(
+          q_bhtk, keys_bgsk, values_bgsk, mask_bts, impl=cfg.attention_impl,
+          block=cfg.attention_block, dtype=dt)
     else:
-      # Query head h reads kv head h // r (Hugging Face's repeat_kv).
-      q_bgrtk = q_bhtk.reshape(b, g, r, t, cfg.head_dim)
-      scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, keys_bgsk,
-                                preferred_element_type=jnp.float32) * scale
-      scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, -1e30)
-      probs_bgrts = jax.nn.softmax(scores_bgrts, axis=-1)
-      out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dt), values_bgsk)
-      out_bhtk = out_bgrtk.reshape(b, h, t, cfg.head_dim)
+      out_bhtk = attention_lib.dense_attention(
+          q_bhtk, keys_bgsk, values_bgsk, mask_bts, dt)
     out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
     return lora_lib.apply(self, "o", out_bhtk, out), new_cache
 
@@ -514,6 +521,7 @@ class Transformer(nnx.Module):
       positions_bt: jax.Array | None = None,
       cache: KVCache | None = None,
       mask_bt: jax.Array | None = None,
+      segment_ids_bt: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -525,12 +533,19 @@ class Transformer(nnx.Module):
         attention over this chunk.
       mask_bt: optional [B, T] bool/int, True on real tokens; padding keys are
         hidden from every query (no cache only).
+      segment_ids_bt: optional [B, T] int32 ids of packed sequences: a query
+        reads only keys of its own segment (no cache only). Positions should
+        restart at each segment (agentic_rl/padding.py packs rows so).
+
+    Without a cache, positions must grow with the index among a row's valid
+    tokens of one segment whenever the chunked attention is used (see
+    agentic_rl/models/attention.py); every caller's positions do.
 
     Returns:
       (hidden [B, T, D] in the compute dtype, updated cache or None).
 
     Raises:
-      ValueError: mask_bt given together with a cache.
+      ValueError: mask_bt or segment_ids_bt given together with a cache.
     """
     b, t = tokens_bt.shape
     if positions_bt is None:
@@ -548,17 +563,21 @@ class Transformer(nnx.Module):
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
-      key_pos_bs = positions_bt
+      # Causal by absolute position, padding keys (mask_bt) and segments
+      # hidden; kept as [B, T] vectors so the chunked attention never forms
+      # a [B, T, T] mask (attention.SelfMask).
+      mask_bts = attention_lib.SelfMask(
+          positions_bt, None if mask_bt is None else mask_bt.astype(bool),
+          segment_ids_bt)
     else:
-      if mask_bt is not None:
-        raise ValueError("mask_bt is only supported without a KV cache")
+      if mask_bt is not None or segment_ids_bt is not None:
+        raise ValueError(
+            "mask_bt and segment_ids_bt are only supported without a KV cache")
       s = cache[0]["k"].shape[2]
       key_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None, :], (b, s))
-    # Causal mask by absolute position; with a cache this also hides stale
-    # entries beyond each row's current position. mask_bt hides padding keys.
-    mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
-    if mask_bt is not None:
-      mask_bts = mask_bts & mask_bt.astype(bool)[:, None, :]
+      # Causal mask by absolute position; this also hides stale cache entries
+      # beyond each row's current position.
+      mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
     # Remat only pays off in a backward pass; decoding with a KV cache (inside
     # the sampler's lax.while_loop, where nnx.remat cannot trace) never needs it.
     apply = (_remat_block_apply if self.cfg.remat and cache is None

@@ -1,0 +1,166 @@
+"""Less padding in the learner's batches: length buckets and trimming.
+
+Rollouts write episodes into a fixed [B, L] buffer (L = config.max_len) and
+pad the rest; in the default, kv_chain and schema_calls configs the episodes
+fill 39-56% of it and the trained (POLICY) tokens 10-14%. Everything the
+update computes on a token is causal or masked, so the columns after the
+longest episode of a batch change nothing but the cost: `trim` drops them,
+cut at `bucket_length` (the longest episode rounded up to a multiple of
+`bucket`, so that a jitted update compiles once per bucket, at most
+ceil(L / bucket) programs, not once per length).
+
+Trimming is exact for every per-token quantity (log-probs, entropies, values,
+KL, advantages: position t reads tokens 0..t only, and the columns dropped are
+padding) and for the loss aggregations 'token-mean' and 'seq-mean-token-mean'.
+'seq-mean-token-sum-norm' divides by norm_constant, which defaults to the
+buffer length: a trimmed batch must pass the untrimmed L explicitly.
+
+Host rollouts (agentic_rl/host_rollout.py) return to Python before the
+update, so their trajectories can be trimmed there. A JAX-native step that
+rolls out and updates in one program cannot change shapes inside it; it
+needs the update in a program of its own (called with the trimmed batch), or
+packing. `first_fit_rows` and `metrics` measure what either would reach.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def bucket_length(length_b: Any, *, bucket: int, max_len: int) -> int:
+  """Buffer length that holds every episode: max(length) rounded up to `bucket`.
+
+  Args:
+    length_b: [B] int episode lengths (non-pad tokens), numpy or jax (read on
+      the host: one device-to-host transfer of B ints).
+    bucket: rounding step in positions (> 0).
+    max_len: the untrimmed buffer length L (the result never exceeds it).
+
+  Returns:
+    An int in [min(bucket, max_len), max_len]; a multiple of `bucket` unless
+    it is max_len.
+
+  Raises:
+    ValueError: bucket or max_len not a positive integer, or a length above
+      max_len.
+  """
+  for name, v in (("bucket", bucket), ("max_len", max_len)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+      raise ValueError(f"{name}={v!r}: must be a positive integer")
+  longest = int(np.max(np.asarray(length_b))) if np.size(length_b) else 0
+  if longest > max_len:
+    raise ValueError(f"length={longest}: exceeds max_len={max_len}")
+  return min(max_len, max(1, -(-longest // bucket)) * bucket)
+
+
+def host_trim_length(config, length_b: Any) -> int:
+  """Length a host-rollout batch is cut to before the update (max_len = none).
+
+  `bucket_length` with `config.trim_bucket`, except where trimming would
+  change the update: `config.trim_bucket` = 0 (off), a replay buffer
+  (`rl.replay_capacity` > 0: its rows hold max_len tokens and replace batch
+  rows), and Dr.GRPO's constant normaliser left at its default L
+  (`rl.loss_agg_mode='seq-mean-token-sum-norm'` with `rl.loss_norm_constant`
+  = 0). With an SFT-only config (no `rl` block) only trim_bucket matters.
+
+  Args:
+    config: the experiment config (max_len, trim_bucket, rl).
+    length_b: [B] int episode lengths.
+
+  Returns:
+    An int in [1, config.max_len].
+  """
+  max_len = config.max_len
+  rl = config.rl if "rl" in config else None
+  if config.trim_bucket == 0 or (rl is not None and (
+      rl.replay_capacity > 0
+      or (rl.loss_agg_mode == "seq-mean-token-sum-norm"
+          and not rl.loss_norm_constant))):
+    return max_len
+  return bucket_length(length_b, bucket=config.trim_bucket, max_len=max_len)
+
+
+def trim(tree: Any, full_len: int, new_len: int) -> Any:
+  """Cuts axis 1 of every [B, full_len, ...] leaf of a pytree to new_len.
+
+  Works on a `types.Trajectory` (tokens, role, logprob, turn) and on the
+  learner's batch dict alike; leaves of other shapes ([B], per-turn [B, K]
+  with K != full_len, scalars) are returned unchanged.
+
+  Args:
+    tree: pytree of arrays (numpy or jax).
+    full_len: the buffer length L of the token-aligned leaves.
+    new_len: 1 <= new_len <= full_len (e.g. `bucket_length`).
+
+  Returns:
+    The same structure with token-aligned leaves [B, new_len, ...].
+
+  Raises:
+    ValueError: new_len outside [1, full_len].
+  """
+  if not 1 <= new_len <= full_len:
+    raise ValueError(f"new_len={new_len}: must be in [1, full_len={full_len}]")
+  if new_len == full_len:
+    return tree
+
+  def cut(x):
+    if getattr(x, "ndim", 0) >= 2 and x.shape[1] == full_len:
+      return x[:, :new_len]
+    return x
+
+  return jax.tree.map(cut, tree)
+
+
+def first_fit_rows(length_b: Any, row_len: int) -> int:
+  """Rows of `row_len` positions that first-fit-decreasing packing needs.
+
+  Episodes are placed longest first, each into the first row with room
+  (Johnson 1973 bin packing; at most 11/9 OPT + 1 rows). A measure of what
+  packing episodes with segment ids (`Transformer.hidden_states(...,
+  segment_ids_bt=...)`) would reach: real-token share = sum(length) /
+  (rows * row_len).
+
+  Args:
+    length_b: [B] int episode lengths, each <= row_len.
+    row_len: positions per packed row (> 0).
+
+  Returns:
+    The number of rows (0 for no episodes).
+
+  Raises:
+    ValueError: an episode longer than row_len.
+  """
+  lengths = sorted((int(x) for x in np.asarray(length_b).reshape(-1)), reverse=True)
+  if lengths and lengths[0] > row_len:
+    raise ValueError(f"length={lengths[0]}: exceeds row_len={row_len}")
+  room: list[int] = []
+  for n in lengths:
+    for i, r in enumerate(room):
+      if r >= n:
+        room[i] -= n
+        break
+    else:
+      room.append(row_len - n)
+  return len(room)
+
+
+def metrics(loss_mask_bl: jax.Array, length_b: jax.Array) -> dict[str, jax.Array]:
+  """Token shares of a batch buffer (what the update computes on).
+
+  Args:
+    loss_mask_bl: [B, L] bool/int, True on trained tokens.
+    length_b: [B] int, non-pad tokens per row.
+
+  Returns:
+    {'trained_token_share': trained tokens / (B L),
+     'real_token_share': non-pad tokens / (B L)}, float32 scalars.
+  """
+  b, l = loss_mask_bl.shape
+  return {
+      "trained_token_share": jnp.mean(loss_mask_bl.astype(jnp.float32)),
+      "real_token_share": jnp.sum(length_b).astype(jnp.float32) / (b * l),
+  }
