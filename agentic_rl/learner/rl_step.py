@@ -10,6 +10,7 @@ from flax import nnx
 
 from agentic_rl import credit
 from agentic_rl import losses
+from agentic_rl import padding
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
 from agentic_rl import rewards
@@ -201,8 +202,8 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
         "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
         "truncated_rate": f32(traj.finish == types.TRUNCATED),
         "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
-        # Trained (loss-mask) tokens / all B * L tokens of the batch buffer.
-        "trained_token_share": f32(batch["mask"]),
+        # Trained (loss-mask) tokens and non-pad tokens / all B * L tokens.
+        **padding.metrics(batch["mask"], traj.length),
         "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
         "zero_variance_groups": f32(is_const),
     })
@@ -237,6 +238,15 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     # rest of the iteration is one jitted program.
     rollout_fn = make_host_rollout_fn(config, env, graphdef, model_config)
     learn_jit = jax.jit(step, donate_argnums=0)  # host envs: one device
-    return lambda state: learn_jit(state, rollout_fn(state))
+
+    def host_step(state: types.TrainState):
+      # Cut the host batch to its longest episode (bucketed) where that leaves
+      # the update unchanged (padding.host_trim_length); one compile per bucket.
+      traj = rollout_fn(state)
+      traj = padding.trim(traj, config.max_len,
+                          padding.host_trim_length(config, traj.length))
+      return learn_jit(state, traj)
+
+    return host_step
 
   return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))

@@ -11,6 +11,7 @@ from flax import nnx
 
 from agentic_rl import losses
 from agentic_rl import mixed_precision
+from agentic_rl import padding
 from agentic_rl import host_rollout
 from agentic_rl import rollout
 from agentic_rl import sampling
@@ -131,6 +132,8 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
       task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
       tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), batch_size)
       traj = host_rollout.rollout(env, tasks, expert_key, max_len=max_len)
+      traj = padding.trim(traj, max_len,
+                          padding.host_trim_length(config, traj.length))
       return learn_jit(state, traj)
 
     return host_step
