@@ -50,6 +50,7 @@ from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
+from configs import schema
 import environments
 
 PREFERENCES_FILE = "preferences.jsonl"
@@ -66,13 +67,13 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   Raises:
     ConfigError (a ValueError) naming the first bad field and its value.
   """
+  validation.check_known_fields(config)
   if config.env.name not in environments.REGISTRY:
     _fail("env.name", config.env.name,
           f"unknown environment; known: {tuple(environments.REGISTRY)}")
-  lora_block = config.model.get("lora", None)
-  if lora_block is not None and lora_block.get("rank", 0):
+  if config.model.lora.rank:
     # The reward heads ('head' hidden_dd / bias_d) would be frozen with the base.
-    _fail("model.lora.rank", lora_block.rank,
+    _fail("model.lora.rank", config.model.lora.rank,
           "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'")
   try:
     env = environments.make(config.env)
@@ -300,6 +301,7 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
     ConfigError: invalid config (names field and value).
     FloatingPointError: a non-finite loss (names the phase and step).
   """
+  config = schema.with_defaults(config)  # what the config leaves out
   validate_rm_config(config)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -343,7 +345,7 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
         f"config.rm.num_train_tasks={config.rm.num_train_tasks}: no training pairs")
   train_batch = preference_data.pairs_to_batch(
       train_pairs, config.max_len, env.max_turns, config.rm.margin)
-  halt = config.get("halt_after_step", -1)
+  halt = config.halt_after_step
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name,
                                 keys=("loss", "pair_accuracy"))
@@ -416,18 +418,18 @@ def _rl_fail(field: str, value: Any, why: str):
 
 
 def _policy_vocab_size(config) -> int:
-  path = config.model.get("hf_path", "")
+  path = config.model.hf_path
   if path:
     from agentic_rl.models import hf  # pylint: disable=g-import-not-at-top
     return hf.read_config(path).get("vocab_size", -1)
-  return int(config.model.get("vocab_size", transformer.TransformerConfig.vocab_size))
+  return int(config.model.vocab_size)
 
 
 def _read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
   """(the rm workdir's config, its RM TransformerConfig, the checkpoint step to
   load), after checking everything that can be checked without loading."""
-  path = config.rl.get("reward_model_dir", "")
-  kind = config.rl.get("reward_model_kind", "outcome")
+  path = config.rl.reward_model_dir
+  kind = config.rl.reward_model_kind
   if kind not in reward_models.KINDS:
     _rl_fail("reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
   if not isinstance(path, str) or not os.path.isdir(path):
@@ -436,12 +438,12 @@ def _read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfo
   cfg_path = os.path.join(path, "config.json")
   try:
     with open(cfg_path) as f:
-      rm_config = ml_collections.ConfigDict(json.load(f))
+      rm_config = schema.with_defaults(ml_collections.ConfigDict(json.load(f)))
   except (OSError, ValueError) as e:
     _rl_fail("reward_model_dir", path, f"no readable config.json: {e}")
-  if rm_config.get("mode", "rl") != "rm":
+  if rm_config.mode != "rm":
     _rl_fail("reward_model_dir", path,
-             f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
+             f"holds a {rm_config.mode!r}-mode run, not an rm-mode run")
   try:
     fields = {k: tuple(v) if isinstance(v, list) else v
               for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
@@ -478,11 +480,11 @@ def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
     ConfigError (a ValueError) naming the field and value.
   """
   rl = config.rl
-  path = rl.get("reward_model_dir", "")
+  path = rl.reward_model_dir
   uses = [f for f, on in (
       ("rl.rewards.rm", "rm" in dict(rl.rewards)),
-      ("rl.pbrs_potential='rm'", rl.get("pbrs_potential", "progress") == "rm"
-       and rl.get("pbrs_coef", 0.0) > 0)) if on]
+      ("rl.pbrs_potential='rm'", rl.pbrs_potential == "rm"
+       and rl.pbrs_coef > 0)) if on]
   if uses and not path:
     _rl_fail("reward_model_dir", path, f"{' and '.join(uses)} need a trained reward "
              "model: set rl.reward_model_dir to an rm-mode workdir")
@@ -504,7 +506,7 @@ def load_rl_reward_model(
       not match the workdir's config.json.
   """
   path = config.rl.reward_model_dir
-  kind = config.rl.get("reward_model_kind", "outcome")
+  kind = config.rl.reward_model_kind
   rm_config, model_cfg, step = _read_rm_dir(config)
   holder = {}
 
@@ -524,6 +526,6 @@ def load_rl_reward_model(
     ckpt.close()
   params = state["orm" if kind == "outcome" else "prm"]
   spec = reward_models.FrozenRewardModel(
-      holder["rgraph"], kind, rm_config.rm.get("prm_aggregation", "log_prod"))
+      holder["rgraph"], kind, rm_config.rm.prm_aggregation)
   logging.info("loaded the frozen %s RM of %s (checkpoint %d)", kind, path, step)
   return spec, params

@@ -6,6 +6,7 @@ import dataclasses
 
 import ml_collections
 
+from agentic_rl import sharding
 from agentic_rl.models import transformer
 
 MODEL_PRESETS = {
@@ -100,28 +101,22 @@ def mesh() -> ml_collections.ConfigDict:
   (filled with the remaining devices). The default puts every device on
   'data' (plain data parallelism; one CPU here). Batches are split over
   data * fsdp, parameters over fsdp (d_model) and tensor (heads, FFN, vocab).
+  Each field's default and meaning: agentic_rl.sharding.MESH_DEFAULTS.
   """
-  return ml_collections.ConfigDict(dict(
-      # Data-parallel replicas (-1: all devices not used by fsdp and tensor).
-      data=-1,
-      # Fully sharded data parallelism: parameters split on d_model.
-      fsdp=1,
-      # Tensor parallelism: heads, FFN hidden and vocabulary split; must divide
-      # the query and key/value head counts (validation refuses it otherwise).
-      tensor=1,
-      # Multi-host: call jax.distributed.initialize before anything else.
-      distributed=False,
-      # host:port of process 0; '' = auto-detect (SLURM, TPU pods, ...).
-      coordinator_address="",
-      # Number of processes and this process's index; -1 = auto-detect.
-      num_processes=-1,
-      process_id=-1,
-  ))
+  return ml_collections.ConfigDict(dict(sharding.MESH_DEFAULTS))  # fields documented there
 
 
 def base() -> ml_collections.ConfigDict:
-  """Fields every experiment has; experiment files override what they change."""
+  """Fields every experiment has; experiment files override what they change.
+
+  With configs/default.py (mode 'rl') and configs/rm_arithmetic.py (mode 'rm')
+  these are the config schema (configs/schema.py): each field's default, type
+  (that of the default) and meaning (the comment above it).
+  """
   config = ml_collections.ConfigDict()
+  # main.py dispatch: 'rl' (agentic_rl/train.py) or 'rm' (reward models,
+  # agentic_rl/rm_train.py).
+  config.mode = "rl"
   config.name = "experiment"
   config.seed = 0
   # Token buffer length L of a whole episode (prompt + all turns + observations).
@@ -131,4 +126,6 @@ def base() -> ml_collections.ConfigDict:
   config.checkpoint = ml_collections.ConfigDict(dict(every_steps=25, max_to_keep=2))
   # Stop after this global step as if killed (tests of exact resume); -1 = never.
   config.halt_after_step = -1
+  # Device mesh (agentic_rl/sharding.py); default: all devices data-parallel.
+  config.mesh = mesh()
   return config
