@@ -72,6 +72,7 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
   # state, and is the reference model (adapters off); checkpoints hold the
   # adapters only. e.g. --config.model.lora.rank=8
   cfg.lora = ml_collections.ConfigDict(dict(
+      # Adapter rank r; 0 = off (full fine-tuning).
       rank=0,
       # Update scale alpha / rank.
       alpha=16.0,
@@ -87,9 +88,13 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
 def optimizer(learning_rate: float, warmup_steps: int) -> ml_collections.ConfigDict:
   """AdamW + global-norm clipping (agentic_rl.learner.make_optimizer)."""
   return ml_collections.ConfigDict(dict(
+      # Peak learning rate of AdamW (after the linear warmup; constant after).
       learning_rate=learning_rate,
+      # Steps of linear warmup from 0 to learning_rate.
       warmup_steps=warmup_steps,
+      # Decoupled weight decay of AdamW (0 = none).
       weight_decay=0.0,
+      # Clip the gradient to this global norm before the update.
       max_grad_norm=1.0,
   ))
 
@@ -117,13 +122,24 @@ def base() -> ml_collections.ConfigDict:
   # main.py dispatch: 'rl' (agentic_rl/train.py) or 'rm' (reward models,
   # agentic_rl/rm_train.py).
   config.mode = "rl"
+  # Run name: the default workdir is runs/<name>; the progress bar's label.
   config.name = "experiment"
+  # Seed of the model initialisation, task sampling and rollouts.
   config.seed = 0
   # Token buffer length L of a whole episode (prompt + all turns + observations).
   config.max_len = 64
+  # The policy's transformer (see model() above).
   config.model = model("tiny")
+  # Write training metrics (metrics.jsonl, TensorBoard) every this many steps
+  # (the SFT phase; RL: rl.log_every_steps).
   config.log_every_steps = 5
-  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=25, max_to_keep=2))
+  # Checkpoints (orbax) under WORKDIR/checkpoints.
+  config.checkpoint = ml_collections.ConfigDict(dict(
+      # Save every this many steps (and at the end of each phase).
+      every_steps=25,
+      # Keep the newest this many checkpoints.
+      max_to_keep=2,
+  ))
   # Stop after this global step as if killed (tests of exact resume); -1 = never.
   config.halt_after_step = -1
   # Device mesh (agentic_rl/sharding.py); default: all devices data-parallel.

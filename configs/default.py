@@ -27,6 +27,7 @@ from configs import common
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base()
+  # Run name (default workdir runs/<name>).
   config.name = "default"
   # Tokenizer: 'byte' (agentic_rl/tokenizers.py, what the JAX-native
   # environments emit) or 'hf' (the checkpoint's tokenizer and chat template
@@ -281,8 +282,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # initial=True also evaluates the weights before SFT (eval_initial.json; only
   # when sft.steps > 0, e.g. an imported checkpoint's zero-shot score).
   config.eval = ml_collections.ConfigDict(dict(
-      num_tasks=256, seed=12345, num_samples=8, temperature=1.0,
-      pass_k=(1, 2, 4, 8), initial=False,
+      # Held-out tasks, drawn once from this seed (the same set every run).
+      num_tasks=256, seed=12345,
+      # Samples per task at this temperature for pass@k (0 samples = greedy only).
+      num_samples=8, temperature=1.0,
+      # The k of pass@k (each <= num_samples).
+      pass_k=(1, 2, 4, 8),
+      # Also evaluate the weights before SFT (see above).
+      initial=False,
   ))
 
   if arg == "smoke":

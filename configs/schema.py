@@ -13,13 +13,15 @@ Blocks in OPEN_BLOCKS hold free-form keys checked by their owners (environment
 fields, reward names and parameters, loader fields, rm-mode negative types);
 the schema types the block but not its keys.
 
-`python -m configs.schema [rl|rm]` prints the table (path, type, default).
+`python -m configs.schema [rl|rm]` prints the table (path, type, default, meaning).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import re
 import sys
 from typing import Any
 
@@ -154,18 +156,173 @@ def with_defaults(config) -> ml_collections.ConfigDict:
   return out
 
 
+_SOURCES = {"rl": ("configs/common.py", "configs/default.py"),
+            "rm": ("configs/common.py", "configs/rm_arithmetic.py")}
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _comment_meanings(relpath: str, owner: str) -> dict[str, str]:
+  """{path: comment} for each `owner.PATH = ...` line of a config source file.
+
+  The comment is the block of `#` lines above the assignment, found by walking
+  up over the sibling assignments it heads (a blank line or an `if` / `def`
+  line ends the walk), or the assignment's own trailing comment. The first
+  assignment of a path wins (later ones, e.g. in a 'smoke' branch, change the
+  value, not the meaning).
+  """
+  with open(os.path.join(_ROOT, relpath)) as f:
+    lines = f.read().splitlines()
+  out: dict[str, str] = {}
+  for i, line in enumerate(lines):
+    m = re.match(rf"^\s*{owner}\.([\w.]+)\s*=[^=]", line)
+    if not m or m.group(1) in out:
+      continue
+    trailing = re.search(r"\s#\s*(.+)$", line)
+    if trailing:
+      out[m.group(1)] = trailing.group(1).strip()
+      continue
+    j = i - 1
+    while j >= 0:
+      text = lines[j].strip()
+      if not text or re.match(r"^(if|elif|else|def|for|with|return)\b", text):
+        break
+      if text.startswith("#"):
+        block = []
+        while j >= 0 and lines[j].strip().startswith("#"):
+          block.insert(0, lines[j].strip().lstrip("#").strip())
+          j -= 1
+        out[m.group(1)] = " ".join(block)
+        break
+      j -= 1
+  return out
+
+
+def _dict_meanings(relpath: str, openers: dict[str, tuple[str, ...]]) -> dict[str, str]:
+  """{path: comment} of the `key=value,` lines of dict literals in a source file.
+
+  `openers` maps a regex matching the line that opens a dict (e.g.
+  `config.eval = ml_collections.ConfigDict(dict(`; group 1, if any, is the
+  block's path) to the block paths its keys belong to (used when the regex has
+  no group). A key's comment is the `#` block above its line, or above the
+  nearest key line before it in the same dict.
+  """
+  with open(os.path.join(_ROOT, relpath)) as f:
+    lines = f.read().splitlines()
+  out: dict[str, str] = {}
+  parents: tuple[str, ...] = ()
+  comment: list[str] = []
+  last = ""
+  for line in lines:
+    text = line.strip()
+    opened = False
+    for pattern, blocks in openers.items():
+      m = re.match(pattern, line)
+      if m:
+        parents, comment, last, opened = (m.group(1),) if m.groups() else blocks, [], "", True
+    if opened:
+      continue
+    if not parents:
+      continue
+    if text.startswith(")"):
+      parents = ()
+    elif text.startswith("#"):
+      if last:  # a new comment after key lines starts a new group
+        comment, last = [], ""
+      comment.append(text.lstrip("#").strip())
+    else:
+      keys = re.findall(r"(?:^|,\s*)(\w+)=", text)
+      if keys:
+        last = " ".join(comment)
+        for block in parents:
+          for key in keys:
+            out.setdefault(f"{block}.{key}", last)
+  return {k: v for k, v in out.items() if v}
+
+
+def _docstring_attributes(doc: str) -> dict[str, str]:
+  """{name: text} of a Google-style docstring's `Attributes:` section."""
+  out, name = {}, None
+  section = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
+  for line in section.splitlines():
+    m = re.match(r"^    (\w+): (.*)$", line)
+    if m:
+      name = m.group(1)
+      out[name] = m.group(2).strip()
+    elif name and line.startswith("      "):
+      out[name] += " " + line.strip()
+    elif line.strip():
+      name = None
+  return out
+
+
+def meanings(mode: str = "rl") -> dict[str, str]:
+  """{path: one-line meaning} of the schema's fields of `mode`.
+
+  From the comments above the assignments in the reference config files
+  (configs/common.py, configs/default.py or configs/rm_arithmetic.py), the
+  model's TransformerConfig docstring (model.*), the comments of
+  agentic_rl.sharding.MESH_DEFAULTS (mesh.*) and of the lora block in
+  configs/common.py (model.lora.*); a field with none of these (e.g. the
+  optimizer fields of `sft` / `rl`, the fields of `eval`) takes its block's
+  meaning, prefixed 'in: '.
+
+  Raises:
+    ValueError: unknown mode.
+  """
+  from agentic_rl.models import transformer  # noqa: PLC0415
+  known = fields(mode)
+  found: dict[str, str] = {}
+  for rel in _SOURCES[mode]:
+    found.update(_comment_meanings(rel, "config"))
+  found.update({f"model.{k}": v for k, v in
+                _comment_meanings("configs/common.py", "cfg").items()})
+  found.update({f"model.{k}": v for k, v in
+                _docstring_attributes(transformer.TransformerConfig.__doc__).items()
+                if k != "lora"})
+  dict_sources = {
+      "configs/common.py": {
+          r"^\s*cfg\.(lora) = ml_collections\.ConfigDict\(dict\($": (),
+          r"^\s*config\.(checkpoint) = ml_collections\.ConfigDict\(dict\($": (),
+          r"^  return ml_collections\.ConfigDict\(dict\($": ("sft", "rl", "rm"),
+      },
+      "configs/default.py": {
+          r"^\s*config\.(eval) = ml_collections\.ConfigDict\(dict\($": ()},
+      "configs/rm_arithmetic.py": {
+          r"^\s*config\.(rm_eval) = ml_collections\.ConfigDict\(dict\($": ()},
+      "agentic_rl/sharding.py": {r"^MESH_DEFAULTS = dict\($": ("mesh",)},
+  }
+  for rel, openers in dict_sources.items():
+    for path, text in _dict_meanings(rel, openers).items():
+      path = path.replace("lora.", "model.lora.", 1) if path.startswith("lora.") else path
+      if path in known:
+        found.setdefault(path, text)
+  out = {}
+  for path in known:
+    if path in found:
+      out[path] = found[path]
+      continue
+    parent = path.rpartition(".")[0]
+    while parent and parent not in found:
+      parent = parent.rpartition(".")[0]
+    out[path] = f"in: {found[parent]}" if parent else ""
+  return out
+
+
 def main(argv) -> int:
-  """Prints the schema of a mode: one line per field, `path  type  default`."""
+  """Prints the schema of a mode: one line per field, `path type default meaning`."""
   mode = argv[1] if len(argv) > 1 else "rl"
   if mode not in MODES or len(argv) > 2:
     print(f"usage: python -m configs.schema [{'|'.join(MODES)}]", file=sys.stderr)
     return 2
+  about = meanings(mode)
   for f in fields(mode).values():
     if f.type is ml_collections.ConfigDict:
       shown = "{...}" if f.path in OPEN_BLOCKS else "(block)"
     else:
       shown = repr(f.default)
-    print(f"{f.path:40s} {f.type.__name__:10s} {shown}")
+    text = about[f.path]
+    text = text if len(text) <= 100 else text[:97] + "..."
+    print(f"{f.path:36s} {f.type.__name__:10s} {shown:12s} {text}")
   return 0
 
 

@@ -30,6 +30,21 @@ def test_every_field_has_a_default_and_a_type(mode):
     assert schema.type_error(path, field.default, field.type) is None, path
 
 
+@pytest.mark.parametrize("mode", schema.MODES)
+def test_every_field_has_a_meaning(mode):
+  about = schema.meanings(mode)
+  assert set(about) == set(schema.fields(mode))
+  assert [p for p, text in about.items() if not text] == []
+  # Read from the comment above (or beside) the field's own assignment.
+  if mode == "rl":
+    assert "PPO value clip range" in about["rl.value_clip"]
+  assert about["seed"] == "Seed of the model initialisation, task sampling and rollouts."
+  assert about["mesh.fsdp"] == "Fully sharded data parallelism: parameters split on d_model."
+  assert about["model.num_heads"] == "query heads H."  # TransformerConfig docstring
+  assert about["sft.max_grad_norm"] == (
+      "Clip the gradient to this global norm before the update.")
+
+
 def test_defaults_that_had_drifted():
   rl = schema.fields("rl")
   # learner.py read 0.0 where validation.py and configs/default.py said 0.2.
