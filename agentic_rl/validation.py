@@ -39,9 +39,6 @@ def _fail(field: str, value, why: str):
   raise ConfigError(f"config.{field}={value!r}: {why}")
 
 
-OPEN_BLOCKS = schema.OPEN_BLOCKS
-
-
 def closest(name: str, known) -> str | None:
   """The entry of `known` closest to `name` (difflib ratio >= 0.6), or None."""
   close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
@@ -54,7 +51,7 @@ def check_known_fields(config: ml_collections.ConfigDict) -> None:
 
   Valid fields and their types are the schema's (configs/schema.py: the fields
   of configs/default.py, or of configs/rm_arithmetic.py when config.mode ==
-  'rm'); blocks in OPEN_BLOCKS are checked by their owners instead. A field the
+  'rm'); blocks in schema.OPEN_BLOCKS are checked by their owners instead. A field the
   config leaves out is fine (`schema.with_defaults` fills it).
 
   Raises:
