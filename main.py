@@ -133,6 +133,13 @@ def _parse_flags(argv):
     _die(missing)
   try:
     return flags.FLAGS(argv)
+  except SystemExit:
+    # absl's help flags print the help and exit with status 1; asking for
+    # help is not an error.
+    if any(re.match(r"^--?(help|helpshort|helpfull|helpxml|\?)$", a)
+           for a in argv[1:]):
+      sys.exit(0)
+    raise
   except Exception as e:  # pylint: disable=broad-except
     _die(_explain(argv, e))
 
@@ -154,15 +161,17 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
   from agentic_rl import validation  # pylint: disable=g-import-not-at-top
+  from configs import schema  # pylint: disable=g-import-not-at-top
 
   logging.get_absl_handler().addFilter(_DropLibraryChatter())
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", config.name)
-  mode = config.get("mode", "rl")
   try:
-    if mode not in ("rl", "rm"):
-      raise validation.ConfigError(f"config.mode={mode!r}: must be 'rl' or 'rm'")
-    validation.check_known_fields(config)
+    validation.check_known_fields(config)  # unknown fields, wrong types, mode
+    # Every field the config file leaves out gets the schema's default
+    # (configs/schema.py).
+    config = schema.with_defaults(config)
+    mode = config.mode
     if _COMPILATION_CACHE.value:
       jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE.value)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -170,8 +179,7 @@ def main(argv):
     # One run per workdir. A workdir in use exists already: lock it now, before
     # the heavy imports (train.train_and_evaluate re-enters the lock; it takes
     # it itself, after validation, for a new workdir or a multi-process run).
-    early = (os.path.isdir(workdir) or mode == "rm") and not config.get(
-        "mesh", {}).get("distributed", False)
+    early = (os.path.isdir(workdir) or mode == "rm") and not config.mesh.distributed
     with (validation.workdir_lock(workdir, name=".lock") if early
           else contextlib.nullcontext()):
       if mode == "rl":

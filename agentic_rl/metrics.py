@@ -13,13 +13,15 @@ Files written under a run's `workdir`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
 import sys
 import tempfile
-from typing import Any, Mapping, Sequence
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tqdm
@@ -328,12 +330,22 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 class ProgressBar:
-  """A tqdm step counter that shows selected metrics in its postfix.
+  """A tqdm step counter that shows selected metrics and an ETA in its postfix.
+
+  The ETA is estimated per phase, not from one average rate: a run's phases
+  (e.g. SFT, then the slower RL steps) each get the mean wall time of their own
+  recent steps (a phase's first step in this process, which compiles, is left
+  out), and every held-out evaluation still to come adds the measured time of
+  an evaluation (`evaluating`). Until a phase's step (or an evaluation) has been
+  timed, its steps count at the slowest step time measured so far and the ETA is
+  shown as a lower bound, `eta>=1:23`.
 
   Writes to stderr. Redraws at most once per `mininterval` seconds, so when
   stderr is not a TTY (CI logs, where every redraw is a new line) the log grows
   by at most one line per `mininterval`.
   """
+
+  _WINDOW = 20  # recent step times per phase in the mean
 
   def __init__(
       self,
@@ -342,6 +354,9 @@ class ProgressBar:
       desc: str,
       keys: Sequence[str],
       mininterval: float = 1.0,
+      phase_ends: Sequence[int] = (),
+      eval_steps: Sequence[int] = (),
+      clock: Callable[[], float] = time.monotonic,
   ):
     """Creates the bar.
 
@@ -351,8 +366,22 @@ class ProgressBar:
       desc: label shown before the bar.
       keys: metric names to show in the postfix, in this order.
       mininterval: minimum seconds between redraws.
+      phase_ends: last step of every phase but the final one, increasing; e.g.
+        (sft_steps,): steps 1..sft_steps are phase 0, the rest phase 1.
+      eval_steps: steps after which a held-out evaluation runs (each one not
+        yet run counts in the ETA; `total` for an evaluation after the bar).
+      clock: seconds, monotonic (tests pass a fake one).
     """
     self._keys = tuple(keys)
+    self._ends = tuple(int(e) for e in phase_ends) + (int(total),)
+    self._eval_steps = tuple(int(s) for s in eval_steps)
+    self._evals_done: set[int] = set()
+    self._eval_times: list[float] = []
+    self._step_times: list[list[float]] = [[] for _ in self._ends]
+    self._seen_phase = [False] * len(self._ends)
+    self._clock = clock
+    self._last = None  # clock at the last update / end of an evaluation
+    self._postfix: dict[str, str] = {}
     self._bar = tqdm.tqdm(
         total=int(total),
         initial=int(initial),
@@ -362,13 +391,72 @@ class ProgressBar:
         dynamic_ncols=sys.stderr.isatty(),
         file=sys.stderr,
         smoothing=0.1,
+        # tqdm's own `remaining` assumes one rate for the whole run; the ETA
+        # is in the postfix instead.
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]",
     )
 
+  def _phase(self, step: int) -> int:
+    """Index of the phase that step `step` (1-based: the step just done) is in."""
+    for i, end in enumerate(self._ends):
+      if step <= end:
+        return i
+    return len(self._ends) - 1
+
+  def eta(self) -> tuple[float | None, bool]:
+    """(estimated seconds left, whether that is only a lower bound).
+
+    Seconds: sum over phases of (steps left in the phase) * (its mean recent
+    step time), plus (evaluations not yet run) * (mean evaluation time). None
+    before any step time is known.
+    """
+    n = self._bar.n
+    means = [sum(t) / len(t) if t else None for t in self._step_times]
+    known = [m for m in means if m is not None]
+    if not known:
+      return None, True
+    seconds, lower, start = 0.0, False, 0
+    for end, mean in zip(self._ends, means):
+      left = max(0, end - max(n, start))
+      start = end
+      if left:
+        if mean is None:
+          mean, lower = max(known), True
+        seconds += left * mean
+    evals_left = sum(1 for s in self._eval_steps
+                     if s >= n and s not in self._evals_done)
+    if evals_left:
+      if self._eval_times:
+        seconds += evals_left * sum(self._eval_times) / len(self._eval_times)
+      else:
+        lower = True
+    return seconds, lower
+
+  def _eta_text(self) -> str:
+    seconds, lower = self.eta()
+    if seconds is None:
+      return "?"
+    return (">=" if lower else "") + tqdm.tqdm.format_interval(seconds)
+
   def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-    """Moves the bar to `step` and shows `keys` of `metrics` (4 sig. digits).
+    """Moves the bar to `step` and shows `keys` of `metrics` (4 sig. digits)
+    and the ETA.
 
     Keys missing from `metrics` are left out; non-scalar values are ignored.
     """
+    now = self._clock()
+    step = int(step)
+    delta = step - self._bar.n
+    if self._last is not None and delta > 0:
+      phase = self._phase(step)
+      if self._seen_phase[phase]:  # its first step compiles: not a rate
+        times = self._step_times[phase]
+        times.append((now - self._last) / delta)
+        del times[:-self._WINDOW]
+      self._seen_phase[phase] = True
+    elif delta > 0:
+      self._seen_phase[self._phase(step)] = True
+    self._last = now
     if metrics:
       postfix = {}
       for key in self._keys:
@@ -377,13 +465,29 @@ class ProgressBar:
             postfix[key] = f"{_to_float(key, metrics[key]):.4g}"
           except (TypeError, ValueError):
             continue
-      self._bar.set_postfix(postfix, refresh=False)
-    delta = int(step) - self._bar.n
+      self._postfix = postfix
+    # Moved by hand, then drawn: tqdm's update(delta) could redraw before the
+    # new postfix is set.
+    self._bar.n = step
+    self._bar.set_postfix({"eta": self._eta_text(), **self._postfix}, refresh=False)
     if delta >= 0:
-      self._bar.update(delta)  # Respects mininterval.
+      self._bar.update(0)  # Respects mininterval.
     else:
-      self._bar.n = int(step)
       self._bar.refresh()
+
+  @contextlib.contextmanager
+  def evaluating(self):
+    """Times the held-out evaluation run inside the block (after the current
+    step) for the ETA; the next step's time does not include it."""
+    start = self._clock()
+    try:
+      yield
+    finally:
+      end = self._clock()
+      self._eval_times.append(end - start)
+      self._evals_done.add(self._bar.n)
+      if self._last is not None:
+        self._last += end - start
 
   def write(self, message: str) -> None:
     """Prints a line above the bar without breaking it."""
@@ -533,21 +637,51 @@ def format_eval_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
 # ----------------------------------------------------------------------------
 
 
+def held_out_points(
+    reports: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int],
+    metric: str = "accuracy",
+) -> list[tuple[str, int, float]]:
+  """[(checkpoint name, step, value)] of `metric` in held-out eval reports.
+
+  Args:
+    reports: checkpoint name ('initial', 'sft', 'rl') -> its eval metrics.
+    steps: checkpoint name -> the global step it was evaluated at; checkpoints
+      without a step, or whose `metric` is missing or not finite, are left out.
+    metric: the eval metric to plot.
+  """
+  out = []
+  for name, report in reports.items():
+    value = report.get(metric)
+    if (name in steps and isinstance(value, numbers.Real)
+        and math.isfinite(float(value))):
+      out.append((name, int(steps[name]), float(value)))
+  return out
+
+
 def plot_learning_curves(
-    workdir: str, keys: Sequence[str], filename: str = "learning_curves.png"
+    workdir: str, keys: Sequence[str], filename: str = "learning_curves.png",
+    held_out: Sequence[tuple[str, int, float]] = (),
+    held_out_key: str | None = None,
 ) -> str | None:
   """Plots metrics from `{workdir}/metrics.jsonl` against step.
 
   One subplot per key that has at least one finite value (NaN / null points
-  are skipped). Uses matplotlib's non-interactive Agg backend.
+  are skipped). Uses matplotlib's non-interactive Agg backend. Held-out
+  evaluation points (e.g. `held_out_points(reports, steps)`) are drawn as
+  labelled markers on the subplot of `held_out_key`, next to the training
+  metric of the same name (training batches sample at temperature; the
+  held-out points are greedy on fixed tasks).
 
   Args:
     workdir: run directory containing metrics.jsonl; the PNG is written there.
     keys: full metric names as stored (e.g. "train/loss", "eval/pass@1").
     filename: output file name inside `workdir`.
+    held_out: [(label, step, value)] points of the held-out evaluation.
+    held_out_key: the key whose subplot shows them (added if it has no data).
 
   Returns:
-    Path of the PNG, or None if none of `keys` has data.
+    Path of the PNG, or None if none of `keys` has data (and there are no
+    held-out points).
   """
   records = read_metrics(workdir)
   series = {}
@@ -556,6 +690,8 @@ def plot_learning_curves(
            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     if pts:
       series[key] = pts
+  if held_out and held_out_key is not None and held_out_key not in series:
+    series[held_out_key] = []
   if not series:
     return None
 
@@ -570,9 +706,21 @@ def plot_learning_curves(
       nrows, ncols, figsize=(4.5 * ncols, 3.2 * nrows), squeeze=False)
   try:
     for ax, (key, pts) in zip(axes.flat, series.items()):
-      pts.sort(key=lambda p: p[0])
-      xs, ys = zip(*pts)
-      ax.plot(xs, ys, marker="." if len(xs) < 50 else None, linewidth=1.2)
+      if pts:
+        pts.sort(key=lambda p: p[0])
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="." if len(xs) < 50 else None, linewidth=1.2,
+                label="training batches" if key == held_out_key else None)
+      if key == held_out_key and held_out:
+        hx = [p[1] for p in held_out]
+        hy = [p[2] for p in held_out]
+        # Markers only: nothing was measured between the evaluations.
+        ax.plot(hx, hy, linestyle="none", marker="*", markersize=11, color="C3",
+                label="held-out (greedy)")
+        for label, x, y in held_out:
+          ax.annotate(f"{label} {y:.3f}", (x, y), textcoords="offset points",
+                      xytext=(4, -12), fontsize=8, color="C3")
+        ax.legend(fontsize=8, loc="best")
       ax.set_title(key, fontsize=10)
       ax.set_xlabel("step")
       ax.grid(True, alpha=0.3)

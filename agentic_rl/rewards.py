@@ -1214,23 +1214,24 @@ def _check_params(name: str, given: Mapping[str, Any]) -> None:
           f"rl.reward_params.{name}: unknown param {p!r} of reward component "
           f"{name!r}; known: {sorted(known)}"
       )
-  if name == "rm" and given.get("transform", "sigmoid") not in RM_TRANSFORMS:
+  value = {**known, **given}  # the defaults live in REWARD_PARAM_DEFAULTS
+  if name == "rm" and value["transform"] not in RM_TRANSFORMS:
     raise ValueError(
         f"rl.reward_params.rm: unknown transform {given['transform']!r}; known: "
         f"{RM_TRANSFORMS}"
     )
-  if name == "rm" and not given.get("temperature", 1.0) > 0:
+  if name == "rm" and not value["temperature"] > 0:
     raise ValueError(
         f"rl.reward_params.rm: temperature must be > 0, got "
         f"{given['temperature']!r}"
     )
   # ref_match (call_rewards.py): `exact` switches fraction/exact match.
-  if name == "ref_match" and not isinstance(given.get("exact", False), bool):
+  if name == "ref_match" and not isinstance(value["exact"], bool):
     raise ValueError(
         f"rl.reward_params.ref_match: exact must be a bool, got "
         f"{given['exact']!r}"
     )
-  if name == "otc" and given.get("form", "paper") not in OTC_FORMS:
+  if name == "otc" and value["form"] not in OTC_FORMS:
     raise ValueError(
         f"rl.reward_params.otc: unknown form {given['form']!r}; known: "
         f"{OTC_FORMS}"
@@ -1357,7 +1358,8 @@ def make_reward_fn(
       if use_flip:
         total = flip_rewards(
             flip_key, total, noise["flip_p"],
-            low=noise.get("flip_low", 0.0), high=noise.get("flip_high", 1.0),
+            **{arg: noise[k] for arg, k in (("low", "flip_low"), ("high", "flip_high"))
+               if k in noise},
         )
       if use_dither:
         total = dither_rewards(dither_key, total, noise["dither_sigma"])
@@ -1369,22 +1371,20 @@ def make_reward_fn(
 def reward_fn_from_config(rl_cfg):
   """`make_reward_fn` from the experiment's `rl` block: `rewards` (weights),
   `reward_params`, `reward_composition`, `reward_schedules`, `reward_noise`
-  (the last four optional).
+  (their defaults: configs/default.py; empty blocks = off).
 
   Raises:
     ValueError: any unknown name (see `make_reward_fn`).
   """
   def block(name):
-    value = rl_cfg.get(name)
-    if value is None:
-      return None
+    value = rl_cfg[name]
     value = value.to_dict() if hasattr(value, "to_dict") else dict(value)
     return value or None
 
   return make_reward_fn(
       dict(rl_cfg.rewards),
       params=block("reward_params"),
-      composition=rl_cfg.get("reward_composition", "sum"),
+      composition=rl_cfg.reward_composition,
       schedules=block("reward_schedules"),
       noise=block("reward_noise"),
   )

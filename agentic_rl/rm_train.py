@@ -49,6 +49,7 @@ from agentic_rl import reward_models
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
+from configs import schema
 import environments
 
 PREFERENCES_FILE = "preferences.jsonl"
@@ -65,13 +66,13 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   Raises:
     ConfigError (a ValueError) naming the first bad field and its value.
   """
+  validation.check_known_fields(config)
   if config.env.name not in environments.REGISTRY:
     _fail("env.name", config.env.name,
           f"unknown environment; known: {tuple(environments.REGISTRY)}")
-  lora_block = config.model.get("lora", None)
-  if lora_block is not None and lora_block.get("rank", 0):
+  if config.model.lora.rank:
     # The reward heads ('head' hidden_dd / bias_d) would be frozen with the base.
-    _fail("model.lora.rank", lora_block.rank,
+    _fail("model.lora.rank", config.model.lora.rank,
           "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'")
   try:
     env = environments.make(config.env)
@@ -275,6 +276,7 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
     ConfigError: invalid config (names field and value).
     FloatingPointError: a non-finite loss (names the phase and step).
   """
+  config = schema.with_defaults(config)  # what the config leaves out
   validate_rm_config(config)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -318,7 +320,7 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
         f"config.rm.num_train_tasks={config.rm.num_train_tasks}: no training pairs")
   train_batch = preference_data.pairs_to_batch(
       train_pairs, config.max_len, env.max_turns, config.rm.margin)
-  halt = config.get("halt_after_step", -1)
+  halt = config.halt_after_step
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name,
                                 keys=("loss", "pair_accuracy"))

@@ -40,6 +40,7 @@ from agentic_rl import learner
 from agentic_rl import train
 from agentic_rl import validation
 from agentic_rl.models import lora
+from configs import schema
 
 
 def _stack(trees: Sequence[Any]) -> Any:
@@ -83,6 +84,7 @@ def train_seeds(
   """
   if not seeds:
     raise ValueError("train_seeds: seeds must be non-empty")
+  config = schema.with_defaults(config)  # what the config leaves out
   validation.validate_config(config)
   if workdir is not None:
     workdir = os.path.abspath(workdir)

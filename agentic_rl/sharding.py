@@ -69,10 +69,22 @@ AXIS_RULES = {
 }
 _SUFFIX = re.compile(r"_([a-z]+)$")
 
-# Default `mesh` config block (configs/common.py mirrors it).
+# Default `mesh` config block (configs/common.mesh() is built from it).
 MESH_DEFAULTS = dict(
-    data=-1, fsdp=1, tensor=1, distributed=False, coordinator_address="",
-    num_processes=-1, process_id=-1,
+    # Data-parallel replicas (-1: all devices not used by fsdp and tensor).
+    data=-1,
+    # Fully sharded data parallelism: parameters split on d_model.
+    fsdp=1,
+    # Tensor parallelism: heads, FFN hidden and vocabulary split; must divide
+    # the query and key/value head counts (validation refuses it otherwise).
+    tensor=1,
+    # Multi-host: call jax.distributed.initialize before anything else.
+    distributed=False,
+    # host:port of process 0; '' = auto-detect (SLURM, TPU pods, ...).
+    coordinator_address="",
+    # Number of processes and this process's index; -1 = auto-detect.
+    num_processes=-1,
+    process_id=-1,
 )
 
 
@@ -200,7 +212,7 @@ def maybe_initialize_distributed(config) -> bool:
   Returns:
     True if `jax.distributed.initialize` was called.
   """
-  mesh_cfg = config.get("mesh") if hasattr(config, "get") else None
+  mesh_cfg = config.mesh
   if not _mesh_field(mesh_cfg, "distributed"):
     return False
   address = _mesh_field(mesh_cfg, "coordinator_address") or None

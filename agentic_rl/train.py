@@ -47,6 +47,7 @@ from agentic_rl import validation
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
+from configs import schema
 import environments
 from environments.host import base as host_base
 
@@ -61,13 +62,13 @@ def make_env(config: ml_collections.ConfigDict):
   (agentic_rl/data.py loader), a host environment reads its tasks through the
   loader (agentic_rl/datasets/tasks.py).
   """
-  if config.get("tokenizer", "byte") == "hf":
+  if config.tokenizer == "hf":
     from agentic_text import tokenizers  # pylint: disable=g-import-not-at-top
     tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
     env = environments.make({**dict(config.env), "tokenizer": tok})
   else:
     env = environments.make(config.env)
-  if config.get("data"):
+  if config.data:
     from agentic_rl.datasets import tasks as data_tasks  # noqa: PLC0415
     env = data_tasks.with_loader(env, config)
   return env
@@ -81,7 +82,7 @@ def _data_position(env) -> dict | None:
 def make_model_config(config) -> transformer.TransformerConfig:
   """TransformerConfig from config.model, or from config.model.hf_path's
   config.json (plus config.model's non-shape fields, hf.RUNTIME_FIELDS)."""
-  path = config.model.get("hf_path", "")
+  path = config.model.hf_path
   fields = lora_lib.transformer_fields(config.model)
   if path:
     return hf.config_from_hf(
@@ -105,8 +106,8 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
   reproducible bit for bit.
   """
   root = jax.random.PRNGKey(config.seed)
-  mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
-  hf_path = config.model.get("hf_path", "")
+  mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+  hf_path = config.model.hf_path
   if hf_path:
     # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
     graphdef, imported = hf.params_from_hf_tensors(
@@ -283,9 +284,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict 
       or checkpoints exist but none passes its checksums.
     FloatingPointError: a non-finite loss (names the step and metric).
   """
+  config = schema.with_defaults(config)  # what the config leaves out
   sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
-  mesh = sharding.make_mesh(config.get("mesh"))
+  mesh = sharding.make_mesh(config.mesh)
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).
   with validation.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)
@@ -302,7 +304,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   model_cfg = make_model_config(config)
   graphdef, state = init_state(config, model_cfg, mesh)
   reward_model = None
-  if config.rl.get("reward_model_dir", ""):
+  if config.rl.reward_model_dir:
     # Frozen learned reward model: carried in the state (and its
     # checkpoints) from step 0, scored inside the jitted RL step.
     reward_model, rm_params = reward_model_loader.load_rl_reward_model(config)
@@ -346,7 +348,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   initial_eval_path = os.path.join(workdir, "eval_initial.json")
-  if config.eval.get("initial", False) and sft_steps > 0 and not os.path.exists(
+  if config.eval.initial and sft_steps > 0 and not os.path.exists(
       initial_eval_path):
     # The weights before SFT (e.g. an imported checkpoint's zero-shot score);
     # with sft.steps = 0 the SFT evaluation already is this one.
@@ -358,10 +360,11 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       logging.warning("eval.initial: resumed at step %d without %s; the initial "
                       "weights are gone, so that column is left out", start,
                       initial_eval_path)
-  halt = config.get("halt_after_step", -1)
+  halt = config.halt_after_step
   keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-  bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name, keys=keys)
+  bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name, keys=keys,
+                                phase_ends=(sft_steps,), eval_steps=(sft_steps, total))
   t0 = time.time()
   try:
     while int(state.step) < total:
@@ -376,7 +379,8 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
               f"non-finite {phase}/{name} = {m[name]} at step {step}"
           )
       m["steps_per_sec"] = (step - start) / max(time.time() - t0, 1e-9)
-      if step % config.log_every_steps == 0 or step in (sft_steps, total):
+      every = config.log_every_steps if phase == "sft" else config.rl.log_every_steps
+      if step % every == 0 or step in (sft_steps, total):
         writer.write(step, m, prefix=phase)
       bar.update(step, m)
       if step == sft_steps:
@@ -386,8 +390,9 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")
-        _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state),
-                                            model_cfg))
+        with bar.evaluating():
+          _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state),
+                                              model_cfg))
       if step == halt:
         ckpt.wait()
         return None
@@ -409,8 +414,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   ckpt.close()
   metrics_lib.write_eval_report(workdir, reports, title=f"{config.name}: held-out evaluation")
   metrics_lib.plot_learning_curves(
-      workdir, keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl")
-  )
+      workdir, keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl"),
+      held_out=metrics_lib.held_out_points(
+          reports, {"initial": 0, "sft": sft_steps, "rl": total}),
+      held_out_key="rl/accuracy")
   print(metrics_lib.format_eval_table(reports))
   return reports
 
@@ -444,7 +451,7 @@ def _check_lora_base(config, directory: str, params) -> None:
     validation.ConfigError: the base's fingerprint differs.
   """
   info = {
-      "hf_path": config.model.get("hf_path", ""),
+      "hf_path": config.model.hf_path,
       "seed": config.seed,
       "sha256": lora_lib.base_fingerprint(params),
       "lora": dataclasses.asdict(lora_lib.from_config(config.model.lora)),
@@ -480,7 +487,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # resume); any other change is refused.
 _RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
                       "halt_after_step", "name", "mesh.", "sft.num_microbatches",
-                      "rl.num_microbatches")
+                      "rl.num_microbatches", "rl.log_every_steps")
 
 
 def _check_resume_compatible(config, workdir: str) -> None:
@@ -497,7 +504,9 @@ def _check_resume_compatible(config, workdir: str) -> None:
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = _flatten(json.load(f))
+    # Fields added to the schema since that run get their defaults.
+    old = _flatten(json.loads(schema.with_defaults(
+        ml_collections.ConfigDict(json.load(f))).to_json_best_effort()))
   new = _flatten(json.loads(config.to_json_best_effort()))
   diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   refused = [k for k in diff if not k.startswith(_RESUMABLE_CHANGES)]

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import tempfile
-from typing import Any
 
 import jax
 import ml_collections
@@ -29,6 +28,8 @@ from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from agentic_rl import sharding
+from configs import common
+from configs import schema
 import environments
 
 KNOWN_ENVS = tuple(environments.REGISTRY)
@@ -42,46 +43,6 @@ def _fail(field: str, value, why: str):
   raise ConfigError(f"config.{field}={value!r}: {why}")
 
 
-# Fields the code reads with a default (`config.get`) that the reference
-# configs (configs/default.py; configs/rm_arithmetic.py for mode 'rm') do not
-# set. A config may set these, or any field of its reference config; any other
-# field is a typo or a setting nothing reads, and is refused.
-OPTIONAL_FIELDS = (
-    "mode",  # main.py: 'rl' or 'rm'
-    "tokenizer",  # 'byte' or 'hf' (_validate_tokenizer)
-    "data",  # task-loader block (agentic_rl/data.py)
-    "rl.reward_model_dir", "rl.reward_model_kind",  # validate_rl_reward_model
-    "rl.step_reward", "rl.step_reward_transform", "rl.step_reward_coef",
-    "rl.step_reward_clip_eta", "rl.step_reward_gate_threshold",  # _validate_step_reward
-)
-# Blocks whose keys are checked by their owner, not against the reference:
-# environment fields (the environment's dataclass), loader fields
-# (data.validate_data_config), reward names and parameters (rewards.py) and
-# rm-mode negative types (rm_train.validate_rm_config).
-OPEN_BLOCKS = ("env", "data", "rl.rewards", "rl.reward_params",
-               "rl.reward_schedules", "rl.reward_noise", "rm.imperfect")
-
-
-def _reference_config(mode: str):
-  """The config whose fields define the valid ones (for `check_known_fields`)."""
-  if mode == "rm":
-    from configs import rm_arithmetic  # pylint: disable=g-import-not-at-top
-    return rm_arithmetic.get_config()
-  from configs import default  # pylint: disable=g-import-not-at-top
-  return default.get_config()
-
-
-def _field_paths(node, prefix: str = "") -> dict[str, Any]:
-  """{dotted path: value} of every leaf and sub-block of a ConfigDict/dict."""
-  out = {}
-  for key, value in node.items():
-    path = f"{prefix}{key}"
-    out[path] = value
-    if isinstance(value, (ml_collections.ConfigDict, dict)) and path not in OPEN_BLOCKS:
-      out.update(_field_paths(value, path + "."))
-  return out
-
-
 def closest(name: str, known) -> str | None:
   """The entry of `known` closest to `name` (difflib ratio >= 0.6), or None."""
   close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
@@ -89,37 +50,51 @@ def closest(name: str, known) -> str | None:
 
 
 def check_known_fields(config: ml_collections.ConfigDict) -> None:
-  """Refuses fields that no code reads (typos in a forked config file).
+  """Refuses fields that no code reads (typos in a forked config file) and
+  values of the wrong type.
 
-  Valid fields: those of the reference config (configs/default.py, or
-  configs/rm_arithmetic.py when config.mode == 'rm'), plus OPTIONAL_FIELDS;
-  blocks in OPEN_BLOCKS are checked by their owners instead.
+  Valid fields and their types are the schema's (configs/schema.py: the fields
+  of configs/default.py, or of configs/rm_arithmetic.py when config.mode ==
+  'rm'); blocks in schema.OPEN_BLOCKS are checked by their owners instead. A field the
+  config leaves out is fine (`schema.with_defaults` fills it).
 
   Raises:
-    ConfigError: one line naming the unknown field and its value, with the
-      nearest valid field (difflib) when there is one.
+    ConfigError: one line naming the first unknown field and its value, with the
+      nearest valid field (difflib) when there is one; or naming a field whose
+      value has the wrong type (e.g. a string where a float is expected), with
+      the expected type and the default.
   """
-  mode = config.get("mode", "rl")
+  mode = schema.mode_of(config)
+  if mode not in schema.MODES:
+    _fail("mode", mode, f"must be one of {schema.MODES}")
   reference = "configs/rm_arithmetic.py" if mode == "rm" else "configs/default.py"
-  known = set(_field_paths(_reference_config(mode))) | set(OPTIONAL_FIELDS)
-  unknown = [(p, v) for p, v in _field_paths(config).items() if p not in known]
+  known = schema.fields(mode)
+  paths = schema.flatten(config)
+  unknown = [(p, v) for p, v in paths.items() if p not in known]
   # A sub-block that is unknown is reported, not each field inside it.
   unknown = [(p, v) for p, v in unknown
              if not any(p.startswith(q + ".") for q, _ in unknown)]
-  if not unknown:
-    return
-  path, value = unknown[0]
-  parent, _, leaf = path.rpartition(".")
-  block = f"config.{parent}" if parent else "config"
-  near = closest(leaf, [k.rpartition(".")[2] for k in known
-                        if k.rpartition(".")[0] == parent])
-  shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-  hint = (f"did you mean {block}.{near}?" if near else
-          f"the fields of {block} are those {reference} sets")
-  more = (f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
-          if len(unknown) > 1 else "")
-  raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
-                    + hint + more)
+  if unknown:
+    path, value = unknown[0]
+    parent, _, leaf = path.rpartition(".")
+    block = f"config.{parent}" if parent else "config"
+    near = closest(leaf, [k.rpartition(".")[2] for k in known
+                          if k.rpartition(".")[0] == parent])
+    shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+    hint = (f"did you mean {block}.{near}?" if near else
+            f"the fields of {block} are those {reference} sets")
+    more = (f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
+            if len(unknown) > 1 else "")
+    raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
+                      + hint + more)
+  for path, value in paths.items():
+    field = known[path]
+    why = schema.type_error(path, value, field.type)
+    if why:
+      shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+      default = ("a block" if field.type is ml_collections.ConfigDict
+                 else repr(field.default))
+      _fail(path, shown, f"{why} (default {default}, {reference})")
 
 
 def _positive_int(config, field: str, allow_zero: bool = False):
@@ -135,7 +110,7 @@ def _positive_int(config, field: str, allow_zero: bool = False):
 
 def _validate_data(config, is_host: bool) -> None:
   """config.data (optional): the task loader of a host environment (agentic_rl/data.py)."""
-  block = config.get("data")
+  block = config.data
   if not block:
     return
   from agentic_rl import data as data_lib  # noqa: PLC0415 -- grain only when used
@@ -158,6 +133,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       reward name, minibatches that would split a group, non-positive sizes.
   """
   check_known_fields(config)
+  config = schema.with_defaults(config)
   if config.env.name not in KNOWN_ENVS:
     _fail("env.name", config.env.name, f"unknown environment; known: {KNOWN_ENVS}")
   for f in ("sft.warmup_steps", "rl.warmup_steps"):
@@ -190,7 +166,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.num_minibatches", rl.num_minibatches,
           f"must divide the number of groups ({num_groups}) (equal minibatches; "
           "batch rows are split i % num_minibatches, sharding.split_rows)")
-  sft_micro = config.sft.get("num_microbatches", 1)
+  sft_micro = config.sft.num_microbatches
   if (isinstance(sft_micro, bool) or not isinstance(sft_micro, int) or sft_micro < 1
       or config.sft.batch_size % sft_micro):
     _fail("sft.num_microbatches", sft_micro,
@@ -203,7 +179,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if rl.advantage_estimator not in known_estimators:
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"unknown; known: {known_estimators}")
-  tree = rl.get("tree_branching", ())
+  tree = rl.tree_branching
   if tree:
     if (not isinstance(tree, (tuple, list))
         or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tree)
@@ -211,18 +187,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("rl.tree_branching", tree,
             f"must be fork sizes >= 1 whose product is rl.group_size="
             f"{rl.group_size}, or () (off)")
-    if not 0.0 <= rl.get("tree_alpha", 0.5) <= 1.0:
+    if not 0.0 <= rl.tree_alpha <= 1.0:
       _fail("rl.tree_alpha", rl.tree_alpha, "must be in [0, 1]")
-    if (rl.get("credit", "trajectory") != "trajectory"
-        or rl.advantage_estimator != "grpo" or rl.get("pbrs_coef", 0.0) > 0
-        or rl.get("replay_inject", False)):
+    if (rl.credit != "trajectory"
+        or rl.advantage_estimator != "grpo" or rl.pbrs_coef > 0
+        or rl.replay_inject):
       _fail("rl.tree_branching", tuple(tree),
             "tree advantages replace the estimator: use credit 'trajectory', "
             "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False")
-  if rl.advantage_estimator == "gigpo" and rl.get("pbrs_coef", 0.0) > 0:
+  if rl.advantage_estimator == "gigpo" and rl.pbrs_coef > 0:
     _fail("rl.pbrs_coef", rl.pbrs_coef,
           "advantage_estimator 'gigpo' uses unshaped step returns: set 0")
-  if not rl.get("gigpo_step_weight", 1.0) >= 0:
+  if not rl.gigpo_step_weight >= 0:
     _fail("rl.gigpo_step_weight", rl.gigpo_step_weight, "must be >= 0")
   if not rl.hdpo_efficiency_weight >= 0:
     _fail("rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0")
@@ -245,26 +221,26 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("kl_target", "kl_reward_coef", "entropy_coef"):
     if not rl[f] >= 0:
       _fail(f"rl.{f}", rl[f], "must be >= 0")
-  over = rl.get("dynamic_sampling_oversample", 1)
+  over = rl.dynamic_sampling_oversample
   if isinstance(over, bool) or not isinstance(over, int) or over < 1:
     _fail("rl.dynamic_sampling_oversample", over, "must be an integer >= 1 (1 = off)")
-  retries = rl.get("dynamic_sampling_max_retries", 0)
+  retries = rl.dynamic_sampling_max_retries
   if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
     _fail("rl.dynamic_sampling_max_retries", retries, "must be an integer >= 0")
   if retries > 0 and over == 1:
     _fail("rl.dynamic_sampling_max_retries", retries,
           "needs rl.dynamic_sampling_oversample >= 2 (dynamic sampling on)")
-  if rl.get("dynamic_sampling_metric", "reward") not in ("reward", "correct"):
+  if rl.dynamic_sampling_metric not in ("reward", "correct"):
     _fail("rl.dynamic_sampling_metric", rl.dynamic_sampling_metric,
           "must be 'reward' or 'correct'")
-  if rl.get("overlong_mode", "none") not in batch_policies.OVERLONG_MODES:
+  if rl.overlong_mode not in batch_policies.OVERLONG_MODES:
     _fail("rl.overlong_mode", rl.overlong_mode,
           f"unknown; known: {batch_policies.OVERLONG_MODES}")
-  cache = rl.get("overlong_soft_cache", 0)
+  cache = rl.overlong_soft_cache
   if cache and not 0 < cache <= rl.overlong_soft_max:
     _fail("rl.overlong_soft_cache", cache,
           f"must be in (0, rl.overlong_soft_max={rl.overlong_soft_max}] or 0 (off)")
-  credit_mode = rl.get("credit", "trajectory")
+  credit_mode = rl.credit
   if credit_mode not in ("trajectory", "per_turn"):
     _fail("rl.credit", credit_mode, "must be 'trajectory' or 'per_turn'")
   if credit_mode == "per_turn" and rl.advantage_estimator not in ("grpo", "drgrpo"):
@@ -274,9 +250,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if credit_mode == "per_turn" and rl.advantage_estimator == "drgrpo":
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           "with rl.credit='per_turn' use 'grpo' and rl.scale_by_std=False")
-  if not 0.0 <= rl.get("discount", 1.0) <= 1.0:
+  if not 0.0 <= rl.discount <= 1.0:
     _fail("rl.discount", rl.discount, "must be in [0, 1]")
-  if not rl.get("pbrs_coef", 0.0) >= 0:
+  if not rl.pbrs_coef >= 0:
     _fail("rl.pbrs_coef", rl.pbrs_coef, "must be >= 0")
   if not rl.temperature > 0:
     _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
@@ -316,13 +292,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # Device mesh: its sizes must cover every device exactly, and each batch must
   # split evenly over the batch axes (data * fsdp).
   try:
-    data, fsdp, tensor = sharding.mesh_shape(config.get("mesh"), jax.device_count())
-    heads = config.model
-    if heads.get("hf_path", ""):
-      hf_cfg = hf.config_from_hf(hf.read_config(heads.hf_path))
-      heads = dict(num_heads=hf_cfg.num_heads, num_kv_heads=hf_cfg.kv_heads)
-    sharding.check_heads_divide_tensor(heads["num_heads"],
-                                       heads.get("num_kv_heads", 0), tensor)
+    data, fsdp, tensor = sharding.mesh_shape(config.mesh, jax.device_count())
+    num_heads, num_kv_heads = config.model.num_heads, config.model.num_kv_heads
+    if config.model.hf_path:
+      hf_cfg = hf.config_from_hf(hf.read_config(config.model.hf_path))
+      num_heads, num_kv_heads = hf_cfg.num_heads, hf_cfg.kv_heads
+    sharding.check_heads_divide_tensor(num_heads, num_kv_heads, tensor)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   for f in ("sft.batch_size", "rl.batch_size"):
@@ -359,34 +334,34 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   is_host = getattr(env_obj, "is_host", False)
   _validate_tokenizer(config, is_host)
   _validate_data(config, is_host)
-  if config.rl.get("pbrs_coef", 0.0) > 0 and is_host:
+  if config.rl.pbrs_coef > 0 and is_host:
     _fail("rl.pbrs_coef", config.rl.pbrs_coef,
           f"host environment {config.env.name!r} has no 'progress' potential")
-  if config.rl.get("likelihood_coef", 0.0) > 0 and is_host:
+  if config.rl.likelihood_coef > 0 and is_host:
     _fail("rl.likelihood_coef", config.rl.likelihood_coef,
           f"host environment {config.env.name!r} has no gold-answer facts")
-  if config.rl.get("dynamic_sampling_max_retries", 0) > 0 and is_host:
+  if config.rl.dynamic_sampling_max_retries > 0 and is_host:
     _fail("rl.dynamic_sampling_max_retries", config.rl.dynamic_sampling_max_retries,
           f"retry rounds roll out inside the jitted step; host environment "
           f"{config.env.name!r} is driven from Python (use 0)")
-  if tuple(config.rl.get("tree_branching", ())) and is_host:
+  if tuple(config.rl.tree_branching) and is_host:
     _fail("rl.tree_branching", config.rl.tree_branching,
           f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
-  potential = config.rl.get("pbrs_potential", "progress")
+  potential = config.rl.pbrs_potential
   if potential not in learner_potentials.POTENTIALS:
     _fail("rl.pbrs_potential", potential,
           f"unknown; known: {tuple(learner_potentials.POTENTIALS)}")
-  if config.rl.get("pbrs_cutoff", "keep") not in ("keep", "zero"):
+  if config.rl.pbrs_cutoff not in ("keep", "zero"):
     _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep' or 'zero'")
   _validate_policy_optimisation(config)
   _validate_obs_prediction(config)
   _validate_dual_path_and_spa(config, is_host)
-  if config.rl.get("dense_as", "reward") not in ("reward", "aux_loss"):
+  if config.rl.dense_as not in ("reward", "aux_loss"):
     _fail("rl.dense_as", config.rl.dense_as, "must be 'reward' or 'aux_loss'")
-  lik = config.rl.get("likelihood_coef", 0.0)
+  lik = config.rl.likelihood_coef
   if not lik >= 0:
     _fail("rl.likelihood_coef", lik, "must be >= 0 (0 = off)")
-  pbrs_on = config.rl.get("pbrs_coef", 0.0) > 0
+  pbrs_on = config.rl.pbrs_coef > 0
   if lik > 0 or (pbrs_on and potential == "trace"):
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
@@ -416,74 +391,74 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def _validate_policy_optimisation(config) -> None:
   """GAE / value head, FlowRL and behaviour log-prob switches."""
   rl = config.rl
-  beh = rl.get("behaviour_logprobs", "trainer")
+  beh = rl.behaviour_logprobs
   if beh not in learner_behaviour.BEHAVIOUR_LOGPROBS:
     _fail("rl.behaviour_logprobs", beh, "must be 'trainer' or 'sampler'")
-  value_potential = (rl.get("pbrs_potential", "progress") == "value"
-                     and rl.get("pbrs_coef", 0.0) > 0)
+  value_potential = (rl.pbrs_potential == "value"
+                     and rl.pbrs_coef > 0)
   gae = rl.advantage_estimator == "gae"
-  if (gae or value_potential) and not config.model.get("value_head", False):
+  if (gae or value_potential) and not config.model.value_head:
     field, value = (("rl.advantage_estimator", "gae") if gae
                     else ("rl.pbrs_potential", "value"))
     _fail(field, value, "needs a value head: set model.value_head=True")
   if gae:
-    if rl.get("credit", "trajectory") != "trajectory":
+    if rl.credit != "trajectory":
       _fail("rl.credit", rl.credit, "advantage_estimator 'gae' gives per-token "
             "advantages itself: use 'trajectory'")
-    if rl.get("pbrs_coef", 0.0) > 0:
+    if rl.pbrs_coef > 0:
       _fail("rl.pbrs_coef", rl.pbrs_coef,
             "advantage_estimator 'gae' takes the unshaped reward: set 0")
   if gae or value_potential:
-    if not 0.0 <= rl.get("gae_lambda", 0.95) <= 1.0:
+    if not 0.0 <= rl.gae_lambda <= 1.0:
       _fail("rl.gae_lambda", rl.gae_lambda, "must be in [0, 1]")
-    if not rl.get("value_coef", 0.5) > 0:
+    if not rl.value_coef > 0:
       _fail("rl.value_coef", rl.value_coef, "must be > 0")
-    if not rl.get("value_clip", 0.2) >= 0:
+    if not rl.value_clip >= 0:
       _fail("rl.value_clip", rl.value_clip, "must be >= 0 (0 = unclipped)")
   if rl.loss_type == "flowrl":
     if rl.loss_agg_mode != "seq-mean-token-mean":
       _fail("rl.loss_agg_mode", rl.loss_agg_mode,
             "rl.loss_type='flowrl' is a sequence-level objective: use "
             "'seq-mean-token-mean'")
-    if (rl.get("credit", "trajectory") != "trajectory"
+    if (rl.credit != "trajectory"
         or rl.advantage_estimator in ("gae", "gigpo")
-        or tuple(rl.get("tree_branching", ()))):
+        or tuple(rl.tree_branching)):
       _fail("rl.loss_type", rl.loss_type,
             "FlowRL takes one normalised reward per episode: use credit "
             "'trajectory', an episode-level advantage_estimator (not 'gae' or "
             "'gigpo') and no tree_branching")
-    if not rl.get("flowrl_beta", 15.0) > 0:
+    if not rl.flowrl_beta > 0:
       _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
-    if not rl.get("flowrl_clip", 0.2) >= 0:
+    if not rl.flowrl_clip >= 0:
       _fail("rl.flowrl_clip", rl.flowrl_clip, "must be >= 0")
-    hidden = rl.get("flowrl_log_z_hidden", 0)
+    hidden = rl.flowrl_log_z_hidden
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
       _fail("rl.flowrl_log_z_hidden", hidden,
             "must be an integer >= 0 (0 = one scalar log Z)")
-    if not rl.get("flowrl_log_z_lr", 1e-3) > 0:
+    if not rl.flowrl_log_z_lr > 0:
       _fail("rl.flowrl_log_z_lr", rl.flowrl_log_z_lr, "must be > 0")
 
 
 def _validate_dual_path_and_spa(config, is_host: bool) -> None:
   """Dual-path groups (rl.dual_path_tool_free) and the SPA head (rl.spa_*)."""
   rl = config.rl
-  free = rl.get("dual_path_tool_free", 0)
+  free = rl.dual_path_tool_free
   if isinstance(free, bool) or not isinstance(free, int) or not (
       0 <= free < rl.group_size):
     _fail("rl.dual_path_tool_free", free,
           f"must be an int in [0, rl.group_size={rl.group_size}) (tool-free "
           "episodes per group; 0 = off)")
-  if free and tuple(rl.get("tree_branching", ())):
+  if free and tuple(rl.tree_branching):
     _fail("rl.dual_path_tool_free", free,
           "dual-path groups need flat groups: set rl.tree_branching=()")
   if free and is_host:
     _fail("rl.dual_path_tool_free", free,
           f"the tool-call logit mask is applied in the JAX-native rollout; "
           f"host environment {config.env.name!r} is not supported")
-  if rl.get("pbrs_potential", "progress") == "spa":
-    if not rl.get("spa_lr", 1e-2) > 0:
+  if rl.pbrs_potential == "spa":
+    if not rl.spa_lr > 0:
       _fail("rl.spa_lr", rl.spa_lr, "must be > 0")
-    steps = rl.get("spa_steps", 1)
+    steps = rl.spa_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
       _fail("rl.spa_steps", steps, "must be an int >= 1")
 
@@ -492,20 +467,20 @@ def _validate_obs_prediction(config) -> None:
   """Next-observation prediction (docs/papers.md): rl.obs_prediction_coef,
   rl.obs_prediction_placebo, rl.log_obs_prediction."""
   rl = config.rl
-  coef = rl.get("obs_prediction_coef", 0.0)
+  coef = rl.obs_prediction_coef
   if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (
       0.0 <= coef < float("inf")):
     _fail("rl.obs_prediction_coef", coef,
           "must be a finite number >= 0 (auxiliary next-observation CE "
           "weight; 0 = off)")
-  placebo = rl.get("obs_prediction_placebo", False)
+  placebo = rl.obs_prediction_placebo
   if not isinstance(placebo, bool):
     _fail("rl.obs_prediction_placebo", placebo, "must be True or False")
   if placebo and not coef > 0:
     _fail("rl.obs_prediction_placebo", placebo,
           "shuffles the labels of the auxiliary next-observation loss: needs "
           "rl.obs_prediction_coef > 0")
-  log = rl.get("log_obs_prediction", False)
+  log = rl.log_obs_prediction
   if not isinstance(log, bool):
     _fail("rl.log_obs_prediction", log, "must be True or False")
 
@@ -513,13 +488,13 @@ def _validate_obs_prediction(config) -> None:
 def _validate_replay_and_dual(config, env_obj) -> None:
   """Replay buffer, self-imitation and dual-ascent switches."""
   rl = config.rl
-  cap = rl.get("replay_capacity", 0)
+  cap = rl.replay_capacity
   if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
     _fail("rl.replay_capacity", cap, "must be an integer >= 0 (0 = off)")
-  inject = rl.get("replay_inject", False)
+  inject = rl.replay_inject
   if not isinstance(inject, bool):
     _fail("rl.replay_inject", inject, "must be True or False")
-  sil = rl.get("sil_coef", 0.0)
+  sil = rl.sil_coef
   if not sil >= 0:
     _fail("rl.sil_coef", sil, "must be >= 0 (0 = off)")
   if (inject or sil > 0) and cap == 0:
@@ -527,11 +502,11 @@ def _validate_replay_and_dual(config, env_obj) -> None:
           "must be > 0 when rl.replay_inject or rl.sil_coef is on")
   if sil > 0:
     _positive_int(config, "rl.sil_batch_size")
-  dual = rl.get("dual_constraint", "")
+  dual = rl.dual_constraint
   if inject:
-    if rl.get("credit", "trajectory") != "trajectory":
+    if rl.credit != "trajectory":
       _fail("rl.replay_inject", inject, "needs rl.credit='trajectory'")
-    if rl.advantage_estimator == "hdpo" or rl.get("pbrs_coef", 0.0) > 0 or dual:
+    if rl.advantage_estimator == "hdpo" or rl.pbrs_coef > 0 or dual:
       _fail("rl.replay_inject", inject,
             "replayed episodes carry no env facts: not with "
             "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint")
@@ -543,48 +518,48 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     scalars = sorted(k for k, v in facts.items() if v.shape == ())
     _fail("rl.dual_constraint", dual,
           f"must name a per-episode scalar env fact; known: {scalars}")
-  if rl.get("dual_sense", "max") not in ("max", "min"):
+  if rl.dual_sense not in ("max", "min"):
     _fail("rl.dual_sense", rl.dual_sense, "must be 'max' or 'min'")
-  if not rl.get("dual_lr", 0.0) > 0:
-    _fail("rl.dual_lr", rl.get("dual_lr"), "must be > 0")
-  if not rl.get("dual_init", 0.0) >= 0:
-    _fail("rl.dual_init", rl.get("dual_init"), "must be >= 0")
+  if not rl.dual_lr > 0:
+    _fail("rl.dual_lr", rl.dual_lr, "must be > 0")
+  if not rl.dual_init >= 0:
+    _fail("rl.dual_init", rl.dual_init, "must be >= 0")
 
 
 def _validate_step_reward(config, env_obj) -> None:
   """Per-turn step rewards (`rl.step_reward`, learner.step_rewards_bk)."""
   rl = config.rl
-  kind = rl.get("step_reward", "none")
+  kind = rl.step_reward
   if kind not in rewards.STEP_REWARDS:
     _fail("rl.step_reward", kind, f"unknown; known: {rewards.STEP_REWARDS}")
-  transform = rl.get("step_reward_transform", "sum")
+  transform = rl.step_reward_transform
   if transform not in rewards.STEP_REWARD_TRANSFORMS:
     _fail("rl.step_reward_transform", transform,
           f"unknown; known: {rewards.STEP_REWARD_TRANSFORMS}")
   for f in ("step_reward_coef", "step_reward_clip_eta",
             "step_reward_gate_threshold"):
-    v = rl.get(f, 0.0)
+    v = rl[f]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
       _fail(f"rl.{f}", v, "must be a finite number")
   if kind == "none":
     return
-  coef = rl.get("step_reward_coef", 0.0)
+  coef = rl.step_reward_coef
   if not coef > 0:
     _fail("rl.step_reward_coef", coef,
           f"must be > 0 with rl.step_reward={kind!r} (use rl.step_reward='none' "
           "for no step reward)")
-  if not 0.0 <= rl.get("step_reward_clip_eta", 1.0) <= 1.0:
+  if not 0.0 <= rl.step_reward_clip_eta <= 1.0:
     _fail("rl.step_reward_clip_eta", rl.step_reward_clip_eta,
           "must be in [0, 1] (step scores are in [0, 1])")
-  if rl.get("credit", "trajectory") != "per_turn":
-    _fail("rl.credit", rl.get("credit", "trajectory"),
+  if rl.credit != "per_turn":
+    _fail("rl.credit", rl.credit,
           f"rl.step_reward={kind!r} is delivered per turn: use rl.credit='per_turn'")
-  if tuple(rl.get("tree_branching", ())) or rl.advantage_estimator != "grpo":
+  if tuple(rl.tree_branching) or rl.advantage_estimator != "grpo":
     _fail("rl.advantage_estimator", rl.advantage_estimator,
           f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
           "'grpo' and no tree_branching")
   if (transform in ("delta", "delta_drop", "min")
-      and rl.get("discount", 1.0) != 1.0):
+      and rl.discount != 1.0):
     _fail("rl.discount", rl.discount,
           f"rl.step_reward_transform={transform!r} is bounded through an "
           "undiscounted reward-to-go (telescoping / min-form): use 1.0")
@@ -635,7 +610,7 @@ def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfor
   cfg_path = os.path.join(path, "config.json")
   try:
     with open(cfg_path) as f:
-      rm_config = ml_collections.ConfigDict(json.load(f))
+      rm_config = schema.with_defaults(ml_collections.ConfigDict(json.load(f)))
   except (OSError, ValueError) as e:
     _fail("rl.reward_model_dir", path, f"no readable config.json: {e}")
   if rm_config.get("mode", "rl") != "rm":
@@ -692,7 +667,7 @@ def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
 def _validate_tokenizer(config, is_host: bool) -> None:
   """config.tokenizer: 'byte' (default) or 'hf' (the checkpoint's tokenizer and
   chat template, from config.model.hf_path; host environments only)."""
-  name = config.get("tokenizer", "byte")
+  name = config.tokenizer
   if name not in ("byte", "hf"):
     _fail("tokenizer", name, "must be 'byte' or 'hf'")
   if name != "hf":
@@ -700,7 +675,7 @@ def _validate_tokenizer(config, is_host: bool) -> None:
   if not is_host:
     _fail("tokenizer", name, f"environment {config.env.name!r} is JAX-native and "
           "emits byte-tokenizer ids; 'hf' needs a host environment")
-  path = config.model.get("hf_path", "")
+  path = config.model.hf_path
   if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")):
     _fail("tokenizer", name, f"needs config.model.hf_path with a tokenizer.json "
           f"(hf_path={path!r})")
@@ -726,12 +701,11 @@ def _validate_model(model) -> None:
   if fields["lora"] is not None and fields["lora"].dropout > 0:
     _fail("model.lora.dropout", fields["lora"].dropout,
           "adapter dropout is not applied by the trainer yet; use 0.0")
-  lora_block = model.get("lora", None)
-  if fields["lora"] is None and lora_block is not None:
+  if fields["lora"] is None:
     # LoRA off (rank 0): a changed adapter field would be silently ignored.
-    for name, default in (("dropout", 0.0), ("alpha", 16.0),
-                          ("targets", lora_lib.ALL_TARGETS)):
-      value = lora_block.get(name, default)
+    defaults = common.model().lora
+    for name in ("dropout", "alpha", "targets"):
+      value, default = model.lora[name], defaults[name]
       if (tuple(value) if isinstance(value, list) else value) != default:
         _fail(f"model.lora.{name}", value,
               "LoRA is off (model.lora.rank=0), so nothing reads this field; "
@@ -742,7 +716,7 @@ def _validate_model(model) -> None:
     raise ConfigError(f"config.model.{e}") from e
   except TypeError as e:
     raise ConfigError(f"config.model: {e}") from e
-  path = model.get("hf_path", "")
+  path = model.hf_path
   if not path:
     # Token ids >= vocab_size index past the embedding table: NaN losses
     # minutes into the run, so refuse them here.

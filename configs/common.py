@@ -6,6 +6,7 @@ import dataclasses
 
 import ml_collections
 
+from agentic_rl import sharding
 from agentic_rl.models import transformer
 
 MODEL_PRESETS = {
@@ -71,6 +72,7 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
   # state, and is the reference model (adapters off); checkpoints hold the
   # adapters only. e.g. --config.model.lora.rank=8
   cfg.lora = ml_collections.ConfigDict(dict(
+      # Adapter rank r; 0 = off (full fine-tuning).
       rank=0,
       # Update scale alpha / rank.
       alpha=16.0,
@@ -86,9 +88,13 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
 def optimizer(learning_rate: float, warmup_steps: int) -> ml_collections.ConfigDict:
   """AdamW + global-norm clipping (agentic_rl.learner.make_optimizer)."""
   return ml_collections.ConfigDict(dict(
+      # Peak learning rate of AdamW (after the linear warmup; constant after).
       learning_rate=learning_rate,
+      # Steps of linear warmup from 0 to learning_rate.
       warmup_steps=warmup_steps,
+      # Decoupled weight decay of AdamW (0 = none).
       weight_decay=0.0,
+      # Clip the gradient to this global norm before the update.
       max_grad_norm=1.0,
   ))
 
@@ -100,29 +106,25 @@ def mesh() -> ml_collections.ConfigDict:
   (filled with the remaining devices). The default puts every device on
   'data' (plain data parallelism; one CPU here). Batches are split over
   data * fsdp, parameters over fsdp (d_model) and tensor (heads, FFN, vocab).
+  Each field's default and meaning: agentic_rl.sharding.MESH_DEFAULTS.
   """
-  return ml_collections.ConfigDict(dict(
-      # Data-parallel replicas (-1: all devices not used by fsdp and tensor).
-      data=-1,
-      # Fully sharded data parallelism: parameters split on d_model.
-      fsdp=1,
-      # Tensor parallelism: heads, FFN hidden and vocabulary split; must divide
-      # the query and key/value head counts (validation refuses it otherwise).
-      tensor=1,
-      # Multi-host: call jax.distributed.initialize before anything else.
-      distributed=False,
-      # host:port of process 0; '' = auto-detect (SLURM, TPU pods, ...).
-      coordinator_address="",
-      # Number of processes and this process's index; -1 = auto-detect.
-      num_processes=-1,
-      process_id=-1,
-  ))
+  return ml_collections.ConfigDict(dict(sharding.MESH_DEFAULTS))  # fields documented there
 
 
 def base() -> ml_collections.ConfigDict:
-  """Fields every experiment has; experiment files override what they change."""
+  """Fields every experiment has; experiment files override what they change.
+
+  With configs/default.py (mode 'rl') and configs/rm_arithmetic.py (mode 'rm')
+  these are the config schema (configs/schema.py): each field's default, type
+  (that of the default) and meaning (the comment above it).
+  """
   config = ml_collections.ConfigDict()
+  # main.py dispatch: 'rl' (agentic_rl/train.py) or 'rm' (reward models,
+  # agentic_rl/rm_train.py).
+  config.mode = "rl"
+  # Run name: the default workdir is runs/<name>; the progress bar's label.
   config.name = "experiment"
+  # Seed of the model initialisation, task sampling and rollouts.
   config.seed = 0
   # Token buffer length L of a whole episode (prompt + all turns + observations).
   config.max_len = 64
@@ -130,9 +132,20 @@ def base() -> ml_collections.ConfigDict:
   # multiple of this many positions, before the update (agentic_rl/padding.py;
   # one compiled update per bucket); 0 = train on the whole max_len buffer.
   config.trim_bucket = 16
+  # The policy's transformer (see model() above).
   config.model = model("tiny")
+  # Write training metrics (metrics.jsonl, TensorBoard) every this many steps
+  # (the SFT phase; RL: rl.log_every_steps).
   config.log_every_steps = 5
-  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=25, max_to_keep=2))
+  # Checkpoints (orbax) under WORKDIR/checkpoints.
+  config.checkpoint = ml_collections.ConfigDict(dict(
+      # Save every this many steps (and at the end of each phase).
+      every_steps=25,
+      # Keep the newest this many checkpoints.
+      max_to_keep=2,
+  ))
   # Stop after this global step as if killed (tests of exact resume); -1 = never.
   config.halt_after_step = -1
+  # Device mesh (agentic_rl/sharding.py); default: all devices data-parallel.
+  config.mesh = mesh()
   return config

@@ -27,7 +27,15 @@ from configs import common
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base()
+  # Run name (default workdir runs/<name>).
   config.name = "default"
+  # Tokenizer: 'byte' (agentic_rl/tokenizers.py, what the JAX-native
+  # environments emit) or 'hf' (the checkpoint's tokenizer and chat template
+  # from model.hf_path; host environments only).
+  config.tokenizer = "byte"
+  # Task loader of a host environment (agentic_rl/data.py,
+  # data.validate_data_config); empty = the environment's own tasks.
+  config.data = ml_collections.ConfigDict()
 
   # Environment: environments/arithmetic.py.
   config.env = ml_collections.ConfigDict(dict(
@@ -257,16 +265,38 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.reward_schedules = ml_collections.ConfigDict()
   # Robustness studies: dict(flip_p=0.1) and/or dict(dither_sigma=0.05).
   config.rl.reward_noise = ml_collections.ConfigDict()
-
-  # Device mesh (agentic_rl/sharding.py); default: all devices data-parallel.
-  config.mesh = common.mesh()
+  # Learned reward model (docs/reward_models.md): an rm-mode workdir whose final
+  # checkpoint holds it, loaded frozen at start-up ('' = none; used by reward
+  # component 'rm' and rl.pbrs_potential='rm'), and which of its models:
+  # 'outcome' (Bradley-Terry ORM) or 'process' (per-turn PRM).
+  config.rl.reward_model_dir = ""
+  config.rl.reward_model_kind = "outcome"
+  # Per-turn step (process) rewards (rewards.step_turn_rewards; needs
+  # credit 'per_turn'): the step score p_k in [0, 1] ('none' = off, or
+  # 'valid_call'), its transform ('sum', 'clip', 'delta', 'delta_drop', 'min',
+  # 'gated'), coefficient c, the clip transform's eta and the gated
+  # transform's outcome threshold.
+  config.rl.step_reward = "none"
+  config.rl.step_reward_transform = "sum"
+  config.rl.step_reward_coef = 0.0
+  config.rl.step_reward_clip_eta = 1.0
+  config.rl.step_reward_gate_threshold = 1.0
+  # Log RL metrics (and the learning curve's RL points) every this many RL
+  # steps; SFT logs every config.log_every_steps.
+  config.rl.log_every_steps = 1
 
   # Held-out evaluation on a fixed task set (greedy) plus pass@k from samples.
   # initial=True also evaluates the weights before SFT (eval_initial.json; only
   # when sft.steps > 0, e.g. an imported checkpoint's zero-shot score).
   config.eval = ml_collections.ConfigDict(dict(
-      num_tasks=256, seed=12345, num_samples=8, temperature=1.0,
-      pass_k=(1, 2, 4, 8), initial=False,
+      # Held-out tasks, drawn once from this seed (the same set every run).
+      num_tasks=256, seed=12345,
+      # Samples per task at this temperature for pass@k (0 samples = greedy only).
+      num_samples=8, temperature=1.0,
+      # The k of pass@k (each <= num_samples).
+      pass_k=(1, 2, 4, 8),
+      # Also evaluate the weights before SFT (see above).
+      initial=False,
   ))
 
   if arg == "smoke":

@@ -68,7 +68,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Best-of-N: num_samples SFT-policy episodes per task on num_tasks fixed tasks.
   config.rm_eval = ml_collections.ConfigDict(dict(
-      num_tasks=64, num_samples=8, temperature=1.0, seed=12345))
+      # Fixed tasks (drawn from seed) and SFT-policy samples per task.
+      num_tasks=64, num_samples=8,
+      # Sampling temperature of the best-of-N candidates; task seed.
+      temperature=1.0, seed=12345,
+  ))
   config.checkpoint.every_steps = 50
   config.log_every_steps = 10
 

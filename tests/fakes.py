@@ -105,6 +105,8 @@ def rl_state_and_step(config):
   """Validated config -> (RL-phase TrainState at step 0, jitted GRPO step)."""
   from agentic_rl import learner  # pylint: disable=g-import-not-at-top
   from agentic_rl import train  # pylint: disable=g-import-not-at-top
+  from configs import schema  # pylint: disable=g-import-not-at-top
+  config = schema.with_defaults(config)
   train.validation.validate_config(config)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)

@@ -117,6 +117,34 @@ def test_unknown_field_in_a_forked_config_file(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_wrong_type_in_a_forked_config_file(tmp_path):
+  fork = tmp_path / "my_fork.py"
+  fork.write_text("import ml_collections\nfrom configs import default\n\n\n"
+                  "def get_config(arg=None):\n"
+                  "  config = default.get_config('smoke')\n"
+                  "  config.rl = ml_collections.ConfigDict(\n"
+                  "      dict(config.rl.to_dict(), value_clip='0.2'))\n"
+                  "  return config\n")
+  line = _one_line(_main(f"--config={fork}", f"--workdir={tmp_path / 'run'}"))
+  assert line == ("error: config.rl.value_clip='0.2': must be a float, not str "
+                  "(default 0.2, configs/default.py)")
+  assert not (tmp_path / "run").exists()
+
+
+def test_help_exits_0_without_importing_torch():
+  # -X importtime lists every module imported at start-up on stderr.
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": "ignore"}
+  result = subprocess.run([sys.executable, "-X", "importtime", "main.py", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "--workdir" in result.stdout
+  modules = [ln.rsplit("|", 1)[-1].strip() for ln in result.stderr.splitlines()
+             if ln.startswith("import time:")]
+  assert "jax" in modules  # the listing is real
+  assert [m for m in modules if m == "torch" or m.startswith("torch.")] == []
+
+
 def test_second_run_on_a_locked_workdir_is_refused(tmp_path):
   workdir = str(tmp_path / "run")
   with validation.workdir_lock(workdir):  # this process plays the first run

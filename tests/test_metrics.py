@@ -154,6 +154,54 @@ def test_progress_bar_non_tty(capsys):
   assert err.count("\n") <= 3  # Not one line per update.
 
 
+class _Clock:
+  """A fake monotonic clock advanced by hand."""
+
+  def __init__(self):
+    self.t = 100.0
+
+  def __call__(self):
+    return self.t
+
+
+def test_progress_bar_eta_per_phase_and_evaluations():
+  # 4 SFT steps at 1 s, an evaluation after step 4 (10 s) and one after step 10,
+  # 6 RL steps at 3 s; each phase's first step compiles (20 s, not a rate).
+  clock = _Clock()
+  bar = metrics.ProgressBar(total=10, initial=0, desc="t", keys=(),
+                            phase_ends=(4,), eval_steps=(4, 10), clock=clock)
+  bar.update(0)
+  assert bar.eta() == (None, True)
+  clock.t += 20.0
+  bar.update(1)  # compile step: no rate yet
+  assert bar.eta() == (None, True)
+  clock.t += 1.0
+  bar.update(2)
+  # SFT: 2 steps left at 1 s; RL: 6 steps at >= 1 s (unmeasured: the slowest
+  # rate known); 2 evaluations of unknown time: a lower bound.
+  assert bar.eta() == (2 * 1.0 + 6 * 1.0, True)
+  assert "eta=>=00:08" in bar._bar.postfix  # pylint: disable=protected-access
+  clock.t += 1.0
+  bar.update(3)
+  clock.t += 1.0
+  bar.update(4)
+  assert bar.eta() == (6 * 1.0, True)
+  with bar.evaluating():
+    clock.t += 10.0
+  assert bar.eta() == (6 * 1.0 + 10.0, True)  # RL rate still unknown
+  clock.t += 20.0
+  bar.update(5)  # first RL step compiles; the evaluation is not in its time
+  clock.t += 3.0
+  bar.update(6)
+  # 4 RL steps at 3 s + the final evaluation at 10 s: an estimate, not a bound.
+  assert bar.eta() == (4 * 3.0 + 10.0, False)
+  clock.t += 6.0
+  bar.update(8)  # two steps at once: 3 s each
+  assert bar.eta() == (2 * 3.0 + 10.0, False)
+  assert "eta=00:16" in bar._bar.postfix  # pylint: disable=protected-access
+  bar.close()
+
+
 # ---------------------------------------------------------------- reports
 
 
@@ -209,5 +257,14 @@ def test_plot_learning_curves(tmp_path):
   assert metrics.plot_learning_curves(wd, ["missing"]) is None
   path = metrics.plot_learning_curves(wd, ["train/loss", "eval/pass@1", "missing"])
   assert path == os.path.join(wd, "learning_curves.png")
+  with open(path, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  held = metrics.held_out_points(
+      {"initial": {"accuracy": 0.1}, "sft": {"accuracy": 0.5},
+       "rl": {"accuracy": float("nan")}, "other": {"accuracy": 1.0}},
+      {"initial": 0, "sft": 4, "rl": 9})
+  assert held == [("initial", 0, 0.1), ("sft", 4, 0.5)]  # NaN and step-less left out
+  path = metrics.plot_learning_curves(wd, ["train/loss"], filename="c.png",
+                                      held_out=held, held_out_key="rl/accuracy")
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -36,3 +36,14 @@ def test_summary_columns_follow_the_eval_files(tmp_path):
   assert "| format_error_rate | 1.000 | 0.125 | 0.062 |" in text
   assert "| 1 | 2.500 | 3.00 |" in text
   assert "| 2 | 0.500 | 0.250 | 1.00 |" in text
+
+
+def test_command_line_errors_are_one_usage_line(tmp_path, capsys):
+  for argv, why in (([], "expected one WORKDIR, got 0 arguments"),
+                    ([str(tmp_path), "x"], "expected one WORKDIR, got 2 arguments"),
+                    (["--bogus"], "unknown flag '--bogus'"),
+                    ([str(tmp_path / "nope")],
+                     f"WORKDIR {str(tmp_path / 'nope')!r} is not a folder")):
+    assert report.main(["report"] + argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"{report.USAGE}: {why}\n"

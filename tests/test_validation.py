@@ -198,7 +198,8 @@ def _all_config_files():
                  + glob.glob(os.path.join(ROOT, "experiments", "*", "config.py")))
   for path in files:
     rel = os.path.relpath(path, ROOT)
-    if os.path.basename(path) in ("__init__.py", "common.py", "smollm2_common.py"):
+    if os.path.basename(path) in ("__init__.py", "common.py", "smollm2_common.py",
+                                  "schema.py"):
       continue
     module = importlib.import_module(rel[:-3].replace(os.sep, "."))
     with open(path) as f:

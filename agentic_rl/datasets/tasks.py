@@ -126,11 +126,10 @@ def with_loader(env, config) -> Any:
     ValueError: config.env.name has no record adapter in RECORD_TO_TASK, or the
       loader config is invalid.
   """
-  block = config.get("data") if hasattr(config, "get") else None
-  if not block:
+  if not config.data:
     return env
   name = config.env.name
   if name not in RECORD_TO_TASK:
     raise ValueError(f"config.data: config.env.name={name!r} cannot read tasks from "
                      f"the loader; supported: {sorted(RECORD_TO_TASK)}")
-  return LoaderTasks(env, dict(block), RECORD_TO_TASK[name])
+  return LoaderTasks(env, dict(config.data), RECORD_TO_TASK[name])

@@ -98,10 +98,34 @@ def summarise(workdir: str, log: str | None = None) -> str:
   return "\n".join(lines)
 
 
-if __name__ == "__main__":
-  log = None
-  args = [a for a in sys.argv[1:] if not a.startswith("--log=")]
-  for a in sys.argv[1:]:
+USAGE = "usage: python -m experiments.smollm2.report WORKDIR [--log=FILE]"
+
+
+def main(argv) -> int:
+  """Command line: prints the summary of one workdir; returns the exit status.
+
+  A missing, extra or unknown argument, or a WORKDIR that is not a folder,
+  prints one line (the usage and what is wrong) to stderr and returns 2.
+  """
+  log, args = None, []
+  for a in argv[1:]:
     if a.startswith("--log="):
       log = a[len("--log="):]
+    elif a.startswith("-"):
+      print(f"{USAGE}: unknown flag {a!r}", file=sys.stderr)
+      return 2
+    else:
+      args.append(a)
+  if len(args) != 1:
+    print(f"{USAGE}: expected one WORKDIR, got {len(args)} arguments",
+          file=sys.stderr)
+    return 2
+  if not os.path.isdir(args[0]):
+    print(f"{USAGE}: WORKDIR {args[0]!r} is not a folder", file=sys.stderr)
+    return 2
   print(summarise(args[0], log))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
