@@ -8,7 +8,7 @@ from flax import nnx
 
 from agentic_rl import padding
 from agentic_rl import sampling
-from agentic_rl import tokenizers
+from agentic_text import tokenizers
 from agentic_rl import types
 from agentic_rl.models import transformer
 

@@ -59,7 +59,7 @@ def gae_token_advantages(rl_cfg, reward_b: jax.Array, mask_bl: jax.Array,
 
 def step_reward_on(rl_cfg) -> bool:
   """True when a per-turn step reward is configured (`rl.step_reward`)."""
-  return rl_cfg.get("step_reward", "none") != "none"
+  return rl_cfg.step_reward != "none"
 
 
 def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
@@ -84,10 +84,10 @@ def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
   scored = traj.facts["tool_call_turn"].astype(jnp.bool_) & turn_mask
   return rewards.step_turn_rewards(
       p_bk, scored, turn_mask, reward_b,
-      transform=rl_cfg.get("step_reward_transform", "sum"),
-      coef=rl_cfg.get("step_reward_coef", 0.0),
-      eta=rl_cfg.get("step_reward_clip_eta", 1.0),
-      gate_threshold=rl_cfg.get("step_reward_gate_threshold", 1.0))
+      transform=rl_cfg.step_reward_transform,
+      coef=rl_cfg.step_reward_coef,
+      eta=rl_cfg.step_reward_clip_eta,
+      gate_threshold=rl_cfg.step_reward_gate_threshold)
 
 
 def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
