@@ -11,6 +11,7 @@ from agentic_rl import rollout
 from agentic_text import tokenizers as tk
 from environments import arithmetic
 from environments.arithmetic import ArithmeticEnv, ArithmeticTask
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 A = 16  # default max_action_len
@@ -28,25 +29,11 @@ HARD = _task(483, arithmetic.MUL, 27, 13041, True)
 EASY = _task(7, arithmetic.SUB, 9, -2, False)
 
 
-def _action(ids, width=A):
-  ids = list(ids)
-  assert len(ids) <= width
-  return jnp.array(ids + [tk.PAD] * (width - len(ids)), jnp.int32), jnp.int32(len(ids))
-
-
-def _call(text, end=tk.CALL_END):
-  return _action([tk.CALL, *TOK.encode(text)] + ([end] if end is not None else []))
-
-
-def _answer(text, end=tk.ANSWER_END):
-  return _action([tk.ANSWER, *TOK.encode(text)] + ([end] if end is not None else []))
-
-
 # Compiled once and reused. `reset`, `step` and `facts` do not read
 # `expert_imperfect_prob`, so envs differing only in it share ENV's compiled versions.
-_RESET = jax.jit(ENV.reset)
-_STEP = jax.jit(ENV.step)
-_FACTS = jax.jit(ENV.facts)
+DRIVE = fakes.env_driver(ENV)
+_action, _call, _answer = DRIVE.action, DRIVE.call, DRIVE.answer
+_RESET, _STEP, _FACTS = DRIVE.reset, DRIVE.step, DRIVE.facts
 
 
 def _reset(task):

@@ -9,18 +9,7 @@ import pytest
 
 from agentic_rl import call_rewards as cr
 from agentic_rl import rewards
-from agentic_rl import types
-
-
-def _traj(**facts):
-  b = np.asarray(next(iter(facts.values()))).shape[0]
-  z = jnp.zeros((b, 1), jnp.int32)
-  return types.Trajectory(
-      tokens=z, role=z.astype(jnp.int8), logprob=z.astype(jnp.float32), turn=z,
-      length=jnp.ones((b,), jnp.int32), num_turns=jnp.ones((b,), jnp.int32),
-      finish=jnp.full((b,), types.ANSWERED, jnp.int32),
-      group=jnp.zeros((b,), jnp.int32),
-      facts={k: jnp.asarray(v) for k, v in facts.items()})
+from tests import fakes
 
 
 # Three episodes, K = 3 turns:
@@ -28,7 +17,7 @@ def _traj(**facts):
 #  1: call 1 wrong name (names right, values right), call 2 unparsable; answered, wrong;
 #  2: no calls, answered, correct.
 T = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 0]], bool)
-TRAJ = _traj(
+TRAJ = fakes.trajectory(dict(
     tool_call_turn=T,
     call_format_ok=np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool),
     call_schema_ok=np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool),
@@ -38,7 +27,7 @@ TRAJ = _traj(
     call_exec_ok=np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool),
     answered=np.array([1, 1, 1], bool),
     correct=np.array([1, 0, 1], bool),
-)
+))
 
 
 def test_partial_credit_components():
@@ -82,10 +71,7 @@ def test_registered_and_jittable_through_make_reward_fn():
 def schema_paths():
   """Facts of real schema_calls episodes: two different valid paths and one with a
   wrong value, on the task (3+4)*5."""
-  from agentic_text import tokenizers as tk
   from environments import schema_calls as sc
-  env = sc.SchemaCallsEnv()
-  tok = tk.ByteTokenizer()
   task = sc.SchemaTask(
       depth=jnp.int32(2), branch=jnp.bool_(False),
       op=jnp.array([sc.OP_ADD, sc.OP_MUL, 0], jnp.int32),
@@ -96,24 +82,16 @@ def schema_paths():
       right_const=jnp.array([4, 5, 0], jnp.int32),
       value=jnp.array([7, 35, 0], jnp.int32), answer=jnp.int32(35),
       forbidden=jnp.int32(-1))
-  step = jax.jit(env.step)
+  drive = fakes.env_driver(sc.SchemaCallsEnv())
 
   def episode(texts, ans):
-    state, _, _ = env.reset(task)
-    for t in texts:
-      ids = [tk.CALL, *tok.encode(t), tk.CALL_END]
-      ids += [tk.PAD] * (env.max_action_len - len(ids))
-      state = step(state, jnp.array(ids, jnp.int32), jnp.int32(len(t) + 2))[0]
-    ids = [tk.ANSWER, *tok.encode(ans), tk.ANSWER_END]
-    ids += [tk.PAD] * (env.max_action_len - len(ids))
-    state = step(state, jnp.array(ids, jnp.int32), jnp.int32(len(ans) + 2))[0]
-    return env.facts(state)
+    return drive.run(task, [*map(drive.call, texts), drive.answer(ans)]).facts
 
   eps = [episode(["add(a=3,b=4)", "mul(a=7,b=5)"], "35"),
          episode(["sum(y=3,x=4)", "mul(b=7,a=5)"], "35"),
          episode(["add(a=3,b=4)", "mul(a=7,b=6)"], "42")]
   facts = jax.tree.map(lambda *x: jnp.stack(x), *eps)
-  return _traj(**facts)
+  return fakes.trajectory(facts)
 
 
 def test_alternative_valid_path_gets_full_credit(schema_paths):

@@ -420,14 +420,10 @@ def test_real_full_disk_one_error_no_partial_dirs(tmp_path, caplog):
 
 def _short_config(halt=-1):
   from configs import default  # pylint: disable=g-import-not-at-top
-  config = default.get_config("smoke")
-  config.sft.steps = 10
-  config.rl.steps = 2
-  config.eval.num_tasks = 4
-  config.eval.num_samples = 0
-  config.eval.pass_k = ()
-  config.halt_after_step = halt
-  return config
+  from tests import fakes  # pylint: disable=g-import-not-at-top
+  return fakes.shrink(default.get_config("smoke"), sft_steps=10, rl_steps=2,
+                      eval_tasks=4, eval_samples=0, pass_k=(),
+                      halt_after_step=halt)
 
 
 @pytest.mark.slow

@@ -24,29 +24,6 @@ from tests import fakes
 P, X, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
 
 
-def _row(segments, length):
-  """(role, turn) rows from [(role, turn, count)], padded with PAD / -1."""
-  role, turn = [], []
-  for r, k, n in segments:
-    role += [r] * n
-    turn += [k] * n
-  role += [D] * (length - len(role))
-  turn += [-1] * (length - len(turn))
-  return role, turn
-
-
-def _traj(rows, length, num_turns, finish, group):
-  roles, turns = zip(*[_row(r, length) for r in rows])
-  b = len(rows)
-  return types.Trajectory(
-      tokens=jnp.zeros((b, length), jnp.int32),
-      role=jnp.asarray(roles, jnp.int8), logprob=jnp.zeros((b, length)),
-      turn=jnp.asarray(turns, jnp.int32), length=jnp.full((b,), length),
-      num_turns=jnp.asarray(num_turns, jnp.int32),
-      finish=jnp.asarray(finish, jnp.int32), group=jnp.asarray(group, jnp.int32),
-      facts={})
-
-
 # Episode A: call (turn 0) + 2-token observation, call (turn 1) + 2-token
 # observation, answer (turn 2). Episode B: three calls, each with a 1-token
 # observation (cut off at the horizon K = 3).
@@ -56,7 +33,8 @@ _B = [(P, -1, 2), (X, 0, 1), (T, 0, 1), (X, 1, 1), (T, 1, 1), (X, 2, 1),
 
 
 def test_potential_is_mean_score_of_observations_seen_so_far():
-  traj = _traj([_A, _B], 10, [3, 3], [types.ANSWERED, types.MAX_TURNS], [0, 0])
+  traj = fakes.trajectory(segments=[_A, _B], width=10, num_turns=3,
+                          finish=[types.ANSWERED, types.MAX_TURNS])
   # Scores on every position; only TOOL ones may count.
   score = jnp.asarray([
       [0.9, 0.9, 0.7, 0.2, 0.4, 0.7, 1.0, 0.0, 0.7, 0.5],
@@ -129,8 +107,8 @@ def test_zscored_all_fail_group_ignores_lambda_mean_only_scales_with_it():
   population std sqrt(0.57 / 4) = 0.3774917.
   """
   rows = [_A, _B, _A, _B]
-  traj = _traj(rows, 10, [3, 3, 3, 3],
-               [types.ANSWERED, types.MAX_TURNS] * 2, [0] * 4)
+  traj = fakes.trajectory(segments=rows, width=10, num_turns=3,
+                          finish=[types.ANSWERED, types.MAX_TURNS] * 2)
   phi = jnp.asarray([[0.0, 0.3, 0.4, 0.4], [0.0, 0.6, 0.2, 0.5],
                      [0.0, 0.1, 0.8, 0.8], [0.0, 0.4, 0.7, 0.9]])
   dev = np.array([-0.35, 0.15, -0.35, 0.55])

@@ -12,7 +12,6 @@ from agentic_rl import credit
 from agentic_rl import learner
 from agentic_rl import rollout
 from agentic_text import tokenizers
-from agentic_rl import types
 from agentic_rl import validation
 from configs import default
 from tests import fakes
@@ -78,12 +77,8 @@ def test_dual_path_metrics_hand_values():
   # 1, 3), free rows 1 correct -> acc_n 0.5 > 0 (tools unneeded), nec 0.5.
   # g1: tool rows correct/wrong (calls 2, 2), free rows wrong -> needed, nec 0.5.
   free = jnp.array([False, False, True, True] * 2)
-  traj = types.Trajectory(
-      tokens=jnp.zeros((8, 2), jnp.int32), role=jnp.zeros((8, 2), jnp.int8),
-      logprob=jnp.zeros((8, 2)), turn=jnp.zeros((8, 2), jnp.int32),
-      length=jnp.zeros(8, jnp.int32), num_turns=jnp.ones(8, jnp.int32),
-      finish=jnp.ones(8, jnp.int32),
-      group=jnp.repeat(jnp.arange(2, dtype=jnp.int32), 4),
+  traj = fakes.trajectory(
+      width=2, length=0, finish=1, group=jnp.repeat(jnp.arange(2), 4),
       facts={"correct": jnp.array([1, 1, 1, 0, 1, 0, 0, 0], bool),
              "num_tool_calls": jnp.array([1, 3, 0, 0, 2, 2, 0, 0]),
              "tool_free": free})

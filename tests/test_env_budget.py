@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import environments
 from agentic_text import tokenizers as tk
 from environments.budget import BudgetEnv
 from environments.kv_chain import KVChainTask
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 ENV = environments.make(dict(name="budget", base="kv_chain", budget=2,
@@ -26,24 +26,14 @@ def _task():
                      hops=jnp.int32(3), answer=jnp.int32(L("q")), distractor=jnp.int32(0))
 
 
-def _act(ids):
-  ids = list(ids)
-  a = ENV.max_action_len
-  return jnp.array(ids + [tk.PAD] * (a - len(ids)), jnp.int32), jnp.int32(len(ids))
-
-
-call = lambda k: _act([tk.CALL, ord(k), tk.CALL_END])
-answer = lambda k: _act([tk.ANSWER, ord(k), tk.ANSWER_END])
-_RESET, _STEP, _FACTS = jax.jit(ENV.reset), jax.jit(ENV.step), jax.jit(ENV.facts)
+DRIVE = fakes.env_driver(ENV)
+call, answer = DRIVE.call, DRIVE.answer
 
 
 def _run(actions):
-  state, prompt, plen = _RESET(_task())
-  out = []
-  for act in actions:
-    state, obs, olen, done = _STEP(state, *act)
-    out.append((TOK.decode(np.asarray(obs)[: int(olen)]), bool(done)))
-  return jax.device_get(_FACTS(state)), out, TOK.decode(np.asarray(prompt)[: int(plen)])
+  """(final facts, [(observation text, done)] per step, prompt text)."""
+  ep = DRIVE.run(_task(), actions)
+  return ep.facts, list(zip(ep.obs, ep.dones)), ep.prompt
 
 
 def test_prompt_and_shapes():

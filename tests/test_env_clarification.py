@@ -11,6 +11,7 @@ from agentic_rl import rollout
 from agentic_text import tokenizers as tk
 from environments import arithmetic
 from environments import clarification as cl
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 ENV = cl.ClarificationEnv()
@@ -27,32 +28,14 @@ def _task(a, op, b, answer, hard, missing):
 HARD_B = _task(483, arithmetic.MUL, 27, 13041, True, cl.MISSING_B)
 EASY_NONE = _task(7, arithmetic.ADD, 2, 9, False, cl.NONE)
 
-_RESET = jax.jit(ENV.reset)
-_STEP = jax.jit(ENV.step)
-_FACTS = jax.jit(ENV.facts)
-
-
-def _act(ids):
-  ids = list(ids)
-  return jnp.array(ids + [tk.PAD] * (A - len(ids)), jnp.int32), jnp.int32(len(ids))
-
-
-def call(text):
-  return _act([tk.CALL, *TOK.encode(text), tk.CALL_END])
-
-
-def answer(text):
-  return _act([tk.ANSWER, *TOK.encode(text), tk.ANSWER_END])
+DRIVE = fakes.env_driver(ENV)
+_act, call, answer = DRIVE.action, DRIVE.call, DRIVE.answer
 
 
 def _run(task, actions):
-  state, prompt, plen = _RESET(task)
-  obs_texts, done = [], False
-  for act in actions:
-    state, obs, olen, done = _STEP(state, *act)
-    obs_texts.append(TOK.decode(np.asarray(obs)[: int(olen)]))
-  return jax.device_get(_FACTS(state)), obs_texts, bool(done), TOK.decode(
-      np.asarray(prompt)[: int(plen)])
+  """(final facts, observation text per step, last done, prompt text)."""
+  ep = DRIVE.run(task, actions)
+  return ep.facts, ep.obs, ep.done, ep.prompt
 
 
 def test_prompt_hides_the_missing_operand():

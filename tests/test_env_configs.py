@@ -13,6 +13,7 @@ import environments
 from agentic_rl import rollout
 from agentic_rl import train
 from agentic_rl import validation
+from tests import fakes
 
 FAMILIES = ("kv_chain", "schema_calls", "clarification", "budget", "arithmetic_chain")
 
@@ -62,18 +63,10 @@ def test_bad_env_field_is_a_config_error_naming_it():
 
 
 def _tiny(config):
-  config.sft.steps = 2
-  config.sft.batch_size = 8
-  config.rl.steps = 2
-  config.rl.batch_size = 8
-  config.rl.group_size = 4
-  config.rl.num_minibatches = 1
-  config.eval.num_tasks = 8
-  config.eval.num_samples = 0
-  config.eval.pass_k = ()
-  config.log_every_steps = 1
-  config.checkpoint.every_steps = 100
-  return config
+  return fakes.shrink(config, sft_steps=2, sft_batch=8, rl_steps=2, rl_batch=8,
+                      group_size=4, num_minibatches=1, eval_tasks=8,
+                      eval_samples=0, pass_k=(), checkpoint_every=100,
+                      log_every_steps=1)
 
 
 @pytest.mark.slow

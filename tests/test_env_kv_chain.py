@@ -10,6 +10,7 @@ import pytest
 from agentic_rl import rollout
 from agentic_text import tokenizers as tk
 from environments.kv_chain import KVChainEnv, KVChainTask
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 ENV = KVChainEnv()
@@ -34,32 +35,14 @@ def _task(path: str, hops: int, extra: dict[str, str] | None = None,
 # s -> a -> k -> q, 3 hops; q -> m and z -> s are distractor entries.
 T3 = _task("sakq", 3, {"q": "m", "z": "s"})
 
-_RESET = jax.jit(ENV.reset)
-_STEP = jax.jit(ENV.step)
-_FACTS = jax.jit(ENV.facts)
-
-
-def _act(ids):
-  ids = list(ids)
-  return jnp.array(ids + [tk.PAD] * (A - len(ids)), jnp.int32), jnp.int32(len(ids))
-
-
-def call(text, end=tk.CALL_END):
-  return _act([tk.CALL, *TOK.encode(text)] + ([end] if end is not None else []))
-
-
-def answer(text, end=tk.ANSWER_END):
-  return _act([tk.ANSWER, *TOK.encode(text)] + ([end] if end is not None else []))
+DRIVE = fakes.env_driver(ENV)
+_act, call, answer = DRIVE.action, DRIVE.call, DRIVE.answer
 
 
 def _run(task, actions):
-  state, prompt, plen = _RESET(task)
-  obs_texts = []
-  done = False
-  for act in actions:
-    state, obs, olen, done = _STEP(state, *act)
-    obs_texts.append(TOK.decode(np.asarray(obs)[: int(olen)]))
-  return jax.device_get(_FACTS(state)), obs_texts, bool(done), (prompt, plen)
+  """(final facts, observation text per step, last done, (prompt ids, length))."""
+  ep = DRIVE.run(task, actions)
+  return ep.facts, ep.obs, ep.done, (ep.prompt_ids, ep.prompt_len)
 
 
 def test_prompt():

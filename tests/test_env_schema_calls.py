@@ -11,6 +11,7 @@ from agentic_rl import rollout
 from agentic_text import tokenizers as tk
 from environments import schema_calls as sc
 from environments.schema_calls import SchemaCallsEnv, SchemaTask
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 ENV = SchemaCallsEnv()
@@ -47,32 +48,14 @@ BRANCH = _task([sc.OP_ADD, sc.OP_SUB, sc.OP_MUL], [-1, -1, 0], [-1, -1, 1],
                [2, 6, 0], [3, 1, 0], [2, 3, 6, 1], 3, True)
 FORBID = _task([sc.OP_ADD], [-1], [-1], [3], [4], [3, 4], 1, False, forbidden=1)
 
-_RESET = jax.jit(ENV.reset)
-_STEP = jax.jit(ENV.step)
-_FACTS = jax.jit(ENV.facts)
-
-
-def _act(ids):
-  ids = list(ids)
-  return jnp.array(ids + [tk.PAD] * (A - len(ids)), jnp.int32), jnp.int32(len(ids))
-
-
-def call(text, end=tk.CALL_END):
-  return _act([tk.CALL, *TOK.encode(text)] + ([end] if end is not None else []))
-
-
-def answer(text):
-  return _act([tk.ANSWER, *TOK.encode(text), tk.ANSWER_END])
+DRIVE = fakes.env_driver(ENV)
+_act, call, answer = DRIVE.action, DRIVE.call, DRIVE.answer
 
 
 def _run(task, actions):
-  state, prompt, plen = _RESET(task)
-  obs_texts, done = [], False
-  for act in actions:
-    state, obs, olen, done = _STEP(state, *act)
-    obs_texts.append(TOK.decode(np.asarray(obs)[: int(olen)]))
-  return jax.device_get(_FACTS(state)), obs_texts, bool(done), TOK.decode(
-      np.asarray(prompt)[: int(plen)])
+  """(final facts, observation text per step, last done, prompt text)."""
+  ep = DRIVE.run(task, actions)
+  return ep.facts, ep.obs, ep.done, ep.prompt
 
 
 def test_prompts():

@@ -134,12 +134,8 @@ def _two_episode_traj():
   P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
   role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
   turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
-  return types.Trajectory(
-      tokens=jnp.zeros((2, 7), jnp.int32), role=role,
-      logprob=jnp.zeros((2, 7)), turn=turn, length=jnp.array([7, 4]),
-      num_turns=jnp.array([2, 1]),
-      finish=jnp.array([types.ANSWERED, types.ANSWERED]),
-      group=jnp.array([0, 0]),
+  return fakes.trajectory(
+      role=role, turn=turn, length=[7, 4], num_turns=[2, 1],
       facts={"progress": jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
              "correct": jnp.array([True, False]),
              "num_tool_calls": jnp.array([1, 0])})
@@ -618,13 +614,9 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
 
 def _sft_traj(batch, seed=0):
   """A Trajectory around _batch's tokens and roles (other fields unused by SFT)."""
-  b, l = batch["tokens"].shape
-  role = jnp.where(batch["mask"], types.POLICY, types.PROMPT).astype(jnp.int8)
-  zeros_b = jnp.zeros((b,), jnp.int32)
-  return types.Trajectory(
-      tokens=batch["tokens"], role=role, logprob=jnp.zeros((b, l), jnp.float32),
-      turn=jnp.zeros((b, l), jnp.int32), length=zeros_b + l, num_turns=zeros_b,
-      finish=zeros_b, group=zeros_b, facts={})
+  role = jnp.where(batch["mask"], types.POLICY, types.PROMPT)
+  return fakes.trajectory(tokens=batch["tokens"], role=role, num_turns=0,
+                          finish=0)
 
 
 def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():

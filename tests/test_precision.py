@@ -372,11 +372,8 @@ def test_bf16_microbatch_gradients_accumulate_in_float32():
   graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
   tokens = jax.random.randint(jax.random.PRNGKey(4), (8, 10), 0, 256)
   role = jnp.where(jnp.arange(10) < 3, types.PROMPT, types.POLICY).astype(jnp.int8)
-  traj = types.Trajectory(
-      tokens=tokens, role=jnp.broadcast_to(role, (8, 10)),
-      logprob=jnp.zeros((8, 10)), turn=jnp.zeros((8, 10), jnp.int32),
-      length=jnp.full((8,), 10), num_turns=jnp.ones(8, jnp.int32),
-      finish=jnp.ones(8, jnp.int32), group=jnp.arange(8), facts={})
+  traj = fakes.trajectory(tokens=tokens, role=role, finish=1,
+                          group=jnp.arange(8))
   _, _, g = jax.jit(lambda p: learner.sft_grad(graphdef, p, traj, 4))(params)
   assert {x.dtype for x in jax.tree.leaves(g)} == {np.dtype(jnp.float32)}
   assert np.all(np.isfinite(_flat(g))) and np.any(_flat(g) != 0)

@@ -172,11 +172,7 @@ def test_replay_injection_keeps_the_buffered_turns_under_gigpo():
                    [5, 6, 24, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
   role = jnp.array([[P_, P_, Q_, Q_] + [D_] * 6, [P_, P_, Q_] + [D_] * 7], jnp.int8)
   turn = jnp.where(role == Q_, 0, -1).astype(jnp.int32)
-  traj = types.Trajectory(
-      tokens=tok, role=role, logprob=jnp.zeros((2, 10)), turn=turn,
-      length=jnp.array([4, 3]), num_turns=jnp.array([1, 1]),
-      finish=jnp.full((2,), types.ANSWERED), group=jnp.zeros(2, jnp.int32),
-      facts={})
+  traj = fakes.trajectory(tokens=tok, role=role, turn=turn, length=[4, 3])
   train, reward, injected = learner.inject_replay(
       buf, traj, jnp.zeros(2), group_size=2, success_threshold=1.0)
   np.testing.assert_array_equal(injected, [False, True])

@@ -17,6 +17,7 @@ from agentic_rl import validation
 from agentic_rl.models import transformer
 from configs import rm_arithmetic
 from configs import rm_kv_chain
+from tests import fakes
 
 TINY1 = transformer.TransformerConfig(
     vocab_size=265, d_model=16, num_layers=1, num_heads=2, head_dim=8, ffn_dim=32)
@@ -95,25 +96,6 @@ def test_init_from_policy_copies_trunk_and_zero_head():
   np.testing.assert_array_equal(s, [0.0, 0.0])  # reward_head_d starts at 0
 
 
-def _toy_pairs(n=8, l=6, k=2):
-  """Separable toy pairs: chosen sequences end in token 65, rejected in 66."""
-  rng = np.random.default_rng(0)
-  body = rng.integers(0, 50, (n, l)).astype(np.int32)
-  chosen, rejected = body.copy(), body.copy()
-  chosen[:, -1], rejected[:, -1] = 65, 66
-  turn = np.array([[-1, -1, 0, 0, 1, 1]] * n, np.int32)
-  boundary, tmask = rm.turn_boundaries(jnp.asarray(turn), k)
-
-  def ep(tokens, last_label):
-    labels = np.tile(np.array([[1.0, last_label]], np.float32), (n, 1))
-    return rm.EpisodeBatch(tokens=tokens, mask=np.ones((n, l), bool),
-                           boundary=np.asarray(boundary), turn_mask=np.asarray(tmask),
-                           turn_labels=labels, score=np.full((n,), last_label, np.float32))
-
-  return rm.PairBatch(chosen=ep(chosen, 1.0), rejected=ep(rejected, 0.0),
-                      margin=np.zeros((n,), np.float32))
-
-
 @pytest.mark.parametrize("kind,reg", [("outcome", 0.5), ("process", 0.0)])
 def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
   graphdef, params = rm.init_reward_model(rm.RewardModelConfig(TINY1), jax.random.key(3))
@@ -121,7 +103,7 @@ def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
                                        weight_decay=0.0, max_grad_norm=1.0))
   tx = learner.make_optimizer(cfg)
   step = rm.make_train_step(graphdef, tx, kind=kind, regression_coef=reg)
-  batch = _toy_pairs()
+  batch = fakes.toy_pairs()
   opt = tx.init(params)
   losses = []
   for _ in range(15):

@@ -15,21 +15,19 @@ import numpy as np
 
 from agentic_rl import rewards
 from agentic_rl import types
+from tests import fakes
 
 NAN, INF = float("nan"), float("inf")
 
 
 def _traj(group, **facts):
+  """Episodes of 4 empty tokens in `group`; facts default to 0 (correct,
+  num_tool_calls, num_tool_errors)."""
   b = len(group)
   base = {"correct": jnp.zeros((b,), bool), "num_tool_calls": jnp.zeros((b,), jnp.int32),
           "num_tool_errors": jnp.zeros((b,), jnp.int32)}
-  base.update({k: jnp.asarray(v) for k, v in facts.items()})
-  return types.Trajectory(
-      tokens=jnp.zeros((b, 4), jnp.int32), role=jnp.zeros((b, 4), jnp.int8),
-      logprob=jnp.zeros((b, 4), jnp.float32), turn=jnp.full((b, 4), -1, jnp.int32),
-      length=jnp.zeros((b,), jnp.int32), num_turns=jnp.ones((b,), jnp.int32),
-      finish=jnp.full((b,), types.ANSWERED, jnp.int32),
-      group=jnp.asarray(group, jnp.int32), facts=base)
+  return fakes.trajectory({**base, **facts}, width=4, turn=-1, length=0,
+                          group=group)
 
 
 def test_call_score_nan_and_inf_read_as_zero_sum_composition():

@@ -10,6 +10,7 @@ import pytest
 
 from agentic_rl import rewards
 from agentic_rl import types
+from tests import fakes
 
 A = types.ANSWERED
 
@@ -28,17 +29,8 @@ def make_traj(correct, calls, group, errors=None, finish=None, k=2):
       "hard": jnp.zeros((b,), bool),
       "tool_call_turn": jnp.zeros((b, k), bool),
   }
-  return types.Trajectory(
-      tokens=jnp.zeros((b, 4), jnp.int32),
-      role=jnp.zeros((b, 4), jnp.int8),
-      logprob=jnp.zeros((b, 4), jnp.float32),
-      turn=jnp.full((b, 4), -1, jnp.int32),
-      length=jnp.zeros((b,), jnp.int32),
-      num_turns=jnp.ones((b,), jnp.int32),
-      finish=jnp.asarray(finish, jnp.int32),
-      group=jnp.asarray(group, jnp.int32),
-      facts=facts,
-  )
+  return fakes.trajectory(facts, width=4, turn=-1, length=0, finish=finish,
+                          group=group)
 
 
 def close(x, expected, rtol=1e-6, atol=1e-7):

@@ -25,34 +25,14 @@ from agentic_rl import validation
 from configs import default
 from configs import rm_arithmetic
 from configs import rm_grpo
+from tests import fakes
 
 TINY = dict(vocab_size=265, d_model=16, num_layers=1, num_heads=2, head_dim=8,
             ffn_dim=32)
 
 
-def _toy_pairs(n=8, l=6, k=3):
-  """Separable toy pairs (chosen end in token 65, rejected in 66)."""
-  rng = np.random.default_rng(0)
-  body = rng.integers(0, 50, (n, l)).astype(np.int32)
-  chosen, rejected = body.copy(), body.copy()
-  chosen[:, -1], rejected[:, -1] = 65, 66
-  turn = np.array([[-1, -1, 0, 0, 1, 1]] * n, np.int32)
-  boundary, tmask = rm.turn_boundaries(jnp.asarray(turn), k)
-
-  def ep(tokens, last_label):
-    labels = np.tile(np.array([[1.0, last_label, 0.0]], np.float32), (n, 1))
-    return rm.EpisodeBatch(tokens=tokens, mask=np.ones((n, l), bool),
-                           boundary=np.asarray(boundary), turn_mask=np.asarray(tmask),
-                           turn_labels=labels, score=np.full((n,), last_label, np.float32))
-
-  return rm.PairBatch(chosen=ep(chosen, 1.0), rejected=ep(rejected, 0.0),
-                      margin=np.zeros((n,), np.float32))
-
-
 def _rm_config():
-  config = rm_arithmetic.get_config("smoke")
-  config.model.update(TINY)
-  config.sft.steps = 0
+  config = fakes.shrink(rm_arithmetic.get_config("smoke"), sft_steps=0, model=TINY)
   config.rm.steps = 2
   return config
 
@@ -68,7 +48,7 @@ def rm_dir(tmp_path_factory):
   model_cfg = reward_model_loader.model_config(config)
   _, rgraph, state = reward_model_loader.init_rm_state(config, model_cfg)
   tx = learner.make_optimizer(config.rm)
-  batch = _toy_pairs()
+  batch = fakes.toy_pairs(k=3)
   for name, kind in (("orm", "outcome"), ("prm", "process")):
     step = rm.make_train_step(rgraph, tx, kind=kind)
     for _ in range(config.rm.steps):
@@ -89,11 +69,8 @@ def _traj():
                     [1, 1, 2, 2, 2, 0, 0, 0, 0, 0]], jnp.int8)
   turn = jnp.array([[-1, -1, 0, 0, 0, 0, 0, 1, 1, -1],
                     [-1, -1, 0, 0, 0, -1, -1, -1, -1, -1]], jnp.int32)
-  return types.Trajectory(
-      tokens=tokens, role=role, logprob=jnp.zeros((2, 10)), turn=turn,
-      length=jnp.array([9, 5]), num_turns=jnp.array([2, 1]),
-      finish=jnp.array([types.ANSWERED, types.ANSWERED]), group=jnp.array([0, 0]),
-      facts={"correct": jnp.array([True, False])})
+  return fakes.trajectory({"correct": jnp.array([True, False])}, tokens=tokens,
+                          role=role, turn=turn, length=[9, 5], num_turns=[2, 1])
 
 
 @pytest.mark.parametrize("kind", ["outcome", "process"])
@@ -185,18 +162,11 @@ def test_monitor_metrics_hand_values():
 
 def _rl_config(rm_workdir, kind="outcome", pbrs=False):
   config = rm_grpo.get_config("smoke,pbrs" if pbrs else "smoke")
-  config.model.update(TINY)
+  fakes.shrink(config, sft_steps=2, rl_steps=2, rl_batch=8, group_size=4,
+               num_minibatches=1, eval_tasks=4, eval_samples=0, pass_k=(),
+               model=TINY, log_every_steps=1)
   config.rl.reward_model_dir = rm_workdir
   config.rl.reward_model_kind = kind
-  config.sft.steps = 2
-  config.rl.steps = 2
-  config.rl.batch_size = 8
-  config.rl.group_size = 4
-  config.rl.num_minibatches = 1
-  config.eval.num_tasks = 4
-  config.eval.num_samples = 0
-  config.eval.pass_k = ()
-  config.log_every_steps = 1
   return config
 
 

@@ -9,20 +9,13 @@ from agentic_rl import train
 from agentic_rl import validation
 from configs import default
 from experiments import seeds as experiment_seeds
+from tests import fakes
 
 
 def _tiny():
-  c = default.get_config("smoke")
-  c.sft.steps = 4
-  c.sft.batch_size = 8
-  c.rl.steps = 3
-  c.rl.batch_size = 8
-  c.rl.group_size = 4
-  c.eval.num_tasks = 8
-  c.eval.num_samples = 2
-  c.checkpoint.every_steps = 2
-  c.log_every_steps = 1
-  return c
+  return fakes.shrink(default.get_config("smoke"), sft_steps=4, sft_batch=8,
+                      rl_steps=3, rl_batch=8, group_size=4, eval_tasks=8,
+                      eval_samples=2, checkpoint_every=2, log_every_steps=1)
 
 
 @pytest.fixture(scope="module")

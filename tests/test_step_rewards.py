@@ -15,6 +15,7 @@ from agentic_rl import types
 from agentic_rl import validation
 from configs import default
 from configs import kv_chain
+from tests import fakes
 from tests.test_env_kv_chain import T3, _run, answer, call
 
 C = 0.5  # step-reward coefficient of the hand examples
@@ -142,11 +143,8 @@ def _hand_traj():
   turn = jnp.array([[-1, 0, 0, 1, 1, 2, 2, 3, 3, 4],
                     [-1, 0, 0, 1, -1, -1, -1, -1, -1, -1]])
   facts = jax.tree.map(lambda a, b: jnp.stack([a, b]), fa, fb)
-  return types.Trajectory(
-      tokens=jnp.zeros((2, 10), jnp.int32), role=role, logprob=jnp.zeros((2, 10)),
-      turn=turn, length=jnp.array([10, 4]), num_turns=jnp.array([5, 2]),
-      finish=jnp.array([types.ANSWERED, types.ANSWERED]), group=jnp.array([0, 0]),
-      facts=facts)
+  return fakes.trajectory(facts, role=role, turn=turn, length=[10, 4],
+                          num_turns=[5, 2])
 
 
 def test_kv_chain_valid_call_turn_fact_counts_repeats_not_errors():

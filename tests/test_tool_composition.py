@@ -16,23 +16,12 @@ import pytest
 from agentic_rl import call_rewards as cr
 from agentic_rl import rewards
 from agentic_text import tokenizers as tk
-from agentic_rl import types
 from environments import schema_calls as sc
+from tests import fakes
 
 TOK = tk.ByteTokenizer()
 ENV = sc.SchemaCallsEnv()
 D = ENV.max_depth
-
-
-def _traj(facts):
-  b = np.asarray(facts["correct"]).shape[0]
-  z = jnp.zeros((b, 1), jnp.int32)
-  return types.Trajectory(
-      tokens=z, role=z.astype(jnp.int8), logprob=z.astype(jnp.float32), turn=z,
-      length=jnp.ones((b,), jnp.int32), num_turns=jnp.ones((b,), jnp.int32),
-      finish=jnp.full((b,), types.ANSWERED, jnp.int32),
-      group=jnp.zeros((b,), jnp.int32),
-      facts={k: jnp.asarray(v) for k, v in facts.items()})
 
 
 def _task(op, left_ref, right_ref, left_const, right_const, depth, branch,
@@ -63,24 +52,17 @@ BRANCH = _task([sc.OP_ADD, sc.OP_SUB, sc.OP_MUL], [-1, -1, 0], [-1, -1, 1],
 # 3+4 with `sum` forbidden.
 FORBID = _task([sc.OP_ADD], [-1], [-1], [3], [4], 1, False, forbidden=1)
 
-_RESET = jax.jit(ENV.reset)
-_STEP = jax.jit(ENV.step)
-_FACTS = jax.jit(ENV.facts)
+DRIVE = fakes.env_driver(ENV)
 
 
 def _episode(task, calls, answer):
-  state = _RESET(task)[0]
-  turns = [[tk.CALL, *TOK.encode(c), tk.CALL_END] for c in calls]
-  turns.append([tk.ANSWER, *TOK.encode(answer), tk.ANSWER_END])
-  for ids in turns:
-    a = jnp.array(ids + [tk.PAD] * (ENV.max_action_len - len(ids)), jnp.int32)
-    state = _STEP(state, a, jnp.int32(len(ids)))[0]
-  return _FACTS(state)
+  """Final facts after the tool calls `calls`, then the answer."""
+  return DRIVE.run(task, [*map(DRIVE.call, calls), DRIVE.answer(answer)]).facts
 
 
 def _batch(episodes):
   facts = jax.tree.map(lambda *x: jnp.stack(x), *episodes)
-  return _traj(facts)
+  return fakes.trajectory(facts)
 
 
 @pytest.fixture(scope="module")
