@@ -584,10 +584,10 @@ def _validate_step_reward(config, env_obj) -> None:
 
 def _policy_vocab_size(config) -> int:
   """The policy's vocabulary size (from its HF config.json when hf_path is set)."""
-  path = config.model.get("hf_path", "")
+  path = config.model.hf_path
   if path:
     return hf.read_config(path).get("vocab_size", -1)
-  return int(config.model.get("vocab_size", transformer.TransformerConfig.vocab_size))
+  return int(config.model.vocab_size)
 
 
 def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
@@ -600,8 +600,8 @@ def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfor
   Raises:
     ConfigError naming `rl.reward_model_dir` or `rl.reward_model_kind`.
   """
-  path = config.rl.get("reward_model_dir", "")
-  kind = config.rl.get("reward_model_kind", "outcome")
+  path = config.rl.reward_model_dir
+  kind = config.rl.reward_model_kind
   if kind not in reward_models.KINDS:
     _fail("rl.reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
   if not isinstance(path, str) or not os.path.isdir(path):
@@ -613,9 +613,9 @@ def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfor
       rm_config = schema.with_defaults(ml_collections.ConfigDict(json.load(f)))
   except (OSError, ValueError) as e:
     _fail("rl.reward_model_dir", path, f"no readable config.json: {e}")
-  if rm_config.get("mode", "rl") != "rm":
+  if rm_config.mode != "rm":
     _fail("rl.reward_model_dir", path,
-          f"holds a {rm_config.get('mode', 'rl')!r}-mode run, not an rm-mode run")
+          f"holds a {rm_config.mode!r}-mode run, not an rm-mode run")
   try:
     fields = {k: tuple(v) if isinstance(v, list) else v
               for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
@@ -652,11 +652,11 @@ def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
     ConfigError (a ValueError) naming the field and value.
   """
   rl = config.rl
-  path = rl.get("reward_model_dir", "")
+  path = rl.reward_model_dir
   uses = [f for f, on in (
       ("rl.rewards.rm", "rm" in dict(rl.rewards)),
-      ("rl.pbrs_potential='rm'", rl.get("pbrs_potential", "progress") == "rm"
-       and rl.get("pbrs_coef", 0.0) > 0)) if on]
+      ("rl.pbrs_potential='rm'", rl.pbrs_potential == "rm"
+       and rl.pbrs_coef > 0)) if on]
   if uses and not path:
     _fail("rl.reward_model_dir", path, f"{' and '.join(uses)} need a trained reward "
           "model: set rl.reward_model_dir to an rm-mode workdir")
