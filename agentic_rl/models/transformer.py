@@ -98,6 +98,11 @@ class TransformerConfig:
     logprob_chunk_size: sequence positions per chunk when computing log-probs
       and entropies (agentic_rl.sampling.token_logprobs), so that a
       [B, L, V] array is never materialised; 0 = the whole sequence at once.
+    decode_bucket: smallest length bucket of KV-cache attention
+      (`decode_buckets`): a cached step reads only the first 128, 256, 512 ...
+      entries of the cache, the smallest power-of-two multiple of this that
+      covers the filled part, so decoding cost follows the context length, not
+      the buffer length. 0 = always read the whole cache.
     lora: low-rank adapters on the projections (agentic_rl/models/lora.py),
       or None for none.
   """
@@ -125,6 +130,7 @@ class TransformerConfig:
   value_head: bool = False
   reward_head: bool = False
   logprob_chunk_size: int = 0
+  decode_bucket: int = 128
   lora: lora_lib.LoRAConfig | None = None
 
   def __post_init__(self):
@@ -136,7 +142,7 @@ class TransformerConfig:
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         fail(f, "must be a positive integer")
-    for f in ("num_kv_heads", "logprob_chunk_size"):
+    for f in ("num_kv_heads", "logprob_chunk_size", "decode_bucket"):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         fail(f, "must be an integer >= 0")
@@ -312,6 +318,7 @@ class Attention(nnx.Module):
       cache: dict[str, jax.Array] | None,
       mask_bts: jax.Array,
       rope_sc: tuple[jax.Array, jax.Array],
+      kv_len: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """One attention layer.
 
@@ -322,6 +329,9 @@ class Attention(nnx.Module):
       mask_bts: [B, T, S] bool, True where query t may attend to key s
         (S = T without a cache); built once per forward (Transformer).
       rope_sc: (sin, cos) [B, 1, T, Dh / 2] from `rope_tables`.
+      kv_len: with a cache, an optional int32 scalar: every query of this call
+        that matters reads only cache entries [0, kv_len) (see
+        `decode_buckets`); None reads the whole cache.
 
     Returns:
       ([B, T, D] output, updated cache or None).
@@ -335,8 +345,13 @@ class Attention(nnx.Module):
       # Decoding one token: three separate projections. A fused weight would
       # be re-concatenated on every step of the decode while_loop (XLA does
       # not hoist it out): ~9 MB of copies per layer per token at SmolLM2 size.
+      # Each is a plain [B, D] @ [D, N * Dh] product on the weight's own
+      # row-major layout (a free reshape): written as the einsum
+      # 'btd,dnk->bntk', XLA:CPU computed the transposed product and copied a
+      # transposed weight on every step (one copy per projection per layer).
+      x_bd = x_btd[:, 0]
       q_bhtk, k_bgtk, v_bgtk = (
-          jnp.einsum("btd,dnk->bntk", x_btd, w[...].astype(dt))
+          (x_bd @ w[...].astype(dt).reshape(d, -1)).reshape(b, w.shape[1], 1, dh)
           for w in (self.q_dhk, self.k_dgk, self.v_dgk))
       if cfg.qkv_bias:
         bias = lambda b_nk: b_nk[...].astype(dt)[None, :, None, :]
@@ -389,14 +404,15 @@ class Attention(nnx.Module):
           v_bgtk.transpose(0, 2, 1, 3), mode="drop")
       new_cache = {"k": keys_bgsk, "v": values_bgsk}
     scale = cfg.head_dim ** -0.5
-    if r == 1:
-      # Scores feed the softmax: accumulated and returned in float32.
-      scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk,
-                               preferred_element_type=jnp.float32) * scale
-      scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
-      probs_bhts = jax.nn.softmax(scores_bhts, axis=-1)
-      out_bhtk = jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dt), values_bgsk)
-    else:
+
+    def attend(keys_bgsk, values_bgsk, mask_bts):
+      if r == 1:
+        # Scores feed the softmax: accumulated and returned in float32.
+        scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, keys_bgsk,
+                                 preferred_element_type=jnp.float32) * scale
+        scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, -1e30)
+        probs_bhts = jax.nn.softmax(scores_bhts, axis=-1)
+        return jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dt), values_bgsk)
       # Query head h reads kv head h // r (Hugging Face's repeat_kv).
       q_bgrtk = q_bhtk.reshape(b, g, r, t, cfg.head_dim)
       scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, keys_bgsk,
@@ -404,7 +420,21 @@ class Attention(nnx.Module):
       scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, -1e30)
       probs_bgrts = jax.nn.softmax(scores_bgrts, axis=-1)
       out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dt), values_bgsk)
-      out_bhtk = out_bgrtk.reshape(b, h, t, cfg.head_dim)
+      return out_bgrtk.reshape(b, h, t, cfg.head_dim)
+
+    buckets = decode_buckets(cfg, keys_bgsk.shape[2]) if cache is not None else ()
+    if kv_len is not None and len(buckets) > 1:
+      # Length buckets: read only the first `bucket` cache entries, the
+      # smallest bucket >= kv_len (static slices, one branch per bucket), so a
+      # step costs what the filled part of the cache needs, not the buffer.
+      # Keys past a query's position are masked out (probability exactly 0)
+      # in every bucket, so the output is the full-cache output.
+      idx = jnp.sum(jnp.asarray(buckets[:-1], jnp.int32) < kv_len)
+      out_bhtk = jax.lax.switch(
+          idx, [lambda n=n: attend(keys_bgsk[:, :, :n], values_bgsk[:, :, :n],
+                                   mask_bts[:, :, :n]) for n in buckets])
+    else:
+      out_bhtk = attend(keys_bgsk, values_bgsk, mask_bts)
     out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
     return lora_lib.apply(self, "o", out_bhtk, out), new_cache
 
@@ -452,17 +482,20 @@ class Block(nnx.Module):
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.ffn = SwiGLU(cfg, rngs)
 
-  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc):
-    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc)
+  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None):
+    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc,
+                         kv_len)
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
 
-def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
-  return block(x, positions_bt, cache, mask_bts, rope_sc)
+def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
+                 kv_len=None):
+  return block(x, positions_bt, cache, mask_bts, rope_sc, kv_len)
 
 
-def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
+def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
+                       kv_len=None):
   """`_block_apply` rematerialised in the backward pass (cache-free forwards only).
 
   `jax.checkpoint` over a pure function of the block's split state rather than
@@ -470,7 +503,7 @@ def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
   which raises `TraceContextError` when the model was merged inside another
   transform (e.g. the learner's `lax.map` over behaviour-forward blocks).
   """
-  del cache  # remat is only used without a KV cache
+  del cache, kv_len  # remat is only used without a KV cache
   graphdef, state = nnx.split(block)
 
   @jax.checkpoint
@@ -514,6 +547,7 @@ class Transformer(nnx.Module):
       positions_bt: jax.Array | None = None,
       cache: KVCache | None = None,
       mask_bt: jax.Array | None = None,
+      kv_len: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -525,6 +559,11 @@ class Transformer(nnx.Module):
         attention over this chunk.
       mask_bt: optional [B, T] bool/int, True on real tokens; padding keys are
         hidden from every query (no cache only).
+      kv_len: with a cache, an optional int32 scalar >= every position whose
+        output matters + 1 (e.g. max over rows of start + real length): the
+        attention then reads only the smallest `decode_buckets` prefix of the
+        cache that holds [0, kv_len). Outputs at positions >= kv_len are
+        meaningless. None reads the whole cache.
 
     Returns:
       (hidden [B, T, D] in the compute dtype, updated cache or None).
@@ -567,7 +606,7 @@ class Transformer(nnx.Module):
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
           block, x, positions_bt, None if cache is None else cache[i], mask_bts,
-          rope_sc)
+          rope_sc, kv_len)
       x = pin(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
@@ -661,6 +700,21 @@ def last_token_index(mask_bl: jax.Array) -> jax.Array:
   l = mask_bl.shape[1]
   idx = jnp.where(mask_bl.astype(bool), jnp.arange(l, dtype=jnp.int32), -1)
   return jnp.maximum(jnp.max(idx, axis=1), 0)
+
+
+def decode_buckets(cfg: TransformerConfig, cache_len: int) -> tuple[int, ...]:
+  """Cache prefix lengths that KV-cache attention may read (static).
+
+  decode_bucket * 2^i below `cache_len`, then `cache_len` itself; just
+  (cache_len,) when `cfg.decode_bucket` is 0 or >= cache_len.
+
+  Example: decode_bucket 128, cache_len 600 -> (128, 256, 512, 600).
+  """
+  n, out = cfg.decode_bucket, []
+  while 0 < n < cache_len:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (cache_len,)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int) -> KVCache:
