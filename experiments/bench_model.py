@@ -60,6 +60,9 @@ _PRESETS = flags.DEFINE_list("presets", ["tiny", "small", "medium"],
 _REPS = flags.DEFINE_integer("reps", 5, "Timed calls per measurement (fastest).")
 _SAMPLE_BATCHES = flags.DEFINE_list("sample_batches", ["32", "128"],
                                     "Batch sizes of the sampling benchmark.")
+_DECODE_ONLY = flags.DEFINE_bool(
+    "decode_only", False, "Only the matmul peak and each preset's decode step "
+    "vs its compute bound (no training step, no table).")
 _BUCKETS = flags.DEFINE_bool("buckets", False,
                              "Only compare decode steps in short and long "
                              "buffers with and without length buckets.")
@@ -96,8 +99,9 @@ def _best_time(fn: Callable[[], Any], reps: int,
   return min(times)
 
 
-def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
-                rounds: int = 2) -> tuple[float, int, dict[int, float]]:
+def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096), rounds: int = 2,
+                clock: Callable[[], float] = time.perf_counter
+                ) -> tuple[float, int, dict[int, float]]:
   """Best float32 matmul FLOP/s of XLA over square sizes.
 
   For each N, a jitted [N, N] @ [N, N] float32 product (2 N^3 FLOPs) is
@@ -107,6 +111,9 @@ def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
   matmuls run ~2x slower than float32 on this AVX2 CPU, which has no native
   bfloat16 arithmetic). XLA uses all cores by default.
 
+  With clock=time.process_time the rates are FLOPs per CPU-second of the
+  process (all threads), which other load disturbs far less than wall time.
+
   Returns:
     (best FLOP/s, the N that gave it, {N: best FLOP/s}).
   """
@@ -115,7 +122,7 @@ def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
     f = jax.jit(jnp.matmul)
-    t = min(_best_time(lambda: f(a, b), reps) for _ in range(rounds))
+    t = min(_best_time(lambda: f(a, b), reps, clock) for _ in range(rounds))
     per_n[n] = rate = 2 * n**3 / t
     if rate > best:
       best, best_n = rate, n
@@ -289,6 +296,24 @@ def main(argv):
         + ", ".join(f"N={n}: {r / 1e9:.1f}" for n, r in per_n.items()) + ")")
   print(f"float32 matmul peak (numpy BLAS, cross-check): "
         f"{numpy_matmul_peak(reps) / 1e9:.1f} GFLOP/s")
+  if _DECODE_ONLY.value:
+    peak_cpu, n_cpu, _ = matmul_peak(reps, sizes=(1024, 2048), clock=time.process_time)
+    print(f"float32 matmul peak (XLA) per CPU-second: {peak_cpu / 1e9:.1f} "
+          f"GFLOP (N={n_cpu})")
+    for name in _PRESETS.value:
+      cfg = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS[name])
+      for sb in map(int, _SAMPLE_BATCHES.value):
+        for clock, unit, pk in ((time.perf_counter, "wall", peak),
+                                (time.process_time, "CPU", peak_cpu)):
+          sa = bench_sample(cfg, sb, reps, clock=clock)
+          bound = sa["step_flops"] / pk
+          print(f"{name} decode step at batch {sb}: {1e3 * sa['step_s']:.2f} "
+                f"{unit}-ms, compute bound {1e3 * bound:.3f} {unit}-ms "
+                f"({sa['step_flops'] / 1e6:.1f} MFLOP at {pk / 1e9:.1f} "
+                f"GFLOP per {unit}-s): {sa['step_s'] / bound:.1f}x the bound",
+                flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    return
   rows = []
   for name in _PRESETS.value:
     cfg = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS[name])
