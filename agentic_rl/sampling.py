@@ -105,10 +105,22 @@ def sample_token(
   # whose threefry bits cost ~15x the arg-max on CPU (49k-entry vocab).
   tokens = jax.lax.cond(
       greedy,
-      lambda: jnp.argmax(logp_bv, axis=-1).astype(jnp.int32),
+      lambda: first_argmax(logp_bv),
       lambda: inverse_cdf_sample(key, jnp.exp(logp_bv)))
   logprob = jnp.take_along_axis(logp_bv, tokens[:, None], axis=-1)[:, 0]
   return tokens, logprob
+
+
+def first_argmax(x_bv: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (first index of the maximum), [B, V] -> [B]
+  int32, as two plain reductions (max, then min index attaining it): XLA:CPU
+  runs them vectorised, unlike argmax's (value, index) reduction (measured
+  ~2-3x slower at V = 49,152)."""
+  v = x_bv.shape[-1]
+  m_b = jnp.max(x_bv, axis=-1, keepdims=True)
+  idx = jnp.where(x_bv == m_b, jnp.arange(v, dtype=jnp.int32), v)
+  # (A row of NaNs has no maximum: index V - 1 rather than out of range.)
+  return jnp.minimum(jnp.min(idx, axis=-1), v - 1).astype(jnp.int32)
 
 
 def _first_positive_above(cdf_bn: jax.Array, p_bn: jax.Array,

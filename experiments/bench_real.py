@@ -258,15 +258,15 @@ def main(argv):
     jt = jnp.asarray(tokens)
     tt = torch.from_numpy(tokens.astype(np.int64))
 
-    def loss(p):
-      logp, _ = sampling.token_logprobs(gd, p, jt)
+    def loss(p, toks):  # tokens an argument, not a folded constant
+      logp, _ = sampling.token_logprobs(gd, p, toks)
       return -jnp.mean(logp[:, 1:])
 
     grad_fn = jax.jit(jax.value_and_grad(loss))
     tmodel.train()
 
     def ours_train():
-      return jax.block_until_ready(grad_fn(params))
+      return jax.block_until_ready(grad_fn(params, jt))
 
     def torch_train():
       tmodel.zero_grad(set_to_none=True)

@@ -90,6 +90,13 @@ def _numpy_inverse_cdf(p_bv, u_b):
                    for c, u in zip(cdf, np.asarray(u_b, np.float64))])
 
 
+def test_first_argmax_equals_argmax_with_ties():
+  x = jnp.array([[1.0, 3.0, 3.0, -2.0], [5.0, 5.0, 5.0, 5.0], [-1e9, -7.0, -1e9, -8.0]])
+  np.testing.assert_array_equal(sampling.first_argmax(x), [1, 0, 1])
+  y = jax.random.normal(jax.random.PRNGKey(0), (16, 1000))
+  np.testing.assert_array_equal(sampling.first_argmax(y), jnp.argmax(y, axis=-1))
+
+
 def test_one_compiled_sampler_greedy_and_sampled_streams():
   # A traced temperature: one program; T = 0 takes the arg-max without drawing
   # noise, T > 0 draws the inverse-CDF token of the row's one uniform
