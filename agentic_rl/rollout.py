@@ -140,8 +140,11 @@ def generate_turn(
     logprob = write_segment(st.logprob, st.length, logp_b[:, None], one[:, 0], active)
     turn = write_segment(st.turn, st.length, turn_idx[:, None], one[:, 0], active)
     action = action.at[:, t].set(jnp.where(active, tok_b, tokenizers.PAD))
+    # Inactive rows pass length 0: their (ignored) logits do not widen the
+    # cache prefix the step reads (length buckets, sampling.extend).
     logits, cache = sampling.extend(
-        graphdef, params, st.cache, tok_b[:, None], st.length, one[:, 0]
+        graphdef, params, st.cache, tok_b[:, None], st.length,
+        active.astype(jnp.int32)
     )
     next_logits = jnp.where(active[:, None], logits, st.next_logits)
     length = st.length + active.astype(jnp.int32)

@@ -10,6 +10,10 @@ For each preset (tiny ~0.4M, small ~1M, medium ~20M parameters) it measures:
   sample tok/s  KV-cache decoding (agentic_rl/sampling.extend + sample_token in
                 a lax.fori_loop, temperature 1) at batch 32 and 128: new tokens
                 per second after a prefill of the prompt (prefill excluded).
+  decode step   seconds per decode step (one new token for every row) against
+                its compute bound: the step's model FLOPs (batch x per-token
+                FLOPs below) / the matmul peak; "x bound" = step / bound (1.0
+                would be the peak; the target for the small preset is <= 2).
   MFU           model FLOPs / s divided by a float32 matmul peak measured in the
                 same process (`matmul_peak`: fastest of several jitted
                 [N, N] @ [N, N] products, N = 1024 ... 4096, after warm-up). Model
@@ -28,6 +32,7 @@ peak is measured in the same run so that MFU is a ratio of like with like.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import sys
@@ -55,6 +60,12 @@ _PRESETS = flags.DEFINE_list("presets", ["tiny", "small", "medium"],
 _REPS = flags.DEFINE_integer("reps", 5, "Timed calls per measurement (fastest).")
 _SAMPLE_BATCHES = flags.DEFINE_list("sample_batches", ["32", "128"],
                                     "Batch sizes of the sampling benchmark.")
+_DECODE_ONLY = flags.DEFINE_bool(
+    "decode_only", False, "Only the matmul peak and each preset's decode step "
+    "vs its compute bound (no training step, no table).")
+_BUCKETS = flags.DEFINE_bool("buckets", False,
+                             "Only compare decode steps in short and long "
+                             "buffers with and without length buckets.")
 
 # Bench-local presets: tiny and small are configs/common.py's; medium (~20M
 # parameters) exists only here.
@@ -71,8 +82,10 @@ SAMPLE_CACHE, SAMPLE_PROMPT = 128, 16
 VOCAB = 265
 
 
-def _best_time(fn: Callable[[], Any], reps: int) -> float:
-  """Fastest wall seconds of `fn()` over `reps` calls after one warm-up.
+def _best_time(fn: Callable[[], Any], reps: int,
+               clock: Callable[[], float] = time.perf_counter) -> float:
+  """Fastest wall seconds (or `clock` seconds, e.g. time.process_time for
+  CPU seconds) of `fn()` over `reps` calls after one warm-up.
 
   The fastest call is the least disturbed by other processes on a shared
   machine; the peak matmul is timed the same way.
@@ -80,14 +93,15 @@ def _best_time(fn: Callable[[], Any], reps: int) -> float:
   jax.block_until_ready(fn())
   times = []
   for _ in range(reps):
-    t0 = time.perf_counter()
+    t0 = clock()
     jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
+    times.append(clock() - t0)
   return min(times)
 
 
-def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
-                rounds: int = 2) -> tuple[float, int, dict[int, float]]:
+def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096), rounds: int = 2,
+                clock: Callable[[], float] = time.perf_counter
+                ) -> tuple[float, int, dict[int, float]]:
   """Best float32 matmul FLOP/s of XLA over square sizes.
 
   For each N, a jitted [N, N] @ [N, N] float32 product (2 N^3 FLOPs) is
@@ -97,6 +111,9 @@ def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
   matmuls run ~2x slower than float32 on this AVX2 CPU, which has no native
   bfloat16 arithmetic). XLA uses all cores by default.
 
+  With clock=time.process_time the rates are FLOPs per CPU-second of the
+  process (all threads), which other load disturbs far less than wall time.
+
   Returns:
     (best FLOP/s, the N that gave it, {N: best FLOP/s}).
   """
@@ -105,7 +122,7 @@ def matmul_peak(reps: int, sizes=(1024, 2048, 3072, 4096),
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
     f = jax.jit(jnp.matmul)
-    t = min(_best_time(lambda: f(a, b), reps) for _ in range(rounds))
+    t = min(_best_time(lambda: f(a, b), reps, clock) for _ in range(rounds))
     per_n[n] = rate = 2 * n**3 / t
     if rate > best:
       best, best_n = rate, n
@@ -190,18 +207,22 @@ def bench_train(cfg, batch: int, seq_len: int, reps: int) -> dict[str, float]:
               step_s=t, xla_bytes=_xla_bytes(compiled))
 
 
-def bench_sample(cfg, batch: int, reps: int) -> dict[str, float]:
-  """Decoding `SAMPLE_CACHE - SAMPLE_PROMPT` tokens per row with the KV cache."""
+def bench_sample(cfg, batch: int, reps: int, cache_len: int = SAMPLE_CACHE,
+                 prompt_len: int = SAMPLE_PROMPT,
+                 new: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+  """Decoding `new` tokens per row (default: fill the cache) with the KV cache
+  after a `prompt_len`-token prompt, in a buffer of `cache_len` entries."""
   graphdef, params = make_model(cfg)
-  prompt = jax.random.randint(jax.random.PRNGKey(3), (batch, SAMPLE_PROMPT), 0,
+  prompt = jax.random.randint(jax.random.PRNGKey(3), (batch, prompt_len), 0,
                               cfg.vocab_size)
-  new = SAMPLE_CACHE - SAMPLE_PROMPT
+  new = cache_len - prompt_len if new is None else new
 
   def prefill(params, prompt):
-    cache = transformer.init_cache(cfg, batch, SAMPLE_CACHE)
+    cache = transformer.init_cache(cfg, batch, cache_len)
     zeros = jnp.zeros((batch,), jnp.int32)
     return sampling.extend(graphdef, params, cache, prompt, zeros,
-                           jnp.full((batch,), SAMPLE_PROMPT, jnp.int32))
+                           jnp.full((batch,), prompt_len, jnp.int32))
 
   def decode(params, logits, cache, key):
     ones = jnp.ones((batch,), jnp.int32)
@@ -210,7 +231,7 @@ def bench_sample(cfg, batch: int, reps: int) -> dict[str, float]:
       logits, cache, key, out = carry
       key, sub = jax.random.split(key)
       tok, _ = sampling.sample_token(sub, logits, 1.0)
-      pos = jnp.full((batch,), SAMPLE_PROMPT, jnp.int32) + i
+      pos = jnp.full((batch,), prompt_len, jnp.int32) + i
       logits, cache = sampling.extend(graphdef, params, cache, tok[:, None], pos, ones)
       return logits, cache, key, out.at[:, i].set(tok)
 
@@ -219,13 +240,41 @@ def bench_sample(cfg, batch: int, reps: int) -> dict[str, float]:
 
   logits, cache = jax.jit(prefill)(params, prompt)
   compiled = jax.jit(decode).lower(params, logits, cache, jax.random.PRNGKey(4)).compile()
-  t = _best_time(lambda: compiled(params, logits, cache, jax.random.PRNGKey(4)), reps)
+  t = _best_time(lambda: compiled(params, logits, cache, jax.random.PRNGKey(4)),
+                 reps, clock)
   tokens_per_s = batch * new / t
   # Mean cache length attended to over the decode steps.
-  mean_len = SAMPLE_PROMPT + new / 2
-  return dict(tokens_per_s=tokens_per_s,
+  mean_len = prompt_len + new / 2
+  return dict(tokens_per_s=tokens_per_s, step_s=t / new,
+              step_flops=batch * sample_flops_per_token(cfg, mean_len),
               flops_per_s=tokens_per_s * sample_flops_per_token(cfg, mean_len),
               xla_bytes=_xla_bytes(compiled))
+
+
+def bench_buckets(reps: int, batch: int = 8, context: int = 48,
+                  buffers=(128, 2048)) -> None:
+  """Decode cost vs buffer length for the same short context (length buckets).
+
+  The medium preset decodes `context - 16` tokens after a 16-token prompt
+  in buffers of each length, reading the whole cache (decode_bucket 0) and
+  with the default length buckets (transformer.decode_buckets). Timed in
+  CPU seconds of the process (fastest call), which a shared machine disturbs
+  far less than wall time.
+  """
+  base = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS["medium"])
+  times = {}
+  for bucket in (0, base.decode_bucket):
+    cfg = dataclasses.replace(base, decode_bucket=bucket)
+    for buf in buffers:
+      r = bench_sample(cfg, batch, reps, cache_len=buf, prompt_len=16,
+                       new=context - 16, clock=time.process_time)
+      times[bucket, buf] = r["step_s"]
+      print(f"medium, batch {batch}, context <= {context}, buffer {buf}, "
+            f"decode_bucket {bucket}: {1e3 * r['step_s']:.2f} CPU-ms per step",
+            flush=True)
+  for bucket in (0, base.decode_bucket):
+    print(f"decode_bucket {bucket}: buffer {buffers[-1]} / buffer {buffers[0]} "
+          f"step time = {times[bucket, buffers[-1]] / times[bucket, buffers[0]]:.2f}x")
 
 
 def _mb(x):
@@ -235,6 +284,11 @@ def _mb(x):
 def main(argv):
   del argv
   reps = _REPS.value
+  if _BUCKETS.value:
+    print(f"load average at start: {os.getloadavg()}")
+    bench_buckets(reps)
+    print(f"load average at end: {os.getloadavg()}")
+    return
   print(f"jax {jax.__version__}, devices: {jax.devices()}")
   print(f"load average at start: {os.getloadavg()}; cpus: {os.cpu_count()}")
   peak, peak_n, per_n = matmul_peak(reps)
@@ -242,6 +296,24 @@ def main(argv):
         + ", ".join(f"N={n}: {r / 1e9:.1f}" for n, r in per_n.items()) + ")")
   print(f"float32 matmul peak (numpy BLAS, cross-check): "
         f"{numpy_matmul_peak(reps) / 1e9:.1f} GFLOP/s")
+  if _DECODE_ONLY.value:
+    peak_cpu, n_cpu, _ = matmul_peak(reps, sizes=(1024, 2048), clock=time.process_time)
+    print(f"float32 matmul peak (XLA) per CPU-second: {peak_cpu / 1e9:.1f} "
+          f"GFLOP (N={n_cpu})")
+    for name in _PRESETS.value:
+      cfg = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS[name])
+      for sb in map(int, _SAMPLE_BATCHES.value):
+        for clock, unit, pk in ((time.perf_counter, "wall", peak),
+                                (time.process_time, "CPU", peak_cpu)):
+          sa = bench_sample(cfg, sb, reps, clock=clock)
+          bound = sa["step_flops"] / pk
+          print(f"{name} decode step at batch {sb}: {1e3 * sa['step_s']:.2f} "
+                f"{unit}-ms, compute bound {1e3 * bound:.3f} {unit}-ms "
+                f"({sa['step_flops'] / 1e6:.1f} MFLOP at {pk / 1e9:.1f} "
+                f"GFLOP per {unit}-s): {sa['step_s'] / bound:.1f}x the bound",
+                flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    return
   rows = []
   for name in _PRESETS.value:
     cfg = transformer.TransformerConfig(vocab_size=VOCAB, **PRESETS[name])
@@ -256,6 +328,13 @@ def main(argv):
       row[f"sample{sb}_tok_s"] = sa["tokens_per_s"]
       row[f"sample{sb}_mfu"] = sa["flops_per_s"] / peak
       row[f"sample{sb}_mb"] = sa["xla_bytes"]
+      bound = sa["step_flops"] / peak
+      row[f"sample{sb}_step_ms"] = 1e3 * sa["step_s"]
+      row[f"sample{sb}_bound_ms"] = 1e3 * bound
+      print(f"{name} decode step at batch {sb}: {1e3 * sa['step_s']:.2f} ms, "
+            f"compute bound {1e3 * bound:.3f} ms ({sa['step_flops'] / 1e6:.1f} "
+            f"MFLOP at {peak / 1e9:.1f} GFLOP/s): {sa['step_s'] / bound:.1f}x "
+            "the bound", flush=True)
     rows.append(row)
     print(row, flush=True)
   maxrss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

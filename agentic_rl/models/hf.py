@@ -43,7 +43,8 @@ _INDEX = "model.safetensors.index.json"
 # TransformerConfig fields that are not part of a checkpoint's shape: an
 # experiment config may set them on top of an imported config.json.
 RUNTIME_FIELDS = ("param_dtype", "dtype", "remat", "value_head", "reward_head",
-                  "logprob_chunk_size", "attention_impl", "attention_block")
+                  "logprob_chunk_size", "attention_impl", "attention_block",
+                  "decode_bucket")
 # Scalar heads a CausalLM checkpoint does not have; initialised to zero on import.
 _HEADS = (("value_head_d",), ("reward_head_d",))
 _SINGLE = "model.safetensors"

@@ -99,6 +99,11 @@ class TransformerConfig:
     logprob_chunk_size: sequence positions per chunk when computing log-probs
       and entropies (agentic_rl.sampling.token_logprobs), so that a
       [B, L, V] array is never materialised; 0 = the whole sequence at once.
+    decode_bucket: smallest length bucket of KV-cache attention
+      (`decode_buckets`): a cached step reads only the first 128, 256, 512 ...
+      entries of the cache, the smallest power-of-two multiple of this that
+      covers the filled part, so decoding cost follows the context length, not
+      the buffer length. 0 = always read the whole cache.
     lora: low-rank adapters on the projections (agentic_rl/models/lora.py),
       or None for none.
     attention_impl: attention of a cache-free (training, scoring) forward:
@@ -133,6 +138,7 @@ class TransformerConfig:
   value_head: bool = False
   reward_head: bool = False
   logprob_chunk_size: int = 0
+  decode_bucket: int = 128
   lora: lora_lib.LoRAConfig | None = None
   attention_impl: str = "auto"
   attention_block: int = 256
@@ -147,7 +153,7 @@ class TransformerConfig:
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         fail(f, "must be a positive integer")
-    for f in ("num_kv_heads", "logprob_chunk_size"):
+    for f in ("num_kv_heads", "logprob_chunk_size", "decode_bucket"):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         fail(f, "must be an integer >= 0")
@@ -275,6 +281,26 @@ def apply_rope(x_bhtk: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
   return out.astype(x_bhtk.dtype)
 
 
+def matmul(x: jax.Array, w: jax.Array, spec: str = "...d,df->...f") -> jax.Array:
+  """Projection `jnp.einsum(spec, x, w)` accumulated in float32, returned in x's dtype.
+
+  The same numbers as a plain product (which accumulates in float32 inside
+  the kernel too) for float32 and bfloat16 inputs; asking for the float32
+  result explicitly is what lets XLA:CPU run bfloat16 products on its fast
+  (AMX / AVX-512-BF16) kernels: measured 4.5x the float32 rate per
+  CPU-second at [1024]^3, where a bfloat16-output product ran below the
+  float32 rate (experiments/bench_real.md).
+
+  Args:
+    x: activations (float32 or bfloat16); w: weights in the same dtype.
+    spec: einsum equation (default: contract x's last axis with w's first).
+
+  Returns:
+    The product in x.dtype.
+  """
+  return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def _normal(std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   """N(0, std^2) drawn in float32, then cast: a bf16 model's initial parameters
   are the float32 model's rounded."""
@@ -325,6 +351,7 @@ class Attention(nnx.Module):
       cache: dict[str, jax.Array] | None,
       mask_bts: jax.Array,
       rope_sc: tuple[jax.Array, jax.Array],
+      kv_len: jax.Array | None = None,
   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """One attention layer.
 
@@ -338,6 +365,9 @@ class Attention(nnx.Module):
         attention then follows cfg.attention_impl); built once per forward
         (Transformer).
       rope_sc: (sin, cos) [B, 1, T, Dh / 2] from `rope_tables`.
+      kv_len: with a cache, an optional int32 scalar: every query of this call
+        that matters reads only cache entries [0, kv_len) (see
+        `decode_buckets`); None reads the whole cache.
 
     Returns:
       ([B, T, D] output, updated cache or None).
@@ -351,8 +381,13 @@ class Attention(nnx.Module):
       # Decoding one token: three separate projections. A fused weight would
       # be re-concatenated on every step of the decode while_loop (XLA does
       # not hoist it out): ~9 MB of copies per layer per token at SmolLM2 size.
+      # Each is a plain [B, D] @ [D, N * Dh] product on the weight's own
+      # row-major layout (a free reshape): written as the einsum
+      # 'btd,dnk->bntk', XLA:CPU computed the transposed product and copied a
+      # transposed weight on every step (one copy per projection per layer).
+      x_bd = x_btd[:, 0]
       q_bhtk, k_bgtk, v_bgtk = (
-          jnp.einsum("btd,dnk->bntk", x_btd, w[...].astype(dt))
+          matmul(x_bd, w[...].astype(dt).reshape(d, -1)).reshape(b, w.shape[1], 1, dh)
           for w in (self.q_dhk, self.k_dgk, self.v_dgk))
       if cfg.qkv_bias:
         bias = lambda b_nk: b_nk[...].astype(dt)[None, :, None, :]
@@ -376,7 +411,7 @@ class Attention(nnx.Module):
           [self.q_dhk[...].reshape(d, g, r, dh), self.k_dgk[...][:, :, None],
            self.v_dgk[...][:, :, None]], axis=2).astype(dt)
       w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
-      qkv_bgctk = jnp.einsum("btd,dgck->bgctk", x_btd, w_dgck)
+      qkv_bgctk = matmul(x_btd, w_dgck, "btd,dgck->bgctk")
       if cfg.qkv_bias:
         bias_gck = jnp.concatenate(
             [self.q_bias_hk[...].reshape(g, r, dh), self.k_bias_gk[...][:, None],
@@ -410,9 +445,24 @@ class Attention(nnx.Module):
           q_bhtk, keys_bgsk, values_bgsk, mask_bts, impl=cfg.attention_impl,
           block=cfg.attention_block, dtype=dt)
     else:
-      out_bhtk = attention_lib.dense_attention(
-          q_bhtk, keys_bgsk, values_bgsk, mask_bts, dt)
-    out = jnp.einsum("bhtk,hkd->btd", out_bhtk, self.o_hkd[...].astype(dt))
+      def attend(keys_bgsk, values_bgsk, mask_bts):
+        return attention_lib.dense_attention(
+            q_bhtk, keys_bgsk, values_bgsk, mask_bts, dt)
+
+      buckets = decode_buckets(cfg, keys_bgsk.shape[2]) if cache is not None else ()
+      if kv_len is not None and len(buckets) > 1:
+        # Length buckets: read only the first `bucket` cache entries, the
+        # smallest bucket >= kv_len (static slices, one branch per bucket), so a
+        # step costs what the filled part of the cache needs, not the buffer.
+        # Keys past a query's position are masked out (probability exactly 0)
+        # in every bucket, so the output is the full-cache output.
+        idx = jnp.sum(jnp.asarray(buckets[:-1], jnp.int32) < kv_len)
+        out_bhtk = jax.lax.switch(
+            idx, [lambda n=n: attend(keys_bgsk[:, :, :n], values_bgsk[:, :, :n],
+                                     mask_bts[:, :, :n]) for n in buckets])
+      else:
+        out_bhtk = attend(keys_bgsk, values_bgsk, mask_bts)
+    out = matmul(out_bhtk, self.o_hkd[...].astype(dt), "bhtk,hkd->btd")
     return lora_lib.apply(self, "o", out_bhtk, out), new_cache
 
 
@@ -433,8 +483,8 @@ class SwiGLU(nnx.Module):
     if x_btd.shape[1] == 1:
       # Decoding one token: two matmuls (a fused weight would be
       # re-concatenated on every step of the decode while_loop).
-      gate = x_btd @ self.gate_df[...].astype(dt)
-      up = x_btd @ self.up_df[...].astype(dt)
+      gate = matmul(x_btd, self.gate_df[...].astype(dt))
+      up = matmul(x_btd, self.up_df[...].astype(dt))
     else:
       # One fused matmul for gate and up: the two [D, F] weights are stacked
       # on a new axis into [D, 2, F]. Tensor parallelism shards F, not the
@@ -442,12 +492,13 @@ class SwiGLU(nnx.Module):
       # down_fd is row-parallel, followed by one all-reduce).
       w_dcf = sharding.constrain_gathered(
           jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt), "dcf")
-      gate_up = jnp.einsum("btd,dcf->btcf", x_btd, w_dcf)
+      gate_up = matmul(x_btd, w_dcf, "btd,dcf->btcf")
       gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
     # Low-rank adapters, if any (models/lora.py); identity otherwise.
     gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
     hidden = gate * lora_lib.apply(self, "up", x_btd, up)
-    return lora_lib.apply(self, "down", hidden, hidden @ self.down_fd[...].astype(dt))
+    return lora_lib.apply(self, "down", hidden,
+                          matmul(hidden, self.down_fd[...].astype(dt)))
 
 
 class Block(nnx.Module):
@@ -459,17 +510,20 @@ class Block(nnx.Module):
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.ffn = SwiGLU(cfg, rngs)
 
-  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc):
-    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc)
+  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None):
+    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc,
+                         kv_len)
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
 
-def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
-  return block(x, positions_bt, cache, mask_bts, rope_sc)
+def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
+                 kv_len=None):
+  return block(x, positions_bt, cache, mask_bts, rope_sc, kv_len)
 
 
-def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
+def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
+                       kv_len=None):
   """`_block_apply` rematerialised in the backward pass (cache-free forwards only).
 
   `jax.checkpoint` over a pure function of the block's split state rather than
@@ -477,7 +531,7 @@ def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc):
   which raises `TraceContextError` when the model was merged inside another
   transform (e.g. the learner's `lax.map` over behaviour-forward blocks).
   """
-  del cache  # remat is only used without a KV cache
+  del cache, kv_len  # remat is only used without a KV cache
   graphdef, state = nnx.split(block)
 
   @jax.checkpoint
@@ -522,6 +576,7 @@ class Transformer(nnx.Module):
       cache: KVCache | None = None,
       mask_bt: jax.Array | None = None,
       segment_ids_bt: jax.Array | None = None,
+      kv_len: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -536,6 +591,11 @@ class Transformer(nnx.Module):
       segment_ids_bt: optional [B, T] int32 ids of packed sequences: a query
         reads only keys of its own segment (no cache only). Positions should
         restart at each segment (agentic_rl/padding.py packs rows so).
+      kv_len: with a cache, an optional int32 scalar >= every position whose
+        output matters + 1 (e.g. max over rows of start + real length): the
+        attention then reads only the smallest `decode_buckets` prefix of the
+        cache that holds [0, kv_len). Outputs at positions >= kv_len are
+        meaningless. None reads the whole cache.
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
@@ -586,7 +646,7 @@ class Transformer(nnx.Module):
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
           block, x, positions_bt, None if cache is None else cache[i], mask_bts,
-          rope_sc)
+          rope_sc, kv_len)
       x = pin(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
@@ -680,6 +740,21 @@ def last_token_index(mask_bl: jax.Array) -> jax.Array:
   l = mask_bl.shape[1]
   idx = jnp.where(mask_bl.astype(bool), jnp.arange(l, dtype=jnp.int32), -1)
   return jnp.maximum(jnp.max(idx, axis=1), 0)
+
+
+def decode_buckets(cfg: TransformerConfig, cache_len: int) -> tuple[int, ...]:
+  """Cache prefix lengths that KV-cache attention may read (static).
+
+  decode_bucket * 2^i below `cache_len`, then `cache_len` itself; just
+  (cache_len,) when `cfg.decode_bucket` is 0 or >= cache_len.
+
+  Example: decode_bucket 128, cache_len 600 -> (128, 256, 512, 600).
+  """
+  n, out = cfg.decode_bucket, []
+  while 0 < n < cache_len:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (cache_len,)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int) -> KVCache:
