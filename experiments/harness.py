@@ -189,6 +189,7 @@ def run_claim(
   Raises:
     ValueError: a spec whose arms are not among `arms`.
   """
+  commit = git_commit()  # the code that runs, not what HEAD is when it ends
   labels = set(arms) | ({"SFT (start)"} if include_sft_row else set())
   if spec is not None and not {spec.treatment, spec.control} <= labels:
     raise ValueError(f"run_claim: spec arms {spec.treatment!r} / {spec.control!r} "
@@ -244,7 +245,7 @@ def run_claim(
   analysis = None
   if spec is not None:
     analysis = stats.analyse(spec, rows, None if room is None else room["value"])
-  meta = {"commit": git_commit(), "seeds": list(seeds),
+  meta = {"commit": commit, "seeds": list(seeds),
           "config_hash": {arm: seeds_lib.config_hash(c) for arm, c in arms.items()},
           "room": room, "analysis": analysis}
   _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
