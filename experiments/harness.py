@@ -202,6 +202,7 @@ def run_claim(
     spec: stats.ClaimSpec | None = None,
     stem: str = "results",
     stop_without_room: bool = False,
+    command: str | None = None,
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
 
@@ -228,6 +229,7 @@ def run_claim(
     stop_without_room: with a spec whose room metric is below its threshold,
       skip the RL arms (their rows are absent; the verdict is 'untestable at
       this setup'), which saves the RL compute of a claim that cannot decide.
+    command: the command line that produced the run (stored in results.json).
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
@@ -310,7 +312,8 @@ def run_claim(
           "config_hash": {arm: seeds_lib.config_hash(c) for arm, c in arms.items()},
           "room": room, "analysis": analysis,
           "spec": None if spec is None else spec.to_json(),
-          "rl_skipped": bool(skip_rl), "wall_total_s": time.time() - t_start}
+          "rl_skipped": bool(skip_rl), "wall_total_s": time.time() - t_start,
+          "command": command}
   _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
   return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,
           "analysis": analysis}
@@ -523,8 +526,10 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
+  command = " ".join([f"python -m experiments.{name}", *argv])
   out = run_claim(title, arms, seeds, root=root, out_dir=out_dir,
-                  stop_without_room=args.stop_without_room, **run_kwargs)
+                  stop_without_room=args.stop_without_room, command=command,
+                  **run_kwargs)
   if after_run is not None and not args.arms:
     # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)

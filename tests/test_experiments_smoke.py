@@ -12,8 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLAIMS = ("calculator_grpo", "otc_efficiency", "hdpo_conditional", "reward_noise",
           "length_bias", "trace_credit", "portool_tree", "pica_model_size",
           "step_hacking", "dark_room", "tool_composition")
-# Claims whose runner declares a ClaimSpec (room check + paired verdict).
-WITH_SPEC = ("calculator_grpo", "otc_efficiency", "hdpo_conditional", "reward_noise")
+# Claims whose runner declares a ClaimSpec (room check + paired verdict): all.
+WITH_SPEC = CLAIMS
 
 
 @pytest.mark.experiments
