@@ -30,8 +30,8 @@ SPEC = stats.ClaimSpec(
     paper="ToolRLA; TIER",
     departures=("tiny transformer from scratch", "schema calls with two "
                 "equivalent add tools, depth 1-6",
-                "ToolRLA factors without the answer / coverage factor",
-                "TIER reference matching by fractional match, not exact match",
+                "ToolRLA answer factor = exact answer correctness (no "
+                "partial coverage term)",
                 "SFT 300 x 32, RL 30 x 32"),
     positive_control="")
 
