@@ -168,6 +168,15 @@ def room_start_accuracy(config, params) -> float:
   return float(sample_groups(config, params)["correct"].mean())
 
 
+def room_start_greedy_accuracy(config, params) -> float:
+  """The start policy's greedy (T = 0) accuracy on 128 training tasks, the
+  decoding of the held-out `accuracy`: how much a reward hack can destroy.
+  In [0, 1]."""
+  c = sample_groups(config, params, num_groups=128, group_size=1,
+                    temperature=0.0)["correct"]
+  return float(c.mean())
+
+
 def room_length_spread(config, params) -> float:
   """Mean over sampled groups of the standard deviation of the POLICY-token
   count of the group's episodes (tokens): a loss aggregation can favour long or

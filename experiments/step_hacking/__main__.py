@@ -15,15 +15,19 @@ from experiments import harness
 from experiments import stats
 from experiments.step_hacking import config
 
-# Declared before the run: the naive sum-form step reward is hacked (repeated
-# calls) and ends with lower held-out accuracy than success-only. A hack can
-# only destroy accuracy the start has: below 0.3 sampled accuracy at the start
-# the collapse cannot be told from a failure to learn.
+# Declared before the RL run: the naive sum-form step reward is hacked
+# (repeated calls) and ends with lower held-out greedy accuracy than
+# success-only. A hack can only destroy accuracy the start has: below 0.3
+# greedy accuracy at the start the collapse cannot be told from a failure to
+# learn. (Version 2: version 1 measured the room as the start's *sampled*
+# accuracy, 0.254 < 0.3, and stopped before RL; the primary metric is greedy,
+# so the room is now measured with greedy decoding. Changed after seeing that
+# room value and before any RL of this setup; README.md.)
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy", higher_is_better=True,
-    room_metric="start sampled accuracy", room_threshold=0.3,
+    room_metric="start greedy accuracy (training tasks)", room_threshold=0.3,
     treatment="sum", control="success_only", prediction="worse",
-    room_fn=harness.room_start_accuracy,
+    room_fn=harness.room_start_greedy_accuracy,
     claim="a summed process reward is hacked by repeating valid steps; Clip / "
           "Delta / min-form bound it",
     paper="Clipping/Delta arXiv:2410.15115; PURE arXiv:2504.15275",
