@@ -494,6 +494,7 @@ def cli(argv: Sequence[str], *, here: str, title: str,
         arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
         default_seeds: str = "0,1,2",
         after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
+        prog: str | None = None,
         **run_kwargs) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
 
@@ -503,13 +504,16 @@ def cli(argv: Sequence[str], *, here: str, title: str,
   --stop_without_room (skip the RL arms when the room check fails).
   `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
   (extra tables of the same workdirs, so one command produces every output).
+  `prog` is the module run (default experiments.<folder name>), recorded with
+  the flags as results.json's command.
 
   Raises:
     ValueError: malformed --seeds or an unknown arm in --arms.
   """
   import argparse  # pylint: disable=g-import-not-at-top
   name = os.path.basename(here)
-  p = argparse.ArgumentParser(prog=f"python -m experiments.{name}",
+  prog = prog or f"experiments.{name}"
+  p = argparse.ArgumentParser(prog=f"python -m {prog}",
                               description=title)
   p.add_argument("--seeds", default=None, help=f"default {default_seeds}")
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
@@ -535,7 +539,7 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
-  command = " ".join([f"python -m experiments.{name}", *argv])
+  command = " ".join([f"python -m {prog}", *argv])
   out = run_claim(title, arms, seeds, root=root, out_dir=out_dir,
                   stop_without_room=args.stop_without_room, command=command,
                   **run_kwargs)
@@ -550,5 +554,8 @@ def claim_main(main_file: str, **kwargs) -> dict:
   folder of `main_file` (pass `__file__`); kwargs as for `cli` (title,
   arms_fn, spec, metrics, ...)."""
   import sys  # pylint: disable=g-import-not-at-top
-  return cli(sys.argv[1:], here=os.path.dirname(os.path.abspath(main_file)),
-             **kwargs)
+  here = os.path.dirname(os.path.abspath(main_file))
+  base = os.path.splitext(os.path.basename(main_file))[0]
+  prog = f"experiments.{os.path.basename(here)}" + (
+      "" if base == "__main__" else f".{base}")
+  return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
