@@ -117,8 +117,12 @@ def sample_groups(config: ml_collections.ConfigDict, params, *,
       group=jnp.repeat(jnp.arange(n, dtype=jnp.int32), g), graphdef=graphdef,
       params=params, model_config=model_cfg, temperature=jnp.float32(temperature))
   facts = jax.device_get(traj.facts)
-  return {k: np.asarray(v, np.float64).reshape(n, g) for k, v in facts.items()
-          if np.ndim(v) == 1}
+  out = {k: np.asarray(v, np.float64).reshape(n, g) for k, v in facts.items()
+         if np.ndim(v) == 1}
+  from agentic_rl import types  # pylint: disable=g-import-not-at-top
+  out["policy_tokens"] = np.sum(np.asarray(traj.role) == types.POLICY,
+                                axis=1).astype(np.float64).reshape(n, g)
+  return out
 
 
 def room_correct_zero_call_groups(config, params) -> float:
@@ -144,6 +148,55 @@ def room_tied_groups(config, params) -> float:
   return float(np.all(c == c[:, :1], axis=1).mean())
 
 
+def room_all_fail_groups(config, params) -> float:
+  """Share of sampled groups in which every episode fails: there the outcome
+  reward is constant, so a z-scored GRPO advantage is driven by a dense shaping
+  term alone (the dark-room mechanism). In [0, 1]."""
+  c = sample_groups(config, params)["correct"]
+  return float(np.all(c == 0, axis=1).mean())
+
+
+def room_headroom(config, params) -> float:
+  """1 - the start policy's sampled (T = 1) accuracy on training tasks: how far
+  an arm can rise above the start before the ceiling hides differences in
+  learning speed. In [0, 1]."""
+  return 1.0 - float(sample_groups(config, params)["correct"].mean())
+
+
+def room_start_accuracy(config, params) -> float:
+  """The start policy's sampled (T = 1) accuracy on training tasks: how much a
+  reward hack can destroy. In [0, 1]."""
+  return float(sample_groups(config, params)["correct"].mean())
+
+
+def room_start_greedy_accuracy(config, params) -> float:
+  """The start policy's greedy (T = 0) accuracy on 128 training tasks, the
+  decoding of the held-out `accuracy`: how much a reward hack can destroy.
+  In [0, 1]."""
+  c = sample_groups(config, params, num_groups=128, group_size=1,
+                    temperature=0.0)["correct"]
+  return float(c.mean())
+
+
+def room_length_spread(config, params) -> float:
+  """Mean over sampled groups of the standard deviation of the POLICY-token
+  count of the group's episodes (tokens): a loss aggregation can favour long or
+  short responses only when a group's responses differ in length. >= 0."""
+  n = sample_groups(config, params)["policy_tokens"]
+  return float(n.std(axis=1).mean())
+
+
+def room_violation_rate(config, params) -> float:
+  """Share of the start policy's sampled constrained episodes that call the
+  forbidden tool: a constraint factor (ToolRLA) can only act where the start
+  violates. In [0, 1]; 0 without constrained episodes."""
+  f = sample_groups(config, params)
+  constrained = f["has_constraint"] > 0
+  if not constrained.any():
+    return 0.0
+  return float((f["num_forbidden_calls"][constrained] > 0).mean())
+
+
 def run_claim(
     title: str,
     arms: Mapping[str, ml_collections.ConfigDict],
@@ -158,6 +211,8 @@ def run_claim(
     curve_means: Sequence[tuple[str, str, int, int]] = (),
     spec: stats.ClaimSpec | None = None,
     stem: str = "results",
+    stop_without_room: bool = False,
+    command: str | None = None,
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
 
@@ -181,6 +236,10 @@ def run_claim(
       the control arm (of the treatment when the control is the start), as the
       mean over seeds.
     stem: output file names (stem.md / .json / .png).
+    stop_without_room: with a spec whose room metric is below its threshold,
+      skip the RL arms (their rows are absent; the verdict is 'untestable at
+      this setup'), which saves the RL compute of a claim that cannot decide.
+    command: the command line that produced the run (stored in results.json).
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
@@ -190,44 +249,58 @@ def run_claim(
   Raises:
     ValueError: a spec whose arms are not among `arms`.
   """
+  commit = git_commit()  # the code that runs, not what HEAD is when it ends
+  t_start = time.time()
   labels = set(arms) | ({"SFT (start)"} if include_sft_row else set())
   if spec is not None and not {spec.treatment, spec.control} <= labels:
     raise ValueError(f"run_claim: spec arms {spec.treatment!r} / {spec.control!r} "
                      f"must be among the row labels {sorted(labels)}")
   room = None
-  room_arm = None
-  if spec is not None:
-    room_arm = spec.control if spec.control in arms else spec.treatment
   os.makedirs(root, exist_ok=True)
   sft_dirs: dict[str, str] = {}
   rows: dict[str, list[dict]] = {}
   curves: dict[str, dict] = {}
   walls: dict[str, float] = {}
-  for arm, config in arms.items():
+
+  def sft(config):
     key = _sft_key(config)
-    if key not in sft_dirs:
-      sft_dir = os.path.join(root, f"sft_{key}")
-      c = ml_collections.ConfigDict(config.to_dict())
-      c.rl.steps = 0
-      t0 = time.time()
-      # Arms that share this SFT run differ in their RL settings: only the other
-      # sections must match the SFT workdir's config.json.
-      out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
-      walls[f"sft_{key}"] = time.time() - t0
-      sft_dirs[key] = sft_dir
-      if include_sft_row and "SFT (start)" not in rows:
-        rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
-      if (spec is not None and spec.room_fn is not None
-          and key == _sft_key(arms[room_arm])):
-        params = seeds_lib.unstack(out["params"], len(seeds))
-        per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
-        room = {"metric": spec.room_metric, "value": float(np.mean(per_seed)),
-                "per_seed": per_seed, "threshold": spec.room_threshold}
-        print(f"room check ({spec.room_metric}, start policy): "
-              f"{room['value']:.3f} (per seed {per_seed}; threshold "
-              f"{spec.room_threshold}): "
-              f"{'room' if room['value'] >= spec.room_threshold else 'NO room'}",
-              flush=True)
+    if key in sft_dirs:
+      return key, None
+    sft_dir = os.path.join(root, f"sft_{key}")
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.rl.steps = 0
+    t0 = time.time()
+    # Arms that share this SFT run differ in their RL settings: only the other
+    # sections must match the SFT workdir's config.json.
+    out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
+    walls[f"sft_{key}"] = time.time() - t0
+    sft_dirs[key] = sft_dir
+    if include_sft_row and "SFT (start)" not in rows:
+      rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
+    return key, out
+
+  if spec is not None and spec.room_fn is not None:
+    # The room check comes first, from the start policy of the control arm (of
+    # the treatment when the control is the SFT start), before any RL.
+    room_arm = spec.control if spec.control in arms else spec.treatment
+    out = sft(arms[room_arm])[1]
+    params = seeds_lib.unstack(out["params"], len(seeds))
+    t0 = time.time()
+    per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
+    room = {"metric": spec.room_metric, "value": float(np.mean(per_seed)),
+            "per_seed": per_seed, "threshold": spec.room_threshold,
+            "arm": room_arm, "wall_s": time.time() - t0}
+    room["ok"] = bool(room["value"] >= spec.room_threshold)
+    print(f"room check ({spec.room_metric}, start policy of {room_arm}): "
+          f"{room['value']:.3f} (per seed {[round(v, 3) for v in per_seed]}; "
+          f"threshold {spec.room_threshold}): "
+          f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
+          flush=True)
+  skip_rl = stop_without_room and room is not None and not room["ok"]
+  for arm, config in arms.items():
+    key = sft(config)[0]
+    if skip_rl:
+      continue
     arm_dir = os.path.join(root, arm)
     if not os.path.exists(arm_dir):
       # The arm's own config.json is written by train_seeds (not the SFT run's).
@@ -245,9 +318,12 @@ def run_claim(
   analysis = None
   if spec is not None:
     analysis = stats.analyse(spec, rows, None if room is None else room["value"])
-  meta = {"commit": git_commit(), "seeds": list(seeds),
+  meta = {"commit": commit, "seeds": list(seeds),
           "config_hash": {arm: experiment_seeds.config_hash(c) for arm, c in arms.items()},
-          "room": room, "analysis": analysis}
+          "room": room, "analysis": analysis,
+          "spec": None if spec is None else spec.to_json(),
+          "rl_skipped": bool(skip_rl), "wall_total_s": time.time() - t_start,
+          "command": command}
   _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
   return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,
           "analysis": analysis}
@@ -280,6 +356,9 @@ def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta
         f"{lbl} " + "/".join(f"{r.get(k, np.nan):.3f}" for r in reps)
         for k, lbl in metrics)
     lines.append(f"- {label}: {per}")
+  if meta.get("rl_skipped"):
+    lines += ["", "The RL arms were not run: the start policy's room metric is "
+              "below its threshold (--stop_without_room)."]
   if meta.get("analysis") is not None:
     lines += ["", "## Verdict (declared before the run)", "",
               stats.format_analysis(meta["analysis"])]
@@ -416,21 +495,34 @@ def cli(argv: Sequence[str], *, here: str, title: str,
         arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
         default_seeds: str = "0,1,2",
         after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
+        prog: str | None = None,
         **run_kwargs) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
 
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
-  committed results stay untouched), --root=DIR (default runs/<folder name>).
+  committed results stay untouched), --root=DIR (default runs/<folder name>),
+  --arms=a,b (a subset of the arms; the spec's arms are always kept),
+  --stop_without_room (skip the RL arms when the room check fails).
   `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
   (extra tables of the same workdirs, so one command produces every output).
+  `prog` is the module run (default experiments.<folder name>), recorded with
+  the flags as results.json's command.
+
+  Raises:
+    ValueError: malformed --seeds or an unknown arm in --arms.
   """
   import argparse  # pylint: disable=g-import-not-at-top
   name = os.path.basename(here)
-  p = argparse.ArgumentParser(prog=f"python -m experiments.{name}",
+  prog = prog or f"experiments.{name}"
+  p = argparse.ArgumentParser(prog=f"python -m {prog}",
                               description=title)
   p.add_argument("--seeds", default=None, help=f"default {default_seeds}")
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
   p.add_argument("--root", default=None, help=f"default runs/{name}[_smoke]")
+  p.add_argument("--arms", default=None,
+                 help="comma-separated subset of the arms (default: all)")
+  p.add_argument("--stop_without_room", action="store_true",
+                 help="skip the RL arms when the start policy leaves no room")
   args = p.parse_args(list(argv))
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
   try:
@@ -439,8 +531,32 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     raise ValueError(f"--seeds must be comma-separated integers, got {seeds_str!r}") from e
   root = args.root or os.path.join(REPO, "runs", name + ("_smoke" if args.smoke else ""))
   out_dir = root if args.smoke else here
-  out = run_claim(title, arms_fn(args.smoke), seeds, root=root, out_dir=out_dir,
+  arms = dict(arms_fn(args.smoke))
+  if args.arms:
+    keep = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in keep if a not in arms]
+    if unknown:
+      raise ValueError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
+    spec = run_kwargs.get("spec")
+    needed = set() if spec is None else {spec.treatment, spec.control}
+    arms = {a: c for a, c in arms.items() if a in keep or a in needed}
+  command = " ".join([f"python -m {prog}", *argv])
+  out = run_claim(title, arms, seeds, root=root, out_dir=out_dir,
+                  stop_without_room=args.stop_without_room, command=command,
                   **run_kwargs)
-  if after_run is not None:
+  if after_run is not None and not args.arms:
+    # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)
   return out
+
+
+def claim_main(main_file: str, **kwargs) -> dict:
+  """The body of a claim folder's `__main__.py`: `cli` on sys.argv with the
+  folder of `main_file` (pass `__file__`); kwargs as for `cli` (title,
+  arms_fn, spec, metrics, ...)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.abspath(main_file))
+  base = os.path.splitext(os.path.basename(main_file))[0]
+  prog = f"experiments.{os.path.basename(here)}" + (
+      "" if base == "__main__" else f".{base}")
+  return cli(sys.argv[1:], here=here, prog=prog, **kwargs)

@@ -161,6 +161,13 @@ class ClaimSpec:
       higher_is_better) or 'equivalent'.
     room_fn: fn(config, params_of_one_seed) -> float, the room metric of one
       seed's start policy; the room is the mean over seeds. None = no room check.
+    claim: the claim in one sentence (summary table).
+    paper: the source paper (name and arXiv id where it has one).
+    departures: every way this setup departs from the paper's (model, task,
+      formula, budget), one short phrase each (summary table column).
+    positive_control: the arm or check that shows the setup can show the
+      effect at all (e.g. a perfect answerer, a coefficient sweep), or ''
+      where none exists.
   """
 
   primary_metric: str
@@ -172,6 +179,10 @@ class ClaimSpec:
   control: str = ""
   prediction: str = "better"
   room_fn: object = None
+  claim: str = ""
+  paper: str = ""
+  departures: tuple = ()
+  positive_control: str = ""
 
   def __post_init__(self):
     if self.prediction not in PREDICTIONS:
@@ -180,6 +191,15 @@ class ClaimSpec:
     if self.prediction == "equivalent" and self.equivalence_margin is None:
       raise ValueError("ClaimSpec.equivalence_margin=None: prediction 'equivalent' "
                        "needs a margin")
+
+  def to_json(self) -> dict:
+    """The declaration as a JSON-ready dict (room_fn by name)."""
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    fn = d.pop("room_fn")
+    d["room_fn"] = None if fn is None else getattr(fn, "__name__", repr(fn))
+    d["departures"] = list(self.departures)
+    d["direction"] = self.direction
+    return d
 
   @property
   def direction(self) -> int:
@@ -206,13 +226,28 @@ def analyse(spec: ClaimSpec, rows: Mapping[str, Sequence[Mapping[str, float]]],
     'effect' (paired_difference's dict), 'room' ({'metric', 'value',
     'threshold', 'ok'}), 'verdict'.
 
+  When the room check failed and the runner skipped the RL arms (no rows for
+  an arm of the spec), 'effect' is None and the verdict is 'untestable at this
+  setup'.
+
   Raises:
-    ValueError: an arm missing from rows, or the primary metric missing.
+    ValueError: an arm missing from rows (while the room check passed), or the
+    primary metric missing.
   """
-  for arm in (spec.treatment, spec.control):
-    if arm not in rows:
-      raise ValueError(f"analyse: arm {arm!r} of the ClaimSpec is not among the "
-                       f"results' arms {sorted(rows)}")
+  room_ok = room_value is None or room_value >= spec.room_threshold
+  room = {"metric": spec.room_metric, "value": room_value,
+          "threshold": spec.room_threshold, "ok": bool(room_ok)}
+  head = {"primary_metric": spec.primary_metric,
+          "higher_is_better": spec.higher_is_better,
+          "treatment": spec.treatment, "control": spec.control,
+          "prediction": spec.prediction,
+          "equivalence_margin": spec.equivalence_margin}
+  missing = [arm for arm in (spec.treatment, spec.control) if arm not in rows]
+  if missing and not room_ok:
+    return dict(head, effect=None, room=room, verdict=VERDICTS[3])
+  for arm in missing:
+    raise ValueError(f"analyse: arm {arm!r} of the ClaimSpec is not among the "
+                     f"results' arms {sorted(rows)}")
   try:
     a = [r[spec.primary_metric] for r in rows[spec.treatment]]
     b = [r[spec.primary_metric] for r in rows[spec.control]]
@@ -220,19 +255,9 @@ def analyse(spec: ClaimSpec, rows: Mapping[str, Sequence[Mapping[str, float]]],
     raise ValueError(f"analyse: primary_metric={spec.primary_metric!r} missing from "
                      "the per-seed rows") from e
   effect = paired_difference(a, b, level)
-  room_ok = room_value is None or room_value >= spec.room_threshold
-  return {
-      "primary_metric": spec.primary_metric,
-      "higher_is_better": spec.higher_is_better,
-      "treatment": spec.treatment, "control": spec.control,
-      "prediction": spec.prediction,
-      "equivalence_margin": spec.equivalence_margin,
-      "effect": effect,
-      "room": {"metric": spec.room_metric, "value": room_value,
-               "threshold": spec.room_threshold, "ok": bool(room_ok)},
-      "verdict": verdict(effect["ci"], spec.direction, spec.equivalence_margin,
-                         room_ok),
-  }
+  return dict(head, effect=effect, room=room,
+              verdict=verdict(effect["ci"], spec.direction, spec.equivalence_margin,
+                              room_ok))
 
 
 def format_analysis(a: dict) -> str:
@@ -243,6 +268,12 @@ def format_analysis(a: dict) -> str:
           f"{'room' if r['ok'] else 'NO room'})")
   margin = ("" if a["equivalence_margin"] is None
             else f", equivalence margin {a['equivalence_margin']:g}")
+  if e is None:
+    return (f"Primary metric `{a['primary_metric']}`, {a['treatment']} - "
+            f"{a['control']}: not run (the RL arms were skipped because the start "
+            f"policy leaves no room); predicted: {a['prediction']}{margin}. Room "
+            f"metric `{r['metric']}` of the start policy: {room}. "
+            f"**Verdict: {a['verdict']}.**")
   return (f"Primary metric `{a['primary_metric']}` "
           f"({'higher' if a['higher_is_better'] else 'lower'} is better), "
           f"{a['treatment']} - {a['control']} paired over {e['n']} seeds: "

@@ -1,6 +1,7 @@
 """Paired statistics, verdict rule and ClaimSpec of experiments/stats.py, checked
 against hand-computed values and a printed Student-t table."""
 
+import json
 import math
 
 import pytest
@@ -168,3 +169,47 @@ def test_dark_room_curves_summary_from_workdirs(tmp_path):
   assert "| outcome | 0.600 +- 0.400 | 0.650 +- 0.350 |" in md
   assert "accuracy (last 5) 0.300/1.000" in md and "seeds 0, 1" in md
   assert (tmp_path / "out" / "curves_summary.png").stat().st_size > 10_000
+
+
+def test_analyse_untestable_without_rl_rows():
+  # The runner skipped the RL arms because the room check failed: no effect,
+  # verdict untestable; with room, a missing arm is still an error.
+  spec = stats.ClaimSpec("acc", True, "headroom", 0.3, treatment="a", control="b")
+  a = stats.analyse(spec, {"SFT (start)": [{"acc": 0.9}, {"acc": 0.95}]}, 0.1)
+  assert a["effect"] is None and a["verdict"] == "untestable at this setup"
+  assert a["room"] == {"metric": "headroom", "value": 0.1, "threshold": 0.3,
+                       "ok": False}
+  assert "not run" in stats.format_analysis(a)
+  with pytest.raises(ValueError, match="arm 'a'"):
+    stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, 0.5)
+
+
+def test_claimspec_to_json_names_room_fn():
+  def my_room(config, params):
+    del config, params
+    return 0.5
+  spec = stats.ClaimSpec("calls", False, "r", 0.2, treatment="t", control="c",
+                         room_fn=my_room, departures=("x", "y"), paper="P")
+  d = stats.ClaimSpec.to_json(spec)
+  assert d["room_fn"] == "my_room" and d["departures"] == ["x", "y"]
+  assert d["direction"] == -1 and d["paper"] == "P"
+  json.dumps(d)  # JSON-ready
+
+
+def test_summary_row_from_results():
+  from experiments import summary
+  spec = stats.ClaimSpec("acc", True, "headroom", 0.3, treatment="t",
+                         control="c", claim="C", paper="P", departures=("d1",))
+  rows = {"t": [{"acc": 0.9}, {"acc": 0.8}], "c": [{"acc": 0.5}, {"acc": 0.6}]}
+  analysis = stats.analyse(spec, rows, 0.4)
+  results = {"spec": spec.to_json(), "room": {"metric": "headroom", "value": 0.4,
+                                               "threshold": 0.3},
+             "analysis": analysis, "seeds": [0, 1], "wall_total_s": 600.0,
+             "command": "python -m experiments.x --seeds=0,1"}
+  r = summary.row("x", results, None)
+  # diffs [0.4, 0.2]: mean 0.3, SE 0.1, t_1 = 12.706 -> CI [-0.971, +1.571].
+  assert r["effect"] == "+0.300 [-0.971, +1.571]"
+  assert r["verdict"] == "inconclusive"
+  assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
+  assert r["wall"] == "10 min" and r["seeds"] == "2" and r["paper"] == "P"
+  assert summary.row("x", None, spec)["verdict"] == "not run"

@@ -1,8 +1,5 @@
 """python -m experiments.calculator_grpo [--seeds=0,1,2] [--smoke]"""
 
-import os
-import sys
-
 from experiments import harness
 from experiments import stats
 from experiments.calculator_grpo import config
@@ -15,11 +12,18 @@ SPEC = stats.ClaimSpec(
     primary_metric="accuracy", higher_is_better=True,
     room_metric="share of groups with mixed correctness", room_threshold=0.1,
     treatment="GRPO", control="SFT (start)", prediction="better",
-    room_fn=harness.room_mixed_groups)
+    room_fn=harness.room_mixed_groups,
+    claim="GRPO with a correctness reward raises held-out greedy accuracy above "
+          "the SFT start",
+    paper="GRPO, arXiv:2402.03300",
+    departures=("0.9M-param transformer trained from scratch, not a pretrained LM",
+                "synthetic arithmetic with a calculator tool",
+                "SFT on an imperfect scripted expert"),
+    positive_control="none needed: the claim is a gain over the start")
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="GRPO teaches a tiny transformer to use a calculator tool",
       arms_fn=config.arms,
       metrics=(("accuracy", "greedy acc"), ("accuracy_hard", "greedy acc (hard)"),

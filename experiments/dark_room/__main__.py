@@ -3,8 +3,6 @@
 Writes results.md / .json / .png (held-out table) and curves_summary.md / .png
 (training-curve windows) of the same workdirs."""
 
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +13,27 @@ from agentic_rl import rollout
 from agentic_rl import train
 from agentic_rl import types
 from experiments import harness
+from experiments import stats
 from experiments.dark_room import config
 from experiments.dark_room import curves_summary
+
+# Declared before the run: the dense prediction bonus under z-scored GRPO lowers
+# held-out accuracy below the outcome-only arm (success -> 0). The bonus drives
+# the z-scored advantage alone only in groups where every episode fails; with
+# fewer than 10% of the start policy's groups all-fail it has little to act on.
+SPEC = stats.ClaimSpec(
+    primary_metric="accuracy", higher_is_better=True,
+    room_metric="share of all-fail groups", room_threshold=0.1,
+    treatment="pred_zscore", control="outcome", prediction="worse",
+    room_fn=harness.room_all_fail_groups,
+    claim="a next-observation-prediction PBRS bonus under z-scored GRPO collapses "
+          "success (episodes pinned at the horizon)",
+    paper="dark room (next-observation prediction reward under GRPO)",
+    departures=("tiny transformer from scratch", "key-value chains d = 5-6, not a "
+                "visual environment", "lambda = 0.1 only (no sweep)",
+                "SFT 150 x 32, RL 40 x 32 (CPU budget)"),
+    positive_control="pred_meanonly arm (the same bonus without std scaling "
+                     "should not collapse)")
 
 
 def dark_room_eval(cfg, params):
@@ -52,8 +69,8 @@ def dark_room_eval(cfg, params):
 
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="Dark room: next-observation-prediction reward, z-scored vs "
             "mean-only GRPO vs auxiliary loss (kv chains d = 5-6)",
       arms_fn=config.arms,
@@ -67,6 +84,7 @@ if __name__ == "__main__":
       curve_keys=("rl/accuracy", "rl/horizon_rate", "rl/obs_pred_acc"),
       curve_means=(("late_horizon", "rl/horizon_rate", -10, None),),
       extra_eval=dark_room_eval,
+      spec=SPEC,
       after_run=lambda root, out_dir, seeds, smoke: curves_summary.write_summary(
           root, out_dir, seeds),
   )

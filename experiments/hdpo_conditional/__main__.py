@@ -1,8 +1,5 @@
 """python -m experiments.hdpo_conditional [--seeds=0,1,2] [--smoke]"""
 
-import os
-import sys
-
 from experiments import harness
 from experiments import stats
 from experiments.hdpo_conditional import config
@@ -15,11 +12,20 @@ SPEC = stats.ClaimSpec(
     primary_metric="tool_calls_easy", higher_is_better=False,
     room_metric="share of groups holding a correct zero-call episode",
     room_threshold=0.25, treatment="hdpo", control="correct", prediction="better",
-    room_fn=harness.room_correct_zero_call_groups)
+    room_fn=harness.room_correct_zero_call_groups,
+    claim="conditional efficiency (HDPO) cuts calls on easy items at equal "
+          "accuracy; a small additive per-call cost does not, a large one "
+          "under-calls on hard items",
+    paper="HDPO",
+    departures=("tiny transformer from scratch", "synthetic arithmetic",
+                "additive costs 0.02-1.2 per call; the value of a needed call is "
+                "about 0.6 (easy) to 1 (hard) reward units"),
+    positive_control="cost_1.2 arm (above the value of a needed call): must "
+                     "under-call on hard items")
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="Conditional efficiency (HDPO) vs additive per-call penalty",
       arms_fn=config.arms,
       metrics=(("accuracy", "accuracy"), ("accuracy_hard", "acc. hard"),

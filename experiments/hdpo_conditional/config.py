@@ -11,12 +11,15 @@ Setup: the default arithmetic experiment (easy single-digit items need no tool,
 hard 3x2-digit products do) with an over-calling SFT start: the expert always uses
 the tool on hard items and also on 50% of easy items. Arms (the `arg`):
   correct      correct + 0.1 format (no efficiency term)
-  cost_<c>     correct + 0.1 format + tool_cost (-c per call), c in 0.02 / 0.1 / 0.3
+  cost_<c>     correct + 0.1 format + tool_cost (-c per call), c in 0.02 / 0.1 /
+               0.3 / 1.2; 1.2 exceeds the value of a needed call (calling lifts
+               a hard item's reward from about 0 to 1.1), so it is the positive
+               control of "a large penalty causes under-use on hard items"
   hdpo         advantage_estimator 'hdpo' (accuracy advantage + 0.5 x efficiency
                advantage among correct episodes)
 Append ',smoke' for the CI size.
 
-  python -m experiments.hdpo_conditional             # 3 seeds x 5 arms
+  python -m experiments.hdpo_conditional             # 3 seeds x 6 arms
   python main.py --config=experiments/hdpo_conditional/config.py:hdpo --workdir=runs/hdpo
 """
 
@@ -26,7 +29,7 @@ import ml_collections
 
 from configs import default
 
-ARMS = ("correct", "cost_0.02", "cost_0.1", "cost_0.3", "hdpo")
+ARMS = ("correct", "cost_0.02", "cost_0.1", "cost_0.3", "cost_1.2", "hdpo")
 
 
 def get_config(arg: str | None = "hdpo") -> ml_collections.ConfigDict:

@@ -1,7 +1,5 @@
 """python -m experiments.length_bias [--seeds=0,1,2] [--smoke]"""
 
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +9,27 @@ from agentic_rl import rollout
 from agentic_rl import train
 from agentic_rl import types
 from experiments import harness
+from experiments import stats
 from experiments.length_bias import config
+
+# Declared before the run: under GRPO's per-sequence normalisation
+# (seq-mean-token-mean, std-scaled advantages) incorrect sampled responses end
+# longer than under Dr.GRPO (no std scaling, constant response-budget
+# normaliser). A loss aggregation can favour one length over another only when
+# a group's responses differ in length: with a mean within-group spread below 1
+# POLICY token the setup cannot show the bias.
+SPEC = stats.ClaimSpec(
+    primary_metric="len_incorrect", higher_is_better=False,
+    room_metric="mean within-group std of POLICY tokens (tokens)",
+    room_threshold=1.0, treatment="seq-mean-token-mean", control="drgrpo",
+    prediction="worse", room_fn=harness.room_length_spread,
+    claim="GRPO's per-sequence length normalisation lets incorrect responses "
+          "grow longer than Dr.GRPO's constant normaliser without std scaling",
+    paper="Dr.GRPO, arXiv:2503.20783",
+    departures=("tiny transformer from scratch", "arithmetic responses of "
+                "8-14 tokens of fixed structure (no free-form reasoning)",
+                "60 RL iterations"),
+    positive_control="")
 
 
 def response_lengths(cfg, params):
@@ -32,8 +50,8 @@ def response_lengths(cfg, params):
 
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="Loss aggregation and the length of incorrect responses (Dr.GRPO)",
       arms_fn=config.arms,
       metrics=(("accuracy", "accuracy"), ("sampled_accuracy", "acc. (T=1)"),
@@ -41,4 +59,5 @@ if __name__ == "__main__":
                ("len_correct", "tokens/ep correct")),
       curve_keys=("rl/accuracy", "rl/policy_tokens"),
       extra_eval=response_lengths,
+      spec=SPEC,
   )

@@ -1,8 +1,5 @@
 """python -m experiments.otc_efficiency [--seeds=0,1,2] [--smoke]"""
 
-import os
-import sys
-
 from experiments import harness
 from experiments import stats
 from experiments.otc_efficiency import config
@@ -16,11 +13,18 @@ SPEC = stats.ClaimSpec(
     primary_metric="tool_calls", higher_is_better=False,
     room_metric="share of groups holding a correct zero-call episode",
     room_threshold=0.25, treatment="otc", control="correct", prediction="better",
-    room_fn=harness.room_correct_zero_call_groups)
+    room_fn=harness.room_correct_zero_call_groups,
+    claim="the OTC tool-integrated reward cuts tool calls per episode at about "
+          "equal accuracy",
+    paper="OTC-PO, arXiv:2504.14870",
+    departures=("tiny transformer from scratch", "synthetic arithmetic",
+                "over-calling start made by the SFT expert (calls on 80% of "
+                "easy items)"),
+    positive_control="none run (a perfect direct answerer on easy items would be one)")
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="OTC-PO tool-efficiency reward vs correctness-only GRPO",
       arms_fn=config.arms,
       metrics=(("accuracy", "accuracy"), ("accuracy_hard", "acc. hard"),

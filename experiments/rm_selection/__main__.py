@@ -28,8 +28,23 @@ from configs import rm_arithmetic
 from configs import rm_kv_chain
 from experiments import harness
 from experiments import seeds as seeds_lib
+from experiments import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Declared claim (summary table). Selection can only matter where a task's 8
+# samples mix correct and incorrect ones: the room metric is oracle - random
+# best-of-8 accuracy (in the report). The runner trains one seed per task and
+# keeps no per-task selections, so no paired interval or verdict is formed.
+SPEC = stats.ClaimSpec(
+    primary_metric="best_of_n.prm.rank1_accuracy", higher_is_better=True,
+    room_metric="best-of-8 oracle - random accuracy", room_threshold=0.2,
+    treatment="process RM", control="outcome RM", prediction="better",
+    claim="a process reward model selects correct episodes at best-of-8 more "
+          "often than an outcome reward model",
+    paper="ToolComp",
+    departures=("tiny transformer reward models trained from scratch",
+                "synthetic arithmetic and key-value tasks", "one seed, 64 tasks"),
+    positive_control="oracle selection (reported as oracle_accuracy)")
 # task -> (config module, suffix of the output files in this folder).
 TASKS = {"arithmetic": (rm_arithmetic, ""), "kv_chain": (rm_kv_chain, "_kv")}
 

@@ -3,8 +3,6 @@
 Writes results.* (the five arms) and results_delta_drop.* (the post-hoc arm,
 same SFT checkpoint and seeds)."""
 
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,30 @@ from agentic_rl import rollout
 from agentic_rl import train
 from agentic_rl import types
 from experiments import harness
+from experiments import stats
 from experiments.step_hacking import config
+
+# Declared before the RL run: the naive sum-form step reward is hacked
+# (repeated calls) and ends with lower held-out greedy accuracy than
+# success-only. A hack can only destroy accuracy the start has: below 0.3
+# greedy accuracy at the start the collapse cannot be told from a failure to
+# learn. (Version 2: version 1 measured the room as the start's *sampled*
+# accuracy, 0.254 < 0.3, and stopped before RL; the primary metric is greedy,
+# so the room is now measured with greedy decoding. Changed after seeing that
+# room value and before any RL of this setup; README.md.)
+SPEC = stats.ClaimSpec(
+    primary_metric="accuracy", higher_is_better=True,
+    room_metric="start greedy accuracy (training tasks)", room_threshold=0.3,
+    treatment="sum", control="success_only", prediction="worse",
+    room_fn=harness.room_start_greedy_accuracy,
+    claim="a summed process reward is hacked by repeating valid steps; Clip / "
+          "Delta / min-form bound it",
+    paper="Clipping/Delta arXiv:2410.15115; PURE arXiv:2504.15275",
+    departures=("rule 'PRM' scoring each valid call 1 (repeats included), not "
+                "a learned PRM with continuous scores", "answer step not scored",
+                "Clip threshold eta = 1 fixed, not a score quantile",
+                "key-value chains d = 1-3; SFT 100 x 32, RL 25 x 32"),
+    positive_control="")
 
 
 def hacking_metrics(cfg, params):
@@ -70,10 +91,10 @@ def delta_drop(root, out_dir, seeds, smoke):
 
 
 if __name__ == "__main__":
-  harness.cli(
-      sys.argv[1:], here=os.path.dirname(os.path.abspath(__file__)),
+  harness.claim_main(
+      __file__,
       title="Hackable per-call step reward: sum vs Clip / Delta / min-form "
             "(key-value chains)",
       arms_fn=config.arms, metrics=METRICS, curve_keys=CURVES,
-      extra_eval=hacking_metrics, after_run=delta_drop,
+      extra_eval=hacking_metrics, after_run=delta_drop, spec=SPEC,
   )

@@ -20,16 +20,19 @@ half of the prompts. The SFT expert picks the tool and the value order at random
 repeats a call 10%, wrong value 5%, wrong tool name (`mul`, not offered) 5%, calls
 the forbidden `sum` on 20% of the + calls of constrained tasks. SFT once per seed,
 then 4 GRPO arms from the same checkpoint:
-  additive        R = (f + s + p + c) / 4   (rl.reward_composition = 'sum')
-  multiplicative  R = f s p c               (rl.reward_composition = 'product')
+  additive        R = (f + s + p + c + a) / 5 (rl.reward_composition = 'sum')
+  multiplicative  R = f s p c a               (rl.reward_composition = 'product')
   execution       TIER: F + S + E + A       (call_rewards.tier_reward)
   reference_match F + 2 M + A               (call_rewards.ref_match_reward; M =
-                  fraction of the canonical reference calls reproduced in order,
+                  exact match with the canonical reference trajectory
+                  (`exact=True`: 1 only if every reference call is reproduced
+                  in order, as in TIER's reference-matching baseline),
                   weight 2 = the weight of S + E, so both rewards give the
                   answer 1/4 of their maximum)
-The ToolRLA factors (f format validity, s tool-name validity, p parameter
-accuracy, c = no forbidden call) contain no answer-correctness term, as in the
-claim's definition; task success is measured, not rewarded, in those two arms.
+The ToolRLA factors: f format validity, s tool-name validity, p parameter
+accuracy, c = no forbidden call, a = answer correctness. Earlier runs (README)
+had no answer factor and fractional reference matching; both were changed to
+the papers' forms on 2026-12-02, before any run of the new arms.
 
   python -m experiments.tool_composition            # 3 seeds x 4 arms
 Append ',smoke' to an arm for the CI size.
@@ -48,8 +51,12 @@ MAX_DEPTH = 6
 # its separators (values <= 9 * 7 = 63); the answer <= 5. Room for the d calls, one
 # repeated call and the answer: 82 + 7 * 22 + 5 = 241 -> 256.
 MAX_LEN = 256
-TOOLRLA = dict(call_format=0.25, call_name=0.25, call_params=0.25,
-               call_constraint=0.25)
+# ToolRLA factors: format, tool name, parameters, constraint compliance and
+# answer correctness (`correct`), equal weights in the additive mean. The first
+# runs had no answer factor (one correct call plus any answer scored 1, so
+# calling less was optimal); the paper's reward has an answer/coverage term.
+TOOLRLA = dict(call_format=0.2, call_name=0.2, call_params=0.2,
+               call_constraint=0.2, correct=0.2)
 
 
 def get_config(arg: str | None = "execution") -> ml_collections.ConfigDict:
@@ -86,7 +93,8 @@ def get_config(arg: str | None = "execution") -> ml_collections.ConfigDict:
   else:
     config.rl.rewards = ml_collections.ConfigDict(dict(ref_match=1.0))
     config.rl.reward_params = ml_collections.ConfigDict(
-        dict(ref_match=dict(w_format=1.0, w_match=2.0, w_answer=1.0)))
+        dict(ref_match=dict(w_format=1.0, w_match=2.0, w_answer=1.0,
+                            exact=True)))
   return config
 
 
