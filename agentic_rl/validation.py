@@ -351,8 +351,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if potential not in learner_potentials.POTENTIALS:
     _fail("rl.pbrs_potential", potential,
           f"unknown; known: {tuple(learner_potentials.POTENTIALS)}")
-  if config.rl.pbrs_cutoff not in ("keep", "zero"):
-    _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep' or 'zero'")
+  if config.rl.pbrs_cutoff not in ("keep", "zero", "never"):
+    _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep', 'zero' or 'never'")
   _validate_policy_optimisation(config)
   _validate_obs_prediction(config)
   _validate_dual_path_and_spa(config, is_host)

@@ -180,7 +180,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # PBRS at episodes cut off by the turn budget or the context (MAX_TURNS,
   # TRUNCATED): 'keep' Phi(s_n) in the return (as if the task continued; an
   # episode that never answers collects it), or 'zero' (every ending is
-  # terminal: policy-invariant shaping for the budgeted task).
+  # terminal: policy-invariant shaping for the budgeted task), or 'never' (no
+  # ending is terminal: Phi(s_n) stays in every return, TRACE's form).
   # learner.pbrs_terminated.
   config.rl.pbrs_cutoff = "keep"
   # SPA head: Adam learning rate and full-batch steps per RL iteration.

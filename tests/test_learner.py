@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from agentic_rl import credit
 from agentic_rl import learner
 from agentic_rl import sampling
 from agentic_rl import types
@@ -279,6 +280,24 @@ def test_pbrs_cutoff_keep_pays_the_stall_zero_does_not(credit_mode):
   rl.pbrs_cutoff = "zero"
   np.testing.assert_allclose(learner.dense_aux_advantages(rl, traj, phi, 2)[0],
                              [0, 0, .5, .5, 0, -.5, -.5], atol=1e-6)
+
+
+def test_pbrs_cutoff_never_keeps_final_potential():
+  """'never': no ending is absorbing, so the shaped turn rewards telescope to
+  Phi(s_n) - Phi(s_0) for answered and cut-off episodes alike (by hand:
+  Phi = [0.5, 1.0, 0.75], two turns -> F = [0.5, -0.25], sum 0.25)."""
+  rl = default.get_config().rl
+  rl.pbrs_cutoff = "never"
+  finish = jnp.array([types.ANSWERED, types.FORMAT_ERROR, types.TRUNCATED])
+  term = learner.pbrs_terminated(rl, finish)
+  np.testing.assert_array_equal(term, [False, False, False])
+  phi = jnp.array([0.5, 1.0, 0.75])
+  f = credit.pbrs_shaping(phi, jnp.array([True, True]), 1.0, term[0])
+  np.testing.assert_allclose(f, [0.5, -0.25], atol=1e-7)
+  rl.pbrs_cutoff = "zero"  # the answered episode's Phi(s_n) is dropped instead
+  f0 = credit.pbrs_shaping(phi, jnp.array([True, True]), 1.0,
+                           learner.pbrs_terminated(rl, finish)[0])
+  np.testing.assert_allclose(f0, [0.5, -1.0], atol=1e-7)
 
 
 def test_pbrs_terminated_rejects_unknown_cutoff():

@@ -104,20 +104,27 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
             trajectory return is R - Phi(s_0) (discount 1) and PBRS is policy
             invariant for the budgeted task (Ng, Harada & Russell, ICML 1999:
             invariance needs Phi = 0 at every terminal state).
+    'never' no ending is absorbing: Phi(s_n) stays in every return, so the
+            shaped turn rewards of an episode sum to Phi(s_n) - Phi(s_0)
+            (discount 1). TRACE's per-turn reward keeps the value of the
+            final state this way (docs/papers.md, TRACE).
 
   Args:
     rl_cfg: the `rl` block (`pbrs_cutoff`, default 'keep').
     finish_b: [B] int32 finish codes (types.ANSWERED, ...).
 
   Raises:
-    ValueError: `rl.pbrs_cutoff` not 'keep' or 'zero' (also caught by
+    ValueError: `rl.pbrs_cutoff` not 'keep', 'zero' or 'never' (also caught by
       validation before any work).
   """
   cutoff = rl_cfg.pbrs_cutoff
-  if cutoff not in ("keep", "zero"):
-    raise ValueError(f"rl.pbrs_cutoff must be 'keep' or 'zero', got {cutoff!r}")
+  if cutoff not in ("keep", "zero", "never"):
+    raise ValueError(
+        f"rl.pbrs_cutoff must be 'keep', 'zero' or 'never', got {cutoff!r}")
   if cutoff == "zero":
     return jnp.ones(finish_b.shape, jnp.bool_)
+  if cutoff == "never":
+    return jnp.zeros(finish_b.shape, jnp.bool_)
   return (finish_b == types.ANSWERED) | (finish_b == types.FORMAT_ERROR)
 
 

@@ -27,8 +27,8 @@ SPEC = stats.ClaimSpec(
     paper="TRACE",
     departures=("tiny transformer from scratch", "key-value chains d = 4-6",
                 "V(s_T) dropped: Phi = 0 at every ending (pbrs_cutoff 'zero'), so "
-                "the turn rewards telescope to -V(s_0) (the learner has no "
-                "non-zero terminal potential option)", "coefficient 0.2"),
+                "the turn rewards telescope to -V(s_0); the faithful form, "
+                "rl.pbrs_cutoff='never' (V(s_T) kept), exists but is not run here", "coefficient 0.2"),
     positive_control="progress arm (oracle hop-progress potential)")
 
 
