@@ -57,7 +57,7 @@ def test_backward_holds_one_layer_of_activations():
   jax.checkpoint the recomputed attention probabilities of all 6 layers
   ([2, 4, 127, 127] float32, 0.5 MiB each, with the MLP values) are live
   together, as without remat; tied to the cotangent, about one layer's are
-  (measured on XLA:CPU: 2.4 MiB vs 10.6 MiB with jax.checkpoint and 11.0 MiB
+  (measured on XLA:CPU: 2.4 MiB vs 10.3 MiB with jax.checkpoint and 11.0 MiB
   without remat)."""
   def temp(cfg):
     f, p = _value_and_grad(cfg)
