@@ -12,9 +12,17 @@ random [batch, length] token batch. It reports:
   XLA's temp bytes of the compiled step (memory_analysis),
   peak RSS of the process (getrusage), and seconds per step (after compile).
 
+Mode `grpo` measures one whole LoRA GRPO iteration as main.py runs it
+(configs/smollm2_gsm_tool.py with model.lora.rank = --rank, batch 8 = 2 tasks x
+4, 8 microbatches, L = 624): the state of train.init_state + start_rl, one
+host rollout, then the jitted learn program (reference and behaviour forwards,
+the update). It reports peak RSS after each phase, the compiled learn
+program's XLA temp bytes, and seconds per phase. `--grpo_config` picks
+another SmolLM2 config (e.g. configs/smollm2_bfcl.py).
+
 Usage:
   python -m experiments.bench_lora [--batch 4] [--length 256] [--steps 2] \
-      [--rank 8] [--modes full,lora]
+      [--rank 8] [--modes full,lora,grpo]
 
 The peak RSS includes the import of the checkpoint (the safetensors file is
 read into host memory once) in both modes.
@@ -97,6 +105,100 @@ def run_mode(mode: str, batch: int, length: int, steps: int, rank: int) -> dict:
   )
 
 
+def _rss_gb() -> tuple[float, float]:
+  """(peak RSS so far, current RSS) of this process in GB."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  with open("/proc/self/statm") as f:
+    current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+  return peak, current
+
+
+def run_grpo(config_path: str, rank: int, overrides: list[str],
+             remat: str = "after_cotangent") -> dict:
+  """One LoRA GRPO iteration as main.py runs it; RSS per phase (this process).
+
+  remat='checkpoint' swaps transformer.remat_after_cotangent for plain
+  jax.checkpoint (the block remat before it existed), for an A/B comparison.
+  """
+  import importlib.util  # noqa: PLC0415
+
+  import jax  # noqa: PLC0415
+
+  from agentic_rl import learner  # noqa: PLC0415
+  from agentic_rl import train  # noqa: PLC0415
+  from agentic_rl.models import transformer  # noqa: PLC0415
+
+  if remat == "checkpoint":
+    transformer.remat_after_cotangent = jax.checkpoint
+
+  spec = importlib.util.spec_from_file_location("bench_cfg", config_path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  config = mod.get_config()
+  config.model.lora.rank = rank
+  config.model.lora.alpha = 2.0 * rank
+  config.rl.steps = 1
+  config.sft.steps = 0
+  for o in overrides:  # dotted.field=python literal
+    import ast  # noqa: PLC0415
+    k, v = o.split("=", 1)
+    node = config
+    *head, last = k.split(".")
+    for h in head:
+      node = node[h]
+    node[last] = ast.literal_eval(v)
+  out = dict(mode="grpo", config=config_path, rank=rank, overrides=overrides,
+             remat=remat,
+             batch=config.rl.batch_size, length=config.max_len,
+             microbatches=config.rl.num_microbatches,
+             logprob_chunk_size=config.model.logprob_chunk_size)
+  phases = {}
+  t0 = time.perf_counter()
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  jax.block_until_ready(state)
+  phases["load"] = (*_rss_gb(), time.perf_counter() - t0)
+
+  captured = {}
+  real_jit = jax.jit
+
+  def capture(fn, **kw):
+    captured["fn"], captured["kw"] = fn, kw
+    return real_jit(fn, **kw)
+
+  jax.jit = capture
+  try:
+    learner.make_rl_step(config, env, graphdef, learner.make_optimizer(config.rl),
+                         model_cfg)
+  finally:
+    jax.jit = real_jit
+  rollout_fn = learner.make_host_rollout_fn(config, env, graphdef, model_cfg)
+  t0 = time.perf_counter()
+  traj = rollout_fn(state)
+  jax.block_until_ready(traj)
+  phases["rollout"] = (*_rss_gb(), time.perf_counter() - t0)
+
+  t0 = time.perf_counter()
+  learn = real_jit(captured["fn"], **captured["kw"])
+  compiled = learn.lower(state, traj).compile()
+  mem = compiled.memory_analysis()
+  phases["compile_learn"] = (*_rss_gb(), time.perf_counter() - t0)
+  t0 = time.perf_counter()
+  state, metrics = compiled(state, traj)
+  jax.block_until_ready((state, metrics))
+  phases["learn"] = (*_rss_gb(), time.perf_counter() - t0)
+  out.update(
+      learn_xla_temp_mb=mem.temp_size_in_bytes / 2**20 if mem else float("nan"),
+      learn_xla_argument_mb=mem.argument_size_in_bytes / 2**20 if mem else float("nan"),
+      phases={k: dict(peak_rss_gb=v[0], rss_gb=v[1], seconds=v[2])
+              for k, v in phases.items()},
+      peak_rss_gb=_rss_gb()[0], loss=float(metrics["loss"]),
+      kl=float(metrics["kl"]), reward=float(metrics["reward"]))
+  return out
+
+
 class _FakeTraj:
   """The two Trajectory fields sft_loss reads (tokens, role) plus `replace`."""
 
@@ -114,8 +216,18 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=2)
   ap.add_argument("--rank", type=int, default=8)
   ap.add_argument("--modes", default="full,lora")
+  ap.add_argument("--grpo_config", default="configs/smollm2_gsm_tool.py")
+  ap.add_argument("--grpo_set", default="",
+                  help="';'-separated dotted=value overrides of the grpo config")
+  ap.add_argument("--grpo_remat", default="after_cotangent",
+                  choices=("after_cotangent", "checkpoint"))
   ap.add_argument("--child", default="", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  sets = [x for x in args.grpo_set.split(";") if x]
+  if args.child == "grpo":
+    print("RESULT " + json.dumps(run_grpo(args.grpo_config, args.rank, sets,
+                                             args.grpo_remat)), flush=True)
+    return
   if args.child:
     print("RESULT " + json.dumps(run_mode(args.child, args.batch, args.length,
                                           args.steps, args.rank)), flush=True)
@@ -124,7 +236,9 @@ def main() -> None:
   for mode in args.modes.split(","):
     cmd = [sys.executable, "-m", "experiments.bench_lora", f"--child={mode}",
            f"--batch={args.batch}", f"--length={args.length}",
-           f"--steps={args.steps}", f"--rank={args.rank}"]
+           f"--steps={args.steps}", f"--rank={args.rank}",
+           f"--grpo_config={args.grpo_config}", f"--grpo_set={args.grpo_set}",
+           f"--grpo_remat={args.grpo_remat}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
@@ -135,6 +249,8 @@ def main() -> None:
   print("| " + " | ".join(keys) + " |")
   print("|" + "---|" * len(keys))
   for r in rows:
+    if r["mode"] == "grpo":
+      continue
     print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
                             for k in keys) + " |")
 

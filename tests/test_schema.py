@@ -144,7 +144,7 @@ CONFIG_NAMES = {"config", "cfg", "rl", "rl_cfg", "sft", "model", "mesh_cfg",
                 "rm_config", "lora_block", "eval_cfg", "ev"}
 CLEANED = ("agentic_rl/validation.py", "agentic_rl/train.py", "agentic_rl/rm_train.py",
            "agentic_rl/rewards.py", "agentic_rl/sharding.py", "agentic_rl/metrics.py",
-           "agentic_rl/checkpoint.py", "agentic_rl/tokenizers.py",
+           "agentic_rl/checkpoint.py", "agentic_text/tokenizers.py",
            "agentic_rl/models/hf.py", "agentic_rl/models/gguf.py",
            "agentic_rl/datasets/tasks.py", "main.py", "configs/schema.py",
            "experiments/seeds.py")
