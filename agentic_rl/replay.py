@@ -6,7 +6,7 @@ successful episode seen for that task. Tasks are identified by a hash of their
 prompt tokens (`task_keys`), so the buffer works for any environment whose
 prompt determines the task.
 
-Two uses (agentic_rl/learner.py):
+Two uses (agentic_rl/learner/):
 
 * RAPO-style per-prompt replay (Fathom-DeepResearch; docs/papers.md, arXiv
   id not given there): a group of fresh episodes with no success whose task

@@ -2,7 +2,7 @@
 
 `train_and_evaluate(config, workdir)` is what `main.py` calls. Side effects (files,
 progress bar, checkpoints) live here and in metrics.py / checkpoint.py; everything
-inside a step is a pure jitted function from learner.py.
+inside a step is a pure jitted function from the learner/ package.
 
 Workdir layout:
   config.json                the resolved config

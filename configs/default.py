@@ -29,7 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base()
   # Run name (default workdir runs/<name>).
   config.name = "default"
-  # Tokenizer: 'byte' (agentic_rl/tokenizers.py, what the JAX-native
+  # Tokenizer: 'byte' (agentic_text/tokenizers.py, what the JAX-native
   # environments emit) or 'hf' (the checkpoint's tokenizer and chat template
   # from model.hf_path; host environments only).
   config.tokenizer = "byte"
@@ -83,7 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Advantage estimator (agentic_rl/advantages.py): 'grpo' (arXiv:2402.03300),
   # 'drgrpo' (arXiv:2503.20783), 'rloo' (arXiv:2402.14740), 'reinforce_pp' and
   # 'reinforce_pp_baseline' (arXiv:2501.03262), 'hdpo' (conditional efficiency,
-  # agentic_rl/credit.py).
+  # agentic_rl/credit/).
   # 'hdpo' ignores the composed reward: z-scored correctness plus an efficiency
   # channel (fewer tool calls) among the correct episodes of each group.
   # 'gae': PPO with GAE from the policy's value head (needs
@@ -101,7 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # task group, on discounted step returns (rl.discount).
   config.rl.gigpo_step_weight = 1.0
   # GiGPO anchor states: True groups equal observations at the same turn only
-  # (our default); False at any turn, as in the paper (credit.py).
+  # (our default); False at any turn, as in the paper (agentic_rl/credit/).
   config.rl.gigpo_match_turn = True
   # PORTool tree rollouts (agentic_rl/tree_rollout.py): fork sizes before
   # turns 0 .. d-1, product = group_size, e.g. (2, 2); () = off (plain
@@ -155,7 +155,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.kl_reward_coef = 0.0
   # Entropy bonus coefficient.
   config.rl.entropy_coef = 0.0
-  # Credit assignment (agentic_rl/credit.py): 'trajectory' (one advantage per
+  # Credit assignment (agentic_rl/credit/): 'trajectory' (one advantage per
   # episode) or 'per_turn' (outcome at the last turn, reward-to-go per turn,
   # group-relative per turn index; needs advantage_estimator 'grpo').
   config.rl.credit = "trajectory"

@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.value_coef = 0.5
   rl.value_clip = 0.2
 
-  # --- Credit assignment (agentic_rl/credit.py) ------------------------------------
+  # --- Credit assignment (agentic_rl/credit/) ------------------------------------
   # "trajectory" | "per_turn"
   rl.credit = "trajectory"
   rl.discount = 1.0

@@ -131,7 +131,7 @@ class ArithmeticState:
     progress: float32 [K + 1]; progress[k] = (number of the chain's prefix values
       r_1..r_M, in order, that a tool observation in the context after k turns
       holds) / M; for single-operation tasks 1 iff an observation holds the answer.
-      Entries past the last turn are 0. A potential for PBRS (agentic_rl/credit.py).
+      Entries past the last turn are 0. A potential for PBRS (agentic_rl/credit/).
     resolved: int32 []; the numerator of the last progress entry.
     num_redundant_calls: int32 []; well-formed calls identical (a, op, b) to an
       earlier well-formed call.
@@ -599,7 +599,7 @@ class ArithmeticEnv:
       'tool_call_turn': bool [K]; 'progress': float32 [K + 1] (see
       ArithmeticState); 'gold_answer': int32 [Ag], the reference answer turn
       (ANSWER, digits, ANSWER_END, then PAD), e.g. for a likelihood reward or a
-      TRACE-style potential (agentic_rl/credit.py).
+      TRACE-style potential (agentic_rl/credit/).
     """
     gold, gold_len = self.gold_answer(state.task)
     hard = jnp.asarray(state.task.hard, bool)

@@ -6,7 +6,7 @@
 For each preset (tiny ~0.4M, small ~1M, medium ~20M parameters) it measures:
 
   train tok/s   one jitted optimizer step (teacher-forced forward, backward,
-                AdamW; the SFT loss of agentic_rl/learner.py) on [B, T] tokens.
+                AdamW; the SFT loss of agentic_rl/learner/) on [B, T] tokens.
   sample tok/s  KV-cache decoding (agentic_rl/sampling.extend + sample_token in
                 a lax.fori_loop, temperature 1) at batch 32 and 128: new tokens
                 per second after a prefill of the prompt (prefill excluded).

@@ -1,4 +1,4 @@
-"""A mesh path without waste (agentic_rl/sharding.py, learner.py, transformer.py).
+"""A mesh path without waste (agentic_rl/sharding.py, learner/, transformer.py).
 
 * Minibatch / micro-batch / behaviour-forward / SFT splits are strided
   (`sharding.split_rows`): on a data-sharded batch every part keeps each

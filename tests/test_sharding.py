@@ -324,7 +324,7 @@ _TRAIN = _COMMON + _INIT + textwrap.dedent("""
 """)
 
 # Fast tier: the (2, 2, 2) mesh only, with a fixed random batch and the SFT
-# loss of learner.py in a jitted AdamW step with in/out shardings (no rollout
+# loss of agentic_rl/learner/ in a jitted AdamW step with in/out shardings (no rollout
 # to compile). Tolerances as above.
 _FAST_TRAIN = _COMMON + _INIT + textwrap.dedent("""
     k1, k2 = jax.random.split(jax.random.PRNGKey(5))
