@@ -48,7 +48,11 @@ def _config_spec(argv) -> str:
   for i, arg in enumerate(argv):
     m = re.match(r"^--?config(=(.*))?$", arg)
     if m:
-      spec = m.group(2) if m.group(1) else (argv[i + 1] if i + 1 < len(argv) else "")
+      spec = (
+          m.group(2)
+          if m.group(1)
+          else (argv[i + 1] if i + 1 < len(argv) else "")
+      )
   return spec
 
 
@@ -67,11 +71,18 @@ def _missing_config_file(spec: str) -> str | None:
   path = spec.split(":", 1)[0]
   if os.path.isfile(path):
     return None
-  candidates = sorted(glob.glob("configs/*.py") + glob.glob("experiments/*/config.py"))
+  candidates = sorted(
+      glob.glob("configs/*.py") + glob.glob("experiments/*/config.py")
+  )
   near = _closest(path, candidates, cutoff=0.85)
-  hint = f"did you mean --config={near}?" if near else (
-      "pass one of configs/*.py, e.g. --config=configs/default.py, and run "
-      "from the repository root (config paths are relative to it)")
+  hint = (
+      f"did you mean --config={near}?"
+      if near
+      else (
+          "pass one of configs/*.py, e.g. --config=configs/default.py, and run "
+          "from the repository root (config paths are relative to it)"
+      )
+  )
   return f"config file {path!r} does not exist (--config={spec}): {hint}"
 
 
@@ -82,7 +93,9 @@ def _explain(argv, exc: BaseException) -> str:
   if missing:
     return missing
   try:
-    config = config_flags.ConfigFileFlagParser(name="config", lock_config=False).parse(spec)
+    config = config_flags.ConfigFileFlagParser(
+        name="config", lock_config=False
+    ).parse(spec)
   except Exception as e:  # pylint: disable=broad-except
     # ml_collections appends the traceback; its last line is the error.
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -92,31 +105,40 @@ def _explain(argv, exc: BaseException) -> str:
     for part in path.split("."):
       block = "config" + "".join("." + p for p in done)
       if not isinstance(node, (config_dict.ConfigDict, dict)):
-        return (f"{typed}: {block} is a value ({node!r}), not a block with fields; "
-                f"set it with --{block}=...")
+        return (
+            f"{typed}: {block} is a value ({node!r}), not a block with fields; "
+            f"set it with --{block}=..."
+        )
       if part not in node:
         near = _closest(part, list(node.keys()))
         if near:
           return f"{typed}: {block} has no field {part!r}; did you mean --{block}.{near}?"
-        return (f"{typed}: {block} has no field {part!r}, and the command line can only "
-                f"change fields the config file sets: to add one, fork a config file "
-                f"(cp {spec.split(':', 1)[0]} configs/my_experiment.py, set "
-                f"config.{path} = ... there) and pass --config=configs/my_experiment.py")
+        return (
+            f"{typed}: {block} has no field {part!r}, and the command line can only "
+            f"change fields the config file sets: to add one, fork a config file "
+            f"(cp {spec.split(':', 1)[0]} configs/my_experiment.py, set "
+            f"config.{path} = ... there) and pass --config=configs/my_experiment.py"
+        )
       node = node[part]
       done.append(part)
   first = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-  return (f"{first[-1] if first else type(exc).__name__} "
-          "(python main.py --helpfull lists the flags)")
+  return (
+      f"{first[-1] if first else type(exc).__name__} "
+      "(python main.py --helpfull lists the flags)"
+  )
 
 
 try:
   _CONFIG = config_flags.DEFINE_config_file(
-      "config", _DEFAULT_CONFIG, "Experiment config file (configs/*.py[:arg]).")
+      "config", _DEFAULT_CONFIG, "Experiment config file (configs/*.py[:arg])."
+  )
 except Exception as _e:  # pylint: disable=broad-except
   # No --config given: the default file and its overrides are parsed here.
   _die(_explain(sys.argv, _e))
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Output folder; defaults to runs/<config name>. Re-running resumes."
+    "workdir",
+    None,
+    "Output folder; defaults to runs/<config name>. Re-running resumes.",
 )
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache",
@@ -136,8 +158,10 @@ def _parse_flags(argv):
   except SystemExit:
     # absl's help flags print the help and exit with status 1; asking for
     # help is not an error.
-    if any(re.match(r"^--?(help|helpshort|helpfull|helpxml|\?)$", a)
-           for a in argv[1:]):
+    if any(
+        re.match(r"^--?(help|helpshort|helpfull|helpxml|\?)$", a)
+        for a in argv[1:]
+    ):
       sys.exit(0)
     raise
   except Exception as e:  # pylint: disable=broad-except
@@ -148,15 +172,17 @@ class _DropLibraryChatter:
   """absl log filter: hides orbax's per-save INFO lines (warnings still show)."""
 
   def filter(self, record):
-    return record.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or (
-        "orbax" not in record.pathname
-    )
+    return record.levelno >= logging.converter.ABSL_TO_STANDARD[
+        logging.WARNING
+    ] or ("orbax" not in record.pathname)
 
 
 def main(argv):
   if len(argv) > 1:
-    _die(f"unexpected arguments {argv[1:]}: pass flags as --name=value "
-         "(python main.py --help lists them)")
+    _die(
+        f"unexpected arguments {argv[1:]}: pass flags as --name=value "
+        "(python main.py --help lists them)"
+    )
   # Imported here, after the flags parse: flag mistakes are reported sooner.
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
@@ -179,14 +205,21 @@ def main(argv):
     # One run per workdir. A workdir in use exists already: lock it now, before
     # the heavy imports (train.train_and_evaluate re-enters the lock; it takes
     # it itself, after validation, for a new workdir or a multi-process run).
-    early = (os.path.isdir(workdir) or mode == "rm") and not config.mesh.distributed
-    with (validation.workdir_lock(workdir, name=".lock") if early
-          else contextlib.nullcontext()):
+    early = (
+        os.path.isdir(workdir) or mode == "rm"
+    ) and not config.mesh.distributed
+    with (
+        validation.workdir_lock(workdir, name=".lock")
+        if early
+        else contextlib.nullcontext()
+    ):
       if mode == "rl":
         from agentic_rl import train  # pylint: disable=g-import-not-at-top
+
         train.train_and_evaluate(config, workdir)
       else:
         from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
+
         rm_train.train_and_evaluate_rm(config, workdir)
   except (validation.ConfigError, checkpoint.CheckpointError) as e:
     _die(str(e))  # bad config, workdir or checkpoint: one line, no traceback
@@ -194,13 +227,18 @@ def main(argv):
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
       raise
     where = e.filename or workdir
-    _die(f"no space left on device writing {where} ({checkpoint.disk_space(where)}): "
-         "free some space (or pass a --workdir on another disk) and re-run to resume")
+    _die(
+        f"no space left on device writing {where} ({checkpoint.disk_space(where)}): "
+        "free some space (or pass a --workdir on another disk) and re-run to resume"
+    )
   except KeyboardInterrupt:
     # One line, not a traceback; the last checkpoint is intact (saves block
     # until committed), so the same command resumes from it.
-    print(f"interrupted: re-run the same command to resume from the last "
-          f"checkpoint in {workdir}", file=sys.stderr)
+    print(
+        f"interrupted: re-run the same command to resume from the last "
+        f"checkpoint in {workdir}",
+        file=sys.stderr,
+    )
     sys.exit(130)
 
 

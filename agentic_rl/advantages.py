@@ -39,7 +39,6 @@ import numpy as np
 
 from agentic_rl import types
 
-
 # ---------------------------------------------------------------------------
 # Shared group statistics.
 # ---------------------------------------------------------------------------
@@ -295,7 +294,11 @@ def reinforce_pp_advantages(
   chex.assert_rank(rewards_b, 1)
   zeros_b = jnp.zeros(rewards_b.shape, jnp.int32)
   return grpo_advantages(
-      rewards_b, zeros_b, scale_by_std=True, eps=eps, std_ddof=std_ddof,
+      rewards_b,
+      zeros_b,
+      scale_by_std=True,
+      eps=eps,
+      std_ddof=std_ddof,
       valid_b=valid_b,
   )
 
@@ -358,7 +361,11 @@ EstimatorFn = Callable[..., jax.Array]
 ESTIMATORS: dict[str, EstimatorFn] = {
     "grpo": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
         grpo_advantages(
-            r, g, scale_by_std=scale_by_std, eps=eps, std_ddof=std_ddof,
+            r,
+            g,
+            scale_by_std=scale_by_std,
+            eps=eps,
+            std_ddof=std_ddof,
             valid_b=valid_b,
         )
     ),
@@ -367,7 +374,11 @@ ESTIMATORS: dict[str, EstimatorFn] = {
     ),
     "rloo": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
         rloo_advantages(
-            r, g, scale_by_std=scale_by_std, eps=eps, std_ddof=std_ddof,
+            r,
+            g,
+            scale_by_std=scale_by_std,
+            eps=eps,
+            std_ddof=std_ddof,
             valid_b=valid_b,
         )
     ),
@@ -425,8 +436,12 @@ def compute_advantages(
         f"Unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}."
     )
   return ESTIMATORS[name](
-      rewards_b, group_b, scale_by_std=scale_by_std, eps=eps,
-      std_ddof=std_ddof, valid_b=valid_b,
+      rewards_b,
+      group_b,
+      scale_by_std=scale_by_std,
+      eps=eps,
+      std_ddof=std_ddof,
+      valid_b=valid_b,
   )
 
 
@@ -585,8 +600,9 @@ def reward_to_go(
     g = r + d * g_kp1
     return g, jnp.where(m, g, 0.0)
 
-  _, g_k = jax.lax.scan(step, jnp.zeros((), jnp.float32), (r_k, m_k),
-                        reverse=True)
+  _, g_k = jax.lax.scan(
+      step, jnp.zeros((), jnp.float32), (r_k, m_k), reverse=True
+  )
   return g_k
 
 
@@ -659,7 +675,11 @@ def per_turn_grpo_advantages(
 
   def one_turn(g_b, m_b):
     return grpo_advantages(
-        g_b, group_b, scale_by_std=scale_by_std, eps=eps, std_ddof=std_ddof,
+        g_b,
+        group_b,
+        scale_by_std=scale_by_std,
+        eps=eps,
+        std_ddof=std_ddof,
         valid_b=m_b,
     )
 

@@ -16,7 +16,9 @@ from agentic_rl import types
 OVERLONG_MODES = ("none", "mask", "reward")
 
 
-def select_groups(metric_gk: jax.Array, num_keep: int) -> tuple[jax.Array, jax.Array]:
+def select_groups(
+    metric_gk: jax.Array, num_keep: int
+) -> tuple[jax.Array, jax.Array]:
   """DAPO dynamic sampling: keep groups whose metric is not constant.
 
   Yu et al., "DAPO", arXiv:2503.14476, section 3.2: groups whose episodes all get
@@ -45,14 +47,18 @@ def select_groups(metric_gk: jax.Array, num_keep: int) -> tuple[jax.Array, jax.A
     raise ValueError(f"num_keep={num_keep} > number of groups {g}")
   varied_g = jnp.max(metric_gk, axis=1) != jnp.min(metric_gk, axis=1)
   # Stable order: varied groups first, each class in original order.
-  order = jnp.argsort(jnp.where(varied_g, 0, 1) * g + jnp.arange(g), stable=True)
+  order = jnp.argsort(
+      jnp.where(varied_g, 0, 1) * g + jnp.arange(g), stable=True
+  )
   keep_idx = order[:num_keep].astype(jnp.int32)
   return keep_idx, varied_g[keep_idx]
 
 
 def gather_groups(tree, keep_idx: jax.Array, group_size: int):
   """Rows of the kept groups from a group-major batch pytree ([G*K, ...] leaves)."""
-  rows = (keep_idx[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(-1)
+  rows = (
+      keep_idx[:, None] * group_size + jnp.arange(group_size)[None, :]
+  ).reshape(-1)
   return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
 
 
@@ -156,7 +162,9 @@ def refill_groups(
   n = jax.tree.leaves(kept_tree)[0].shape[0] // group_size
   g = new_metric_gk.shape[0]
   varied_g = jnp.max(new_metric_gk, axis=1) != jnp.min(new_metric_gk, axis=1)
-  order_g = jnp.argsort(jnp.where(varied_g, 0, 1) * g + jnp.arange(g), stable=True)
+  order_g = jnp.argsort(
+      jnp.where(varied_g, 0, 1) * g + jnp.arange(g), stable=True
+  )
   num_varied = jnp.sum(varied_g.astype(jnp.int32))
   slot_n = jnp.arange(n, dtype=jnp.int32)
   src_n = slot_n - num_filled  # index among the new round's varied groups

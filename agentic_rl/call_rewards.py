@@ -97,37 +97,58 @@ def call_param_values_reward(traj: types.Trajectory) -> jax.Array:
 def toolrl_correct(traj: types.Trajectory) -> jax.Array:
   """ToolRL R_correct (module docstring), [B] float32 in [-3, 3]."""
   f = traj.facts
-  per_call = (6.0 * (f["call_name_ok"].astype(jnp.float32)
-                     + f["call_param_names_frac"].astype(jnp.float32)
-                     + 2.0 * f["call_param_values_frac"].astype(jnp.float32)) / 4.0
-              - 3.0)
-  return jnp.where(_has_calls(traj), mean_over_calls(per_call, _calls(traj)), -3.0)
+  per_call = (
+      6.0
+      * (
+          f["call_name_ok"].astype(jnp.float32)
+          + f["call_param_names_frac"].astype(jnp.float32)
+          + 2.0 * f["call_param_values_frac"].astype(jnp.float32)
+      )
+      / 4.0
+      - 3.0
+  )
+  return jnp.where(
+      _has_calls(traj), mean_over_calls(per_call, _calls(traj)), -3.0
+  )
 
 
-def toolrl_reward(traj: types.Trajectory, *, format_weight: float = 1.0,
-                  correct_scale: float = 1.0) -> jax.Array:
+def toolrl_reward(
+    traj: types.Trajectory,
+    *,
+    format_weight: float = 1.0,
+    correct_scale: float = 1.0,
+) -> jax.Array:
   """ToolRL R = format_weight R_format + correct_scale R_correct, [B] float32.
 
   Qian et al., arXiv:2504.13958 (form recalled from the paper; see module
   docstring). Defaults give the paper's range [-3, 4].
   """
-  return (format_weight * format_validity(traj)
-          + correct_scale * toolrl_correct(traj)).astype(jnp.float32)
+  return (
+      format_weight * format_validity(traj)
+      + correct_scale * toolrl_correct(traj)
+  ).astype(jnp.float32)
 
 
-def tier_reward(traj: types.Trajectory, *, w_format: float = 1.0,
-                w_schema: float = 1.0, w_exec: float = 1.0,
-                w_answer: float = 1.0) -> jax.Array:
+def tier_reward(
+    traj: types.Trajectory,
+    *,
+    w_format: float = 1.0,
+    w_schema: float = 1.0,
+    w_exec: float = 1.0,
+    w_answer: float = 1.0,
+) -> jax.Array:
   """TIER-style trajectory-invariant reward (module docstring), [B] float32.
 
   R = w_format F + w_schema S + w_exec E + w_answer A.
   """
   calls = _calls(traj)
   f = traj.facts
-  return (w_format * format_validity(traj)
-          + w_schema * mean_over_calls(f["call_schema_ok"], calls)
-          + w_exec * mean_over_calls(f["call_exec_ok"], calls)
-          + w_answer * f["correct"].astype(jnp.float32)).astype(jnp.float32)
+  return (
+      w_format * format_validity(traj)
+      + w_schema * mean_over_calls(f["call_schema_ok"], calls)
+      + w_exec * mean_over_calls(f["call_exec_ok"], calls)
+      + w_answer * f["correct"].astype(jnp.float32)
+  ).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -163,8 +184,10 @@ def call_params_reward(traj: types.Trajectory) -> jax.Array:
   node, so any valid path scores 1); 0 for an episode without calls.
   """
   f = traj.facts
-  per_call = 0.5 * (f["call_param_names_frac"].astype(jnp.float32)
-                    + f["call_param_values_frac"].astype(jnp.float32))
+  per_call = 0.5 * (
+      f["call_param_names_frac"].astype(jnp.float32)
+      + f["call_param_values_frac"].astype(jnp.float32)
+  )
   return mean_over_calls(per_call, _calls(traj))
 
 
@@ -177,8 +200,9 @@ def call_constraint_reward(traj: types.Trajectory) -> jax.Array:
   return (traj.facts["num_forbidden_calls"] == 0).astype(jnp.float32)
 
 
-def reference_match_score(traj: types.Trajectory, *, exact: bool = False
-                          ) -> jax.Array:
+def reference_match_score(
+    traj: types.Trajectory, *, exact: bool = False
+) -> jax.Array:
   """Fraction M of the reference call sequence reproduced in order, [B].
 
   M = sum_k call_ref_match_k / max(d, n), with d = 'num_nodes' (the reference
@@ -206,9 +230,14 @@ def reference_match_score(traj: types.Trajectory, *, exact: bool = False
   return frac
 
 
-def ref_match_reward(traj: types.Trajectory, *, w_format: float = 1.0,
-                     w_match: float = 1.0, w_answer: float = 1.0,
-                     exact: bool = False) -> jax.Array:
+def ref_match_reward(
+    traj: types.Trajectory,
+    *,
+    w_format: float = 1.0,
+    w_match: float = 1.0,
+    w_answer: float = 1.0,
+    exact: bool = False,
+) -> jax.Array:
   """Reference-trajectory-matching reward, [B] float32.
 
   R = w_format F + w_match M + w_answer A, F = `format_validity`, M =
@@ -216,10 +245,11 @@ def ref_match_reward(traj: types.Trajectory, *, w_format: float = 1.0,
   trajectory-supervised counterpart of `tier_reward` (TIER, docs/papers.md;
   form inferred): M replaces TIER's schema-adherence and execution terms.
   """
-  return (w_format * format_validity(traj)
-          + w_match * reference_match_score(traj, exact=exact)
-          + w_answer * traj.facts["correct"].astype(jnp.float32)
-          ).astype(jnp.float32)
+  return (
+      w_format * format_validity(traj)
+      + w_match * reference_match_score(traj, exact=exact)
+      + w_answer * traj.facts["correct"].astype(jnp.float32)
+  ).astype(jnp.float32)
 
 
 CALL_REWARD_COMPONENTS: dict[str, Callable[..., jax.Array]] = {

@@ -69,7 +69,10 @@ _MANIFEST_FORMAT = 1
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
 # Files Orbax writes into every committed step; a step without a manifest is
 # accepted only if they are present.
-_REQUIRED_WITHOUT_MANIFEST = ("_CHECKPOINT_METADATA", os.path.join(_STATE, "_METADATA"))
+_REQUIRED_WITHOUT_MANIFEST = (
+    "_CHECKPOINT_METADATA",
+    os.path.join(_STATE, "_METADATA"),
+)
 _CHUNK = 1 << 20
 
 
@@ -95,7 +98,9 @@ def _files(step_dir: str) -> list[str]:
   out = []
   for root, _, names in os.walk(step_dir):
     for name in names:
-      rel = os.path.relpath(os.path.join(root, name), step_dir).replace(os.sep, "/")
+      rel = os.path.relpath(os.path.join(root, name), step_dir).replace(
+          os.sep, "/"
+      )
       if rel not in (MANIFEST, MANIFEST + ".tmp"):
         out.append(rel)
   return sorted(out)
@@ -103,7 +108,9 @@ def _files(step_dir: str) -> list[str]:
 
 def _hash_all(step_dir: str, rels: list[str]) -> dict[str, str]:
   """SHA-256 of each file (hashlib releases the GIL: files hash in parallel)."""
-  with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+  with concurrent.futures.ThreadPoolExecutor(
+      min(8, os.cpu_count() or 1)
+  ) as pool:
     digests = pool.map(lambda r: _sha256(os.path.join(step_dir, r)), rels)
     return dict(zip(rels, digests))
 
@@ -121,8 +128,13 @@ def write_manifest(step_dir: str) -> None:
   digests = _hash_all(step_dir, rels)
   manifest = {
       "format": _MANIFEST_FORMAT,
-      "files": {r: {"size": os.path.getsize(os.path.join(step_dir, r)),
-                    "sha256": digests[r]} for r in rels},
+      "files": {
+          r: {
+              "size": os.path.getsize(os.path.join(step_dir, r)),
+              "sha256": digests[r],
+          }
+          for r in rels
+      },
   }
   path = os.path.join(step_dir, MANIFEST)
   tmp = path + ".tmp"
@@ -162,11 +174,18 @@ def verify_step_dir(step_dir: str) -> tuple[str, str]:
     with open(path) as f:
       manifest = json.load(f)
     files = manifest["files"]
-    if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
+    if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(
+        files, dict
+    ):
       raise ValueError(f"format {manifest.get('format')!r}")
-    expected = {str(r): (int(v["size"]), str(v["sha256"])) for r, v in files.items()}
+    expected = {
+        str(r): (int(v["size"]), str(v["sha256"])) for r, v in files.items()
+    }
   except (ValueError, KeyError, TypeError, AttributeError) as e:
-    return "damaged", f"unreadable checksum manifest {MANIFEST} ({type(e).__name__})"
+    return (
+        "damaged",
+        f"unreadable checksum manifest {MANIFEST} ({type(e).__name__})",
+    )
   if not expected:
     return "damaged", f"checksum manifest {MANIFEST} lists no file"
   for rel, (size, _) in sorted(expected.items()):
@@ -191,8 +210,11 @@ def _is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
       return True
     text = str(exc)
-    if ("No space left on device" in text or "os_error_code='28'" in text
-        or "Disk quota exceeded" in text):
+    if (
+        "No space left on device" in text
+        or "os_error_code='28'" in text
+        or "Disk quota exceeded" in text
+    ):
       return True
     exc = exc.__cause__ or exc.__context__
   return False
@@ -214,7 +236,8 @@ def _nbytes(tree: Any) -> int:
 
 def disk_space(path: str) -> str:
   """'X free of Y' for the file system holding `path` (or its nearest existing
-  parent), e.g. '12.0 KiB free of 1.0 MiB'; 'unknown free space' if unreadable."""
+  parent), e.g. '12.0 KiB free of 1.0 MiB'; 'unknown free space' if unreadable.
+  """
   path = os.path.abspath(path)
   while not os.path.exists(path) and os.path.dirname(path) != path:
     path = os.path.dirname(path)
@@ -280,7 +303,8 @@ class Checkpointer:
       raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}.")
     if save_interval_steps < 1:
       raise ValueError(
-          f"save_interval_steps must be >= 1, got {save_interval_steps}.")
+          f"save_interval_steps must be >= 1, got {save_interval_steps}."
+      )
     self.directory = os.path.abspath(directory)
     self._save_interval_steps = int(save_interval_steps)
     self._status: dict[int, tuple[str, str]] = {}  # verify_step_dir, cached
@@ -288,8 +312,11 @@ class Checkpointer:
     self._warned: set[int] = set()  # unverified steps already warned about
     removed = self.remove_partial() if _is_primary() else []
     if removed:
-      logging.info("removed %d partial checkpoint(s) of an interrupted save: %s",
-                   len(removed), ", ".join(removed))
+      logging.info(
+          "removed %d partial checkpoint(s) of an interrupted save: %s",
+          len(removed),
+          ", ".join(removed),
+      )
     with _quiet_orbax_errors():
       self._manager = ocp.CheckpointManager(
           self.directory,
@@ -328,7 +355,9 @@ class Checkpointer:
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(int(step)))
 
-  def _save_error(self, step: int, exc: BaseException, state: Any) -> CheckpointError:
+  def _save_error(
+      self, step: int, exc: BaseException, state: Any
+  ) -> CheckpointError:
     """The one-line error of a failed save; call before removing the partial
     files (the free space reported is the space left when the write failed)."""
     if _is_disk_full(exc):
@@ -337,14 +366,21 @@ class Checkpointer:
           f"({disk_space(self.directory)} when the write failed; the checkpoint "
           f"needs about {_human(_nbytes(state))}); the partial checkpoint was "
           "removed and earlier ones are intact: free some space (or use a "
-          "--workdir on another disk) and re-run to resume")
+          "--workdir on another disk) and re-run to resume"
+      )
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CheckpointError(
         f"checkpoint step {step}: saving to {self.directory} failed "
-        f"({type(exc).__name__}: {first[:300]}); the partial checkpoint was removed")
+        f"({type(exc).__name__}: {first[:300]}); the partial checkpoint was removed"
+    )
 
-  def save(self, step: int, state: Any, force: bool = False,
-           data_position: dict | None = None) -> bool:
+  def save(
+      self,
+      step: int,
+      state: Any,
+      force: bool = False,
+      data_position: dict | None = None,
+  ) -> bool:
     """Saves `state` as checkpoint `step` and its checksum manifest.
 
     Returns once the step is committed (Orbax's asynchronous write is waited
@@ -374,7 +410,8 @@ class Checkpointer:
     if self._broken:
       raise CheckpointError(
           f"checkpoint step {step}: not saved, an earlier save to "
-          f"{self.directory} failed")
+          f"{self.directory} failed"
+      )
     if not force and step % self._save_interval_steps != 0:
       return False
     items = {_STATE: ocp.args.StandardSave(state)}
@@ -382,8 +419,11 @@ class Checkpointer:
       items[_DATA] = ocp.args.JsonSave(json.loads(json.dumps(data_position)))
     with _quiet_orbax_errors():
       try:
-        started = bool(self._manager.save(
-            step, args=ocp.args.Composite(**items), force=force))
+        started = bool(
+            self._manager.save(
+                step, args=ocp.args.Composite(**items), force=force
+            )
+        )
         if started:
           self._manager.wait_until_finished()
       except ocp.checkpoint_manager.StepAlreadyExistsError:
@@ -396,7 +436,9 @@ class Checkpointer:
     if not started:
       return False
     try:
-      if _is_primary():  # one writer; Orbax's wait is a barrier across processes
+      if (
+          _is_primary()
+      ):  # one writer; Orbax's wait is a barrier across processes
         write_manifest(self._step_dir(step))
     except OSError as e:
       self._broken = True
@@ -453,17 +495,27 @@ class Checkpointer:
         damaged.append((step, why))
         continue
       if damaged:
-        moved = ([self._quarantine(s) for s, _ in damaged] if _is_primary()
-                 else ["(by process 0)"])
+        moved = (
+            [self._quarantine(s) for s, _ in damaged]
+            if _is_primary()
+            else ["(by process 0)"]
+        )
         logging.warning(
             "damaged checkpoint%s in %s: %s; resuming from step %d (moved to %s)",
-            "s" if len(damaged) > 1 else "", self.directory,
-            "; ".join(f"step {s}: {w}" for s, w in damaged), step,
-            ", ".join(moved))
+            "s" if len(damaged) > 1 else "",
+            self.directory,
+            "; ".join(f"step {s}: {w}" for s, w in damaged),
+            step,
+            ", ".join(moved),
+        )
       if status == "unverified" and step not in self._warned:
         self._warned.add(step)
-        logging.warning("checkpoint step %d in %s: %s; restoring it unverified",
-                        step, self.directory, why)
+        logging.warning(
+            "checkpoint step %d in %s: %s; restoring it unverified",
+            step,
+            self.directory,
+            why,
+        )
       return step
     if not damaged:
       return None
@@ -471,7 +523,8 @@ class Checkpointer:
         f"no intact checkpoint in {self.directory}: "
         + "; ".join(f"step {s}: {w}" for s, w in damaged)
         + ". Nothing was changed; to start this run over, move that directory "
-        "aside (or use a new --workdir)")
+        "aside (or use a new --workdir)"
+    )
 
   def _quarantine(self, step: int) -> str:
     """Moves step's directory to `{directory}-damaged/{step}[.n]`; returns it."""
@@ -510,7 +563,9 @@ class Checkpointer:
       ValueError: (from Orbax) if the structure does not match the checkpoint.
     """
     step = self._existing_step(step)
-    return self._read(step, {_STATE: ocp.args.StandardRestore(state_like)})[_STATE]
+    return self._read(step, {_STATE: ocp.args.StandardRestore(state_like)})[
+        _STATE
+    ]
 
   def _read(self, step: int, items: dict) -> Any:
     status, why = self.verify(step)
@@ -523,7 +578,8 @@ class Checkpointer:
       raise CheckpointError(
           f"checkpoint step {step} in {self.directory} ({why}) cannot be read: "
           f"{type(e).__name__}: {first[:300]}; move {self._step_dir(step)} aside "
-          "to resume from an earlier checkpoint") from e
+          "to resume from an earlier checkpoint"
+      ) from e
 
   def _existing_step(self, step: int | None) -> int:
     """`step` (verified), or the latest intact step if None.
@@ -541,11 +597,13 @@ class Checkpointer:
     if int(step) not in self._manager.all_steps():
       raise FileNotFoundError(
           f"No checkpoint for step {step} in {self.directory}; "
-          f"available: {self.all_steps()}.")
+          f"available: {self.all_steps()}."
+      )
     status, why = self.verify(step)
     if status == "damaged":
       raise CheckpointError(
-          f"checkpoint step {step} in {self.directory} is damaged: {why}")
+          f"checkpoint step {step} in {self.directory} is damaged: {why}"
+      )
     return int(step)
 
   def restore_data_position(self, step: int | None = None) -> dict | None:

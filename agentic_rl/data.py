@@ -83,6 +83,7 @@ def write_jsonl(path: str, records: Iterable[Any]) -> int:
 def write_array_record(path: str, records: Iterable[Any]) -> int:
   """Writes records as JSON bytes into an array_record file; returns the count."""
   from array_record.python import array_record_module
+
   writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
   n = 0
   try:
@@ -94,8 +95,12 @@ def write_array_record(path: str, records: Iterable[Any]) -> int:
   return n
 
 
-def write_splits(data_dir: str, name: str, splits: dict[str, Sequence[Any]],
-                 fmt: str = "jsonl") -> dict[str, str]:
+def write_splits(
+    data_dir: str,
+    name: str,
+    splits: dict[str, Sequence[Any]],
+    fmt: str = "jsonl",
+) -> dict[str, str]:
   """Writes `{name}-{split}.{fmt}` files; returns {split: path}.
 
   Raises:
@@ -124,7 +129,9 @@ def split_path(data_dir: str, name: str, split: str) -> str:
     path = os.path.join(data_dir, f"{name}-{split}.{fmt}")
     if os.path.exists(path):
       return path
-  raise FileNotFoundError(f"no {name}-{split}.jsonl or .array_record in {data_dir}")
+  raise FileNotFoundError(
+      f"no {name}-{split}.jsonl or .array_record in {data_dir}"
+  )
 
 
 def make_source(path: str) -> grain.sources.RandomAccessDataSource:
@@ -140,8 +147,13 @@ def _decode(raw: bytes) -> Any:
   return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
 
 
-def make_dataset(path: str, *, seed: int = 0, shuffle: bool = True,
-                 num_epochs: int | None = None) -> grain.MapDataset:
+def make_dataset(
+    path: str,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+) -> grain.MapDataset:
   """Deterministic pipeline: source -> shuffle(seed) -> repeat -> JSON decode.
 
   Args:
@@ -189,8 +201,17 @@ def restore_position(path: str, it: grain.DatasetIterator) -> None:
 # One loader API over JSONL, array_record and TFDS (config.data).
 
 SOURCES = ("tfds", "jsonl", "array_record")
-LOADER_DEFAULTS = dict(source="", name="", split="train", data_dir="", shuffle_seed=0,
-                       num_epochs=0, batch_size=0, prepare=True, eval_split="test")
+LOADER_DEFAULTS = dict(
+    source="",
+    name="",
+    split="train",
+    data_dir="",
+    shuffle_seed=0,
+    num_epochs=0,
+    batch_size=0,
+    prepare=True,
+    eval_split="test",
+)
 
 
 def validate_data_config(data_config) -> dict:
@@ -213,20 +234,34 @@ def validate_data_config(data_config) -> dict:
   cfg = dict(data_config)
   unknown = sorted(set(cfg) - set(LOADER_DEFAULTS))
   if unknown:
-    raise ValueError(f"config.data.{unknown[0]}: unknown field; known "
-                     f"{sorted(LOADER_DEFAULTS)}")
+    raise ValueError(
+        f"config.data.{unknown[0]}: unknown field; known "
+        f"{sorted(LOADER_DEFAULTS)}"
+    )
   cfg = {**LOADER_DEFAULTS, **cfg}
   if cfg["source"] not in SOURCES:
-    raise ValueError(f"config.data.source={cfg['source']!r}: must be one of {SOURCES}")
+    raise ValueError(
+        f"config.data.source={cfg['source']!r}: must be one of {SOURCES}"
+    )
   if not isinstance(cfg["name"], str) or not cfg["name"]:
-    raise ValueError(f"config.data.name={cfg['name']!r}: must be a non-empty string")
+    raise ValueError(
+        f"config.data.name={cfg['name']!r}: must be a non-empty string"
+    )
   for field in ("split", "eval_split"):
     if not isinstance(cfg[field], str) or not cfg[field]:
-      raise ValueError(f"config.data.{field}={cfg[field]!r}: must be a non-empty string")
+      raise ValueError(
+          f"config.data.{field}={cfg[field]!r}: must be a non-empty string"
+      )
   if cfg["source"] != "tfds" and not cfg["data_dir"]:
-    raise ValueError(f"config.data.data_dir={cfg['data_dir']!r}: required for "
-                     f"source={cfg['source']!r}")
-  for field, low in (("shuffle_seed", -1), ("num_epochs", 0), ("batch_size", 0)):
+    raise ValueError(
+        f"config.data.data_dir={cfg['data_dir']!r}: required for "
+        f"source={cfg['source']!r}"
+    )
+  for field, low in (
+      ("shuffle_seed", -1),
+      ("num_epochs", 0),
+      ("batch_size", 0),
+  ):
     v = cfg[field]
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
       raise ValueError(f"config.data.{field}={v!r}: must be an int >= {low}")
@@ -241,6 +276,7 @@ def to_python(record: Any) -> Any:
   with the parsed value.
   """
   import numpy as np
+
   if isinstance(record, dict):
     out = {}
     for k, v in record.items():
@@ -253,8 +289,11 @@ def to_python(record: Any) -> Any:
   if isinstance(record, bytes):
     return record.decode("utf-8")
   if isinstance(record, np.ndarray):
-    return [to_python(x) for x in record.tolist()] if record.ndim else to_python(
-        record.item())
+    return (
+        [to_python(x) for x in record.tolist()]
+        if record.ndim
+        else to_python(record.item())
+    )
   if isinstance(record, np.generic):
     return record.item()
   if isinstance(record, (list, tuple)):
@@ -273,13 +312,17 @@ def register_catalogue_builder(name: str) -> bool:
   import glob
   import importlib
   import tensorflow_datasets as tfds
+
   base = name.split("/")[0].split(":")[0]
   if not base.isidentifier():
     return False
   root = os.path.dirname(tfds.__file__)
-  paths = sorted(glob.glob(os.path.join(root, "*", base, f"{base}.py")) +
-                 glob.glob(os.path.join(root, "datasets", base,
-                                        f"{base}_dataset_builder.py")))
+  paths = sorted(
+      glob.glob(os.path.join(root, "*", base, f"{base}.py"))
+      + glob.glob(
+          os.path.join(root, "datasets", base, f"{base}_dataset_builder.py")
+      )
+  )
   for path in paths:
     rel = os.path.relpath(path, os.path.dirname(root))[: -len(".py")]
     importlib.import_module(rel.replace(os.sep, "."))
@@ -287,7 +330,9 @@ def register_catalogue_builder(name: str) -> bool:
   return False
 
 
-def tfds_source(name: str, split: str, data_dir: str = "", prepare: bool = True):
+def tfds_source(
+    name: str, split: str, data_dir: str = "", prepare: bool = True
+):
   """A random-access TFDS data source (numpy records) through `tfds.data_source`.
 
   Our builders (agentic_rl/datasets) are registered first, so their names resolve
@@ -300,19 +345,28 @@ def tfds_source(name: str, split: str, data_dir: str = "", prepare: bool = True)
   """
   import tensorflow_datasets as tfds
   from agentic_rl import datasets
+
   datasets.register()
   register_catalogue_builder(name)
   return tfds.data_source(
-      name, split=split, data_dir=data_dir or None, download=bool(prepare),
-      builder_kwargs=dict(file_format="array_record"))
+      name,
+      split=split,
+      data_dir=data_dir or None,
+      download=bool(prepare),
+      builder_kwargs=dict(file_format="array_record"),
+  )
 
 
 def make_loader_source(data_config) -> grain.sources.RandomAccessDataSource:
   """The random-access source (undecoded records) of a loader config block."""
   cfg = validate_data_config(data_config)
   if cfg["source"] == "tfds":
-    return tfds_source(cfg["name"], cfg["split"], cfg["data_dir"], cfg["prepare"])
-  path = os.path.join(cfg["data_dir"], f"{cfg['name']}-{cfg['split']}.{cfg['source']}")
+    return tfds_source(
+        cfg["name"], cfg["split"], cfg["data_dir"], cfg["prepare"]
+    )
+  path = os.path.join(
+      cfg["data_dir"], f"{cfg['name']}-{cfg['split']}.{cfg['source']}"
+  )
   if not os.path.exists(path):
     raise FileNotFoundError(f"config.data: no file {path}")
   return make_source(path)
@@ -352,6 +406,10 @@ def make_loader(data_config) -> grain.DatasetIterator:
 
 def read_all(data_config) -> list:
   """Every record of one pass over the split in file order (evaluation sets)."""
-  cfg = {**validate_data_config(data_config), "shuffle_seed": -1, "num_epochs": 1,
-         "batch_size": 0}
+  cfg = {
+      **validate_data_config(data_config),
+      "shuffle_seed": -1,
+      "num_epochs": 1,
+      "batch_size": 0,
+  }
   return list(make_loader(cfg))

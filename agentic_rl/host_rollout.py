@@ -48,7 +48,9 @@ from agentic_rl.models import transformer
 from environments.host import base as host_base
 
 init_state_jit = jax.jit(
-    rollout_lib.init_state, static_argnames=("max_len", "graphdef", "model_config"))
+    rollout_lib.init_state,
+    static_argnames=("max_len", "graphdef", "model_config"),
+)
 # The rollout state (with its KV cache: 2.2 GB for SmolLM2 at 100 rows x 480
 # positions in float32) is donated to every step: the driver never reads a
 # state it has passed on, so XLA updates the buffers in place instead of
@@ -56,11 +58,18 @@ init_state_jit = jax.jit(
 generate_turn_jit = jax.jit(
     rollout_lib.generate_turn,
     static_argnames=("graphdef", "max_action_len", "stop_tokens"),
-    donate_argnames=("state",))
-end_turn_jit = jax.jit(rollout_lib.end_turn, static_argnames=("graphdef",),
-                       donate_argnames=("state",))
-append_jit = jax.jit(rollout_lib._append, static_argnames=("role",),  # noqa: SLF001
-                     donate_argnames=("state",))
+    donate_argnames=("state",),
+)
+end_turn_jit = jax.jit(
+    rollout_lib.end_turn,
+    static_argnames=("graphdef",),
+    donate_argnames=("state",),
+)
+append_jit = jax.jit(
+    rollout_lib._append,
+    static_argnames=("role",),  # noqa: SLF001
+    donate_argnames=("state",),
+)
 
 
 @jax.jit
@@ -72,7 +81,9 @@ def _overlay_roles(role_bl, start_b, roles_bs, len_b):
 def _split(x) -> tuple[np.ndarray, np.ndarray | None]:
   """An environment's ids, or (ids, roles) pair -> (ids, roles or None)."""
   if isinstance(x, tuple):
-    return np.asarray(x[0], np.int32).reshape(-1), np.asarray(x[1], np.int8).reshape(-1)
+    return np.asarray(x[0], np.int32).reshape(-1), np.asarray(
+        x[1], np.int8
+    ).reshape(-1)
   return np.asarray(x, np.int32).reshape(-1), None
 
 
@@ -83,7 +94,9 @@ def numpy_rng(key: jax.Array) -> np.random.Generator:
   return np.random.default_rng(np.asarray(key, np.uint64).reshape(-1).tolist())
 
 
-def _pad_rows(rows: Sequence[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+def _pad_rows(
+    rows: Sequence[np.ndarray], width: int
+) -> tuple[np.ndarray, np.ndarray]:
   """[B, width] int32 PAD-padded array (rows cut to width) and [B] int32 lengths."""
   out = np.full((len(rows), width), tokenizers.PAD, np.int32)
   lens = np.zeros((len(rows),), np.int32)
@@ -103,8 +116,10 @@ def stack_facts(facts: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
   keys = set(facts[0])
   for f in facts[1:]:
     if set(f) != keys:
-      raise ValueError(f"env.facts keys differ between episodes: {sorted(keys)} vs "
-                       f"{sorted(f)}")
+      raise ValueError(
+          f"env.facts keys differ between episodes: {sorted(keys)} vs "
+          f"{sorted(f)}"
+      )
   return {k: np.stack([np.asarray(f[k]) for f in facts]) for k in sorted(keys)}
 
 
@@ -149,16 +164,29 @@ def rollout(
   host_states = [r[0] for r in resets]
   prompts = [_split(r[1]) for r in resets]
   prompt, prompt_len = _pad_rows([p[0] for p in prompts], env.max_prompt_len)
-  state = init_state_jit(jnp.asarray(prompt), jnp.asarray(prompt_len), None,
-                         max_len=max_len, graphdef=graphdef, params=params,
-                         model_config=model_config)
+  state = init_state_jit(
+      jnp.asarray(prompt),
+      jnp.asarray(prompt_len),
+      None,
+      max_len=max_len,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_config,
+  )
   if any(p[1] is not None for p in prompts):
-    roles = [p[1] if p[1] is not None else np.full(len(p[0]), types.PROMPT, np.int8)
-             for p in prompts]
+    roles = [
+        p[1] if p[1] is not None else np.full(len(p[0]), types.PROMPT, np.int8)
+        for p in prompts
+    ]
     role_pad, _ = _pad_rows(roles, env.max_prompt_len)
-    state = state.replace(role=_overlay_roles(
-        state.role, jnp.zeros((b,), jnp.int32), jnp.asarray(role_pad, jnp.int8),
-        jnp.minimum(jnp.asarray(prompt_len), max_len)))
+    state = state.replace(
+        role=_overlay_roles(
+            state.role,
+            jnp.zeros((b,), jnp.int32),
+            jnp.asarray(role_pad, jnp.int8),
+            jnp.minimum(jnp.asarray(prompt_len), max_len),
+        )
+    )
   temperature = jnp.float32(temperature)
   expert_rng = None if use_model else numpy_rng(jax.random.fold_in(key, 7))
   a_len, o_len = env.max_action_len, env.max_obs_len
@@ -172,21 +200,37 @@ def rollout(
     key, sub = jax.random.split(key)
     if use_model:
       state, action, action_len = generate_turn_jit(
-          graphdef, params, state, sub, max_action_len=a_len, temperature=temperature,
-          stop_tokens=stop_tokens)
+          graphdef,
+          params,
+          state,
+          sub,
+          max_action_len=a_len,
+          temperature=temperature,
+          stop_tokens=stop_tokens,
+      )
       action, action_len = np.asarray(action), np.asarray(action_len)
     else:
-      rows = [env.expert_action(s, expert_rng) if a else np.zeros((0,), np.int32)
-              for s, a in zip(host_states, active)]
+      rows = [
+          env.expert_action(s, expert_rng) if a else np.zeros((0,), np.int32)
+          for s, a in zip(host_states, active)
+      ]
       action, action_len = _pad_rows(rows, a_len)
       action_len = np.where(active, action_len, 0).astype(np.int32)
-      state = append_jit(state, jnp.asarray(action), jnp.asarray(action_len),
-                         jnp.asarray(active), role=types.POLICY)
+      state = append_jit(
+          state,
+          jnp.asarray(action),
+          jnp.asarray(action_len),
+          jnp.asarray(active),
+          role=types.POLICY,
+      )
     idx = np.flatnonzero(active)
-    texts = [decode(action[i, : action_len[i]])[: host_base.MAX_TURN_CHARS]
-             for i in idx]
+    texts = [
+        decode(action[i, : action_len[i]])[: host_base.MAX_TURN_CHARS]
+        for i in idx
+    ]
     results, exc, tmo = host_base.guarded_step_batch(
-        env, [host_states[i] for i in idx], texts)
+        env, [host_states[i] for i in idx], texts
+    )
     tool_exceptions[idx] += exc
     tool_timeouts[idx] += tmo
     obs_rows = [np.zeros((0,), np.int32)] * b
@@ -212,22 +256,46 @@ def rollout(
     facts = [env.facts(s) for s in host_states]
     answered = np.array([bool(f["answered"]) for f in facts])
     format_error = np.array([bool(f["format_error"]) for f in facts])
-    state = end_turn_jit(state, jnp.asarray(active), jnp.asarray(env_done),
-                         jnp.asarray(answered), jnp.asarray(format_error),
-                         jnp.asarray(obs), jnp.asarray(obs_len),
-                         graphdef=graphdef, params=params)
-    if fmt is not None or any(len(r) and (r != types.TOOL).any() for r in role_rows):
-      state = state.replace(role=_overlay_roles(
-          state.role, length_before, jnp.asarray(obs_roles_pad, jnp.int8),
-          state.length - length_before))
+    state = end_turn_jit(
+        state,
+        jnp.asarray(active),
+        jnp.asarray(env_done),
+        jnp.asarray(answered),
+        jnp.asarray(format_error),
+        jnp.asarray(obs),
+        jnp.asarray(obs_len),
+        graphdef=graphdef,
+        params=params,
+    )
+    if fmt is not None or any(
+        len(r) and (r != types.TOOL).any() for r in role_rows
+    ):
+      state = state.replace(
+          role=_overlay_roles(
+              state.role,
+              length_before,
+              jnp.asarray(obs_roles_pad, jnp.int8),
+              state.length - length_before,
+          )
+      )
   # An environment that did not end its episodes within max_turns: MAX_TURNS.
   left = ~np.asarray(state.done)
-  finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(np.int32)
-  group = np.arange(b, dtype=np.int32) if group is None else np.asarray(group, np.int32)
+  finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(
+      np.int32
+  )
+  group = (
+      np.arange(b, dtype=np.int32)
+      if group is None
+      else np.asarray(group, np.int32)
+  )
   facts = stack_facts([env.facts(s) for s in host_states])
-  for name, counts in (("num_tool_exceptions", tool_exceptions),
-                       ("num_tool_timeouts", tool_timeouts)):
-    facts[name] = (np.asarray(facts.get(name, 0), np.int32) + counts).astype(np.int32)
+  for name, counts in (
+      ("num_tool_exceptions", tool_exceptions),
+      ("num_tool_timeouts", tool_timeouts),
+  ):
+    facts[name] = (np.asarray(facts.get(name, 0), np.int32) + counts).astype(
+        np.int32
+    )
   return types.Trajectory(
       tokens=state.tokens,
       role=state.role,

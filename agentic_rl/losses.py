@@ -236,8 +236,9 @@ def gspo_loss(
   Raises:
     AssertionError (chex): wrong ranks or shapes.
   """
-  chex.assert_rank([logp_bl, behaviour_logp_bl, mask_bl, advantage_b],
-                   [2, 2, 2, 1])
+  chex.assert_rank(
+      [logp_bl, behaviour_logp_bl, mask_bl, advantage_b], [2, 2, 2, 1]
+  )
   chex.assert_equal_shape([logp_bl, behaviour_logp_bl, mask_bl])
   chex.assert_equal_shape_prefix([logp_bl, advantage_b], 1)
   mean_log_ratio_b, count_b = _masked_log_ratio_mean(
@@ -401,8 +402,9 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def length_mask(length_b: jax.Array, num_positions: int,
-                start_b: jax.Array | None = None) -> jax.Array:
+def length_mask(
+    length_b: jax.Array, num_positions: int, start_b: jax.Array | None = None
+) -> jax.Array:
   """[B, L] bool mask of each row's real positions, from lengths only.
 
   mask[b, t] = start_b[b] <= t < start_b[b] + length_b[b] (start defaults
@@ -667,7 +669,8 @@ def self_imitation_loss(
   if valid_b is not None:
     m = m & valid_b.astype(bool)[:, None]
   w_b = jax.lax.stop_gradient(
-      jnp.maximum(jnp.asarray(return_b, jnp.float32) - baseline_b, 0.0))
+      jnp.maximum(jnp.asarray(return_b, jnp.float32) - baseline_b, 0.0)
+  )
   x = jnp.where(m, -w_b[:, None] * logp_bl, 0.0)
   return jnp.sum(x) / jnp.maximum(jnp.sum(m.astype(jnp.float32)), 1.0)
 
@@ -752,17 +755,23 @@ def flowrl_loss(
   n_b = jnp.sum(m, axis=1)
   safe_n = jnp.maximum(n_b, 1.0)
   seq = lambda x: jnp.sum(jnp.where(mask_bl, x, 0.0), axis=1)
-  delta_b = (log_z_b + seq(logp_bl) / safe_n - beta * reward_hat_b
-             - seq(ref_logp_bl) / safe_n)
+  delta_b = (
+      log_z_b
+      + seq(logp_bl) / safe_n
+      - beta * reward_hat_b
+      - seq(ref_logp_bl) / safe_n
+  )
   log_w = jnp.clip(seq(logp_bl - behaviour_logp_bl), -20.0, 20.0)
   w_b = jax.lax.stop_gradient(
-      jnp.clip(jnp.exp(log_w), 1.0 - clip_eps, 1.0 + clip_eps))
+      jnp.clip(jnp.exp(log_w), 1.0 - clip_eps, 1.0 + clip_eps)
+  )
   valid = (n_b > 0).astype(jnp.float32)
   if denominator is None:
     denominator = jnp.sum(valid)
   denominator = jnp.asarray(denominator, jnp.float32)
   loss = jnp.sum(valid * w_b * jnp.square(delta_b)) / jnp.where(
-      denominator > 0, denominator, 1.0)
+      denominator > 0, denominator, 1.0
+  )
   return loss, delta_b
 
 
@@ -781,8 +790,9 @@ class LogPartition(nnx.Module):
       self.log_z = nnx.Param(jnp.zeros((), jnp.float32))
     else:
       self.hidden = nnx.Linear(in_dim, hidden_dim, rngs=rngs)
-      self.out = nnx.Linear(hidden_dim, 1, kernel_init=nnx.initializers.zeros,
-                            rngs=rngs)
+      self.out = nnx.Linear(
+          hidden_dim, 1, kernel_init=nnx.initializers.zeros, rngs=rngs
+      )
 
   def __call__(self, pooled_bd: jax.Array) -> jax.Array:
     """[B, D] pooled prompt embeddings -> [B] float32 log Z."""
@@ -833,8 +843,9 @@ class PolicyLossInputs:
 # importance ratio, loss: a float32 scalar that replaces the aggregated pg_bl,
 # or None to aggregate pg_bl by `rl.loss_agg_mode`). A new loss type is one
 # function plus one entry here.
-PolicyLossFn = Callable[[PolicyLossInputs, Any], tuple[jax.Array, jax.Array,
-                                                       jax.Array | None]]
+PolicyLossFn = Callable[
+    [PolicyLossInputs, Any], tuple[jax.Array, jax.Array, jax.Array | None]
+]
 
 
 def _ppo_policy_loss(x: PolicyLossInputs, rl_cfg):
@@ -842,7 +853,11 @@ def _ppo_policy_loss(x: PolicyLossInputs, rl_cfg):
   dual clip (`rl.dual_clip` > 0); arXiv:1707.06347, arXiv:2503.14476,
   arXiv:1912.09729."""
   pg, ratio = clipped_surrogate(
-      x.logp, x.behaviour_logp, x.advantage, rl_cfg.clip_low, rl_cfg.clip_high,
+      x.logp,
+      x.behaviour_logp,
+      x.advantage,
+      rl_cfg.clip_low,
+      rl_cfg.clip_high,
       dual_clip=rl_cfg.dual_clip if rl_cfg.dual_clip > 0 else None,
   )
   return pg, ratio, None
@@ -851,8 +866,9 @@ def _ppo_policy_loss(x: PolicyLossInputs, rl_cfg):
 def _cispo_policy_loss(x: PolicyLossInputs, rl_cfg):
   """'cispo': `cispo_loss`, clipped importance-sampling weights
   (arXiv:2506.13585)."""
-  pg, ratio = cispo_loss(x.logp, x.behaviour_logp, x.advantage,
-                         rl_cfg.clip_low, rl_cfg.clip_high)
+  pg, ratio = cispo_loss(
+      x.logp, x.behaviour_logp, x.advantage, rl_cfg.clip_low, rl_cfg.clip_high
+  )
   return pg, ratio, None
 
 
@@ -860,8 +876,14 @@ def _gspo_policy_loss(x: PolicyLossInputs, rl_cfg):
   """'gspo' and 'gspo_token': `gspo_token_loss` (arXiv:2507.18071). With
   seq-mean-token-mean aggregation (enforced for 'gspo' by validation)
   GSPO-token's loss equals GSPO's sequence-level loss."""
-  pg, ratio = gspo_token_loss(x.logp, x.behaviour_logp, x.advantage, x.mask,
-                              rl_cfg.clip_low, rl_cfg.clip_high)
+  pg, ratio = gspo_token_loss(
+      x.logp,
+      x.behaviour_logp,
+      x.advantage,
+      x.mask,
+      rl_cfg.clip_low,
+      rl_cfg.clip_high,
+  )
   return pg, ratio, None
 
 
@@ -870,9 +892,16 @@ def _flowrl_policy_loss(x: PolicyLossInputs, rl_cfg):
   clip `rl.flowrl_clip`; the per-token pg is 0 and the scalar loss replaces
   its aggregate."""
   flow, _ = flowrl_loss(
-      x.logp, x.behaviour_logp, x.ref_logp, x.mask, x.reward_hat, x.log_z,
-      beta=rl_cfg.flowrl_beta, clip_eps=rl_cfg.flowrl_clip,
-      denominator=x.denominator)
+      x.logp,
+      x.behaviour_logp,
+      x.ref_logp,
+      x.mask,
+      x.reward_hat,
+      x.log_z,
+      beta=rl_cfg.flowrl_beta,
+      clip_eps=rl_cfg.flowrl_clip,
+      denominator=x.denominator,
+  )
   ratio = jnp.exp(x.logp - x.behaviour_logp)
   return jnp.zeros_like(x.logp), ratio, flow
 

@@ -51,6 +51,7 @@ def _summary_writer(**kwargs: Any):
     finally:
       del sys.modules["torch"]
   import tensorboardX  # pylint: disable=g-import-not-at-top
+
   return tensorboardX.SummaryWriter(**kwargs)
 
 
@@ -88,8 +89,11 @@ def pass_at_k(
   c = np.asarray(num_correct)
   for name, arr in (("num_samples", n), ("num_correct", c)):
     if arr.dtype.kind not in "iub":
-      if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(
-          arr == np.round(arr)):
+      if (
+          arr.dtype.kind == "f"
+          and np.all(np.isfinite(arr))
+          and np.all(arr == np.round(arr))
+      ):
         continue
       raise ValueError(f"{name} must be integral, got dtype {arr.dtype}.")
   n = n.astype(np.int64)
@@ -106,7 +110,8 @@ def pass_at_k(
     raise ValueError("num_correct must be <= num_samples for every task.")
   if np.any(k > n):
     raise ValueError(
-        f"k={k} exceeds num_samples (min {int(n.min()) if n.size else 0}).")
+        f"k={k} exceeds num_samples (min {int(n.min()) if n.size else 0})."
+    )
 
   shape = n.shape
   n_flat = n.reshape(-1)
@@ -148,7 +153,8 @@ def _to_float(name: str, value: Any) -> float:
     raise TypeError(f"Metric {name!r}: non-numeric dtype {arr.dtype}.")
   if arr.size != 1:
     raise ValueError(
-        f"Metric {name!r} must be a scalar, got shape {arr.shape}.")
+        f"Metric {name!r} must be a scalar, got shape {arr.shape}."
+    )
   return float(arr.reshape(()))
 
 
@@ -218,7 +224,9 @@ class MetricsWriter:
     with open(self.path, "r", encoding="utf-8", errors="replace") as f:
       records = _parse_lines(f.read())
     kept = [r for r in records if r["step"] <= resume_step]
-    fd, tmp = tempfile.mkstemp(dir=self.workdir, prefix=".metrics.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(
+        dir=self.workdir, prefix=".metrics.", suffix=".tmp"
+    )
     try:
       with os.fdopen(fd, "w", encoding="utf-8") as f:
         for r in kept:
@@ -242,7 +250,9 @@ class MetricsWriter:
       if f.read(1) != b"\n":
         f.write(b"\n")
 
-  def write(self, step: int, metrics: Mapping[str, Any], prefix: str = "") -> None:
+  def write(
+      self, step: int, metrics: Mapping[str, Any], prefix: str = ""
+  ) -> None:
     """Logs one record of scalar metrics.
 
     Args:
@@ -423,8 +433,9 @@ class ProgressBar:
         if mean is None:
           mean, lower = max(known), True
         seconds += left * mean
-    evals_left = sum(1 for s in self._eval_steps
-                     if s >= n and s not in self._evals_done)
+    evals_left = sum(
+        1 for s in self._eval_steps if s >= n and s not in self._evals_done
+    )
     if evals_left:
       if self._eval_times:
         seconds += evals_left * sum(self._eval_times) / len(self._eval_times)
@@ -452,7 +463,7 @@ class ProgressBar:
       if self._seen_phase[phase]:  # its first step compiles: not a rate
         times = self._step_times[phase]
         times.append((now - self._last) / delta)
-        del times[:-self._WINDOW]
+        del times[: -self._WINDOW]
       self._seen_phase[phase] = True
     elif delta > 0:
       self._seen_phase[self._phase(step)] = True
@@ -469,7 +480,9 @@ class ProgressBar:
     # Moved by hand, then drawn: tqdm's update(delta) could redraw before the
     # new postfix is set.
     self._bar.n = step
-    self._bar.set_postfix({"eta": self._eta_text(), **self._postfix}, refresh=False)
+    self._bar.set_postfix(
+        {"eta": self._eta_text(), **self._postfix}, refresh=False
+    )
     if delta >= 0:
       self._bar.update(0)  # Respects mininterval.
     else:
@@ -510,7 +523,7 @@ class ProgressBar:
 
 
 def _report_rows(
-    reports: Mapping[str, Mapping[str, Any]]
+    reports: Mapping[str, Mapping[str, Any]],
 ) -> tuple[list[str], list[str], list[list[float]], list[float] | None]:
   """Returns (columns, metric names, values[row][col], deltas or None)."""
   columns = list(reports.keys())
@@ -519,10 +532,15 @@ def _report_rows(
     for name in metrics:
       if name not in names:
         names.append(name)
-  values = [[
-      _to_float(name, reports[col][name]) if name in reports[col] else math.nan
-      for col in columns
-  ] for name in names]
+  values = [
+      [
+          _to_float(name, reports[col][name])
+          if name in reports[col]
+          else math.nan
+          for col in columns
+      ]
+      for name in names
+  ]
   deltas = None
   if len(columns) >= 2:
     deltas = [row[-1] - row[0] for row in values]
@@ -535,7 +553,9 @@ def _fmt(x: float, signed: bool = False) -> str:
   return f"{x:+.4f}" if signed else f"{x:.4f}"
 
 
-def _table(reports: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def _table(
+    reports: Mapping[str, Mapping[str, Any]],
+) -> tuple[list[str], list[list[str]]]:
   columns, names, values, deltas = _report_rows(reports)
   header = ["metric"] + columns
   if deltas is not None:
@@ -583,7 +603,8 @@ def write_eval_report(
               name: _json(values[r][c])
               for r, name in enumerate(names)
               if name in reports[col]
-          } for c, col in enumerate(columns)
+          }
+          for c, col in enumerate(columns)
       },
   }
   if deltas is not None:
@@ -638,7 +659,8 @@ def format_eval_table(reports: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def held_out_points(
-    reports: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int],
+    reports: Mapping[str, Mapping[str, Any]],
+    steps: Mapping[str, int],
     metric: str = "accuracy",
 ) -> list[tuple[str, int, float]]:
   """[(checkpoint name, step, value)] of `metric` in held-out eval reports.
@@ -652,14 +674,19 @@ def held_out_points(
   out = []
   for name, report in reports.items():
     value = report.get(metric)
-    if (name in steps and isinstance(value, numbers.Real)
-        and math.isfinite(float(value))):
+    if (
+        name in steps
+        and isinstance(value, numbers.Real)
+        and math.isfinite(float(value))
+    ):
       out.append((name, int(steps[name]), float(value)))
   return out
 
 
 def plot_learning_curves(
-    workdir: str, keys: Sequence[str], filename: str = "learning_curves.png",
+    workdir: str,
+    keys: Sequence[str],
+    filename: str = "learning_curves.png",
     held_out: Sequence[tuple[str, int, float]] = (),
     held_out_key: str | None = None,
 ) -> str | None:
@@ -686,8 +713,11 @@ def plot_learning_curves(
   records = read_metrics(workdir)
   series = {}
   for key in keys:
-    pts = [(r["step"], r[key]) for r in records
-           if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    pts = [
+        (r["step"], r[key])
+        for r in records
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
     if pts:
       series[key] = pts
   if held_out and held_out_key is not None and held_out_key not in series:
@@ -696,6 +726,7 @@ def plot_learning_curves(
     return None
 
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
@@ -703,23 +734,42 @@ def plot_learning_curves(
   ncols = min(n, 3)
   nrows = -(-n // ncols)
   fig, axes = plt.subplots(
-      nrows, ncols, figsize=(4.5 * ncols, 3.2 * nrows), squeeze=False)
+      nrows, ncols, figsize=(4.5 * ncols, 3.2 * nrows), squeeze=False
+  )
   try:
     for ax, (key, pts) in zip(axes.flat, series.items()):
       if pts:
         pts.sort(key=lambda p: p[0])
         xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="." if len(xs) < 50 else None, linewidth=1.2,
-                label="training batches" if key == held_out_key else None)
+        ax.plot(
+            xs,
+            ys,
+            marker="." if len(xs) < 50 else None,
+            linewidth=1.2,
+            label="training batches" if key == held_out_key else None,
+        )
       if key == held_out_key and held_out:
         hx = [p[1] for p in held_out]
         hy = [p[2] for p in held_out]
         # Markers only: nothing was measured between the evaluations.
-        ax.plot(hx, hy, linestyle="none", marker="*", markersize=11, color="C3",
-                label="held-out (greedy)")
+        ax.plot(
+            hx,
+            hy,
+            linestyle="none",
+            marker="*",
+            markersize=11,
+            color="C3",
+            label="held-out (greedy)",
+        )
         for label, x, y in held_out:
-          ax.annotate(f"{label} {y:.3f}", (x, y), textcoords="offset points",
-                      xytext=(4, -12), fontsize=8, color="C3")
+          ax.annotate(
+              f"{label} {y:.3f}",
+              (x, y),
+              textcoords="offset points",
+              xytext=(4, -12),
+              fontsize=8,
+              color="C3",
+          )
         ax.legend(fontsize=8, loc="best")
       ax.set_title(key, fontsize=10)
       ax.set_xlabel("step")

@@ -55,7 +55,8 @@ def _to_f32(x):
 
 
 def with_float32_master(
-    inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    inner: optax.GradientTransformation,
+) -> optax.GradientTransformation:
   """Wraps `inner` so that low-precision parameters get float32 master weights.
 
   init(params): float32 params -> `inner.init(params)` unchanged; otherwise
@@ -92,15 +93,23 @@ def with_float32_master(
     if not isinstance(state, MasterWeightsState):
       return inner.update(grads, state, params)
     if params is None:
-      raise ValueError("with_float32_master: update() needs params (the "
-                       "low-precision parameters the updates apply to)")
+      raise ValueError(
+          "with_float32_master: update() needs params (the "
+          "low-precision parameters the updates apply to)"
+      )
     grads32 = jax.tree.map(_to_f32, grads)
     updates, inner_state = inner.update(grads32, state.inner, state.master)
     master = optax.apply_updates(state.master, updates)
     out = jax.tree.map(
-        lambda m, p: (m.astype(jnp.result_type(p)).astype(jnp.float32)
-                      - p.astype(jnp.float32)) if _is_low_float(p) else m - p,
-        master, params)
+        lambda m, p: (
+            m.astype(jnp.result_type(p)).astype(jnp.float32)
+            - p.astype(jnp.float32)
+        )
+        if _is_low_float(p)
+        else m - p,
+        master,
+        params,
+    )
     return out, MasterWeightsState(master=master, inner=inner_state)
 
   return optax.GradientTransformation(init, update)
@@ -111,9 +120,11 @@ def accumulation_zeros(tree: Any) -> Any:
   ShapeDtypeStructs): float32 for low-precision floating leaves, the leaf's
   dtype otherwise, so that micro-batch gradients of bf16 parameters are summed
   in float32 (`accumulate`)."""
+
   def zeros(x):
     dtype = jnp.float32 if _is_low_float(x) else x.dtype
     return jnp.zeros(x.shape, dtype)
+
   return jax.tree.map(zeros, tree)
 
 

@@ -76,10 +76,16 @@ def host_trim_length(config, length_b: Any) -> int:
   """
   max_len = config.max_len
   rl = config.rl if "rl" in config else None
-  if config.trim_bucket == 0 or (rl is not None and (
-      rl.replay_capacity > 0
-      or (rl.loss_agg_mode == "seq-mean-token-sum-norm"
-          and not rl.loss_norm_constant))):
+  if config.trim_bucket == 0 or (
+      rl is not None
+      and (
+          rl.replay_capacity > 0
+          or (
+              rl.loss_agg_mode == "seq-mean-token-sum-norm"
+              and not rl.loss_norm_constant
+          )
+      )
+  ):
     return max_len
   return bucket_length(length_b, bucket=config.trim_bucket, max_len=max_len)
 
@@ -134,7 +140,9 @@ def first_fit_rows(length_b: Any, row_len: int) -> int:
   Raises:
     ValueError: an episode longer than row_len.
   """
-  lengths = sorted((int(x) for x in np.asarray(length_b).reshape(-1)), reverse=True)
+  lengths = sorted(
+      (int(x) for x in np.asarray(length_b).reshape(-1)), reverse=True
+  )
   if lengths and lengths[0] > row_len:
     raise ValueError(f"length={lengths[0]}: exceeds row_len={row_len}")
   room: list[int] = []
@@ -148,7 +156,9 @@ def first_fit_rows(length_b: Any, row_len: int) -> int:
   return len(room)
 
 
-def metrics(loss_mask_bl: jax.Array, length_b: jax.Array) -> dict[str, jax.Array]:
+def metrics(
+    loss_mask_bl: jax.Array, length_b: jax.Array
+) -> dict[str, jax.Array]:
   """Token shares of a batch buffer (what the update computes on).
 
   Args:

@@ -46,8 +46,13 @@ from agentic_rl import rollout
 from agentic_text import tokenizers as tok
 from agentic_rl import types
 
-NEGATIVE_TYPES = ("wrong_value", "extra_call", "missing_call", "ignored_obs",
-                  "wrong_answer")
+NEGATIVE_TYPES = (
+    "wrong_value",
+    "extra_call",
+    "missing_call",
+    "ignored_obs",
+    "wrong_answer",
+)
 
 
 # ---------------------------------------------------------------------------
@@ -81,10 +86,16 @@ class ScriptedEnv:
 
   def reset(self, task):
     s, prompt, plen = self.env.reset(task["task"])
-    return ScriptState(s, task["actions"], task["lens"], jnp.zeros((), jnp.int32)), prompt, plen
+    return (
+        ScriptState(s, task["actions"], task["lens"], jnp.zeros((), jnp.int32)),
+        prompt,
+        plen,
+    )
 
   def step(self, state, action_tokens, action_len):
-    s, obs, obs_len, done = self.env.step(state.inner, action_tokens, action_len)
+    s, obs, obs_len, done = self.env.step(
+        state.inner, action_tokens, action_len
+    )
     return state.replace(inner=s, k=state.k + 1), obs, obs_len, done
 
   def facts(self, state):
@@ -96,7 +107,9 @@ class ScriptedEnv:
     return state.actions_ka[k], state.lens_k[k]
 
 
-def replay(env, tasks, actions: Sequence[Sequence[Sequence[int]]], max_len: int):
+def replay(
+    env, tasks, actions: Sequence[Sequence[Sequence[int]]], max_len: int
+):
   """Plays per-episode action scripts through `env`; returns a host Trajectory.
 
   Args:
@@ -122,10 +135,16 @@ def replay(env, tasks, actions: Sequence[Sequence[Sequence[int]]], max_len: int)
     for j, turn in enumerate(script):
       if len(turn) > a:
         raise ValueError(f"script {i} turn {j} has {len(turn)} tokens > {a}")
-      acts[i, j, :len(turn)] = turn
+      acts[i, j, : len(turn)] = turn
       lens[i, j] = len(turn)
-  wrapped = {"task": tasks, "actions": jnp.asarray(acts), "lens": jnp.asarray(lens)}
-  traj = rollout.rollout_jit(ScriptedEnv(env), wrapped, jax.random.key(0), max_len=max_len)
+  wrapped = {
+      "task": tasks,
+      "actions": jnp.asarray(acts),
+      "lens": jnp.asarray(lens),
+  }
+  traj = rollout.rollout_jit(
+      ScriptedEnv(env), wrapped, jax.random.key(0), max_len=max_len
+  )
   return jax.device_get(traj)
 
 
@@ -149,7 +168,9 @@ def actions_of(traj, i: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------
 
 
-def turn_labels(facts: dict[str, np.ndarray], num_turns: np.ndarray) -> np.ndarray:
+def turn_labels(
+    facts: dict[str, np.ndarray], num_turns: np.ndarray
+) -> np.ndarray:
   """Per-turn labels float32 [B, K] from progress facts (module docstring).
 
   Args:
@@ -173,7 +194,9 @@ _DIGITS = set(range(ord("0"), ord("9") + 1))
 _LETTERS = set(range(ord("a"), ord("z") + 1))
 
 
-def perturb_answer(action: Sequence[int], rng: np.random.Generator) -> list[int]:
+def perturb_answer(
+    action: Sequence[int], rng: np.random.Generator
+) -> list[int]:
   """Changes the last digit (or lowercase letter) of an answer turn to another one.
 
   Returns the edited copy; the action unchanged if it has no digit or letter.
@@ -194,8 +217,9 @@ def _is_call(action: Sequence[int]) -> bool:
   return len(action) > 0 and action[0] == tok.CALL
 
 
-def edits(gold: list[list[int]], max_turns: int,
-          rng: np.random.Generator) -> list[tuple[str, list[list[int]]]]:
+def edits(
+    gold: list[list[int]], max_turns: int, rng: np.random.Generator
+) -> list[tuple[str, list[list[int]]]]:
   """Token-level negatives of a gold script (list of (type, script)).
 
   ignored_obs / wrong_answer: last turn's answer perturbed (after calls / without);
@@ -210,10 +234,12 @@ def edits(gold: list[list[int]], max_turns: int,
   if ans != gold[-1]:
     out.append(("ignored_obs" if calls else "wrong_answer", gold[:-1] + [ans]))
     if calls:
-      out.append(("missing_call", [t for t in gold[:-1] if not _is_call(t)] + [ans]))
+      out.append(
+          ("missing_call", [t for t in gold[:-1] if not _is_call(t)] + [ans])
+      )
   if calls and len(gold) + 1 <= max_turns:
     i = max(j for j, t in enumerate(gold) if _is_call(t))
-    out.append(("extra_call", gold[:i + 1] + [gold[i]] + gold[i + 1:]))
+    out.append(("extra_call", gold[: i + 1] + [gold[i]] + gold[i + 1 :]))
   return out
 
 
@@ -246,14 +272,25 @@ def _prefers(c: dict, r: dict) -> bool:
 
 
 def _task_keys(tasks) -> list[tuple]:
-  leaves = [np.asarray(x).reshape(np.asarray(x).shape[0], -1)
-            for x in jax.tree.leaves(tasks)]
-  return [tuple(np.concatenate([l[i] for l in leaves]).tolist()) for i in range(leaves[0].shape[0])]
+  leaves = [
+      np.asarray(x).reshape(np.asarray(x).shape[0], -1)
+      for x in jax.tree.leaves(tasks)
+  ]
+  return [
+      tuple(np.concatenate([l[i] for l in leaves]).tolist())
+      for i in range(leaves[0].shape[0])
+  ]
 
 
 def build_pairs(
-    env, tasks, key, *, max_len: int, imperfect: dict[str, dict[str, Any]],
-    seed: int = 0, split: str = "train",
+    env,
+    tasks,
+    key,
+    *,
+    max_len: int,
+    imperfect: dict[str, dict[str, Any]],
+    seed: int = 0,
+    split: str = "train",
 ) -> list[dict[str, Any]]:
   """Preference pairs for a batch of tasks.
 
@@ -272,10 +309,15 @@ def build_pairs(
   Returns:
     list of {'split', 'type', 'task_index', 'chosen', 'rejected'} records.
   """
-  probs = {f.name: 0.0 for f in dataclasses.fields(env)
-           if f.name.startswith("expert_") and f.name.endswith("_prob")}
+  probs = {
+      f.name: 0.0
+      for f in dataclasses.fields(env)
+      if f.name.startswith("expert_") and f.name.endswith("_prob")
+  }
   for name in ("expert_undercall_prob", "expert_overcall_prob"):
-    if name in probs and getattr(env, name) < 0:  # arithmetic: -1 = use imperfect_prob
+    if (
+        name in probs and getattr(env, name) < 0
+    ):  # arithmetic: -1 = use imperfect_prob
       probs[name] = -1.0
   perfect = dataclasses.replace(env, **probs)
   rng = np.random.default_rng(seed)
@@ -290,12 +332,21 @@ def build_pairs(
     for j, i in enumerate(idx):
       r = episode_record(traj, lab, j)
       if r["tokens"] != gold_rec[i]["tokens"] and _prefers(gold_rec[i], r):
-        pairs.append({"split": split, "type": kind, "task_index": int(i),
-                      "chosen": gold_rec[i], "rejected": r})
+        pairs.append(
+            {
+                "split": split,
+                "type": kind,
+                "task_index": int(i),
+                "chosen": gold_rec[i],
+                "rejected": r,
+            }
+        )
 
   for j, (kind, overrides) in enumerate(sorted(imperfect.items())):
     env_j = dataclasses.replace(perfect, **overrides)
-    traj = expert_trajectories(env_j, tasks, jax.random.fold_in(key, j + 1), max_len)
+    traj = expert_trajectories(
+        env_j, tasks, jax.random.fold_in(key, j + 1), max_len
+    )
     add(kind, traj, range(b))
   scripts, owners, kinds = [], [], []
   for i in range(b):
@@ -310,17 +361,25 @@ def build_pairs(
     # Pad to B rows so every replay shares one compiled program.
     pad = b - len(idx)
     if pad > 0:
-      sub = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], pad, 0)]), sub)
+      sub = jax.tree.map(
+          lambda x: np.concatenate([x, np.repeat(x[:1], pad, 0)]), sub
+      )
       sc = sc + [sc[0]] * pad
     traj = replay(env, sub, sc, max_len)
-    traj = jax.tree.map(lambda x: x[:len(idx)], traj)
+    traj = jax.tree.map(lambda x: x[: len(idx)], traj)
     add(kind, traj, idx)
   return pairs
 
 
 def build_dataset(
-    env, *, num_train_tasks: int, num_test_tasks: int, seed: int, max_len: int,
-    imperfect: dict[str, dict[str, Any]], chunk: int = 256,
+    env,
+    *,
+    num_train_tasks: int,
+    num_test_tasks: int,
+    seed: int,
+    max_len: int,
+    imperfect: dict[str, dict[str, Any]],
+    chunk: int = 256,
 ) -> list[dict[str, Any]]:
   """Train and held-out pairs; held-out tasks seen in train are dropped.
 
@@ -330,7 +389,10 @@ def build_dataset(
   root = jax.random.key(seed)
   out = []
   seen = set()
-  for split, n, sk in (("train", num_train_tasks, 0), ("test", num_test_tasks, 1)):
+  for split, n, sk in (
+      ("train", num_train_tasks, 0),
+      ("test", num_test_tasks, 1),
+  ):
     tasks = jax.device_get(env.sample_tasks(jax.random.fold_in(root, sk), n))
     keys = _task_keys(tasks)
     if split == "train":
@@ -339,15 +401,21 @@ def build_dataset(
     else:
       keep = np.asarray([i for i in range(n) if keys[i] not in seen], np.int64)
     for c0 in range(0, len(keep), chunk):
-      idx = keep[c0:c0 + chunk]
+      idx = keep[c0 : c0 + chunk]
       if len(idx) < chunk:  # pad to the chunk shape, drop the padding's pairs
         idx_p = np.concatenate([idx, np.repeat(idx[:1], chunk - len(idx))])
       else:
         idx_p = idx
       sub = jax.tree.map(lambda x: np.asarray(x)[idx_p], tasks)
-      pairs = build_pairs(env, sub, jax.random.fold_in(root, 100 + sk * 1000 + c0),
-                          max_len=max_len, imperfect=imperfect,
-                          seed=seed * 7919 + sk * 1000 + c0, split=split)
+      pairs = build_pairs(
+          env,
+          sub,
+          jax.random.fold_in(root, 100 + sk * 1000 + c0),
+          max_len=max_len,
+          imperfect=imperfect,
+          seed=seed * 7919 + sk * 1000 + c0,
+          split=split,
+      )
       out += [p for p in pairs if p["task_index"] < len(idx)]
   return out
 
@@ -391,29 +459,48 @@ def episodes_to_batch(records: Sequence[dict], max_len: int, num_turns_k: int):
     tokens[i, :n] = r["tokens"]
     turn[i, :n] = r["turn"]
     mask[i, :n] = True
-    labels[i, :len(r["turn_labels"])] = r["turn_labels"][:num_turns_k]
+    labels[i, : len(r["turn_labels"])] = r["turn_labels"][:num_turns_k]
     score[i] = float(r["correct"])
-  boundary, tmask = reward_models.turn_boundaries(jnp.asarray(turn), num_turns_k)
+  boundary, tmask = reward_models.turn_boundaries(
+      jnp.asarray(turn), num_turns_k
+  )
   return reward_models.EpisodeBatch(
-      tokens=tokens, mask=mask, boundary=np.asarray(boundary),
-      turn_mask=np.asarray(tmask), turn_labels=labels, score=score)
+      tokens=tokens,
+      mask=mask,
+      boundary=np.asarray(boundary),
+      turn_mask=np.asarray(tmask),
+      turn_labels=labels,
+      score=score,
+  )
 
 
-def pairs_to_batch(pairs: Sequence[dict], max_len: int, num_turns_k: int,
-                   margin: float = 0.0):
+def pairs_to_batch(
+    pairs: Sequence[dict], max_len: int, num_turns_k: int, margin: float = 0.0
+):
   """PairBatch (numpy) from pair records; margin float32 [B] filled with `margin`."""
   return reward_models.PairBatch(
-      chosen=episodes_to_batch([p["chosen"] for p in pairs], max_len, num_turns_k),
-      rejected=episodes_to_batch([p["rejected"] for p in pairs], max_len, num_turns_k),
-      margin=np.full((len(pairs),), margin, np.float32))
+      chosen=episodes_to_batch(
+          [p["chosen"] for p in pairs], max_len, num_turns_k
+      ),
+      rejected=episodes_to_batch(
+          [p["rejected"] for p in pairs], max_len, num_turns_k
+      ),
+      margin=np.full((len(pairs),), margin, np.float32),
+  )
 
 
 def trajectory_to_batch(traj, num_turns_k: int):
   """EpisodeBatch (numpy) of a host Trajectory (e.g. policy samples)."""
   labels = turn_labels(traj.facts, traj.num_turns)
   mask = np.asarray(traj.role) != types.PAD
-  boundary, tmask = reward_models.turn_boundaries(jnp.asarray(traj.turn), num_turns_k)
+  boundary, tmask = reward_models.turn_boundaries(
+      jnp.asarray(traj.turn), num_turns_k
+  )
   return reward_models.EpisodeBatch(
-      tokens=np.asarray(traj.tokens, np.int32), mask=mask,
-      boundary=np.asarray(boundary), turn_mask=np.asarray(tmask),
-      turn_labels=labels, score=np.asarray(traj.facts["correct"], np.float32))
+      tokens=np.asarray(traj.tokens, np.int32),
+      mask=mask,
+      boundary=np.asarray(boundary),
+      turn_mask=np.asarray(tmask),
+      turn_labels=labels,
+      score=np.asarray(traj.facts["correct"], np.float32),
+  )

@@ -94,7 +94,9 @@ def task_keys(tokens_bl: jax.Array, role_bl: jax.Array) -> jax.Array:
   chex.assert_rank([tokens_bl, role_bl], 2)
   prompt_bl = role_bl == types.PROMPT
   # Position-tagged token ids, so that PROMPT tokens hash in order.
-  tok = jnp.where(prompt_bl, tokens_bl.astype(jnp.uint32) + 1, 0).astype(jnp.uint32)
+  tok = jnp.where(prompt_bl, tokens_bl.astype(jnp.uint32) + 1, 0).astype(
+      jnp.uint32
+  )
 
   def step(h_b, t_b):
     h_new = (h_b ^ t_b) * jnp.uint32(16777619)
@@ -145,18 +147,29 @@ def insert(
     def put(field, value):
       return field.at[slot].set(jnp.where(ok, value, field[slot]))
 
-    return b.replace(
-        key=put(b.key, key), valid=put(b.valid, True),
-        tokens=put(b.tokens, tokens), role=put(b.role, role),
-        logprob=put(b.logprob, logprob), turn=put(b.turn, turn),
-        reward=put(b.reward, reward),
-        step=put(b.step, jnp.asarray(step, jnp.int32)),
-    ), None
+    return (
+        b.replace(
+            key=put(b.key, key),
+            valid=put(b.valid, True),
+            tokens=put(b.tokens, tokens),
+            role=put(b.role, role),
+            logprob=put(b.logprob, logprob),
+            turn=put(b.turn, turn),
+            reward=put(b.reward, reward),
+            step=put(b.step, jnp.asarray(step, jnp.int32)),
+        ),
+        None,
+    )
 
-  rows = (key_b.astype(jnp.uint32), tokens_bl.astype(jnp.int32),
-          role_bl.astype(jnp.int8), logprob_bl.astype(jnp.float32),
-          turn_bl.astype(jnp.int32), reward_b.astype(jnp.float32),
-          success_b.astype(bool))
+  rows = (
+      key_b.astype(jnp.uint32),
+      tokens_bl.astype(jnp.int32),
+      role_bl.astype(jnp.int8),
+      logprob_bl.astype(jnp.float32),
+      turn_bl.astype(jnp.int32),
+      reward_b.astype(jnp.float32),
+      success_b.astype(bool),
+  )
   buf, _ = jax.lax.scan(body, buf, rows)
   return buf
 
@@ -209,9 +222,14 @@ def inject_into_failed_groups(
     m = inj_b.reshape(inj_b.shape + (1,) * (batch.ndim - 1))
     return jnp.where(m, new.astype(batch.dtype), batch)
 
-  return (pick(tokens_bl, buf.tokens), pick(role_bl, buf.role),
-          pick(logprob_bl, buf.logprob), pick(turn_bl, buf.turn),
-          pick(reward_b, buf.reward), inj_b)
+  return (
+      pick(tokens_bl, buf.tokens),
+      pick(role_bl, buf.role),
+      pick(logprob_bl, buf.logprob),
+      pick(turn_bl, buf.turn),
+      pick(reward_b, buf.reward),
+      inj_b,
+  )
 
 
 def sample_slots(buf: ReplayBuffer, rng: jax.Array, num: int) -> jax.Array:
@@ -249,5 +267,7 @@ def sil_baselines(
   same_mb = slot_key_m[:, None] == batch_key_b[None, :]
   r = batch_reward_b.astype(jnp.float32)
   count = jnp.sum(same_mb, axis=1)
-  task_mean = jnp.sum(jnp.where(same_mb, r[None, :], 0.0), 1) / jnp.maximum(count, 1)
+  task_mean = jnp.sum(jnp.where(same_mb, r[None, :], 0.0), 1) / jnp.maximum(
+      count, 1
+  )
   return jnp.where(count > 0, task_mean, jnp.mean(r))

@@ -34,13 +34,18 @@ from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 
 
-def model_config(config: ml_collections.ConfigDict) -> transformer.TransformerConfig:
+def model_config(
+    config: ml_collections.ConfigDict,
+) -> transformer.TransformerConfig:
   """The TransformerConfig of `config.model` (policy and RM trunks share it)."""
-  return transformer.TransformerConfig(**lora_lib.transformer_fields(config.model))
+  return transformer.TransformerConfig(
+      **lora_lib.transformer_fields(config.model)
+  )
 
 
 def init_rm_state(
-    config: ml_collections.ConfigDict, model_cfg: transformer.TransformerConfig,
+    config: ml_collections.ConfigDict,
+    model_cfg: transformer.TransformerConfig,
 ) -> tuple[nnx.GraphDef, nnx.GraphDef, dict[str, Any]]:
   """A fresh rm-mode state (layout in the module docstring).
 
@@ -51,19 +56,31 @@ def init_rm_state(
     (policy graphdef, reward-model graphdef, state dict).
   """
   root = jax.random.PRNGKey(config.seed)
-  policy = transformer.Transformer(model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0)))
+  policy = transformer.Transformer(
+      model_cfg, nnx.Rngs(params=jax.random.fold_in(root, 0))
+  )
   pgraph, pparams = nnx.split(policy)
   policy_state = types.TrainState(
-      step=jnp.int32(0), params=pparams, ref_params=jax.tree.map(jnp.copy, pparams),
+      step=jnp.int32(0),
+      params=pparams,
+      ref_params=jax.tree.map(jnp.copy, pparams),
       opt_state=learner.make_optimizer(config.sft).init(pparams),
-      rng=jax.random.fold_in(root, 1), kl_coef=jnp.float32(0.0))
+      rng=jax.random.fold_in(root, 1),
+      kl_coef=jnp.float32(0.0),
+  )
   rm_cfg = reward_models.RewardModelConfig(model_cfg, config.rm.head_layers)
-  rgraph, orm = reward_models.init_reward_model(rm_cfg, jax.random.fold_in(root, 2))
+  rgraph, orm = reward_models.init_reward_model(
+      rm_cfg, jax.random.fold_in(root, 2)
+  )
   _, prm = reward_models.init_reward_model(rm_cfg, jax.random.fold_in(root, 3))
   tx = learner.make_optimizer(config.rm)
   state = {
-      "step": jnp.int32(0), "policy": policy_state,
-      "orm": orm, "orm_opt": tx.init(orm), "prm": prm, "prm_opt": tx.init(prm),
+      "step": jnp.int32(0),
+      "policy": policy_state,
+      "orm": orm,
+      "orm_opt": tx.init(orm),
+      "prm": prm,
+      "prm_opt": tx.init(prm),
   }
   return pgraph, rgraph, state
 
@@ -98,11 +115,15 @@ def load_rl_reward_model(
   except (ValueError, KeyError, TypeError) as e:
     raise validation.ConfigError(
         f"config.rl.reward_model_dir={path!r}: checkpoint {step} does not "
-        f"match its config.json: {e}")
+        f"match its config.json: {e}"
+    )
   finally:
     ckpt.close()
   params = state["orm" if kind == "outcome" else "prm"]
   spec = reward_models.FrozenRewardModel(
-      holder["rgraph"], kind, rm_config.rm.get("prm_aggregation", "log_prod"))
-  logging.info("loaded the frozen %s RM of %s (checkpoint %d)", kind, path, step)
+      holder["rgraph"], kind, rm_config.rm.get("prm_aggregation", "log_prod")
+  )
+  logging.info(
+      "loaded the frozen %s RM of %s (checkpoint %d)", kind, path, step
+  )
   return spec, params

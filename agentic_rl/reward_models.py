@@ -86,7 +86,9 @@ def bradley_terry_loss(
 def regression_loss(score: jax.Array, target: jax.Array) -> jax.Array:
   """Squared error (score - target)^2, elementwise float32 (no reduction)."""
   chex.assert_equal_shape([score, target])
-  return jnp.square(jnp.asarray(score, jnp.float32) - jnp.asarray(target, jnp.float32))
+  return jnp.square(
+      jnp.asarray(score, jnp.float32) - jnp.asarray(target, jnp.float32)
+  )
 
 
 def process_bce_loss(
@@ -107,7 +109,8 @@ def process_bce_loss(
   """
   chex.assert_equal_shape([logits_bk, labels_bk, mask_bk])
   bce = optax.sigmoid_binary_cross_entropy(
-      jnp.asarray(logits_bk, jnp.float32), jnp.asarray(labels_bk, jnp.float32))
+      jnp.asarray(logits_bk, jnp.float32), jnp.asarray(labels_bk, jnp.float32)
+  )
   m = mask_bk.astype(jnp.float32)
   return jnp.sum(bce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
@@ -137,7 +140,9 @@ def prm_episode_score(
     return jnp.sum(jnp.where(mask_bk, jax.nn.log_sigmoid(x), 0.0), axis=-1)
   if aggregation == "min":
     return jnp.min(jnp.where(mask_bk, jax.nn.sigmoid(x), 1.0), axis=-1)
-  raise ValueError(f"aggregation must be one of {PRM_AGGREGATIONS}, got {aggregation!r}")
+  raise ValueError(
+      f"aggregation must be one of {PRM_AGGREGATIONS}, got {aggregation!r}"
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -145,7 +150,9 @@ def prm_episode_score(
 # ---------------------------------------------------------------------------
 
 
-def turn_boundaries(turn_bl: jax.Array, num_turns_k: int) -> tuple[jax.Array, jax.Array]:
+def turn_boundaries(
+    turn_bl: jax.Array, num_turns_k: int
+) -> tuple[jax.Array, jax.Array]:
   """Position of the last token of each turn (its action and its observation).
 
   Args:
@@ -160,7 +167,10 @@ def turn_boundaries(turn_bl: jax.Array, num_turns_k: int) -> tuple[jax.Array, ja
   """
   l = turn_bl.shape[1]
   pos_l = jnp.arange(l, dtype=jnp.int32)
-  hit_bkl = turn_bl[:, None, :] == jnp.arange(num_turns_k, dtype=jnp.int32)[None, :, None]
+  hit_bkl = (
+      turn_bl[:, None, :]
+      == jnp.arange(num_turns_k, dtype=jnp.int32)[None, :, None]
+  )
   idx_bk = jnp.max(jnp.where(hit_bkl, pos_l, -1), axis=-1)
   return jnp.maximum(idx_bk, 0).astype(jnp.int32), idx_bk >= 0
 
@@ -215,7 +225,8 @@ def init_reward_model(
   if cfg.head_layers == 2:
     d = tcfg.d_model
     head = {
-        "hidden_dd": jax.random.normal(k_head, (d, d), jnp.float32) / jnp.sqrt(d),
+        "hidden_dd": jax.random.normal(k_head, (d, d), jnp.float32)
+        / jnp.sqrt(d),
         "bias_d": jnp.zeros((d,), jnp.float32),
     }
   return graphdef, {"trunk": trunk, "head": head}
@@ -224,14 +235,20 @@ def init_reward_model(
 def copy_trunk(trunk: Any, src: Any) -> Any:
   """`trunk` with every parameter that `src` also has (same pytree path) replaced
   by src's value, e.g. a policy's weights copied into a reward-model trunk."""
-  src_flat = {path: v for path, v in jax.tree_util.tree_flatten_with_path(src)[0]}
+  src_flat = {
+      path: v for path, v in jax.tree_util.tree_flatten_with_path(src)[0]
+  }
+
   def pick(path, v):
     return src_flat.get(path, v)
+
   return jax.tree_util.tree_map_with_path(pick, trunk)
 
 
 def hidden_states(
-    graphdef: nnx.GraphDef, params: dict[str, Any], tokens_bl: jax.Array,
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    tokens_bl: jax.Array,
     mask_bl: jax.Array,
 ) -> jax.Array:
   """Head inputs: [B, L, D] float32 (after the optional hidden layer).
@@ -246,7 +263,9 @@ def hidden_states(
   """
   model = nnx.merge(graphdef, params["trunk"])
   mask_bl = mask_bl.astype(bool)
-  positions_bl = jnp.maximum(jnp.cumsum(mask_bl, axis=1) - 1, 0).astype(jnp.int32)
+  positions_bl = jnp.maximum(jnp.cumsum(mask_bl, axis=1) - 1, 0).astype(
+      jnp.int32
+  )
   h_bld, _ = model.hidden_states(tokens_bl, positions_bl, mask_bt=mask_bl)
   h_bld = h_bld.astype(jnp.float32)
   head = params["head"]
@@ -261,7 +280,9 @@ def _head_vector(graphdef, params) -> jax.Array:
 
 
 def outcome_scores(
-    graphdef: nnx.GraphDef, params: dict[str, Any], tokens_bl: jax.Array,
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    tokens_bl: jax.Array,
     mask_bl: jax.Array,
 ) -> jax.Array:
   """ORM score of each sequence, read at its last real token.
@@ -281,8 +302,11 @@ def outcome_scores(
 
 
 def boundary_logits(
-    graphdef: nnx.GraphDef, params: dict[str, Any], tokens_bl: jax.Array,
-    mask_bl: jax.Array, boundary_bk: jax.Array,
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    tokens_bl: jax.Array,
+    mask_bl: jax.Array,
+    boundary_bk: jax.Array,
 ) -> jax.Array:
   """PRM logits s_k read at each turn boundary.
 
@@ -332,8 +356,11 @@ class PairBatch:
 
 
 def episode_scores(
-    graphdef: nnx.GraphDef, params: dict[str, Any], episodes: EpisodeBatch,
-    kind: str, aggregation: str = "log_prod",
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    episodes: EpisodeBatch,
+    kind: str,
+    aggregation: str = "log_prod",
 ) -> jax.Array:
   """float32 [B] episode scores: ORM score ('outcome') or aggregated PRM
   ('process', see `prm_episode_score`).
@@ -344,15 +371,21 @@ def episode_scores(
   if kind == "outcome":
     return outcome_scores(graphdef, params, episodes.tokens, episodes.mask)
   if kind == "process":
-    s_bk = boundary_logits(graphdef, params, episodes.tokens, episodes.mask,
-                           episodes.boundary)
+    s_bk = boundary_logits(
+        graphdef, params, episodes.tokens, episodes.mask, episodes.boundary
+    )
     return prm_episode_score(s_bk, episodes.turn_mask, aggregation)
   raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
 def rm_loss(
-    graphdef: nnx.GraphDef, params: dict[str, Any], batch: PairBatch, *,
-    kind: str, bt_coef: float = 1.0, regression_coef: float = 0.0,
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    batch: PairBatch,
+    *,
+    kind: str,
+    bt_coef: float = 1.0,
+    regression_coef: float = 0.0,
     aggregation: str = "log_prod",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Reward-model loss on a batch of pairs.
@@ -365,8 +398,9 @@ def rm_loss(
     (loss float32 [], metrics: loss, pair_accuracy (fraction with score_c >
     score_r), score_gap (mean score_c - score_r)).
   """
-  both = jax.tree.map(lambda c, r: jnp.concatenate([c, r], 0), batch.chosen,
-                      batch.rejected)
+  both = jax.tree.map(
+      lambda c, r: jnp.concatenate([c, r], 0), batch.chosen, batch.rejected
+  )
   n = batch.margin.shape[0]
   if kind == "outcome":
     r_2b = outcome_scores(graphdef, params, both.tokens, both.mask)
@@ -375,7 +409,9 @@ def rm_loss(
     if regression_coef:
       loss += regression_coef * jnp.mean(regression_loss(r_2b, both.score))
   elif kind == "process":
-    s_2bk = boundary_logits(graphdef, params, both.tokens, both.mask, both.boundary)
+    s_2bk = boundary_logits(
+        graphdef, params, both.tokens, both.mask, both.boundary
+    )
     loss = process_bce_loss(s_2bk, both.turn_labels, both.turn_mask)
     r_2b = prm_episode_score(s_2bk, both.turn_mask, aggregation)
     r_c, r_r = r_2b[:n], r_2b[n:]
@@ -390,8 +426,12 @@ def rm_loss(
 
 
 def make_train_step(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, kind: str,
-    bt_coef: float = 1.0, regression_coef: float = 0.0,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    *,
+    kind: str,
+    bt_coef: float = 1.0,
+    regression_coef: float = 0.0,
     aggregation: str = "log_prod",
 ) -> Callable[..., tuple[Any, Any, dict[str, jax.Array]]]:
   """Pure jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)`.
@@ -409,9 +449,17 @@ def make_train_step(
 
   def step(params, opt_state, batch: PairBatch):
     (_, metrics), grads = jax.value_and_grad(
-        lambda p: rm_loss(graphdef, p, batch, kind=kind, bt_coef=bt_coef,
-                          regression_coef=regression_coef,
-                          aggregation=aggregation), has_aux=True)(params)
+        lambda p: rm_loss(
+            graphdef,
+            p,
+            batch,
+            kind=kind,
+            bt_coef=bt_coef,
+            regression_coef=regression_coef,
+            aggregation=aggregation,
+        ),
+        has_aux=True,
+    )(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
@@ -420,7 +468,9 @@ def make_train_step(
   return jax.jit(step)
 
 
-def make_score_fn(graphdef: nnx.GraphDef, kind: str, aggregation: str = "log_prod"):
+def make_score_fn(
+    graphdef: nnx.GraphDef, kind: str, aggregation: str = "log_prod"
+):
   """Jitted `score(params, episodes: EpisodeBatch) -> float32 [B]`."""
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -448,7 +498,9 @@ def pairwise_accuracy(
   return jnp.mean(win).astype(jnp.float32)
 
 
-def best_of_n(score_tn: jax.Array, correct_tn: jax.Array) -> dict[str, jax.Array]:
+def best_of_n(
+    score_tn: jax.Array, correct_tn: jax.Array
+) -> dict[str, jax.Array]:
   """Best-of-N selection on T tasks with N sampled episodes each.
 
   Args:
@@ -499,12 +551,16 @@ def ensemble_reduce(scores_mb: jax.Array, reduction: str = "mean") -> jax.Array:
     return jnp.mean(s, axis=0)
   if reduction == "min":
     return jnp.min(s, axis=0)
-  raise ValueError(f"reduction must be one of {ENSEMBLE_REDUCTIONS}, got {reduction!r}")
+  raise ValueError(
+      f"reduction must be one of {ENSEMBLE_REDUCTIONS}, got {reduction!r}"
+  )
 
 
 def ensemble_scores(
-    score_fn: Callable[[Any, Any], jax.Array], params_list: Sequence[Any],
-    episodes: Any, reduction: str = "mean",
+    score_fn: Callable[[Any, Any], jax.Array],
+    params_list: Sequence[Any],
+    episodes: Any,
+    reduction: str = "mean",
 ) -> jax.Array:
   """Scores `episodes` with every member (same structure) and reduces: float32 [B]."""
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params_list)
@@ -512,7 +568,9 @@ def ensemble_scores(
   return ensemble_reduce(scores_mb, reduction)
 
 
-def average_params(params_list: Sequence[Any], weights: Sequence[float] | None = None) -> Any:
+def average_params(
+    params_list: Sequence[Any], weights: Sequence[float] | None = None
+) -> Any:
   """WARM: weighted average of the parameters of M fine-tunes of one init.
 
   Rame et al., "WARM: On the Benefits of Weight Averaged Reward Models",
@@ -533,18 +591,26 @@ def average_params(params_list: Sequence[Any], weights: Sequence[float] | None =
     raise ValueError("average_params: params_list is empty")
   w = [1.0] * m if weights is None else [float(x) for x in weights]
   if len(w) != m or min(w) < 0 or sum(w) <= 0:
-    raise ValueError(f"average_params: weights={weights!r} must be {m} non-negative "
-                     "numbers with a positive sum")
+    raise ValueError(
+        f"average_params: weights={weights!r} must be {m} non-negative "
+        "numbers with a positive sum"
+    )
   total = sum(w)
   w = [x / total for x in w]
   return jax.tree.map(
-      lambda *xs: sum(wi * x.astype(jnp.float32) for wi, x in zip(w, xs)).astype(xs[0].dtype),
-      *params_list)
+      lambda *xs: sum(
+          wi * x.astype(jnp.float32) for wi, x in zip(w, xs)
+      ).astype(xs[0].dtype),
+      *params_list,
+  )
 
 
 def rm_reward(
-    score_b: jax.Array, transform: str = "sigmoid", ref: float = 0.0,
-    temperature: float = 1.0, eta: float = 0.0,
+    score_b: jax.Array,
+    transform: str = "sigmoid",
+    ref: float = 0.0,
+    temperature: float = 1.0,
+    eta: float = 0.0,
 ) -> jax.Array:
   """A learned-RM score as a bounded reward component.
 
@@ -565,11 +631,14 @@ def rm_reward(
   Raises:
     ValueError: unknown transform.
   """
-  return rewards.bounded_score(transform, score_b, ref=ref,
-                               temperature=temperature, eta=eta)
+  return rewards.bounded_score(
+      transform, score_b, ref=ref, temperature=temperature, eta=eta
+  )
 
 
-def overoptimization_gap(rm_reward_b: jax.Array, verified_b: jax.Array) -> dict[str, jax.Array]:
+def overoptimization_gap(
+    rm_reward_b: jax.Array, verified_b: jax.Array
+) -> dict[str, jax.Array]:
   """Gold-verifier monitor: how far the RM reward has drifted from the verified one.
 
   Gao et al., arXiv:2210.10760: under optimisation pressure the proxy (RM) reward
@@ -606,10 +675,14 @@ def correlation(x_b: jax.Array, y_b: jax.Array) -> jax.Array:
   y = jnp.asarray(y_b, jnp.float32)
   dx, dy = x - jnp.mean(x), y - jnp.mean(y)
   den = jnp.sqrt(jnp.sum(dx * dx) * jnp.sum(dy * dy))
-  return jnp.where(den > 0, jnp.sum(dx * dy) / jnp.where(den > 0, den, 1.0), 0.0)
+  return jnp.where(
+      den > 0, jnp.sum(dx * dy) / jnp.where(den > 0, den, 1.0), 0.0
+  )
 
 
-def monitor_metrics(rm_reward_b: jax.Array, verified_b: jax.Array) -> dict[str, jax.Array]:
+def monitor_metrics(
+    rm_reward_b: jax.Array, verified_b: jax.Array
+) -> dict[str, jax.Array]:
   """The RL loop's gold-verifier over-optimisation monitor (logged every iteration).
 
   Gao et al., arXiv:2210.10760: the proxy (RM) reward can keep rising while the
@@ -660,13 +733,19 @@ class FrozenRewardModel:
     if self.kind not in KINDS:
       raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
     if self.aggregation not in PRM_AGGREGATIONS:
-      raise ValueError(f"aggregation must be one of {PRM_AGGREGATIONS}, got "
-                       f"{self.aggregation!r}")
+      raise ValueError(
+          f"aggregation must be one of {PRM_AGGREGATIONS}, got "
+          f"{self.aggregation!r}"
+      )
 
 
 def trajectory_rm_outputs(
-    rm: FrozenRewardModel, params: dict[str, Any], tokens_bl: jax.Array,
-    role_bl: jax.Array, turn_bl: jax.Array, num_turns_k: int,
+    rm: FrozenRewardModel,
+    params: dict[str, Any],
+    tokens_bl: jax.Array,
+    role_bl: jax.Array,
+    turn_bl: jax.Array,
+    num_turns_k: int,
 ) -> dict[str, jax.Array]:
   """Episode score and PBRS potentials of a batch of episodes, one RM pass.
 
@@ -705,33 +784,49 @@ def trajectory_rm_outputs(
   k = num_turns_k
   boundary_bk, turn_mask_bk = turn_boundaries(turn_bl, k)
   k_k1 = jnp.arange(k + 1)
-  ends_bk1 = jnp.sum(mask_bl[:, None, :] & (turn_bl[:, None, :] < k_k1[None, :, None]),
-                     axis=-1)
+  ends_bk1 = jnp.sum(
+      mask_bl[:, None, :] & (turn_bl[:, None, :] < k_k1[None, :, None]), axis=-1
+  )
   state_pos_bk1 = jnp.maximum(ends_bk1 - 1, 0).astype(jnp.int32)
   last_b = transformer.last_token_index(mask_bl)
-  pos_bn = jnp.concatenate([last_b[:, None], boundary_bk, state_pos_bk1], axis=1)
+  pos_bn = jnp.concatenate(
+      [last_b[:, None], boundary_bk, state_pos_bk1], axis=1
+  )
   read_bn = jnp.take_along_axis(h_bld, pos_bn[:, :, None], axis=1) @ w_d
-  last_b, s_bk, state_bk1 = read_bn[:, 0], read_bn[:, 1:k + 1], read_bn[:, k + 1:]
+  last_b, s_bk, state_bk1 = (
+      read_bn[:, 0],
+      read_bn[:, 1 : k + 1],
+      read_bn[:, k + 1 :],
+  )
   if rm.kind == "outcome":
     return {"score": last_b, "potential": jax.nn.sigmoid(state_bk1)}
   logsig_bk = jnp.where(turn_mask_bk, jax.nn.log_sigmoid(s_bk), 0.0)
   b = s_bk.shape[0]
   if rm.aggregation == "log_prod":
     score_b = _logit_from_log_prob(jnp.sum(logsig_bk, axis=1))
-    cum_bk1 = jnp.concatenate([jnp.zeros((b, 1)), jnp.cumsum(logsig_bk, axis=1)], 1)
+    cum_bk1 = jnp.concatenate(
+        [jnp.zeros((b, 1)), jnp.cumsum(logsig_bk, axis=1)], 1
+    )
     return {"score": score_b, "potential": jnp.exp(cum_bk1)}
   p_bk = jnp.where(turn_mask_bk, jax.nn.sigmoid(s_bk), 1.0)
   p_min_b = jnp.min(p_bk, axis=1)
-  score_b = jnp.clip(jnp.log(p_min_b) - jnp.log1p(-jnp.minimum(p_min_b, 1 - 1e-7)),
-                     -30.0, 30.0)
+  score_b = jnp.clip(
+      jnp.log(p_min_b) - jnp.log1p(-jnp.minimum(p_min_b, 1 - 1e-7)), -30.0, 30.0
+  )
   cum_bk1 = jnp.concatenate([jnp.ones((b, 1)), jax.lax.cummin(p_bk, axis=1)], 1)
   return {"score": score_b, "potential": cum_bk1}
 
 
 def make_rm_reward_fn(
-    graphdef: nnx.GraphDef, params: dict[str, Any], *, kind: str = "outcome",
-    num_turns_k: int, transform: str = "sigmoid", ref: float = 0.0,
-    temperature: float = 1.0, aggregation: str = "log_prod",
+    graphdef: nnx.GraphDef,
+    params: dict[str, Any],
+    *,
+    kind: str = "outcome",
+    num_turns_k: int,
+    transform: str = "sigmoid",
+    ref: float = 0.0,
+    temperature: float = 1.0,
+    aggregation: str = "log_prod",
 ) -> Callable[[Any], tuple[jax.Array, dict[str, jax.Array]]]:
   """A frozen RM as an RL reward component with the over-optimisation monitor.
 
@@ -750,18 +845,25 @@ def make_rm_reward_fn(
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
   if transform not in BOUNDED_TRANSFORMS:
-    raise ValueError(f"transform must be one of {BOUNDED_TRANSFORMS}, got {transform!r}")
+    raise ValueError(
+        f"transform must be one of {BOUNDED_TRANSFORMS}, got {transform!r}"
+    )
 
   def reward_fn(traj):
     mask_bl = traj.role != 0  # types.PAD
     boundary_bk, turn_mask_bk = turn_boundaries(traj.turn, num_turns_k)
     b = traj.tokens.shape[0]
     episodes = EpisodeBatch(
-        tokens=traj.tokens, mask=mask_bl, boundary=boundary_bk, turn_mask=turn_mask_bk,
+        tokens=traj.tokens,
+        mask=mask_bl,
+        boundary=boundary_bk,
+        turn_mask=turn_mask_bk,
         turn_labels=jnp.zeros(boundary_bk.shape, jnp.float32),
-        score=jnp.zeros((b,), jnp.float32))
+        score=jnp.zeros((b,), jnp.float32),
+    )
     score_b = jax.lax.stop_gradient(
-        episode_scores(graphdef, params, episodes, kind, aggregation))
+        episode_scores(graphdef, params, episodes, kind, aggregation)
+    )
     r_b = rm_reward(score_b, transform, ref, temperature)
     verified_b = jnp.asarray(traj.facts["correct"], jnp.float32)
     return r_b, overoptimization_gap(r_b, verified_b)

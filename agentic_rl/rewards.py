@@ -94,9 +94,10 @@ def _correct_group_min_max(
   max_g = jax.ops.segment_max(
       jnp.where(correct_b, m_b, -1), group, num_segments=b
   )
-  any_g = jax.ops.segment_max(
-      correct_b.astype(jnp.int32), group, num_segments=b
-  ) > 0
+  any_g = (
+      jax.ops.segment_max(correct_b.astype(jnp.int32), group, num_segments=b)
+      > 0
+  )
   any_b = any_g[group]
   return (
       jnp.where(any_b, min_g[group], 0),
@@ -133,7 +134,9 @@ def nonfinite_fact_counts(facts: Mapping[str, Any]) -> jax.Array:
     b = v.shape[0] if b is None else b
     if not jnp.issubdtype(v.dtype, jnp.floating):
       continue
-    bad = jnp.sum(~jnp.isfinite(v).reshape(v.shape[0], -1), axis=1, dtype=jnp.int32)
+    bad = jnp.sum(
+        ~jnp.isfinite(v).reshape(v.shape[0], -1), axis=1, dtype=jnp.int32
+    )
     total = bad if total is None else total + bad
   if total is None:
     return jnp.zeros((b or 0,), jnp.int32)
@@ -339,9 +342,9 @@ def gated_relative_efficiency_reward(
   m_b = _num_calls(traj)
   correct_b = _correct(traj)
   lo_b, hi_b, _ = _correct_group_min_max(m_b, correct_b, traj.group)
-  e_rel = (hi_b - m_b).astype(jnp.float32) / jnp.maximum(
-      hi_b - lo_b, 1
-  ).astype(jnp.float32)
+  e_rel = (hi_b - m_b).astype(jnp.float32) / jnp.maximum(hi_b - lo_b, 1).astype(
+      jnp.float32
+  )
   return jnp.where(correct_b, lam * e_rel, 0.0).astype(jnp.float32)
 
 
@@ -381,12 +384,15 @@ def _group_mean(x_b: jax.Array, w_b: jax.Array, group_b: jax.Array):
   b = x_b.shape[0]
   group = group_b.astype(jnp.int32)
   w = w_b.astype(jnp.float32)
-  num_g = jax.ops.segment_sum(w * x_b.astype(jnp.float32), group,
-                              num_segments=b)
+  num_g = jax.ops.segment_sum(
+      w * x_b.astype(jnp.float32), group, num_segments=b
+  )
   den_g = jax.ops.segment_sum(w, group, num_segments=b)
   any_b = den_g[group] > 0
-  return jnp.where(any_b, num_g[group] / jnp.maximum(den_g[group], 1.0),
-                   0.0), any_b
+  return (
+      jnp.where(any_b, num_g[group] / jnp.maximum(den_g[group], 1.0), 0.0),
+      any_b,
+  )
 
 
 def tool_necessity_stats(
@@ -423,7 +429,8 @@ def tool_necessity_stats(
   acc_n, any_n = _group_mean(correct, free, group_b)
   both = any_t & any_n
   n_star, _, _ = _correct_group_min_max(
-      num_calls_b.astype(jnp.int32), correct & ~free, group_b)
+      num_calls_b.astype(jnp.int32), correct & ~free, group_b
+  )
   return {
       "acc_tool": acc_t,
       "acc_no_tool": acc_n,
@@ -484,13 +491,15 @@ def dual_path_efficiency_reward(
   m_b = _num_calls(traj)
   correct_b = _correct(traj)
   free_b = jnp.asarray(
-      traj.facts.get("tool_free", jnp.zeros(m_b.shape, jnp.bool_)), jnp.bool_)
+      traj.facts.get("tool_free", jnp.zeros(m_b.shape, jnp.bool_)), jnp.bool_
+  )
   st = tool_necessity_stats(correct_b, m_b, free_b, traj.group)
   f_b = otc_tool_score(m_b, st["n_star"], c=otc_c)
   cost = -c * st["acc_no_tool"] * m_b.astype(jnp.float32)
   bonus = b * jnp.maximum(st["necessity"], 0.0) * jnp.where(correct_b, f_b, 0.0)
   return jnp.where(st["both_arms"] & ~free_b, cost + bonus, 0.0).astype(
-      jnp.float32)
+      jnp.float32
+  )
 
 
 def rm_reward(
@@ -514,8 +523,13 @@ def rm_reward(
   Raises:
     ValueError: unknown transform (at trace time; validated with the config).
   """
-  return bounded_score(transform, traj.facts["rm_score"], ref=ref,
-                       temperature=temperature, eta=eta)
+  return bounded_score(
+      transform,
+      traj.facts["rm_score"],
+      ref=ref,
+      temperature=temperature,
+      eta=eta,
+  )
 
 
 REWARD_COMPONENTS: dict[str, RewardFn] = {
@@ -574,8 +588,9 @@ def clip_transform(r_k: jax.Array, eta: float | jax.Array) -> jax.Array:
   return jnp.minimum(r - eta, 0.0).astype(jnp.float32)
 
 
-def delta_transform(r_k: jax.Array, mask_k: jax.Array,
-                    keep_last: bool = True) -> jax.Array:
+def delta_transform(
+    r_k: jax.Array, mask_k: jax.Array, keep_last: bool = True
+) -> jax.Array:
   """Delta refinement r'_k = r_k - r_{next(k)}; the last valid turn keeps r_k.
 
   "Delta" of Gao et al., "On Designing Effective RL Reward at Training Time for
@@ -710,8 +725,14 @@ SCORE_TRANSFORMS: dict[str, ScoreTransformFn] = {
 RM_TRANSFORMS = tuple(SCORE_TRANSFORMS)
 
 
-def bounded_score(name: str, s_b: jax.Array, *, ref: float = 0.0,
-                  temperature: float = 1.0, eta: float = 0.0) -> jax.Array:
+def bounded_score(
+    name: str,
+    s_b: jax.Array,
+    *,
+    ref: float = 0.0,
+    temperature: float = 1.0,
+    eta: float = 0.0,
+) -> jax.Array:
   """A learned score mapped by the `SCORE_TRANSFORMS` entry `name`.
 
   Args:
@@ -764,8 +785,9 @@ def gated_accumulation(
   chex.assert_equal_shape_prefix([outcome_b, step_rewards_bk], 1)
   o = jnp.asarray(outcome_b, jnp.float32)
   m = jnp.asarray(mask_bk).astype(jnp.bool_)
-  acc = jnp.sum(jnp.where(m, jnp.asarray(step_rewards_bk, jnp.float32), 0.0),
-                axis=1)
+  acc = jnp.sum(
+      jnp.where(m, jnp.asarray(step_rewards_bk, jnp.float32), 0.0), axis=1
+  )
   return (o + jnp.where(o >= threshold, acc, 0.0)).astype(jnp.float32)
 
 
@@ -936,8 +958,10 @@ def step_turn_rewards(
     AssertionError: (chex) on rank/shape mismatch.
   """
   if transform not in STEP_REWARD_TRANSFORMS:
-    raise ValueError(f"step_turn_rewards: transform={transform!r}; known: "
-                     f"{STEP_REWARD_TRANSFORMS}")
+    raise ValueError(
+        f"step_turn_rewards: transform={transform!r}; known: "
+        f"{STEP_REWARD_TRANSFORMS}"
+    )
   chex.assert_rank([p_bk, scored_bk, turn_mask_bk], 2)
   chex.assert_equal_shape([p_bk, scored_bk, turn_mask_bk])
   chex.assert_rank(outcome_b, 1)
@@ -945,8 +969,9 @@ def step_turn_rewards(
   m = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
   s = jnp.asarray(scored_bk).astype(jnp.bool_) & m
   p = jnp.where(s, jnp.asarray(p_bk, jnp.float32), 0.0)
-  out = STEP_TRANSFORMS[transform](p, s, m, outcome_b, eta=eta,
-                                   gate_threshold=gate_threshold)
+  out = STEP_TRANSFORMS[transform](
+      p, s, m, outcome_b, eta=eta, gate_threshold=gate_threshold
+  )
   return jnp.where(m, coef * out, 0.0).astype(jnp.float32)
 
 
@@ -1065,8 +1090,9 @@ def compose(
       )
   items = tuple(weights.items())
   if mode == "sum":
-    return sum(w * _finite_or_zero(parts[name]) for name, w in items
-               ).astype(jnp.float32)
+    return sum(w * _finite_or_zero(parts[name]) for name, w in items).astype(
+        jnp.float32
+    )
   if mode == "product":
     out = None
     for name, w in items:
@@ -1281,7 +1307,9 @@ def make_reward_fn(
       At call time: noise configured but key is None.
   """
   if not weights:
-    raise ValueError("rl.rewards must name at least one reward component, got {}")
+    raise ValueError(
+        "rl.rewards must name at least one reward component, got {}"
+    )
   for name in weights:
     if name not in REWARD_COMPONENTS:
       raise ValueError(
@@ -1320,11 +1348,14 @@ def make_reward_fn(
           f"rl.reward_noise: unknown key {k!r}; known: {NOISE_KEYS}"
       )
   if "flip_p" in noise and not 0.0 <= noise["flip_p"] <= 1.0:
-    raise ValueError(f"rl.reward_noise.flip_p must be in [0, 1], got "
-                     f"{noise['flip_p']!r}")
+    raise ValueError(
+        f"rl.reward_noise.flip_p must be in [0, 1], got " f"{noise['flip_p']!r}"
+    )
   if "dither_sigma" in noise and not noise["dither_sigma"] >= 0.0:
-    raise ValueError(f"rl.reward_noise.dither_sigma must be >= 0, got "
-                     f"{noise['dither_sigma']!r}")
+    raise ValueError(
+        f"rl.reward_noise.dither_sigma must be >= 0, got "
+        f"{noise['dither_sigma']!r}"
+    )
   use_flip = "flip_p" in noise
   use_dither = "dither_sigma" in noise
 
@@ -1337,7 +1368,8 @@ def make_reward_fn(
     traj = traj.replace(facts=sanitize_facts(traj.facts))
     parts = {
         name: _finite_or_zero(
-            REWARD_COMPONENTS[name](traj, **params.get(name, {})))
+            REWARD_COMPONENTS[name](traj, **params.get(name, {}))
+        )
         for name, _ in items
     }
     if plain:
@@ -1357,9 +1389,14 @@ def make_reward_fn(
       flip_key, dither_key = jax.random.split(key)
       if use_flip:
         total = flip_rewards(
-            flip_key, total, noise["flip_p"],
-            **{arg: noise[k] for arg, k in (("low", "flip_low"), ("high", "flip_high"))
-               if k in noise},
+            flip_key,
+            total,
+            noise["flip_p"],
+            **{
+                arg: noise[k]
+                for arg, k in (("low", "flip_low"), ("high", "flip_high"))
+                if k in noise
+            },
         )
       if use_dither:
         total = dither_rewards(dither_key, total, noise["dither_sigma"])
@@ -1376,6 +1413,7 @@ def reward_fn_from_config(rl_cfg):
   Raises:
     ValueError: any unknown name (see `make_reward_fn`).
   """
+
   def block(name):
     value = rl_cfg[name]
     value = value.to_dict() if hasattr(value, "to_dict") else dict(value)

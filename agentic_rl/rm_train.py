@@ -68,45 +68,84 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   """
   validation.check_known_fields(config)
   if config.env.name not in environments.REGISTRY:
-    _fail("env.name", config.env.name,
-          f"unknown environment; known: {tuple(environments.REGISTRY)}")
+    _fail(
+        "env.name",
+        config.env.name,
+        f"unknown environment; known: {tuple(environments.REGISTRY)}",
+    )
   if config.model.lora.rank:
     # The reward heads ('head' hidden_dd / bias_d) would be frozen with the base.
-    _fail("model.lora.rank", config.model.lora.rank,
-          "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'")
+    _fail(
+        "model.lora.rank",
+        config.model.lora.rank,
+        "LoRA adapters are for the policy (mode 'rl'); use 0 in mode 'rm'",
+    )
   try:
     env = environments.make(config.env)
   except (TypeError, ValueError) as e:
     raise validation.ConfigError(f"config.env: {e}") from None
-  for f in ("model.d_model", "model.num_layers", "model.num_heads", "model.head_dim",
-            "model.ffn_dim", "max_len", "sft.batch_size", "rm.steps", "rm.batch_size",
-            "rm.num_train_tasks", "rm.num_test_tasks", "rm.data_chunk",
-            "rm_eval.num_tasks", "rm_eval.num_samples", "log_every_steps",
-            "checkpoint.every_steps", "checkpoint.max_to_keep"):
+  for f in (
+      "model.d_model",
+      "model.num_layers",
+      "model.num_heads",
+      "model.head_dim",
+      "model.ffn_dim",
+      "max_len",
+      "sft.batch_size",
+      "rm.steps",
+      "rm.batch_size",
+      "rm.num_train_tasks",
+      "rm.num_test_tasks",
+      "rm.data_chunk",
+      "rm_eval.num_tasks",
+      "rm_eval.num_samples",
+      "log_every_steps",
+      "checkpoint.every_steps",
+      "checkpoint.max_to_keep",
+  ):
     validation._positive_int(config, f)
   validation._positive_int(config, "sft.steps", allow_zero=True)
   rm = config.rm
   if rm.head_layers not in (1, 2):
     _fail("rm.head_layers", rm.head_layers, "must be 1 or 2")
   if rm.prm_aggregation not in reward_models.PRM_AGGREGATIONS:
-    _fail("rm.prm_aggregation", rm.prm_aggregation,
-          f"must be one of {reward_models.PRM_AGGREGATIONS}")
-  for f in ("learning_rate", "bt_coef", "regression_coef", "margin", "max_grad_norm"):
+    _fail(
+        "rm.prm_aggregation",
+        rm.prm_aggregation,
+        f"must be one of {reward_models.PRM_AGGREGATIONS}",
+    )
+  for f in (
+      "learning_rate",
+      "bt_coef",
+      "regression_coef",
+      "margin",
+      "max_grad_norm",
+  ):
     v = rm[f]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
       _fail(f"rm.{f}", v, "must be a number >= 0")
   if rm.learning_rate <= 0:
     _fail("rm.learning_rate", rm.learning_rate, "must be > 0")
   if rm.bt_coef == 0 and rm.regression_coef == 0:
-    _fail("rm.bt_coef", rm.bt_coef, "bt_coef and regression_coef are both 0 (no loss)")
+    _fail(
+        "rm.bt_coef",
+        rm.bt_coef,
+        "bt_coef and regression_coef are both 0 (no loss)",
+    )
   for kind, overrides in dict(rm.imperfect).items():
     if kind not in preference_data.NEGATIVE_TYPES:
-      _fail(f"rm.imperfect.{kind}", dict(overrides),
-            f"unknown negative type; known: {preference_data.NEGATIVE_TYPES}")
+      _fail(
+          f"rm.imperfect.{kind}",
+          dict(overrides),
+          f"unknown negative type; known: {preference_data.NEGATIVE_TYPES}",
+      )
     for name in dict(overrides):
       if not hasattr(env, name):
-        _fail(f"rm.imperfect.{kind}.{name}", overrides[name],
-              f"the {config.env.name} environment has no field {name!r}")
+        _fail(
+            f"rm.imperfect.{kind}.{name}",
+            overrides[name],
+            f"the {config.env.name} environment has no field {name!r}",
+        )
   if config.rm_eval.temperature < 0:
     _fail("rm_eval.temperature", config.rm_eval.temperature, "must be >= 0")
 
@@ -117,10 +156,14 @@ def _pairs(config, env, workdir) -> list[dict]:
     return preference_data.read_jsonl(path)
   rm = config.rm
   recs = preference_data.build_dataset(
-      env, num_train_tasks=rm.num_train_tasks, num_test_tasks=rm.num_test_tasks,
-      seed=config.seed, max_len=config.max_len,
+      env,
+      num_train_tasks=rm.num_train_tasks,
+      num_test_tasks=rm.num_test_tasks,
+      seed=config.seed,
+      max_len=config.max_len,
       imperfect={k: dict(v) for k, v in dict(rm.imperfect).items()},
-      chunk=rm.data_chunk)
+      chunk=rm.data_chunk,
+  )
   preference_data.write_jsonl(path, recs)
   return recs
 
@@ -130,26 +173,35 @@ def _score_all(score_fn, params, batch, bs: int) -> np.ndarray:
   n = batch.tokens.shape[0]
   out = []
   for i in range(0, n, bs):
-    sl = jax.tree.map(lambda x: x[i:i + bs], batch)
+    sl = jax.tree.map(lambda x: x[i : i + bs], batch)
     m = sl.tokens.shape[0]
     if m < bs:
-      sl = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], bs - m, 0)]), sl)
+      sl = jax.tree.map(
+          lambda x: np.concatenate([x, np.repeat(x[:1], bs - m, 0)]), sl
+      )
     out.append(np.asarray(score_fn(params, sl))[:m])
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
 def _pair_report(sc: np.ndarray, sr: np.ndarray, pairs: list[dict]) -> dict:
   win = np.where(sc > sr, 1.0, np.where(sc == sr, 0.5, 0.0))
-  out = {"overall": float(win.mean()) if len(win) else float("nan"), "n": len(win)}
+  out = {
+      "overall": float(win.mean()) if len(win) else float("nan"),
+      "n": len(win),
+  }
   by_type = collections.defaultdict(list)
   by_len = collections.defaultdict(list)
   for w, p in zip(win, pairs):
     by_type[p["type"]].append(w)
     by_len[str(p["rejected"]["num_turns"])].append(w)
-  out["by_type"] = {k: {"accuracy": float(np.mean(v)), "n": len(v)}
-                    for k, v in sorted(by_type.items())}
-  out["by_rejected_turns"] = {k: {"accuracy": float(np.mean(v)), "n": len(v)}
-                              for k, v in sorted(by_len.items())}
+  out["by_type"] = {
+      k: {"accuracy": float(np.mean(v)), "n": len(v)}
+      for k, v in sorted(by_type.items())
+  }
+  out["by_rejected_turns"] = {
+      k: {"accuracy": float(np.mean(v)), "n": len(v)}
+      for k, v in sorted(by_len.items())
+  }
   return out
 
 
@@ -159,11 +211,17 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
   bs = config.rm.batch_size
   test = [p for p in pairs if p["split"] == "test"]
   train = [p for p in pairs if p["split"] == "train"]
-  report: dict[str, Any] = {"num_pairs": {"train": len(train), "test": len(test)}}
+  report: dict[str, Any] = {
+      "num_pairs": {"train": len(train), "test": len(test)}
+  }
   scorers = {
       "orm": (reward_models.make_score_fn(rgraph, "outcome"), state["orm"]),
-      "prm": (reward_models.make_score_fn(rgraph, "process", config.rm.prm_aggregation),
-              state["prm"]),
+      "prm": (
+          reward_models.make_score_fn(
+              rgraph, "process", config.rm.prm_aggregation
+          ),
+          state["prm"],
+      ),
   }
   tb = preference_data.pairs_to_batch(test, config.max_len, k)
   for name, (fn, params) in scorers.items():
@@ -174,21 +232,42 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
   ec = config.rm_eval
   tasks = env.eval_tasks(ec.num_tasks, ec.seed)
   rep = jax.tree.map(lambda x: jnp.repeat(x, ec.num_samples, axis=0), tasks)
-  traj = jax.device_get(rollout.rollout_jit(
-      env, rep, jax.random.PRNGKey(ec.seed), max_len=config.max_len, graphdef=pgraph,
-      params=state["policy"].params, model_config=model_cfg,
-      temperature=jnp.float32(ec.temperature)))
+  traj = jax.device_get(
+      rollout.rollout_jit(
+          env,
+          rep,
+          jax.random.PRNGKey(ec.seed),
+          max_len=config.max_len,
+          graphdef=pgraph,
+          params=state["policy"].params,
+          model_config=model_cfg,
+          temperature=jnp.float32(ec.temperature),
+      )
+  )
   eb = preference_data.trajectory_to_batch(traj, k)
-  correct_tn = np.asarray(traj.facts["correct"], bool).reshape(ec.num_tasks, ec.num_samples)
-  calls = np.asarray(traj.facts["num_tool_calls"]).reshape(ec.num_tasks, ec.num_samples)
-  hard = np.asarray(traj.facts["hard"], bool).reshape(ec.num_tasks, ec.num_samples)[:, 0]
-  answered = (np.asarray(traj.finish) == types.ANSWERED).reshape(ec.num_tasks, ec.num_samples)
+  correct_tn = np.asarray(traj.facts["correct"], bool).reshape(
+      ec.num_tasks, ec.num_samples
+  )
+  calls = np.asarray(traj.facts["num_tool_calls"]).reshape(
+      ec.num_tasks, ec.num_samples
+  )
+  hard = np.asarray(traj.facts["hard"], bool).reshape(
+      ec.num_tasks, ec.num_samples
+  )[:, 0]
+  answered = (np.asarray(traj.finish) == types.ANSWERED).reshape(
+      ec.num_tasks, ec.num_samples
+  )
   bon = {}
   for name, (fn, params) in scorers.items():
     s_tn = _score_all(fn, params, eb, bs).reshape(ec.num_tasks, ec.num_samples)
-    res = {kk: float(v) for kk, v in reward_models.best_of_n(s_tn, correct_tn).items()}
+    res = {
+        kk: float(v)
+        for kk, v in reward_models.best_of_n(s_tn, correct_tn).items()
+    }
     pick = np.argmax(s_tn, axis=1)
-    res["rank1_tool_calls"] = float(np.take_along_axis(calls, pick[:, None], 1).mean())
+    res["rank1_tool_calls"] = float(
+        np.take_along_axis(calls, pick[:, None], 1).mean()
+    )
     for sub, m in (("hard", hard), ("easy", ~hard)):
       if m.any():
         sub_res = reward_models.best_of_n(s_tn[m], correct_tn[m])
@@ -196,9 +275,13 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
           res[f"{key}_{sub}"] = float(sub_res[key])
         pk = pick[m][:, None]
         # Diagnostics: is the pick a well-formed answer, and did it call the tool?
-        res[f"rank1_answered_{sub}"] = float(np.take_along_axis(answered[m], pk, 1).mean())
+        res[f"rank1_answered_{sub}"] = float(
+            np.take_along_axis(answered[m], pk, 1).mean()
+        )
         res[f"answered_{sub}"] = float(answered[m].mean())
-        res[f"rank1_tool_calls_{sub}"] = float(np.take_along_axis(calls[m], pk, 1).mean())
+        res[f"rank1_tool_calls_{sub}"] = float(
+            np.take_along_axis(calls[m], pk, 1).mean()
+        )
         res[f"tool_calls_{sub}"] = float(calls[m].mean())
     bon[name] = res
   bon["num_tasks"], bon["num_samples"] = ec.num_tasks, ec.num_samples
@@ -211,43 +294,81 @@ def _write_report(workdir: str, config, report: dict) -> None:
   with open(os.path.join(workdir, "rm_report.json"), "w") as f:
     json.dump(report, f, indent=2)
   bon = report["best_of_n"]
-  lines = [f"# {config.name}: reward models", "",
-           f"Pairs: {report['num_pairs']['train']} train, "
-           f"{report['num_pairs']['test']} held-out (tasks not in train).", "",
-           "## Held-out pairwise accuracy", "",
-           "| negative type | n | ORM | PRM |", "|---|---|---|---|"]
+  lines = [
+      f"# {config.name}: reward models",
+      "",
+      f"Pairs: {report['num_pairs']['train']} train, "
+      f"{report['num_pairs']['test']} held-out (tasks not in train).",
+      "",
+      "## Held-out pairwise accuracy",
+      "",
+      "| negative type | n | ORM | PRM |",
+      "|---|---|---|---|",
+  ]
   o, p = report["orm_pairwise"], report["prm_pairwise"]
   for t in o["by_type"]:
-    lines.append(f"| {t} | {o['by_type'][t]['n']} | {o['by_type'][t]['accuracy']:.3f} "
-                 f"| {p['by_type'][t]['accuracy']:.3f} |")
-  lines.append(f"| **overall** | {o['n']} | {o['overall']:.3f} | {p['overall']:.3f} |")
-  lines += ["", "| rejected episode turns | n | ORM | PRM |", "|---|---|---|---|"]
+    lines.append(
+        f"| {t} | {o['by_type'][t]['n']} | {o['by_type'][t]['accuracy']:.3f} "
+        f"| {p['by_type'][t]['accuracy']:.3f} |"
+    )
+  lines.append(
+      f"| **overall** | {o['n']} | {o['overall']:.3f} | {p['overall']:.3f} |"
+  )
+  lines += [
+      "",
+      "| rejected episode turns | n | ORM | PRM |",
+      "|---|---|---|---|",
+  ]
   for t in o["by_rejected_turns"]:
-    lines.append(f"| {t} | {o['by_rejected_turns'][t]['n']} | "
-                 f"{o['by_rejected_turns'][t]['accuracy']:.3f} | "
-                 f"{p['by_rejected_turns'][t]['accuracy']:.3f} |")
-  lines += ["", f"## Best-of-{bon['num_samples']} on {bon['num_tasks']} held-out tasks "
-            "(SFT policy samples)", "",
-            "| | ORM | PRM |", "|---|---|---|"]
-  for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy",
-              "rank1_accuracy_easy", "random_accuracy_easy", "oracle_accuracy_easy",
-              "rank1_accuracy_hard", "random_accuracy_hard", "oracle_accuracy_hard",
-              "rank1_tool_calls", "rank1_answered_easy", "answered_easy",
-              "rank1_tool_calls_easy", "tool_calls_easy", "rank1_answered_hard",
-              "answered_hard", "rank1_tool_calls_hard", "tool_calls_hard"):
+    lines.append(
+        f"| {t} | {o['by_rejected_turns'][t]['n']} | "
+        f"{o['by_rejected_turns'][t]['accuracy']:.3f} | "
+        f"{p['by_rejected_turns'][t]['accuracy']:.3f} |"
+    )
+  lines += [
+      "",
+      f"## Best-of-{bon['num_samples']} on {bon['num_tasks']} held-out tasks "
+      "(SFT policy samples)",
+      "",
+      "| | ORM | PRM |",
+      "|---|---|---|",
+  ]
+  for key in (
+      "rank1_accuracy",
+      "random_accuracy",
+      "oracle_accuracy",
+      "rank1_accuracy_easy",
+      "random_accuracy_easy",
+      "oracle_accuracy_easy",
+      "rank1_accuracy_hard",
+      "random_accuracy_hard",
+      "oracle_accuracy_hard",
+      "rank1_tool_calls",
+      "rank1_answered_easy",
+      "answered_easy",
+      "rank1_tool_calls_easy",
+      "tool_calls_easy",
+      "rank1_answered_hard",
+      "answered_hard",
+      "rank1_tool_calls_hard",
+      "tool_calls_hard",
+  ):
     if key in bon["orm"]:
       lines.append(f"| {key} | {bon['orm'][key]:.3f} | {bon['prm'][key]:.3f} |")
   with open(os.path.join(workdir, "rm_report.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
     types_ = list(o["by_type"]) + ["overall"]
     ov = [o["by_type"][t]["accuracy"] for t in o["by_type"]] + [o["overall"]]
     pv = [p["by_type"][t]["accuracy"] for t in p["by_type"]] + [p["overall"]]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6),
-                             gridspec_kw={"width_ratios": [3, 1]})
+    fig, axes = plt.subplots(
+        1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1]}
+    )
     x = np.arange(len(types_))
     axes[0].bar(x - 0.2, ov, 0.4, label="ORM")
     axes[0].bar(x + 0.2, pv, 0.4, label="PRM")
@@ -257,8 +378,12 @@ def _write_report(workdir: str, config, report: dict) -> None:
     axes[0].set_title("held-out pairwise accuracy")
     axes[0].legend()
     names = ["random", "ORM", "PRM", "oracle"]
-    vals = [bon["orm"]["random_accuracy"], bon["orm"]["rank1_accuracy"],
-            bon["prm"]["rank1_accuracy"], bon["orm"]["oracle_accuracy"]]
+    vals = [
+        bon["orm"]["random_accuracy"],
+        bon["orm"]["rank1_accuracy"],
+        bon["prm"]["rank1_accuracy"],
+        bon["orm"]["oracle_accuracy"],
+    ]
     axes[1].bar(names, vals, color=["gray", "C0", "C1", "k"])
     axes[1].set_ylim(0, 1.05)
     axes[1].set_title(f"best-of-{bon['num_samples']} rank@1")
@@ -269,7 +394,9 @@ def _write_report(workdir: str, config, report: dict) -> None:
     logging.warning("matplotlib missing: no rm_report.png")
 
 
-def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+def train_and_evaluate_rm(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict | None:
   """Runs (or resumes) the rm mode; returns the report (None if halted early).
 
   Raises:
@@ -288,16 +415,22 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
   s_steps, r_steps = config.sft.steps, config.rm.steps
   total = s_steps + 2 * r_steps
   ckpt = checkpoint_lib.Checkpointer(
-      os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep,
-      save_interval_steps=config.checkpoint.every_steps)
+      os.path.join(workdir, "checkpoints"),
+      max_to_keep=config.checkpoint.max_to_keep,
+      save_interval_steps=config.checkpoint.every_steps,
+  )
   start = ckpt.latest_step()
   report_path = os.path.join(workdir, REPORT_FILE)
   if start == total and os.path.exists(report_path):
     # Finished run: re-running is a no-op (no second evaluation, no duplicate
     # eval line in metrics.jsonl).
     ckpt.close()
-    logging.info("%s is finished (step %d, %s): nothing to do", workdir, total,
-                 REPORT_FILE)
+    logging.info(
+        "%s is finished (step %d, %s): nothing to do",
+        workdir,
+        total,
+        REPORT_FILE,
+    )
     with open(report_path) as f:
       return json.load(f)
   if start is not None:
@@ -307,23 +440,36 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
   if start == 0 and s_steps == 0 and config.rm.init_from_sft:
     state = _init_from_policy(state)
 
-  sft_step = learner.make_sft_step(config, env, pgraph, learner.make_optimizer(config.sft))
+  sft_step = learner.make_sft_step(
+      config, env, pgraph, learner.make_optimizer(config.sft)
+  )
   tx = learner.make_optimizer(config.rm)
-  kw = dict(bt_coef=config.rm.bt_coef, regression_coef=config.rm.regression_coef,
-            aggregation=config.rm.prm_aggregation)
-  steps = {"orm": reward_models.make_train_step(rgraph, tx, kind="outcome", **kw),
-           "prm": reward_models.make_train_step(rgraph, tx, kind="process", **kw)}
+  kw = dict(
+      bt_coef=config.rm.bt_coef,
+      regression_coef=config.rm.regression_coef,
+      aggregation=config.rm.prm_aggregation,
+  )
+  steps = {
+      "orm": reward_models.make_train_step(rgraph, tx, kind="outcome", **kw),
+      "prm": reward_models.make_train_step(rgraph, tx, kind="process", **kw),
+  }
   pairs = _pairs(config, env, workdir)
   train_pairs = [p for p in pairs if p["split"] == "train"]
   if not train_pairs:
     raise validation.ConfigError(
-        f"config.rm.num_train_tasks={config.rm.num_train_tasks}: no training pairs")
+        f"config.rm.num_train_tasks={config.rm.num_train_tasks}: no training pairs"
+    )
   train_batch = preference_data.pairs_to_batch(
-      train_pairs, config.max_len, env.max_turns, config.rm.margin)
+      train_pairs, config.max_len, env.max_turns, config.rm.margin
+  )
   halt = config.halt_after_step
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-  bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name,
-                                keys=("loss", "pair_accuracy"))
+  bar = metrics_lib.ProgressBar(
+      total=total,
+      initial=start,
+      desc=config.name,
+      keys=("loss", "pair_accuracy"),
+  )
   try:
     while int(state["step"]) < total:
       step = int(state["step"])
@@ -334,16 +480,23 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
       else:
         phase = "orm" if step < s_steps + r_steps else "prm"
         rng = np.random.default_rng([config.seed, step])
-        idx = rng.choice(len(train_pairs), config.rm.batch_size,
-                         replace=len(train_pairs) < config.rm.batch_size)
+        idx = rng.choice(
+            len(train_pairs),
+            config.rm.batch_size,
+            replace=len(train_pairs) < config.rm.batch_size,
+        )
         batch = jax.tree.map(lambda x: x[idx], train_batch)
-        params, opt, m = steps[phase](state[phase], state[f"{phase}_opt"], batch)
+        params, opt, m = steps[phase](
+            state[phase], state[f"{phase}_opt"], batch
+        )
         state = dict(state, **{phase: params, f"{phase}_opt": opt})
       m = {k: float(v) for k, v in jax.device_get(m).items()}
       step += 1
       state["step"] = jnp.int32(step)
       if not np.isfinite(m["loss"]):
-        raise FloatingPointError(f"non-finite {phase}/loss = {m['loss']} at step {step}")
+        raise FloatingPointError(
+            f"non-finite {phase}/loss = {m['loss']} at step {step}"
+        )
       boundary = step in (s_steps, s_steps + r_steps, total)
       if step % config.log_every_steps == 0 or boundary:
         writer.write(step, m, prefix=phase)
@@ -360,14 +513,22 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
     ckpt.wait()
   ckpt.close()
   report = evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg)
-  already = any(r.get("phase") == "eval" and r["step"] == total
-                for r in metrics_lib.read_metrics(workdir))
+  already = any(
+      r.get("phase") == "eval" and r["step"] == total
+      for r in metrics_lib.read_metrics(workdir)
+  )
   if not already:  # a run killed after this line but before the report
     with metrics_lib.MetricsWriter(workdir) as w:
-      flat = {f"{n}_pairwise_accuracy": report[f"{n}_pairwise"]["overall"]
-              for n in ("orm", "prm")}
-      flat.update({f"{n}_rank1_accuracy": report["best_of_n"][n]["rank1_accuracy"]
-                   for n in ("orm", "prm")})
+      flat = {
+          f"{n}_pairwise_accuracy": report[f"{n}_pairwise"]["overall"]
+          for n in ("orm", "prm")
+      }
+      flat.update(
+          {
+              f"{n}_rank1_accuracy": report["best_of_n"][n]["rank1_accuracy"]
+              for n in ("orm", "prm")
+          }
+      )
       w.write(total, flat, prefix="eval")
   _write_report(workdir, config, report)
   with open(os.path.join(workdir, "rm_report.md")) as f:
@@ -378,6 +539,14 @@ def train_and_evaluate_rm(config: ml_collections.ConfigDict, workdir: str) -> di
 def _init_from_policy(state: dict) -> dict:
   """Copies the policy's trunk weights into both reward models (heads untouched)."""
   pol = state["policy"].params
-  return dict(state,
-              orm=dict(state["orm"], trunk=reward_models.copy_trunk(state["orm"]["trunk"], pol)),
-              prm=dict(state["prm"], trunk=reward_models.copy_trunk(state["prm"]["trunk"], pol)))
+  return dict(
+      state,
+      orm=dict(
+          state["orm"],
+          trunk=reward_models.copy_trunk(state["orm"]["trunk"], pol),
+      ),
+      prm=dict(
+          state["prm"],
+          trunk=reward_models.copy_trunk(state["prm"]["trunk"], pol),
+      ),
+  )

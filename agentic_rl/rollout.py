@@ -74,7 +74,9 @@ def write_segment(
   # Invalid entries are sent out of bounds and dropped.
   pos_bs = jnp.where(valid_bs, pos_bs, buf_bl.shape[1])
   rows_bs = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
-  return buf_bl.at[rows_bs, pos_bs].set(seg_bs.astype(buf_bl.dtype), mode="drop")
+  return buf_bl.at[rows_bs, pos_bs].set(
+      seg_bs.astype(buf_bl.dtype), mode="drop"
+  )
 
 
 def _tree_where(mask_b: jax.Array, new: Any, old: Any) -> Any:
@@ -133,18 +135,28 @@ def generate_turn(
       logits_bv = mask_logits(logits_bv, banned_b, banned_tokens)
     tok_b, logp_b = sampling.sample_token(sub, logits_bv, temperature)
     one = jnp.ones((b, 1), jnp.int32)
-    tokens = write_segment(st.tokens, st.length, tok_b[:, None], one[:, 0], active)
+    tokens = write_segment(
+        st.tokens, st.length, tok_b[:, None], one[:, 0], active
+    )
     role = write_segment(
         st.role, st.length, jnp.full((b, 1), types.POLICY), one[:, 0], active
     )
-    logprob = write_segment(st.logprob, st.length, logp_b[:, None], one[:, 0], active)
-    turn = write_segment(st.turn, st.length, turn_idx[:, None], one[:, 0], active)
+    logprob = write_segment(
+        st.logprob, st.length, logp_b[:, None], one[:, 0], active
+    )
+    turn = write_segment(
+        st.turn, st.length, turn_idx[:, None], one[:, 0], active
+    )
     action = action.at[:, t].set(jnp.where(active, tok_b, tokenizers.PAD))
     # Inactive rows pass length 0: their (ignored) logits do not widen the
     # cache prefix the step reads (length buckets, sampling.extend).
     logits, cache = sampling.extend(
-        graphdef, params, st.cache, tok_b[:, None], st.length,
-        active.astype(jnp.int32)
+        graphdef,
+        params,
+        st.cache,
+        tok_b[:, None],
+        st.length,
+        active.astype(jnp.int32),
     )
     next_logits = jnp.where(active[:, None], logits, st.next_logits)
     length = st.length + active.astype(jnp.int32)
@@ -196,8 +208,11 @@ def mask_logits(
   """
   ids = jnp.asarray(banned_tokens, jnp.int32)
   cols_bn = logits_bv[:, ids]
-  new_bn = jnp.where(jnp.asarray(banned_b, bool)[:, None],
-                     jnp.asarray(BANNED_LOGIT, logits_bv.dtype), cols_bn)
+  new_bn = jnp.where(
+      jnp.asarray(banned_b, bool)[:, None],
+      jnp.asarray(BANNED_LOGIT, logits_bv.dtype),
+      cols_bn,
+  )
   return logits_bv.at[:, ids].set(new_bn)
 
 
@@ -223,8 +238,11 @@ def env_stop_tokens(env) -> tuple[int, ...]:
   return tokenizers.STOP_TOKENS
 
 
-def check_stop_tokens(stop_tokens: tuple[int, ...], env,
-                      model_config: transformer.TransformerConfig | None) -> None:
+def check_stop_tokens(
+    stop_tokens: tuple[int, ...],
+    env,
+    model_config: transformer.TransformerConfig | None,
+) -> None:
   """Refuses byte-tokenizer stop ids for a model with another vocabulary.
 
   Raises:
@@ -236,16 +254,22 @@ def check_stop_tokens(stop_tokens: tuple[int, ...], env,
   if model_config is None:
     return
   v = model_config.vocab_size
-  if tuple(stop_tokens) == tokenizers.STOP_TOKENS and v != tokenizers.VOCAB_SIZE:
+  if (
+      tuple(stop_tokens) == tokenizers.STOP_TOKENS
+      and v != tokenizers.VOCAB_SIZE
+  ):
     raise ValueError(
         f"model.vocab_size={v}: {type(env).__name__} gives no stop ids of its "
         f"own (chat_format, stop_tokens or tokenizer.eos_ids), and the byte "
         f"tokenizer's {tokenizers.STOP_TOKENS} are ordinary tokens of a "
-        f"{v}-token vocabulary")
+        f"{v}-token vocabulary"
+    )
   bad = [t for t in stop_tokens if not 0 <= t < v]
   if bad:
-    raise ValueError(f"stop_tokens={tuple(stop_tokens)}: {bad} outside the "
-                     f"model's vocabulary (vocab_size={v})")
+    raise ValueError(
+        f"stop_tokens={tuple(stop_tokens)}: {bad} outside the "
+        f"model's vocabulary (vocab_size={v})"
+    )
 
 
 def tool_call_tokens(env) -> tuple[int, ...]:
@@ -254,11 +278,18 @@ def tool_call_tokens(env) -> tuple[int, ...]:
   of every JAX-native environment here (a turn is a call iff it starts with
   CALL). Banning them disables tool calls (and any other CALL-framed action,
   e.g. clarification's `ask`)."""
-  return tuple(int(t) for t in getattr(env, "tool_call_tokens", (tokenizers.CALL,)))
+  return tuple(
+      int(t) for t in getattr(env, "tool_call_tokens", (tokenizers.CALL,))
+  )
 
 
-def _append(state: RolloutState, seg_bs: jax.Array, seg_len_b: jax.Array,
-            write_b: jax.Array, role: int) -> RolloutState:
+def _append(
+    state: RolloutState,
+    seg_bs: jax.Array,
+    seg_len_b: jax.Array,
+    write_b: jax.Array,
+    role: int,
+) -> RolloutState:
   """Writes a segment (one expert turn or one observation) at each row's end.
 
   Its tokens get `role` and the row's current turn index; `length` advances by
@@ -267,12 +298,19 @@ def _append(state: RolloutState, seg_bs: jax.Array, seg_len_b: jax.Array,
   seg_len_b = jnp.where(write_b, seg_len_b, 0)
   shape = seg_bs.shape
   return state.replace(
-      tokens=write_segment(state.tokens, state.length, seg_bs, seg_len_b, write_b),
-      role=write_segment(state.role, state.length, jnp.full(shape, role),
-                         seg_len_b, write_b),
-      turn=write_segment(state.turn, state.length,
-                         jnp.broadcast_to(state.num_turns[:, None], shape),
-                         seg_len_b, write_b),
+      tokens=write_segment(
+          state.tokens, state.length, seg_bs, seg_len_b, write_b
+      ),
+      role=write_segment(
+          state.role, state.length, jnp.full(shape, role), seg_len_b, write_b
+      ),
+      turn=write_segment(
+          state.turn,
+          state.length,
+          jnp.broadcast_to(state.num_turns[:, None], shape),
+          seg_len_b,
+          write_b,
+      ),
       length=jnp.minimum(state.length + seg_len_b, state.tokens.shape[1]),
   )
 
@@ -319,7 +357,11 @@ def init_state(
   zeros_b = jnp.zeros((b,), jnp.int32)
   all_b = jnp.ones((b,), bool)
   tokens = write_segment(
-      jnp.full((b, l), tokenizers.PAD, jnp.int32), zeros_b, prompt, prompt_len, all_b
+      jnp.full((b, l), tokenizers.PAD, jnp.int32),
+      zeros_b,
+      prompt,
+      prompt_len,
+      all_b,
   )
   role = write_segment(
       jnp.full((b, l), types.PAD, jnp.int8),
@@ -396,14 +438,17 @@ def end_turn(
     # An empty observation leaves the context as it is: the next turn starts
     # from the logits after the last sampled token, not from `extend`'s
     # (meaningless) logits of a length-0 chunk.
-    next_logits = jnp.where((write_obs & (obs_len > 0))[:, None], logits,
-                            next_logits)
+    next_logits = jnp.where(
+        (write_obs & (obs_len > 0))[:, None], logits, next_logits
+    )
   state = _append(state, obs, obs_len, write_obs, types.TOOL)
   length = state.length
   # A row whose buffer filled up (during its action, or with no room for the
   # observation or a next turn) is TRUNCATED unless it had just answered.
-  truncated = active & ~answered & (
-      full | (cont & ~obs_fits) | (~env_done & (length >= l))
+  truncated = (
+      active
+      & ~answered
+      & (full | (cont & ~obs_fits) | (~env_done & (length >= l)))
   )
   finish_now = jnp.where(
       answered,
@@ -473,8 +518,15 @@ def rollout(
   stop_tokens = env_stop_tokens(env)
   if use_model:
     check_stop_tokens(stop_tokens, env, model_config)
-  state = init_state(prompt, prompt_len, env_state, max_len=max_len,
-                     graphdef=graphdef, params=params, model_config=model_config)
+  state = init_state(
+      prompt,
+      prompt_len,
+      env_state,
+      max_len=max_len,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_config,
+  )
 
   def turn_body(carry):
     state, key = carry
@@ -499,9 +551,17 @@ def rollout(
     )
     env_state = _tree_where(active, new_env_state, state.env_state)
     facts = jax.vmap(env.facts)(env_state)
-    state = end_turn(state, active, env_done, facts["answered"],
-                     facts["format_error"], obs, obs_len, graphdef=graphdef,
-                     params=params)
+    state = end_turn(
+        state,
+        active,
+        env_done,
+        facts["answered"],
+        facts["format_error"],
+        obs,
+        obs_len,
+        graphdef=graphdef,
+        params=params,
+    )
     return state.replace(env_state=env_state), key
 
   def turn_cond(carry):
@@ -526,11 +586,31 @@ def rollout(
   )
 
 
-@functools.partial(jax.jit, static_argnames=("env", "max_len", "graphdef",
-                                             "model_config"))
-def rollout_jit(env, tasks, key, *, max_len, group=None, graphdef=None,
-                params=None, model_config=None, temperature=1.0):
+@functools.partial(
+    jax.jit, static_argnames=("env", "max_len", "graphdef", "model_config")
+)
+def rollout_jit(
+    env,
+    tasks,
+    key,
+    *,
+    max_len,
+    group=None,
+    graphdef=None,
+    params=None,
+    model_config=None,
+    temperature=1.0,
+):
   """`rollout` under `jax.jit` (env, shapes and graphdef static; temperature is
   traced, so greedy and sampled evaluation share one compiled program)."""
-  return rollout(env, tasks, key, max_len=max_len, group=group, graphdef=graphdef,
-                 params=params, model_config=model_config, temperature=temperature)
+  return rollout(
+      env,
+      tasks,
+      key,
+      max_len=max_len,
+      group=group,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_config,
+      temperature=temperature,
+  )

@@ -71,13 +71,18 @@ def extend(
   # (sharding.cache_spec) through every decode step; no-op without a mesh.
   cache = sharding.constrain_cache(cache)
   # Cache entries any real token may read: [0, max over rows of start + length).
-  kv_len = jnp.maximum(jnp.max(jnp.where(length_b > 0, start_b + length_b, 0)), 1)
-  hidden_btd, cache = model.hidden_states(tokens_bt, positions_bt, cache,
-                                          kv_len=kv_len)
+  kv_len = jnp.maximum(
+      jnp.max(jnp.where(length_b > 0, start_b + length_b, 0)), 1
+  )
+  hidden_btd, cache = model.hidden_states(
+      tokens_bt, positions_bt, cache, kv_len=kv_len
+  )
   cache = sharding.constrain_cache(cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)
   # Only the last real position is projected to the vocabulary (no [B, T, V]).
-  hidden_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[:, 0]
+  hidden_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[
+      :, 0
+  ]
   return model.logits(hidden_bd), cache
 
 
@@ -106,7 +111,8 @@ def sample_token(
   tokens = jax.lax.cond(
       greedy,
       lambda: first_argmax(logp_bv),
-      lambda: inverse_cdf_sample(key, jnp.exp(logp_bv)))
+      lambda: inverse_cdf_sample(key, jnp.exp(logp_bv)),
+  )
   logprob = jnp.take_along_axis(logp_bv, tokens[:, None], axis=-1)[:, 0]
   return tokens, logprob
 
@@ -123,8 +129,9 @@ def first_argmax(x_bv: jax.Array) -> jax.Array:
   return jnp.minimum(jnp.min(idx, axis=-1), v - 1).astype(jnp.int32)
 
 
-def _first_positive_above(cdf_bn: jax.Array, p_bn: jax.Array,
-                          target_b: jax.Array) -> jax.Array:
+def _first_positive_above(
+    cdf_bn: jax.Array, p_bn: jax.Array, target_b: jax.Array
+) -> jax.Array:
   """Per row, the first n with cdf[n] > target and p[n] > 0 ([B] int32).
 
   Requiring p > 0 keeps zero-probability entries (masked tokens) unreachable
@@ -140,8 +147,9 @@ def _first_positive_above(cdf_bn: jax.Array, p_bn: jax.Array,
   return jnp.where(jnp.any(hit, axis=-1), first, last_pos).astype(jnp.int32)
 
 
-def inverse_cdf_sample(key: jax.Array, probs_bv: jax.Array,
-                       block: int = 256) -> jax.Array:
+def inverse_cdf_sample(
+    key: jax.Array, probs_bv: jax.Array, block: int = 256
+) -> jax.Array:
   """One categorical draw per row from one uniform per row (inverse CDF).
 
   Draw u ~ U[0, 1) per row and return the first token whose cumulative
@@ -197,8 +205,12 @@ def logprob_and_entropy(
   Returns:
     (logprob [B, T] float32, entropy [B, T] float32 in nats).
   """
-  logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32) / temperature, -1)
-  logp_bt = jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[..., 0]
+  logp_btv = jax.nn.log_softmax(
+      logits_btv.astype(jnp.float32) / temperature, -1
+  )
+  logp_bt = jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[
+      ..., 0
+  ]
   entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
   return logp_bt, entropy_bt
 
@@ -231,21 +243,30 @@ def chunked_logprob_and_entropy(
   b, t, d = hidden_btd.shape
   if chunk_size <= 0 or chunk_size >= t:
     return logprob_and_entropy(
-        transformer.vocab_logits(hidden_btd, w_dv), targets_bt, temperature)
+        transformer.vocab_logits(hidden_btd, w_dv), targets_bt, temperature
+    )
   n = -(-t // chunk_size)
   pad = n * chunk_size - t
-  h_nbcd = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(
-      b, n, chunk_size, d).swapaxes(0, 1)
-  y_nbc = jnp.pad(targets_bt, ((0, 0), (0, pad))).reshape(
-      b, n, chunk_size).swapaxes(0, 1)
+  h_nbcd = (
+      jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0)))
+      .reshape(b, n, chunk_size, d)
+      .swapaxes(0, 1)
+  )
+  y_nbc = (
+      jnp.pad(targets_bt, ((0, 0), (0, pad)))
+      .reshape(b, n, chunk_size)
+      .swapaxes(0, 1)
+  )
 
   @jax.checkpoint
   def one_chunk(h_bcd, y_bc, w):
-    return logprob_and_entropy(transformer.vocab_logits(h_bcd, w), y_bc,
-                               temperature)
+    return logprob_and_entropy(
+        transformer.vocab_logits(h_bcd, w), y_bc, temperature
+    )
 
-  logp_nbc, entropy_nbc = jax.lax.map(lambda a: one_chunk(a[0], a[1], w_dv),
-                                      (h_nbcd, y_nbc))
+  logp_nbc, entropy_nbc = jax.lax.map(
+      lambda a: one_chunk(a[0], a[1], w_dv), (h_nbcd, y_nbc)
+  )
   unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
   return unchunk(logp_nbc), unchunk(entropy_nbc)
 
@@ -281,8 +302,12 @@ def token_logprobs(
     chunk_size = model.cfg.logprob_chunk_size
   hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
   logp_bl, entropy_bl = chunked_logprob_and_entropy(
-      hidden_bld, model.output_weights_dv(), tokens_bl[:, 1:], temperature,
-      chunk_size)
+      hidden_bld,
+      model.output_weights_dv(),
+      tokens_bl[:, 1:],
+      temperature,
+      chunk_size,
+  )
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   return (
       jnp.concatenate([pad, logp_bl], axis=1),

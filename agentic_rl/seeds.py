@@ -121,11 +121,26 @@ def train_seeds(
   if int(state.step[0]) == 0 and sft_steps == 0:
     state = start_rl(state)
 
-  sft_step = jax.jit(jax.vmap(learner.make_sft_step(
-      config, env, graphdef, learner.make_optimizer(config.sft))), donate_argnums=0)
-  rl_step = jax.jit(jax.vmap(learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg)),
-      donate_argnums=0)
+  sft_step = jax.jit(
+      jax.vmap(
+          learner.make_sft_step(
+              config, env, graphdef, learner.make_optimizer(config.sft)
+          )
+      ),
+      donate_argnums=0,
+  )
+  rl_step = jax.jit(
+      jax.vmap(
+          learner.make_rl_step(
+              config,
+              env,
+              graphdef,
+              learner.make_optimizer(config.rl),
+              model_cfg,
+          )
+      ),
+      donate_argnums=0,
+  )
 
   curves_path = None if workdir is None else os.path.join(workdir, "curves.npz")
   curves: dict[str, list] = {}
@@ -139,13 +154,19 @@ def train_seeds(
       sft_reports = json.load(f)
 
   def evaluate_all(params_s):
-    return [train.evaluate(config, env, graphdef, _index(params_s, i), model_cfg)
-            for i in range(len(seeds))]
+    return [
+        train.evaluate(config, env, graphdef, _index(params_s, i), model_cfg)
+        for i in range(len(seeds))
+    ]
 
   step = int(state.step[0])
   # Curves saved after the restored checkpoint's step are dropped (re-run below).
   for k in curves:
-    keep = min(step, sft_steps) if k.startswith("sft/") else max(0, step - sft_steps)
+    keep = (
+        min(step, sft_steps)
+        if k.startswith("sft/")
+        else max(0, step - sft_steps)
+    )
     curves[k] = curves[k][:keep]
   t0 = time.time()
   while step < total:
@@ -154,25 +175,35 @@ def train_seeds(
     step += 1
     m = jax.device_get(m)
     if not np.all(np.isfinite(m["loss"])):
-      raise FloatingPointError(f"non-finite {phase}/loss {m['loss']} at step {step}")
+      raise FloatingPointError(
+          f"non-finite {phase}/loss {m['loss']} at step {step}"
+      )
     for k, v in m.items():  # one row per step of the phase
       curves.setdefault(f"{phase}/{k}", []).append(
-          np.asarray(v, np.float64).reshape(len(seeds)))
+          np.asarray(v, np.float64).reshape(len(seeds))
+      )
     if step == sft_steps:
       state = start_rl(state)
-    if ckpt is not None and ckpt.save(step, state, force=step in (sft_steps, total)):
+    if ckpt is not None and ckpt.save(
+        step, state, force=step in (sft_steps, total)
+    ):
       # Curves are written with each checkpoint (not every step); rows past the
       # restored step are dropped on resume.
       np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
     if step >= sft_steps and sft_reports is None:
-      sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params))
+      sft_reports = evaluate_all(
+          lora.reference_params(state.params, state.ref_params)
+      )
       if sft_path:
         with open(sft_path, "w") as f:
           json.dump(sft_reports, f, indent=2)
   wall = time.time() - t0
   if sft_reports is None:  # rl.steps == 0 and the run was already past SFT
-    sft_reports = evaluate_all(lora.reference_params(state.params, state.ref_params)
-                               if sft_steps else state.params)
+    sft_reports = evaluate_all(
+        lora.reference_params(state.params, state.ref_params)
+        if sft_steps
+        else state.params
+    )
   rl_reports = evaluate_all(state.params)
   if ckpt is not None:
     ckpt.wait()
@@ -192,9 +223,12 @@ def train_seeds(
   }
 
 
-def check_resume(config: ml_collections.ConfigDict, seeds: Sequence[int],
-                 workdir: str, resume_free: Sequence[str] = ()
-                 ) -> ml_collections.ConfigDict:
+def check_resume(
+    config: ml_collections.ConfigDict,
+    seeds: Sequence[int],
+    workdir: str,
+    resume_free: Sequence[str] = (),
+) -> ml_collections.ConfigDict:
   """Refuses to resume a workdir that holds a run of another config or seed list.
 
   The config plus `seeds` is compared with the workdir's config.json by
@@ -222,8 +256,9 @@ def check_resume(config: ml_collections.ConfigDict, seeds: Sequence[int],
   return saved
 
 
-def config_with_seeds(config: ml_collections.ConfigDict,
-                      seeds: Sequence[int]) -> ml_collections.ConfigDict:
+def config_with_seeds(
+    config: ml_collections.ConfigDict, seeds: Sequence[int]
+) -> ml_collections.ConfigDict:
   """The config `train_seeds` saves and checks on resume: `config` plus `seeds`
   (a list of ints; `config.seed` is ignored by `train_seeds`)."""
   c = ml_collections.ConfigDict(config.to_dict())

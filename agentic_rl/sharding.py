@@ -119,36 +119,45 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   for name in MESH_AXES:
     value = _mesh_field(mesh_cfg, name)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f"config.mesh.{name}={value!r}: must be an integer "
-                       ">= 1, or -1 (fill with the remaining devices)")
+      raise ValueError(
+          f"config.mesh.{name}={value!r}: must be an integer "
+          ">= 1, or -1 (fill with the remaining devices)"
+      )
     value = int(value)
     if value == -1:
       if fill is not None:
-        raise ValueError(f"config.mesh.{name}=-1: only one mesh axis may be -1 "
-                         f"(mesh.{fill} is -1 already)")
+        raise ValueError(
+            f"config.mesh.{name}=-1: only one mesh axis may be -1 "
+            f"(mesh.{fill} is -1 already)"
+        )
       fill = name
     elif value < 1:
-      raise ValueError(f"config.mesh.{name}={value!r}: must be >= 1, or -1 "
-                       "(fill with the remaining devices)")
+      raise ValueError(
+          f"config.mesh.{name}={value!r}: must be >= 1, or -1 "
+          "(fill with the remaining devices)"
+      )
     sizes[name] = value
   if fill is not None:
     rest = math.prod(v for k, v in sizes.items() if k != fill)
     if num_devices % rest:
       raise ValueError(
           f"config.mesh.{fill}=-1: cannot fill {num_devices} devices, not "
-          f"divisible by the product of the other mesh axes ({rest})")
+          f"divisible by the product of the other mesh axes ({rest})"
+      )
     sizes[fill] = num_devices // rest
   shape = tuple(sizes[n] for n in MESH_AXES)
   if math.prod(shape) != num_devices:
     desc = ", ".join(f"{n}={sizes[n]}" for n in MESH_AXES)
     raise ValueError(
         f"config.mesh=({desc}): data*fsdp*tensor = {math.prod(shape)} must equal "
-        f"the number of devices ({num_devices}); set one axis to -1 to fill")
+        f"the number of devices ({num_devices}); set one axis to -1 to fill"
+    )
   return shape
 
 
-def check_heads_divide_tensor(num_heads: int, num_kv_heads: int, tensor: int,
-                              where: str = "config.model") -> None:
+def check_heads_divide_tensor(
+    num_heads: int, num_kv_heads: int, tensor: int, where: str = "config.model"
+) -> None:
   """Refuses a tensor-parallel mesh that cannot split the attention heads.
 
   Tensor parallelism gives each of the `tensor` devices H / tensor query heads
@@ -169,8 +178,10 @@ def check_heads_divide_tensor(num_heads: int, num_kv_heads: int, tensor: int,
   """
   if tensor <= 1:
     return
-  for field, value in (("num_heads", num_heads),
-                       ("num_kv_heads", num_kv_heads or num_heads)):
+  for field, value in (
+      ("num_heads", num_heads),
+      ("num_kv_heads", num_kv_heads or num_heads),
+  ):
     if value % tensor:
       raise ValueError(
           f"{where}.{field}={value}: not divisible by mesh.tensor={tensor}; "
@@ -178,10 +189,13 @@ def check_heads_divide_tensor(num_heads: int, num_kv_heads: int, tensor: int,
           "devices (query and key/value heads alike), so mesh.tensor must "
           f"divide num_heads={num_heads} and the key/value heads "
           f"({num_kv_heads or num_heads}); use a smaller mesh.tensor (e.g. more "
-          "mesh.fsdp)")
+          "mesh.fsdp)"
+      )
 
 
-def make_mesh(mesh_cfg=None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    mesh_cfg=None, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
   """The ('data', 'fsdp', 'tensor') device mesh of a `mesh` config block.
 
   Args:
@@ -197,8 +211,9 @@ def make_mesh(mesh_cfg=None, devices: Sequence[jax.Device] | None = None) -> Mes
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_cfg, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+  return jax.make_mesh(
+      shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+  )
 
 
 def maybe_initialize_distributed(config) -> bool:
@@ -226,7 +241,6 @@ def maybe_initialize_distributed(config) -> bool:
   return True
 
 
-
 def to_host(tree: Any) -> Any:
   """Host (numpy) copy of a pytree, gathered across processes when needed.
 
@@ -240,12 +254,14 @@ def to_host(tree: Any) -> Any:
 
   Use it before computing metrics on the host (train.evaluate).
   """
+
   def get(x):
     if not getattr(x, "is_fully_addressable", True):
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return jax.device_get(x)
 
   return jax.tree.map(get, tree)
+
 
 def _sizes(mesh) -> dict[str, int]:
   """Axis sizes of a Mesh, an AbstractMesh or a plain {axis: size} dict."""
@@ -311,6 +327,7 @@ def tree_specs(tree: Any, mesh) -> Any:
   Leaves are arrays or `jax.ShapeDtypeStruct`s; matched by `param_spec` on
   their `leaf_name`, everything else replicated (P()).
   """
+
   def spec(path, x):
     s = param_spec(leaf_name(path), np.shape(x), mesh)
     return P() if s is None else s
@@ -320,8 +337,11 @@ def tree_specs(tree: Any, mesh) -> Any:
 
 def tree_shardings(tree: Any, mesh: Mesh) -> Any:
   """`NamedSharding`s of `tree_specs` (same structure as `tree`)."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), tree_specs(tree, mesh),
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(
+      lambda s: NamedSharding(mesh, s),
+      tree_specs(tree, mesh),
+      is_leaf=lambda x: isinstance(x, P),
+  )
 
 
 def unmatched_leaves(tree: Any) -> list[str]:
@@ -354,8 +374,9 @@ def batch_shardings(tree: Any, mesh: Mesh) -> Any:
   Applies to Trajectory fields, learner batches and task pytrees ([B, ...]);
   leaves whose B is not divisible by data * fsdp (and scalars) are replicated.
   """
-  return jax.tree.map(lambda x: NamedSharding(mesh, batch_spec(np.shape(x), mesh)),
-                      tree)
+  return jax.tree.map(
+      lambda x: NamedSharding(mesh, batch_spec(np.shape(x), mesh)), tree
+  )
 
 
 def put_batch(tree: Any, mesh: Mesh | None = None) -> Any:
@@ -383,7 +404,8 @@ def constrain_batch(tree: Any) -> Any:
     return tree
   return jax.tree.map(
       lambda x: jax.lax.with_sharding_constraint(x, batch_spec(x.shape, mesh)),
-      tree)
+      tree,
+  )
 
 
 def split_rows(tree: Any, n: int) -> Any:
@@ -415,11 +437,13 @@ def split_rows(tree: Any, n: int) -> Any:
   Raises:
     ValueError: n < 1 or n does not divide a leaf's leading axis.
   """
+
   def split(x):
     b = x.shape[0]
     if n < 1 or b % n:
-      raise ValueError(f"split_rows: n={n} must be >= 1 and divide the batch "
-                       f"({b} rows)")
+      raise ValueError(
+          f"split_rows: n={n} must be >= 1 and divide the batch " f"({b} rows)"
+      )
     return _constrain_parts(x.reshape((b // n, n) + x.shape[1:]).swapaxes(0, 1))
 
   return jax.tree.map(split, tree)
@@ -430,6 +454,7 @@ def merge_rows(tree: Any) -> Any:
 
   x[t * n + j] = parts[j, t]; pinned to `batch_spec` on the ambient mesh.
   """
+
   def merge(x):
     n, m = x.shape[:2]
     return constrain_batch(x.swapaxes(0, 1).reshape((n * m,) + x.shape[2:]))
@@ -444,7 +469,8 @@ def _constrain_parts(x: jax.Array) -> jax.Array:
   if mesh.empty:
     return x
   return jax.lax.with_sharding_constraint(
-      x, P(None, *batch_spec(x.shape[1:], mesh)))
+      x, P(None, *batch_spec(x.shape[1:], mesh))
+  )
 
 
 def constrain_gathered(x: jax.Array, letters: str) -> jax.Array:
@@ -486,8 +512,9 @@ def cache_spec(shape: Sequence[int], mesh) -> P:
 
 def cache_shardings(cache: Any, mesh: Mesh) -> Any:
   """NamedShardings of a KV cache (list of {'k', 'v'} [B, G, S, Dh] arrays)."""
-  return jax.tree.map(lambda x: NamedSharding(mesh, cache_spec(np.shape(x), mesh)),
-                      cache)
+  return jax.tree.map(
+      lambda x: NamedSharding(mesh, cache_spec(np.shape(x), mesh)), cache
+  )
 
 
 def constrain_cache(cache: Any) -> Any:
@@ -498,7 +525,8 @@ def constrain_cache(cache: Any) -> Any:
     return cache
   return jax.tree.map(
       lambda x: jax.lax.with_sharding_constraint(x, cache_spec(x.shape, mesh)),
-      cache)
+      cache,
+  )
 
 
 def mesh_of(tree: Any) -> Mesh | None:
@@ -539,4 +567,6 @@ def step_jit_kwargs(state_sharding: Any) -> dict[str, Any]:
   """
   if state_sharding is None:
     return {}
-  return dict(in_shardings=(state_sharding,), out_shardings=(state_sharding, None))
+  return dict(
+      in_shardings=(state_sharding,), out_shardings=(state_sharding, None)
+  )

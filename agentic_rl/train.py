@@ -64,12 +64,14 @@ def make_env(config: ml_collections.ConfigDict):
   """
   if config.tokenizer == "hf":
     from agentic_text import tokenizers  # pylint: disable=g-import-not-at-top
+
     tok = tokenizers.HFTokenizer.from_folder(config.model.hf_path)
     env = environments.make({**dict(config.env), "tokenizer": tok})
   else:
     env = environments.make(config.env)
   if config.data:
     from agentic_rl.datasets import tasks as data_tasks  # noqa: PLC0415
+
     env = data_tasks.with_loader(env, config)
   return env
 
@@ -86,12 +88,16 @@ def make_model_config(config) -> transformer.TransformerConfig:
   fields = lora_lib.transformer_fields(config.model)
   if path:
     return hf.config_from_hf(
-        hf.read_config(path), lora=fields["lora"],
-        **{f: config.model[f] for f in hf.RUNTIME_FIELDS})
+        hf.read_config(path),
+        lora=fields["lora"],
+        **{f: config.model[f] for f in hf.RUNTIME_FIELDS},
+    )
   return transformer.TransformerConfig(**fields)
 
 
-def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainState]:
+def init_state(
+    config, model_cfg, mesh=None
+) -> tuple[nnx.GraphDef, types.TrainState]:
   """Fresh TrainState at step 0 (SFT optimizer state, ref_params = initial params;
   with LoRA (config.model.lora) fresh adapters on the base, ref_params = their copy).
 
@@ -111,13 +117,18 @@ def init_state(config, model_cfg, mesh=None) -> tuple[nnx.GraphDef, types.TrainS
   if hf_path:
     # Imported Hugging Face checkpoint (agentic_rl/models/hf.py).
     graphdef, imported = hf.params_from_hf_tensors(
-        dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path))
+        dataclasses.replace(model_cfg, lora=None), hf.read_safetensors(hf_path)
+    )
     if model_cfg.lora is not None:
       graphdef, imported = lora_lib.init_adapters(
-          model_cfg, graphdef, imported, jax.random.fold_in(root, 2))
+          model_cfg, graphdef, imported, jax.random.fold_in(root, 2)
+      )
   else:
-    graphdef = nnx.graphdef(nnx.eval_shape(
-        lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))))
+    graphdef = nnx.graphdef(
+        nnx.eval_shape(
+            lambda: transformer.Transformer(model_cfg, nnx.Rngs(params=0))
+        )
+    )
   tx = learner.make_optimizer(config.sft)
 
   def init():
@@ -152,14 +163,18 @@ def _rl_transition(config):
   def fn(state):
     opt_state = tx.init(state.params)
     if isinstance(opt_state, mixed_precision.MasterWeightsState) and isinstance(
-        state.opt_state, mixed_precision.MasterWeightsState):
+        state.opt_state, mixed_precision.MasterWeightsState
+    ):
       # bf16 params: the RL phase continues from the SFT phase's float32
       # master (its progress below bf16 resolution), with fresh moments.
       opt_state = opt_state._replace(master=state.opt_state.master)
-    return learner.init_rl_extras(config, state.replace(
-        ref_params=lora_lib.reference_state(state.params),
-        opt_state=opt_state,
-    ))
+    return learner.init_rl_extras(
+        config,
+        state.replace(
+            ref_params=lora_lib.reference_state(state.params),
+            opt_state=opt_state,
+        ),
+    )
 
   return fn
 
@@ -215,10 +230,16 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
     tasks = sharding.put_batch(tasks)
   key = jax.random.PRNGKey(ec.seed)
   # Host environments (env.is_host) run through the host driver.
-  run = (host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit)
+  run = host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit
   traj = run(
-      env, tasks, key, max_len=config.max_len, graphdef=graphdef, params=params,
-      model_config=model_cfg, temperature=jnp.float32(0.0),
+      env,
+      tasks,
+      key,
+      max_len=config.max_len,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_cfg,
+      temperature=jnp.float32(0.0),
   )
   traj = sharding.to_host(traj)  # all rows, also when sharded over processes
   facts = traj.facts
@@ -230,14 +251,24 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   malformed = (finish != types.ANSWERED) | (errors > 0)
   out = {
       "accuracy": float(correct.mean()),
-      "accuracy_easy": float(correct[~hard].mean()) if (~hard).any() else float("nan"),
-      "accuracy_hard": float(correct[hard].mean()) if hard.any() else float("nan"),
+      "accuracy_easy": float(correct[~hard].mean())
+      if (~hard).any()
+      else float("nan"),
+      "accuracy_hard": float(correct[hard].mean())
+      if hard.any()
+      else float("nan"),
       "tool_calls": float(calls.mean()),
-      "tool_calls_easy": float(calls[~hard].mean()) if (~hard).any() else float("nan"),
-      "tool_calls_hard": float(calls[hard].mean()) if hard.any() else float("nan"),
+      "tool_calls_easy": float(calls[~hard].mean())
+      if (~hard).any()
+      else float("nan"),
+      "tool_calls_hard": float(calls[hard].mean())
+      if hard.any()
+      else float("nan"),
       "tool_productivity": tool_productivity(correct, calls),
       "format_error_rate": float(malformed.mean()),
-      "response_tokens": float(np.mean(np.sum(np.asarray(traj.role) == types.POLICY, 1))),
+      "response_tokens": float(
+          np.mean(np.sum(np.asarray(traj.role) == types.POLICY, 1))
+      ),
   }
   n = ec.num_samples
   if n > 0:
@@ -245,8 +276,13 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
     c = np.zeros((ec.num_tasks,), np.int64)
     for i in range(n):
       straj = run(
-          env, tasks, jax.random.fold_in(key, i + 1), max_len=config.max_len,
-          graphdef=graphdef, params=params, model_config=model_cfg,
+          env,
+          tasks,
+          jax.random.fold_in(key, i + 1),
+          max_len=config.max_len,
+          graphdef=graphdef,
+          params=params,
+          model_config=model_cfg,
           temperature=jnp.float32(ec.temperature),
       )
       c += np.asarray(sharding.to_host(straj.facts["correct"]), np.int64)
@@ -265,7 +301,9 @@ def _host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict | None:
   """Runs (or resumes) SFT then GRPO then the held-out evaluation.
 
   Args:
@@ -308,17 +346,24 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     # Frozen learned reward model: carried in the state (and its
     # checkpoints) from step 0, scored inside the jitted RL step.
     reward_model, rm_params = reward_model_loader.load_rl_reward_model(config)
-    state = state.replace(reward_model=jax.device_put(
-        rm_params, sharding.tree_shardings(rm_params, mesh)))
+    state = state.replace(
+        reward_model=jax.device_put(
+            rm_params, sharding.tree_shardings(rm_params, mesh)
+        )
+    )
   sft_sharding = sharding.tree_shardings(state, mesh)
   rl_sharding = sharding.tree_shardings(
-      jax.eval_shape(_rl_transition(config), state), mesh)
+      jax.eval_shape(_rl_transition(config), state), mesh
+  )
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
   if model_cfg.lora is not None:
-    logging.info("LoRA %s: %d trainable parameters (adapters and scalar heads) of %d",
-                 model_cfg.lora, *lora_lib.count(state.params))
+    logging.info(
+        "LoRA %s: %d trainable parameters (adapters and scalar heads) of %d",
+        model_cfg.lora,
+        *lora_lib.count(state.params),
+    )
 
   ckpt = checkpoint_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"),
@@ -327,10 +372,14 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   if model_cfg.lora is not None:
     _check_lora_base(config, ckpt.directory, state.params)
-  start = ckpt.latest_intact_step()  # damaged newer ones: one warning, set aside
+  start = (
+      ckpt.latest_intact_step()
+  )  # damaged newer ones: one warning, set aside
   if start is not None:
     if start >= sft_steps:
-      state = start_rl(config, state)  # restore into the RL optimizer's structure
+      state = start_rl(
+          config, state
+      )  # restore into the RL optimizer's structure
     state = _restore(ckpt, state, start, model_cfg)
     position = ckpt.restore_data_position(start)
     if position is not None and hasattr(env, "set_position"):
@@ -340,31 +389,55 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     state = start_rl(config, state)  # pure RL from the initial weights
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft),
-                                   state_sharding=sft_sharding)
+  sft_step = learner.make_sft_step(
+      config,
+      env,
+      graphdef,
+      learner.make_optimizer(config.sft),
+      state_sharding=sft_sharding,
+  )
   rl_step = learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg,
-      state_sharding=rl_sharding, reward_model=reward_model,
+      config,
+      env,
+      graphdef,
+      learner.make_optimizer(config.rl),
+      model_cfg,
+      state_sharding=rl_sharding,
+      reward_model=reward_model,
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   initial_eval_path = os.path.join(workdir, "eval_initial.json")
-  if config.eval.initial and sft_steps > 0 and not os.path.exists(
-      initial_eval_path):
+  if (
+      config.eval.initial
+      and sft_steps > 0
+      and not os.path.exists(initial_eval_path)
+  ):
     # The weights before SFT (e.g. an imported checkpoint's zero-shot score);
     # with sft.steps = 0 the SFT evaluation already is this one.
     if start == 0:
       logging.info("evaluating the initial weights on the held-out set...")
-      _write_json(initial_eval_path,
-                  evaluate(config, env, graphdef, state.params, model_cfg))
+      _write_json(
+          initial_eval_path,
+          evaluate(config, env, graphdef, state.params, model_cfg),
+      )
     else:
-      logging.warning("eval.initial: resumed at step %d without %s; the initial "
-                      "weights are gone, so that column is left out", start,
-                      initial_eval_path)
+      logging.warning(
+          "eval.initial: resumed at step %d without %s; the initial "
+          "weights are gone, so that column is left out",
+          start,
+          initial_eval_path,
+      )
   halt = config.halt_after_step
   keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-  bar = metrics_lib.ProgressBar(total=total, initial=start, desc=config.name, keys=keys,
-                                phase_ends=(sft_steps,), eval_steps=(sft_steps, total))
+  bar = metrics_lib.ProgressBar(
+      total=total,
+      initial=start,
+      desc=config.name,
+      keys=keys,
+      phase_ends=(sft_steps,),
+      eval_steps=(sft_steps, total),
+  )
   t0 = time.time()
   try:
     while int(state.step) < total:
@@ -379,20 +452,30 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
               f"non-finite {phase}/{name} = {m[name]} at step {step}"
           )
       m["steps_per_sec"] = (step - start) / max(time.time() - t0, 1e-9)
-      every = config.log_every_steps if phase == "sft" else config.rl.log_every_steps
+      every = (
+          config.log_every_steps
+          if phase == "sft"
+          else config.rl.log_every_steps
+      )
       if step % every == 0 or step in (sft_steps, total):
         writer.write(step, m, prefix=phase)
       bar.update(step, m)
       if step == sft_steps:
         state = start_rl(config, state)
-      ckpt.save(step, _to_save(state), force=step in (sft_steps, total),
-                data_position=_data_position(env))
+      ckpt.save(
+          step,
+          _to_save(state),
+          force=step in (sft_steps, total),
+          data_position=_data_position(env),
+      )
       if step >= sft_steps and not os.path.exists(sft_eval_path):
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")
         with bar.evaluating():
-          _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state),
-                                              model_cfg))
+          _write_json(
+              sft_eval_path,
+              evaluate(config, env, graphdef, _reference(state), model_cfg),
+          )
       if step == halt:
         ckpt.wait()
         return None
@@ -401,7 +484,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     writer.close()
     ckpt.wait()
   if sft_steps == total and not os.path.exists(sft_eval_path):
-    _write_json(sft_eval_path, evaluate(config, env, graphdef, _reference(state), model_cfg))
+    _write_json(
+        sft_eval_path,
+        evaluate(config, env, graphdef, _reference(state), model_cfg),
+    )
 
   reports = {}
   if os.path.exists(initial_eval_path):
@@ -412,12 +498,17 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   logging.info("evaluating the final policy on the held-out set...")
   reports["rl"] = evaluate(config, env, graphdef, state.params, model_cfg)
   ckpt.close()
-  metrics_lib.write_eval_report(workdir, reports, title=f"{config.name}: held-out evaluation")
+  metrics_lib.write_eval_report(
+      workdir, reports, title=f"{config.name}: held-out evaluation"
+  )
   metrics_lib.plot_learning_curves(
-      workdir, keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl"),
+      workdir,
+      keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl"),
       held_out=metrics_lib.held_out_points(
-          reports, {"initial": 0, "sft": sft_steps, "rl": total}),
-      held_out_key="rl/accuracy")
+          reports, {"initial": 0, "sft": sft_steps, "rl": total}
+      ),
+      held_out_key="rl/accuracy",
+  )
   print(metrics_lib.format_eval_table(reports))
   return reports
 
@@ -430,13 +521,17 @@ def _to_save(state: types.TrainState) -> types.TrainState:
   return state.replace(params=lora_lib.trainable(state.params))
 
 
-def _restore(ckpt, state: types.TrainState, step: int, model_cfg) -> types.TrainState:
+def _restore(
+    ckpt, state: types.TrainState, step: int, model_cfg
+) -> types.TrainState:
   """Restores checkpoint `step` into `state`'s structure; with LoRA the saved
   adapters are put back onto `state`'s (freshly built, fingerprinted) base."""
   if model_cfg.lora is None:
     return ckpt.restore(state, step=step)
   restored = ckpt.restore(_to_save(state), step=step)
-  return restored.replace(params=lora_lib.with_trainable(state.params, restored.params))
+  return restored.replace(
+      params=lora_lib.with_trainable(state.params, restored.params)
+  )
 
 
 _LORA_BASE = "lora_base.json"
@@ -464,7 +559,8 @@ def _check_lora_base(config, directory: str, params) -> None:
       raise validation.ConfigError(
           f"{path}: the checkpoints' adapters were trained on base "
           f"{old.get('hf_path') or 'random init'} sha256={old.get('sha256')}; "
-          f"this run's base has sha256={info['sha256']}")
+          f"this run's base has sha256={info['sha256']}"
+      )
     return
   os.makedirs(directory, exist_ok=True)
   _write_json(path, info)
@@ -485,9 +581,18 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # which leaves the update unchanged: e.g. resume an OOM-killed run with more
 # microbatches; workdirs written before sft.num_microbatches existed also
 # resume); any other change is refused.
-_RESUMABLE_CHANGES = ("rl.steps", "eval.", "log_every_steps", "checkpoint.",
-                      "halt_after_step", "name", "mesh.", "sft.num_microbatches",
-                      "rl.num_microbatches", "rl.log_every_steps")
+_RESUMABLE_CHANGES = (
+    "rl.steps",
+    "eval.",
+    "log_every_steps",
+    "checkpoint.",
+    "halt_after_step",
+    "name",
+    "mesh.",
+    "sft.num_microbatches",
+    "rl.num_microbatches",
+    "rl.log_every_steps",
+)
 
 
 def _check_resume_compatible(config, workdir: str) -> None:
@@ -505,21 +610,30 @@ def _check_resume_compatible(config, workdir: str) -> None:
     return
   with open(path) as f:
     # Fields added to the schema since that run get their defaults.
-    old = _flatten(json.loads(schema.with_defaults(
-        ml_collections.ConfigDict(json.load(f))).to_json_best_effort()))
+    old = _flatten(
+        json.loads(
+            schema.with_defaults(
+                ml_collections.ConfigDict(json.load(f))
+            ).to_json_best_effort()
+        )
+    )
   new = _flatten(json.loads(config.to_json_best_effort()))
   diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   refused = [k for k in diff if not k.startswith(_RESUMABLE_CHANGES)]
   if refused:
-    changes = "; ".join(f"config.{k}={new.get(k)!r} (was {old.get(k)!r})"
-                        for k in refused)
+    changes = "; ".join(
+        f"config.{k}={new.get(k)!r} (was {old.get(k)!r})" for k in refused
+    )
     raise validation.ConfigError(
         f"workdir {workdir} holds a run with a different config: {changes}. "
         "Resuming it would mix two experiments; use a new --workdir."
     )
   if diff:
-    logging.warning("resuming %s with changed fields: %s", workdir,
-                    ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff))
+    logging.warning(
+        "resuming %s with changed fields: %s",
+        workdir,
+        ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff),
+    )
 
 
 def _write_json(path: str, obj: Any) -> None:

@@ -40,10 +40,17 @@ def _turn(env, graphdef, params, state: rollout.RolloutState, key, temperature):
   l = state.tokens.shape[1]
   active = ~state.done
   state, action, action_len = rollout.generate_turn(
-      graphdef, params, state, key, max_action_len=env.max_action_len,
-      temperature=temperature, stop_tokens=rollout.env_stop_tokens(env))
+      graphdef,
+      params,
+      state,
+      key,
+      max_action_len=env.max_action_len,
+      temperature=temperature,
+      stop_tokens=rollout.env_stop_tokens(env),
+  )
   new_env_state, obs, obs_len, env_done = jax.vmap(env.step)(
-      state.env_state, action, action_len)
+      state.env_state, action, action_len
+  )
   env_state = rollout._tree_where(active, new_env_state, state.env_state)
   facts = jax.vmap(env.facts)(env_state)
   num_turns = state.num_turns + active.astype(jnp.int32)
@@ -52,24 +59,37 @@ def _turn(env, graphdef, params, state: rollout.RolloutState, key, temperature):
   obs_fits = state.length + obs_len <= l
   write_obs = cont & obs_fits
   obs_len = jnp.where(write_obs, obs_len, 0)
-  logits, cache = sampling.extend(graphdef, params, state.cache, obs,
-                                  state.length, obs_len)
+  logits, cache = sampling.extend(
+      graphdef, params, state.cache, obs, state.length, obs_len
+  )
   # Empty observation: keep the logits after the last sampled token.
-  next_logits = jnp.where((write_obs & (obs_len > 0))[:, None], logits,
-                          state.next_logits)
+  next_logits = jnp.where(
+      (write_obs & (obs_len > 0))[:, None], logits, state.next_logits
+  )
   state = rollout._append(state, obs, obs_len, write_obs, types.TOOL)
-  truncated = active & ~facts["answered"] & (
-      full | (cont & ~obs_fits) | (~env_done & (state.length >= l)))
+  truncated = (
+      active
+      & ~facts["answered"]
+      & (full | (cont & ~obs_fits) | (~env_done & (state.length >= l)))
+  )
   finish_now = jnp.where(
-      facts["answered"], types.ANSWERED,
-      jnp.where(truncated, types.TRUNCATED,
-                jnp.where(facts["format_error"], types.FORMAT_ERROR,
-                          types.MAX_TURNS)))
+      facts["answered"],
+      types.ANSWERED,
+      jnp.where(
+          truncated,
+          types.TRUNCATED,
+          jnp.where(facts["format_error"], types.FORMAT_ERROR, types.MAX_TURNS),
+      ),
+  )
   ended = active & (env_done | truncated)
   return state.replace(
-      done=state.done | ended, finish=jnp.where(ended, finish_now, state.finish),
-      num_turns=num_turns, env_state=env_state, cache=cache,
-      next_logits=next_logits)
+      done=state.done | ended,
+      finish=jnp.where(ended, finish_now, state.finish),
+      num_turns=num_turns,
+      env_state=env_state,
+      cache=cache,
+      next_logits=next_logits,
+  )
 
 
 def tree_rollout(
@@ -112,25 +132,42 @@ def tree_rollout(
   prompt_len = jnp.minimum(prompt_len, l)
   zeros = jnp.zeros((n,), jnp.int32)
   all_rows = jnp.ones((n,), bool)
-  tokens = rollout.write_segment(jnp.full((n, l), tokenizers.PAD, jnp.int32),
-                                 zeros, prompt, prompt_len, all_rows)
-  role = rollout.write_segment(jnp.full((n, l), types.PAD, jnp.int8), zeros,
-                               jnp.full(prompt.shape, types.PROMPT), prompt_len,
-                               all_rows)
+  tokens = rollout.write_segment(
+      jnp.full((n, l), tokenizers.PAD, jnp.int32),
+      zeros,
+      prompt,
+      prompt_len,
+      all_rows,
+  )
+  role = rollout.write_segment(
+      jnp.full((n, l), types.PAD, jnp.int8),
+      zeros,
+      jnp.full(prompt.shape, types.PROMPT),
+      prompt_len,
+      all_rows,
+  )
   cache = transformer.init_cache(model_config, n, l)
-  next_logits, cache = sampling.extend(graphdef, params, cache, prompt[:, :l],
-                                       zeros, prompt_len)
+  next_logits, cache = sampling.extend(
+      graphdef, params, cache, prompt[:, :l], zeros, prompt_len
+  )
   state = rollout.RolloutState(
-      tokens=tokens, role=role, logprob=jnp.zeros((n, l), jnp.float32),
-      turn=jnp.full((n, l), -1, jnp.int32), length=prompt_len,
+      tokens=tokens,
+      role=role,
+      logprob=jnp.zeros((n, l), jnp.float32),
+      turn=jnp.full((n, l), -1, jnp.int32),
+      length=prompt_len,
       done=prompt_len >= l,
       finish=jnp.where(prompt_len >= l, types.TRUNCATED, types.RUNNING),
-      num_turns=zeros, env_state=env_state, cache=cache,
-      next_logits=next_logits)
+      num_turns=zeros,
+      env_state=env_state,
+      cache=cache,
+      next_logits=next_logits,
+  )
   for j, b in enumerate(branching):
     state = fork_rows(state, b)  # copies the KV-cache rows with the prefix
-    state = _turn(env, graphdef, params, state, jax.random.fold_in(key, j),
-                  temperature)
+    state = _turn(
+        env, graphdef, params, state, jax.random.fold_in(key, j), temperature
+    )
 
   def body(carry):
     state, key = carry
@@ -138,12 +175,19 @@ def tree_rollout(
     return _turn(env, graphdef, params, state, sub, temperature), key
 
   state, _ = jax.lax.while_loop(
-      lambda c: jnp.any(~c[0].done), body,
-      (state, jax.random.fold_in(key, len(branching))))
+      lambda c: jnp.any(~c[0].done),
+      body,
+      (state, jax.random.fold_in(key, len(branching))),
+  )
   g = math.prod(branching)
   return types.Trajectory(
-      tokens=state.tokens, role=state.role, logprob=state.logprob,
-      turn=state.turn, length=state.length, num_turns=state.num_turns,
+      tokens=state.tokens,
+      role=state.role,
+      logprob=state.logprob,
+      turn=state.turn,
+      length=state.length,
+      num_turns=state.num_turns,
       finish=state.finish,
       group=jnp.repeat(jnp.arange(n, dtype=jnp.int32), g),
-      facts=jax.vmap(env.facts)(state.env_state))
+      facts=jax.vmap(env.facts)(state.env_state),
+  )

@@ -67,33 +67,60 @@ def check_known_fields(config: ml_collections.ConfigDict) -> None:
   mode = schema.mode_of(config)
   if mode not in schema.MODES:
     _fail("mode", mode, f"must be one of {schema.MODES}")
-  reference = "configs/rm_arithmetic.py" if mode == "rm" else "configs/default.py"
+  reference = (
+      "configs/rm_arithmetic.py" if mode == "rm" else "configs/default.py"
+  )
   known = schema.fields(mode)
   paths = schema.flatten(config)
   unknown = [(p, v) for p, v in paths.items() if p not in known]
   # A sub-block that is unknown is reported, not each field inside it.
-  unknown = [(p, v) for p, v in unknown
-             if not any(p.startswith(q + ".") for q, _ in unknown)]
+  unknown = [
+      (p, v)
+      for p, v in unknown
+      if not any(p.startswith(q + ".") for q, _ in unknown)
+  ]
   if unknown:
     path, value = unknown[0]
     parent, _, leaf = path.rpartition(".")
     block = f"config.{parent}" if parent else "config"
-    near = closest(leaf, [k.rpartition(".")[2] for k in known
-                          if k.rpartition(".")[0] == parent])
-    shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-    hint = (f"did you mean {block}.{near}?" if near else
-            f"the fields of {block} are those {reference} sets")
-    more = (f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
-            if len(unknown) > 1 else "")
-    raise ConfigError(f"config.{path}={shown!r}: unknown field (nothing reads it); "
-                      + hint + more)
+    near = closest(
+        leaf,
+        [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent],
+    )
+    shown = (
+        value.to_dict()
+        if isinstance(value, ml_collections.ConfigDict)
+        else value
+    )
+    hint = (
+        f"did you mean {block}.{near}?"
+        if near
+        else f"the fields of {block} are those {reference} sets"
+    )
+    more = (
+        f" (also unknown: {', '.join('config.' + p for p, _ in unknown[1:])})"
+        if len(unknown) > 1
+        else ""
+    )
+    raise ConfigError(
+        f"config.{path}={shown!r}: unknown field (nothing reads it); "
+        + hint
+        + more
+    )
   for path, value in paths.items():
     field = known[path]
     why = schema.type_error(path, value, field.type)
     if why:
-      shown = value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-      default = ("a block" if field.type is ml_collections.ConfigDict
-                 else repr(field.default))
+      shown = (
+          value.to_dict()
+          if isinstance(value, ml_collections.ConfigDict)
+          else value
+      )
+      default = (
+          "a block"
+          if field.type is ml_collections.ConfigDict
+          else repr(field.default)
+      )
       _fail(path, shown, f"{why} (default {default}, {reference})")
 
 
@@ -115,14 +142,19 @@ def _validate_data(config, is_host: bool) -> None:
     return
   from agentic_rl import data as data_lib  # noqa: PLC0415 -- grain only when used
   from agentic_rl.datasets import tasks as data_tasks  # noqa: PLC0415
+
   try:
     data_lib.validate_data_config(dict(block))
   except ValueError as e:
     raise ConfigError(str(e)) from e
   if not is_host or config.env.name not in data_tasks.RECORD_TO_TASK:
-    _fail("data", dict(block), f"only host environments "
-          f"{sorted(data_tasks.RECORD_TO_TASK)} read tasks through the loader, not "
-          f"env {config.env.name!r}")
+    _fail(
+        "data",
+        dict(block),
+        f"only host environments "
+        f"{sorted(data_tasks.RECORD_TO_TASK)} read tasks through the loader, not "
+        f"env {config.env.name!r}",
+    )
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -135,19 +167,34 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   check_known_fields(config)
   config = schema.with_defaults(config)
   if config.env.name not in KNOWN_ENVS:
-    _fail("env.name", config.env.name, f"unknown environment; known: {KNOWN_ENVS}")
+    _fail(
+        "env.name", config.env.name, f"unknown environment; known: {KNOWN_ENVS}"
+    )
   for f in ("sft.warmup_steps", "rl.warmup_steps"):
     _positive_int(config, f, allow_zero=True)
   for f in ("sft.weight_decay", "rl.weight_decay"):
     phase, name = f.split(".")
     if not config[phase][name] >= 0:
       _fail(f, config[phase][name], "must be >= 0")
-  for f in ("model.d_model", "model.num_layers", "model.num_heads",
-            "model.head_dim", "model.ffn_dim", "max_len", "sft.batch_size",
-            "rl.batch_size", "rl.group_size", "rl.num_minibatches",
-            "rl.num_microbatches", "rl.kl_horizon",
-            "rl.ppo_epochs", "eval.num_tasks", "log_every_steps",
-            "checkpoint.every_steps", "checkpoint.max_to_keep"):
+  for f in (
+      "model.d_model",
+      "model.num_layers",
+      "model.num_heads",
+      "model.head_dim",
+      "model.ffn_dim",
+      "max_len",
+      "sft.batch_size",
+      "rl.batch_size",
+      "rl.group_size",
+      "rl.num_minibatches",
+      "rl.num_microbatches",
+      "rl.kl_horizon",
+      "rl.ppo_epochs",
+      "eval.num_tasks",
+      "log_every_steps",
+      "checkpoint.every_steps",
+      "checkpoint.max_to_keep",
+  ):
     _positive_int(config, f)
   for f in ("sft.steps", "rl.steps", "eval.num_samples"):
     _positive_int(config, f, allow_zero=True)
@@ -156,106 +203,188 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_model(config.model)
   rl = config.rl
   if rl.group_size < 2:
-    _fail("rl.group_size", rl.group_size,
-          "GRPO needs at least 2 episodes per group (the group is the baseline)")
+    _fail(
+        "rl.group_size",
+        rl.group_size,
+        "GRPO needs at least 2 episodes per group (the group is the baseline)",
+    )
   if rl.batch_size % rl.group_size:
-    _fail("rl.batch_size", rl.batch_size,
-          f"must be divisible by rl.group_size={rl.group_size}")
+    _fail(
+        "rl.batch_size",
+        rl.batch_size,
+        f"must be divisible by rl.group_size={rl.group_size}",
+    )
   num_groups = rl.batch_size // rl.group_size
   if num_groups % rl.num_minibatches:
-    _fail("rl.num_minibatches", rl.num_minibatches,
-          f"must divide the number of groups ({num_groups}) (equal minibatches; "
-          "batch rows are split i % num_minibatches, sharding.split_rows)")
+    _fail(
+        "rl.num_minibatches",
+        rl.num_minibatches,
+        f"must divide the number of groups ({num_groups}) (equal minibatches; "
+        "batch rows are split i % num_minibatches, sharding.split_rows)",
+    )
   sft_micro = config.sft.num_microbatches
-  if (isinstance(sft_micro, bool) or not isinstance(sft_micro, int) or sft_micro < 1
-      or config.sft.batch_size % sft_micro):
-    _fail("sft.num_microbatches", sft_micro,
-          f"must be a positive int dividing sft.batch_size={config.sft.batch_size}")
+  if (
+      isinstance(sft_micro, bool)
+      or not isinstance(sft_micro, int)
+      or sft_micro < 1
+      or config.sft.batch_size % sft_micro
+  ):
+    _fail(
+        "sft.num_microbatches",
+        sft_micro,
+        f"must be a positive int dividing sft.batch_size={config.sft.batch_size}",
+    )
   mb_rows = rl.batch_size // rl.num_minibatches
   if mb_rows % rl.num_microbatches:
-    _fail("rl.num_microbatches", rl.num_microbatches,
-          f"must divide the minibatch size ({mb_rows} episodes)")
+    _fail(
+        "rl.num_microbatches",
+        rl.num_microbatches,
+        f"must divide the minibatch size ({mb_rows} episodes)",
+    )
   known_estimators = list(token_credit.ADVANTAGE_ESTIMATORS)
   if rl.advantage_estimator not in known_estimators:
-    _fail("rl.advantage_estimator", rl.advantage_estimator,
-          f"unknown; known: {known_estimators}")
+    _fail(
+        "rl.advantage_estimator",
+        rl.advantage_estimator,
+        f"unknown; known: {known_estimators}",
+    )
   tree = rl.tree_branching
   if tree:
-    if (not isinstance(tree, (tuple, list))
-        or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tree)
-        or math.prod(tree) != rl.group_size):
-      _fail("rl.tree_branching", tree,
-            f"must be fork sizes >= 1 whose product is rl.group_size="
-            f"{rl.group_size}, or () (off)")
+    if (
+        not isinstance(tree, (tuple, list))
+        or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in tree
+        )
+        or math.prod(tree) != rl.group_size
+    ):
+      _fail(
+          "rl.tree_branching",
+          tree,
+          f"must be fork sizes >= 1 whose product is rl.group_size="
+          f"{rl.group_size}, or () (off)",
+      )
     if not 0.0 <= rl.tree_alpha <= 1.0:
       _fail("rl.tree_alpha", rl.tree_alpha, "must be in [0, 1]")
-    if (rl.credit != "trajectory"
-        or rl.advantage_estimator != "grpo" or rl.pbrs_coef > 0
-        or rl.replay_inject):
-      _fail("rl.tree_branching", tuple(tree),
-            "tree advantages replace the estimator: use credit 'trajectory', "
-            "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False")
+    if (
+        rl.credit != "trajectory"
+        or rl.advantage_estimator != "grpo"
+        or rl.pbrs_coef > 0
+        or rl.replay_inject
+    ):
+      _fail(
+          "rl.tree_branching",
+          tuple(tree),
+          "tree advantages replace the estimator: use credit 'trajectory', "
+          "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False",
+      )
   if rl.advantage_estimator == "gigpo" and rl.pbrs_coef > 0:
-    _fail("rl.pbrs_coef", rl.pbrs_coef,
-          "advantage_estimator 'gigpo' uses unshaped step returns: set 0")
+    _fail(
+        "rl.pbrs_coef",
+        rl.pbrs_coef,
+        "advantage_estimator 'gigpo' uses unshaped step returns: set 0",
+    )
   if not rl.gigpo_step_weight >= 0:
     _fail("rl.gigpo_step_weight", rl.gigpo_step_weight, "must be >= 0")
   if not rl.hdpo_efficiency_weight >= 0:
-    _fail("rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0")
+    _fail(
+        "rl.hdpo_efficiency_weight", rl.hdpo_efficiency_weight, "must be >= 0"
+    )
   if rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", rl.std_ddof, "must be 0 (population) or 1 (sample)")
   if rl.loss_type not in losses.LOSS_TYPES:
     _fail("rl.loss_type", rl.loss_type, f"unknown; known: {losses.LOSS_TYPES}")
   if rl.loss_agg_mode not in losses.AGG_MODES:
-    _fail("rl.loss_agg_mode", rl.loss_agg_mode, f"unknown; known: {losses.AGG_MODES}")
+    _fail(
+        "rl.loss_agg_mode",
+        rl.loss_agg_mode,
+        f"unknown; known: {losses.AGG_MODES}",
+    )
   if rl.loss_type == "gspo" and rl.loss_agg_mode != "seq-mean-token-mean":
-    _fail("rl.loss_agg_mode", rl.loss_agg_mode,
-          "rl.loss_type='gspo' is a sequence-level objective: use "
-          "'seq-mean-token-mean' (or loss_type='gspo_token')")
+    _fail(
+        "rl.loss_agg_mode",
+        rl.loss_agg_mode,
+        "rl.loss_type='gspo' is a sequence-level objective: use "
+        "'seq-mean-token-mean' (or loss_type='gspo_token')",
+    )
   if rl.kl_estimator not in losses.KL_ESTIMATORS:
-    _fail("rl.kl_estimator", rl.kl_estimator, f"unknown; known: {losses.KL_ESTIMATORS}")
+    _fail(
+        "rl.kl_estimator",
+        rl.kl_estimator,
+        f"unknown; known: {losses.KL_ESTIMATORS}",
+    )
   if rl.dual_clip != 0 and not rl.dual_clip > 1:
     _fail("rl.dual_clip", rl.dual_clip, "must be 0 (off) or > 1")
   if rl.loss_norm_constant < 0:
-    _fail("rl.loss_norm_constant", rl.loss_norm_constant, "must be >= 0 (0 = max_len)")
+    _fail(
+        "rl.loss_norm_constant",
+        rl.loss_norm_constant,
+        "must be >= 0 (0 = max_len)",
+    )
   for f in ("kl_target", "kl_reward_coef", "entropy_coef"):
     if not rl[f] >= 0:
       _fail(f"rl.{f}", rl[f], "must be >= 0")
   over = rl.dynamic_sampling_oversample
   if isinstance(over, bool) or not isinstance(over, int) or over < 1:
-    _fail("rl.dynamic_sampling_oversample", over, "must be an integer >= 1 (1 = off)")
+    _fail(
+        "rl.dynamic_sampling_oversample",
+        over,
+        "must be an integer >= 1 (1 = off)",
+    )
   retries = rl.dynamic_sampling_max_retries
   if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
     _fail("rl.dynamic_sampling_max_retries", retries, "must be an integer >= 0")
   if retries > 0 and over == 1:
-    _fail("rl.dynamic_sampling_max_retries", retries,
-          "needs rl.dynamic_sampling_oversample >= 2 (dynamic sampling on)")
+    _fail(
+        "rl.dynamic_sampling_max_retries",
+        retries,
+        "needs rl.dynamic_sampling_oversample >= 2 (dynamic sampling on)",
+    )
   if rl.dynamic_sampling_metric not in ("reward", "correct"):
-    _fail("rl.dynamic_sampling_metric", rl.dynamic_sampling_metric,
-          "must be 'reward' or 'correct'")
+    _fail(
+        "rl.dynamic_sampling_metric",
+        rl.dynamic_sampling_metric,
+        "must be 'reward' or 'correct'",
+    )
   if rl.overlong_mode not in batch_policies.OVERLONG_MODES:
-    _fail("rl.overlong_mode", rl.overlong_mode,
-          f"unknown; known: {batch_policies.OVERLONG_MODES}")
+    _fail(
+        "rl.overlong_mode",
+        rl.overlong_mode,
+        f"unknown; known: {batch_policies.OVERLONG_MODES}",
+    )
   cache = rl.overlong_soft_cache
   if cache and not 0 < cache <= rl.overlong_soft_max:
-    _fail("rl.overlong_soft_cache", cache,
-          f"must be in (0, rl.overlong_soft_max={rl.overlong_soft_max}] or 0 (off)")
+    _fail(
+        "rl.overlong_soft_cache",
+        cache,
+        f"must be in (0, rl.overlong_soft_max={rl.overlong_soft_max}] or 0 (off)",
+    )
   credit_mode = rl.credit
   if credit_mode not in ("trajectory", "per_turn"):
     _fail("rl.credit", credit_mode, "must be 'trajectory' or 'per_turn'")
-  if credit_mode == "per_turn" and rl.advantage_estimator not in ("grpo", "drgrpo"):
-    _fail("rl.advantage_estimator", rl.advantage_estimator,
-          "rl.credit='per_turn' uses per-turn GRPO: choose 'grpo' or 'drgrpo' "
-          "(scale_by_std=False)")
+  if credit_mode == "per_turn" and rl.advantage_estimator not in (
+      "grpo",
+      "drgrpo",
+  ):
+    _fail(
+        "rl.advantage_estimator",
+        rl.advantage_estimator,
+        "rl.credit='per_turn' uses per-turn GRPO: choose 'grpo' or 'drgrpo' "
+        "(scale_by_std=False)",
+    )
   if credit_mode == "per_turn" and rl.advantage_estimator == "drgrpo":
-    _fail("rl.advantage_estimator", rl.advantage_estimator,
-          "with rl.credit='per_turn' use 'grpo' and rl.scale_by_std=False")
+    _fail(
+        "rl.advantage_estimator",
+        rl.advantage_estimator,
+        "with rl.credit='per_turn' use 'grpo' and rl.scale_by_std=False",
+    )
   if not 0.0 <= rl.discount <= 1.0:
     _fail("rl.discount", rl.discount, "must be in [0, 1]")
   if not rl.pbrs_coef >= 0:
     _fail("rl.pbrs_coef", rl.pbrs_coef, "must be >= 0")
   if not rl.temperature > 0:
-    _fail("rl.temperature", rl.temperature, "must be > 0 for on-policy sampling")
+    _fail(
+        "rl.temperature", rl.temperature, "must be > 0 for on-policy sampling"
+    )
   if not 0 <= rl.clip_low < 1:
     _fail("rl.clip_low", rl.clip_low, "must be in [0, 1)")
   if not rl.clip_high >= 0:
@@ -266,10 +395,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("rl.adv_eps", rl.adv_eps, "must be > 0 when rl.scale_by_std")
   for name, w in dict(rl.rewards).items():
     if name not in rewards.REWARD_COMPONENTS:
-      _fail(f"rl.rewards.{name}", w,
-            f"unknown reward name {name!r}; known: {sorted(rewards.REWARD_COMPONENTS)}")
+      _fail(
+          f"rl.rewards.{name}",
+          w,
+          f"unknown reward name {name!r}; known: {sorted(rewards.REWARD_COMPONENTS)}",
+      )
   if not dict(rl.rewards):
-    _fail("rl.rewards", dict(rl.rewards), "must name at least one reward component")
+    _fail(
+        "rl.rewards",
+        dict(rl.rewards),
+        "must name at least one reward component",
+    )
   # Builds the reward function once: unknown params, compositions, schedules and
   # noise settings raise ValueError here, before any work.
   try:
@@ -287,8 +423,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("eval.temperature", ev.temperature, "must be > 0 for pass@k sampling")
   for k in ev.pass_k:
     if not 1 <= k <= ev.num_samples:
-      _fail("eval.pass_k", tuple(ev.pass_k),
-            f"each k must be in [1, eval.num_samples={ev.num_samples}]")
+      _fail(
+          "eval.pass_k",
+          tuple(ev.pass_k),
+          f"each k must be in [1, eval.num_samples={ev.num_samples}]",
+      )
   # Device mesh: its sizes must cover every device exactly, and each batch must
   # split evenly over the batch axes (data * fsdp).
   try:
@@ -303,16 +442,21 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for f in ("sft.batch_size", "rl.batch_size"):
     phase, name = f.split(".")
     if config[phase][name] % (data * fsdp):
-      _fail(f, config[phase][name],
-            f"must be divisible by mesh data*fsdp = {data}*{fsdp} (the batch is "
-            "split over those devices)")
+      _fail(
+          f,
+          config[phase][name],
+          f"must be divisible by mesh data*fsdp = {data}*{fsdp} (the batch is "
+          "split over those devices)",
+      )
   env = config.env
   for f in ("hard_fraction", "expert_imperfect_prob"):
     if f in env and not 0.0 <= env[f] <= 1.0:
       _fail(f"env.{f}", env[f], "must be a probability in [0, 1]")
   for f in ("expert_undercall_prob", "expert_overcall_prob"):
     if f in env and not (env[f] == -1.0 or 0.0 <= env[f] <= 1.0):
-      _fail(f"env.{f}", env[f], "must be a probability in [0, 1], or -1 (unset)")
+      _fail(
+          f"env.{f}", env[f], "must be a probability in [0, 1], or -1 (unset)"
+      )
   # The environment's own shapes (dataclass defaults included): the buffer must
   # hold the prompt and at least one full assistant turn.
   try:
@@ -322,12 +466,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     ctor = environments.REGISTRY[config.env.name]
     if unknown and unknown.group(1) in config.env:
       name = unknown.group(1)
-      fields = ([f.name for f in dataclasses.fields(ctor)]
-                if dataclasses.is_dataclass(ctor) else [])
+      fields = (
+          [f.name for f in dataclasses.fields(ctor)]
+          if dataclasses.is_dataclass(ctor)
+          else []
+      )
       near = closest(name, fields)
-      _fail(f"env.{name}", config.env[name],
-            f"not a field of environment {config.env.name!r}"
-            + (f"; did you mean config.env.{near}?" if near else ""))
+      _fail(
+          f"env.{name}",
+          config.env[name],
+          f"not a field of environment {config.env.name!r}"
+          + (f"; did you mean config.env.{near}?" if near else ""),
+      )
     _fail("env", config.env.to_dict(), f"not accepted by the environment: {e}")
   except ValueError as e:  # the environment's own field checks name the field
     raise ConfigError(f"config.env.{e}") from e
@@ -335,24 +485,43 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_tokenizer(config, is_host)
   _validate_data(config, is_host)
   if config.rl.pbrs_coef > 0 and is_host:
-    _fail("rl.pbrs_coef", config.rl.pbrs_coef,
-          f"host environment {config.env.name!r} has no 'progress' potential")
+    _fail(
+        "rl.pbrs_coef",
+        config.rl.pbrs_coef,
+        f"host environment {config.env.name!r} has no 'progress' potential",
+    )
   if config.rl.likelihood_coef > 0 and is_host:
-    _fail("rl.likelihood_coef", config.rl.likelihood_coef,
-          f"host environment {config.env.name!r} has no gold-answer facts")
+    _fail(
+        "rl.likelihood_coef",
+        config.rl.likelihood_coef,
+        f"host environment {config.env.name!r} has no gold-answer facts",
+    )
   if config.rl.dynamic_sampling_max_retries > 0 and is_host:
-    _fail("rl.dynamic_sampling_max_retries", config.rl.dynamic_sampling_max_retries,
-          f"retry rounds roll out inside the jitted step; host environment "
-          f"{config.env.name!r} is driven from Python (use 0)")
+    _fail(
+        "rl.dynamic_sampling_max_retries",
+        config.rl.dynamic_sampling_max_retries,
+        f"retry rounds roll out inside the jitted step; host environment "
+        f"{config.env.name!r} is driven from Python (use 0)",
+    )
   if tuple(config.rl.tree_branching) and is_host:
-    _fail("rl.tree_branching", config.rl.tree_branching,
-          f"tree rollouts are JAX-native only; host environment {config.env.name!r}")
+    _fail(
+        "rl.tree_branching",
+        config.rl.tree_branching,
+        f"tree rollouts are JAX-native only; host environment {config.env.name!r}",
+    )
   potential = config.rl.pbrs_potential
   if potential not in learner_potentials.POTENTIALS:
-    _fail("rl.pbrs_potential", potential,
-          f"unknown; known: {tuple(learner_potentials.POTENTIALS)}")
+    _fail(
+        "rl.pbrs_potential",
+        potential,
+        f"unknown; known: {tuple(learner_potentials.POTENTIALS)}",
+    )
   if config.rl.pbrs_cutoff not in ("keep", "zero", "never"):
-    _fail("rl.pbrs_cutoff", config.rl.pbrs_cutoff, "must be 'keep', 'zero' or 'never'")
+    _fail(
+        "rl.pbrs_cutoff",
+        config.rl.pbrs_cutoff,
+        "must be 'keep', 'zero' or 'never'",
+    )
   _validate_policy_optimisation(config)
   _validate_obs_prediction(config)
   _validate_dual_path_and_spa(config, is_host)
@@ -365,27 +534,43 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if lik > 0 or (pbrs_on and potential == "trace"):
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
-    if ("gold_answer" not in facts or len(facts["gold_answer"].shape) != 1
+    if (
+        "gold_answer" not in facts
+        or len(facts["gold_answer"].shape) != 1
         or facts.get("gold_answer_len") is None
-        or facts["gold_answer_len"].shape != ()):
-      field, value = (("rl.likelihood_coef", lik) if lik > 0
-                      else ("rl.pbrs_potential", potential))
-      _fail(field, value, "needs environment facts 'gold_answer' [A] int32 and "
-            "'gold_answer_len' [] int32")
+        or facts["gold_answer_len"].shape != ()
+    ):
+      field, value = (
+          ("rl.likelihood_coef", lik)
+          if lik > 0
+          else ("rl.pbrs_potential", potential)
+      )
+      _fail(
+          field,
+          value,
+          "needs environment facts 'gold_answer' [A] int32 and "
+          "'gold_answer_len' [] int32",
+      )
   if pbrs_on and potential == "progress":
     task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
     facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
     want = (env_obj.max_turns + 1,)
     if "progress" not in facts or facts["progress"].shape != want:
-      _fail("rl.pbrs_coef", config.rl.pbrs_coef,
-            f"needs an environment fact 'progress' of shape {want} (the potential)")
+      _fail(
+          "rl.pbrs_coef",
+          config.rl.pbrs_coef,
+          f"needs an environment fact 'progress' of shape {want} (the potential)",
+      )
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
   validate_rl_reward_model(config)  # learned reward model (rl.reward_model_dir)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
-    _fail("max_len", config.max_len,
-          f"must be >= env max_prompt_len + max_action_len = {need}")
+    _fail(
+        "max_len",
+        config.max_len,
+        f"must be >= env max_prompt_len + max_action_len = {need}",
+    )
 
 
 def _validate_policy_optimisation(config) -> None:
@@ -394,20 +579,29 @@ def _validate_policy_optimisation(config) -> None:
   beh = rl.behaviour_logprobs
   if beh not in learner_behaviour.BEHAVIOUR_LOGPROBS:
     _fail("rl.behaviour_logprobs", beh, "must be 'trainer' or 'sampler'")
-  value_potential = (rl.pbrs_potential == "value"
-                     and rl.pbrs_coef > 0)
+  value_potential = rl.pbrs_potential == "value" and rl.pbrs_coef > 0
   gae = rl.advantage_estimator == "gae"
   if (gae or value_potential) and not config.model.value_head:
-    field, value = (("rl.advantage_estimator", "gae") if gae
-                    else ("rl.pbrs_potential", "value"))
+    field, value = (
+        ("rl.advantage_estimator", "gae")
+        if gae
+        else ("rl.pbrs_potential", "value")
+    )
     _fail(field, value, "needs a value head: set model.value_head=True")
   if gae:
     if rl.credit != "trajectory":
-      _fail("rl.credit", rl.credit, "advantage_estimator 'gae' gives per-token "
-            "advantages itself: use 'trajectory'")
+      _fail(
+          "rl.credit",
+          rl.credit,
+          "advantage_estimator 'gae' gives per-token "
+          "advantages itself: use 'trajectory'",
+      )
     if rl.pbrs_coef > 0:
-      _fail("rl.pbrs_coef", rl.pbrs_coef,
-            "advantage_estimator 'gae' takes the unshaped reward: set 0")
+      _fail(
+          "rl.pbrs_coef",
+          rl.pbrs_coef,
+          "advantage_estimator 'gae' takes the unshaped reward: set 0",
+      )
   if gae or value_potential:
     if not 0.0 <= rl.gae_lambda <= 1.0:
       _fail("rl.gae_lambda", rl.gae_lambda, "must be in [0, 1]")
@@ -417,24 +611,35 @@ def _validate_policy_optimisation(config) -> None:
       _fail("rl.value_clip", rl.value_clip, "must be >= 0 (0 = unclipped)")
   if rl.loss_type == "flowrl":
     if rl.loss_agg_mode != "seq-mean-token-mean":
-      _fail("rl.loss_agg_mode", rl.loss_agg_mode,
-            "rl.loss_type='flowrl' is a sequence-level objective: use "
-            "'seq-mean-token-mean'")
-    if (rl.credit != "trajectory"
+      _fail(
+          "rl.loss_agg_mode",
+          rl.loss_agg_mode,
+          "rl.loss_type='flowrl' is a sequence-level objective: use "
+          "'seq-mean-token-mean'",
+      )
+    if (
+        rl.credit != "trajectory"
         or rl.advantage_estimator in ("gae", "gigpo")
-        or tuple(rl.tree_branching)):
-      _fail("rl.loss_type", rl.loss_type,
-            "FlowRL takes one normalised reward per episode: use credit "
-            "'trajectory', an episode-level advantage_estimator (not 'gae' or "
-            "'gigpo') and no tree_branching")
+        or tuple(rl.tree_branching)
+    ):
+      _fail(
+          "rl.loss_type",
+          rl.loss_type,
+          "FlowRL takes one normalised reward per episode: use credit "
+          "'trajectory', an episode-level advantage_estimator (not 'gae' or "
+          "'gigpo') and no tree_branching",
+      )
     if not rl.flowrl_beta > 0:
       _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
     if not rl.flowrl_clip >= 0:
       _fail("rl.flowrl_clip", rl.flowrl_clip, "must be >= 0")
     hidden = rl.flowrl_log_z_hidden
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-      _fail("rl.flowrl_log_z_hidden", hidden,
-            "must be an integer >= 0 (0 = one scalar log Z)")
+      _fail(
+          "rl.flowrl_log_z_hidden",
+          hidden,
+          "must be an integer >= 0 (0 = one scalar log Z)",
+      )
     if not rl.flowrl_log_z_lr > 0:
       _fail("rl.flowrl_log_z_lr", rl.flowrl_log_z_lr, "must be > 0")
 
@@ -443,18 +648,30 @@ def _validate_dual_path_and_spa(config, is_host: bool) -> None:
   """Dual-path groups (rl.dual_path_tool_free) and the SPA head (rl.spa_*)."""
   rl = config.rl
   free = rl.dual_path_tool_free
-  if isinstance(free, bool) or not isinstance(free, int) or not (
-      0 <= free < rl.group_size):
-    _fail("rl.dual_path_tool_free", free,
-          f"must be an int in [0, rl.group_size={rl.group_size}) (tool-free "
-          "episodes per group; 0 = off)")
+  if (
+      isinstance(free, bool)
+      or not isinstance(free, int)
+      or not (0 <= free < rl.group_size)
+  ):
+    _fail(
+        "rl.dual_path_tool_free",
+        free,
+        f"must be an int in [0, rl.group_size={rl.group_size}) (tool-free "
+        "episodes per group; 0 = off)",
+    )
   if free and tuple(rl.tree_branching):
-    _fail("rl.dual_path_tool_free", free,
-          "dual-path groups need flat groups: set rl.tree_branching=()")
+    _fail(
+        "rl.dual_path_tool_free",
+        free,
+        "dual-path groups need flat groups: set rl.tree_branching=()",
+    )
   if free and is_host:
-    _fail("rl.dual_path_tool_free", free,
-          f"the tool-call logit mask is applied in the JAX-native rollout; "
-          f"host environment {config.env.name!r} is not supported")
+    _fail(
+        "rl.dual_path_tool_free",
+        free,
+        f"the tool-call logit mask is applied in the JAX-native rollout; "
+        f"host environment {config.env.name!r} is not supported",
+    )
   if rl.pbrs_potential == "spa":
     if not rl.spa_lr > 0:
       _fail("rl.spa_lr", rl.spa_lr, "must be > 0")
@@ -468,18 +685,27 @@ def _validate_obs_prediction(config) -> None:
   rl.obs_prediction_placebo, rl.log_obs_prediction."""
   rl = config.rl
   coef = rl.obs_prediction_coef
-  if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (
-      0.0 <= coef < float("inf")):
-    _fail("rl.obs_prediction_coef", coef,
-          "must be a finite number >= 0 (auxiliary next-observation CE "
-          "weight; 0 = off)")
+  if (
+      isinstance(coef, bool)
+      or not isinstance(coef, (int, float))
+      or not (0.0 <= coef < float("inf"))
+  ):
+    _fail(
+        "rl.obs_prediction_coef",
+        coef,
+        "must be a finite number >= 0 (auxiliary next-observation CE "
+        "weight; 0 = off)",
+    )
   placebo = rl.obs_prediction_placebo
   if not isinstance(placebo, bool):
     _fail("rl.obs_prediction_placebo", placebo, "must be True or False")
   if placebo and not coef > 0:
-    _fail("rl.obs_prediction_placebo", placebo,
-          "shuffles the labels of the auxiliary next-observation loss: needs "
-          "rl.obs_prediction_coef > 0")
+    _fail(
+        "rl.obs_prediction_placebo",
+        placebo,
+        "shuffles the labels of the auxiliary next-observation loss: needs "
+        "rl.obs_prediction_coef > 0",
+    )
   log = rl.log_obs_prediction
   if not isinstance(log, bool):
     _fail("rl.log_obs_prediction", log, "must be True or False")
@@ -498,8 +724,11 @@ def _validate_replay_and_dual(config, env_obj) -> None:
   if not sil >= 0:
     _fail("rl.sil_coef", sil, "must be >= 0 (0 = off)")
   if (inject or sil > 0) and cap == 0:
-    _fail("rl.replay_capacity", cap,
-          "must be > 0 when rl.replay_inject or rl.sil_coef is on")
+    _fail(
+        "rl.replay_capacity",
+        cap,
+        "must be > 0 when rl.replay_inject or rl.sil_coef is on",
+    )
   if sil > 0:
     _positive_int(config, "rl.sil_batch_size")
   dual = rl.dual_constraint
@@ -507,17 +736,23 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     if rl.credit != "trajectory":
       _fail("rl.replay_inject", inject, "needs rl.credit='trajectory'")
     if rl.advantage_estimator == "hdpo" or rl.pbrs_coef > 0 or dual:
-      _fail("rl.replay_inject", inject,
-            "replayed episodes carry no env facts: not with "
-            "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint")
+      _fail(
+          "rl.replay_inject",
+          inject,
+          "replayed episodes carry no env facts: not with "
+          "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint",
+      )
   if not dual:
     return
   task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
   facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
   if dual not in facts or facts[dual].shape != ():
     scalars = sorted(k for k, v in facts.items() if v.shape == ())
-    _fail("rl.dual_constraint", dual,
-          f"must name a per-episode scalar env fact; known: {scalars}")
+    _fail(
+        "rl.dual_constraint",
+        dual,
+        f"must name a per-episode scalar env fact; known: {scalars}",
+    )
   if rl.dual_sense not in ("max", "min"):
     _fail("rl.dual_sense", rl.dual_sense, "must be 'max' or 'min'")
   if not rl.dual_lr > 0:
@@ -534,46 +769,76 @@ def _validate_step_reward(config, env_obj) -> None:
     _fail("rl.step_reward", kind, f"unknown; known: {rewards.STEP_REWARDS}")
   transform = rl.step_reward_transform
   if transform not in rewards.STEP_REWARD_TRANSFORMS:
-    _fail("rl.step_reward_transform", transform,
-          f"unknown; known: {rewards.STEP_REWARD_TRANSFORMS}")
-  for f in ("step_reward_coef", "step_reward_clip_eta",
-            "step_reward_gate_threshold"):
+    _fail(
+        "rl.step_reward_transform",
+        transform,
+        f"unknown; known: {rewards.STEP_REWARD_TRANSFORMS}",
+    )
+  for f in (
+      "step_reward_coef",
+      "step_reward_clip_eta",
+      "step_reward_gate_threshold",
+  ):
     v = rl[f]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+    ):
       _fail(f"rl.{f}", v, "must be a finite number")
   if kind == "none":
     return
   coef = rl.step_reward_coef
   if not coef > 0:
-    _fail("rl.step_reward_coef", coef,
-          f"must be > 0 with rl.step_reward={kind!r} (use rl.step_reward='none' "
-          "for no step reward)")
+    _fail(
+        "rl.step_reward_coef",
+        coef,
+        f"must be > 0 with rl.step_reward={kind!r} (use rl.step_reward='none' "
+        "for no step reward)",
+    )
   if not 0.0 <= rl.step_reward_clip_eta <= 1.0:
-    _fail("rl.step_reward_clip_eta", rl.step_reward_clip_eta,
-          "must be in [0, 1] (step scores are in [0, 1])")
+    _fail(
+        "rl.step_reward_clip_eta",
+        rl.step_reward_clip_eta,
+        "must be in [0, 1] (step scores are in [0, 1])",
+    )
   if rl.credit != "per_turn":
-    _fail("rl.credit", rl.credit,
-          f"rl.step_reward={kind!r} is delivered per turn: use rl.credit='per_turn'")
+    _fail(
+        "rl.credit",
+        rl.credit,
+        f"rl.step_reward={kind!r} is delivered per turn: use rl.credit='per_turn'",
+    )
   if tuple(rl.tree_branching) or rl.advantage_estimator != "grpo":
-    _fail("rl.advantage_estimator", rl.advantage_estimator,
-          f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
-          "'grpo' and no tree_branching")
-  if (transform in ("delta", "delta_drop", "min")
-      and rl.discount != 1.0):
-    _fail("rl.discount", rl.discount,
-          f"rl.step_reward_transform={transform!r} is bounded through an "
-          "undiscounted reward-to-go (telescoping / min-form): use 1.0")
+    _fail(
+        "rl.advantage_estimator",
+        rl.advantage_estimator,
+        f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
+        "'grpo' and no tree_branching",
+    )
+  if transform in ("delta", "delta_drop", "min") and rl.discount != 1.0:
+    _fail(
+        "rl.discount",
+        rl.discount,
+        f"rl.step_reward_transform={transform!r} is bounded through an "
+        "undiscounted reward-to-go (telescoping / min-form): use 1.0",
+    )
   if getattr(env_obj, "is_host", False):
-    _fail("rl.step_reward", kind,
-          f"host environment {config.env.name!r} has no per-turn call facts")
+    _fail(
+        "rl.step_reward",
+        kind,
+        f"host environment {config.env.name!r} has no per-turn call facts",
+    )
   task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
   facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
   want = (env_obj.max_turns,)
   for fact in ("valid_call_turn", "tool_call_turn"):
     if fact not in facts or facts[fact].shape != want:
-      _fail("rl.step_reward", kind,
-            f"needs an environment fact {fact!r} of shape {want} (env "
-            f"{config.env.name!r} has none; kv_chain has it)")
+      _fail(
+          "rl.step_reward",
+          kind,
+          f"needs an environment fact {fact!r} of shape {want} (env "
+          f"{config.env.name!r} has none; kv_chain has it)",
+      )
 
 
 # ---------------------------------------------------------------------------
@@ -590,7 +855,9 @@ def _policy_vocab_size(config) -> int:
   return int(config.model.vocab_size)
 
 
-def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
+def read_rm_dir(
+    config,
+) -> tuple[ml_collections.ConfigDict, transformer.TransformerConfig, int]:
   """Reads `rl.reward_model_dir` without loading weights.
 
   Returns:
@@ -605,8 +872,12 @@ def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfor
   if kind not in reward_models.KINDS:
     _fail("rl.reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
   if not isinstance(path, str) or not os.path.isdir(path):
-    _fail("rl.reward_model_dir", path, "not a directory (an rm-mode workdir: "
-          "python main.py --config=configs/rm_arithmetic.py --workdir=DIR)")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        "not a directory (an rm-mode workdir: "
+        "python main.py --config=configs/rm_arithmetic.py --workdir=DIR)",
+    )
   cfg_path = os.path.join(path, "config.json")
   try:
     with open(cfg_path) as f:
@@ -614,28 +885,48 @@ def read_rm_dir(config) -> tuple[ml_collections.ConfigDict, transformer.Transfor
   except (OSError, ValueError) as e:
     _fail("rl.reward_model_dir", path, f"no readable config.json: {e}")
   if rm_config.mode != "rm":
-    _fail("rl.reward_model_dir", path,
-          f"holds a {rm_config.mode!r}-mode run, not an rm-mode run")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        f"holds a {rm_config.mode!r}-mode run, not an rm-mode run",
+    )
   try:
-    fields = {k: tuple(v) if isinstance(v, list) else v
-              for k, v in lora_lib.transformer_fields(rm_config.model.to_dict()).items()}
+    fields = {
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in lora_lib.transformer_fields(
+            rm_config.model.to_dict()
+        ).items()
+    }
     model_cfg = transformer.TransformerConfig(**fields)
     s_steps, r_steps = int(rm_config.sft.steps), int(rm_config.rm.steps)
   except (AttributeError, KeyError, TypeError, ValueError) as e:
-    _fail("rl.reward_model_dir", path, f"config.json is not an rm-mode config: {e}")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        f"config.json is not an rm-mode config: {e}",
+    )
   need = s_steps + (r_steps if kind == "outcome" else 2 * r_steps)
   ckpt_dir = os.path.join(path, "checkpoints")
-  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
-                 if d.isdigit())
+  steps = sorted(
+      int(d)
+      for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
+      if d.isdigit()
+  )
   if not steps or steps[-1] < need:
-    _fail("rl.reward_model_dir", path,
-          f"holds no trained {kind} RM: latest checkpoint step "
-          f"{steps[-1] if steps else None}, the {kind} RM is done at step {need}")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        f"holds no trained {kind} RM: latest checkpoint step "
+        f"{steps[-1] if steps else None}, the {kind} RM is done at step {need}",
+    )
   vocab = _policy_vocab_size(config)
   if model_cfg.vocab_size != vocab:
-    _fail("rl.reward_model_dir", path,
-          f"the RM's model.vocab_size={model_cfg.vocab_size} differs from the "
-          f"policy's {vocab} (they must share the tokenizer)")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        f"the RM's model.vocab_size={model_cfg.vocab_size} differs from the "
+        f"policy's {vocab} (they must share the tokenizer)",
+    )
   return rm_config, model_cfg, steps[-1]
 
 
@@ -653,13 +944,24 @@ def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
   """
   rl = config.rl
   path = rl.reward_model_dir
-  uses = [f for f, on in (
-      ("rl.rewards.rm", "rm" in dict(rl.rewards)),
-      ("rl.pbrs_potential='rm'", rl.pbrs_potential == "rm"
-       and rl.pbrs_coef > 0)) if on]
+  uses = [
+      f
+      for f, on in (
+          ("rl.rewards.rm", "rm" in dict(rl.rewards)),
+          (
+              "rl.pbrs_potential='rm'",
+              rl.pbrs_potential == "rm" and rl.pbrs_coef > 0,
+          ),
+      )
+      if on
+  ]
   if uses and not path:
-    _fail("rl.reward_model_dir", path, f"{' and '.join(uses)} need a trained reward "
-          "model: set rl.reward_model_dir to an rm-mode workdir")
+    _fail(
+        "rl.reward_model_dir",
+        path,
+        f"{' and '.join(uses)} need a trained reward "
+        "model: set rl.reward_model_dir to an rm-mode workdir",
+    )
   if path:
     read_rm_dir(config)
 
@@ -673,18 +975,31 @@ def _validate_tokenizer(config, is_host: bool) -> None:
   if name != "hf":
     return
   if not is_host:
-    _fail("tokenizer", name, f"environment {config.env.name!r} is JAX-native and "
-          "emits byte-tokenizer ids; 'hf' needs a host environment")
+    _fail(
+        "tokenizer",
+        name,
+        f"environment {config.env.name!r} is JAX-native and "
+        "emits byte-tokenizer ids; 'hf' needs a host environment",
+    )
   path = config.model.hf_path
   if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")):
-    _fail("tokenizer", name, f"needs config.model.hf_path with a tokenizer.json "
-          f"(hf_path={path!r})")
+    _fail(
+        "tokenizer",
+        name,
+        f"needs config.model.hf_path with a tokenizer.json "
+        f"(hf_path={path!r})",
+    )
   tok = tokenizers.HFTokenizer.from_folder(path)
   vocab = hf.read_config(path)["vocab_size"]
   if tok.vocab_size > vocab:
-    _fail("tokenizer", name, f"the tokenizer has {tok.vocab_size} ids; the "
-          f"checkpoint's vocab_size is {vocab}")
+    _fail(
+        "tokenizer",
+        name,
+        f"the tokenizer has {tok.vocab_size} ids; the "
+        f"checkpoint's vocab_size is {vocab}",
+    )
   from agentic_text import chat  # pylint: disable=g-import-not-at-top
+
   try:
     chat.ChatFormat(tok)
   except ValueError as e:
@@ -699,17 +1014,23 @@ def _validate_model(model) -> None:
   except ValueError as e:
     raise ConfigError(f"config.{e}") from e
   if fields["lora"] is not None and fields["lora"].dropout > 0:
-    _fail("model.lora.dropout", fields["lora"].dropout,
-          "adapter dropout is not applied by the trainer yet; use 0.0")
+    _fail(
+        "model.lora.dropout",
+        fields["lora"].dropout,
+        "adapter dropout is not applied by the trainer yet; use 0.0",
+    )
   if fields["lora"] is None:
     # LoRA off (rank 0): a changed adapter field would be silently ignored.
     defaults = common.model().lora
     for name in ("dropout", "alpha", "targets"):
       value, default = model.lora[name], defaults[name]
       if (tuple(value) if isinstance(value, list) else value) != default:
-        _fail(f"model.lora.{name}", value,
-              "LoRA is off (model.lora.rank=0), so nothing reads this field; "
-              "set model.lora.rank > 0 or leave it at its default")
+        _fail(
+            f"model.lora.{name}",
+            value,
+            "LoRA is off (model.lora.rank=0), so nothing reads this field; "
+            "set model.lora.rank > 0 or leave it at its default",
+        )
   try:
     transformer.TransformerConfig(**fields)
   except ValueError as e:
@@ -721,26 +1042,34 @@ def _validate_model(model) -> None:
     # Token ids >= vocab_size index past the embedding table: NaN losses
     # minutes into the run, so refuse them here.
     if model.vocab_size < tokenizers.VOCAB_SIZE:
-      _fail("model.vocab_size", model.vocab_size,
-            f"smaller than the byte tokenizer's {tokenizers.VOCAB_SIZE} ids "
-            f"(agentic_text/tokenizers.py) the environments emit: use >= "
-            f"{tokenizers.VOCAB_SIZE}")
+      _fail(
+          "model.vocab_size",
+          model.vocab_size,
+          f"smaller than the byte tokenizer's {tokenizers.VOCAB_SIZE} ids "
+          f"(agentic_text/tokenizers.py) the environments emit: use >= "
+          f"{tokenizers.VOCAB_SIZE}",
+      )
     return
   if not os.path.isfile(os.path.join(path, "config.json")):
     _fail("model.hf_path", path, "no config.json in this directory")
   try:
-    cfg = hf.config_from_hf(hf.read_config(path),
-                            **{f: model[f] for f in hf.RUNTIME_FIELDS})
+    cfg = hf.config_from_hf(
+        hf.read_config(path), **{f: model[f] for f in hf.RUNTIME_FIELDS}
+    )
   except (ValueError, KeyError) as e:
     _fail("model.hf_path", path, f"not an importable checkpoint: {e}")
   if cfg.vocab_size < tokenizers.VOCAB_SIZE:
-    _fail("model.hf_path", path,
-          f"vocab_size {cfg.vocab_size} does not cover the {tokenizers.VOCAB_SIZE} "
-          "byte-tokenizer ids the environments emit")
+    _fail(
+        "model.hf_path",
+        path,
+        f"vocab_size {cfg.vocab_size} does not cover the {tokenizers.VOCAB_SIZE} "
+        "byte-tokenizer ids the environments emit",
+    )
 
 
 def _free_space(path: str) -> str:
   from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
+
   return checkpoint.disk_space(path)
 
 
@@ -762,8 +1091,10 @@ def check_workdir(workdir: str, create: bool = True) -> str:
   """
   path = os.path.abspath(workdir)
   if os.path.exists(path) and not os.path.isdir(path):
-    raise ConfigError(f"workdir {path} is a file, not a folder: pass --workdir=A_FOLDER "
-                      "(created if missing)")
+    raise ConfigError(
+        f"workdir {path} is a file, not a folder: pass --workdir=A_FOLDER "
+        "(created if missing)"
+    )
   try:
     probe = path
     if create:
@@ -780,12 +1111,16 @@ def check_workdir(workdir: str, create: bool = True) -> str:
   except OSError as e:
     why = e.strerror or type(e).__name__
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-      raise ConfigError(f"workdir {path}: no space left on device ({_free_space(path)}): "
-                        "free some space or pass a --workdir on another disk") from None
+      raise ConfigError(
+          f"workdir {path}: no space left on device ({_free_space(path)}): "
+          "free some space or pass a --workdir on another disk"
+      ) from None
     if e.errno == errno.ENOTDIR:
       why = "a parent of it is a file"
-    raise ConfigError(f"workdir {path} is not writable ({why}): pass a --workdir "
-                      "you can write to") from None
+    raise ConfigError(
+        f"workdir {path} is not writable ({why}): pass a --workdir "
+        "you can write to"
+    ) from None
   return path
 
 
@@ -835,7 +1170,8 @@ def workdir_lock(workdir: str, name: str | None = None):
     os.close(fd)
     raise ConfigError(
         f"workdir {os.path.dirname(path)} is in use by another run (pid {holder}, "
-        f"lock {path}): wait for it to finish, or pass a different --workdir") from None
+        f"lock {path}): wait for it to finish, or pass a different --workdir"
+    ) from None
   _HELD_LOCKS[path] = 1
   try:
     os.ftruncate(fd, 0)

@@ -34,8 +34,12 @@ import numpy as np
 from agentic_text import roles as roles_lib
 from agentic_text.tokenizers import HFTokenizer
 
-CONTENT_ROLES = {"system": roles_lib.PROMPT, "user": roles_lib.PROMPT,
-                 "tool": roles_lib.TOOL, "assistant": roles_lib.POLICY}
+CONTENT_ROLES = {
+    "system": roles_lib.PROMPT,
+    "user": roles_lib.PROMPT,
+    "tool": roles_lib.TOOL,
+    "assistant": roles_lib.POLICY,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +65,9 @@ class ChatBuilder:
     chat.ids, chat.roles                   # [N] int32, [N] int8
   """
 
-  def __init__(self, tokenizer: HFTokenizer, template: ChatTemplate = ChatTemplate()):
+  def __init__(
+      self, tokenizer: HFTokenizer, template: ChatTemplate = ChatTemplate()
+  ):
     self.tokenizer = tokenizer
     self.template = template
     self.start_id = tokenizer.token_id(template.start)
@@ -85,11 +91,15 @@ class ChatBuilder:
     self._ids.extend(int(i) for i in ids)
     self._roles.extend([role] * len(ids))
 
-  def _header_and_content(self, role: str, content: str, content_role: int) -> None:
+  def _header_and_content(
+      self, role: str, content: str, content_role: int
+  ) -> None:
     header = role + self.template.newline
     ids, offsets = self.tokenizer.encode_with_offsets(header + content)
     for i, (_, end) in zip(ids, offsets):
-      self._append([i], roles_lib.TEMPLATE if end <= len(header) else content_role)
+      self._append(
+          [i], roles_lib.TEMPLATE if end <= len(header) else content_role
+      )
 
   def add_message(self, role: str, content: str) -> None:
     """Appends a whole text message (system, user, tool, or an assistant
@@ -103,14 +113,18 @@ class ChatBuilder:
       ValueError: unknown role, or an assistant turn is open (call add_sampled).
     """
     if role not in CONTENT_ROLES:
-      raise ValueError(f"role={role!r}: unknown; known: {sorted(CONTENT_ROLES)}")
+      raise ValueError(
+          f"role={role!r}: unknown; known: {sorted(CONTENT_ROLES)}"
+      )
     if self._open_assistant:
       raise ValueError("an assistant turn is open: add_sampled() first")
     content_role = CONTENT_ROLES[role]
     self._append([self.start_id], roles_lib.TEMPLATE)
     self._header_and_content(role, content, content_role)
-    self._append([self.end_id],
-                 roles_lib.POLICY if role == "assistant" else roles_lib.TEMPLATE)
+    self._append(
+        [self.end_id],
+        roles_lib.POLICY if role == "assistant" else roles_lib.TEMPLATE,
+    )
     self._append(self.newline_ids, roles_lib.TEMPLATE)
 
   def add_generation_prompt(self) -> np.ndarray:
@@ -137,7 +151,9 @@ class ChatBuilder:
       ValueError: no assistant turn is open (call add_generation_prompt).
     """
     if not self._open_assistant:
-      raise ValueError("no assistant turn is open: add_generation_prompt() first")
+      raise ValueError(
+          "no assistant turn is open: add_generation_prompt() first"
+      )
     sampled = [int(i) for i in np.asarray(sampled_ids).reshape(-1)]
     self._append(sampled, roles_lib.POLICY)
     if not sampled or sampled[-1] != self.end_id:
@@ -146,12 +162,17 @@ class ChatBuilder:
     self._open_assistant = False
 
 
-def render_chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool = False,
-                  template: ChatTemplate = ChatTemplate()) -> str:
+def render_chatml(
+    messages: Sequence[dict[str, str]],
+    add_generation_prompt: bool = False,
+    template: ChatTemplate = ChatTemplate(),
+) -> str:
   """The ChatML text of a conversation (what the Jinja template renders)."""
   t = template
-  text = "".join(f"{t.start}{m['role']}{t.newline}{m['content']}{t.end}{t.newline}"
-                 for m in messages)
+  text = "".join(
+      f"{t.start}{m['role']}{t.newline}{m['content']}{t.end}{t.newline}"
+      for m in messages
+  )
   if add_generation_prompt:
     text += f"{t.start}{t.assistant}{t.newline}"
   return text
@@ -168,7 +189,9 @@ _PROBE = [
 ]
 
 
-def check_chatml_template(template_source: str, tool_role: str = "tool") -> None:
+def check_chatml_template(
+    template_source: str, tool_role: str = "tool"
+) -> None:
   """Renders a probe conversation (system, user, assistant, tool + generation
   prompt) with the checkpoint's Jinja template and checks it equals our ChatML
   render (`render_chatml`), so prompts built turn by turn are what the model
@@ -180,15 +203,19 @@ def check_chatml_template(template_source: str, tool_role: str = "tool") -> None
   import jinja2  # a dependency of transformers' chat templates
 
   env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-  probe = [dict(m, role=tool_role if m["role"] == "tool" else m["role"])
-           for m in _PROBE]
+  probe = [
+      dict(m, role=tool_role if m["role"] == "tool" else m["role"])
+      for m in _PROBE
+  ]
   got = env.from_string(template_source).render(
-      messages=probe, add_generation_prompt=True, bos_token="", eos_token="")
+      messages=probe, add_generation_prompt=True, bos_token="", eos_token=""
+  )
   want = render_chatml(probe, add_generation_prompt=True)
   if got != want:
     raise ValueError(
         f"chat template is not ChatML with a {tool_role!r} role: it renders "
-        f"{got!r}, expected {want!r}")
+        f"{got!r}, expected {want!r}"
+    )
 
 
 class ChatFormat:
@@ -208,23 +235,30 @@ class ChatFormat:
   prompt.
   """
 
-  def __init__(self, tokenizer: HFTokenizer, template: ChatTemplate = ChatTemplate(),
-               tool_role: str = "tool"):
+  def __init__(
+      self,
+      tokenizer: HFTokenizer,
+      template: ChatTemplate = ChatTemplate(),
+      tool_role: str = "tool",
+  ):
     self.tokenizer = tokenizer
     self.template = template
     self.tool_role = tool_role
     self._builder = ChatBuilder(tokenizer, template)  # validates the markers
     self.end_id = self._builder.end_id
     self.newline_ids = tuple(self._builder.newline_ids)
-    stops = [self.end_id] + [i for i in getattr(tokenizer, "eos_ids", ())
-                             if i != self.end_id]
+    stops = [self.end_id] + [
+        i for i in getattr(tokenizer, "eos_ids", ()) if i != self.end_id
+    ]
     self.stop_tokens = tuple(stops)
     # Tokens `close_turn` may add before an observation.
     self.close_reserve = 1 + len(self.newline_ids)
     if getattr(tokenizer, "chat_template", None):
       check_chatml_template(tokenizer.chat_template, tool_role)
 
-  def _fit(self, role: str, content: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+  def _fit(
+      self, role: str, content: str, limit: int | None
+  ) -> tuple[np.ndarray, np.ndarray]:
     """One message, content shortened until the message fits `limit` ids."""
     b = ChatBuilder(self.tokenizer, self.template)
     b.add_message(role, content)
@@ -247,8 +281,9 @@ class ChatFormat:
     b.add_generation_prompt()
     return b.ids, b.roles
 
-  def prompt(self, system: str, user: str, limit: int
-             ) -> tuple[np.ndarray, np.ndarray]:
+  def prompt(
+      self, system: str, user: str, limit: int
+  ) -> tuple[np.ndarray, np.ndarray]:
     """System + user message + generation prompt, at most `limit` ids.
 
     Content is shortened where needed, never the scaffolding: first the user
@@ -259,38 +294,53 @@ class ChatFormat:
       ValueError: `limit` cannot hold the empty messages' scaffolding.
     """
     gen_ids, gen_roles = self.generation_prompt()
-    empty = len(self._fit("system", "", None)[0]) + len(self._fit("user", "", None)[0])
+    empty = len(self._fit("system", "", None)[0]) + len(
+        self._fit("user", "", None)[0]
+    )
     if limit < empty + len(gen_ids):
-      raise ValueError(f"max_prompt_len={limit}: the chat scaffolding alone takes "
-                       f"{empty + len(gen_ids)} tokens")
+      raise ValueError(
+          f"max_prompt_len={limit}: the chat scaffolding alone takes "
+          f"{empty + len(gen_ids)} tokens"
+      )
     user_full = len(self._fit("user", user, None)[0])
     user_min = min(user_full, len(self._fit("user", "", None)[0]) + 32)
-    sys_ids, sys_roles = self._fit("system", system,
-                                   limit - len(gen_ids) - user_min)
-    user_ids, user_roles = self._fit("user", user,
-                                     limit - len(gen_ids) - len(sys_ids))
-    return (np.concatenate([sys_ids, user_ids, gen_ids]).astype(np.int32),
-            np.concatenate([sys_roles, user_roles, gen_roles]).astype(np.int8))
+    sys_ids, sys_roles = self._fit(
+        "system", system, limit - len(gen_ids) - user_min
+    )
+    user_ids, user_roles = self._fit(
+        "user", user, limit - len(gen_ids) - len(sys_ids)
+    )
+    return (
+        np.concatenate([sys_ids, user_ids, gen_ids]).astype(np.int32),
+        np.concatenate([sys_roles, user_roles, gen_roles]).astype(np.int8),
+    )
 
-  def observation(self, content: str, limit: int, role: str | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+  def observation(
+      self, content: str, limit: int, role: str | None = None
+  ) -> tuple[np.ndarray, np.ndarray]:
     """A `role` message (default the tool role) + the next generation prompt, at
     most `limit - close_reserve` ids (room for `close_turn`, which the rollout
     puts first)."""
     gen_ids, gen_roles = self.generation_prompt()
     room = max(limit - self.close_reserve - len(gen_ids), 0)
     ids, roles = self._fit(role or self.tool_role, content, room)
-    return (np.concatenate([ids, gen_ids]).astype(np.int32),
-            np.concatenate([roles, gen_roles]).astype(np.int8))
+    return (
+        np.concatenate([ids, gen_ids]).astype(np.int32),
+        np.concatenate([roles, gen_roles]).astype(np.int8),
+    )
 
-  def close_turn(self, sampled_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  def close_turn(
+      self, sampled_ids: Sequence[int]
+  ) -> tuple[np.ndarray, np.ndarray]:
     """What follows a sampled turn before the next message: the newline after
     `<|im_end|>`, preceded by a TEMPLATE `<|im_end|>` if the sample did not end
     with it (it hit the length limit or another stop id)."""
     sampled = [int(i) for i in np.asarray(sampled_ids).reshape(-1)]
-    ids = ([] if sampled and sampled[-1] == self.end_id else [self.end_id])
+    ids = [] if sampled and sampled[-1] == self.end_id else [self.end_id]
     ids += list(self.newline_ids)
-    return np.asarray(ids, np.int32), np.full((len(ids),), roles_lib.TEMPLATE, np.int8)
+    return np.asarray(ids, np.int32), np.full(
+        (len(ids),), roles_lib.TEMPLATE, np.int8
+    )
 
   def assistant(self, content: str, limit: int | None = None) -> np.ndarray:
     """An assistant turn as the policy would emit it (demonstrations): content

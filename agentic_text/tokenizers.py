@@ -59,7 +59,9 @@ class ByteTokenizer:
     """UTF-8 bytes of `text` as ids in [0, 256). Never emits special tokens."""
     return list(text.encode("utf-8"))
 
-  def decode(self, ids: Sequence[int] | np.ndarray, skip_pad: bool = True) -> str:
+  def decode(
+      self, ids: Sequence[int] | np.ndarray, skip_pad: bool = True
+  ) -> str:
     """Renders ids as text; specials appear as their names (e.g. `<call>`).
 
     Invalid UTF-8 byte runs are replaced (U+FFFD) rather than raising, since sampled
@@ -91,13 +93,17 @@ class HFTokenizer:
   cannot forge chat scaffolding (the same guarantee as ByteTokenizer).
   """
 
-  def __init__(self, tokenizer: Any, eos_ids: Sequence[int] = (),
-               chat_template: str | None = None):
+  def __init__(
+      self,
+      tokenizer: Any,
+      eos_ids: Sequence[int] = (),
+      chat_template: str | None = None,
+  ):
     """Args:
-      tokenizer: a `tokenizers.Tokenizer`.
-      eos_ids: ids that end generation (the checkpoint's eos / end-of-turn ids,
-        e.g. `<|im_end|>`); `from_folder` reads them from the checkpoint.
-      chat_template: the checkpoint's Jinja chat template, if known.
+    tokenizer: a `tokenizers.Tokenizer`.
+    eos_ids: ids that end generation (the checkpoint's eos / end-of-turn ids,
+      e.g. `<|im_end|>`); `from_folder` reads them from the checkpoint.
+    chat_template: the checkpoint's Jinja chat template, if known.
     """
     self.tokenizer = tokenizer
     self.eos_ids = tuple(int(i) for i in eos_ids)
@@ -196,9 +202,11 @@ class HFTokenizer:
     """Token ids of `text` (special tokens only if allow_special)."""
     return self.encode_with_offsets(text, allow_special)[0]
 
-  def decode(self, ids: Sequence[int] | np.ndarray,
-             skip_special_tokens: bool = False) -> str:
+  def decode(
+      self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = False
+  ) -> str:
     """Text of `ids` (for display; sampled ids are never re-encoded)."""
     return self.tokenizer.decode(
         [int(i) for i in np.asarray(ids).reshape(-1)],
-        skip_special_tokens=skip_special_tokens)
+        skip_special_tokens=skip_special_tokens,
+    )

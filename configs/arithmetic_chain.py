@@ -20,20 +20,22 @@ from configs import default
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = default.get_config(arg)
   config.name = "arithmetic_chain" if arg is None else f"arithmetic_chain_{arg}"
-  config.env = ml_collections.ConfigDict(dict(
-      name="arithmetic",
-      hard_fraction=0.5,
-      expert_imperfect_prob=0.65,
-      # Operations per task (k calls on hard items); max_turns >= num_ops + 1.
-      num_ops=3,
-      max_turns=5,
-      # Prompt: BOS "Compute " "((" 3+1+2 ")" 1+2 ")" 1+2 ".\n".
-      max_prompt_len=32,
-      # Probability that a call returns a wrong result.
-      tool_noise_prob=0.05,
-      # Probability that an expert call has an off-by-one operand.
-      expert_wrong_arg_prob=0.05,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="arithmetic",
+          hard_fraction=0.5,
+          expert_imperfect_prob=0.65,
+          # Operations per task (k calls on hard items); max_turns >= num_ops + 1.
+          num_ops=3,
+          max_turns=5,
+          # Prompt: BOS "Compute " "((" 3+1+2 ")" 1+2 ")" 1+2 ".\n".
+          max_prompt_len=32,
+          # Probability that a call returns a wrong result.
+          tool_noise_prob=0.05,
+          # Probability that an expert call has an off-by-one operand.
+          expert_wrong_arg_prob=0.05,
+      )
+  )
   # Prompt <= 32 + three calls of <= 15 with results of <= 12 + an answer.
   config.max_len = 112
   return config

@@ -42,22 +42,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.tokenizer = "byte"
 
   # Environment: environments/host/bfcl.py (host: rollout via host_rollout.py).
-  config.env = ml_collections.ConfigDict(dict(
-      name="bfcl",
-      # BFCL single-turn categories: 'simple', 'multiple', 'parallel',
-      # 'parallel_multiple'.
-      categories=("simple", "multiple"),
-      # Held-out split: task index % eval_every == 0.
-      eval_every=5,
-      # Byte-level lengths (99% of simple+multiple prompts fit in 512 bytes; 99%
-      # of gold answers in 152 bytes).
-      max_prompt_len=512,
-      max_action_len=176,
-      max_obs_len=8,
-      max_turns=1,
-      # Include the function descriptions in the prompt (longer prompts).
-      descriptions=False,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="bfcl",
+          # BFCL single-turn categories: 'simple', 'multiple', 'parallel',
+          # 'parallel_multiple'.
+          categories=("simple", "multiple"),
+          # Held-out split: task index % eval_every == 0.
+          eval_every=5,
+          # Byte-level lengths (99% of simple+multiple prompts fit in 512 bytes; 99%
+          # of gold answers in 152 bytes).
+          max_prompt_len=512,
+          max_action_len=176,
+          max_obs_len=8,
+          max_turns=1,
+          # Include the function descriptions in the prompt (longer prompts).
+          descriptions=False,
+      )
+  )
 
   # SFT warm start on the gold calls (the environment's expert), byte model only.
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
@@ -71,17 +73,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.num_minibatches = 1
   # BFCL verdict + partial credit per field + format (agentic_rl/rewards.py).
   config.rl.rewards = ml_collections.ConfigDict(
-      dict(correct=1.0, call_score=0.5, format=0.1))
+      dict(correct=1.0, call_score=0.5, format=0.1)
+  )
 
-  config.eval = ml_collections.ConfigDict(dict(
-      num_tasks=120, seed=12345, num_samples=0, temperature=1.0, pass_k=(),
-  ))
+  config.eval = ml_collections.ConfigDict(
+      dict(
+          num_tasks=120,
+          seed=12345,
+          num_samples=0,
+          temperature=1.0,
+          pass_k=(),
+      )
+  )
 
   if arg == "smoke":
     config.name = "bfcl_grpo_smoke"
     # A smaller model and buffer: compilation dominates a 3-step run.
-    config.model.update(dict(d_model=32, num_layers=1, num_heads=2, head_dim=16,
-                             ffn_dim=64))
+    config.model.update(
+        dict(d_model=32, num_layers=1, num_heads=2, head_dim=16, ffn_dim=64)
+    )
     config.max_len = 112
     config.env.max_prompt_len = 96
     config.env.max_action_len = 16
@@ -94,5 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 1
     config.log_every_steps = 1
   elif arg is not None:
-    raise ValueError(f"configs/bfcl_grpo.py: unknown arg {arg!r}; known: 'smoke'")
+    raise ValueError(
+        f"configs/bfcl_grpo.py: unknown arg {arg!r}; known: 'smoke'"
+    )
   return config

@@ -21,14 +21,21 @@ from configs import default
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = default.get_config(arg)
   config.name = "budget" if arg is None else f"budget_{arg}"
-  config.env = ml_collections.ConfigDict(dict(
-      name="budget",
-      # Base environment (environments.REGISTRY) and its fields.
-      base="kv_chain",
-      base_kwargs=dict(min_hops=1, max_hops=3, max_turns=5,
-                       expert_undercall_prob=0.2, expert_overcall_prob=0.1),
-      # Tool calls allowed; one more ends the episode.
-      budget=2,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="budget",
+          # Base environment (environments.REGISTRY) and its fields.
+          base="kv_chain",
+          base_kwargs=dict(
+              min_hops=1,
+              max_hops=3,
+              max_turns=5,
+              expert_undercall_prob=0.2,
+              expert_overcall_prob=0.1,
+          ),
+          # Tool calls allowed; one more ends the episode.
+          budget=2,
+      )
+  )
   config.max_len = 80
   return config

@@ -38,17 +38,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict()
 
   # Environment: environments/arithmetic.py.
-  config.env = ml_collections.ConfigDict(dict(
-      name="arithmetic",
-      # Fraction of tasks that are hard (need the tool).
-      hard_fraction=0.5,
-      # Fraction of demonstrations that deliberately misuse the tool (answer a hard
-      # item without it, or call it on an easy one). Above 0.5, the SFT policy's
-      # most likely first move on a hard item is to answer without the tool.
-      expert_imperfect_prob=0.65,
-      # Assistant turns per episode (call, answer, one spare).
-      max_turns=3,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="arithmetic",
+          # Fraction of tasks that are hard (need the tool).
+          hard_fraction=0.5,
+          # Fraction of demonstrations that deliberately misuse the tool (answer a hard
+          # item without it, or call it on an easy one). Above 0.5, the SFT policy's
+          # most likely first move on a hard item is to answer without the tool.
+          expert_imperfect_prob=0.65,
+          # Assistant turns per episode (call, answer, one spare).
+          max_turns=3,
+      )
+  )
 
   # Attention of the training forward (agentic_rl/models/attention.py):
   # 'auto' = the dense [B, H, L, L] scores up to attention_block positions
@@ -289,16 +291,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Held-out evaluation on a fixed task set (greedy) plus pass@k from samples.
   # initial=True also evaluates the weights before SFT (eval_initial.json; only
   # when sft.steps > 0, e.g. an imported checkpoint's zero-shot score).
-  config.eval = ml_collections.ConfigDict(dict(
-      # Held-out tasks, drawn once from this seed (the same set every run).
-      num_tasks=256, seed=12345,
-      # Samples per task at this temperature for pass@k (0 samples = greedy only).
-      num_samples=8, temperature=1.0,
-      # The k of pass@k (each <= num_samples).
-      pass_k=(1, 2, 4, 8),
-      # Also evaluate the weights before SFT (see above).
-      initial=False,
-  ))
+  config.eval = ml_collections.ConfigDict(
+      dict(
+          # Held-out tasks, drawn once from this seed (the same set every run).
+          num_tasks=256,
+          seed=12345,
+          # Samples per task at this temperature for pass@k (0 samples = greedy only).
+          num_samples=8,
+          temperature=1.0,
+          # The k of pass@k (each <= num_samples).
+          pass_k=(1, 2, 4, 8),
+          # Also evaluate the weights before SFT (see above).
+          initial=False,
+      )
+  )
 
   if arg == "smoke":
     config.name = "default_smoke"

@@ -34,7 +34,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Correctness, format, and the dual-path efficiency term (call cost weighted
   # by the tool-free accuracy, minimal-call bonus weighted by tool necessity).
   config.rl.rewards = ml_collections.ConfigDict(
-      dict(correct=1.0, format=0.1, dual_path_efficiency=1.0))
+      dict(correct=1.0, format=0.1, dual_path_efficiency=1.0)
+  )
   config.rl.reward_params = ml_collections.ConfigDict(
-      dict(dual_path_efficiency=dict(c=0.2, b=0.5)))
+      dict(dual_path_efficiency=dict(c=0.2, b=0.5))
+  )
   return config

@@ -36,29 +36,31 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.tokenizer = "byte"
 
   # Environment: environments/host/reasoning_gym_env.py.
-  config.env = ml_collections.ConfigDict(dict(
-      name="reasoning_gym",
-      # Any reasoning-gym generator name.
-      dataset="gsm_symbolic",
-      # Generator config keyword arguments (e.g. dict(min_terms=2) for
-      # basic_arithmetic).
-      dataset_config=ml_collections.ConfigDict(),
-      train_seed=0,
-      eval_seed=1_000_003,
-      # score_answer >= this counts as correct.
-      correct_threshold=1.0,
-      max_prompt_len=640,
-      max_action_len=128,
-      max_obs_len=64,
-      # Assistant turns (tool calls + the answer).
-      max_turns=4,
-      # Sandbox limits per call.
-      cpu_seconds=5,
-      wall_seconds=10.0,
-      memory_bytes=1 << 30,
-      max_workers=4,
-      expert_tool_prob=0.5,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="reasoning_gym",
+          # Any reasoning-gym generator name.
+          dataset="gsm_symbolic",
+          # Generator config keyword arguments (e.g. dict(min_terms=2) for
+          # basic_arithmetic).
+          dataset_config=ml_collections.ConfigDict(),
+          train_seed=0,
+          eval_seed=1_000_003,
+          # score_answer >= this counts as correct.
+          correct_threshold=1.0,
+          max_prompt_len=640,
+          max_action_len=128,
+          max_obs_len=64,
+          # Assistant turns (tool calls + the answer).
+          max_turns=4,
+          # Sandbox limits per call.
+          cpu_seconds=5,
+          wall_seconds=10.0,
+          memory_bytes=1 << 30,
+          max_workers=4,
+          expert_tool_prob=0.5,
+      )
+  )
 
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
   config.sft.steps = 200
@@ -69,17 +71,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.group_size = 8
   config.rl.num_minibatches = 1
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
-  config.eval = ml_collections.ConfigDict(dict(
-      num_tasks=64, seed=12345, num_samples=0, temperature=1.0, pass_k=(),
-  ))
+  config.eval = ml_collections.ConfigDict(
+      dict(
+          num_tasks=64,
+          seed=12345,
+          num_samples=0,
+          temperature=1.0,
+          pass_k=(),
+      )
+  )
 
   if arg == "smoke":
     config.name = "gsm_tool_smoke"
     config.env.dataset = "basic_arithmetic"
     config.env.dataset_config = ml_collections.ConfigDict(
-        dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2))
-    config.model.update(dict(d_model=32, num_layers=1, num_heads=2, head_dim=16,
-                             ffn_dim=64))
+        dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2)
+    )
+    config.model.update(
+        dict(d_model=32, num_layers=1, num_heads=2, head_dim=16, ffn_dim=64)
+    )
     config.max_len = 192
     config.env.max_prompt_len = 160
     config.env.max_action_len = 12
@@ -94,5 +104,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 1
     config.log_every_steps = 1
   elif arg is not None:
-    raise ValueError(f"configs/gsm_tool.py: unknown arg {arg!r}; known: 'smoke'")
+    raise ValueError(
+        f"configs/gsm_tool.py: unknown arg {arg!r}; known: 'smoke'"
+    )
   return config

@@ -26,20 +26,22 @@ from configs import default
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = default.get_config(arg)
   config.name = "kv_chain" if arg is None else f"kv_chain_{arg}"
-  config.env = ml_collections.ConfigDict(dict(
-      name="kv_chain",
-      # Hops d per task, uniform in [min_hops, max_hops] (at most 6).
-      min_hops=1,
-      max_hops=3,
-      # Map keys off the path (each points at a random key of the map).
-      num_distractors=4,
-      # Assistant turns: d calls + answer + one spare.
-      max_turns=5,
-      # Expert imperfections for the SFT warm start, per turn.
-      expert_undercall_prob=0.3,
-      expert_overcall_prob=0.1,
-      expert_wrong_arg_prob=0.1,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="kv_chain",
+          # Hops d per task, uniform in [min_hops, max_hops] (at most 6).
+          min_hops=1,
+          max_hops=3,
+          # Map keys off the path (each points at a random key of the map).
+          num_distractors=4,
+          # Assistant turns: d calls + answer + one spare.
+          max_turns=5,
+          # Expert imperfections for the SFT warm start, per turn.
+          expert_undercall_prob=0.3,
+          expert_overcall_prob=0.1,
+          expert_wrong_arg_prob=0.1,
+      )
+  )
   # Prompt 16 + 5 turns of <= 3 tokens + 4 observations of <= 7.
   config.max_len = 64
   return config

@@ -30,8 +30,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.mode = "rm"
 
   # Environment: environments/arithmetic.py (same as configs/default.py).
-  config.env = ml_collections.ConfigDict(dict(
-      name="arithmetic", hard_fraction=0.5, expert_imperfect_prob=0.65, max_turns=3))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="arithmetic",
+          hard_fraction=0.5,
+          expert_imperfect_prob=0.65,
+          max_turns=3,
+      )
+  )
 
   # SFT of the policy (learner.make_sft_step, as in the main job).
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
@@ -61,18 +67,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Tasks per data-generation program (one compile per shape).
   config.rm.data_chunk = 256
   # Imperfect-expert negatives: {negative type: env field overrides}.
-  config.rm.imperfect = ml_collections.ConfigDict(dict(
-      wrong_value=dict(expert_wrong_arg_prob=1.0),
-      extra_call=dict(expert_overcall_prob=1.0),
-  ))
+  config.rm.imperfect = ml_collections.ConfigDict(
+      dict(
+          wrong_value=dict(expert_wrong_arg_prob=1.0),
+          extra_call=dict(expert_overcall_prob=1.0),
+      )
+  )
 
   # Best-of-N: num_samples SFT-policy episodes per task on num_tasks fixed tasks.
-  config.rm_eval = ml_collections.ConfigDict(dict(
-      # Fixed tasks (drawn from seed) and SFT-policy samples per task.
-      num_tasks=64, num_samples=8,
-      # Sampling temperature of the best-of-N candidates; task seed.
-      temperature=1.0, seed=12345,
-  ))
+  config.rm_eval = ml_collections.ConfigDict(
+      dict(
+          # Fixed tasks (drawn from seed) and SFT-policy samples per task.
+          num_tasks=64,
+          num_samples=8,
+          # Sampling temperature of the best-of-N candidates; task seed.
+          temperature=1.0,
+          seed=12345,
+      )
+  )
   config.checkpoint.every_steps = 50
   config.log_every_steps = 10
 
@@ -89,5 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 5
     config.log_every_steps = 2
   elif arg is not None:
-    raise ValueError(f"configs/rm_arithmetic.py: unknown arg {arg!r}; known: 'smoke'")
+    raise ValueError(
+        f"configs/rm_arithmetic.py: unknown arg {arg!r}; known: 'smoke'"
+    )
   return config

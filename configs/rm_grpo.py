@@ -34,16 +34,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = set((arg or "").split(",")) - {""}
   unknown = args - {"smoke", "pbrs"}
   if unknown:
-    raise ValueError(f"configs/rm_grpo.py: unknown arg {sorted(unknown)}; known: "
-                     "'smoke', 'pbrs' (comma-separated)")
+    raise ValueError(
+        f"configs/rm_grpo.py: unknown arg {sorted(unknown)}; known: "
+        "'smoke', 'pbrs' (comma-separated)"
+    )
   config = default.get_config("smoke" if "smoke" in args else None)
   config.name = "rm_grpo" + "".join(f"_{a}" for a in sorted(args))
 
   rl = config.rl
   # An rm-mode workdir (python main.py --config=configs/rm_arithmetic.py ...)
   # whose final checkpoint holds the reward model; loaded frozen at start-up.
-  rl.reward_model_dir = ("runs/rm_arithmetic_smoke" if "smoke" in args
-                         else "runs/rm_arithmetic")
+  rl.reward_model_dir = (
+      "runs/rm_arithmetic_smoke" if "smoke" in args else "runs/rm_arithmetic"
+  )
   # Which of its models: 'outcome' (Bradley-Terry ORM; on prefixes for PBRS) or
   # 'process' (per-turn PRM; episode score logit(prod_k sigmoid(s_k))).
   rl.reward_model_kind = "outcome"
@@ -60,6 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     rl.rewards = ml_collections.ConfigDict(dict(rm=1.0, format=0.1))
     # Bounded RM reward (rewards.rm_reward): 'sigmoid' sigma((s - ref) / T),
     # 'tanh', 'clip' min(s - eta, 0) or 'none'.
-    rl.reward_params = ml_collections.ConfigDict(dict(
-        rm=dict(transform="sigmoid", ref=0.0, temperature=1.0)))
+    rl.reward_params = ml_collections.ConfigDict(
+        dict(rm=dict(transform="sigmoid", ref=0.0, temperature=1.0))
+    )
   return config

@@ -26,16 +26,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = rm_arithmetic.get_config(arg)
   config.name = "rm_kv_chain" if arg is None else f"rm_kv_chain_{arg}"
   # Environment: environments/kv_chain.py (as configs/kv_chain.py).
-  config.env = ml_collections.ConfigDict(dict(
-      name="kv_chain", min_hops=1, max_hops=3, num_distractors=4, max_turns=5,
-      expert_undercall_prob=0.3, expert_overcall_prob=0.1,
-      expert_wrong_arg_prob=0.1))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="kv_chain",
+          min_hops=1,
+          max_hops=3,
+          num_distractors=4,
+          max_turns=5,
+          expert_undercall_prob=0.3,
+          expert_overcall_prob=0.1,
+          expert_wrong_arg_prob=0.1,
+      )
+  )
   # Prompt 16 + 5 turns of <= 3 tokens + 4 observations of <= 7.
   config.max_len = 64
   # Imperfect-expert negatives (each probability applies per turn with hops left).
-  config.rm.imperfect = ml_collections.ConfigDict(dict(
-      wrong_value=dict(expert_wrong_arg_prob=1.0),
-      extra_call=dict(expert_overcall_prob=1.0),
-      missing_call=dict(expert_undercall_prob=1.0),
-  ))
+  config.rm.imperfect = ml_collections.ConfigDict(
+      dict(
+          wrong_value=dict(expert_wrong_arg_prob=1.0),
+          extra_call=dict(expert_overcall_prob=1.0),
+          missing_call=dict(expert_undercall_prob=1.0),
+      )
+  )
   return config

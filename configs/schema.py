@@ -32,8 +32,15 @@ MODES = ("rl", "rm")
 # environment fields (the environment's dataclass), loader fields
 # (data.validate_data_config), reward names and parameters (rewards.py) and
 # rm-mode negative types (rm_train.validate_rm_config).
-OPEN_BLOCKS = ("env", "data", "rl.rewards", "rl.reward_params",
-               "rl.reward_schedules", "rl.reward_noise", "rm.imperfect")
+OPEN_BLOCKS = (
+    "env",
+    "data",
+    "rl.rewards",
+    "rl.reward_params",
+    "rl.reward_schedules",
+    "rl.reward_noise",
+    "rm.imperfect",
+)
 _BLOCK_TYPES = (ml_collections.ConfigDict, dict)
 
 
@@ -46,6 +53,7 @@ class Field:
     default: the reference config's value (a ConfigDict for a block).
     type: one of bool, int, float, str, tuple, ml_collections.ConfigDict.
   """
+
   path: str
   default: Any
   type: type
@@ -64,9 +72,11 @@ def reference(mode: str = "rl") -> ml_collections.ConfigDict:
   """
   if mode == "rl":
     from configs import default  # noqa: PLC0415 -- default.py imports common.py
+
     return default.get_config()
   if mode == "rm":
     from configs import rm_arithmetic  # noqa: PLC0415
+
     return rm_arithmetic.get_config()
   raise ValueError(f"config.mode={mode!r}: must be one of {MODES}")
 
@@ -98,8 +108,10 @@ def fields(mode: str = "rl") -> dict[str, Field]:
   Raises:
     ValueError: unknown mode.
   """
-  return {path: Field(path, value, _type_of(value))
-          for path, value in flatten(reference(mode)).items()}
+  return {
+      path: Field(path, value, _type_of(value))
+      for path, value in flatten(reference(mode)).items()
+  }
 
 
 def type_error(path: str, value, expected: type) -> str | None:
@@ -119,8 +131,11 @@ def type_error(path: str, value, expected: type) -> str | None:
   if ok(value):
     return None
   name = expected.__name__
-  want = "a block of fields" if expected is ml_collections.ConfigDict else (
-      f"{'an' if name[0] in 'aeiou' else 'a'} {name}")
+  want = (
+      "a block of fields"
+      if expected is ml_collections.ConfigDict
+      else (f"{'an' if name[0] in 'aeiou' else 'a'} {name}")
+  )
   return f"must be {want}, not {type(value).__name__}"
 
 
@@ -141,23 +156,31 @@ def with_defaults(config) -> ml_collections.ConfigDict:
     ValueError: an unknown config.mode.
   """
   out = ml_collections.ConfigDict(
-      copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config)))
+      copy.deepcopy(
+          config.to_dict() if hasattr(config, "to_dict") else dict(config)
+      )
+  )
 
   def fill(node, ref, prefix):
     for key, value in ref.items():
       path = f"{prefix}{key}"
       if key not in node:
         node[key] = copy.deepcopy(value)
-      elif (path not in OPEN_BLOCKS and isinstance(value, _BLOCK_TYPES)
-            and isinstance(node[key], _BLOCK_TYPES)):
+      elif (
+          path not in OPEN_BLOCKS
+          and isinstance(value, _BLOCK_TYPES)
+          and isinstance(node[key], _BLOCK_TYPES)
+      ):
         fill(node[key], value, path + ".")
 
   fill(out, reference(mode_of(out)), "")
   return out
 
 
-_SOURCES = {"rl": ("configs/common.py", "configs/default.py"),
-            "rm": ("configs/common.py", "configs/rm_arithmetic.py")}
+_SOURCES = {
+    "rl": ("configs/common.py", "configs/default.py"),
+    "rm": ("configs/common.py", "configs/rm_arithmetic.py"),
+}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -197,7 +220,9 @@ def _comment_meanings(relpath: str, owner: str) -> dict[str, str]:
   return out
 
 
-def _dict_meanings(relpath: str, openers: dict[str, tuple[str, ...]]) -> dict[str, str]:
+def _dict_meanings(
+    relpath: str, openers: dict[str, tuple[str, ...]]
+) -> dict[str, str]:
   """{path: comment} of the `key=value,` lines of dict literals in a source file.
 
   `openers` maps a regex matching the line that opens a dict (e.g.
@@ -218,7 +243,12 @@ def _dict_meanings(relpath: str, openers: dict[str, tuple[str, ...]]) -> dict[st
     for pattern, blocks in openers.items():
       m = re.match(pattern, line)
       if m:
-        parents, comment, last, opened = (m.group(1),) if m.groups() else blocks, [], "", True
+        parents, comment, last, opened = (
+            (m.group(1),) if m.groups() else blocks,
+            [],
+            "",
+            True,
+        )
     if opened:
       continue
     if not parents:
@@ -270,30 +300,47 @@ def meanings(mode: str = "rl") -> dict[str, str]:
     ValueError: unknown mode.
   """
   from agentic_rl.models import transformer  # noqa: PLC0415
+
   known = fields(mode)
   found: dict[str, str] = {}
   for rel in _SOURCES[mode]:
     found.update(_comment_meanings(rel, "config"))
-  found.update({f"model.{k}": v for k, v in
-                _comment_meanings("configs/common.py", "cfg").items()})
-  found.update({f"model.{k}": v for k, v in
-                _docstring_attributes(transformer.TransformerConfig.__doc__).items()
-                if k != "lora"})
+  found.update(
+      {
+          f"model.{k}": v
+          for k, v in _comment_meanings("configs/common.py", "cfg").items()
+      }
+  )
+  found.update(
+      {
+          f"model.{k}": v
+          for k, v in _docstring_attributes(
+              transformer.TransformerConfig.__doc__
+          ).items()
+          if k != "lora"
+      }
+  )
   dict_sources = {
       "configs/common.py": {
-          r"^\s*cfg\.(lora) = ml_collections\.ConfigDict\(dict\($": (),
-          r"^\s*config\.(checkpoint) = ml_collections\.ConfigDict\(dict\($": (),
-          r"^  return ml_collections\.ConfigDict\(dict\($": ("sft", "rl", "rm"),
+          r"^\s*cfg\.(lora) = ml_collections\.ConfigDict\((?:dict\()?$": (),
+          r"^\s*config\.(checkpoint) = ml_collections\.ConfigDict\((?:dict\()?$": (),
+          r"^  return ml_collections\.ConfigDict\((?:dict\()?$": ("sft", "rl", "rm"),
       },
       "configs/default.py": {
-          r"^\s*config\.(eval) = ml_collections\.ConfigDict\(dict\($": ()},
+          r"^\s*config\.(eval) = ml_collections\.ConfigDict\((?:dict\()?$": ()
+      },
       "configs/rm_arithmetic.py": {
-          r"^\s*config\.(rm_eval) = ml_collections\.ConfigDict\(dict\($": ()},
+          r"^\s*config\.(rm_eval) = ml_collections\.ConfigDict\((?:dict\()?$": ()
+      },
       "agentic_rl/sharding.py": {r"^MESH_DEFAULTS = dict\($": ("mesh",)},
   }
   for rel, openers in dict_sources.items():
     for path, text in _dict_meanings(rel, openers).items():
-      path = path.replace("lora.", "model.lora.", 1) if path.startswith("lora.") else path
+      path = (
+          path.replace("lora.", "model.lora.", 1)
+          if path.startswith("lora.")
+          else path
+      )
       if path in known:
         found.setdefault(path, text)
   out = {}
@@ -312,7 +359,9 @@ def main(argv) -> int:
   """Prints the schema of a mode: one line per field, `path type default meaning`."""
   mode = argv[1] if len(argv) > 1 else "rl"
   if mode not in MODES or len(argv) > 2:
-    print(f"usage: python -m configs.schema [{'|'.join(MODES)}]", file=sys.stderr)
+    print(
+        f"usage: python -m configs.schema [{'|'.join(MODES)}]", file=sys.stderr
+    )
     return 2
   about = meanings(mode)
   for f in fields(mode).values():

@@ -22,24 +22,26 @@ from configs import default
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = default.get_config(arg)
   config.name = "schema_calls" if arg is None else f"schema_calls_{arg}"
-  config.env = ml_collections.ConfigDict(dict(
-      name="schema_calls",
-      # Tools offered: the first num_tools of add, sum, mul, sub, max, min.
-      num_tools=4,
-      # Operation nodes per query.
-      min_depth=1,
-      max_depth=3,
-      # Probability of two independent sub-expressions (depth >= 3).
-      branch_prob=0.5,
-      # Probability that the prompt forbids `sum`.
-      forbid_prob=0.25,
-      max_turns=5,
-      # Expert imperfections for the SFT warm start.
-      expert_undercall_prob=0.2,
-      expert_overcall_prob=0.1,
-      expert_wrong_arg_prob=0.1,
-      expert_wrong_name_prob=0.1,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="schema_calls",
+          # Tools offered: the first num_tools of add, sum, mul, sub, max, min.
+          num_tools=4,
+          # Operation nodes per query.
+          min_depth=1,
+          max_depth=3,
+          # Probability of two independent sub-expressions (depth >= 3).
+          branch_prob=0.5,
+          # Probability that the prompt forbids `sum`.
+          forbid_prob=0.25,
+          max_turns=5,
+          # Expert imperfections for the SFT warm start.
+          expert_undercall_prob=0.2,
+          expert_overcall_prob=0.1,
+          expert_wrong_arg_prob=0.1,
+          expert_wrong_name_prob=0.1,
+      )
+  )
   # Prompt <= 104, three calls of <= 28 with observations of <= 12, an answer.
   config.max_len = 224
   # Correctness plus TIER-style format/schema/execution credit.

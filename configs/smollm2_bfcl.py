@@ -60,33 +60,37 @@ from configs import smollm2_common
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = smollm2_common.base("smollm2_bfcl")
   # Environment: environments/host/bfcl.py (chat format with the HF tokenizer).
-  config.env = ml_collections.ConfigDict(dict(
-      name="bfcl",
-      # BFCL single-turn categories.
-      categories=("simple", "multiple"),
-      # Held-out split: task index % eval_every == 0.
-      eval_every=5,
-      # SmolLM2 tokens: prompts without descriptions p50 225 / p90 345 / p99 422
-      # (with descriptions p50 295 / p90 522); longer prompts are cut.
-      max_prompt_len=384,
-      # Gold answers as Hermes JSON: p99 92 tokens.
-      max_action_len=96,
-      max_obs_len=8,
-      max_turns=1,
-      # Function descriptions in the tool schemas (longer prompts).
-      descriptions=False,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="bfcl",
+          # BFCL single-turn categories.
+          categories=("simple", "multiple"),
+          # Held-out split: task index % eval_every == 0.
+          eval_every=5,
+          # SmolLM2 tokens: prompts without descriptions p50 225 / p90 345 / p99 422
+          # (with descriptions p50 295 / p90 522); longer prompts are cut.
+          max_prompt_len=384,
+          # Gold answers as Hermes JSON: p99 92 tokens.
+          max_action_len=96,
+          max_obs_len=8,
+          max_turns=1,
+          # Function descriptions in the tool schemas (longer prompts).
+          descriptions=False,
+      )
+  )
   config.max_len = 384 + 96
   # BFCL verdict + partial credit per field + format (agentic_rl/rewards.py).
   config.rl.rewards = ml_collections.ConfigDict(
-      dict(correct=1.0, call_score=0.5, format=0.1))
+      dict(correct=1.0, call_score=0.5, format=0.1)
+  )
   # SFT warm start on gold calls of the training split (never the held-out
   # tasks): zero-shot, the 135M model answers in prose and never emits a
   # <tool_call> (held-out format-error rate 1.00, also under transformers'
   # own generate), so pure RL sees reward 0 on every sample and no gradient.
   # 16 steps x 8 demonstrations, accumulated one demonstration at a time.
-  config.sft = smollm2_common.sft_warm_start(steps=16, batch_size=8,
-                                             learning_rate=5e-5)
+  config.sft = smollm2_common.sft_warm_start(
+      steps=16, batch_size=8, learning_rate=5e-5
+  )
   # Also score the imported checkpoint before SFT (eval_initial.json).
   config.eval.initial = True
 
@@ -98,9 +102,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.max_len = 288
   elif arg == "multi_turn":
     config.name = "smollm2_bfcl_multi_turn"
-    config.env = ml_collections.ConfigDict(dict(
-        name="bfcl_multi_turn", eval_every=5, max_prompt_len=2048,
-        max_action_len=96, max_obs_len=128, max_turns=8, descriptions=False))
+    config.env = ml_collections.ConfigDict(
+        dict(
+            name="bfcl_multi_turn",
+            eval_every=5,
+            max_prompt_len=2048,
+            max_action_len=96,
+            max_obs_len=128,
+            max_turns=8,
+            descriptions=False,
+        )
+    )
     config.max_len = 3072
     config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
     config.eval.num_tasks = 40  # the held-out split has 40 multi-turn tasks
@@ -108,6 +120,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.sft.steps = 0
     config.eval.initial = False
   elif arg is not None:
-    raise ValueError(f"configs/smollm2_bfcl.py: unknown arg {arg!r}; known: "
-                     "'smoke', 'multi_turn'")
+    raise ValueError(
+        f"configs/smollm2_bfcl.py: unknown arg {arg!r}; known: "
+        "'smoke', 'multi_turn'"
+    )
   return config

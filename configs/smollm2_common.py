@@ -76,19 +76,28 @@ def base(name: str) -> ml_collections.ConfigDict:
 
   # Held-out set: 100 fixed tasks, greedy decoding with our sampler.
   # initial=True (with SFT steps) also scores the imported weights before SFT.
-  config.eval = ml_collections.ConfigDict(dict(
-      num_tasks=100, seed=12345, num_samples=0, temperature=1.0, pass_k=(),
-      initial=False,
-  ))
+  config.eval = ml_collections.ConfigDict(
+      dict(
+          num_tasks=100,
+          seed=12345,
+          num_samples=0,
+          temperature=1.0,
+          pass_k=(),
+          initial=False,
+      )
+  )
   # A checkpoint holds params, reference and AdamW moments (~2.2 GB in f32):
   # save at the end (and on demand), not every few steps.
-  config.checkpoint = ml_collections.ConfigDict(dict(every_steps=1000, max_to_keep=1))
+  config.checkpoint = ml_collections.ConfigDict(
+      dict(every_steps=1000, max_to_keep=1)
+  )
   config.log_every_steps = 1
   return config
 
 
-def sft_warm_start(steps: int, batch_size: int, learning_rate: float
-                   ) -> ml_collections.ConfigDict:
+def sft_warm_start(
+    steps: int, batch_size: int, learning_rate: float
+) -> ml_collections.ConfigDict:
   """The `config.sft` block: AdamW at a constant `learning_rate` (no warmup),
   `steps` steps of `batch_size` expert demonstrations, the gradient accumulated
   one demonstration at a time (`sft.num_microbatches = batch_size`: the SFT

@@ -43,32 +43,42 @@ _ARITHMETIC = dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2)
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = smollm2_common.base("smollm2_gsm_tool")
-  config.env = ml_collections.ConfigDict(dict(
-      name="reasoning_gym",
-      # reasoning-gym's mixing generator; each item keeps its source's verifier.
-      dataset="composite",
-      dataset_config=ml_collections.ConfigDict(dict(datasets=(
-          dict(name="gsm_symbolic", weight=1.0, config={}),
-          dict(name="basic_arithmetic", weight=1.0, config=_ARITHMETIC),
-      ))),
-      hard_datasets=("gsm_symbolic",),
-      train_seed=0,
-      eval_seed=1_000_003,
-      # Procedural stream size (items are generated on access).
-      train_size=100_000,
-      correct_threshold=1.0,
-      # SmolLM2 tokens: gsm_symbolic prompts p99 221 with the system prompt.
-      max_prompt_len=256,
-      max_action_len=160,
-      max_obs_len=48,
-      # A Python call, then the answer.
-      max_turns=2,
-      cpu_seconds=5,
-      wall_seconds=10.0,
-      memory_bytes=1 << 30,
-      max_workers=4,
-      expert_tool_prob=0.5,
-  ))
+  config.env = ml_collections.ConfigDict(
+      dict(
+          name="reasoning_gym",
+          # reasoning-gym's mixing generator; each item keeps its source's verifier.
+          dataset="composite",
+          dataset_config=ml_collections.ConfigDict(
+              dict(
+                  datasets=(
+                      dict(name="gsm_symbolic", weight=1.0, config={}),
+                      dict(
+                          name="basic_arithmetic",
+                          weight=1.0,
+                          config=_ARITHMETIC,
+                      ),
+                  )
+              )
+          ),
+          hard_datasets=("gsm_symbolic",),
+          train_seed=0,
+          eval_seed=1_000_003,
+          # Procedural stream size (items are generated on access).
+          train_size=100_000,
+          correct_threshold=1.0,
+          # SmolLM2 tokens: gsm_symbolic prompts p99 221 with the system prompt.
+          max_prompt_len=256,
+          max_action_len=160,
+          max_obs_len=48,
+          # A Python call, then the answer.
+          max_turns=2,
+          cpu_seconds=5,
+          wall_seconds=10.0,
+          memory_bytes=1 << 30,
+          max_workers=4,
+          expert_tool_prob=0.5,
+      )
+  )
   config.max_len = 256 + 2 * 160 + 48
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
 
@@ -81,9 +91,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.name = f"smollm2_{arg}_tool"
     config.env.dataset = "gsm_symbolic" if arg == "gsm" else "basic_arithmetic"
     config.env.dataset_config = ml_collections.ConfigDict(
-        {} if arg == "gsm" else _ARITHMETIC)
+        {} if arg == "gsm" else _ARITHMETIC
+    )
     config.env.hard_datasets = ("gsm_symbolic",)
   elif arg is not None:
-    raise ValueError(f"configs/smollm2_gsm_tool.py: unknown arg {arg!r}; known: "
-                     "'smoke', 'gsm', 'arithmetic'")
+    raise ValueError(
+        f"configs/smollm2_gsm_tool.py: unknown arg {arg!r}; known: "
+        "'smoke', 'gsm', 'arithmetic'"
+    )
   return config

@@ -95,8 +95,10 @@ class ArithmeticTask:
 def _chain(task: ArithmeticTask) -> tuple[jax.Array, jax.Array]:
   """(xs int32 [M + 1], ops int32 [M]) of an unbatched task (M = 1 if no chain)."""
   if task.xs is None:
-    return (jnp.stack([task.a, task.b]).astype(jnp.int32),
-            jnp.asarray(task.op, jnp.int32).reshape(1))
+    return (
+        jnp.stack([task.a, task.b]).astype(jnp.int32),
+        jnp.asarray(task.op, jnp.int32).reshape(1),
+    )
   return jnp.asarray(task.xs, jnp.int32), jnp.asarray(task.ops, jnp.int32)
 
 
@@ -171,7 +173,11 @@ const_piece = common.const_piece
 assemble = common.assemble
 parse_uint = common.parse_uint
 _int_piece, _const_piece, _assemble, _parse_uint = (
-    int_piece, const_piece, assemble, parse_uint)
+    int_piece,
+    const_piece,
+    assemble,
+    parse_uint,
+)
 
 
 # Ranges [lo, hi) of easy a, easy b, easy op, hard a, hard b.
@@ -202,8 +208,12 @@ def _nonnegative_ops(xs: jax.Array, ops: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(1, 4, 5))
 def _make_tasks(
-    key: jax.Array, n: int, hard_fraction: jax.Array, num_hard: jax.Array,
-    num_ops: int = 1, max_turns: int = 0,
+    key: jax.Array,
+    n: int,
+    hard_fraction: jax.Array,
+    num_hard: jax.Array,
+    num_ops: int = 1,
+    max_turns: int = 0,
 ) -> ArithmeticTask:
   """Draws n tasks (one PRNG call for the first operation; keeps compile time low).
 
@@ -225,9 +235,13 @@ def _make_tasks(
     noise_u, noise_delta [n, K] if K > 0).
   """
   u = jax.random.uniform(key, (6, n))
-  hard = jnp.where(num_hard >= 0, jnp.arange(n) < num_hard, u[0] < hard_fraction)
+  hard = jnp.where(
+      num_hard >= 0, jnp.arange(n) < num_hard, u[0] < hard_fraction
+  )
   lo, hi = jnp.asarray(_TASK_LO)[:, None], jnp.asarray(_TASK_HI)[:, None]
-  vals = jnp.minimum(lo + jnp.floor(u[1:] * (hi - lo)).astype(jnp.int32), hi - 1)
+  vals = jnp.minimum(
+      lo + jnp.floor(u[1:] * (hi - lo)).astype(jnp.int32), hi - 1
+  )
   a = jnp.where(hard, vals[3], vals[0])
   b = jnp.where(hard, vals[4], vals[1])
   op = jnp.where(hard, MUL, vals[2]).astype(jnp.int32)
@@ -252,8 +266,15 @@ def _make_tasks(
   if max_turns > 0:
     noise_u, noise_delta = _noise(key, n, max_turns)
   return ArithmeticTask(
-      a=a, b=b, op=op, answer=answer, hard=hard, xs=xs, ops=ops,
-      noise_u=noise_u, noise_delta=noise_delta,
+      a=a,
+      b=b,
+      op=op,
+      answer=answer,
+      hard=hard,
+      xs=xs,
+      ops=ops,
+      noise_u=noise_u,
+      noise_delta=noise_delta,
   )
 
 
@@ -304,10 +325,13 @@ class ArithmeticEnv:
     if self.max_prompt_len < need:
       raise ValueError(
           f"max_prompt_len must be >= {need} (num_ops={self.num_ops}), got "
-          f"{self.max_prompt_len}")
+          f"{self.max_prompt_len}"
+      )
     # ANSWER + up to 5 digits + ANSWER_END, or CALL + 6 chars + CALL_END (9 with '-').
     if self.max_action_len < 9:
-      raise ValueError(f"max_action_len must be >= 9, got {self.max_action_len}")
+      raise ValueError(
+          f"max_action_len must be >= 9, got {self.max_action_len}"
+      )
     if self.max_obs_len < 7:  # OBS "error" OBS_END
       raise ValueError(f"max_obs_len must be >= 7, got {self.max_obs_len}")
     if self.max_turns < 1:
@@ -315,8 +339,11 @@ class ArithmeticEnv:
     if self.num_ops > 1 and self.max_turns < self.num_ops + 1:
       raise ValueError(
           f"max_turns must be >= num_ops + 1 = {self.num_ops + 1}, got "
-          f"{self.max_turns}")
-    common.check_probabilities(self, ("tool_noise_prob", "expert_wrong_arg_prob"))
+          f"{self.max_turns}"
+      )
+    common.check_probabilities(
+        self, ("tool_noise_prob", "expert_wrong_arg_prob")
+    )
 
   # Tokens of the gold answer turn ANSWER [-] <up to 10 digits> ANSWER_END.
   @property
@@ -336,8 +363,14 @@ class ArithmeticEnv:
     Returns:
       ArithmeticTask with fields of shape [n].
     """
-    return _make_tasks(key, n, jnp.float32(self.hard_fraction), jnp.int32(-1),
-                       self.num_ops, self._noise_turns)
+    return _make_tasks(
+        key,
+        n,
+        jnp.float32(self.hard_fraction),
+        jnp.int32(-1),
+        self.num_ops,
+        self._noise_turns,
+    )
 
   def eval_tasks(self, n: int, seed: int) -> ArithmeticTask:
     """A fixed held-out set: the first round(n * hard_fraction) items are hard.
@@ -351,8 +384,12 @@ class ArithmeticEnv:
     """
     n_hard = int(round(n * self.hard_fraction))
     return _make_tasks(
-        jax.random.key(seed), n, jnp.float32(self.hard_fraction), jnp.int32(n_hard),
-        self.num_ops, self._noise_turns,
+        jax.random.key(seed),
+        n,
+        jnp.float32(self.hard_fraction),
+        jnp.int32(n_hard),
+        self.num_ops,
+        self._noise_turns,
     )
 
   @property
@@ -366,14 +403,23 @@ class ArithmeticEnv:
     m = xs.shape[0] - 1
     pieces = [_const_piece([tok.BOS, *_PROMPT_HEAD])]
     pieces += [_const_piece([ord("(")])] * (m - 1)
-    pieces += [_int_piece(xs[0]), _const_piece(_op_byte(ops[0])), _int_piece(xs[1])]
+    pieces += [
+        _int_piece(xs[0]),
+        _const_piece(_op_byte(ops[0])),
+        _int_piece(xs[1]),
+    ]
     for j in range(1, m):
-      pieces += [_const_piece([ord(")")]), _const_piece(_op_byte(ops[j])),
-                 _int_piece(xs[j + 1])]
+      pieces += [
+          _const_piece([ord(")")]),
+          _const_piece(_op_byte(ops[j])),
+          _int_piece(xs[j + 1]),
+      ]
     pieces.append(_const_piece(_PROMPT_TAIL))
     return pieces
 
-  def reset(self, task: ArithmeticTask) -> tuple[ArithmeticState, jax.Array, jax.Array]:
+  def reset(
+      self, task: ArithmeticTask
+  ) -> tuple[ArithmeticState, jax.Array, jax.Array]:
     """Starts an episode.
 
     Args:
@@ -385,7 +431,9 @@ class ArithmeticEnv:
         "Compute ((x0o1x1)o2x2)o3x3.\n") then PAD.
       prompt_len: int32 [].
     """
-    prompt, prompt_len = _assemble(self._prompt_pieces(task), self.max_prompt_len)
+    prompt, prompt_len = _assemble(
+        self._prompt_pieces(task), self.max_prompt_len
+    )
     state = ArithmeticState(
         task=task,
         turn=jnp.zeros((), jnp.int32),
@@ -420,11 +468,17 @@ class ArithmeticEnv:
     pos = jnp.arange(tokens.shape[0])
     body = (pos >= 1) & (pos < length - 1)
     op_mask = body & (
-        (tokens == _OP_BYTES[0]) | (tokens == _OP_BYTES[1]) | (tokens == _OP_BYTES[2])
+        (tokens == _OP_BYTES[0])
+        | (tokens == _OP_BYTES[1])
+        | (tokens == _OP_BYTES[2])
     )
-    p = jnp.argmax(op_mask).astype(jnp.int32)  # operator position (if exactly one)
+    p = jnp.argmax(op_mask).astype(
+        jnp.int32
+    )  # operator position (if exactly one)
     op = jnp.where(
-        tokens[p] == _OP_BYTES[0], ADD, jnp.where(tokens[p] == _OP_BYTES[1], SUB, MUL)
+        tokens[p] == _OP_BYTES[0],
+        ADD,
+        jnp.where(tokens[p] == _OP_BYTES[1], SUB, MUL),
     )
     a, ok_a = _parse_uint(tokens, 1, p, _MAX_CALL_DIGITS)
     b, ok_b = _parse_uint(tokens, p + 1, length - 1, _MAX_CALL_DIGITS)
@@ -438,7 +492,9 @@ class ArithmeticEnv:
         & ok_b
     )
     # Operands are < 10**6, so only MUL can overflow int32.
-    overflow = (op == MUL) & (a > jax.lax.div(jnp.int32(_INT32_MAX), jnp.maximum(b, 1)))
+    overflow = (op == MUL) & (
+        a > jax.lax.div(jnp.int32(_INT32_MAX), jnp.maximum(b, 1))
+    )
     result = _apply_op(a, op, b)
     # The result must fit: OBS, sign, digits, OBS_END.
     fits = jnp.abs(result) < 10**self._max_result_digits
@@ -468,13 +524,18 @@ class ArithmeticEnv:
     mag, ok_digits = _parse_uint(tokens, start, length - 1, _MAX_ANSWER_DIGITS)
     last = tokens[jnp.clip(length - 1, 0, tokens.shape[0] - 1)]
     ok = (
-        (length >= 3) & (tokens[0] == tok.ANSWER) & (last == tok.ANSWER_END)
+        (length >= 3)
+        & (tokens[0] == tok.ANSWER)
+        & (last == tok.ANSWER_END)
         & ok_digits
     )
     return jnp.where(neg, -mag, mag).astype(jnp.int32), ok
 
   def step(
-      self, state: ArithmeticState, action_tokens: jax.Array, action_len: jax.Array
+      self,
+      state: ArithmeticState,
+      action_tokens: jax.Array,
+      action_len: jax.Array,
   ) -> tuple[ArithmeticState, jax.Array, jax.Array, jax.Array]:
     """Applies one assistant turn (see the module docstring for the rules).
 
@@ -513,13 +574,20 @@ class ArithmeticEnv:
     if self.tool_noise_prob > 0 and task.noise_u is not None:
       i = jnp.clip(state.num_tool_calls, 0, task.noise_u.shape[-1] - 1)
       wrong = result + task.noise_delta[i]
-      noisy = (call_ok & (task.noise_u[i] < self.tool_noise_prob)
-               & (jnp.abs(wrong) < 10**self._max_result_digits))
+      noisy = (
+          call_ok
+          & (task.noise_u[i] < self.tool_noise_prob)
+          & (jnp.abs(wrong) < 10**self._max_result_digits)
+      )
       result = jnp.where(noisy, wrong, result).astype(jnp.int32)
 
     # Observation (only for tool calls).
     obs_ok, len_ok = _assemble(
-        [_const_piece([tok.OBS]), _int_piece(result), _const_piece([tok.OBS_END])],
+        [
+            _const_piece([tok.OBS]),
+            _int_piece(result),
+            _const_piece([tok.OBS_END]),
+        ],
         self.max_obs_len,
     )
     obs_err, len_err = _assemble(
@@ -543,13 +611,17 @@ class ArithmeticEnv:
     resolved = state.resolved + advance.astype(jnp.int32)
     progress = jnp.where(
         active & (jnp.arange(self.max_turns + 1) == turn),
-        (resolved.astype(jnp.float32) / m), state.progress,
+        (resolved.astype(jnp.float32) / m),
+        state.progress,
     )
     good_call = is_call & call_ok
-    redundant = good_call & jnp.any(jnp.all(state.calls_abo == abo[None, :], axis=1))
+    redundant = good_call & jnp.any(
+        jnp.all(state.calls_abo == abo[None, :], axis=1)
+    )
     at_turn = jnp.arange(self.max_turns) == state.turn
-    calls_abo = jnp.where((good_call & at_turn)[:, None], abo[None, :],
-                          state.calls_abo)
+    calls_abo = jnp.where(
+        (good_call & at_turn)[:, None], abo[None, :], state.calls_abo
+    )
     new_state = state.replace(
         progress=progress,
         resolved=resolved,
@@ -559,12 +631,14 @@ class ArithmeticEnv:
         correct=state.correct | (answered & (answer == state.task.answer)),
         format_error=state.format_error | format_error,
         num_tool_calls=state.num_tool_calls + is_call.astype(jnp.int32),
-        num_tool_errors=state.num_tool_errors + (is_call & ~call_ok).astype(jnp.int32),
+        num_tool_errors=state.num_tool_errors
+        + (is_call & ~call_ok).astype(jnp.int32),
         tool_call_turn=state.tool_call_turn | (is_call & at_turn),
         last_tool_result=jnp.where(
             is_call, jnp.where(call_ok, result, 0), state.last_tool_result
         ).astype(jnp.int32),
-        num_redundant_calls=state.num_redundant_calls + redundant.astype(jnp.int32),
+        num_redundant_calls=state.num_redundant_calls
+        + redundant.astype(jnp.int32),
         num_noisy_results=state.num_noisy_results + noisy.astype(jnp.int32),
         calls_abo=calls_abo,
     )
@@ -580,8 +654,11 @@ class ArithmeticEnv:
       tokens: int32 [Ag] (Ag = max_answer_len), PAD-filled; length: int32 [].
     """
     return _assemble(
-        [_const_piece([tok.ANSWER]), _int_piece(task.answer),
-         _const_piece([tok.ANSWER_END])],
+        [
+            _const_piece([tok.ANSWER]),
+            _int_piece(task.answer),
+            _const_piece([tok.ANSWER_END]),
+        ],
         self.max_answer_len,
     )
 
@@ -643,21 +720,30 @@ class ArithmeticEnv:
     task = state.task
     xs, ops = _chain(task)
     m = xs.shape[0] - 1
-    under = (self.expert_undercall_prob if self.expert_undercall_prob >= 0
-             else self.expert_imperfect_prob)
-    over = (self.expert_overcall_prob if self.expert_overcall_prob >= 0
-            else self.expert_imperfect_prob)
+    under = (
+        self.expert_undercall_prob
+        if self.expert_undercall_prob >= 0
+        else self.expert_imperfect_prob
+    )
+    over = (
+        self.expert_overcall_prob
+        if self.expert_overcall_prob >= 0
+        else self.expert_imperfect_prob
+    )
     imperfect = jax.random.uniform(key) < jnp.where(task.hard, under, over)
     started = (state.turn > 0) & (state.num_tool_calls > 0)
     use_tool = (state.turn < m) & (
-        started | ((state.turn == 0) & jnp.logical_xor(task.hard, imperfect)))
+        started | ((state.turn == 0) & jnp.logical_xor(task.hard, imperfect))
+    )
     answer = jnp.where(state.turn == 0, task.answer, state.last_tool_result)
     j = jnp.clip(state.turn, 0, m - 1)
     left = jnp.where(state.turn == 0, xs[0], state.last_tool_result)
     right = xs[j + 1]
     if self.expert_wrong_arg_prob > 0:
-      wrong = (jax.random.uniform(jax.random.fold_in(key, 1))
-               < self.expert_wrong_arg_prob)
+      wrong = (
+          jax.random.uniform(jax.random.fold_in(key, 1))
+          < self.expert_wrong_arg_prob
+      )
       right = right + wrong.astype(jnp.int32)
     call, call_len = _assemble(
         [

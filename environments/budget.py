@@ -61,11 +61,19 @@ class BudgetEnv:
       kwargs = tuple(sorted(dict(kwargs).items()))
     object.__setattr__(self, "base_kwargs", tuple(kwargs))
     if self.base not in registry.BASE_ENVS:
-      raise ValueError(f"base must name a non-budget environment in "
-                       f"{sorted(registry.BASE_ENVS)}, got {self.base!r}")
-    if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
+      raise ValueError(
+          f"base must name a non-budget environment in "
+          f"{sorted(registry.BASE_ENVS)}, got {self.base!r}"
+      )
+    if (
+        isinstance(self.budget, bool)
+        or not isinstance(self.budget, int)
+        or self.budget < 0
+    ):
       raise ValueError(f"budget must be an integer >= 0, got {self.budget!r}")
-    object.__setattr__(self, "_inner", registry.BASE_ENVS[self.base](**dict(self.base_kwargs)))
+    object.__setattr__(
+        self, "_inner", registry.BASE_ENVS[self.base](**dict(self.base_kwargs))
+    )
 
   @property
   def inner(self):
@@ -109,7 +117,8 @@ class BudgetEnv:
     state, prompt, prompt_len = self.inner.reset(task)
     keep = jnp.arange(prompt.shape[0]) < prompt_len
     out, out_len = common.assemble(
-        [(prompt, keep), common.const_piece(self._suffix)], self.max_prompt_len)
+        [(prompt, keep), common.const_piece(self._suffix)], self.max_prompt_len
+    )
     f = jnp.zeros((), bool)
     return BudgetState(base=state, exceeded=f, done=f), out, out_len
 
@@ -119,7 +128,9 @@ class BudgetEnv:
     Returns:
       (state, obs_tokens int32 [O], obs_len int32 [], done bool []).
     """
-    base, obs, obs_len, done = self.inner.step(state.base, action_tokens, action_len)
+    base, obs, obs_len, done = self.inner.step(
+        state.base, action_tokens, action_len
+    )
     active = ~state.done
     # A finished (e.g. cut) episode is left as it is.
     base = jax.tree.map(lambda n, o: jnp.where(active, n, o), base, state.base)
@@ -130,15 +141,21 @@ class BudgetEnv:
     obs = jnp.where(cut, tok.PAD, obs).astype(jnp.int32)
     obs_len = jnp.where(cut, 0, obs_len).astype(jnp.int32)
     done = state.done | done | cut
-    return (BudgetState(base=base, exceeded=state.exceeded | cut, done=done),
-            obs, obs_len, done)
+    return (
+        BudgetState(base=base, exceeded=state.exceeded | cut, done=done),
+        obs,
+        obs_len,
+        done,
+    )
 
   def facts(self, state: BudgetState) -> dict[str, jax.Array]:
     """The base facts plus 'budget_exceeded', 'budget', 'calls_left'."""
     out = dict(self.inner.facts(state.base))
     out["budget_exceeded"] = state.exceeded
     out["budget"] = jnp.int32(self.budget)
-    out["calls_left"] = jnp.maximum(self.budget - out["num_tool_calls"], 0).astype(jnp.int32)
+    out["calls_left"] = jnp.maximum(
+        self.budget - out["num_tool_calls"], 0
+    ).astype(jnp.int32)
     return out
 
   def expert_action(self, state: BudgetState, key):

@@ -64,8 +64,9 @@ class ClarificationState:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _missing(key, n: int, missing_prob):
   u = jax.random.uniform(jax.random.fold_in(key, 0x636C), (2, n))
-  return jnp.where(u[0] < missing_prob, jnp.where(u[1] < 0.5, MISSING_A, MISSING_B),
-                   NONE).astype(jnp.int32)
+  return jnp.where(
+      u[0] < missing_prob, jnp.where(u[1] < 0.5, MISSING_A, MISSING_B), NONE
+  ).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +101,32 @@ class ClarificationEnv:
     if self.max_obs_len < 10:
       raise ValueError(f"max_obs_len must be >= 10, got {self.max_obs_len}")
     if self.max_turns < 3:
-      raise ValueError(f"max_turns must be >= 3 (ask, calc, answer), got "
-                       f"{self.max_turns}")
-    common.check_probabilities(self, (
-        "hard_fraction", "missing_prob", "expert_undercall_prob",
-        "expert_overcall_prob", "expert_wrong_arg_prob"))
-    object.__setattr__(self, "_arith", arithmetic.ArithmeticEnv(
-        max_prompt_len=self.max_prompt_len, max_action_len=self.max_action_len,
-        max_obs_len=self.max_obs_len, max_turns=self.max_turns,
-        hard_fraction=self.hard_fraction, expert_imperfect_prob=0.0))
+      raise ValueError(
+          f"max_turns must be >= 3 (ask, calc, answer), got "
+          f"{self.max_turns}"
+      )
+    common.check_probabilities(
+        self,
+        (
+            "hard_fraction",
+            "missing_prob",
+            "expert_undercall_prob",
+            "expert_overcall_prob",
+            "expert_wrong_arg_prob",
+        ),
+    )
+    object.__setattr__(
+        self,
+        "_arith",
+        arithmetic.ArithmeticEnv(
+            max_prompt_len=self.max_prompt_len,
+            max_action_len=self.max_action_len,
+            max_obs_len=self.max_obs_len,
+            max_turns=self.max_turns,
+            hard_fraction=self.hard_fraction,
+            expert_imperfect_prob=0.0,
+        ),
+    )
 
   @property
   def arith(self) -> arithmetic.ArithmeticEnv:
@@ -120,14 +138,19 @@ class ClarificationEnv:
 
   def sample_tasks(self, key, n: int) -> ClarificationTask:
     """n i.i.d. tasks (the arithmetic draw plus a folded-off `missing` draw)."""
-    return ClarificationTask(arith=self.arith.sample_tasks(key, n),
-                             missing=_missing(key, n, jnp.float32(self.missing_prob)))
+    return ClarificationTask(
+        arith=self.arith.sample_tasks(key, n),
+        missing=_missing(key, n, jnp.float32(self.missing_prob)),
+    )
 
   def eval_tasks(self, n: int, seed: int) -> ClarificationTask:
     """Fixed held-out set: arithmetic's eval set plus deterministic `missing`."""
     return ClarificationTask(
         arith=self.arith.eval_tasks(n, seed),
-        missing=_missing(jax.random.key(seed), n, jnp.float32(self.missing_prob)))
+        missing=_missing(
+            jax.random.key(seed), n, jnp.float32(self.missing_prob)
+        ),
+    )
 
   def reset(self, task: ClarificationTask):
     """Prompt "Compute 483*b.\\n" (or "a*27", or both operands); state."""
@@ -137,16 +160,32 @@ class ClarificationEnv:
     show = lambda piece, s: (piece[0], piece[1] & s)
     ma, mb = task.missing == MISSING_A, task.missing == MISSING_B
     prompt, prompt_len = common.assemble(
-        [common.const_piece([tok.BOS, *b"Compute "]), hide(common.int_piece(t.a), ma),
-         show(var("a"), ma), common.const_piece(arithmetic._op_byte(t.op)),
-         hide(common.int_piece(t.b), mb), show(var("b"), mb),
-         common.const_piece(tuple(b".\n"))], self.max_prompt_len)
+        [
+            common.const_piece([tok.BOS, *b"Compute "]),
+            hide(common.int_piece(t.a), ma),
+            show(var("a"), ma),
+            common.const_piece(arithmetic._op_byte(t.op)),
+            hide(common.int_piece(t.b), mb),
+            show(var("b"), mb),
+            common.const_piece(tuple(b".\n")),
+        ],
+        self.max_prompt_len,
+    )
     arith_state, _, _ = self.arith.reset(t)
     z, f = jnp.zeros((), jnp.int32), jnp.zeros((), bool)
-    return ClarificationState(
-        arith=arith_state, missing=task.missing, asked=f, num_asks=z,
-        num_ask_redundant=z, num_ask_errors=z,
-        ask_turns=jnp.zeros((self.max_turns,), bool)), prompt, prompt_len
+    return (
+        ClarificationState(
+            arith=arith_state,
+            missing=task.missing,
+            asked=f,
+            num_asks=z,
+            num_ask_redundant=z,
+            num_ask_errors=z,
+            ask_turns=jnp.zeros((self.max_turns,), bool),
+        ),
+        prompt,
+        prompt_len,
+    )
 
   def step(self, state: ClarificationState, action_tokens, action_len):
     """Applies one turn: asks are answered by the simulated user, everything else
@@ -155,27 +194,41 @@ class ClarificationEnv:
     Returns:
       (state, obs_tokens int32 [O], obs_len int32 [], done bool []).
     """
-    tokens, length, first, last, stopped = common.turn_frame(action_tokens, action_len)
+    tokens, length, first, last, stopped = common.turn_frame(
+        action_tokens, action_len
+    )
     a_state = state.arith
     active = ~a_state.done
     is_ask = active & stopped & (first == tok.CALL) & (tokens[1] == ord("?"))
     var = tokens[2]
-    ask_ok = (length == 4) & (last == tok.CALL_END) & (
-        (var == ord("a")) | (var == ord("b")))
+    ask_ok = (
+        (length == 4)
+        & (last == tok.CALL_END)
+        & ((var == ord("a")) | (var == ord("b")))
+    )
     asks_missing = ask_ok & (
         ((var == ord("a")) & (state.missing == MISSING_A))
-        | ((var == ord("b")) & (state.missing == MISSING_B)))
+        | ((var == ord("b")) & (state.missing == MISSING_B))
+    )
     t = a_state.task
     value = jnp.where(var == ord("a"), t.a, t.b)
     reply, reply_len = common.wrapped(
-        tok.OBS, tok.OBS_END,
-        [(jnp.stack([var, jnp.int32(ord("="))]), jnp.ones((2,), bool)),
-         common.int_piece(value)], self.max_obs_len)
-    known, known_len = common.wrapped(tok.OBS, tok.OBS_END,
-                                      [common.const_piece(_KNOWN)], self.max_obs_len)
+        tok.OBS,
+        tok.OBS_END,
+        [
+            (jnp.stack([var, jnp.int32(ord("="))]), jnp.ones((2,), bool)),
+            common.int_piece(value),
+        ],
+        self.max_obs_len,
+    )
+    known, known_len = common.wrapped(
+        tok.OBS, tok.OBS_END, [common.const_piece(_KNOWN)], self.max_obs_len
+    )
     err, err_len = common.error_obs(self.max_obs_len)
     ask_obs = jnp.where(asks_missing, reply, jnp.where(ask_ok, known, err))
-    ask_len = jnp.where(asks_missing, reply_len, jnp.where(ask_ok, known_len, err_len))
+    ask_len = jnp.where(
+        asks_missing, reply_len, jnp.where(ask_ok, known_len, err_len)
+    )
 
     # Non-ask turns: the arithmetic rules (the hidden operand is still the task's).
     new_a, obs, obs_len, done = self.arith.step(a_state, tokens, length)
@@ -183,11 +236,13 @@ class ClarificationEnv:
     turn = a_state.turn + 1
     at = jnp.arange(self.max_turns) == a_state.turn
     ask_a = a_state.replace(
-        turn=turn, done=turn >= self.max_turns,
+        turn=turn,
+        done=turn >= self.max_turns,
         num_tool_calls=a_state.num_tool_calls + 1,
         num_tool_errors=a_state.num_tool_errors + (~ask_ok).astype(jnp.int32),
         tool_call_turn=a_state.tool_call_turn | at,
-        progress=a_state.progress)
+        progress=a_state.progress,
+    )
     new_a = jax.tree.map(lambda x, y: jnp.where(is_ask, x, y), ask_a, new_a)
     obs = jnp.where(is_ask, ask_obs, obs).astype(jnp.int32)
     obs_len = jnp.where(is_ask, ask_len, obs_len).astype(jnp.int32)
@@ -197,15 +252,26 @@ class ClarificationEnv:
     # Progress: (missing value obtained + calculator result observed) / needed.
     missing = state.missing != NONE
     need = missing.astype(jnp.float32) + t.hard.astype(jnp.float32)
-    got = asked.astype(jnp.float32) + (t.hard & (new_a.resolved > 0)).astype(jnp.float32)
-    progress = common.progress_update(a_state.progress, new_a.turn, active,
-                                      jnp.where(need > 0, got / jnp.maximum(need, 1), 0.0))
+    got = asked.astype(jnp.float32) + (t.hard & (new_a.resolved > 0)).astype(
+        jnp.float32
+    )
+    progress = common.progress_update(
+        a_state.progress,
+        new_a.turn,
+        active,
+        jnp.where(need > 0, got / jnp.maximum(need, 1), 0.0),
+    )
     new_a = new_a.replace(progress=progress)
     new = state.replace(
-        arith=new_a, asked=asked, num_asks=state.num_asks + is_ask.astype(jnp.int32),
-        num_ask_redundant=state.num_ask_redundant + redundant_ask.astype(jnp.int32),
-        num_ask_errors=state.num_ask_errors + (is_ask & ~ask_ok).astype(jnp.int32),
-        ask_turns=state.ask_turns | (is_ask & at))
+        arith=new_a,
+        asked=asked,
+        num_asks=state.num_asks + is_ask.astype(jnp.int32),
+        num_ask_redundant=state.num_ask_redundant
+        + redundant_ask.astype(jnp.int32),
+        num_ask_errors=state.num_ask_errors
+        + (is_ask & ~ask_ok).astype(jnp.int32),
+        ask_turns=state.ask_turns | (is_ask & at),
+    )
     return new, obs, obs_len, done
 
   def facts(self, state: ClarificationState) -> dict[str, jax.Array]:
@@ -213,7 +279,9 @@ class ClarificationEnv:
     out = self.arith.facts(state.arith)
     del out["num_noisy_results"]
     missing = state.missing != NONE
-    out["num_redundant_calls"] = out["num_redundant_calls"] + state.num_ask_redundant
+    out["num_redundant_calls"] = (
+        out["num_redundant_calls"] + state.num_ask_redundant
+    )
     out["num_asks"] = state.num_asks
     out["asked"] = state.asked
     out["missing"] = missing
@@ -243,22 +311,34 @@ class ClarificationEnv:
     var = jnp.where(state.missing == MISSING_A, ord("a"), ord("b"))
     var = jnp.where(over, ord("a"), var)
     ask, ask_len = common.wrapped(
-        tok.CALL, tok.CALL_END,
-        [(jnp.stack([jnp.int32(ord("?")), jnp.int32(var)]), jnp.ones((2,), bool))],
-        self.max_action_len)
+        tok.CALL,
+        tok.CALL_END,
+        [
+            (
+                jnp.stack([jnp.int32(ord("?")), jnp.int32(var)]),
+                jnp.ones((2,), bool),
+            )
+        ],
+        self.max_action_len,
+    )
     # The arithmetic expert, at imperfection 0, on a state whose turn counter
     # excludes asks (so "turn 0" means "no calc call yet").
     calls = a_state.num_tool_calls - state.num_asks
     shadow = a_state.replace(turn=calls, num_tool_calls=calls)
-    arith_expert = dataclasses.replace(self.arith,
-                                       expert_wrong_arg_prob=self.expert_wrong_arg_prob)
-    act, act_len = arith_expert.expert_action(shadow, jax.random.fold_in(key, 7))
+    arith_expert = dataclasses.replace(
+        self.arith, expert_wrong_arg_prob=self.expert_wrong_arg_prob
+    )
+    act, act_len = arith_expert.expert_action(
+        shadow, jax.random.fold_in(key, 7)
+    )
     guess_a = jnp.where(state.missing == MISSING_A, 0, t.a)
     guess_b = jnp.where(state.missing == MISSING_B, 0, t.b)
     guess, guess_len = common.wrapped(
-        tok.ANSWER, tok.ANSWER_END,
+        tok.ANSWER,
+        tok.ANSWER_END,
         [common.int_piece(arithmetic._apply_op(guess_a, t.op, guess_b))],
-        self.max_action_len)
+        self.max_action_len,
+    )
     use_ask = (need_ask | over) & ~under
     out = jnp.where(use_ask, ask, jnp.where(under, guess, act))
     out_len = jnp.where(use_ask, ask_len, jnp.where(under, guess_len, act_len))

@@ -35,7 +35,9 @@ def int_piece(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   x = jnp.asarray(x, jnp.int32)
   mag = jnp.abs(x)
   pows = jnp.asarray(POW10[::-1].copy())  # 10**9 ... 10**0
-  digits = jax.lax.rem(jax.lax.div(mag, pows), 10)  # mag >= 0: truncating ops suffice
+  digits = jax.lax.rem(
+      jax.lax.div(mag, pows), 10
+  )  # mag >= 0: truncating ops suffice
   seen = jnp.cumsum(digits != 0) > 0
   keep_digits = seen.at[-1].set(True)
   tokens = jnp.concatenate([jnp.array([MINUS], jnp.int32), ZERO + digits])
@@ -140,7 +142,10 @@ def empty_obs(out_len: int) -> tuple[jax.Array, jax.Array]:
 
 
 def span_matches(
-    tokens: jax.Array, start: jax.Array, end: jax.Array, pattern: jax.Array,
+    tokens: jax.Array,
+    start: jax.Array,
+    end: jax.Array,
+    pattern: jax.Array,
     pattern_len: jax.Array,
 ) -> jax.Array:
   """Whether tokens[start:end] equals pattern[:pattern_len] exactly.
@@ -166,7 +171,9 @@ def progress_update(
   """Writes progress[turn] = value when active (progress float32 [K + 1])."""
   k1 = progress.shape[0]
   return jnp.where(
-      active & (jnp.arange(k1) == turn), jnp.asarray(value, jnp.float32), progress
+      active & (jnp.arange(k1) == turn),
+      jnp.asarray(value, jnp.float32),
+      progress,
   )
 
 
@@ -175,5 +182,6 @@ def check_probabilities(obj, fields) -> None:
   not a probability in [0, 1] (the environments' __post_init__ checks)."""
   for f in fields:
     if not 0.0 <= getattr(obj, f) <= 1.0:
-      raise ValueError(f"{f} must be a probability in [0, 1], got "
-                       f"{getattr(obj, f)}")
+      raise ValueError(
+          f"{f} must be a probability in [0, 1], got " f"{getattr(obj, f)}"
+      )

@@ -110,8 +110,9 @@ def _letter(x: jax.Array):
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _make_tasks(key: jax.Array, n: int, min_hops: int, max_hops: int,
-                num_distractors: int) -> KVChainTask:
+def _make_tasks(
+    key: jax.Array, n: int, min_hops: int, max_hops: int, num_distractors: int
+) -> KVChainTask:
   """Draws n tasks (see KVChainTask); static sizes, one jitted program."""
   num_map = max_hops + 1 + num_distractors
 
@@ -121,8 +122,12 @@ def _make_tasks(key: jax.Array, n: int, min_hops: int, max_hops: int,
     d = jax.random.randint(kh, (), min_hops, max_hops + 1).astype(jnp.int32)
     i = jnp.arange(num_map)
     rand_target = perm[jax.random.randint(kt, (num_map,), 0, num_map)]
-    target = jnp.where(i < d, perm[jnp.minimum(i + 1, num_map - 1)], rand_target)
-    next_key = jnp.full((NUM_KEYS,), -1, jnp.int32).at[perm[:num_map]].set(target)
+    target = jnp.where(
+        i < d, perm[jnp.minimum(i + 1, num_map - 1)], rand_target
+    )
+    next_key = (
+        jnp.full((NUM_KEYS,), -1, jnp.int32).at[perm[:num_map]].set(target)
+    )
 
     def walk(cur, _):
       nxt = next_key[cur]
@@ -133,8 +138,13 @@ def _make_tasks(key: jax.Array, n: int, min_hops: int, max_hops: int,
     # left in the map, a key outside it.
     j = jax.random.randint(kd, (), d + 1, jnp.maximum(num_map, d + 2))
     distractor = perm[jnp.minimum(j, NUM_KEYS - 1)]
-    return KVChainTask(next_key=next_key, path=path, hops=d, answer=perm[d],
-                       distractor=distractor)
+    return KVChainTask(
+        next_key=next_key,
+        path=path,
+        hops=d,
+        answer=perm[d],
+        distractor=distractor,
+    )
 
   return jax.vmap(one)(jax.random.split(key, n))
 
@@ -174,23 +184,36 @@ class KVChainEnv:
     if not 1 <= self.min_hops <= self.max_hops <= 6:
       raise ValueError(
           "min_hops/max_hops: need 1 <= min_hops <= max_hops <= 6, got min_hops="
-          f"{self.min_hops}, max_hops={self.max_hops}")
+          f"{self.min_hops}, max_hops={self.max_hops}"
+      )
     if not 0 <= self.num_distractors <= NUM_KEYS - self.max_hops - 1:
       raise ValueError(
           f"num_distractors must be in [0, {NUM_KEYS - self.max_hops - 1}], got "
-          f"{self.num_distractors}")
+          f"{self.num_distractors}"
+      )
     if self.max_prompt_len < 15:
-      raise ValueError(f"max_prompt_len must be >= 15, got {self.max_prompt_len}")
+      raise ValueError(
+          f"max_prompt_len must be >= 15, got {self.max_prompt_len}"
+      )
     if self.max_action_len < 3:
-      raise ValueError(f"max_action_len must be >= 3, got {self.max_action_len}")
+      raise ValueError(
+          f"max_action_len must be >= 3, got {self.max_action_len}"
+      )
     if self.max_obs_len < 7:
       raise ValueError(f"max_obs_len must be >= 7, got {self.max_obs_len}")
     if self.max_turns < self.max_hops + 1:
       raise ValueError(
           f"max_turns must be >= max_hops + 1 = {self.max_hops + 1}, got "
-          f"{self.max_turns}")
-    common.check_probabilities(self, (
-        "expert_overcall_prob", "expert_undercall_prob", "expert_wrong_arg_prob"))
+          f"{self.max_turns}"
+      )
+    common.check_probabilities(
+        self,
+        (
+            "expert_overcall_prob",
+            "expert_undercall_prob",
+            "expert_wrong_arg_prob",
+        ),
+    )
 
   @property
   def max_answer_len(self) -> int:
@@ -199,7 +222,9 @@ class KVChainEnv:
 
   def sample_tasks(self, key: jax.Array, n: int) -> KVChainTask:
     """n i.i.d. tasks (fields with leading dim n)."""
-    return _make_tasks(key, n, self.min_hops, self.max_hops, self.num_distractors)
+    return _make_tasks(
+        key, n, self.min_hops, self.max_hops, self.num_distractors
+    )
 
   def eval_tasks(self, n: int, seed: int) -> KVChainTask:
     """A fixed held-out set, deterministic in (n, seed)."""
@@ -213,16 +238,29 @@ class KVChainEnv:
       prompt_len int32 [].
     """
     prompt, prompt_len = common.assemble(
-        [common.const_piece([tok.BOS, *_PROMPT_HEAD]), _letter(task.path[0]),
-         common.const_piece(_PROMPT_MID), common.int_piece(task.hops),
-         common.const_piece(_PROMPT_TAIL)],
-        self.max_prompt_len)
+        [
+            common.const_piece([tok.BOS, *_PROMPT_HEAD]),
+            _letter(task.path[0]),
+            common.const_piece(_PROMPT_MID),
+            common.int_piece(task.hops),
+            common.const_piece(_PROMPT_TAIL),
+        ],
+        self.max_prompt_len,
+    )
     z = jnp.zeros((), jnp.int32)
     f = jnp.zeros((), bool)
     state = KVChainState(
-        task=task, turn=z, done=f, answered=f, correct=f, format_error=f,
-        num_tool_calls=z, num_tool_errors=z, num_redundant_calls=z,
-        num_offpath_calls=z, resolved=z,
+        task=task,
+        turn=z,
+        done=f,
+        answered=f,
+        correct=f,
+        format_error=f,
+        num_tool_calls=z,
+        num_tool_errors=z,
+        num_redundant_calls=z,
+        num_offpath_calls=z,
+        resolved=z,
         queried=jnp.zeros((NUM_KEYS,), bool),
         tool_call_turn=jnp.zeros((self.max_turns,), bool),
         valid_call_turn=jnp.zeros((self.max_turns,), bool),
@@ -230,8 +268,9 @@ class KVChainEnv:
     )
     return state, prompt, prompt_len
 
-  def step(self, state: KVChainState, action_tokens: jax.Array,
-           action_len: jax.Array):
+  def step(
+      self, state: KVChainState, action_tokens: jax.Array, action_len: jax.Array
+  ):
     """Applies one assistant turn (rules in the module docstring).
 
     Args:
@@ -243,7 +282,8 @@ class KVChainEnv:
       (state, obs_tokens int32 [O], obs_len int32 [], done bool []).
     """
     tokens, length, first, last, stopped = common.turn_frame(
-        action_tokens, action_len)
+        action_tokens, action_len
+    )
     active = ~state.done
     is_call = active & stopped & (first == tok.CALL)
     is_answer = active & stopped & (first == tok.ANSWER)
@@ -257,8 +297,9 @@ class KVChainEnv:
     call_ok = one_letter & (last == tok.CALL_END) & (value >= 0)
     answer_ok = one_letter & (last == tok.ANSWER_END)
 
-    obs_ok, len_ok = common.wrapped(tok.OBS, tok.OBS_END, [_letter(value)],
-                                    self.max_obs_len)
+    obs_ok, len_ok = common.wrapped(
+        tok.OBS, tok.OBS_END, [_letter(value)], self.max_obs_len
+    )
     obs_err, len_err = common.error_obs(self.max_obs_len)
     obs = jnp.where(is_call, jnp.where(call_ok, obs_ok, obs_err), tok.PAD)
     obs_len = jnp.where(is_call, jnp.where(call_ok, len_ok, len_err), 0)
@@ -275,7 +316,8 @@ class KVChainEnv:
     done = state.done | is_answer | is_other | (turn >= self.max_turns)
     i32 = lambda b: b.astype(jnp.int32)
     new = state.replace(
-        turn=turn, done=done,
+        turn=turn,
+        done=done,
         answered=state.answered | answered,
         correct=state.correct | (answered & (key_idx == task.answer)),
         format_error=state.format_error | is_other | (is_answer & ~answer_ok),
@@ -290,15 +332,19 @@ class KVChainEnv:
         valid_call_turn=state.valid_call_turn
         | (good & (jnp.arange(self.max_turns) == state.turn)),
         progress=common.progress_update(
-            state.progress, turn, active,
-            resolved.astype(jnp.float32) / jnp.maximum(task.hops, 1)),
+            state.progress,
+            turn,
+            active,
+            resolved.astype(jnp.float32) / jnp.maximum(task.hops, 1),
+        ),
     )
     return new, obs.astype(jnp.int32), obs_len.astype(jnp.int32), done
 
   def gold_answer(self, task: KVChainTask):
     """int32 [3] `ANSWER letter ANSWER_END` and its length (3)."""
-    return common.wrapped(tok.ANSWER, tok.ANSWER_END, [_letter(task.answer)],
-                          self.max_answer_len)
+    return common.wrapped(
+        tok.ANSWER, tok.ANSWER_END, [_letter(task.answer)], self.max_answer_len
+    )
 
   def facts(self, state: KVChainState) -> dict[str, jax.Array]:
     """Verifiable facts (listed in the module docstring)."""
@@ -343,10 +389,14 @@ class KVChainEnv:
     over = left & (state.resolved > 0) & (u[1] < self.expert_overcall_prob)
     wrong = left & (u[2] < self.expert_wrong_arg_prob)
     arg = jnp.where(over, prev, jnp.where(wrong, task.distractor, cur))
-    call, call_len = common.wrapped(tok.CALL, tok.CALL_END, [_letter(arg)],
-                                    self.max_action_len)
-    ans, ans_len = common.wrapped(tok.ANSWER, tok.ANSWER_END, [_letter(cur)],
-                                  self.max_action_len)
+    call, call_len = common.wrapped(
+        tok.CALL, tok.CALL_END, [_letter(arg)], self.max_action_len
+    )
+    ans, ans_len = common.wrapped(
+        tok.ANSWER, tok.ANSWER_END, [_letter(cur)], self.max_action_len
+    )
     use_tool = left & ~under
-    return (jnp.where(use_tool, call, ans).astype(jnp.int32),
-            jnp.where(use_tool, call_len, ans_len).astype(jnp.int32))
+    return (
+        jnp.where(use_tool, call, ans).astype(jnp.int32),
+        jnp.where(use_tool, call_len, ans_len).astype(jnp.int32),
+    )

@@ -17,8 +17,10 @@ from environments import schema_calls
 def _lazy(module: str, name: str):
   """Constructor that imports a host environment's module on first use (their
   optional dependencies, e.g. bfcl-eval, are only needed when selected)."""
+
   def make_env(**kwargs):
     return getattr(importlib.import_module(module), name)(**kwargs)
+
   make_env.__name__ = name
   return make_env
 
@@ -31,5 +33,7 @@ BASE_ENVS = {
     # Host environments (environments/host/README.md).
     "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
     "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
-    "reasoning_gym": _lazy("environments.host.reasoning_gym_env", "ReasoningGymEnv"),
+    "reasoning_gym": _lazy(
+        "environments.host.reasoning_gym_env", "ReasoningGymEnv"
+    ),
 }

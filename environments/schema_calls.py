@@ -86,9 +86,13 @@ TOOLS = (
     ("max", OP_MAX, "ab"),
     ("min", OP_MIN, "ab"),
 )
-_NAME_IDS = np.array([[ord(c) for c in t[0]] for t in TOOLS], np.int32)  # [T, 3]
+_NAME_IDS = np.array(
+    [[ord(c) for c in t[0]] for t in TOOLS], np.int32
+)  # [T, 3]
 _TOOL_OP = np.array([t[1] for t in TOOLS], np.int32)
-_TOOL_PARAMS = np.array([[ord(c) for c in t[2]] for t in TOOLS], np.int32)  # [T, 2]
+_TOOL_PARAMS = np.array(
+    [[ord(c) for c in t[2]] for t in TOOLS], np.int32
+)  # [T, 2]
 # Canonical tool of each operation.
 _CANON = np.array([0, 2, 3, 4, 5], np.int32)
 _MAX_VALUE_DIGITS = 7
@@ -103,7 +107,9 @@ def _tool_schema_bytes(t: int) -> tuple[int, ...]:
 def _apply(op, a, b):
   return jnp.select(
       [op == OP_ADD, op == OP_MUL, op == OP_SUB, op == OP_MAX],
-      [a + b, a * b, a - b, jnp.maximum(a, b)], jnp.minimum(a, b))
+      [a + b, a * b, a - b, jnp.maximum(a, b)],
+      jnp.minimum(a, b),
+  )
 
 
 @flax.struct.dataclass
@@ -157,15 +163,31 @@ class SchemaState:
   per_turn: dict  # name -> [K] arrays (the call_* facts)
 
 
-_PER_TURN = ("call_format_ok", "call_schema_ok", "call_name_ok", "call_param_names_ok",
-             "call_param_names_frac", "call_param_values_ok",
-             "call_param_values_frac", "call_exec_ok", "call_forbidden",
-             "call_resolves", "call_ref_match")
+_PER_TURN = (
+    "call_format_ok",
+    "call_schema_ok",
+    "call_name_ok",
+    "call_param_names_ok",
+    "call_param_names_frac",
+    "call_param_values_ok",
+    "call_param_values_frac",
+    "call_exec_ok",
+    "call_forbidden",
+    "call_resolves",
+    "call_ref_match",
+)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _make_tasks(key, n: int, min_depth: int, max_depth: int, num_tools: int,
-                branch_prob: jax.Array, forbid_prob: jax.Array) -> SchemaTask:
+def _make_tasks(
+    key,
+    n: int,
+    min_depth: int,
+    max_depth: int,
+    num_tools: int,
+    branch_prob: jax.Array,
+    forbid_prob: jax.Array,
+) -> SchemaTask:
   """Draws n tasks; static sizes, one jitted program."""
   ops_offered = np.unique(_TOOL_OP[:num_tools])
 
@@ -174,7 +196,8 @@ def _make_tasks(key, n: int, min_depth: int, max_depth: int, num_tools: int,
     d = jax.random.randint(kd, (), min_depth, max_depth + 1)
     branch = (d >= 3) & (jax.random.uniform(kb) < branch_prob)
     op = jnp.asarray(ops_offered)[
-        jax.random.randint(ko, (max_depth,), 0, len(ops_offered))]
+        jax.random.randint(ko, (max_depth,), 0, len(ops_offered))
+    ]
     leaf = jax.random.randint(kx, (max_depth + 1,), 0, 10)
     i = jnp.arange(max_depth)
     # Chain: node i = node(i-1) o x_{i+1}. Branch: node0 = x0 o x1,
@@ -186,27 +209,40 @@ def _make_tasks(key, n: int, min_depth: int, max_depth: int, num_tools: int,
     right_ref = jnp.where(branch & (i == 2), 1, right_ref)
     left_const = jnp.where(i == 0, leaf[0], 0)
     left_const = jnp.where(branch & (i == 1), leaf[2], left_const)
-    right_const = jnp.where(branch & (i == 1), leaf[3], leaf[jnp.minimum(i + 1, max_depth)])
+    right_const = jnp.where(
+        branch & (i == 1), leaf[3], leaf[jnp.minimum(i + 1, max_depth)]
+    )
     # Branch tasks use x_{i+1} for nodes i > 2 too (x4..); node 2 has no constant.
 
     def body(vals, j):
-      lv = jnp.where(left_ref[j] >= 0, vals[jnp.maximum(left_ref[j], 0)], left_const[j])
-      rv = jnp.where(right_ref[j] >= 0, vals[jnp.maximum(right_ref[j], 0)], right_const[j])
+      lv = jnp.where(
+          left_ref[j] >= 0, vals[jnp.maximum(left_ref[j], 0)], left_const[j]
+      )
+      rv = jnp.where(
+          right_ref[j] >= 0, vals[jnp.maximum(right_ref[j], 0)], right_const[j]
+      )
       return vals.at[j].set(_apply(op[j], lv, rv)), None
 
     value, _ = jax.lax.scan(body, jnp.zeros((max_depth,), jnp.int32), i)
     adds = [t for t in range(num_tools) if _TOOL_OP[t] == OP_ADD]
     forbidden = jnp.int32(-1)
     if len(adds) == 2:  # only an equivalent tool may be forbidden
-      forbidden = jnp.where(jax.random.uniform(kf) < forbid_prob,
-                            jnp.int32(adds[1]), -1)
+      forbidden = jnp.where(
+          jax.random.uniform(kf) < forbid_prob, jnp.int32(adds[1]), -1
+      )
     return SchemaTask(
-        depth=d.astype(jnp.int32), branch=branch, op=op.astype(jnp.int32),
-        leaf=leaf.astype(jnp.int32), left_ref=left_ref.astype(jnp.int32),
+        depth=d.astype(jnp.int32),
+        branch=branch,
+        op=op.astype(jnp.int32),
+        leaf=leaf.astype(jnp.int32),
+        left_ref=left_ref.astype(jnp.int32),
         right_ref=right_ref.astype(jnp.int32),
         left_const=left_const.astype(jnp.int32),
-        right_const=right_const.astype(jnp.int32), value=value,
-        answer=value[d - 1], forbidden=forbidden)
+        right_const=right_const.astype(jnp.int32),
+        value=value,
+        answer=value[d - 1],
+        forbidden=forbidden,
+    )
 
   return jax.vmap(one)(jax.random.split(key, n))
 
@@ -265,24 +301,42 @@ class SchemaCallsEnv:
 
   def __post_init__(self):
     if not 2 <= self.num_tools <= len(TOOLS):
-      raise ValueError(f"num_tools must be in [2, {len(TOOLS)}], got {self.num_tools}")
+      raise ValueError(
+          f"num_tools must be in [2, {len(TOOLS)}], got {self.num_tools}"
+      )
     if not 1 <= self.min_depth <= self.max_depth <= 6:
-      raise ValueError("min_depth/max_depth: need 1 <= min_depth <= max_depth <= 6, got min_depth="
-                       f"{self.min_depth}, max_depth={self.max_depth}")
+      raise ValueError(
+          "min_depth/max_depth: need 1 <= min_depth <= max_depth <= 6, got min_depth="
+          f"{self.min_depth}, max_depth={self.max_depth}"
+      )
     if self.max_prompt_len < self.prompt_len_needed:
-      raise ValueError(f"max_prompt_len must be >= {self.prompt_len_needed}, got "
-                       f"{self.max_prompt_len}")
+      raise ValueError(
+          f"max_prompt_len must be >= {self.prompt_len_needed}, got "
+          f"{self.max_prompt_len}"
+      )
     if self.max_action_len < 26:
-      raise ValueError(f"max_action_len must be >= 26, got {self.max_action_len}")
+      raise ValueError(
+          f"max_action_len must be >= 26, got {self.max_action_len}"
+      )
     if self.max_obs_len < 10:
       raise ValueError(f"max_obs_len must be >= 10, got {self.max_obs_len}")
     if self.max_turns < self.max_depth + 1:
-      raise ValueError(f"max_turns must be >= max_depth + 1 = {self.max_depth + 1},"
-                       f" got {self.max_turns}")
-    common.check_probabilities(self, (
-        "branch_prob", "forbid_prob", "expert_overcall_prob",
-        "expert_undercall_prob", "expert_wrong_arg_prob", "expert_wrong_name_prob",
-        "expert_violation_prob"))
+      raise ValueError(
+          f"max_turns must be >= max_depth + 1 = {self.max_depth + 1},"
+          f" got {self.max_turns}"
+      )
+    common.check_probabilities(
+        self,
+        (
+            "branch_prob",
+            "forbid_prob",
+            "expert_overcall_prob",
+            "expert_undercall_prob",
+            "expert_wrong_arg_prob",
+            "expert_wrong_name_prob",
+            "expert_violation_prob",
+        ),
+    )
 
   @property
   def prompt_len_needed(self) -> int:
@@ -298,8 +352,15 @@ class SchemaCallsEnv:
 
   def sample_tasks(self, key, n: int) -> SchemaTask:
     """n i.i.d. tasks (leading dim n)."""
-    return _make_tasks(key, n, self.min_depth, self.max_depth, self.num_tools,
-                       jnp.float32(self.branch_prob), jnp.float32(self.forbid_prob))
+    return _make_tasks(
+        key,
+        n,
+        self.min_depth,
+        self.max_depth,
+        self.num_tools,
+        jnp.float32(self.branch_prob),
+        jnp.float32(self.forbid_prob),
+    )
 
   def eval_tasks(self, n: int, seed: int) -> SchemaTask:
     """A fixed held-out set, deterministic in (n, seed)."""
@@ -312,31 +373,57 @@ class SchemaCallsEnv:
     task.branch (static layout for max_depth, kept by d)."""
     d, D = task.depth, self.max_depth
     c = common.const_piece
-    opb = lambda j: (jnp.asarray([ord(ch) for ch in OP_CHARS], jnp.int32)[
-        task.op[j]].reshape(1), jnp.ones((1,), bool))
-    leaf = lambda j: (jnp.reshape(common.ZERO + task.leaf[j], (1,)),
-                      jnp.ones((1,), bool))
+    opb = lambda j: (
+        jnp.asarray([ord(ch) for ch in OP_CHARS], jnp.int32)[
+            task.op[j]
+        ].reshape(1),
+        jnp.ones((1,), bool),
+    )
+    leaf = lambda j: (
+        jnp.reshape(common.ZERO + task.leaf[j], (1,)),
+        jnp.ones((1,), bool),
+    )
 
     def keep(piece, k):
       return piece[0], piece[1] & k
 
     # Chain: '('*(d-1) x0 o0 x1 { ')' o_j x_{j+1} } for j < d.
-    chain = [(jnp.full((max(D - 1, 1),), ord("("), jnp.int32),
-              jnp.arange(max(D - 1, 1)) < d - 1),
-             leaf(0), opb(0), leaf(1)]
+    chain = [
+        (
+            jnp.full((max(D - 1, 1),), ord("("), jnp.int32),
+            jnp.arange(max(D - 1, 1)) < d - 1,
+        ),
+        leaf(0),
+        opb(0),
+        leaf(1),
+    ]
     for j in range(1, D):
-      chain += [keep(c([ord(")")]), j < d), keep(opb(j), j < d),
-                keep(leaf(j + 1), j < d)]
+      chain += [
+          keep(c([ord(")")]), j < d),
+          keep(opb(j), j < d),
+          keep(leaf(j + 1), j < d),
+      ]
     # Branch (d >= 3): '('*(d-3) '(' x0 o0 x1 ')' o2 '(' x2 o1 x3 ')'
     # { ')' o_j x_{j+1} } for 3 <= j < d.
-    br = [(jnp.full((max(D - 3, 1),), ord("("), jnp.int32),
-           jnp.arange(max(D - 3, 1)) < d - 3),
-          c([ord("(")]), leaf(0), opb(0), leaf(1), c([ord(")")])]
+    br = [
+        (
+            jnp.full((max(D - 3, 1),), ord("("), jnp.int32),
+            jnp.arange(max(D - 3, 1)) < d - 3,
+        ),
+        c([ord("(")]),
+        leaf(0),
+        opb(0),
+        leaf(1),
+        c([ord(")")]),
+    ]
     if D >= 3:
       br += [opb(2), c([ord("(")]), leaf(2), opb(1), leaf(3), c([ord(")")])]
     for j in range(3, D):
-      br += [keep(c([ord(")")]), j < d), keep(opb(j), j < d),
-             keep(leaf(j + 1), j < d)]
+      br += [
+          keep(c([ord(")")]), j < d),
+          keep(opb(j), j < d),
+          keep(leaf(j + 1), j < d),
+      ]
     return chain, br
 
   def reset(self, task: SchemaTask):
@@ -350,8 +437,12 @@ class SchemaCallsEnv:
     for t in range(self.num_tools):
       head.append(c(_tool_schema_bytes(t)))
     rule = tuple(b"Never call sum.\n")
-    head.append((jnp.asarray(rule, jnp.int32),
-                 jnp.full((len(rule),), task.forbidden >= 0)))
+    head.append(
+        (
+            jnp.asarray(rule, jnp.int32),
+            jnp.full((len(rule),), task.forbidden >= 0),
+        )
+    )
     head.append(c(tuple(b"Q: ")))
     chain, br = self._expr_pieces(task)
     tail = [c(tuple(b"\n"))]
@@ -361,15 +452,27 @@ class SchemaCallsEnv:
     prompt_len = jnp.where(task.branch, l_br, l_chain)
     k, d = self.max_turns, self.max_depth
     z, f = jnp.zeros((), jnp.int32), jnp.zeros((), bool)
-    per_turn = {name: jnp.zeros((k,), jnp.float32 if name.endswith("frac") else bool)
-                for name in _PER_TURN}
+    per_turn = {
+        name: jnp.zeros((k,), jnp.float32 if name.endswith("frac") else bool)
+        for name in _PER_TURN
+    }
     state = SchemaState(
-        task=task, turn=z, done=f, answered=f, correct=f, format_error=f,
-        num_tool_calls=z, num_tool_errors=z, num_redundant_calls=z,
-        num_forbidden_calls=z, resolved=jnp.zeros((d,), bool),
+        task=task,
+        turn=z,
+        done=f,
+        answered=f,
+        correct=f,
+        format_error=f,
+        num_tool_calls=z,
+        num_tool_errors=z,
+        num_redundant_calls=z,
+        num_forbidden_calls=z,
+        resolved=jnp.zeros((d,), bool),
         last_call=jnp.full((3,), -1, jnp.int32),
         tool_call_turn=jnp.zeros((k,), bool),
-        progress=jnp.zeros((k + 1,), jnp.float32), per_turn=per_turn)
+        progress=jnp.zeros((k + 1,), jnp.float32),
+        per_turn=per_turn,
+    )
     return state, prompt.astype(jnp.int32), prompt_len.astype(jnp.int32)
 
   # -------------------------------------------------------------------- parsing
@@ -386,11 +489,18 @@ class SchemaCallsEnv:
     pos = jnp.arange(a)
     lp = 4  # CALL + 3-letter name
     name = tokens[1:4]
-    tool_match = jnp.all(name[None, :] == jnp.asarray(_NAME_IDS[:self.num_tools]), 1)
+    tool_match = jnp.all(
+        name[None, :] == jnp.asarray(_NAME_IDS[: self.num_tools]), 1
+    )
     tool = jnp.where(jnp.any(tool_match), jnp.argmax(tool_match), -1)
     rp = length - 2  # ')' before CALL_END
-    shape_ok = ((length >= 8) & (tokens[lp] == ord("(")) & (tokens[jnp.clip(rp, 0, a - 1)] == ord(")"))
-                & (tokens[jnp.clip(length - 1, 0, a - 1)] == tok.CALL_END) & (tokens[0] == tok.CALL))
+    shape_ok = (
+        (length >= 8)
+        & (tokens[lp] == ord("("))
+        & (tokens[jnp.clip(rp, 0, a - 1)] == ord(")"))
+        & (tokens[jnp.clip(length - 1, 0, a - 1)] == tok.CALL_END)
+        & (tokens[0] == tok.CALL)
+    )
     inside = (pos > lp) & (pos < rp)
     commas = inside & (tokens == ord(","))
     num_commas = jnp.sum(commas)
@@ -411,18 +521,33 @@ class SchemaCallsEnv:
     names = jnp.stack(names)
     oks = jnp.stack(oks)
     # Duplicate parameter names are malformed.
-    dup = jnp.any((names[:, None] == names[None, :]) & (names[:, None] >= 0)
-                  & ~jnp.eye(_MAX_SLOTS, dtype=bool))
-    format_ok = (shape_ok & (tool >= 0) & (num_commas <= _MAX_SLOTS - 1)
-                 & jnp.all(oks | ~slot_used) & ~dup)
-    return dict(format_ok=format_ok, tool=tool.astype(jnp.int32), names=names,
-                values=jnp.stack(values), num_slots=num_commas + 1)
+    dup = jnp.any(
+        (names[:, None] == names[None, :])
+        & (names[:, None] >= 0)
+        & ~jnp.eye(_MAX_SLOTS, dtype=bool)
+    )
+    format_ok = (
+        shape_ok
+        & (tool >= 0)
+        & (num_commas <= _MAX_SLOTS - 1)
+        & jnp.all(oks | ~slot_used)
+        & ~dup
+    )
+    return dict(
+        format_ok=format_ok,
+        tool=tool.astype(jnp.int32),
+        names=names,
+        values=jnp.stack(values),
+        num_slots=num_commas + 1,
+    )
 
   def _score_node(self, parsed, task, resolved, node):
     """Scores the parsed call against one node (all jnp)."""
     tool = jnp.maximum(parsed["tool"], 0)
     node_op = task.op[node]
-    implements = (parsed["tool"] >= 0) & (jnp.asarray(_TOOL_OP)[tool] == node_op)
+    implements = (parsed["tool"] >= 0) & (
+        jnp.asarray(_TOOL_OP)[tool] == node_op
+    )
     gold_tool = jnp.where(implements, tool, jnp.asarray(_CANON)[node_op])
     gold_names = jnp.asarray(_TOOL_PARAMS)[gold_tool]  # [2]
     given = parsed["names"]  # [3], -1 absent
@@ -432,8 +557,12 @@ class SchemaCallsEnv:
     names_frac = inter / jnp.maximum(union, 1)
     names_ok = (inter == 2) & (jnp.sum(given >= 0) == 2)
     lref, rref = task.left_ref[node], task.right_ref[node]
-    lv = jnp.where(lref >= 0, task.value[jnp.maximum(lref, 0)], task.left_const[node])
-    rv = jnp.where(rref >= 0, task.value[jnp.maximum(rref, 0)], task.right_const[node])
+    lv = jnp.where(
+        lref >= 0, task.value[jnp.maximum(lref, 0)], task.left_const[node]
+    )
+    rv = jnp.where(
+        rref >= 0, task.value[jnp.maximum(rref, 0)], task.right_const[node]
+    )
 
     def given_value(pname):
       hit = given == pname
@@ -450,9 +579,16 @@ class SchemaCallsEnv:
     ready &= (lref < 0) | resolved[jnp.maximum(lref, 0)]
     ready &= (rref < 0) | resolved[jnp.maximum(rref, 0)]
     exact = parsed["format_ok"] & implements & names_ok & (hits == 2)
-    return dict(implements=implements, names_ok=names_ok, names_frac=names_frac,
-                values_ok=hits == 2, values_frac=values_frac, ready=ready,
-                exact=exact, done_node=resolved[node] & (node < task.depth))
+    return dict(
+        implements=implements,
+        names_ok=names_ok,
+        names_frac=names_frac,
+        values_ok=hits == 2,
+        values_frac=values_frac,
+        ready=ready,
+        exact=exact,
+        done_node=resolved[node] & (node < task.depth),
+    )
 
   def step(self, state: SchemaState, action_tokens, action_len):
     """Applies one assistant turn (rules in the module docstring).
@@ -460,7 +596,9 @@ class SchemaCallsEnv:
     Returns:
       (state, obs_tokens int32 [O], obs_len int32 [], done bool []).
     """
-    tokens, length, first, last, stopped = common.turn_frame(action_tokens, action_len)
+    tokens, length, first, last, stopped = common.turn_frame(
+        action_tokens, action_len
+    )
     task = state.task
     active = ~state.done
     is_call = active & stopped & (first == tok.CALL)
@@ -469,40 +607,72 @@ class SchemaCallsEnv:
 
     parsed = self._parse_call(tokens, length)
     nodes = jnp.arange(self.max_depth)
-    sc = jax.vmap(lambda i: self._score_node(parsed, task, state.resolved, i))(nodes)
+    sc = jax.vmap(lambda i: self._score_node(parsed, task, state.resolved, i))(
+        nodes
+    )
     # Best ready node: exact match first, then name, names, values.
-    score = (sc["exact"] * 8.0 + sc["implements"] * 4.0 + sc["names_frac"]
-             + sc["values_frac"]) * sc["ready"] - (~sc["ready"]) * 100.0
+    score = (
+        sc["exact"] * 8.0
+        + sc["implements"] * 4.0
+        + sc["names_frac"]
+        + sc["values_frac"]
+    ) * sc["ready"] - (~sc["ready"]) * 100.0
     best = jnp.argmax(score)
     any_ready = jnp.any(sc["ready"])
-    pick = lambda k: sc[k][best] & any_ready if sc[k].dtype == bool else jnp.where(any_ready, sc[k][best], 0.0)
+    pick = (
+        lambda k: sc[k][best] & any_ready
+        if sc[k].dtype == bool
+        else jnp.where(any_ready, sc[k][best], 0.0)
+    )
 
     tool = parsed["tool"]
     forbidden = parsed["format_ok"] & (tool >= 0) & (tool == task.forbidden)
     own_names = jnp.asarray(_TOOL_PARAMS)[jnp.maximum(tool, 0)]
-    own_ok = ((parsed["num_slots"] == 2) & (parsed["names"][0] >= 0)
-              & jnp.all(jnp.sort(parsed["names"][:2]) == jnp.sort(own_names))
-              & (parsed["names"][2] < 0))
+    own_ok = (
+        (parsed["num_slots"] == 2)
+        & (parsed["names"][0] >= 0)
+        & jnp.all(jnp.sort(parsed["names"][:2]) == jnp.sort(own_names))
+        & (parsed["names"][2] < 0)
+    )
     exec_ok = parsed["format_ok"] & own_ok & ~forbidden
     # Arguments in schema order.
-    arg = lambda p: jnp.sum(jnp.where(parsed["names"] == p, parsed["values"], 0))
-    result = _apply(jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)], arg(own_names[0]),
-                    arg(own_names[1]))
+    arg = lambda p: jnp.sum(
+        jnp.where(parsed["names"] == p, parsed["values"], 0)
+    )
+    result = _apply(
+        jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)],
+        arg(own_names[0]),
+        arg(own_names[1]),
+    )
     va, vb = arg(own_names[0]), arg(own_names[1])
     # Values have <= 7 digits, so only a product can overflow int32.
-    overflow = ((jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)] == OP_MUL)
-                & (jnp.abs(va) > (2**31 - 1) // jnp.maximum(jnp.abs(vb), 1)))
+    overflow = (jnp.asarray(_TOOL_OP)[jnp.maximum(tool, 0)] == OP_MUL) & (
+        jnp.abs(va) > (2**31 - 1) // jnp.maximum(jnp.abs(vb), 1)
+    )
     fits = (jnp.abs(result) < 10 ** min(self.max_obs_len - 3, 9)) & ~overflow
     exec_ok &= fits
     resolves = is_call & exec_ok & pick("exact")
-    redundant = is_call & exec_ok & ~resolves & jnp.any(sc["exact"] | (
-        sc["done_node"] & sc["implements"] & sc["names_ok"] & sc["values_ok"]))
+    redundant = (
+        is_call
+        & exec_ok
+        & ~resolves
+        & jnp.any(
+            sc["exact"]
+            | (
+                sc["done_node"]
+                & sc["implements"]
+                & sc["names_ok"]
+                & sc["values_ok"]
+            )
+        )
+    )
     # Note: `exact` requires `ready`-independent matching; a resolved node is
     # matched through done_node above.
     resolved = state.resolved | (resolves & (nodes == best))
 
-    obs_ok, len_ok = common.wrapped(tok.OBS, tok.OBS_END, [common.int_piece(result)],
-                                    self.max_obs_len)
+    obs_ok, len_ok = common.wrapped(
+        tok.OBS, tok.OBS_END, [common.int_piece(result)], self.max_obs_len
+    )
     obs_err, len_err = common.error_obs(self.max_obs_len)
     obs = jnp.where(is_call, jnp.where(exec_ok, obs_ok, obs_err), tok.PAD)
     obs_len = jnp.where(is_call, jnp.where(exec_ok, len_ok, len_err), 0)
@@ -510,15 +680,25 @@ class SchemaCallsEnv:
     # Reference trajectory: call k resolves node k with the canonical tool of
     # its operation, values in schema order (module docstring).
     k_ref = jnp.clip(state.turn, 0, self.max_depth - 1)
-    ref_l = jnp.where(task.left_ref[k_ref] >= 0,
-                      task.value[jnp.maximum(task.left_ref[k_ref], 0)],
-                      task.left_const[k_ref])
-    ref_r = jnp.where(task.right_ref[k_ref] >= 0,
-                      task.value[jnp.maximum(task.right_ref[k_ref], 0)],
-                      task.right_const[k_ref])
-    ref_match = (is_call & parsed["format_ok"] & own_ok & (state.turn < task.depth)
-                 & (tool == jnp.asarray(_CANON)[task.op[k_ref]])
-                 & (va == ref_l) & (vb == ref_r))
+    ref_l = jnp.where(
+        task.left_ref[k_ref] >= 0,
+        task.value[jnp.maximum(task.left_ref[k_ref], 0)],
+        task.left_const[k_ref],
+    )
+    ref_r = jnp.where(
+        task.right_ref[k_ref] >= 0,
+        task.value[jnp.maximum(task.right_ref[k_ref], 0)],
+        task.right_const[k_ref],
+    )
+    ref_match = (
+        is_call
+        & parsed["format_ok"]
+        & own_ok
+        & (state.turn < task.depth)
+        & (tool == jnp.asarray(_CANON)[task.op[k_ref]])
+        & (va == ref_l)
+        & (vb == ref_r)
+    )
 
     ans, ans_ok = _parse_int(tokens, 1, length - 1)
     ans_ok &= (length >= 3) & (last == tok.ANSWER_END)
@@ -540,33 +720,49 @@ class SchemaCallsEnv:
         "call_resolves": resolves,
         "call_ref_match": ref_match,
     }
-    per_turn = {k: jnp.where(at, jnp.asarray(values[k], state.per_turn[k].dtype),
-                             state.per_turn[k]) for k in _PER_TURN}
+    per_turn = {
+        k: jnp.where(
+            at,
+            jnp.asarray(values[k], state.per_turn[k].dtype),
+            state.per_turn[k],
+        )
+        for k in _PER_TURN
+    }
     i32 = lambda b: b.astype(jnp.int32)
     nres = jnp.sum(resolved & (nodes < task.depth))
     new = state.replace(
-        turn=turn, done=done,
+        turn=turn,
+        done=done,
         answered=state.answered | answered,
         correct=state.correct | (answered & (ans == task.answer)),
         format_error=state.format_error | is_other | (is_answer & ~ans_ok),
         num_tool_calls=state.num_tool_calls + i32(is_call),
         num_tool_errors=state.num_tool_errors + i32(is_call & ~exec_ok),
         num_redundant_calls=state.num_redundant_calls + i32(redundant),
-        num_forbidden_calls=state.num_forbidden_calls + i32(is_call & forbidden),
+        num_forbidden_calls=state.num_forbidden_calls
+        + i32(is_call & forbidden),
         resolved=resolved,
-        last_call=jnp.where(is_call, jnp.stack([tool, arg(own_names[0]), arg(own_names[1])]),
-                            state.last_call).astype(jnp.int32),
+        last_call=jnp.where(
+            is_call,
+            jnp.stack([tool, arg(own_names[0]), arg(own_names[1])]),
+            state.last_call,
+        ).astype(jnp.int32),
         tool_call_turn=state.tool_call_turn | at,
         progress=common.progress_update(
-            state.progress, turn, active, nres / jnp.maximum(task.depth, 1)),
+            state.progress, turn, active, nres / jnp.maximum(task.depth, 1)
+        ),
         per_turn=per_turn,
     )
     return new, obs.astype(jnp.int32), obs_len.astype(jnp.int32), done
 
   def gold_answer(self, task: SchemaTask):
     """int32 [Ag] `ANSWER <answer> ANSWER_END` (PAD-filled) and its length."""
-    return common.wrapped(tok.ANSWER, tok.ANSWER_END, [common.int_piece(task.answer)],
-                          self.max_answer_len)
+    return common.wrapped(
+        tok.ANSWER,
+        tok.ANSWER_END,
+        [common.int_piece(task.answer)],
+        self.max_answer_len,
+    )
 
   def facts(self, state: SchemaState) -> dict[str, jax.Array]:
     """Verifiable facts (listed in the module docstring)."""
@@ -582,8 +778,9 @@ class SchemaCallsEnv:
         "num_forbidden_calls": state.num_forbidden_calls,
         "has_constraint": state.task.forbidden >= 0,
         "num_nodes": d,
-        "nodes_resolved": jnp.sum(state.resolved & (jnp.arange(self.max_depth) < d)
-                                  ).astype(jnp.int32),
+        "nodes_resolved": jnp.sum(
+            state.resolved & (jnp.arange(self.max_depth) < d)
+        ).astype(jnp.int32),
         "hard": d >= 2,
         "tool_necessary": jnp.ones((), bool),
         "tool_call_turn": state.tool_call_turn,
@@ -613,42 +810,83 @@ class SchemaCallsEnv:
     u = jax.random.uniform(key, (6,))
     nodes = jnp.arange(self.max_depth)
     lref, rref = task.left_ref, task.right_ref
-    ready = (~state.resolved & (nodes < task.depth)
-             & ((lref < 0) | state.resolved[jnp.maximum(lref, 0)])
-             & ((rref < 0) | state.resolved[jnp.maximum(rref, 0)]))
+    ready = (
+        ~state.resolved
+        & (nodes < task.depth)
+        & ((lref < 0) | state.resolved[jnp.maximum(lref, 0)])
+        & ((rref < 0) | state.resolved[jnp.maximum(rref, 0)])
+    )
     node = jnp.argmax(ready)
     any_ready = jnp.any(ready)
     op = task.op[node]
-    lv = jnp.where(lref[node] >= 0, task.value[jnp.maximum(lref[node], 0)],
-                   task.left_const[node])
-    rv = jnp.where(rref[node] >= 0, task.value[jnp.maximum(rref[node], 0)],
-                   task.right_const[node])
+    lv = jnp.where(
+        lref[node] >= 0,
+        task.value[jnp.maximum(lref[node], 0)],
+        task.left_const[node],
+    )
+    rv = jnp.where(
+        rref[node] >= 0,
+        task.value[jnp.maximum(rref[node], 0)],
+        task.right_const[node],
+    )
     # A separate draw, so the old draws (u) are unchanged.
-    violate = ((task.forbidden == 1) & (jax.random.uniform(jax.random.fold_in(key, 7))
-                                        < self.expert_violation_prob))
-    use_sum = ((op == OP_ADD) & (((u[0] < 0.5) & (task.forbidden != 1)) | violate)
-               & (self.num_tools >= 2))
+    violate = (task.forbidden == 1) & (
+        jax.random.uniform(jax.random.fold_in(key, 7))
+        < self.expert_violation_prob
+    )
+    use_sum = (
+        (op == OP_ADD)
+        & (((u[0] < 0.5) & (task.forbidden != 1)) | violate)
+        & (self.num_tools >= 2)
+    )
     tool = jnp.where(use_sum, 1, jnp.asarray(_CANON)[op])
     wrong_name = u[4] < self.expert_wrong_name_prob
     tool = jnp.where(wrong_name, jnp.where(op == OP_ADD, 2, 0), tool)
     swap = jnp.asarray(COMMUTATIVE)[op] & (u[1] < 0.5)
     a_val, b_val = jnp.where(swap, rv, lv), jnp.where(swap, lv, rv)
     b_val = b_val + (u[2] < self.expert_wrong_arg_prob).astype(jnp.int32)
-    repeat = (state.num_tool_calls > 0) & (u[3] < self.expert_overcall_prob) & any_ready
+    repeat = (
+        (state.num_tool_calls > 0)
+        & (u[3] < self.expert_overcall_prob)
+        & any_ready
+    )
     tool = jnp.where(repeat, state.last_call[0], tool)
     a_val = jnp.where(repeat, state.last_call[1], a_val)
     b_val = jnp.where(repeat, state.last_call[2], b_val)
     names = jnp.asarray(_TOOL_PARAMS)[jnp.clip(tool, 0, len(TOOLS) - 1)]
     c = common.const_piece
-    name_piece = (jnp.asarray(_NAME_IDS)[jnp.clip(tool, 0, len(TOOLS) - 1)],
-                  jnp.ones((3,), bool))
-    call, call_len = common.wrapped(tok.CALL, tok.CALL_END, [
-        name_piece, c([ord("(")]), (names[:1], jnp.ones((1,), bool)), c([ord("=")]),
-        common.int_piece(a_val), c([ord(",")]), (names[1:], jnp.ones((1,), bool)),
-        c([ord("=")]), common.int_piece(b_val), c([ord(")")])], self.max_action_len)
-    ans, ans_len = common.wrapped(tok.ANSWER, tok.ANSWER_END,
-                                  [common.int_piece(task.answer)], self.max_action_len)
+    name_piece = (
+        jnp.asarray(_NAME_IDS)[jnp.clip(tool, 0, len(TOOLS) - 1)],
+        jnp.ones((3,), bool),
+    )
+    call, call_len = common.wrapped(
+        tok.CALL,
+        tok.CALL_END,
+        [
+            name_piece,
+            c([ord("(")]),
+            (names[:1], jnp.ones((1,), bool)),
+            c([ord("=")]),
+            common.int_piece(a_val),
+            c([ord(",")]),
+            (names[1:], jnp.ones((1,), bool)),
+            c([ord("=")]),
+            common.int_piece(b_val),
+            c([ord(")")]),
+        ],
+        self.max_action_len,
+    )
+    ans, ans_len = common.wrapped(
+        tok.ANSWER,
+        tok.ANSWER_END,
+        [common.int_piece(task.answer)],
+        self.max_action_len,
+    )
     under = (state.turn == 0) & (u[5] < self.expert_undercall_prob)
-    use_tool = any_ready & ~under & ~((state.turn > 0) & (state.num_tool_calls == 0))
-    return (jnp.where(use_tool, call, ans).astype(jnp.int32),
-            jnp.where(use_tool, call_len, ans_len).astype(jnp.int32))
+    use_tool = (
+        any_ready & ~under & ~((state.turn > 0) & (state.num_tool_calls == 0))
+    )
+    return (
+        jnp.where(use_tool, call, ans).astype(jnp.int32),
+        jnp.where(use_tool, call_len, ans_len).astype(jnp.int32),
+    )

@@ -41,8 +41,14 @@ import time
 
 def _bytes(tree) -> int:
   import jax  # noqa: PLC0415
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)
-                 if hasattr(x, "dtype")))
+
+  return int(
+      sum(
+          x.size * x.dtype.itemsize
+          for x in jax.tree.leaves(tree)
+          if hasattr(x, "dtype")
+      )
+  )
 
 
 def run_mode(mode: str, batch: int, length: int, steps: int, rank: int) -> dict:
@@ -62,19 +68,33 @@ def run_mode(mode: str, batch: int, length: int, steps: int, rank: int) -> dict:
   from agentic_rl.models import lora  # noqa: PLC0415
 
   path = gguf.smollm2_hf_folder()
-  cfg, graphdef, params = hf.load_pretrained(path, remat=True, logprob_chunk_size=128)
+  cfg, graphdef, params = hf.load_pretrained(
+      path, remat=True, logprob_chunk_size=128
+  )
   if mode == "lora":
-    cfg = dataclasses.replace(cfg, lora=lora.LoRAConfig(rank=rank, alpha=2.0 * rank))
-    graphdef, params = lora.init_adapters(cfg, graphdef, params, jax.random.PRNGKey(0))
-  opt_cfg = ml_collections.ConfigDict(dict(learning_rate=1e-5, warmup_steps=0,
-                                           weight_decay=0.0, max_grad_norm=1.0))
+    cfg = dataclasses.replace(
+        cfg, lora=lora.LoRAConfig(rank=rank, alpha=2.0 * rank)
+    )
+    graphdef, params = lora.init_adapters(
+        cfg, graphdef, params, jax.random.PRNGKey(0)
+    )
+  opt_cfg = ml_collections.ConfigDict(
+      dict(
+          learning_rate=1e-5,
+          warmup_steps=0,
+          weight_decay=0.0,
+          max_grad_norm=1.0,
+      )
+  )
   tx = learner.make_optimizer(opt_cfg)
   opt_state = tx.init(params)
   ref = lora.reference_state(params)
   rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GB
 
   rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, length)), jnp.int32)
+  tokens = jnp.asarray(
+      rng.integers(0, cfg.vocab_size, (batch, length)), jnp.int32
+  )
   role = jnp.full((batch, length), types.POLICY, jnp.int32)
 
   def learn(params, opt_state, tokens, role):
@@ -91,17 +111,26 @@ def run_mode(mode: str, batch: int, length: int, steps: int, rank: int) -> dict:
     params, opt_state, loss = step(params, opt_state, tokens, role)
     loss = float(loss)
     times.append(time.perf_counter() - t0)
-  n_train, n_total = (lora.count(params) if mode == "lora"
-                      else (sum(x.size for x in jax.tree.leaves(params)),) * 2)
+  n_train, n_total = (
+      lora.count(params)
+      if mode == "lora"
+      else (sum(x.size for x in jax.tree.leaves(params)),) * 2
+  )
   return dict(
-      mode=mode, batch=batch, length=length, rank=rank if mode == "lora" else 0,
-      params=int(n_total), trainable=int(n_train),
-      params_mb=_bytes(params) / 2**20, opt_state_mb=_bytes(opt_state) / 2**20,
+      mode=mode,
+      batch=batch,
+      length=length,
+      rank=rank if mode == "lora" else 0,
+      params=int(n_total),
+      trainable=int(n_train),
+      params_mb=_bytes(params) / 2**20,
+      opt_state_mb=_bytes(opt_state) / 2**20,
       reference_mb=_bytes(ref) / 2**20,
       xla_temp_mb=(mem.temp_size_in_bytes / 2**20) if mem else float("nan"),
       peak_rss_after_load_gb=rss_loaded,
       peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-      sec_per_step=min(times), loss=loss,
+      sec_per_step=min(times),
+      loss=loss,
   )
 
 
@@ -113,8 +142,12 @@ def _rss_gb() -> tuple[float, float]:
   return peak, current
 
 
-def run_grpo(config_path: str, rank: int, overrides: list[str],
-             remat: str = "after_cotangent") -> dict:
+def run_grpo(
+    config_path: str,
+    rank: int,
+    overrides: list[str],
+    remat: str = "after_cotangent",
+) -> dict:
   """One LoRA GRPO iteration as main.py runs it; RSS per phase (this process).
 
   remat='checkpoint' swaps transformer.remat_after_cotangent for plain
@@ -141,17 +174,24 @@ def run_grpo(config_path: str, rank: int, overrides: list[str],
   config.sft.steps = 0
   for o in overrides:  # dotted.field=python literal
     import ast  # noqa: PLC0415
+
     k, v = o.split("=", 1)
     node = config
     *head, last = k.split(".")
     for h in head:
       node = node[h]
     node[last] = ast.literal_eval(v)
-  out = dict(mode="grpo", config=config_path, rank=rank, overrides=overrides,
-             remat=remat,
-             batch=config.rl.batch_size, length=config.max_len,
-             microbatches=config.rl.num_microbatches,
-             logprob_chunk_size=config.model.logprob_chunk_size)
+  out = dict(
+      mode="grpo",
+      config=config_path,
+      rank=rank,
+      overrides=overrides,
+      remat=remat,
+      batch=config.rl.batch_size,
+      length=config.max_len,
+      microbatches=config.rl.num_microbatches,
+      logprob_chunk_size=config.model.logprob_chunk_size,
+  )
   phases = {}
   t0 = time.perf_counter()
   env = train.make_env(config)
@@ -170,8 +210,9 @@ def run_grpo(config_path: str, rank: int, overrides: list[str],
 
   jax.jit = capture
   try:
-    learner.make_rl_step(config, env, graphdef, learner.make_optimizer(config.rl),
-                         model_cfg)
+    learner.make_rl_step(
+        config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+    )
   finally:
     jax.jit = real_jit
   rollout_fn = learner.make_host_rollout_fn(config, env, graphdef, model_cfg)
@@ -191,11 +232,18 @@ def run_grpo(config_path: str, rank: int, overrides: list[str],
   phases["learn"] = (*_rss_gb(), time.perf_counter() - t0)
   out.update(
       learn_xla_temp_mb=mem.temp_size_in_bytes / 2**20 if mem else float("nan"),
-      learn_xla_argument_mb=mem.argument_size_in_bytes / 2**20 if mem else float("nan"),
-      phases={k: dict(peak_rss_gb=v[0], rss_gb=v[1], seconds=v[2])
-              for k, v in phases.items()},
-      peak_rss_gb=_rss_gb()[0], loss=float(metrics["loss"]),
-      kl=float(metrics["kl"]), reward=float(metrics["reward"]))
+      learn_xla_argument_mb=mem.argument_size_in_bytes / 2**20
+      if mem
+      else float("nan"),
+      phases={
+          k: dict(peak_rss_gb=v[0], rss_gb=v[1], seconds=v[2])
+          for k, v in phases.items()
+      },
+      peak_rss_gb=_rss_gb()[0],
+      loss=float(metrics["loss"]),
+      kl=float(metrics["kl"]),
+      reward=float(metrics["reward"]),
+  )
   return out
 
 
@@ -217,42 +265,86 @@ def main() -> None:
   ap.add_argument("--rank", type=int, default=8)
   ap.add_argument("--modes", default="full,lora")
   ap.add_argument("--grpo_config", default="configs/smollm2_gsm_tool.py")
-  ap.add_argument("--grpo_set", default="",
-                  help="';'-separated dotted=value overrides of the grpo config")
-  ap.add_argument("--grpo_remat", default="after_cotangent",
-                  choices=("after_cotangent", "checkpoint"))
+  ap.add_argument(
+      "--grpo_set",
+      default="",
+      help="';'-separated dotted=value overrides of the grpo config",
+  )
+  ap.add_argument(
+      "--grpo_remat",
+      default="after_cotangent",
+      choices=("after_cotangent", "checkpoint"),
+  )
   ap.add_argument("--child", default="", help=argparse.SUPPRESS)
   args = ap.parse_args()
   sets = [x for x in args.grpo_set.split(";") if x]
   if args.child == "grpo":
-    print("RESULT " + json.dumps(run_grpo(args.grpo_config, args.rank, sets,
-                                             args.grpo_remat)), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            run_grpo(args.grpo_config, args.rank, sets, args.grpo_remat)
+        ),
+        flush=True,
+    )
     return
   if args.child:
-    print("RESULT " + json.dumps(run_mode(args.child, args.batch, args.length,
-                                          args.steps, args.rank)), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            run_mode(args.child, args.batch, args.length, args.steps, args.rank)
+        ),
+        flush=True,
+    )
     return
   rows = []
   for mode in args.modes.split(","):
-    cmd = [sys.executable, "-m", "experiments.bench_lora", f"--child={mode}",
-           f"--batch={args.batch}", f"--length={args.length}",
-           f"--steps={args.steps}", f"--rank={args.rank}",
-           f"--grpo_config={args.grpo_config}", f"--grpo_set={args.grpo_set}",
-           f"--grpo_remat={args.grpo_remat}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.bench_lora",
+        f"--child={mode}",
+        f"--batch={args.batch}",
+        f"--length={args.length}",
+        f"--steps={args.steps}",
+        f"--rank={args.rank}",
+        f"--grpo_config={args.grpo_config}",
+        f"--grpo_set={args.grpo_set}",
+        f"--grpo_remat={args.grpo_remat}",
+    ]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    rows.append(json.loads(line[len("RESULT "):]))
+    rows.append(json.loads(line[len("RESULT ") :]))
     print(json.dumps(rows[-1]), flush=True)
-  keys = ("mode", "trainable", "params_mb", "opt_state_mb", "reference_mb",
-          "xla_temp_mb", "peak_rss_after_load_gb", "peak_rss_gb", "sec_per_step")
+  keys = (
+      "mode",
+      "trainable",
+      "params_mb",
+      "opt_state_mb",
+      "reference_mb",
+      "xla_temp_mb",
+      "peak_rss_after_load_gb",
+      "peak_rss_gb",
+      "sec_per_step",
+  )
   print("| " + " | ".join(keys) + " |")
   print("|" + "---|" * len(keys))
   for r in rows:
     if r["mode"] == "grpo":
       continue
-    print("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
-                            for k in keys) + " |")
+    print(
+        "| "
+        + " | ".join(
+            f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k])
+            for k in keys
+        )
+        + " |"
+    )
 
 
 if __name__ == "__main__":

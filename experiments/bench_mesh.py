@@ -67,19 +67,22 @@ from configs import common  # noqa: E402
 PRESETS = ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b")
 MESH = (2, 2, 2)
 FALLBACK_MESH = (2, 4, 1)
-MIB = 2.0 ** 20
+MIB = 2.0**20
 
 
 def model_config(preset: str) -> transformer.TransformerConfig:
   """TransformerConfig of a configs/common.py model preset."""
   return transformer.TransformerConfig(
-      **lora.transformer_fields(common.model(preset)))
+      **lora.transformer_fields(common.model(preset))
+  )
 
 
 def make_mesh(shape: tuple[int, int, int]) -> jax.sharding.Mesh:
   data, fsdp, tensor = shape
-  return sharding.make_mesh(dict(data=data, fsdp=fsdp, tensor=tensor),
-                            devices=jax.devices()[:data * fsdp * tensor])
+  return sharding.make_mesh(
+      dict(data=data, fsdp=fsdp, tensor=tensor),
+      devices=jax.devices()[: data * fsdp * tensor],
+  )
 
 
 def _bytes(x) -> int:
@@ -89,14 +92,19 @@ def _bytes(x) -> int:
 def _shard_bytes(tree, shardings) -> int:
   """Bytes one device holds: sum of shard-shape sizes (every device holds the
   same shard shape under these NamedShardings)."""
-  return int(sum(math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
-                 for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))))
+  return int(
+      sum(
+          math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+          for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))
+      )
+  )
 
 
 def abstract_state(cfg: transformer.TransformerConfig):
   """(graphdef, abstract params, optimizer, abstract optimizer state)."""
-  graphdef, params = nnx.split(nnx.eval_shape(
-      lambda: transformer.Transformer(cfg, nnx.Rngs(0))))
+  graphdef, params = nnx.split(
+      nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
+  )
   tx = learner.make_optimizer(common.optimizer(1e-5, 10))
   opt_state = jax.eval_shape(tx.init, params)
   return graphdef, params, tx, opt_state
@@ -105,11 +113,14 @@ def abstract_state(cfg: transformer.TransformerConfig):
 def _abstract(tree, shardings):
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      tree, shardings)
+      tree,
+      shardings,
+  )
 
 
-def plan(preset: str, mesh_shape: tuple[int, int, int], batch: int,
-         cache_len: int) -> dict:
+def plan(
+    preset: str, mesh_shape: tuple[int, int, int], batch: int, cache_len: int
+) -> dict:
   """Per-device bytes of parameters, optimizer state and KV cache (shard shapes).
 
   Raises:
@@ -117,8 +128,12 @@ def plan(preset: str, mesh_shape: tuple[int, int, int], batch: int,
   """
   cfg = model_config(preset)
   data, fsdp, tensor = mesh_shape
-  sharding.check_heads_divide_tensor(cfg.num_heads, cfg.num_kv_heads, tensor,
-                                     where=f"model preset {preset!r}: model")
+  sharding.check_heads_divide_tensor(
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      tensor,
+      where=f"model preset {preset!r}: model",
+  )
   mesh = make_mesh(mesh_shape)
   graphdef, params, tx, opt_state = abstract_state(cfg)
   p_sh = sharding.tree_shardings(params, mesh)
@@ -127,13 +142,25 @@ def plan(preset: str, mesh_shape: tuple[int, int, int], batch: int,
   c_sh = sharding.cache_shardings(cache, mesh)
   total = lambda t: int(sum(_bytes(x) for x in jax.tree.leaves(t)))
   return dict(
-      preset=preset, mesh=mesh_shape, cfg=cfg, mesh_obj=mesh, graphdef=graphdef,
-      tx=tx, params=params, opt_state=opt_state, cache=cache, p_sh=p_sh,
-      o_sh=o_sh, c_sh=c_sh,
+      preset=preset,
+      mesh=mesh_shape,
+      cfg=cfg,
+      mesh_obj=mesh,
+      graphdef=graphdef,
+      tx=tx,
+      params=params,
+      opt_state=opt_state,
+      cache=cache,
+      p_sh=p_sh,
+      o_sh=o_sh,
+      c_sh=c_sh,
       num_params=transformer.count_params(params),
-      param_total=total(params), param_dev=_shard_bytes(params, p_sh),
-      opt_total=total(opt_state), opt_dev=_shard_bytes(opt_state, o_sh),
-      kv_total=total(cache), kv_dev=_shard_bytes(cache, c_sh),
+      param_total=total(params),
+      param_dev=_shard_bytes(params, p_sh),
+      opt_total=total(opt_state),
+      opt_dev=_shard_bytes(opt_state, o_sh),
+      kv_total=total(cache),
+      kv_dev=_shard_bytes(cache, c_sh),
   )
 
 
@@ -145,17 +172,27 @@ def compile_train(p: dict, batch: int, seq: int):
     def loss_fn(prm):
       logp, _ = sampling.token_logprobs(graphdef, prm, tokens, 1.0)
       return -jnp.mean(logp)
+
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
   tok_sh = NamedSharding(mesh, sharding.batch_spec((batch, seq), mesh))
-  args = (_abstract(p["params"], p["p_sh"]), _abstract(p["opt_state"], p["o_sh"]),
-          jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=tok_sh))
+  args = (
+      _abstract(p["params"], p["p_sh"]),
+      _abstract(p["opt_state"], p["o_sh"]),
+      jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=tok_sh),
+  )
   with jax.set_mesh(mesh):
-    return jax.jit(step, donate_argnums=(0, 1),
-                   out_shardings=(p["p_sh"], p["o_sh"], None)).lower(
-                       *args).compile()
+    return (
+        jax.jit(
+            step,
+            donate_argnums=(0, 1),
+            out_shardings=(p["p_sh"], p["o_sh"], None),
+        )
+        .lower(*args)
+        .compile()
+    )
 
 
 def compile_decode(p: dict, batch: int):
@@ -168,21 +205,44 @@ def compile_decode(p: dict, batch: int):
     return logits, sharding.constrain_cache(cache)
 
   row_sh = NamedSharding(mesh, sharding.batch_spec((batch, 1), mesh))
-  args = (_abstract(p["params"], p["p_sh"]), _abstract(p["cache"], p["c_sh"]),
-          jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=row_sh),
-          jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=row_sh))
+  args = (
+      _abstract(p["params"], p["p_sh"]),
+      _abstract(p["cache"], p["c_sh"]),
+      jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=row_sh),
+      jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=row_sh),
+  )
   with jax.set_mesh(mesh):
-    return jax.jit(decode, donate_argnums=(1,),
-                   out_shardings=(None, p["c_sh"])).lower(*args).compile()
+    return (
+        jax.jit(decode, donate_argnums=(1,), out_shardings=(None, p["c_sh"]))
+        .lower(*args)
+        .compile()
+    )
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all",
-               "reduce-scatter")
+COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "collective-permute",
+    "all-to-all",
+    "reduce-scatter",
+)
 
 
-_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
-              "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
-              "u64": 8}
+_HLO_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 
 
 def collective_mib(compiled) -> float:
@@ -209,20 +269,27 @@ def main(argv=None) -> None:
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--cache_len", type=int, default=2048)
   ap.add_argument("--no_compile", action="store_true")
-  ap.add_argument("--no_pins", action="store_true",
-                  help="diagnostic: turn off the model's sharding pins "
-                  "(sharding.constrain_batch / constrain_gathered become the "
-                  "identity) to compare with XLA's own propagation")
+  ap.add_argument(
+      "--no_pins",
+      action="store_true",
+      help="diagnostic: turn off the model's sharding pins "
+      "(sharding.constrain_batch / constrain_gathered become the "
+      "identity) to compare with XLA's own propagation",
+  )
   args = ap.parse_args(argv)
   if args.no_pins:
     sharding.constrain_batch = lambda tree: tree
     sharding.constrain_gathered = lambda x, letters: x
-  print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}; "
-        f"train batch {args.batch} x {args.seq} tokens; decode batch "
-        f"{args.batch}, cache length {args.cache_len}; float32; MiB per device\n")
-  print("| preset | params | mesh (d,f,t) | params/dev (ideal) | adam/dev (ideal) "
-        "| kv/dev (ideal) | train args / temp / coll | decode args / temp / coll "
-        "| compile s |")
+  print(
+      f"devices: {jax.device_count()} x {jax.devices()[0].platform}; "
+      f"train batch {args.batch} x {args.seq} tokens; decode batch "
+      f"{args.batch}, cache length {args.cache_len}; float32; MiB per device\n"
+  )
+  print(
+      "| preset | params | mesh (d,f,t) | params/dev (ideal) | adam/dev (ideal) "
+      "| kv/dev (ideal) | train args / temp / coll | decode args / temp / coll "
+      "| compile s |"
+  )
   print("|---|---|---|---|---|---|---|---|---|")
   notes = []
   for preset in args.presets.split(","):
@@ -245,14 +312,19 @@ def main(argv=None) -> None:
       cols = []
       for c in (ct, cd):
         m = c.memory_analysis()
-        cols.append(f"{_mib(m.argument_size_in_bytes)} / "
-                    f"{_mib(m.temp_size_in_bytes)} / {collective_mib(c):,.1f}")
+        cols.append(
+            f"{_mib(m.argument_size_in_bytes)} / "
+            f"{_mib(m.temp_size_in_bytes)} / {collective_mib(c):,.1f}"
+        )
       train_col, decode_col = cols
-    print(f"| {preset} | {p['num_params'] / 1e6:.1f}M | {p['mesh']} | "
-          f"{_mib(p['param_dev'])} ({_mib(ideal_p)}) | "
-          f"{_mib(p['opt_dev'])} ({_mib(ideal_o)}) | "
-          f"{_mib(p['kv_dev'])} ({_mib(ideal_kv)}) | {train_col} | {decode_col} | "
-          f"{secs} |", flush=True)
+    print(
+        f"| {preset} | {p['num_params'] / 1e6:.1f}M | {p['mesh']} | "
+        f"{_mib(p['param_dev'])} ({_mib(ideal_p)}) | "
+        f"{_mib(p['opt_dev'])} ({_mib(ideal_o)}) | "
+        f"{_mib(p['kv_dev'])} ({_mib(ideal_kv)}) | {train_col} | {decode_col} | "
+        f"{secs} |",
+        flush=True,
+    )
   if notes:
     print()
     print("\n".join(notes))

@@ -37,8 +37,11 @@ from agentic_rl import train
 from agentic_rl import types
 from environments.host import base as host_base
 
-_CONFIGS = flags.DEFINE_list("configs", ["default", "kv_chain", "schema_calls"],
-                             "Config modules under configs/.")
+_CONFIGS = flags.DEFINE_list(
+    "configs",
+    ["default", "kv_chain", "schema_calls"],
+    "Config modules under configs/.",
+)
 _BATCH = flags.DEFINE_integer("batch", 64, "Episodes per batch.")
 _SEED = flags.DEFINE_integer("seed", 0, "Task / expert seed.")
 
@@ -56,8 +59,10 @@ def expert_batch(config, batch: int, seed: int) -> types.Trajectory:
 
 def main(argv):
   del argv
-  print("| config | L | episode length mean / max | layout | buffer [rows, len] "
-        "| trained share | real share |")
+  print(
+      "| config | L | episode length mean / max | layout | buffer [rows, len] "
+      "| trained share | real share |"
+  )
   print("|---|---|---|---|---|---|---|")
   for name in _CONFIGS.value:
     config = importlib.import_module(f"configs.{name}").get_config(None)
@@ -68,11 +73,16 @@ def main(argv):
     b, l = traj.tokens.shape
     cut = padding.bucket_length(length, bucket=config.trim_bucket, max_len=l)
     rows = padding.first_fit_rows(length, l)
-    for layout, (nr, nl) in (("buffer", (b, l)), ("trimmed", (b, cut)),
-                             ("packed", (rows, l))):
-      print(f"| {name} | {l} | {length.mean():.1f} / {length.max()} | {layout} | "
-            f"[{nr}, {nl}] | {trained / (nr * nl):.3f} | {real / (nr * nl):.3f} |",
-            flush=True)
+    for layout, (nr, nl) in (
+        ("buffer", (b, l)),
+        ("trimmed", (b, cut)),
+        ("packed", (rows, l)),
+    ):
+      print(
+          f"| {name} | {l} | {length.mean():.1f} / {length.max()} | {layout} | "
+          f"[{nr}, {nl}] | {trained / (nr * nl):.3f} | {real / (nr * nl):.3f} |",
+          flush=True,
+      )
 
 
 if __name__ == "__main__":

@@ -58,19 +58,28 @@ from absl import flags
 
 _QUICK = flags.DEFINE_bool("quick", False, "Reduced grid (see QUICK below).")
 _THREADS = flags.DEFINE_integer("threads", 1, "Threads of each engine.")
-_BATCHES = flags.DEFINE_list("batches", ["1", "8", "32"], "Sampling batch sizes.")
+_BATCHES = flags.DEFINE_list(
+    "batches", ["1", "8", "32"], "Sampling batch sizes."
+)
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Precisions.")
 _TEMPS = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _PROMPT = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
 _NEW = flags.DEFINE_integer("new_tokens", 128, "New tokens per row.")
 _TRAIN = flags.DEFINE_list("train_shape", ["8", "512"], "Training [B, T].")
-_REPS = flags.DEFINE_integer("reps", 3, "Timed calls per engine (fastest kept).")
+_REPS = flags.DEFINE_integer(
+    "reps", 3, "Timed calls per engine (fastest kept)."
+)
 _OUT = flags.DEFINE_string("out", "", "Also write the markdown table here.")
 
 # --quick: what fits a few minutes of a shared 2-core machine (flags given
 # explicitly still win).
-QUICK = dict(batches=["1", "8", "32"], prompt_len=32, new_tokens=16,
-             train_shape=["2", "128"], reps=2)
+QUICK = dict(
+    batches=["1", "8", "32"],
+    prompt_len=32,
+    new_tokens=16,
+    train_shape=["2", "128"],
+    reps=2,
+)
 
 
 def _rss() -> tuple[float, float]:
@@ -102,7 +111,9 @@ def _cpu_time(fn: Callable[[], Any]) -> tuple[float, float]:
   return time.process_time() - c0, time.perf_counter() - t0
 
 
-def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, tuple]:
+def _interleaved(
+    fns: dict[str, Callable[[], Any]], reps: int
+) -> dict[str, tuple]:
   """Warm-up call of each, then `reps` rounds of one call each, in turn.
 
   Returns {name: (best CPU s, wall s of that call)}.
@@ -120,6 +131,7 @@ def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, tupl
 
 def main(argv):
   del argv
+
   def value(flag):  # --quick's value unless the flag was given explicitly
     if _QUICK.value and not flags.FLAGS[flag.name].present:
       return QUICK[flag.name]
@@ -132,7 +144,10 @@ def main(argv):
   if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = (
         "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-        f"{threads}" if threads == 1 else "")
+        f"{threads}"
+        if threads == 1
+        else ""
+    )
   # Imported here so that XLA_FLAGS above applies.
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -140,7 +155,9 @@ def main(argv):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(
+      0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  )
   from agentic_rl import host_rollout  # pylint: disable=g-import-not-at-top
   from agentic_rl import sampling  # pylint: disable=g-import-not-at-top
   from agentic_rl.models import gguf  # pylint: disable=g-import-not-at-top
@@ -155,10 +172,12 @@ def main(argv):
 
   cmd = "python " + " ".join(sys.argv)
   say(f"command: `{cmd}`")
-  say(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; jax {jax.__version__}, "
+  say(
+      f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; jax {jax.__version__}, "
       f"torch {torch.__version__}, transformers {transformers.__version__}; "
       f"threads per engine {threads}; cpus {os.cpu_count()}; load average at "
-      f"start {os.getloadavg()}")
+      f"start {os.getloadavg()}"
+  )
   peak_reset = _reset_peak()
 
   # ---- matmul peaks (per CPU-second), both engines, both dtypes.
@@ -170,33 +189,48 @@ def main(argv):
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jdt)
     # Accumulated and returned in float32, as the model's projections ask
     # (transformer.matmul): XLA:CPU's bfloat16-output product is far slower.
-    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    f = jax.jit(
+        lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    )
     ta = torch.randn(n, n, dtype=tdt)
-    best = _interleaved({
-        "ours": lambda: f(a, a).block_until_ready(),
-        "torch": lambda: torch.matmul(ta, ta)}, max(reps, 3))
+    best = _interleaved(
+        {
+            "ours": lambda: f(a, a).block_until_ready(),
+            "torch": lambda: torch.matmul(ta, ta),
+        },
+        max(reps, 3),
+    )
     for k, (c, _) in best.items():
       peaks[k, dt_name] = 2 * n**3 / c
-  say("\nmatmul peak, [1024, 1024] @ [1024, 1024], GFLOP per CPU-second: "
-      + ", ".join(f"{k} {d} {v / 1e9:.1f}" for (k, d), v in peaks.items()))
+  say(
+      "\nmatmul peak, [1024, 1024] @ [1024, 1024], GFLOP per CPU-second: "
+      + ", ".join(f"{k} {d} {v / 1e9:.1f}" for (k, d), v in peaks.items())
+  )
 
   folder = gguf.smollm2_hf_folder()
-  prompts = np.random.default_rng(0).integers(
-      100, 49152, size=(max(batches), prompt_len)).astype(np.int32)
+  prompts = (
+      np.random.default_rng(0)
+      .integers(100, 49152, size=(max(batches), prompt_len))
+      .astype(np.int32)
+  )
 
   results = []
   for dt_name in _DTYPES.value:
     rss0, _ = _rss()
     _reset_peak()
-    cfg, gd, params = hf.load_pretrained(folder, dtype=dt_name,
-                                         param_dtype=dt_name,
-                                         logprob_chunk_size=128)
+    cfg, gd, params = hf.load_pretrained(
+        folder, dtype=dt_name, param_dtype=dt_name, logprob_chunk_size=128
+    )
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dt_name]
     tmodel = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=tdt).eval()
+        folder, dtype=tdt
+    ).eval()
     d, v = cfg.d_model, cfg.vocab_size
-    per_layer = (2 * d * cfg.num_heads * cfg.head_dim
-                 + 2 * d * cfg.kv_heads * cfg.head_dim + 3 * d * cfg.ffn_dim)
+    per_layer = (
+        2 * d * cfg.num_heads * cfg.head_dim
+        + 2 * d * cfg.kv_heads * cfg.head_dim
+        + 3 * d * cfg.ffn_dim
+    )
     body = cfg.num_layers * per_layer
     attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim
     say(f"\n{dt_name}: models loaded, RSS {_rss()[0]:.0f} MB (was {rss0:.0f})")
@@ -209,52 +243,88 @@ def main(argv):
 
         def ours():
           state = host_rollout.init_state_jit(
-              prompt, prompt_len_b, None, max_len=prompt_len + new,
-              graphdef=gd, params=params, model_config=cfg)
+              prompt,
+              prompt_len_b,
+              None,
+              max_len=prompt_len + new,
+              graphdef=gd,
+              params=params,
+              model_config=cfg,
+          )
           state, action, _ = host_rollout.generate_turn_jit(
-              gd, params, state, jax.random.PRNGKey(0), max_action_len=new,
-              temperature=jnp.float32(temp), stop_tokens=())
+              gd,
+              params,
+              state,
+              jax.random.PRNGKey(0),
+              max_action_len=new,
+              temperature=jnp.float32(temp),
+              stop_tokens=(),
+          )
           return np.asarray(action)
 
         gen_cfg = transformers.GenerationConfig(
-            max_new_tokens=new, min_new_tokens=new, do_sample=temp > 0,
-            eos_token_id=None, pad_token_id=0,
-            **(dict(temperature=temp, top_k=0, top_p=1.0) if temp > 0 else {}))
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=temp > 0,
+            eos_token_id=None,
+            pad_token_id=0,
+            **(dict(temperature=temp, top_k=0, top_p=1.0) if temp > 0 else {}),
+        )
 
         def theirs():
           with torch.inference_mode():
             torch.manual_seed(0)
-            return tmodel.generate(input_ids=tprompt,
-                                   attention_mask=torch.ones_like(tprompt),
-                                   generation_config=gen_cfg)
+            return tmodel.generate(
+                input_ids=tprompt,
+                attention_mask=torch.ones_like(tprompt),
+                generation_config=gen_cfg,
+            )
 
         _reset_peak()
         best = _interleaved({"ours": ours, "torch": theirs}, reps)
         if temp == 0 and b == batches[0]:
           same = (ours() == theirs()[:, prompt_len:].numpy()).mean()
-          say(f"  greedy tokens equal to torch's at batch {b}: "
-              f"{100 * same:.0f}%")
+          say(
+              f"  greedy tokens equal to torch's at batch {b}: "
+              f"{100 * same:.0f}%"
+          )
         # Model FLOPs of one call: prefill (LM head at the last position only)
         # and `new` decode steps at mean context prompt + new / 2.
         flops = b * (prompt_len * body + new * body + (new + 1) * d * v) * 2
-        flops += b * attn * (prompt_len * prompt_len / 2
-                             + new * (prompt_len + new / 2))
+        flops += (
+            b
+            * attn
+            * (prompt_len * prompt_len / 2 + new * (prompt_len + new / 2))
+        )
         for k, (c, w) in best.items():
-          row = dict(kind="sample", engine=k, dtype=dt_name, batch=b, temp=temp,
-                     tok_per_cpu_s=b * new / c, cpu_s=c, wall_s=w,
-                     peak_frac=flops / c / peaks[k, dt_name],
-                     peak_rss_mb=_rss()[1] if peak_reset else None)
+          row = dict(
+              kind="sample",
+              engine=k,
+              dtype=dt_name,
+              batch=b,
+              temp=temp,
+              tok_per_cpu_s=b * new / c,
+              cpu_s=c,
+              wall_s=w,
+              peak_frac=flops / c / peaks[k, dt_name],
+              peak_rss_mb=_rss()[1] if peak_reset else None,
+          )
           results.append(row)
         r = {k: b * new / c for k, (c, _) in best.items()}
-        say(f"  sample B={b} T={temp:g}: ours {r['ours']:.1f}, torch "
+        say(
+            f"  sample B={b} T={temp:g}: ours {r['ours']:.1f}, torch "
             f"{r['torch']:.1f} new tokens per CPU-s (ours/torch "
             f"{r['ours'] / r['torch']:.2f}x); ours {best['ours'][0]:.2f} CPU-s "
             f"{best['ours'][1]:.2f} wall-s, torch {best['torch'][0]:.2f} CPU-s "
-            f"{best['torch'][1]:.2f} wall-s")
+            f"{best['torch'][1]:.2f} wall-s"
+        )
 
     # ---- training: forward + backward, [train_b, train_t].
-    tokens = np.random.default_rng(1).integers(
-        0, v, size=(train_b, train_t)).astype(np.int32)
+    tokens = (
+        np.random.default_rng(1)
+        .integers(0, v, size=(train_b, train_t))
+        .astype(np.int32)
+    )
     jt = jnp.asarray(tokens)
     tt = torch.from_numpy(tokens.astype(np.int64))
 
@@ -277,36 +347,59 @@ def main(argv):
     _reset_peak()
     rss_before = _rss()[0]
     best = _interleaved({"ours": ours_train, "torch": torch_train}, reps)
-    train_flops = 3 * train_b * (train_t - 1) * (
-        2 * (body + d * v) + attn * train_t / 2)
+    train_flops = (
+        3 * train_b * (train_t - 1) * (2 * (body + d * v) + attn * train_t / 2)
+    )
     for k, (c, w) in best.items():
-      results.append(dict(kind="train", engine=k, dtype=dt_name, batch=train_b,
-                          seq=train_t, tok_per_cpu_s=train_b * train_t / c,
-                          cpu_s=c, wall_s=w,
-                          peak_frac=train_flops / c / peaks[k, dt_name]))
+      results.append(
+          dict(
+              kind="train",
+              engine=k,
+              dtype=dt_name,
+              batch=train_b,
+              seq=train_t,
+              tok_per_cpu_s=train_b * train_t / c,
+              cpu_s=c,
+              wall_s=w,
+              peak_frac=train_flops / c / peaks[k, dt_name],
+          )
+      )
     r = {k: train_b * train_t / c for k, (c, _) in best.items()}
-    say(f"  train {train_b}x{train_t}: ours {r['ours']:.0f}, torch "
+    say(
+        f"  train {train_b}x{train_t}: ours {r['ours']:.0f}, torch "
         f"{r['torch']:.0f} tokens per CPU-s (ours/torch {r['ours'] / r['torch']:.2f}x);"
         f" RSS before {rss_before:.0f} MB, peak during {_rss()[1]:.0f} MB "
-        f"(both engines' training in one process)")
+        f"(both engines' training in one process)"
+    )
     gc.collect()
 
   # ---- table
-  say("\n| kind | dtype | B | T | ours tok/CPU-s | torch tok/CPU-s | ours/torch "
-      "| ours % peak | torch % peak |")
+  say(
+      "\n| kind | dtype | B | T | ours tok/CPU-s | torch tok/CPU-s | ours/torch "
+      "| ours % peak | torch % peak |"
+  )
   say("|---|---|---|---|---|---|---|---|---|")
-  keyf = lambda r: (r["kind"], r["dtype"], r["batch"], r.get("temp", r.get("seq")))
+  keyf = lambda r: (
+      r["kind"],
+      r["dtype"],
+      r["batch"],
+      r.get("temp", r.get("seq")),
+  )
   by = {}
   for r in results:
     by.setdefault(keyf(r), {})[r["engine"]] = r
   for key, pair in by.items():
     o, t = pair["ours"], pair["torch"]
     col = f"T={key[3]:g}" if key[0] == "sample" else f"L={key[3]}"
-    say(f"| {key[0]} | {key[1]} | {key[2]} | {col} | {o['tok_per_cpu_s']:.1f} | "
+    say(
+        f"| {key[0]} | {key[1]} | {key[2]} | {col} | {o['tok_per_cpu_s']:.1f} | "
         f"{t['tok_per_cpu_s']:.1f} | {o['tok_per_cpu_s'] / t['tok_per_cpu_s']:.2f}x"
-        f" | {100 * o['peak_frac']:.0f}% | {100 * t['peak_frac']:.0f}% |")
-  say(f"\nprocess peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}"
-      f" MB; load average at end {os.getloadavg()}")
+        f" | {100 * o['peak_frac']:.0f}% | {100 * t['peak_frac']:.0f}% |"
+    )
+  say(
+      f"\nprocess peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}"
+      f" MB; load average at end {os.getloadavg()}"
+  )
   say("\nraw: " + json.dumps(results))
   if _OUT.value:
     with open(_OUT.value, "w") as f:

@@ -34,8 +34,10 @@ def _config(name: str, sft_steps: int, rl_steps: int):
 
 
 def main(argv) -> None:
-  p = argparse.ArgumentParser(prog="python -m experiments.bench_seeds",
-                              description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(
+      prog="python -m experiments.bench_seeds",
+      description=__doc__.splitlines()[0],
+  )
   p.add_argument("--config", default="default", help="module under configs/")
   p.add_argument("--seeds", type=int, default=5, help="S, number of seeds")
   p.add_argument("--sft_steps", type=int, default=60)

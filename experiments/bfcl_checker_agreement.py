@@ -43,6 +43,7 @@ def load_bfcl_ast_checker():
       underscore_to_dot = False
 
     class _Mapping(dict):
+
       def __missing__(self, key):
         return _Cfg()
 
@@ -50,6 +51,7 @@ def load_bfcl_ast_checker():
     sys.modules["bfcl_eval.constants.model_config"] = stub
   from bfcl_eval.constants.enums import Language
   from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+
   return ast_checker, Language
 
 
@@ -63,8 +65,17 @@ def _bad_value(value, possible):
     cand = not value
     return cand if cand not in possible else "zzz_not_a_value"
   if isinstance(value, int):
-    return max([v for v in possible if isinstance(v, int) and not isinstance(v, bool)]
-               + [value]) + 1009
+    return (
+        max(
+            [
+                v
+                for v in possible
+                if isinstance(v, int) and not isinstance(v, bool)
+            ]
+            + [value]
+        )
+        + 1009
+    )
   if isinstance(value, float):
     return max([v for v in possible if isinstance(v, float)] + [value]) + 1009.5
   if isinstance(value, str):
@@ -81,15 +92,21 @@ def perturbations(gt, functions=()):
   gold = bfcl.gold_calls(gt, functions)
   out = [("gold", gold)]
   first = gold[0]
-  out.append(("wrong_function", [parsers.ToolCall(first.name + "_x", first.arguments)]
-              + gold[1:]))
+  out.append(
+      (
+          "wrong_function",
+          [parsers.ToolCall(first.name + "_x", first.arguments)] + gold[1:],
+      )
+  )
   if first.arguments:
     p = sorted(first.arguments)[0]
     args = dict(first.arguments)
     args[p + "_x"] = args.pop(p)
-    out.append(("wrong_parameter", [parsers.ToolCall(first.name, args)] + gold[1:]))
+    out.append(
+        ("wrong_parameter", [parsers.ToolCall(first.name, args)] + gold[1:])
+    )
     args = dict(first.arguments)
-    (_, possible), = gt[0].items()
+    ((_, possible),) = gt[0].items()
     args[p] = _bad_value(args[p], possible[p])
     out.append(("wrong_value", [parsers.ToolCall(first.name, args)] + gold[1:]))
   out.append(("missing_call", gold[:-1]))
@@ -109,14 +126,29 @@ def run(limit: int | None = None, categories=bfcl.SINGLE_TURN) -> dict:
     for task in tasks:
       for kind, calls in perturbations(task.ground_truth, task.functions):
         try:
-          theirs = ast_checker(list(task.functions), to_bfcl_output(calls),
-                               task.ground_truth, language.PYTHON,
-                               bfcl_category(cat), MODEL)["valid"]
+          theirs = ast_checker(
+              list(task.functions),
+              to_bfcl_output(calls),
+              task.ground_truth,
+              language.PYTHON,
+              bfcl_category(cat),
+              MODEL,
+          )["valid"]
         except Exception:  # noqa: BLE001 -- BFCL's checker crashing is a reject
           theirs = False
-        ours = bfcl.check_calls(task.functions, calls, task.ground_truth, cat).valid
-        s = stats.setdefault(kind, {"n": 0, "bfcl_accept": 0, "ours_accept": 0,
-                                    "agree": 0, "disagreements": []})
+        ours = bfcl.check_calls(
+            task.functions, calls, task.ground_truth, cat
+        ).valid
+        s = stats.setdefault(
+            kind,
+            {
+                "n": 0,
+                "bfcl_accept": 0,
+                "ours_accept": 0,
+                "agree": 0,
+                "disagreements": [],
+            },
+        )
         s["n"] += 1
         s["bfcl_accept"] += int(theirs)
         s["ours_accept"] += int(ours)
@@ -134,16 +166,22 @@ def main():
   args = ap.parse_args()
   report = run(args.limit)
   total_n = total_agree = 0
-  print(f"{'category':18s} {'kind':16s} {'n':>5s} {'bfcl acc':>9s} "
-        f"{'ours acc':>9s} {'agree':>7s}")
+  print(
+      f"{'category':18s} {'kind':16s} {'n':>5s} {'bfcl acc':>9s} "
+      f"{'ours acc':>9s} {'agree':>7s}"
+  )
   for cat, stats in report.items():
     for kind, s in stats.items():
       total_n += s["n"]
       total_agree += s["agree"]
-      print(f"{cat:18s} {kind:16s} {s['n']:5d} {s['bfcl_accept'] / s['n']:9.3f} "
-            f"{s['ours_accept'] / s['n']:9.3f} {s['agree'] / s['n']:7.3f}"
-            + (f"  e.g. {s['disagreements']}" if s["disagreements"] else ""))
-  print(f"overall agreement: {total_agree}/{total_n} = {total_agree / total_n:.4f}")
+      print(
+          f"{cat:18s} {kind:16s} {s['n']:5d} {s['bfcl_accept'] / s['n']:9.3f} "
+          f"{s['ours_accept'] / s['n']:9.3f} {s['agree'] / s['n']:7.3f}"
+          + (f"  e.g. {s['disagreements']}" if s["disagreements"] else "")
+      )
+  print(
+      f"overall agreement: {total_agree}/{total_n} = {total_agree / total_n:.4f}"
+  )
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=2)

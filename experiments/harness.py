@@ -46,9 +46,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _sft_key(config: ml_collections.ConfigDict) -> str:
-  blob = json.dumps({k: config[k].to_dict() if hasattr(config[k], "to_dict")
-                     else config[k] for k in ("model", "env", "sft", "max_len")},
-                    sort_keys=True, default=str)
+  blob = json.dumps(
+      {
+          k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
+          for k in ("model", "env", "sft", "max_len")
+      },
+      sort_keys=True,
+      default=str,
+  )
   return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
@@ -69,19 +74,36 @@ def git_commit(repo: str = REPO) -> str:
   """`git rev-parse HEAD` of repo (+ '-dirty' with uncommitted changes to
   tracked files), or 'unknown' outside a git checkout or without git."""
   try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                          text=True, timeout=30, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=repo, capture_output=True, text=True, timeout=30,
-                           check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
   except (OSError, subprocess.SubprocessError):
     return "unknown"
   return head + ("-dirty" if dirty else "") if head else "unknown"
 
 
-def sample_groups(config: ml_collections.ConfigDict, params, *,
-                  num_groups: int | None = None, group_size: int | None = None,
-                  seed: int = 0, temperature: float = 1.0) -> dict[str, np.ndarray]:
+def sample_groups(
+    config: ml_collections.ConfigDict,
+    params,
+    *,
+    num_groups: int | None = None,
+    group_size: int | None = None,
+    seed: int = 0,
+    temperature: float = 1.0,
+) -> dict[str, np.ndarray]:
   """Samples GRPO-style groups from a policy, as its first RL iteration would.
 
   Tasks come from the training distribution (`env.sample_tasks` with a fixed
@@ -104,24 +126,40 @@ def sample_groups(config: ml_collections.ConfigDict, params, *,
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from agentic_rl import rollout  # pylint: disable=g-import-not-at-top
   from agentic_rl import train  # pylint: disable=g-import-not-at-top
+
   g = int(group_size or config.rl.group_size)
   n = int(num_groups or max(config.eval.num_tasks // 4, 1))
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef = train.init_state(config, model_cfg)[0]
   task_key, sample_key = jax.random.split(jax.random.PRNGKey(seed))
-  tasks = jax.tree.map(lambda x: jnp.repeat(x, g, axis=0),
-                       env.sample_tasks(task_key, n))
+  tasks = jax.tree.map(
+      lambda x: jnp.repeat(x, g, axis=0), env.sample_tasks(task_key, n)
+  )
   traj = rollout.rollout_jit(
-      env, tasks, sample_key, max_len=config.max_len,
-      group=jnp.repeat(jnp.arange(n, dtype=jnp.int32), g), graphdef=graphdef,
-      params=params, model_config=model_cfg, temperature=jnp.float32(temperature))
+      env,
+      tasks,
+      sample_key,
+      max_len=config.max_len,
+      group=jnp.repeat(jnp.arange(n, dtype=jnp.int32), g),
+      graphdef=graphdef,
+      params=params,
+      model_config=model_cfg,
+      temperature=jnp.float32(temperature),
+  )
   facts = jax.device_get(traj.facts)
-  out = {k: np.asarray(v, np.float64).reshape(n, g) for k, v in facts.items()
-         if np.ndim(v) == 1}
+  out = {
+      k: np.asarray(v, np.float64).reshape(n, g)
+      for k, v in facts.items()
+      if np.ndim(v) == 1
+  }
   from agentic_rl import types  # pylint: disable=g-import-not-at-top
-  out["policy_tokens"] = np.sum(np.asarray(traj.role) == types.POLICY,
-                                axis=1).astype(np.float64).reshape(n, g)
+
+  out["policy_tokens"] = (
+      np.sum(np.asarray(traj.role) == types.POLICY, axis=1)
+      .astype(np.float64)
+      .reshape(n, g)
+  )
   return out
 
 
@@ -130,7 +168,9 @@ def room_correct_zero_call_groups(config, params) -> float:
   call: only there can an efficiency signal (OTC, HDPO) prefer not calling at
   equal correctness. In [0, 1]."""
   f = sample_groups(config, params)
-  return float(np.any((f["correct"] > 0) & (f["num_tool_calls"] == 0), axis=1).mean())
+  return float(
+      np.any((f["correct"] > 0) & (f["num_tool_calls"] == 0), axis=1).mean()
+  )
 
 
 def room_mixed_groups(config, params) -> float:
@@ -173,8 +213,9 @@ def room_start_greedy_accuracy(config, params) -> float:
   """The start policy's greedy (T = 0) accuracy on 128 training tasks, the
   decoding of the held-out `accuracy`: how much a reward hack can destroy.
   In [0, 1]."""
-  c = sample_groups(config, params, num_groups=128, group_size=1,
-                    temperature=0.0)["correct"]
+  c = sample_groups(
+      config, params, num_groups=128, group_size=1, temperature=0.0
+  )["correct"]
   return float(c.mean())
 
 
@@ -253,8 +294,10 @@ def run_claim(
   t_start = time.time()
   labels = set(arms) | ({"SFT (start)"} if include_sft_row else set())
   if spec is not None and not {spec.treatment, spec.control} <= labels:
-    raise ValueError(f"run_claim: spec arms {spec.treatment!r} / {spec.control!r} "
-                     f"must be among the row labels {sorted(labels)}")
+    raise ValueError(
+        f"run_claim: spec arms {spec.treatment!r} / {spec.control!r} "
+        f"must be among the row labels {sorted(labels)}"
+    )
   room = None
   os.makedirs(root, exist_ok=True)
   sft_dirs: dict[str, str] = {}
@@ -287,15 +330,22 @@ def run_claim(
     params = seeds_lib.unstack(out["params"], len(seeds))
     t0 = time.time()
     per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
-    room = {"metric": spec.room_metric, "value": float(np.mean(per_seed)),
-            "per_seed": per_seed, "threshold": spec.room_threshold,
-            "arm": room_arm, "wall_s": time.time() - t0}
+    room = {
+        "metric": spec.room_metric,
+        "value": float(np.mean(per_seed)),
+        "per_seed": per_seed,
+        "threshold": spec.room_threshold,
+        "arm": room_arm,
+        "wall_s": time.time() - t0,
+    }
     room["ok"] = bool(room["value"] >= spec.room_threshold)
-    print(f"room check ({spec.room_metric}, start policy of {room_arm}): "
-          f"{room['value']:.3f} (per seed {[round(v, 3) for v in per_seed]}; "
-          f"threshold {spec.room_threshold}): "
-          f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
-          flush=True)
+    print(
+        f"room check ({spec.room_metric}, start policy of {room_arm}): "
+        f"{room['value']:.3f} (per seed {[round(v, 3) for v in per_seed]}; "
+        f"threshold {spec.room_threshold}): "
+        f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
+        flush=True,
+    )
   skip_rl = stop_without_room and room is not None and not room["ok"]
   for arm, config in arms.items():
     key = sft(config)[0]
@@ -304,29 +354,61 @@ def run_claim(
     arm_dir = os.path.join(root, arm)
     if not os.path.exists(arm_dir):
       # The arm's own config.json is written by train_seeds (not the SFT run's).
-      shutil.copytree(sft_dirs[key], arm_dir,
-                      ignore=shutil.ignore_patterns("seed_*", "config.json"))
+      shutil.copytree(
+          sft_dirs[key],
+          arm_dir,
+          ignore=shutil.ignore_patterns("seed_*", "config.json"),
+      )
     t0 = time.time()
     out = seeds_lib.train_seeds(config, seeds, arm_dir)
     walls[arm] = time.time() - t0
     rows[arm] = _with_extra(out, "rl", extra_eval, config, seeds)
     for new_key, curve_key, first, last in curve_means:
-      c = np.asarray(out["curves"].get(curve_key, np.full((1, len(seeds)), np.nan)))
+      c = np.asarray(
+          out["curves"].get(curve_key, np.full((1, len(seeds)), np.nan))
+      )
       per_seed = c[first:last].mean(0)
-      rows[arm] = [dict(r, **{new_key: float(v)}) for r, v in zip(rows[arm], per_seed)]
+      rows[arm] = [
+          dict(r, **{new_key: float(v)}) for r, v in zip(rows[arm], per_seed)
+      ]
     curves[arm] = out["curves"]
   analysis = None
   if spec is not None:
-    analysis = stats.analyse(spec, rows, None if room is None else room["value"])
-  meta = {"commit": commit, "seeds": list(seeds),
-          "config_hash": {arm: experiment_seeds.config_hash(c) for arm, c in arms.items()},
-          "room": room, "analysis": analysis,
-          "spec": None if spec is None else spec.to_json(),
-          "rl_skipped": bool(skip_rl), "wall_total_s": time.time() - t_start,
-          "command": command}
-  _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta, stem)
-  return {"rows": rows, "curves": curves, "wall_s": walls, "room": room,
-          "analysis": analysis}
+    analysis = stats.analyse(
+        spec, rows, None if room is None else room["value"]
+    )
+  meta = {
+      "commit": commit,
+      "seeds": list(seeds),
+      "config_hash": {
+          arm: experiment_seeds.config_hash(c) for arm, c in arms.items()
+      },
+      "room": room,
+      "analysis": analysis,
+      "spec": None if spec is None else spec.to_json(),
+      "rl_skipped": bool(skip_rl),
+      "wall_total_s": time.time() - t_start,
+      "command": command,
+  }
+  _write(
+      title,
+      rows,
+      curves,
+      seeds,
+      out_dir,
+      metrics,
+      curve_keys,
+      walls,
+      meta,
+      stem,
+  )
+  return {
+      "rows": rows,
+      "curves": curves,
+      "wall_s": walls,
+      "room": room,
+      "analysis": analysis,
+  }
 
 
 def _with_extra(out, which, extra_eval, config, seeds):
@@ -338,59 +420,112 @@ def _with_extra(out, which, extra_eval, config, seeds):
   return [dict(r, **extra_eval(config, p)) for r, p in zip(reports, params)]
 
 
-def _write(title, rows, curves, seeds, out_dir, metrics, curve_keys, walls, meta,
-           stem="results"):
+def _write(
+    title,
+    rows,
+    curves,
+    seeds,
+    out_dir,
+    metrics,
+    curve_keys,
+    walls,
+    meta,
+    stem="results",
+):
   os.makedirs(out_dir, exist_ok=True)
-  lines = [f"# {title}", "",
-           "| arm | " + " | ".join(lbl for _, lbl in metrics) + " |",
-           "|---" * (len(metrics) + 1) + "|"]
+  lines = [
+      f"# {title}",
+      "",
+      "| arm | " + " | ".join(lbl for _, lbl in metrics) + " |",
+      "|---" * (len(metrics) + 1) + "|",
+  ]
   for label, reps in rows.items():
     cells = []
     for k, _ in metrics:
       m, se = mean_se([r.get(k, np.nan) for r in reps])
       cells.append(f"{m:.3f} +- {se:.3f}")
     lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  lines += ["", f"Mean +- standard error over seeds {list(seeds)}. Every seed:", ""]
+  lines += [
+      "",
+      f"Mean +- standard error over seeds {list(seeds)}. Every seed:",
+      "",
+  ]
   for label, reps in rows.items():
     per = "; ".join(
         f"{lbl} " + "/".join(f"{r.get(k, np.nan):.3f}" for r in reps)
-        for k, lbl in metrics)
+        for k, lbl in metrics
+    )
     lines.append(f"- {label}: {per}")
   if meta.get("rl_skipped"):
-    lines += ["", "The RL arms were not run: the start policy's room metric is "
-              "below its threshold (--stop_without_room)."]
+    lines += [
+        "",
+        "The RL arms were not run: the start policy's room metric is "
+        "below its threshold (--stop_without_room).",
+    ]
   if meta.get("analysis") is not None:
-    lines += ["", "## Verdict (declared before the run)", "",
-              stats.format_analysis(meta["analysis"])]
+    lines += [
+        "",
+        "## Verdict (declared before the run)",
+        "",
+        stats.format_analysis(meta["analysis"]),
+    ]
   elif meta.get("room") is not None:
-    lines += ["", f"Room metric `{meta['room']['metric']}` of the start policy: "
-              f"{meta['room']['value']:.3f}."]
-  lines += ["", "Wall time (s, training incl. compilation, all seeds vmapped): " +
-            ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
-            "", f"Commit {meta['commit']}; config hashes " +
-            ", ".join(f"{k} {v}" for k, v in meta["config_hash"].items()) + ".", ""]
+    lines += [
+        "",
+        f"Room metric `{meta['room']['metric']}` of the start policy: "
+        f"{meta['room']['value']:.3f}.",
+    ]
+  lines += [
+      "",
+      "Wall time (s, training incl. compilation, all seeds vmapped): "
+      + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
+      "",
+      f"Commit {meta['commit']}; config hashes "
+      + ", ".join(f"{k} {v}" for k, v in meta["config_hash"].items())
+      + ".",
+      "",
+  ]
   with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(lines))
   with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
     json.dump(dict(meta, rows=rows, wall_s=walls), f, indent=2, default=float)
   print("\n".join(lines))
-  plot_grid(title, rows, curves, metrics, curve_keys,
-            os.path.join(out_dir, f"{stem}.png"))
+  plot_grid(
+      title,
+      rows,
+      curves,
+      metrics,
+      curve_keys,
+      os.path.join(out_dir, f"{stem}.png"),
+  )
 
 
 # Metric names holding a share in [0, 1] (plot axes are capped at 1).
-_SHARE_WORDS = ("acc", "pass@", "rate", "share", "horizon", "prob", "groups",
-                "unanswered")
+_SHARE_WORDS = (
+    "acc",
+    "pass@",
+    "rate",
+    "share",
+    "horizon",
+    "prob",
+    "groups",
+    "unanswered",
+)
 
 
 def _base(key: str) -> str:
   return key.split("/", 1)[1] if key.startswith(("rl/", "sft/")) else key
 
 
-def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
-              curves: Mapping[str, Mapping[str, np.ndarray]],
-              metrics: Sequence[tuple[str, str]], curve_keys: Sequence[str],
-              path: str, ncols: int = 4) -> list[tuple[float, float]]:
+def plot_grid(
+    title: str,
+    rows: Mapping[str, Sequence[Mapping[str, float]]],
+    curves: Mapping[str, Mapping[str, np.ndarray]],
+    metrics: Sequence[tuple[str, str]],
+    curve_keys: Sequence[str],
+    path: str,
+    ncols: int = 4,
+) -> list[tuple[float, float]]:
   """Writes the claim's figure: a grid of panels, at most `ncols` per row.
 
   One bar panel per held-out metric (mean per row label with its 95% t
@@ -413,27 +548,35 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
     The y-limits of every panel in order (bar panels, then curve panels).
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   panels = [("bar", k, lbl) for k, lbl in metrics] + [
-      ("curve", k, k) for k in curve_keys]
+      ("curve", k, k) for k in curve_keys
+  ]
   n = len(panels)
   ncols = max(1, min(ncols, n))
   nrows = math.ceil(n / ncols)
-  fig, axes = plt.subplots(nrows, ncols, figsize=(3.7 * ncols, 3.4 * nrows),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+      nrows, ncols, figsize=(3.7 * ncols, 3.4 * nrows), squeeze=False
+  )
   labels = list(rows)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   start = rows.get("SFT (start)")
   ranges: dict[str, list[float]] = {}
-  data: dict[str, list[float]] = {}  # min and max of the plotted values themselves
+  data: dict[str, list[float]] = (
+      {}
+  )  # min and max of the plotted values themselves
 
   def grow(key, lo, hi, vals):
     if np.isfinite(lo) and np.isfinite(hi):
       r = ranges.setdefault(_base(key), [lo, hi])
       r[0], r[1] = min(r[0], lo), max(r[1], hi)
       d = data.setdefault(_base(key), [np.inf, -np.inf])
-      d[0], d[1] = min(d[0], float(np.min(vals))), max(d[1], float(np.max(vals)))
+      d[0], d[1] = min(d[0], float(np.min(vals))), max(
+          d[1], float(np.max(vals))
+      )
 
   for ax, (kind, k, lbl) in zip(axes.flat, panels):
     if kind == "bar":
@@ -442,10 +585,14 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
         if not np.all(np.isfinite(v)):
           continue
         m, h = float(v.mean()), ci_halfwidth(v)
-        ax.bar(j, m, yerr=h, color=colors[j % len(colors)], alpha=0.8, capsize=3)
+        ax.bar(
+            j, m, yerr=h, color=colors[j % len(colors)], alpha=0.8, capsize=3
+        )
         ax.scatter(np.full(len(v), j), v, color="k", s=8, zorder=3)
         grow(k, min(m - h, v.min(), 0.0), max(m + h, v.max()), v)
-      ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=7)
+      ax.set_xticks(
+          range(len(labels)), labels, rotation=35, ha="right", fontsize=7
+      )
     else:
       for j, arm in enumerate(curves):
         if k not in curves[arm]:
@@ -454,7 +601,9 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
         x = np.arange(1, len(c) + 1)
         m = c.mean(1)
         h = np.array([ci_halfwidth(row) for row in c])
-        color = colors[(labels.index(arm) if arm in labels else j) % len(colors)]
+        color = colors[
+            (labels.index(arm) if arm in labels else j) % len(colors)
+        ]
         ax.plot(x, m, color=color, label=arm)
         ax.fill_between(x, m - h, m + h, color=color, alpha=0.2)
         grow(k, float(np.nanmin(m - h)), float(np.nanmax(m + h)), m)
@@ -464,7 +613,9 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
     if start is not None:
       v = np.asarray([r.get(_base(k), np.nan) for r in start], np.float64)
       if np.all(np.isfinite(v)):
-        ax.axhline(float(v.mean()), color="0.3", ls="--", lw=0.9, label="_start")
+        ax.axhline(
+            float(v.mean()), color="0.3", ls="--", lw=0.9, label="_start"
+        )
         grow(k, float(v.mean()), float(v.mean()), v.mean())
     ax.set_title(lbl, fontsize=9)
   limits = []
@@ -483,20 +634,27 @@ def plot_grid(title: str, rows: Mapping[str, Sequence[Mapping[str, float]]],
     limits.append((lo - pad, hi + pad))
   for ax in list(axes.flat)[n:]:
     ax.set_visible(False)
-  fig.suptitle(title + " (dashed: SFT start; bars and bands: 95% t intervals)",
-               fontsize=10)
+  fig.suptitle(
+      title + " (dashed: SFT start; bars and bands: 95% t intervals)",
+      fontsize=10,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return limits
 
 
-def cli(argv: Sequence[str], *, here: str, title: str,
-        arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
-        default_seeds: str = "0,1,2",
-        after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
-        prog: str | None = None,
-        **run_kwargs) -> dict:
+def cli(
+    argv: Sequence[str],
+    *,
+    here: str,
+    title: str,
+    arms_fn: Callable[[bool], Mapping[str, ml_collections.ConfigDict]],
+    default_seeds: str = "0,1,2",
+    after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
+    prog: str | None = None,
+    **run_kwargs,
+) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
 
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
@@ -512,24 +670,34 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     ValueError: malformed --seeds or an unknown arm in --arms.
   """
   import argparse  # pylint: disable=g-import-not-at-top
+
   name = os.path.basename(here)
   prog = prog or f"experiments.{name}"
-  p = argparse.ArgumentParser(prog=f"python -m {prog}",
-                              description=title)
+  p = argparse.ArgumentParser(prog=f"python -m {prog}", description=title)
   p.add_argument("--seeds", default=None, help=f"default {default_seeds}")
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
   p.add_argument("--root", default=None, help=f"default runs/{name}[_smoke]")
-  p.add_argument("--arms", default=None,
-                 help="comma-separated subset of the arms (default: all)")
-  p.add_argument("--stop_without_room", action="store_true",
-                 help="skip the RL arms when the start policy leaves no room")
+  p.add_argument(
+      "--arms",
+      default=None,
+      help="comma-separated subset of the arms (default: all)",
+  )
+  p.add_argument(
+      "--stop_without_room",
+      action="store_true",
+      help="skip the RL arms when the start policy leaves no room",
+  )
   args = p.parse_args(list(argv))
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
   try:
     seeds = [int(s) for s in seeds_str.split(",") if s.strip()]
   except ValueError as e:
-    raise ValueError(f"--seeds must be comma-separated integers, got {seeds_str!r}") from e
-  root = args.root or os.path.join(REPO, "runs", name + ("_smoke" if args.smoke else ""))
+    raise ValueError(
+        f"--seeds must be comma-separated integers, got {seeds_str!r}"
+    ) from e
+  root = args.root or os.path.join(
+      REPO, "runs", name + ("_smoke" if args.smoke else "")
+  )
   out_dir = root if args.smoke else here
   arms = dict(arms_fn(args.smoke))
   if args.arms:
@@ -541,9 +709,16 @@ def cli(argv: Sequence[str], *, here: str, title: str,
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
   command = " ".join([f"python -m {prog}", *argv])
-  out = run_claim(title, arms, seeds, root=root, out_dir=out_dir,
-                  stop_without_room=args.stop_without_room, command=command,
-                  **run_kwargs)
+  out = run_claim(
+      title,
+      arms,
+      seeds,
+      root=root,
+      out_dir=out_dir,
+      stop_without_room=args.stop_without_room,
+      command=command,
+      **run_kwargs,
+  )
   if after_run is not None and not args.arms:
     # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)
@@ -555,8 +730,10 @@ def claim_main(main_file: str, **kwargs) -> dict:
   folder of `main_file` (pass `__file__`); kwargs as for `cli` (title,
   arms_fn, spec, metrics, ...)."""
   import sys  # pylint: disable=g-import-not-at-top
+
   here = os.path.dirname(os.path.abspath(main_file))
   base = os.path.splitext(os.path.basename(main_file))[0]
   prog = f"experiments.{os.path.basename(here)}" + (
-      "" if base == "__main__" else f".{base}")
+      "" if base == "__main__" else f".{base}"
+  )
   return cli(sys.argv[1:], here=here, prog=prog, **kwargs)

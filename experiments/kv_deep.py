@@ -30,7 +30,10 @@ DEEP_EXPERT_UNDERCALL_PROB = 0.1
 
 
 def deep_kv_chain(
-    min_hops: int, max_hops: int, smoke: bool, *,
+    min_hops: int,
+    max_hops: int,
+    smoke: bool,
+    *,
     expert_undercall_prob: float = DEEP_EXPERT_UNDERCALL_PROB,
 ) -> ml_collections.ConfigDict:
   """configs/kv_chain.py with d in [min_hops, max_hops] hops.
@@ -57,17 +60,23 @@ def deep_kv_chain(
       expert_undercall_prob outside [0, 1].
   """
   if not 1 <= min_hops <= max_hops <= 6:
-    raise ValueError(f"deep_kv_chain: need 1 <= min_hops <= max_hops <= 6, got "
-                     f"min_hops={min_hops}, max_hops={max_hops}")
+    raise ValueError(
+        f"deep_kv_chain: need 1 <= min_hops <= max_hops <= 6, got "
+        f"min_hops={min_hops}, max_hops={max_hops}"
+    )
   if not 0.0 <= expert_undercall_prob <= 1.0:
-    raise ValueError("deep_kv_chain: expert_undercall_prob must be in [0, 1], got "
-                     f"{expert_undercall_prob}")
+    raise ValueError(
+        "deep_kv_chain: expert_undercall_prob must be in [0, 1], got "
+        f"{expert_undercall_prob}"
+    )
   config = kv_chain.get_config("smoke" if smoke else None)
   config.env.expert_undercall_prob = expert_undercall_prob
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
   config.env.min_hops = min_hops
   config.env.max_hops = max_hops
   config.env.max_turns = max_hops + 2
-  need = _PROMPT + config.env.max_turns * _TURN + (config.env.max_turns - 1) * _OBS
+  need = (
+      _PROMPT + config.env.max_turns * _TURN + (config.env.max_turns - 1) * _OBS
+  )
   config.max_len = -(-need // 16) * 16
   return config

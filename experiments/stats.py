@@ -20,7 +20,12 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
-VERDICTS = ("supported", "contradicted", "inconclusive", "untestable at this setup")
+VERDICTS = (
+    "supported",
+    "contradicted",
+    "inconclusive",
+    "untestable at this setup",
+)
 PREDICTIONS = ("better", "worse", "equivalent")
 
 
@@ -45,8 +50,9 @@ def t_multiplier(n: int, level: float = 0.95) -> float:
   return float(scipy_stats.t.ppf(0.5 + level / 2.0, int(n) - 1))
 
 
-def paired_difference(treatment: Sequence[float], control: Sequence[float],
-                      level: float = 0.95) -> dict:
+def paired_difference(
+    treatment: Sequence[float], control: Sequence[float], level: float = 0.95
+) -> dict:
   """Mean of per-seed differences treatment - control with a t confidence interval.
 
   Args:
@@ -65,8 +71,10 @@ def paired_difference(treatment: Sequence[float], control: Sequence[float],
   a = np.asarray(treatment, np.float64)
   b = np.asarray(control, np.float64)
   if a.shape != b.shape or a.ndim != 1:
-    raise ValueError(f"paired_difference: treatment has shape {a.shape} and control "
-                     f"{b.shape}: need two equal-length lists (one value per seed)")
+    raise ValueError(
+        f"paired_difference: treatment has shape {a.shape} and control "
+        f"{b.shape}: need two equal-length lists (one value per seed)"
+    )
   if len(a) < 2:
     raise ValueError(f"paired_difference: n={len(a)}: needs at least 2 seeds")
   d = a - b
@@ -75,12 +83,23 @@ def paired_difference(treatment: Sequence[float], control: Sequence[float],
   mean = float(d.mean())
   se = float(d.std(ddof=1) / np.sqrt(len(d)))
   t = t_multiplier(len(d), level)
-  return {"diffs": d.tolist(), "n": len(d), "mean": mean, "se": se, "t": t,
-          "ci": [mean - t * se, mean + t * se], "level": level}
+  return {
+      "diffs": d.tolist(),
+      "n": len(d),
+      "mean": mean,
+      "se": se,
+      "t": t,
+      "ci": [mean - t * se, mean + t * se],
+      "level": level,
+  }
 
 
-def verdict(effect_ci: Sequence[float], direction, equivalence_margin: float | None = None,
-            room_ok: bool = True) -> str:
+def verdict(
+    effect_ci: Sequence[float],
+    direction,
+    equivalence_margin: float | None = None,
+    room_ok: bool = True,
+) -> str:
   """The verdict on a claim from the confidence interval of its effect.
 
   Decision rule (fixed before any run; `effect_ci` = [low, high] of the mean
@@ -112,18 +131,28 @@ def verdict(effect_ci: Sequence[float], direction, equivalence_margin: float | N
   """
   lo, hi = (float(x) for x in effect_ci)
   if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
-    raise ValueError(f"verdict: effect_ci={list(effect_ci)!r}: need finite low <= high")
+    raise ValueError(
+        f"verdict: effect_ci={list(effect_ci)!r}: need finite low <= high"
+    )
   names = {"greater": 1, "less": -1, "equivalent": 0}
-  d = names.get(direction, direction) if isinstance(direction, str) else direction
+  d = (
+      names.get(direction, direction)
+      if isinstance(direction, str)
+      else direction
+  )
   if d not in (1, -1, 0):
-    raise ValueError(f"verdict: direction={direction!r}: must be +1, -1, 0 or one of "
-                     f"{tuple(names)}")
+    raise ValueError(
+        f"verdict: direction={direction!r}: must be +1, -1, 0 or one of "
+        f"{tuple(names)}"
+    )
   m = equivalence_margin
   if m is not None and not m > 0:
     raise ValueError(f"verdict: equivalence_margin={m!r}: must be > 0 or None")
   if d == 0 and m is None:
-    raise ValueError("verdict: equivalence_margin=None: a parity claim (direction 0) "
-                     "needs a margin")
+    raise ValueError(
+        "verdict: equivalence_margin=None: a parity claim (direction 0) "
+        "needs a margin"
+    )
   if not room_ok:
     return "untestable at this setup"
   if d == 0:
@@ -186,11 +215,15 @@ class ClaimSpec:
 
   def __post_init__(self):
     if self.prediction not in PREDICTIONS:
-      raise ValueError(f"ClaimSpec.prediction={self.prediction!r}: must be one of "
-                       f"{PREDICTIONS}")
+      raise ValueError(
+          f"ClaimSpec.prediction={self.prediction!r}: must be one of "
+          f"{PREDICTIONS}"
+      )
     if self.prediction == "equivalent" and self.equivalence_margin is None:
-      raise ValueError("ClaimSpec.equivalence_margin=None: prediction 'equivalent' "
-                       "needs a margin")
+      raise ValueError(
+          "ClaimSpec.equivalence_margin=None: prediction 'equivalent' "
+          "needs a margin"
+      )
 
   def to_json(self) -> dict:
     """The declaration as a JSON-ready dict (room_fn by name)."""
@@ -210,8 +243,12 @@ class ClaimSpec:
     return better if self.prediction == "better" else -better
 
 
-def analyse(spec: ClaimSpec, rows: Mapping[str, Sequence[Mapping[str, float]]],
-            room_value: float | None, level: float = 0.95) -> dict:
+def analyse(
+    spec: ClaimSpec,
+    rows: Mapping[str, Sequence[Mapping[str, float]]],
+    room_value: float | None,
+    level: float = 0.95,
+) -> dict:
   """Paired effect, room check and verdict of one claim.
 
   Args:
@@ -235,49 +272,75 @@ def analyse(spec: ClaimSpec, rows: Mapping[str, Sequence[Mapping[str, float]]],
     primary metric missing.
   """
   room_ok = room_value is None or room_value >= spec.room_threshold
-  room = {"metric": spec.room_metric, "value": room_value,
-          "threshold": spec.room_threshold, "ok": bool(room_ok)}
-  head = {"primary_metric": spec.primary_metric,
-          "higher_is_better": spec.higher_is_better,
-          "treatment": spec.treatment, "control": spec.control,
-          "prediction": spec.prediction,
-          "equivalence_margin": spec.equivalence_margin}
+  room = {
+      "metric": spec.room_metric,
+      "value": room_value,
+      "threshold": spec.room_threshold,
+      "ok": bool(room_ok),
+  }
+  head = {
+      "primary_metric": spec.primary_metric,
+      "higher_is_better": spec.higher_is_better,
+      "treatment": spec.treatment,
+      "control": spec.control,
+      "prediction": spec.prediction,
+      "equivalence_margin": spec.equivalence_margin,
+  }
   missing = [arm for arm in (spec.treatment, spec.control) if arm not in rows]
   if missing and not room_ok:
     return dict(head, effect=None, room=room, verdict=VERDICTS[3])
   for arm in missing:
-    raise ValueError(f"analyse: arm {arm!r} of the ClaimSpec is not among the "
-                     f"results' arms {sorted(rows)}")
+    raise ValueError(
+        f"analyse: arm {arm!r} of the ClaimSpec is not among the "
+        f"results' arms {sorted(rows)}"
+    )
   try:
     a = [r[spec.primary_metric] for r in rows[spec.treatment]]
     b = [r[spec.primary_metric] for r in rows[spec.control]]
   except KeyError as e:
-    raise ValueError(f"analyse: primary_metric={spec.primary_metric!r} missing from "
-                     "the per-seed rows") from e
+    raise ValueError(
+        f"analyse: primary_metric={spec.primary_metric!r} missing from "
+        "the per-seed rows"
+    ) from e
   effect = paired_difference(a, b, level)
-  return dict(head, effect=effect, room=room,
-              verdict=verdict(effect["ci"], spec.direction, spec.equivalence_margin,
-                              room_ok))
+  return dict(
+      head,
+      effect=effect,
+      room=room,
+      verdict=verdict(
+          effect["ci"], spec.direction, spec.equivalence_margin, room_ok
+      ),
+  )
 
 
 def format_analysis(a: dict) -> str:
   """One Markdown paragraph of `analyse`'s result (for results.md)."""
   e, r = a["effect"], a["room"]
-  room = ("not computed" if r["value"] is None else
-          f"{r['value']:.3f} (threshold {r['threshold']:.3f}: "
-          f"{'room' if r['ok'] else 'NO room'})")
-  margin = ("" if a["equivalence_margin"] is None
-            else f", equivalence margin {a['equivalence_margin']:g}")
+  room = (
+      "not computed"
+      if r["value"] is None
+      else f"{r['value']:.3f} (threshold {r['threshold']:.3f}: "
+      f"{'room' if r['ok'] else 'NO room'})"
+  )
+  margin = (
+      ""
+      if a["equivalence_margin"] is None
+      else f", equivalence margin {a['equivalence_margin']:g}"
+  )
   if e is None:
-    return (f"Primary metric `{a['primary_metric']}`, {a['treatment']} - "
-            f"{a['control']}: not run (the RL arms were skipped because the start "
-            f"policy leaves no room); predicted: {a['prediction']}{margin}. Room "
-            f"metric `{r['metric']}` of the start policy: {room}. "
-            f"**Verdict: {a['verdict']}.**")
-  return (f"Primary metric `{a['primary_metric']}` "
-          f"({'higher' if a['higher_is_better'] else 'lower'} is better), "
-          f"{a['treatment']} - {a['control']} paired over {e['n']} seeds: "
-          f"{e['mean']:+.3f} [{int(round(100 * e['level']))}% CI {e['ci'][0]:+.3f}, "
-          f"{e['ci'][1]:+.3f}] (t = {e['t']:.3f}, SE {e['se']:.3f}); predicted: "
-          f"{a['prediction']}{margin}. Room metric `{r['metric']}` of the start "
-          f"policy: {room}. **Verdict: {a['verdict']}.**")
+    return (
+        f"Primary metric `{a['primary_metric']}`, {a['treatment']} - "
+        f"{a['control']}: not run (the RL arms were skipped because the start "
+        f"policy leaves no room); predicted: {a['prediction']}{margin}. Room "
+        f"metric `{r['metric']}` of the start policy: {room}. "
+        f"**Verdict: {a['verdict']}.**"
+    )
+  return (
+      f"Primary metric `{a['primary_metric']}` "
+      f"({'higher' if a['higher_is_better'] else 'lower'} is better), "
+      f"{a['treatment']} - {a['control']} paired over {e['n']} seeds: "
+      f"{e['mean']:+.3f} [{int(round(100 * e['level']))}% CI {e['ci'][0]:+.3f}, "
+      f"{e['ci'][1]:+.3f}] (t = {e['t']:.3f}, SE {e['se']:.3f}); predicted: "
+      f"{a['prediction']}{margin}. Room metric `{r['metric']}` of the start "
+      f"policy: {room}. **Verdict: {a['verdict']}.**"
+  )

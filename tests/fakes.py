@@ -1,6 +1,7 @@
 """Shared test helpers: tiny models and environments, one trajectory builder
 (`trajectory`), one environment driver (`EnvDriver` / `env_driver`), one config
-shrinker (`shrink`), the 8-device subprocess runner and the RL state+step builder."""
+shrinker (`shrink`), the 8-device subprocess runner and the RL state+step builder.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ from agentic_rl import types
 from agentic_rl.models import transformer
 
 TINY = transformer.TransformerConfig(
-    vocab_size=tokenizers.VOCAB_SIZE, d_model=32, num_layers=2, num_heads=2,
-    head_dim=16, ffn_dim=64,
+    vocab_size=tokenizers.VOCAB_SIZE,
+    d_model=32,
+    num_layers=2,
+    num_heads=2,
+    head_dim=16,
+    ffn_dim=64,
 )
 
 
@@ -68,11 +73,16 @@ class EchoEnv:
   def step(self, state, action_tokens, action_len):
     del action_tokens, action_len
     obs_len = 1 + state.turn % 3
-    obs = jnp.where(jnp.arange(self.max_obs_len) < obs_len, 48 + state.turn,
-                    tokenizers.PAD)
+    obs = jnp.where(
+        jnp.arange(self.max_obs_len) < obs_len, 48 + state.turn, tokenizers.PAD
+    )
     turn = state.turn + 1
-    return EchoState(turn, state.calls + 1), obs.astype(jnp.int32), obs_len, (
-        turn >= self.max_turns)
+    return (
+        EchoState(turn, state.calls + 1),
+        obs.astype(jnp.int32),
+        obs_len,
+        (turn >= self.max_turns),
+    )
 
   def facts(self, state):
     return {
@@ -98,10 +108,20 @@ def run_on_8_devices(script: str) -> str:
   A subprocess, because the device count is fixed when JAX starts. Fails the
   calling test with the tail of stderr when the script exits non-zero.
   """
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=1800)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=REPO,
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", script],
+      env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc.stdout
 
@@ -111,14 +131,16 @@ def rl_state_and_step(config):
   from agentic_rl import learner  # pylint: disable=g-import-not-at-top
   from agentic_rl import train  # pylint: disable=g-import-not-at-top
   from configs import schema  # pylint: disable=g-import-not-at-top
+
   config = schema.with_defaults(config)
   train.validation.validate_config(config)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef, state = train.init_state(config, model_cfg)
   state = train.start_rl(config, state)
-  step = learner.make_rl_step(config, env, graphdef,
-                              learner.make_optimizer(config.rl), model_cfg)
+  step = learner.make_rl_step(
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+  )
   return state, step
 
 
@@ -132,12 +154,26 @@ def _segments_to_rows(segments, width):
     role += [r] * n
     turn += [k] * n
   assert len(role) <= width, (len(role), width)
-  return role + [types.PAD] * (width - len(role)), turn + [-1] * (width - len(turn))
+  return role + [types.PAD] * (width - len(role)), turn + [-1] * (
+      width - len(turn)
+  )
 
 
-def trajectory(facts=None, *, segments=None, batch=None, width=1, tokens=0,
-               role=types.PAD, turn=0, logprob=0.0, length=None, num_turns=1,
-               finish=types.ANSWERED, group=0) -> types.Trajectory:
+def trajectory(
+    facts=None,
+    *,
+    segments=None,
+    batch=None,
+    width=1,
+    tokens=0,
+    role=types.PAD,
+    turn=0,
+    logprob=0.0,
+    length=None,
+    num_turns=1,
+    finish=types.ANSWERED,
+    group=0,
+) -> types.Trajectory:
   """A types.Trajectory from a short spec; every field may be a scalar.
 
   Args:
@@ -160,8 +196,11 @@ def trajectory(facts=None, *, segments=None, batch=None, width=1, tokens=0,
   if segments is not None:
     width = max([width, *(sum(n for _, _, n in s) for s in segments)])
     role, turn = zip(*[_segments_to_rows(s, width) for s in segments])
-  arrays = [a for a in (tokens, role, turn, logprob, length, num_turns, finish,
-                        group) if a is not None and jnp.ndim(jnp.asarray(a)) > 0]
+  arrays = [
+      a
+      for a in (tokens, role, turn, logprob, length, num_turns, finish, group)
+      if a is not None and jnp.ndim(jnp.asarray(a)) > 0
+  ]
   if batch is None:
     if segments is not None:
       batch = len(segments)
@@ -180,12 +219,16 @@ def trajectory(facts=None, *, segments=None, batch=None, width=1, tokens=0,
     return jnp.broadcast_to(jnp.asarray(x, dtype), (batch,))
 
   return types.Trajectory(
-      tokens=rows(tokens, jnp.int32), role=rows(role, jnp.int8),
-      turn=rows(turn, jnp.int32), logprob=rows(logprob, jnp.float32),
+      tokens=rows(tokens, jnp.int32),
+      role=rows(role, jnp.int8),
+      turn=rows(turn, jnp.int32),
+      logprob=rows(logprob, jnp.float32),
       length=per_episode(width if length is None else length, jnp.int32),
       num_turns=per_episode(num_turns, jnp.int32),
-      finish=per_episode(finish, jnp.int32), group=per_episode(group, jnp.int32),
-      facts={k: jnp.asarray(v) for k, v in facts.items()})
+      finish=per_episode(finish, jnp.int32),
+      group=per_episode(group, jnp.int32),
+      facts={k: jnp.asarray(v) for k, v in facts.items()},
+  )
 
 
 # -- One environment driver ------------------------------------------------------
@@ -195,6 +238,7 @@ def trajectory(facts=None, *, segments=None, batch=None, width=1, tokens=0,
 class Episode:
   """What EnvDriver.run saw: final facts (host arrays), per step the decoded
   observation and the done flag, and the decoded prompt (ids and length too)."""
+
   facts: dict
   obs: list
   dones: list
@@ -228,18 +272,24 @@ class EnvDriver:
     ids = list(ids)
     width = self.env.max_action_len if width is None else width
     assert len(ids) <= width, (len(ids), width)
-    return (jnp.array(ids + [tokenizers.PAD] * (width - len(ids)), jnp.int32),
-            jnp.int32(len(ids)))
+    return (
+        jnp.array(ids + [tokenizers.PAD] * (width - len(ids)), jnp.int32),
+        jnp.int32(len(ids)),
+    )
 
   def call(self, text, end=tokenizers.CALL_END):
     """A tool call `<call>text<end>` (end=None: no closing token)."""
-    return self.action([tokenizers.CALL, *self.tok.encode(text)]
-                       + ([end] if end is not None else []))
+    return self.action(
+        [tokenizers.CALL, *self.tok.encode(text)]
+        + ([end] if end is not None else [])
+    )
 
   def answer(self, text, end=tokenizers.ANSWER_END):
     """A final answer `<answer>text<end>` (end=None: no closing token)."""
-    return self.action([tokenizers.ANSWER, *self.tok.encode(text)]
-                       + ([end] if end is not None else []))
+    return self.action(
+        [tokenizers.ANSWER, *self.tok.encode(text)]
+        + ([end] if end is not None else [])
+    )
 
   def run(self, task, actions) -> Episode:
     """Resets on `task`, then steps every (tokens, length) action in order."""
@@ -249,8 +299,14 @@ class EnvDriver:
       state, o, olen, done = self.step(state, *act)
       obs.append(self.tok.decode(np.asarray(o)[: int(olen)]))
       dones.append(bool(done))
-    return Episode(jax.device_get(self.facts(state)), obs, dones,
-                   self.tok.decode(np.asarray(prompt)[: int(plen)]), prompt, plen)
+    return Episode(
+        jax.device_get(self.facts(state)),
+        obs,
+        dones,
+        self.tok.decode(np.asarray(prompt)[: int(plen)]),
+        prompt,
+        plen,
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,10 +318,22 @@ def env_driver(env) -> EnvDriver:
 # -- One config shrinker ---------------------------------------------------------
 
 
-def shrink(config, *, sft_steps=None, sft_batch=None, rl_steps=None,
-           rl_batch=None, group_size=None, num_minibatches=None, eval_tasks=None,
-           eval_samples=None, pass_k=None, checkpoint_every=None, model=None,
-           **top):
+def shrink(
+    config,
+    *,
+    sft_steps=None,
+    sft_batch=None,
+    rl_steps=None,
+    rl_batch=None,
+    group_size=None,
+    num_minibatches=None,
+    eval_tasks=None,
+    eval_samples=None,
+    pass_k=None,
+    checkpoint_every=None,
+    model=None,
+    **top,
+):
   """Shrinks an experiment config in place for a test run; returns it.
 
   Sets only the fields given: sft.steps / batch_size, rl.steps / batch_size /
@@ -275,11 +343,17 @@ def shrink(config, *, sft_steps=None, sft_batch=None, rl_steps=None,
   (e.g. halt_after_step=3, log_every_steps=1).
   """
   for section, field, value in (
-      ("sft", "steps", sft_steps), ("sft", "batch_size", sft_batch),
-      ("rl", "steps", rl_steps), ("rl", "batch_size", rl_batch),
-      ("rl", "group_size", group_size), ("rl", "num_minibatches", num_minibatches),
-      ("eval", "num_tasks", eval_tasks), ("eval", "num_samples", eval_samples),
-      ("eval", "pass_k", pass_k), ("checkpoint", "every_steps", checkpoint_every)):
+      ("sft", "steps", sft_steps),
+      ("sft", "batch_size", sft_batch),
+      ("rl", "steps", rl_steps),
+      ("rl", "batch_size", rl_batch),
+      ("rl", "group_size", group_size),
+      ("rl", "num_minibatches", num_minibatches),
+      ("eval", "num_tasks", eval_tasks),
+      ("eval", "num_samples", eval_samples),
+      ("eval", "pass_k", pass_k),
+      ("checkpoint", "every_steps", checkpoint_every),
+  ):
     if value is not None:
       config[section][field] = value
   if model is not None:
@@ -299,6 +373,7 @@ def toy_pairs(n=8, l=6, k=2):
   of numpy arrays.
   """
   from agentic_rl import reward_models as rm  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(0)
   body = rng.integers(0, 50, (n, l)).astype(np.int32)
   chosen, rejected = body.copy(), body.copy()
@@ -309,9 +384,17 @@ def toy_pairs(n=8, l=6, k=2):
   def ep(tokens, last_label):
     labels = np.zeros((n, k), np.float32)
     labels[:, 0], labels[:, 1] = 1.0, last_label
-    return rm.EpisodeBatch(tokens=tokens, mask=np.ones((n, l), bool),
-                           boundary=np.asarray(boundary), turn_mask=np.asarray(tmask),
-                           turn_labels=labels, score=np.full((n,), last_label, np.float32))
+    return rm.EpisodeBatch(
+        tokens=tokens,
+        mask=np.ones((n, l), bool),
+        boundary=np.asarray(boundary),
+        turn_mask=np.asarray(tmask),
+        turn_labels=labels,
+        score=np.full((n,), last_label, np.float32),
+    )
 
-  return rm.PairBatch(chosen=ep(chosen, 1.0), rejected=ep(rejected, 0.0),
-                      margin=np.zeros((n,), np.float32))
+  return rm.PairBatch(
+      chosen=ep(chosen, 1.0),
+      rejected=ep(rejected, 0.0),
+      margin=np.zeros((n,), np.float32),
+  )

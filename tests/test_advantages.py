@@ -45,8 +45,13 @@ def test_jit_and_broadcast_to_policy_tokens():
   r = jnp.array([1.0, 0.0])
   a = jax.jit(advantages.grpo_advantages)(r, jnp.array([0, 0]))
   np.testing.assert_allclose(a, [1.0, -1.0], rtol=1e-5)
-  role = jnp.array([[types.PROMPT, types.POLICY, types.TOOL, types.POLICY],
-                    [types.PROMPT, types.POLICY, types.PAD, types.PAD]], jnp.int8)
+  role = jnp.array(
+      [
+          [types.PROMPT, types.POLICY, types.TOOL, types.POLICY],
+          [types.PROMPT, types.POLICY, types.PAD, types.PAD],
+      ],
+      jnp.int8,
+  )
   tok = advantages.broadcast_to_tokens(a, role)
   np.testing.assert_allclose(tok, [[0, a[0], 0, a[0]], [0, a[1], 0, 0]])
 
@@ -66,15 +71,17 @@ def test_unrepresentable_equal_values_give_zero_eager_and_jit():
   # sizes 3, 4 and 5 make the rounded group mean differ from the value itself.
   r = jnp.full((12,), -11.000002, jnp.float32)
   g = jnp.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 2, 2])
-  for fn in (advantages.grpo_advantages,
-             jax.jit(advantages.grpo_advantages),
-             jax.jit(functools.partial(advantages.grpo_advantages,
-                                       std_ddof=1, eps=1e-30)),
-             jax.jit(functools.partial(advantages.rloo_advantages,
-                                       scale_by_std=True)),
-             jax.jit(lambda r, g: advantages.reinforce_pp_advantages(r)),
-             jax.jit(advantages.reinforce_pp_baseline_advantages),
-             jax.jit(advantages.drgrpo_advantages)):
+  for fn in (
+      advantages.grpo_advantages,
+      jax.jit(advantages.grpo_advantages),
+      jax.jit(
+          functools.partial(advantages.grpo_advantages, std_ddof=1, eps=1e-30)
+      ),
+      jax.jit(functools.partial(advantages.rloo_advantages, scale_by_std=True)),
+      jax.jit(lambda r, g: advantages.reinforce_pp_advantages(r)),
+      jax.jit(advantages.reinforce_pp_baseline_advantages),
+      jax.jit(advantages.drgrpo_advantages),
+  ):
     a = np.asarray(fn(r, g))
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(a, np.zeros(12), atol=1e-6)
@@ -123,8 +130,9 @@ def test_grpo_sample_std_ddof1():
   # [1, 0, 0, 0]: mean 0.25, sum of squares 0.75, sample var 0.75 / 3 = 0.25,
   # sample std 0.5.
   r = jnp.array([1.0, 0.0, 0.0, 0.0])
-  a = advantages.grpo_advantages(r, jnp.zeros(4, jnp.int32), eps=0.0,
-                                 std_ddof=1)
+  a = advantages.grpo_advantages(
+      r, jnp.zeros(4, jnp.int32), eps=0.0, std_ddof=1
+  )
   np.testing.assert_allclose(a, [1.5, -0.5, -0.5, -0.5], rtol=1e-6)
 
 
@@ -137,22 +145,25 @@ def test_size_one_group_ddof1_is_zero_not_nan():
     assert a[0] == 0.0
   # Group 1 = [1, 0], ddof 1: mean 0.5, var 0.5 / 1, std sqrt(0.5).
   a = advantages.grpo_advantages(r, g, std_ddof=1, eps=0.0)
-  np.testing.assert_allclose(a[1:], [0.5 / math.sqrt(0.5),
-                                     -0.5 / math.sqrt(0.5)], rtol=1e-6)
+  np.testing.assert_allclose(
+      a[1:], [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)], rtol=1e-6
+  )
 
 
 def test_negative_ddof_raises():
   with pytest.raises(ValueError, match="std_ddof"):
-    advantages.grpo_advantages(jnp.ones(2), jnp.zeros(2, jnp.int32),
-                               std_ddof=-1)
+    advantages.grpo_advantages(
+        jnp.ones(2), jnp.zeros(2, jnp.int32), std_ddof=-1
+    )
 
 
 def test_grpo_valid_mask_excludes_rows():
   # Row 3 invalid: group 0 is [1, 0, 0] -> mean 1/3.
   r = jnp.array([1.0, 0.0, 0.0, 100.0])
   v = jnp.array([True, True, True, False])
-  a = advantages.grpo_advantages(r, jnp.zeros(4, jnp.int32),
-                                 scale_by_std=False, valid_b=v)
+  a = advantages.grpo_advantages(
+      r, jnp.zeros(4, jnp.int32), scale_by_std=False, valid_b=v
+  )
   np.testing.assert_allclose(a, [2 / 3, -1 / 3, -1 / 3, 0.0], rtol=1e-6)
 
 
@@ -168,7 +179,8 @@ def test_rloo_hand_values_and_size_one_group():
   # Group 0 [1, 0, 0, 0]: 1 - 0 = 1; 0 - 1/3 = -1/3.  Group 1 size 1 -> 0.
   # Group 2 [2, 4]: 2 - 4 = -2, 4 - 2 = 2.
   np.testing.assert_allclose(
-      a, [1.0, 0.0, -1 / 3, -1 / 3, -1 / 3, -2.0, 2.0], rtol=1e-6)
+      a, [1.0, 0.0, -1 / 3, -1 / 3, -1 / 3, -2.0, 2.0], rtol=1e-6
+  )
   assert a[1] == 0.0
 
 
@@ -189,10 +201,12 @@ def test_rloo_scale_by_std_and_constant_group():
 def test_reinforce_pp_hand_values_and_mask():
   # [1, 0, 0, 0]: mean 0.25, std sqrt(0.1875).
   s = math.sqrt(0.1875)
-  a = advantages.reinforce_pp_advantages(jnp.array([1.0, 0.0, 0.0, 0.0]),
-                                         eps=0.0)
-  np.testing.assert_allclose(a, [0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s],
-                             rtol=1e-6)
+  a = advantages.reinforce_pp_advantages(
+      jnp.array([1.0, 0.0, 0.0, 0.0]), eps=0.0
+  )
+  np.testing.assert_allclose(
+      a, [0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s], rtol=1e-6
+  )
   # Valid rows [3, 1] (mean 2, std 1); masked rows ignored and set to 0.
   r = jnp.array([3.0, 50.0, 1.0, -7.0])
   v = jnp.array([True, False, True, False])
@@ -212,7 +226,8 @@ def test_reinforce_pp_baseline_hand_values_and_mask():
   s = math.sqrt(0.75)
   a = advantages.reinforce_pp_baseline_advantages(r, g, eps=0.0)
   np.testing.assert_allclose(
-      a, [0.5 / s, 1 / s, -0.5 / s, 1 / s, -1 / s, -1 / s], rtol=1e-6)
+      a, [0.5 / s, 1 / s, -0.5 / s, 1 / s, -1 / s, -1 / s], rtol=1e-6
+  )
   # Masking rows 4 and 5: group 1 = [4, 4] is constant -> centred 0;
   # centred [0.5, 0, -0.5, 0], batch mean 0, var 0.125.
   v = jnp.array([True, True, True, True, False, False])
@@ -221,7 +236,8 @@ def test_reinforce_pp_baseline_hand_values_and_mask():
   np.testing.assert_allclose(a, [0.5 / s, 0, -0.5 / s, 0, 0, 0], rtol=1e-6)
   # Every group constant (different constants) -> exactly 0.
   a = advantages.reinforce_pp_baseline_advantages(
-      jnp.array([1.0, 3.0, 1.0, 3.0]), jnp.array([0, 1, 0, 1]), eps=1e-30)
+      jnp.array([1.0, 3.0, 1.0, 3.0]), jnp.array([0, 1, 0, 1]), eps=1e-30
+  )
   assert np.all(np.asarray(a) == 0.0)
 
 
@@ -274,8 +290,9 @@ def test_gae_matches_numpy_loop_and_vmaps():
   boot = rng.normal(size=(b,)).astype(np.float32)
   d = np.where(rng.random((b, t_len)) < 0.2, 0.0, 0.97).astype(np.float32)
   lam = 0.95
-  adv, ret = jax.jit(jax.vmap(advantages.gae_advantages,
-                              in_axes=(0, 0, 0, 0, None)))(r, v, boot, d, lam)
+  adv, ret = jax.jit(
+      jax.vmap(advantages.gae_advantages, in_axes=(0, 0, 0, 0, None))
+  )(r, v, boot, d, lam)
   assert adv.shape == ret.shape == (b, t_len)
   for i in range(b):
     expected = _numpy_gae(r[i], v[i], boot[i], d[i], lam)
@@ -289,56 +306,52 @@ def test_gae_matches_numpy_loop_and_vmaps():
 
 
 def test_turn_reward_to_go_hand_example():
-  r = jnp.array([[1.0, 0.0, 2.0, 5.0],
-                 [0.0, 1.0, 0.0, 0.0]])
-  m = jnp.array([[True, True, True, False],
-                 [True, True, True, True]])
+  r = jnp.array([[1.0, 0.0, 2.0, 5.0], [0.0, 1.0, 0.0, 0.0]])
+  m = jnp.array([[True, True, True, False], [True, True, True, True]])
   g = advantages.turn_reward_to_go(r, m, 0.9)
   # Row 0 (turn 3 masked, its reward 5 ignored):
   # G_2 = 2; G_1 = 0 + 0.9 * 2 = 1.8; G_0 = 1 + 0.9 * 1.8 = 2.62; G_3 = 0.
   # Row 1: G_3 = 0, G_2 = 0, G_1 = 1, G_0 = 0.9.
-  np.testing.assert_allclose(g, [[2.62, 1.8, 2.0, 0.0],
-                                 [0.9, 1.0, 0.0, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(
+      g, [[2.62, 1.8, 2.0, 0.0], [0.9, 1.0, 0.0, 0.0]], rtol=1e-6
+  )
 
 
 def test_per_turn_grpo_hand_example():
   # Group 0 = rows 0, 2 ; group 1 = rows 1, 3 (interleaved).
-  ret = jnp.array([[3.0, 1.0, 9.0],
-                   [2.0, 2.0, 0.0],
-                   [1.0, 5.0, 0.0],
-                   [2.0, 4.0, 7.0]])
-  m = jnp.array([[1, 1, 1],
-                 [1, 1, 0],
-                 [1, 1, 0],
-                 [1, 1, 1]], bool)
+  ret = jnp.array(
+      [[3.0, 1.0, 9.0], [2.0, 2.0, 0.0], [1.0, 5.0, 0.0], [2.0, 4.0, 7.0]]
+  )
+  m = jnp.array([[1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]], bool)
   g = jnp.array([0, 1, 0, 1])
   a = advantages.per_turn_grpo_advantages(ret, m, g, eps=0.0)
   # Turn 0: group 0 [3, 1] -> mean 2, std 1 -> [1, -1]; group 1 [2, 2] -> 0.
   # Turn 1: group 0 [1, 5] -> mean 3, std 2 -> [-1, 1];
   #         group 1 [2, 4] -> mean 3, std 1 -> [-1, 1].
   # Turn 2: only row 0 valid in group 0, only row 3 in group 1 -> 0.
-  np.testing.assert_allclose(a, [[1.0, -1.0, 0.0],
-                                 [0.0, -1.0, 0.0],
-                                 [-1.0, 1.0, 0.0],
-                                 [0.0, 1.0, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(
+      a,
+      [[1.0, -1.0, 0.0], [0.0, -1.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 1.0, 0.0]],
+      rtol=1e-6,
+  )
   a = advantages.per_turn_grpo_advantages(ret, m, g, scale_by_std=False)
   np.testing.assert_allclose(a[:, 1], [-2.0, -1.0, 2.0, 1.0], rtol=1e-6)
-  assert np.all(np.isfinite(np.asarray(
-      jax.jit(advantages.per_turn_grpo_advantages)(ret, m, g))))
+  assert np.all(
+      np.isfinite(
+          np.asarray(jax.jit(advantages.per_turn_grpo_advantages)(ret, m, g))
+      )
+  )
 
 
 def test_broadcast_turn_to_tokens_token_by_token():
   adv = jnp.array([[1.0, 2.0], [3.0, 4.0]])
   P, O, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
-  role = jnp.array([[P, O, O, T, O, D],
-                    [P, O, T, O, O, O]], jnp.int8)
-  turn = jnp.array([[-1, 0, 0, 0, 1, -1],
-                    [-1, 0, 0, 1, 2, -1]], jnp.int32)
+  role = jnp.array([[P, O, O, T, O, D], [P, O, T, O, O, O]], jnp.int8)
+  turn = jnp.array([[-1, 0, 0, 0, 1, -1], [-1, 0, 0, 1, 2, -1]], jnp.int32)
   tok = advantages.broadcast_turn_to_tokens(adv, turn, role)
   assert tok.dtype == jnp.float32
   # Row 1: token 4 has turn 2 >= K -> 0; token 5 has turn -1 -> 0.
-  np.testing.assert_array_equal(tok, [[0, 1, 1, 0, 2, 0],
-                                      [0, 3, 0, 4, 0, 0]])
+  np.testing.assert_array_equal(tok, [[0, 1, 1, 0, 2, 0], [0, 3, 0, 4, 0, 0]])
 
 
 # ---------------------------------------------------------------------------
@@ -348,10 +361,16 @@ def test_broadcast_turn_to_tokens_token_by_token():
 
 def test_dispatcher_names_and_unknown_name():
   assert set(advantages.ESTIMATORS) == {
-      "grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}
+      "grpo",
+      "drgrpo",
+      "rloo",
+      "reinforce_pp",
+      "reinforce_pp_baseline",
+  }
   with pytest.raises(ValueError, match="'ppo'.*grpo"):
-    advantages.compute_advantages("ppo", jnp.ones(2), jnp.zeros(2, jnp.int32),
-                                  scale_by_std=True, eps=1e-6)
+    advantages.compute_advantages(
+        "ppo", jnp.ones(2), jnp.zeros(2, jnp.int32), scale_by_std=True, eps=1e-6
+    )
 
 
 def test_dispatcher_hand_values_and_jit_equals_eager():
@@ -369,14 +388,21 @@ def test_dispatcher_hand_values_and_jit_equals_eager():
   g2 = jnp.array([1, 0, 1, 0, 2, 2])
   for name, want in expected.items():
     scale = name == "grpo"
-    fn = functools.partial(advantages.compute_advantages, name,
-                           scale_by_std=scale, eps=0.0)
+    fn = functools.partial(
+        advantages.compute_advantages, name, scale_by_std=scale, eps=0.0
+    )
     np.testing.assert_allclose(fn(r, g), want, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(fn)(r, g), want, rtol=1e-6)
-    fn2 = functools.partial(advantages.compute_advantages, name,
-                            scale_by_std=True, eps=1e-6, std_ddof=1)
-    np.testing.assert_allclose(jax.jit(fn2)(r2, g2), fn2(r2, g2),
-                               rtol=1e-5, atol=1e-6)
+    fn2 = functools.partial(
+        advantages.compute_advantages,
+        name,
+        scale_by_std=True,
+        eps=1e-6,
+        std_ddof=1,
+    )
+    np.testing.assert_allclose(
+        jax.jit(fn2)(r2, g2), fn2(r2, g2), rtol=1e-5, atol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -403,8 +429,12 @@ def test_token_gae_hand_values_with_observation_tokens():
   np.testing.assert_allclose(ret, [0, 0.4545, 0.81, 0, 0, 1.0, 0], atol=1e-6)
   # Equals plain GAE on the POLICY subsequence with a terminal last step.
   a_ref, r_ref = advantages.gae_advantages(
-      rewards[mask], values[mask], jnp.float32(0.0),
-      jnp.array([0.9, 0.9, 0.0]), 0.5)
+      rewards[mask],
+      values[mask],
+      jnp.float32(0.0),
+      jnp.array([0.9, 0.9, 0.0]),
+      0.5,
+  )
   np.testing.assert_allclose(adv[mask], a_ref, rtol=1e-6)
   np.testing.assert_allclose(ret[mask], r_ref, rtol=1e-6)
   # lambda = gamma = 1: A_n = R - V_n (Monte-Carlo), returns = R everywhere.
@@ -419,7 +449,8 @@ def test_token_gae_vmaps_over_a_batch():
   r = jnp.asarray(rng.normal(size=(3, 9)), jnp.float32)
   v = jnp.asarray(rng.normal(size=(3, 9)), jnp.float32)
   adv, ret = jax.vmap(advantages.token_gae, in_axes=(0, 0, 0, None, None))(
-      r, v, mask, 0.95, 0.9)
+      r, v, mask, 0.95, 0.9
+  )
   for i in range(3):
     a_i, r_i = advantages.token_gae(r[i], v[i], mask[i], 0.95, 0.9)
     np.testing.assert_allclose(adv[i], a_i, rtol=1e-6)

@@ -20,7 +20,10 @@ ENV = ArithmeticEnv()
 
 def _task(a, op, b, answer, hard):
   return ArithmeticTask(
-      a=jnp.int32(a), b=jnp.int32(b), op=jnp.int32(op), answer=jnp.int32(answer),
+      a=jnp.int32(a),
+      b=jnp.int32(b),
+      op=jnp.int32(op),
+      answer=jnp.int32(answer),
       hard=jnp.bool_(hard),
   )
 
@@ -82,7 +85,10 @@ def test_prompt():
 
 def test_render_task():
   assert arithmetic.render_task(HARD) == "Compute 483*27."
-  assert arithmetic.render_task(_task(3, arithmetic.ADD, 0, 3, False)) == "Compute 3+0."
+  assert (
+      arithmetic.render_task(_task(3, arithmetic.ADD, 0, 3, False))
+      == "Compute 3+0."
+  )
 
 
 # ------------------------------------------------------------------------ tool calls
@@ -107,7 +113,7 @@ def test_call(expr, obs):
   assert obs_tokens.shape == (12,)
   assert _text(obs_tokens) == obs
   assert int(obs_len) == len(obs.replace("<obs>", "O").replace("</obs>", "C"))
-  assert np.all(np.asarray(obs_tokens[int(obs_len):]) == tk.PAD)
+  assert np.all(np.asarray(obs_tokens[int(obs_len) :]) == tk.PAD)
   assert not bool(done)
   f = _facts(state)
   assert int(f["num_tool_calls"]) == 1 and int(f["num_tool_errors"]) == 0
@@ -131,8 +137,18 @@ def test_call(expr, obs):
         _call("99999*99999"),  # 9999800001 > int32 max
         _call("12*3", end=tk.ANSWER_END),  # missing CALL_END (wrong stop token)
         _call("12*3", end=tk.EOS),  # missing CALL_END (eos)
-        _action([tk.CALL, *TOK.encode("12"), tk.CALL, *TOK.encode("3"), tk.CALL_END]),
-        _action([tk.CALL, *TOK.encode("1*2"), tk.CALL_END, *TOK.encode("3"), tk.CALL_END]),
+        _action(
+            [tk.CALL, *TOK.encode("12"), tk.CALL, *TOK.encode("3"), tk.CALL_END]
+        ),
+        _action(
+            [
+                tk.CALL,
+                *TOK.encode("1*2"),
+                tk.CALL_END,
+                *TOK.encode("3"),
+                tk.CALL_END,
+            ]
+        ),
     ],
 )
 def test_malformed_call(action):
@@ -242,7 +258,11 @@ def test_action_len_out_of_range_does_not_raise():
 def test_random_garbage_never_raises():
   rng = np.random.default_rng(0)
   vocab = np.array(
-      [*range(tk.NUM_BYTES), *tk.SPECIAL_TOKENS, *TOK.encode("0123456789+-*" * 10)]
+      [
+          *range(tk.NUM_BYTES),
+          *tk.SPECIAL_TOKENS,
+          *TOK.encode("0123456789+-*" * 10),
+      ]
   )
   n = 208  # 13 batches of N
   tokens = rng.choice(vocab, size=(n, A)).astype(np.int32)
@@ -262,8 +282,10 @@ def test_random_garbage_never_raises():
   for i in range(0, n, N):
     # Two turns: the batch, then the batch reversed.
     s = states
-    for t, l in ((tokens[i:i + N], lengths[i:i + N]),
-                 (tokens[i:i + N][::-1], lengths[i:i + N][::-1])):
+    for t, l in (
+        (tokens[i : i + N], lengths[i : i + N]),
+        (tokens[i : i + N][::-1], lengths[i : i + N][::-1]),
+    ):
       s, obs, obs_len, _ = _VSTEP(s, jnp.asarray(t), jnp.asarray(l))
       obs, obs_len = np.asarray(obs), np.asarray(obs_len)
       assert np.all((obs_len >= 0) & (obs_len <= ENV.max_obs_len))
@@ -314,9 +336,10 @@ def test_call_then_answer():
 
 def _batch(*tasks):
   """Stacks unbatched tasks and pads the batch to N with eval tasks."""
-  rest = jax.tree.map(lambda x: x[len(tasks):], ENV.eval_tasks(N, seed=0))
-  return jax.tree.map(lambda *xs: jnp.concatenate([jnp.stack(xs[:-1]), xs[-1]]),
-                      *tasks, rest)
+  rest = jax.tree.map(lambda x: x[len(tasks) :], ENV.eval_tasks(N, seed=0))
+  return jax.tree.map(
+      lambda *xs: jnp.concatenate([jnp.stack(xs[:-1]), xs[-1]]), *tasks, rest
+  )
 
 
 def _run_expert(env, tasks, seed=0):
@@ -330,7 +353,7 @@ def _run_expert(env, tasks, seed=0):
     tokens, lens = expert(state, keys)
     assert tokens.shape == (N, A) and lens.shape == (N,)
     for i in range(N):
-      assert np.all(np.asarray(tokens[i, int(lens[i]):]) == tk.PAD)
+      assert np.all(np.asarray(tokens[i, int(lens[i]) :]) == tk.PAD)
       if not done[i]:
         turns[i].append(_text(tokens[i], lens[i]))
     state, _, _, d = _VSTEP(state, tokens, lens)
@@ -382,7 +405,9 @@ def _check_tasks(tasks, n):
   assert np.all(t.op[h] == arithmetic.MUL)
   assert np.all((t.a[e] >= 0) & (t.a[e] <= 9) & (t.b[e] >= 0) & (t.b[e] <= 9))
   assert np.all((t.op >= 0) & (t.op <= 2))
-  expected = np.select([t.op == 0, t.op == 1], [t.a + t.b, t.a - t.b], t.a * t.b)
+  expected = np.select(
+      [t.op == 0, t.op == 1], [t.a + t.b, t.a - t.b], t.a * t.b
+  )
   assert np.array_equal(t.answer, expected)
   return t
 
@@ -397,7 +422,9 @@ def test_sample_tasks():
   assert np.array_equal(t.a, t2.a) and np.array_equal(t.hard, t2.hard)
   t3 = jax.device_get(sample(jax.random.key(1), 1000))
   assert not np.array_equal(t.a, t3.a)
-  t4 = _check_tasks(ArithmeticEnv(hard_fraction=0.0).sample_tasks(jax.random.key(1), 8), 8)
+  t4 = _check_tasks(
+      ArithmeticEnv(hard_fraction=0.0).sample_tasks(jax.random.key(1), 8), 8
+  )
   assert not t4.hard.any()
 
 
@@ -436,16 +463,22 @@ def test_vmap_episode():
     done = done | d
   f = jax.device_get(_VFACTS(state))
   assert np.all(np.asarray(done))
-  assert np.all(f["correct"]) and np.all(f["answered"]) and not np.any(f["format_error"])
+  assert (
+      np.all(f["correct"])
+      and np.all(f["answered"])
+      and not np.any(f["format_error"])
+  )
   assert np.array_equal(f["num_tool_calls"], t.hard.astype(np.int32))
   assert np.array_equal(f["tool_call_turn"][:, 0], t.hard)
   assert f["tool_call_turn"].shape == (N, ENV.max_turns)
 
 
 def test_expert_over_and_under_call_probabilities_apply_per_difficulty():
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.5,
-                                 expert_undercall_prob=0.0,
-                                 expert_overcall_prob=1.0)
+  env = arithmetic.ArithmeticEnv(
+      expert_imperfect_prob=0.5,
+      expert_undercall_prob=0.0,
+      expert_overcall_prob=1.0,
+  )
   tasks = env.sample_tasks(jax.random.PRNGKey(3), 64)
   states, _, _ = jax.vmap(env.reset)(tasks)
   keys = jax.random.split(jax.random.PRNGKey(4), 64)
@@ -457,8 +490,13 @@ def test_expert_over_and_under_call_probabilities_apply_per_difficulty():
 
 # ---------------------------------------------------------------- chains, noise, gold
 
-CHAIN_ENV = ArithmeticEnv(num_ops=3, max_turns=5, max_prompt_len=32,
-                          tool_noise_prob=0.5, expert_imperfect_prob=0.0)
+CHAIN_ENV = ArithmeticEnv(
+    num_ops=3,
+    max_turns=5,
+    max_prompt_len=32,
+    tool_noise_prob=0.5,
+    expert_imperfect_prob=0.0,
+)
 _CRESET = jax.jit(CHAIN_ENV.reset)
 _CSTEP = jax.jit(CHAIN_ENV.step)
 _CFACTS = jax.jit(CHAIN_ENV.facts)
@@ -467,12 +505,18 @@ _CFACTS = jax.jit(CHAIN_ENV.facts)
 def _chain_task(noise_u=(0.9,) * 5, noise_delta=(3,) * 5):
   # ((3+4)*5)-2 = 33.
   return ArithmeticTask(
-      a=jnp.int32(3), b=jnp.int32(4), op=jnp.int32(arithmetic.ADD),
-      answer=jnp.int32(33), hard=jnp.bool_(True),
+      a=jnp.int32(3),
+      b=jnp.int32(4),
+      op=jnp.int32(arithmetic.ADD),
+      answer=jnp.int32(33),
+      hard=jnp.bool_(True),
       xs=jnp.array([3, 4, 5, 2], jnp.int32),
-      ops=jnp.array([arithmetic.ADD, arithmetic.MUL, arithmetic.SUB], jnp.int32),
+      ops=jnp.array(
+          [arithmetic.ADD, arithmetic.MUL, arithmetic.SUB], jnp.int32
+      ),
       noise_u=jnp.array(noise_u, jnp.float32),
-      noise_delta=jnp.array(noise_delta, jnp.int32))
+      noise_delta=jnp.array(noise_delta, jnp.int32),
+  )
 
 
 def _chain_run(task, actions):
@@ -485,19 +529,31 @@ def _chain_run(task, actions):
 
 
 def test_chain_needs_k_calls_progress_and_redundant_calls():
-  f, obs, prompt = _chain_run(_chain_task(), [
-      _call("3+4"), _call("3+4"), _call("7*5"), _call("35-2"), _answer("33")])
+  f, obs, prompt = _chain_run(
+      _chain_task(),
+      [_call("3+4"), _call("3+4"), _call("7*5"), _call("35-2"), _answer("33")],
+  )
   assert prompt == "<bos>Compute ((3+4)*5)-2.\n"
-  assert obs == ["<obs>7</obs>", "<obs>7</obs>", "<obs>35</obs>", "<obs>33</obs>", ""]
+  assert obs == [
+      "<obs>7</obs>",
+      "<obs>7</obs>",
+      "<obs>35</obs>",
+      "<obs>33</obs>",
+      "",
+  ]
   assert f["correct"] and int(f["num_tool_calls"]) == 4
   assert int(f["num_redundant_calls"]) == 1 and int(f["num_noisy_results"]) == 0
-  np.testing.assert_allclose(f["progress"], [0, 1 / 3, 1 / 3, 2 / 3, 1, 1], rtol=1e-6)
+  np.testing.assert_allclose(
+      f["progress"], [0, 1 / 3, 1 / 3, 2 / 3, 1, 1], rtol=1e-6
+  )
   assert _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>33</answer>"
 
 
 def test_noisy_tool_corrupts_drawn_calls_only():
   # Call 0 is corrupted (u = 0.1 < q = 0.5, +3), call 1 exact, call 2 corrupted (-2).
-  task = _chain_task(noise_u=(0.1, 0.9, 0.2, 0.9, 0.9), noise_delta=(3, 5, -2, 1, 1))
+  task = _chain_task(
+      noise_u=(0.1, 0.9, 0.2, 0.9, 0.9), noise_delta=(3, 5, -2, 1, 1)
+  )
   f, obs, _ = _chain_run(task, [_call("3+4"), _call("3+4"), _call("7*5")])
   assert obs == ["<obs>10</obs>", "<obs>7</obs>", "<obs>33</obs>"]
   assert int(f["num_noisy_results"]) == 2 and int(f["num_tool_errors"]) == 0
@@ -507,7 +563,9 @@ def test_noisy_tool_corrupts_drawn_calls_only():
 
 def test_gold_answer_and_new_facts_on_the_default_env():
   f = _facts(_step(_reset(HARD)[0], _call("483*27"))[0])
-  assert _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>13041</answer>"
+  assert (
+      _text(f["gold_answer"], f["gold_answer_len"]) == "<answer>13041</answer>"
+  )
   assert f["gold_answer"].shape == (ENV.max_answer_len,)
   assert bool(f["tool_necessary"]) and int(f["num_noisy_results"]) == 0
   f = _facts(_reset(EASY)[0])
@@ -516,8 +574,9 @@ def test_gold_answer_and_new_facts_on_the_default_env():
 
 
 def test_chain_expert_and_tasks():
-  env = ArithmeticEnv(num_ops=3, max_turns=5, max_prompt_len=32,
-                      expert_imperfect_prob=0.0)
+  env = ArithmeticEnv(
+      num_ops=3, max_turns=5, max_prompt_len=32, expert_imperfect_prob=0.0
+  )
   tasks = env.eval_tasks(32, 0)
   xs, ops = np.asarray(tasks.xs), np.asarray(tasks.ops)
   f = {0: lambda a, b: a + b, 1: lambda a, b: a - b, 2: lambda a, b: a * b}

@@ -19,7 +19,7 @@ from agentic_rl.models import attention
 from agentic_rl.models import transformer
 from tests import fakes
 
-BF16_EPS = 2.0 ** -8  # bfloat16 unit roundoff (8 significant bits)
+BF16_EPS = 2.0**-8  # bfloat16 unit roundoff (8 significant bits)
 # float32: both forms sum the same T products per output, in a different
 # order and (chunked) rescaled by exp(m_old - m_new) once per key block, so
 # they differ by a few float32 ulps (eps = 1.2e-7) per term of the O(1) sums;
@@ -51,8 +51,12 @@ def _packed_mask(b, t):
   if b > 2:
     valid[2, :5] = False
     pos[2] = np.maximum(np.cumsum(valid[2]) - 1, 0)
-  return attention.SelfMask(jnp.asarray(pos, jnp.int32), jnp.asarray(valid),
-                            jnp.asarray(seg)), valid
+  return (
+      attention.SelfMask(
+          jnp.asarray(pos, jnp.int32), jnp.asarray(valid), jnp.asarray(seg)
+      ),
+      valid,
+  )
 
 
 def _max_rel(a, b, rows):
@@ -69,14 +73,20 @@ def test_chunked_equals_dense_values_and_gradients_float32(block):
   b, h, g, t, dh = 3, 6, 2, 40, 16
   q, k, v, w = _inputs(b, h, g, t, dh)
   mask, valid = _packed_mask(b, t)
-  dense = lambda q, k, v: attention.dense_attention(q, k, v, mask.dense(), jnp.float32)
+  dense = lambda q, k, v: attention.dense_attention(
+      q, k, v, mask.dense(), jnp.float32
+  )
   chunk = lambda q, k, v: attention.chunked_attention(
-      q, k, v, mask, block=block, dtype=jnp.float32)
+      q, k, v, mask, block=block, dtype=jnp.float32
+  )
   # Padding queries (no visible key, or outputs nobody reads) are excluded
   # from the comparison and get no cotangent (module doc).
   wv = w * valid[:, None, :, None]
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * wv)
-  assert _max_rel(jax.jit(chunk)(q, k, v), jax.jit(dense)(q, k, v), valid) < F32_TOL
+  assert (
+      _max_rel(jax.jit(chunk)(q, k, v), jax.jit(dense)(q, k, v), valid)
+      < F32_TOL
+  )
   g_dense = jax.jit(jax.grad(loss(dense), (0, 1, 2)))(q, k, v)
   g_chunk = jax.jit(jax.grad(loss(chunk), (0, 1, 2)))(q, k, v)
   every = np.ones((b, t), bool)
@@ -84,7 +94,9 @@ def test_chunked_equals_dense_values_and_gradients_float32(block):
     assert _max_rel(gc, gd, every) < F32_TOL, name
   # Masking really matters here: a key past the boundary changes the values.
   no_seg = mask._replace(segment_bt=None)
-  other = attention.chunked_attention(q, k, v, no_seg, block=block, dtype=jnp.float32)
+  other = attention.chunked_attention(
+      q, k, v, no_seg, block=block, dtype=jnp.float32
+  )
   assert _max_rel(other, dense(q, k, v), valid) > 0.01
 
 
@@ -100,12 +112,17 @@ def test_chunked_bfloat16_is_as_close_to_float32_as_dense_bfloat16():
   mask, valid = _packed_mask(b, t)
   f32 = lambda x: x.astype(jnp.float32)
   wv = w * valid[:, None, :, None]
-  ref = lambda q, k, v: attention.dense_attention(q, k, v, mask.dense(), jnp.float32)
+  ref = lambda q, k, v: attention.dense_attention(
+      q, k, v, mask.dense(), jnp.float32
+  )
   impls = {
       "dense": lambda q, k, v: attention.dense_attention(
-          q, k, v, mask.dense(), jnp.bfloat16),
+          q, k, v, mask.dense(), jnp.bfloat16
+      ),
       "chunked": lambda q, k, v: attention.chunked_attention(
-          q, k, v, mask, block=16, dtype=jnp.bfloat16)}
+          q, k, v, mask, block=16, dtype=jnp.bfloat16
+      ),
+  }
   loss = lambda f: lambda q, k, v: jnp.sum(f32(f(q, k, v)) * wv)
   o_ref = jax.jit(ref)(f32(q), f32(k), f32(v))
   g_ref = jax.jit(jax.grad(loss(ref), (0, 1, 2)))(f32(q), f32(k), f32(v))
@@ -127,16 +144,26 @@ def test_chunked_matmuls_take_bf16_and_accumulate_float32():
   q, k, v, _ = _inputs(1, 2, 1, 32, 16)
   q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
   mask = attention.SelfMask(jnp.broadcast_to(jnp.arange(32), (1, 32)))
-  f = lambda q, k, v: attention.chunked_attention(q, k, v, mask, block=8,
-                                                  dtype=jnp.bfloat16)
-  dots = [line for line in jax.jit(f).lower(q, k, v).as_text().splitlines()
-          if "stablehlo.dot_general" in line]
-  sigs = [re.search(r": \((.*)\) -> (tensor<\S+>)", line).groups() for line in dots]
+  f = lambda q, k, v: attention.chunked_attention(
+      q, k, v, mask, block=8, dtype=jnp.bfloat16
+  )
+  dots = [
+      line
+      for line in jax.jit(f).lower(q, k, v).as_text().splitlines()
+      if "stablehlo.dot_general" in line
+  ]
+  sigs = [
+      re.search(r": \((.*)\) -> (tensor<\S+>)", line).groups() for line in dots
+  ]
   # Scores [1, G=1, r=2, 8, 8] from [.., 8, Dh=16] blocks; values [.., 8, 16].
-  assert ("tensor<1x1x2x8x16xbf16>, tensor<1x1x8x16xbf16>",
-          "tensor<1x1x2x8x8xf32>") in sigs
-  assert ("tensor<1x1x2x8x8xbf16>, tensor<1x1x8x16xbf16>",
-          "tensor<1x1x2x8x16xf32>") in sigs
+  assert (
+      "tensor<1x1x2x8x16xbf16>, tensor<1x1x8x16xbf16>",
+      "tensor<1x1x2x8x8xf32>",
+  ) in sigs
+  assert (
+      "tensor<1x1x2x8x8xbf16>, tensor<1x1x8x16xbf16>",
+      "tensor<1x1x2x8x16xf32>",
+  ) in sigs
   assert all("f32" not in ops and out.endswith("xf32>") for ops, out in sigs)
 
 
@@ -156,12 +183,16 @@ def test_chunked_gradient_program_has_no_t_by_t_buffer():
 
   def loss(impl):
     def f(q, k, v):
-      out = attention.self_attention(q, k, v, mask, impl=impl, block=256,
-                                     dtype=jnp.float32)
+      out = attention.self_attention(
+          q, k, v, mask, impl=impl, block=256, dtype=jnp.float32
+      )
       return jnp.sum(out * out)
+
     return jax.grad(f, (0, 1, 2))
 
-  dense, chunk = _compiled(loss("dense"), *args), _compiled(loss("chunked"), *args)
+  dense, chunk = _compiled(loss("dense"), *args), _compiled(
+      loss("chunked"), *args
+  )
   square = re.compile(r"\[[0-9,]*\b1024,1024\]")
   assert square.search(dense.as_text())  # the check can see such buffers
   assert not square.search(chunk.as_text())
@@ -170,13 +201,25 @@ def test_chunked_gradient_program_has_no_t_by_t_buffer():
   # Measured: dense 113 MiB, chunked 16 MiB (a few [B, H, T, Dh] float32
   # arrays of 2.25 MiB: dQ, dO, the output, the saved blocks' outputs).
   assert temp(dense) >= 2 * one_scores
-  assert temp(chunk) < min(one_scores / 2, temp(dense) / 5), (temp(chunk), temp(dense))
+  assert temp(chunk) < min(one_scores / 2, temp(dense) / 5), (
+      temp(chunk),
+      temp(dense),
+  )
 
 
 def _tiny(impl, **kw):
   cfg = transformer.TransformerConfig(
-      vocab_size=50, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,
-      head_dim=8, ffn_dim=64, attention_impl=impl, attention_block=8, **kw)
+      vocab_size=50,
+      d_model=48,
+      num_layers=2,
+      num_heads=6,
+      num_kv_heads=2,
+      head_dim=8,
+      ffn_dim=64,
+      attention_impl=impl,
+      attention_block=8,
+      **kw,
+  )
   return transformer.Transformer(cfg, nnx.Rngs(params=0))
 
 
@@ -192,10 +235,17 @@ def test_model_chunked_equals_dense_logits_and_gradients(remat):
       return jnp.mean(jax.nn.log_softmax(lg)[..., 0]), lg
 
     (_, logits[impl]), grads[impl] = jax.jit(
-        jax.value_and_grad(loss, has_aux=True))(params)
-  np.testing.assert_allclose(logits["chunked"], logits["dense"], rtol=0,
-                             atol=F32_TOL * np.abs(logits["dense"]).max())
-  for gc, gd in zip(jax.tree.leaves(grads["chunked"]), jax.tree.leaves(grads["dense"])):
+        jax.value_and_grad(loss, has_aux=True)
+    )(params)
+  np.testing.assert_allclose(
+      logits["chunked"],
+      logits["dense"],
+      rtol=0,
+      atol=F32_TOL * np.abs(logits["dense"]).max(),
+  )
+  for gc, gd in zip(
+      jax.tree.leaves(grads["chunked"]), jax.tree.leaves(grads["dense"])
+  ):
     np.testing.assert_allclose(gc, gd, rtol=0, atol=F32_TOL * np.abs(gd).max())
 
 
@@ -225,8 +275,11 @@ def test_attention_config_errors_name_the_field():
   with pytest.raises(ValueError, match="only supported without a KV cache"):
     model = _tiny("chunked")
     cache = transformer.init_cache(model.cfg, 1, 8)
-    model.hidden_states(jnp.zeros((1, 2), jnp.int32), cache=cache,
-                        segment_ids_bt=jnp.zeros((1, 2), jnp.int32))
+    model.hidden_states(
+        jnp.zeros((1, 2), jnp.int32),
+        cache=cache,
+        segment_ids_bt=jnp.zeros((1, 2), jnp.int32),
+    )
 
 
 _MESH = textwrap.dedent("""

@@ -15,24 +15,31 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "You are a helpful assistant that uses a calculator.",
     "What is 483 times 27? Please compute it exactly.",
-    "I will call the calculator: 483*27", "The result is 13041.",
-    "The answer is 13041. Thanks for asking!", "system user assistant tool\n",
+    "I will call the calculator: 483*27",
+    "The result is 13041.",
+    "The answer is 13041. Thanks for asking!",
+    "system user assistant tool\n",
 ] * 20
 # The chat template of Qwen2 / ChatML, as shipped in tokenizer_config.json.
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
   bpe = hf_tokenizers.Tokenizer(hf_tokenizers.models.BPE())
-  bpe.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.pre_tokenizer = hf_tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False
+  )
   bpe.decoder = hf_tokenizers.decoders.ByteLevel()
   trainer = hf_tokenizers.trainers.BpeTrainer(
-      vocab_size=400, special_tokens=SPECIALS,
-      initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet())
+      vocab_size=400,
+      special_tokens=SPECIALS,
+      initial_alphabet=hf_tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+  )
   bpe.train_from_iterator(CORPUS, trainer)
   path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
   bpe.save(str(path))
@@ -40,8 +47,14 @@ def tok(tmp_path_factory):
 
 
 MESSAGES = [
-    {"role": "system", "content": "You are a helpful assistant that uses a calculator."},
-    {"role": "user", "content": "What is 483 times 27?\n\nPlease compute it exactly. "},
+    {
+        "role": "system",
+        "content": "You are a helpful assistant that uses a calculator.",
+    },
+    {
+        "role": "user",
+        "content": "What is 483 times 27?\n\nPlease compute it exactly. ",
+    },
     {"role": "assistant", "content": "I will call the calculator: 483*27"},
     {"role": "tool", "content": "13041"},
     {"role": "assistant", "content": "The answer is 13041."},
@@ -66,15 +79,18 @@ def test_turn_by_turn_ids_equal_the_whole_render(tok):
   assert b.ids.tolist() == whole
   # Independent reference: transformers' Jinja chat template.
   transformers = pytest.importorskip("transformers")
-  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok.tokenizer,
-                                              chat_template=CHATML)
+  fast = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok.tokenizer, chat_template=CHATML
+  )
   ref = fast.apply_chat_template(MESSAGES, tokenize=True)
   ref = ref["input_ids"] if hasattr(ref, "keys") else ref
   assert b.ids.tolist() == list(ref)
   # With a generation prompt at the end.
   b.add_generation_prompt()
   assert b.ids.tolist() == tok.encode(
-      chat.render_chatml(MESSAGES, add_generation_prompt=True), allow_special=True)
+      chat.render_chatml(MESSAGES, add_generation_prompt=True),
+      allow_special=True,
+  )
 
 
 def test_roles_per_token(tok):
@@ -83,9 +99,11 @@ def test_roles_per_token(tok):
   assert ids.shape == roles.shape and roles.dtype == np.int8
   start, end = tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>")
   assert (roles[ids == start] == types.TEMPLATE).all()
+
   # Each role's tokens decode to exactly that role's content.
   def text(role):
     return tok.decode(ids[roles == role], skip_special_tokens=True)
+
   assert text(types.PROMPT) == MESSAGES[0]["content"] + MESSAGES[1]["content"]
   assert text(types.TOOL) == "13041"
   assert text(types.POLICY) == MESSAGES[2]["content"] + MESSAGES[4]["content"]
@@ -95,7 +113,8 @@ def test_roles_per_token(tok):
   assert tok.decode(ids[roles == types.TEMPLATE]) == (
       "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
       "<|im_start|>assistant\n\n<|im_start|>tool\n<|im_end|>\n"
-      "<|im_start|>assistant\n\n")
+      "<|im_start|>assistant\n\n"
+  )
 
 
 def test_sampled_ids_are_never_retokenised(tok):
@@ -109,13 +128,16 @@ def test_sampled_ids_are_never_retokenised(tok):
   prompt = b.add_generation_prompt()
   b.add_sampled(np.asarray(char_ids, np.int32))
   n = len(prompt)
-  assert b.ids[n:n + len(char_ids)].tolist() == char_ids
-  assert (b.roles[n:n + len(char_ids)] == types.POLICY).all()
+  assert b.ids[n : n + len(char_ids)].tolist() == char_ids
+  assert (b.roles[n : n + len(char_ids)] == types.POLICY).all()
   assert b.ids[n + len(char_ids)] == b.end_id
   assert b.roles[n + len(char_ids)] == types.TEMPLATE
   assert tok.decode(b.ids) == chat.render_chatml(
-      [{"role": "user", "content": "What is 483 times 27?"},
-       {"role": "assistant", "content": reply}])
+      [
+          {"role": "user", "content": "What is 483 times 27?"},
+          {"role": "assistant", "content": reply},
+      ]
+  )
 
 
 def test_content_cannot_forge_special_tokens(tok):

@@ -7,22 +7,38 @@ from configs import default
 from configs import forkme
 
 SWITCHES = [
-    ("advantage_estimator", v) for v in
-    ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+    ("advantage_estimator", v)
+    for v in ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 ] + [
-    ("loss_type", "ppo"), ("loss_type", "cispo"), ("loss_type", "gspo_token"),
+    ("loss_type", "ppo"),
+    ("loss_type", "cispo"),
+    ("loss_type", "gspo_token"),
     ("loss_agg_mode", "seq-mean-token-mean"),
     ("loss_agg_mode", "seq-mean-token-sum-norm"),
-    ("kl_estimator", "k1"), ("kl_estimator", "k2"), ("dual_clip", 3.0),
-    ("kl_target", 0.05), ("kl_reward_coef", 0.01), ("entropy_coef", 1e-3),
-    ("std_ddof", 1), ("num_microbatches", 2), ("advantage_estimator", "hdpo"),
-    ("reward_composition", "product"), ("reward_composition", "gdpo"),
-    ("reward_noise", {"flip_p": 0.1}), ("dynamic_sampling_oversample", 2),
-    ("dynamic_sampling_metric", "correct"), ("overlong_mode", "mask"),
-    ("overlong_mode", "reward"), ("overlong_soft_cache", 8),
-    ("credit", "per_turn"), ("pbrs_coef", 0.5), ("discount", 0.9),
-    ("advantage_estimator", "gigpo"), ("gigpo_step_weight", 0.5),
-    ("behaviour_logprobs", "sampler"), ("behaviour_logprobs", "trainer"),
+    ("kl_estimator", "k1"),
+    ("kl_estimator", "k2"),
+    ("dual_clip", 3.0),
+    ("kl_target", 0.05),
+    ("kl_reward_coef", 0.01),
+    ("entropy_coef", 1e-3),
+    ("std_ddof", 1),
+    ("num_microbatches", 2),
+    ("advantage_estimator", "hdpo"),
+    ("reward_composition", "product"),
+    ("reward_composition", "gdpo"),
+    ("reward_noise", {"flip_p": 0.1}),
+    ("dynamic_sampling_oversample", 2),
+    ("dynamic_sampling_metric", "correct"),
+    ("overlong_mode", "mask"),
+    ("overlong_mode", "reward"),
+    ("overlong_soft_cache", 8),
+    ("credit", "per_turn"),
+    ("pbrs_coef", 0.5),
+    ("discount", 0.9),
+    ("advantage_estimator", "gigpo"),
+    ("gigpo_step_weight", 0.5),
+    ("behaviour_logprobs", "sampler"),
+    ("behaviour_logprobs", "trainer"),
 ]
 
 
@@ -48,10 +64,18 @@ def test_gspo_requires_sequence_mean():
   validation.validate_config(config)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("advantage_estimator", "ppo"), ("loss_type", "dpo"),
-    ("loss_agg_mode", "mean"), ("kl_estimator", "k4"), ("dual_clip", 0.5),
-    ("credit", "per_token"), ("discount", 1.5)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("advantage_estimator", "ppo"),
+        ("loss_type", "dpo"),
+        ("loss_agg_mode", "mean"),
+        ("kl_estimator", "k4"),
+        ("dual_clip", 0.5),
+        ("credit", "per_token"),
+        ("discount", 1.5),
+    ],
+)
 def test_unknown_switch_values_are_rejected(field, value):
   config = forkme.get_config()
   config.rl[field] = value
@@ -64,7 +88,8 @@ def test_reward_switches_validate_and_reject():
   config.rl.rewards = {"otc": 1.0, "tool_bonus": 1.0, "format": 0.1}
   config.rl.reward_params = {"otc": {"c": 2.0}}
   config.rl.reward_schedules = {
-      "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 30}}
+      "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 30}
+  }
   validation.validate_config(config)
   config.rl.reward_schedules = {"tool_bonus": {"kind": "exp"}}
   with pytest.raises(ValueError, match="exp"):
@@ -85,32 +110,52 @@ COMBINED_SWITCHES = [
     {"pbrs_coef": 0.5, "credit": "per_turn", "dense_as": "aux_loss"},
     {"tree_branching": (2, 4), "tree_alpha": 1.0},
     {"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean"},
-    {"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
-     "flowrl_log_z_hidden": 0, "flowrl_beta": 1.0},
+    {
+        "loss_type": "flowrl",
+        "loss_agg_mode": "seq-mean-token-mean",
+        "flowrl_log_z_hidden": 0,
+        "flowrl_beta": 1.0,
+    },
 ]
 
 # Switches that need the model's value head (model.value_head=True).
 VALUE_HEAD_SWITCHES = [
     {"advantage_estimator": "gae"},
-    {"advantage_estimator": "gae", "gae_lambda": 1.0, "value_clip": 0.0,
-     "discount": 0.99},
+    {
+        "advantage_estimator": "gae",
+        "gae_lambda": 1.0,
+        "value_clip": 0.0,
+        "discount": 0.99,
+    },
     {"pbrs_coef": 0.5, "pbrs_potential": "value", "credit": "per_turn"},
 ]
 
 BAD_COMBINED = [
     ({"dynamic_sampling_max_retries": 2}, "dynamic_sampling_max_retries"),
-    ({"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": -1},
-     "dynamic_sampling_max_retries"),
+    (
+        {"dynamic_sampling_oversample": 2, "dynamic_sampling_max_retries": -1},
+        "dynamic_sampling_max_retries",
+    ),
     ({"replay_inject": True}, "replay_capacity"),
     ({"sil_coef": 0.1}, "replay_capacity"),
     ({"replay_capacity": -1}, "replay_capacity"),
     ({"replay_capacity": 8, "sil_coef": -1.0}, "sil_coef"),
-    ({"replay_capacity": 8, "sil_coef": 0.1, "sil_batch_size": 0},
-     "sil_batch_size"),
-    ({"replay_capacity": 8, "replay_inject": True, "credit": "per_turn"},
-     "replay_inject"),
-    ({"replay_capacity": 8, "replay_inject": True,
-      "dual_constraint": "num_tool_calls"}, "replay_inject"),
+    (
+        {"replay_capacity": 8, "sil_coef": 0.1, "sil_batch_size": 0},
+        "sil_batch_size",
+    ),
+    (
+        {"replay_capacity": 8, "replay_inject": True, "credit": "per_turn"},
+        "replay_inject",
+    ),
+    (
+        {
+            "replay_capacity": 8,
+            "replay_inject": True,
+            "dual_constraint": "num_tool_calls",
+        },
+        "replay_inject",
+    ),
     ({"dual_constraint": "tool_call_turn"}, "dual_constraint"),
     ({"dual_constraint": "calls"}, "dual_constraint"),
     ({"dual_constraint": "num_tool_calls", "dual_sense": "up"}, "dual_sense"),
@@ -121,22 +166,44 @@ BAD_COMBINED = [
     ({"advantage_estimator": "gae"}, "advantage_estimator"),
     ({"behaviour_logprobs": "vllm"}, "behaviour_logprobs"),
     ({"loss_type": "flowrl"}, "loss_agg_mode"),
-    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
-      "credit": "per_turn"}, "loss_type"),
-    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
-      "flowrl_beta": 0.0}, "flowrl_beta"),
-    ({"loss_type": "flowrl", "loss_agg_mode": "seq-mean-token-mean",
-      "flowrl_log_z_hidden": -1}, "flowrl_log_z_hidden"),
+    (
+        {
+            "loss_type": "flowrl",
+            "loss_agg_mode": "seq-mean-token-mean",
+            "credit": "per_turn",
+        },
+        "loss_type",
+    ),
+    (
+        {
+            "loss_type": "flowrl",
+            "loss_agg_mode": "seq-mean-token-mean",
+            "flowrl_beta": 0.0,
+        },
+        "flowrl_beta",
+    ),
+    (
+        {
+            "loss_type": "flowrl",
+            "loss_agg_mode": "seq-mean-token-mean",
+            "flowrl_log_z_hidden": -1,
+        },
+        "flowrl_log_z_hidden",
+    ),
     ({"dense_as": "bonus"}, "dense_as"),
     ({"likelihood_coef": -0.1}, "likelihood_coef"),
     ({"gigpo_step_weight": -1.0}, "gigpo_step_weight"),
     ({"tree_branching": (2, 2)}, "tree_branching"),
     ({"tree_branching": (8, 0)}, "tree_branching"),
     ({"tree_branching": (2, 4), "tree_alpha": 2.0}, "tree_alpha"),
-    ({"tree_branching": (2, 4), "advantage_estimator": "rloo"},
-     "tree_branching"),
-    ({"advantage_estimator": "gigpo", "credit": "per_turn"},
-     "advantage_estimator"),
+    (
+        {"tree_branching": (2, 4), "advantage_estimator": "rloo"},
+        "tree_branching",
+    ),
+    (
+        {"advantage_estimator": "gigpo", "credit": "per_turn"},
+        "advantage_estimator",
+    ),
 ]
 
 
@@ -165,14 +232,19 @@ def test_value_head_switches_validate_and_need_the_head(values):
   validation.validate_config(config)
 
 
-@pytest.mark.parametrize("values,field", [
-    ({"advantage_estimator": "gae", "gae_lambda": 1.5}, "gae_lambda"),
-    ({"advantage_estimator": "gae", "value_coef": 0.0}, "value_coef"),
-    ({"advantage_estimator": "gae", "value_clip": -0.1}, "value_clip"),
-    ({"advantage_estimator": "gae", "credit": "per_turn"},
-     "advantage_estimator"),
-    ({"advantage_estimator": "gae", "pbrs_coef": 0.5}, "pbrs_coef"),
-])
+@pytest.mark.parametrize(
+    "values,field",
+    [
+        ({"advantage_estimator": "gae", "gae_lambda": 1.5}, "gae_lambda"),
+        ({"advantage_estimator": "gae", "value_coef": 0.0}, "value_coef"),
+        ({"advantage_estimator": "gae", "value_clip": -0.1}, "value_clip"),
+        (
+            {"advantage_estimator": "gae", "credit": "per_turn"},
+            "advantage_estimator",
+        ),
+        ({"advantage_estimator": "gae", "pbrs_coef": 0.5}, "pbrs_coef"),
+    ],
+)
 def test_bad_value_head_switches_name_the_field(values, field):
   config = forkme.get_config()
   config.model.value_head = True

@@ -28,33 +28,52 @@ P, X, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
 # observation, answer (turn 2). Episode B: three calls, each with a 1-token
 # observation (cut off at the horizon K = 3).
 _A = [(P, -1, 2), (X, 0, 1), (T, 0, 2), (X, 1, 1), (T, 1, 2), (X, 2, 1)]
-_B = [(P, -1, 2), (X, 0, 1), (T, 0, 1), (X, 1, 1), (T, 1, 1), (X, 2, 1),
-      (T, 2, 1)]
+_B = [
+    (P, -1, 2),
+    (X, 0, 1),
+    (T, 0, 1),
+    (X, 1, 1),
+    (T, 1, 1),
+    (X, 2, 1),
+    (T, 2, 1),
+]
 
 
 def test_potential_is_mean_score_of_observations_seen_so_far():
-  traj = fakes.trajectory(segments=[_A, _B], width=10, num_turns=3,
-                          finish=[types.ANSWERED, types.MAX_TURNS])
+  traj = fakes.trajectory(
+      segments=[_A, _B],
+      width=10,
+      num_turns=3,
+      finish=[types.ANSWERED, types.MAX_TURNS],
+  )
   # Scores on every position; only TOOL ones may count.
-  score = jnp.asarray([
-      [0.9, 0.9, 0.7, 0.2, 0.4, 0.7, 1.0, 0.0, 0.7, 0.5],
-      [0.9, 0.9, 0.7, 0.6, 0.7, 0.1, 0.7, 0.8, 0.0, 0.0],
-  ])
+  score = jnp.asarray(
+      [
+          [0.9, 0.9, 0.7, 0.2, 0.4, 0.7, 1.0, 0.0, 0.7, 0.5],
+          [0.9, 0.9, 0.7, 0.6, 0.7, 0.1, 0.7, 0.8, 0.0, 0.0],
+      ]
+  )
   phi = credit.observation_prediction_potential(score, traj.role, traj.turn, 3)
   # A: s_1 holds obs 0 = (0.2, 0.4) -> 0.3; s_2 adds (1.0, 0.0) -> 0.4; the
   # answer turn adds no observation -> 0.4. B: 0.6, (0.6 + 0.1)/2, + 0.8 -> 0.5.
-  np.testing.assert_allclose(phi, [[0.0, 0.3, 0.4, 0.4], [0.0, 0.6, 0.35, 0.5]],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      phi, [[0.0, 0.3, 0.4, 0.4], [0.0, 0.6, 0.35, 0.5]], atol=1e-6
+  )
   # Jitted and vmapped over a leading axis give the same values.
   f = jax.jit(credit.observation_prediction_potential, static_argnums=3)
   np.testing.assert_allclose(f(score, traj.role, traj.turn, 3), phi, atol=1e-7)
   # PBRS on it (discount 1): A terminated -> sum F = -Phi(s_0) = 0; B cut off
   # -> sum F = Phi(s_3) = 0.5: the bonus goes to the episode that never answers.
   f_bk = credit.shape_turn_rewards(
-      jnp.zeros((2, 3)), phi, jnp.ones((2, 3), bool), 1.0,
-      jnp.array([True, False]))
-  np.testing.assert_allclose(f_bk, [[0.3, 0.1, -0.4], [0.6, -0.25, 0.15]],
-                             atol=1e-6)
+      jnp.zeros((2, 3)),
+      phi,
+      jnp.ones((2, 3), bool),
+      1.0,
+      jnp.array([True, False]),
+  )
+  np.testing.assert_allclose(
+      f_bk, [[0.3, 0.1, -0.4], [0.6, -0.25, 0.15]], atol=1e-6
+  )
   np.testing.assert_allclose(f_bk.sum(1), [0.0, 0.5], atol=1e-6)
 
 
@@ -66,14 +85,17 @@ def policy():
 def test_prediction_scores_match_the_trainer_logprobs(policy):
   graphdef, params, _ = policy
   tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 9), 0, 200)
-  prob, hit = credit.observation_prediction_scores(graphdef, params, tokens, 0.7)
+  prob, hit = credit.observation_prediction_scores(
+      graphdef, params, tokens, 0.7
+  )
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 0.7)
   np.testing.assert_allclose(prob[:, 1:], np.exp(logp[:, 1:]), rtol=1e-5)
   assert np.all(np.asarray(prob[:, 0]) == 0) and not np.any(hit[:, 0])
   model = nnx.merge(graphdef, params)
   hidden, _ = model.hidden_states(tokens[:, :-1])
   want_hit = np.argmax(np.asarray(model.logits(hidden)), -1) == np.asarray(
-      tokens[:, 1:])
+      tokens[:, 1:]
+  )
   np.testing.assert_array_equal(hit[:, 1:], want_hit)
 
 
@@ -107,31 +129,48 @@ def test_zscored_all_fail_group_ignores_lambda_mean_only_scales_with_it():
   population std sqrt(0.57 / 4) = 0.3774917.
   """
   rows = [_A, _B, _A, _B]
-  traj = fakes.trajectory(segments=rows, width=10, num_turns=3,
-                          finish=[types.ANSWERED, types.MAX_TURNS] * 2)
-  phi = jnp.asarray([[0.0, 0.3, 0.4, 0.4], [0.0, 0.6, 0.2, 0.5],
-                     [0.0, 0.1, 0.8, 0.8], [0.0, 0.4, 0.7, 0.9]])
+  traj = fakes.trajectory(
+      segments=rows,
+      width=10,
+      num_turns=3,
+      finish=[types.ANSWERED, types.MAX_TURNS] * 2,
+  )
+  phi = jnp.asarray(
+      [
+          [0.0, 0.3, 0.4, 0.4],
+          [0.0, 0.6, 0.2, 0.5],
+          [0.0, 0.1, 0.8, 0.8],
+          [0.0, 0.4, 0.7, 0.9],
+      ]
+  )
   dev = np.array([-0.35, 0.15, -0.35, 0.55])
   z = dev / np.sqrt(0.57 / 4)
   policy_bl = np.asarray(traj.role) == X
   for lam in (0.01, 0.1, 1.0):
     reward, adv_b, adv_bl = learner.token_advantages(
-        _dark_room_rl(lam, True), jnp.zeros(4), traj, 3, phi_bk1=phi)
-    np.testing.assert_allclose(reward, lam * np.array([0, 0.5, 0, 0.9]),
-                               atol=1e-7)
+        _dark_room_rl(lam, True), jnp.zeros(4), traj, 3, phi_bk1=phi
+    )
+    np.testing.assert_allclose(
+        reward, lam * np.array([0, 0.5, 0, 0.9]), atol=1e-7
+    )
     # eps = 1e-6 << lam * std, so z is lambda-free to ~1e-6 / (lam * 0.377).
     np.testing.assert_allclose(adv_b, z, rtol=1e-3)
-    np.testing.assert_allclose(adv_bl, np.where(policy_bl, z[:, None], 0.0),
-                               rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(
+        adv_bl, np.where(policy_bl, z[:, None], 0.0), rtol=1e-3, atol=1e-7
+    )
     _, adv_mean, _ = learner.token_advantages(
-        _dark_room_rl(lam, False), jnp.zeros(4), traj, 3, phi_bk1=phi)
+        _dark_room_rl(lam, False), jnp.zeros(4), traj, 3, phi_bk1=phi
+    )
     np.testing.assert_allclose(adv_mean, lam * dev, rtol=1e-4, atol=1e-8)
   # A group with a success: the bounded bonus is small next to the outcome in
   # both variants (z of [1, 0.05, 0, 0.09]).
   r = np.array([1.0, 0.5 * 0.1, 0.0, 0.9 * 0.1])
   _, adv_b, _ = learner.token_advantages(
-      _dark_room_rl(0.1, True), jnp.array([1.0, 0, 0, 0]), traj, 3, phi_bk1=phi)
-  np.testing.assert_allclose(adv_b, (r - r.mean()) / (r.std() + 1e-6), rtol=1e-4)
+      _dark_room_rl(0.1, True), jnp.array([1.0, 0, 0, 0]), traj, 3, phi_bk1=phi
+  )
+  np.testing.assert_allclose(
+      adv_b, (r - r.mean()) / (r.std() + 1e-6), rtol=1e-4
+  )
 
 
 def test_placebo_shuffle_permutes_observation_tokens_across_rows():
@@ -153,20 +192,25 @@ def test_placebo_shuffle_permutes_observation_tokens_across_rows():
   rows_of = (out[m] - 100) // 10
   assert np.any(rows_of != np.nonzero(m)[0])
   np.testing.assert_array_equal(
-      jax.jit(credit.shuffle_observation_targets)(tokens, mask, key), out)
+      jax.jit(credit.shuffle_observation_targets)(tokens, mask, key), out
+  )
 
 
 def test_observation_prediction_loss_hand_values():
   logp = jnp.asarray([[-1.0, -2.0, -3.0], [-0.5, -4.0, 0.0]])
   mask = jnp.asarray([[False, True, True], [True, False, False]])
   # (2 + 3 + 0.5) / 3 tokens.
-  np.testing.assert_allclose(credit.observation_prediction_loss(logp, mask),
-                             5.5 / 3, rtol=1e-6)
   np.testing.assert_allclose(
-      credit.observation_prediction_loss(logp, mask, denominator=11.0), 0.5,
-      rtol=1e-6)
+      credit.observation_prediction_loss(logp, mask), 5.5 / 3, rtol=1e-6
+  )
   np.testing.assert_allclose(
-      credit.observation_prediction_loss(logp, jnp.zeros_like(mask)), 0.0)
+      credit.observation_prediction_loss(logp, mask, denominator=11.0),
+      0.5,
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      credit.observation_prediction_loss(logp, jnp.zeros_like(mask)), 0.0
+  )
 
 
 def _loss_batch(graphdef, params):
@@ -178,12 +222,17 @@ def _loss_batch(graphdef, params):
   role = jnp.broadcast_to(role, (b, l))
   mask = role == X
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
-  return {
-      "tokens": tokens, "mask": mask,
-      "behaviour_logp": jnp.where(mask, logp, 0.0),
-      "ref_logp": jnp.where(mask, logp, 0.0),
-      "advantage": jnp.where(mask, 0.5, 0.0),
-  }, role == T, logp
+  return (
+      {
+          "tokens": tokens,
+          "mask": mask,
+          "behaviour_logp": jnp.where(mask, logp, 0.0),
+          "ref_logp": jnp.where(mask, logp, 0.0),
+          "advantage": jnp.where(mask, 0.5, 0.0),
+      },
+      role == T,
+      logp,
+  )
 
 
 def test_aux_loss_adds_coef_times_observation_ce_true_and_placebo(policy):
@@ -192,21 +241,36 @@ def test_aux_loss_adds_coef_times_observation_ce_true_and_placebo(policy):
   rl = default.get_config("smoke").rl
   rl.obs_prediction_coef = 0.25
   den = batch["mask"].sum()
-  l0, m0 = learner._rl_loss(graphdef, params, batch, rl, kl_coef=0.0,
-                            denominator=den)
-  l1, m1 = learner._rl_loss(graphdef, params, {**batch, "obs_mask": obs}, rl,
-                            kl_coef=0.0, denominator=den, obs_denominator=8.0)
+  l0, m0 = learner._rl_loss(
+      graphdef, params, batch, rl, kl_coef=0.0, denominator=den
+  )
+  l1, m1 = learner._rl_loss(
+      graphdef,
+      params,
+      {**batch, "obs_mask": obs},
+      rl,
+      kl_coef=0.0,
+      denominator=den,
+      obs_denominator=8.0,
+  )
   ce = -float(jnp.sum(jnp.where(obs, logp, 0.0))) / 8.0  # 8 TOOL tokens
   np.testing.assert_allclose(m1["obs_pred_loss"], ce, rtol=1e-5)
   np.testing.assert_allclose(l1 - l0, 0.25 * ce, rtol=1e-4)
   np.testing.assert_allclose(m1["pg_loss"], m0["pg_loss"], rtol=1e-6)
   # Placebo labels: the CE scores the given targets in the true context;
   # the policy terms (POLICY targets unchanged) stay as they were.
-  targets = credit.shuffle_observation_targets(batch["tokens"], obs,
-                                               jax.random.PRNGKey(3))
+  targets = credit.shuffle_observation_targets(
+      batch["tokens"], obs, jax.random.PRNGKey(3)
+  )
   l2, m2 = learner._rl_loss(
-      graphdef, params, {**batch, "obs_mask": obs, "obs_targets": targets}, rl,
-      kl_coef=0.0, denominator=den, obs_denominator=8.0)
+      graphdef,
+      params,
+      {**batch, "obs_mask": obs, "obs_targets": targets},
+      rl,
+      kl_coef=0.0,
+      denominator=den,
+      obs_denominator=8.0,
+  )
   model = nnx.merge(graphdef, params)
   hidden, _ = model.hidden_states(batch["tokens"][:, :-1])
   logp_v = jax.nn.log_softmax(model.logits(hidden), -1)
@@ -217,20 +281,24 @@ def test_aux_loss_adds_coef_times_observation_ce_true_and_placebo(policy):
   assert abs(ce_placebo - ce) > 1e-3
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("obs_prediction_coef", -0.1, "rl.obs_prediction_coef"),
-    ("obs_prediction_coef", float("nan"), "rl.obs_prediction_coef"),
-    ("obs_prediction_placebo", True, "rl.obs_prediction_placebo"),
-    ("obs_prediction_placebo", 1, "rl.obs_prediction_placebo"),
-    ("log_obs_prediction", "yes", "rl.log_obs_prediction"),
-    ("pbrs_potential", "obs_predict", "rl.pbrs_potential"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("obs_prediction_coef", -0.1, "rl.obs_prediction_coef"),
+        ("obs_prediction_coef", float("nan"), "rl.obs_prediction_coef"),
+        ("obs_prediction_placebo", True, "rl.obs_prediction_placebo"),
+        ("obs_prediction_placebo", 1, "rl.obs_prediction_placebo"),
+        ("log_obs_prediction", "yes", "rl.log_obs_prediction"),
+        ("pbrs_potential", "obs_predict", "rl.pbrs_potential"),
+    ],
+)
 def test_invalid_obs_prediction_configs_raise(field, value, match):
   config = default.get_config("smoke")
   # Rebuilt so that values of another type than the default's are accepted
   # (as from a forked config file).
-  config.rl = ml_collections.ConfigDict(dict(config.rl.to_dict(),
-                                             **{field: value}))
+  config.rl = ml_collections.ConfigDict(
+      dict(config.rl.to_dict(), **{field: value})
+  )
   with pytest.raises(ValueError, match=match):
     validation.validate_config(config)
 

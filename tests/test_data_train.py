@@ -34,8 +34,11 @@ def test_validation_of_config_data():
 
 
 @pytest.mark.slow
-def test_resumed_run_reads_the_tasks_an_uninterrupted_run_reads(tmp_path, monkeypatch):
+def test_resumed_run_reads_the_tasks_an_uninterrupted_run_reads(
+    tmp_path, monkeypatch
+):
   import tensorflow_datasets as tfds
+
   tfds.disable_progress_bar()
   data_dir = str(tmp_path / "tfds")
   seen = []
@@ -52,8 +55,9 @@ def test_resumed_run_reads_the_tasks_an_uninterrupted_run_reads(tmp_path, monkey
     c = bfcl_grpo.get_config("smoke")
     c.env.categories = ("simple",)
     c.rl.steps = 3
-    c.data = ml_collections.ConfigDict(dict(source="tfds", name=NAME, data_dir=data_dir,
-                                            shuffle_seed=11))
+    c.data = ml_collections.ConfigDict(
+        dict(source="tfds", name=NAME, data_dir=data_dir, shuffle_seed=11)
+    )
     c.halt_after_step = halt
     return c
 

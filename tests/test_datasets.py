@@ -1,6 +1,7 @@
 """TFDS builders (agentic_rl/datasets) built on tiny subsets into a tmp data_dir, read
 back through the grain loader (agentic_rl/data.make_loader) and compared with the
-source files; the loader position inside an orbax checkpoint; the host-env adapter."""
+source files; the loader position inside an orbax checkpoint; the host-env adapter.
+"""
 
 import json
 import os
@@ -39,46 +40,78 @@ def _raw_bfcl(n):
   root = bfcl.data_dir()
   with open(os.path.join(root, "BFCL_v4_simple_python.json")) as f:
     entries = [json.loads(line) for line in f][:n]
-  with open(os.path.join(root, "possible_answer", "BFCL_v4_simple_python.json")) as f:
+  with open(
+      os.path.join(root, "possible_answer", "BFCL_v4_simple_python.json")
+  ) as f:
     answers = {a["id"]: a["ground_truth"] for a in map(json.loads, f)}
-  return [dict(id=e["id"], category="simple",
-               questions=[" ".join(m["content"] for m in turn if m["role"] == "user")
-                          for turn in e["question"]],
-               functions=e["function"], ground_truth=answers[e["id"]]) for e in entries]
+  return [
+      dict(
+          id=e["id"],
+          category="simple",
+          questions=[
+              " ".join(m["content"] for m in turn if m["role"] == "user")
+              for turn in e["question"]
+          ],
+          functions=e["function"],
+          ground_truth=answers[e["id"]],
+      )
+      for e in entries
+  ]
 
 
 def test_prepared_as_array_record_files(data_dir):
-  files = os.listdir(os.path.join(data_dir, "bfcl_single_turn", "simple_first12", "1.0.0"))
+  files = os.listdir(
+      os.path.join(data_dir, "bfcl_single_turn", "simple_first12", "1.0.0")
+  )
   assert any(f.startswith("bfcl_single_turn-train.array_record") for f in files)
   assert any(f.startswith("bfcl_single_turn-test.array_record") for f in files)
 
 
 def test_bfcl_splits_equal_the_source_files_in_order(data_dir):
   raw = _raw_bfcl(12)
-  for split, want in (("test", raw[0::5]), ("train", [r for i, r in enumerate(raw)
-                                                      if i % 5])):
-    got = data.read_all(dict(source="tfds", name=BFCL, split=split, data_dir=data_dir))
+  for split, want in (
+      ("test", raw[0::5]),
+      ("train", [r for i, r in enumerate(raw) if i % 5]),
+  ):
+    got = data.read_all(
+        dict(source="tfds", name=BFCL, split=split, data_dir=data_dir)
+    )
     assert got == want
-  assert [r["id"] for r in raw[0::5]] == ["simple_python_0", "simple_python_5",
-                                          "simple_python_10"]
+  assert [r["id"] for r in raw[0::5]] == [
+      "simple_python_0",
+      "simple_python_5",
+      "simple_python_10",
+  ]
 
 
 def test_gsm_symbolic_splits_equal_the_generator(data_dir):
-  for split, seed, n in (("train", reasoning_gym_tasks.TRAIN_SEED, 5),
-                         ("test", reasoning_gym_tasks.EVAL_SEED, 3)):
+  for split, seed, n in (
+      ("train", reasoning_gym_tasks.TRAIN_SEED, 5),
+      ("test", reasoning_gym_tasks.EVAL_SEED, 3),
+  ):
     gen = reasoning_gym.create_dataset("gsm_symbolic", size=n, seed=seed)
-    got = data.read_all(dict(source="tfds", name=GSM, split=split, data_dir=data_dir))
+    got = data.read_all(
+        dict(source="tfds", name=GSM, split=split, data_dir=data_dir)
+    )
     assert len(got) == n
     for i, r in enumerate(got):
-      assert r["question"] == gen[i]["question"] and r["answer"] == gen[i]["answer"]
+      assert (
+          r["question"] == gen[i]["question"]
+          and r["answer"] == gen[i]["answer"]
+      )
       assert (r["seed"], r["index"]) == (seed, i)
-      assert r["entry"]["metadata"]["answer_value"] == gen[i]["metadata"]["answer_value"]
+      assert (
+          r["entry"]["metadata"]["answer_value"]
+          == gen[i]["metadata"]["answer_value"]
+      )
       # The stored entry still scores with the generator's own verifier.
       assert gen.score_answer(answer=r["answer"], entry=r["entry"]) == 1.0
 
 
 def test_shuffled_stream_is_a_permutation_per_epoch(data_dir):
-  cfg = dict(source="tfds", name=BFCL, split="train", data_dir=data_dir, shuffle_seed=3)
+  cfg = dict(
+      source="tfds", name=BFCL, split="train", data_dir=data_dir, shuffle_seed=3
+  )
   it = data.make_loader(cfg)
   ids = [next(it)["id"] for _ in range(18)]  # two epochs of 9
   want = sorted(r["id"] for i, r in enumerate(_raw_bfcl(12)) if i % 5)
@@ -90,8 +123,14 @@ def test_shuffled_stream_is_a_permutation_per_epoch(data_dir):
 
 def test_resume_from_checkpoint_reads_the_same_batches(data_dir, tmp_path):
   """k batches, checkpoint (with the position), m more; restore and read m: identical."""
-  cfg = dict(source="tfds", name=BFCL, split="train", data_dir=data_dir,
-             shuffle_seed=5, batch_size=2)
+  cfg = dict(
+      source="tfds",
+      name=BFCL,
+      split="train",
+      data_dir=data_dir,
+      shuffle_seed=5,
+      batch_size=2,
+  )
   k, m = 3, 5  # 16 records: crosses the epoch boundary (9 per epoch)
   it = data.make_loader(cfg)
   before = [next(it) for _ in range(k)]
@@ -114,16 +153,19 @@ def test_resume_from_checkpoint_reads_the_same_batches(data_dir, tmp_path):
 
 def test_checkpoint_without_position_and_old_layout(tmp_path):
   import orbax.checkpoint as ocp
+
   state = {"w": np.arange(3, dtype=np.int32)}
   # A checkpoint written by the single-item layout (before data positions).
-  mgr = ocp.CheckpointManager(str(tmp_path), options=ocp.CheckpointManagerOptions(
-      create=True))
+  mgr = ocp.CheckpointManager(
+      str(tmp_path), options=ocp.CheckpointManagerOptions(create=True)
+  )
   mgr.save(1, args=ocp.args.StandardSave(state))
   mgr.wait_until_finished()
   mgr.close()
   with checkpoint_lib.Checkpointer(str(tmp_path)) as ckpt:
-    np.testing.assert_array_equal(ckpt.restore({"w": np.zeros(3, np.int32)})["w"],
-                                  state["w"])
+    np.testing.assert_array_equal(
+        ckpt.restore({"w": np.zeros(3, np.int32)})["w"], state["w"]
+    )
     assert ckpt.restore_data_position(1) is None
     ckpt.save(2, state)
     ckpt.wait()
@@ -134,20 +176,27 @@ def test_checkpoint_without_position_and_old_layout(tmp_path):
 
 def test_loader_tasks_adapter_bfcl(data_dir, tmp_path):
   env = bfcl.BFCLEnv(categories=("simple",))
-  cfg = dict(source="tfds", name=BFCL, split="train", data_dir=data_dir, shuffle_seed=1)
+  cfg = dict(
+      source="tfds", name=BFCL, split="train", data_dir=data_dir, shuffle_seed=1
+  )
   wrapped = data_tasks.LoaderTasks(env, cfg, data_tasks.bfcl_task)
   assert wrapped.is_host and wrapped.max_turns == env.max_turns  # delegated
   by_id = {t.id: t for t in bfcl.load_category("simple")}
   got = wrapped.sample_tasks(np.random.default_rng(0), 4)
-  assert all(t == by_id[t.id] for t in got)  # same BFCLTask as the env's own loader
+  assert all(
+      t == by_id[t.id] for t in got
+  )  # same BFCLTask as the env's own loader
   pos = wrapped.get_position()
   nxt = [t.id for t in wrapped.sample_tasks(None, 6)]
   again = data_tasks.LoaderTasks(env, cfg, data_tasks.bfcl_task)
   again.set_position(pos)
   assert [t.id for t in again.sample_tasks(None, 6)] == nxt
   held = wrapped.eval_tasks(10, seed=0)
-  assert sorted(t.id for t in held) == ["simple_python_0", "simple_python_10",
-                                        "simple_python_5"]
+  assert sorted(t.id for t in held) == [
+      "simple_python_0",
+      "simple_python_10",
+      "simple_python_5",
+  ]
   # A loader task renders the same prompt and gets the same verdict as the env's.
   task = by_id["simple_python_5"]
   loaded = next(t for t in held if t.id == "simple_python_5")
@@ -155,17 +204,24 @@ def test_loader_tasks_adapter_bfcl(data_dir, tmp_path):
 
 
 def test_loader_tasks_adapter_reasoning_gym(data_dir):
-  env = reasoning_gym_env.ReasoningGymEnv(dataset="gsm_symbolic", train_size=100)
-  cfg = dict(source="tfds", name=GSM, split="train", data_dir=data_dir, shuffle_seed=-1)
+  env = reasoning_gym_env.ReasoningGymEnv(
+      dataset="gsm_symbolic", train_size=100
+  )
+  cfg = dict(
+      source="tfds", name=GSM, split="train", data_dir=data_dir, shuffle_seed=-1
+  )
   wrapped = data_tasks.LoaderTasks(env, cfg, data_tasks.reasoning_gym_task)
   tasks = wrapped.sample_tasks(None, 5)
   assert [t.index for t in tasks] == list(range(5))
   held = wrapped.eval_tasks(3, seed=0)
   own = env.eval_tasks(3, seed=0)  # eval_seed + 0 == EVAL_SEED: the same stream
   assert sorted(t.entry["question"] for t in held) == sorted(
-      t.entry["question"] for t in own)
+      t.entry["question"] for t in own
+  )
   state, _ = wrapped.reset(held[0])
-  state, _, done = wrapped.step(state, f"<answer>{held[0].entry['answer']}</answer>")
+  state, _, done = wrapped.step(
+      state, f"<answer>{held[0].entry['answer']}</answer>"
+  )
   assert done and bool(wrapped.facts(state)["correct"])
   state, _ = wrapped.reset(held[0])
   state, _, _ = wrapped.step(state, "<answer>-1</answer>")
@@ -174,20 +230,30 @@ def test_loader_tasks_adapter_reasoning_gym(data_dir):
 
 def test_adapter_refuses_bad_use():
   with pytest.raises(ValueError, match="only host environments"):
-    data_tasks.LoaderTasks(object(), dict(source="jsonl", name="x", data_dir="/x"),
-                           data_tasks.bfcl_task)
+    data_tasks.LoaderTasks(
+        object(),
+        dict(source="jsonl", name="x", data_dir="/x"),
+        data_tasks.bfcl_task,
+    )
   env = bfcl.BFCLEnv()
   with pytest.raises(ValueError, match="config.data.batch_size=2"):
-    data_tasks.LoaderTasks(env, dict(source="jsonl", name="x", data_dir="/x",
-                                     batch_size=2), data_tasks.bfcl_task)
+    data_tasks.LoaderTasks(
+        env,
+        dict(source="jsonl", name="x", data_dir="/x", batch_size=2),
+        data_tasks.bfcl_task,
+    )
 
 
 def test_catalogue_dataset_gsm8k_through_the_same_loader(tmp_path, monkeypatch):
   """TFDS's own gsm8k builder, with its download replaced by local files in the
   upstream JSONL format (no internet here); read through make_loader."""
-  rows = {"train": [{"question": "2+3?", "answer": "2+3=5\n#### 5"},
-                    {"question": "4*4?", "answer": "4*4=16\n#### 16"}],
-          "test": [{"question": "9-1?", "answer": "9-1=8\n#### 8"}]}
+  rows = {
+      "train": [
+          {"question": "2+3?", "answer": "2+3=5\n#### 5"},
+          {"question": "4*4?", "answer": "4*4=16\n#### 16"},
+      ],
+      "test": [{"question": "9-1?", "answer": "9-1=8\n#### 8"}],
+  }
   local = {}
   for k in ("train", "test", "train_socratic", "test_socratic"):
     local[k] = str(tmp_path / f"{k}.jsonl")
@@ -198,17 +264,33 @@ def test_catalogue_dataset_gsm8k_through_the_same_loader(tmp_path, monkeypatch):
     return dict(local)
 
   tfds.disable_progress_bar()
-  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract",
-                      fake_download_and_extract)
-  cfg = dict(source="tfds", name="gsm8k", split="test", data_dir=str(tmp_path / "d"))
+  monkeypatch.setattr(
+      tfds.download.DownloadManager,
+      "download_and_extract",
+      fake_download_and_extract,
+  )
+  cfg = dict(
+      source="tfds", name="gsm8k", split="test", data_dir=str(tmp_path / "d")
+  )
   got = data.read_all(cfg)
-  assert got == [{"question": "9-1?", "answer": "9-1=8\n#### 8",
-                  "annotation": "9-1=8\n", "short_answer": "8"}]
+  assert got == [
+      {
+          "question": "9-1?",
+          "answer": "9-1=8\n#### 8",
+          "annotation": "9-1=8\n",
+          "short_answer": "8",
+      }
+  ]
   train = data.read_all({**cfg, "split": "train", "prepare": False})
   assert sorted(r["short_answer"] for r in train) == ["16", "5"]
 
 
-def test_unprepared_catalogue_dataset_is_not_downloaded_without_prepare(tmp_path):
-  with pytest.raises(Exception, match="has not been generated|not found|splits"):
-    data.read_all(dict(source="tfds", name="gsm8k", data_dir=str(tmp_path),
-                       prepare=False))
+def test_unprepared_catalogue_dataset_is_not_downloaded_without_prepare(
+    tmp_path,
+):
+  with pytest.raises(
+      Exception, match="has not been generated|not found|splits"
+  ):
+    data.read_all(
+        dict(source="tfds", name="gsm8k", data_dir=str(tmp_path), prepare=False)
+    )

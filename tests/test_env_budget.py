@@ -13,8 +13,9 @@ from environments.kv_chain import KVChainTask
 from tests import fakes
 
 TOK = tk.ByteTokenizer()
-ENV = environments.make(dict(name="budget", base="kv_chain", budget=2,
-                             base_kwargs=dict(max_hops=3)))
+ENV = environments.make(
+    dict(name="budget", base="kv_chain", budget=2, base_kwargs=dict(max_hops=3))
+)
 L = lambda c: ord(c) - ord("a")
 
 
@@ -22,8 +23,13 @@ def _task():
   nxt = np.full((26,), -1, np.int32)
   for x, y in zip("sakq", "akqm"):
     nxt[L(x)] = L(y)
-  return KVChainTask(next_key=jnp.asarray(nxt), path=jnp.asarray([L(c) for c in "sakq"]),
-                     hops=jnp.int32(3), answer=jnp.int32(L("q")), distractor=jnp.int32(0))
+  return KVChainTask(
+      next_key=jnp.asarray(nxt),
+      path=jnp.asarray([L(c) for c in "sakq"]),
+      hops=jnp.int32(3),
+      answer=jnp.int32(L("q")),
+      distractor=jnp.int32(0),
+  )
 
 
 DRIVE = fakes.env_driver(ENV)
@@ -44,7 +50,11 @@ def test_prompt_and_shapes():
 
 def test_cut_when_budget_exhausted():
   f, out, _ = _run([call("s"), call("a"), call("k"), answer("q")])
-  assert out[:3] == [("<obs>a</obs>", False), ("<obs>k</obs>", False), ("", True)]
+  assert out[:3] == [
+      ("<obs>a</obs>", False),
+      ("<obs>k</obs>", False),
+      ("", True),
+  ]
   assert f["budget_exceeded"] and not f["answered"] and not f["correct"]
   assert int(f["num_tool_calls"]) == 3 and int(f["calls_left"]) == 0
   # The fourth step acts on a finished episode: nothing changes.
@@ -55,14 +65,20 @@ def test_within_budget_is_the_base_episode():
   f, out, _ = _run([call("s"), call("a"), answer("k")])
   assert not f["budget_exceeded"] and f["answered"] and not f["correct"]
   assert int(f["calls_left"]) == 0 and int(f["budget"]) == 2
-  np.testing.assert_allclose(f["progress"], [0, 1 / 3, 2 / 3, 2 / 3, 0, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+      f["progress"], [0, 1 / 3, 2 / 3, 2 / 3, 0, 0], rtol=1e-6
+  )
 
 
 def test_budget_zero_cuts_the_first_call_and_bad_fields_raise():
   env0 = BudgetEnv(base="kv_chain", budget=0)
   state, _, _ = env0.reset(_task())
   state, obs, olen, done = env0.step(state, *call("s"))
-  assert bool(done) and int(olen) == 0 and bool(env0.facts(state)["budget_exceeded"])
+  assert (
+      bool(done)
+      and int(olen) == 0
+      and bool(env0.facts(state)["budget_exceeded"])
+  )
   with pytest.raises(ValueError, match="budget"):
     BudgetEnv(budget=-1)
   with pytest.raises(ValueError, match="base"):

@@ -20,9 +20,15 @@ A = ENV.max_action_len
 
 def _task(a, op, b, answer, hard, missing):
   return cl.ClarificationTask(
-      arith=arithmetic.ArithmeticTask(a=jnp.int32(a), b=jnp.int32(b), op=jnp.int32(op),
-                                      answer=jnp.int32(answer), hard=jnp.bool_(hard)),
-      missing=jnp.int32(missing))
+      arith=arithmetic.ArithmeticTask(
+          a=jnp.int32(a),
+          b=jnp.int32(b),
+          op=jnp.int32(op),
+          answer=jnp.int32(answer),
+          hard=jnp.bool_(hard),
+      ),
+      missing=jnp.int32(missing),
+  )
 
 
 HARD_B = _task(483, arithmetic.MUL, 27, 13041, True, cl.MISSING_B)
@@ -57,9 +63,15 @@ def test_ask_calc_answer():
 
 
 def test_unneeded_repeated_and_malformed_asks():
-  f, obs, done, _ = _run(HARD_B, [call("?a"), call("?b"), call("?b"), call("?c")])
-  assert obs == ["<obs>known</obs>", "<obs>b=27</obs>", "<obs>b=27</obs>",
-                 "<obs>error</obs>"]
+  f, obs, done, _ = _run(
+      HARD_B, [call("?a"), call("?b"), call("?b"), call("?c")]
+  )
+  assert obs == [
+      "<obs>known</obs>",
+      "<obs>b=27</obs>",
+      "<obs>b=27</obs>",
+      "<obs>error</obs>",
+  ]
   assert int(f["num_redundant_calls"]) == 2  # asking for a; asking for b again
   assert int(f["num_tool_errors"]) == 1 and int(f["num_asks"]) == 4
   assert done and not f["answered"]  # max_turns reached
@@ -73,7 +85,9 @@ def test_calc_with_a_variable_is_a_tool_error_and_guess_is_wrong():
 
 def test_easy_needs_nothing():
   f, _, _, _ = _run(EASY_NONE, [answer("9")])
-  assert f["correct"] and not f["tool_necessary"] and int(f["num_tool_calls"]) == 0
+  assert (
+      f["correct"] and not f["tool_necessary"] and int(f["num_tool_calls"]) == 0
+  )
   np.testing.assert_allclose(f["progress"], [0] * 5)
 
 
@@ -85,10 +99,14 @@ def test_format_errors(action):
 
 def test_expert_perfect_is_correct():
   tasks = ENV.eval_tasks(32, 0)
-  f = jax.device_get(rollout.rollout_jit(ENV, tasks, jax.random.key(0),
-                                         max_len=80).facts)
+  f = jax.device_get(
+      rollout.rollout_jit(ENV, tasks, jax.random.key(0), max_len=80).facts
+  )
   assert f["correct"].all()
   np.testing.assert_array_equal(f["asked"], f["missing"])
-  np.testing.assert_array_equal(f["num_tool_calls"],
-                                f["missing"].astype(int) + f["hard"].astype(int))
-  assert (f["num_redundant_calls"] == 0).all() and (f["num_tool_errors"] == 0).all()
+  np.testing.assert_array_equal(
+      f["num_tool_calls"], f["missing"].astype(int) + f["hard"].astype(int)
+  )
+  assert (f["num_redundant_calls"] == 0).all() and (
+      f["num_tool_errors"] == 0
+  ).all()

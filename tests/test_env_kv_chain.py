@@ -18,8 +18,12 @@ A = ENV.max_action_len
 L = lambda c: ord(c) - ord("a")
 
 
-def _task(path: str, hops: int, extra: dict[str, str] | None = None,
-          distractor: str = "z"):
+def _task(
+    path: str,
+    hops: int,
+    extra: dict[str, str] | None = None,
+    distractor: str = "z",
+):
   """A map with path[0] -> path[1] -> ... plus `extra` key -> value entries."""
   nxt = np.full((26,), -1, np.int32)
   for x, y in zip(path, path[1:]):
@@ -27,9 +31,13 @@ def _task(path: str, hops: int, extra: dict[str, str] | None = None,
   for x, y in (extra or {}).items():
     nxt[L(x)] = L(y)
   full = [L(c) for c in path] + [L(path[-1])] * (ENV.max_hops + 1 - len(path))
-  return KVChainTask(next_key=jnp.asarray(nxt), path=jnp.asarray(full[:ENV.max_hops + 1], jnp.int32),
-                     hops=jnp.int32(hops), answer=jnp.int32(L(path[hops])),
-                     distractor=jnp.int32(L(distractor)))
+  return KVChainTask(
+      next_key=jnp.asarray(nxt),
+      path=jnp.asarray(full[: ENV.max_hops + 1], jnp.int32),
+      hops=jnp.int32(hops),
+      answer=jnp.int32(L(path[hops])),
+      distractor=jnp.int32(L(distractor)),
+  )
 
 
 # s -> a -> k -> q, 3 hops; q -> m and z -> s are distractor entries.
@@ -56,19 +64,31 @@ def test_correct_episode_facts_and_progress():
   assert done and f["correct"] and f["answered"] and not f["format_error"]
   assert int(f["num_tool_calls"]) == 3 and int(f["num_tool_errors"]) == 0
   assert int(f["num_redundant_calls"]) == 0 and int(f["num_offpath_calls"]) == 0
-  np.testing.assert_allclose(f["progress"], [0, 1 / 3, 2 / 3, 1, 1, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+      f["progress"], [0, 1 / 3, 2 / 3, 1, 1, 0], rtol=1e-6
+  )
   np.testing.assert_array_equal(f["tool_call_turn"], [1, 1, 1, 0, 0])
   assert bool(f["hard"]) and bool(f["tool_necessary"]) and int(f["hops"]) == 3
-  assert TOK.decode(f["gold_answer"][: int(f["gold_answer_len"])]) == "<answer>q</answer>"
+  assert (
+      TOK.decode(f["gold_answer"][: int(f["gold_answer_len"])])
+      == "<answer>q</answer>"
+  )
 
 
 def test_redundant_offpath_and_unknown_key():
   # z is a distractor (off path), s re-queried is redundant, b is not in the map.
   f, obs, done, _ = _run(T3, [call("z"), call("s"), call("s"), call("b")])
-  assert obs == ["<obs>s</obs>", "<obs>a</obs>", "<obs>a</obs>", "<obs>error</obs>"]
+  assert obs == [
+      "<obs>s</obs>",
+      "<obs>a</obs>",
+      "<obs>a</obs>",
+      "<obs>error</obs>",
+  ]
   assert int(f["num_offpath_calls"]) == 1 and int(f["num_redundant_calls"]) == 1
   assert int(f["num_tool_errors"]) == 1 and int(f["num_tool_calls"]) == 4
-  np.testing.assert_allclose(f["progress"], [0, 0, 1 / 3, 1 / 3, 1 / 3, 0], rtol=1e-6)
+  np.testing.assert_allclose(
+      f["progress"], [0, 0, 1 / 3, 1 / 3, 1 / 3, 0], rtol=1e-6
+  )
   assert not done
 
 
@@ -77,22 +97,32 @@ def test_early_answer_is_wrong_not_format_error():
   assert done and f["answered"] and not f["correct"] and not f["format_error"]
 
 
-@pytest.mark.parametrize("action", [
-    call("sa"),                 # two letters
-    call("S"),                  # not lowercase
-    call(""),                   # empty key
-    call("s", end=tk.ANSWER_END),  # wrong stop token
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        call("sa"),  # two letters
+        call("S"),  # not lowercase
+        call(""),  # empty key
+        call("s", end=tk.ANSWER_END),  # wrong stop token
+    ],
+)
 def test_malformed_calls_are_tool_errors(action):
   f, obs, done, _ = _run(T3, [action])
   assert obs == ["<obs>error</obs>"] and not done
   assert int(f["num_tool_errors"]) == 1 and not f["format_error"]
 
 
-@pytest.mark.parametrize("action", [
-    answer("qq"), answer("1"), _act([]), _act([tk.EOS]), _act(TOK.encode("q")),
-    call("s", end=None),  # no stop token: ran out of tokens
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        answer("qq"),
+        answer("1"),
+        _act([]),
+        _act([tk.EOS]),
+        _act(TOK.encode("q")),
+        call("s", end=None),  # no stop token: ran out of tokens
+    ],
+)
 def test_malformed_turns_are_format_errors(action):
   f, obs, done, _ = _run(T3, [action])
   assert done and bool(f["format_error"]) and not f["correct"] and obs == [""]
@@ -100,7 +130,11 @@ def test_malformed_turns_are_format_errors(action):
 
 def test_max_turns_and_finished_episode_is_noop():
   f, _, done, _ = _run(T3, [call("s")] * 5 + [answer("q")])
-  assert done and int(f["num_tool_calls"]) == 5 and int(f["num_redundant_calls"]) == 4
+  assert (
+      done
+      and int(f["num_tool_calls"]) == 5
+      and int(f["num_redundant_calls"]) == 4
+  )
   assert not f["answered"]
 
 
@@ -114,7 +148,9 @@ def test_expert_perfect_is_always_correct_with_d_calls():
   f, tasks = _expert_rollout(ENV)
   assert f["correct"].all()
   np.testing.assert_array_equal(f["num_tool_calls"], np.asarray(tasks.hops))
-  assert (f["num_redundant_calls"] == 0).all() and (f["num_offpath_calls"] == 0).all()
+  assert (f["num_redundant_calls"] == 0).all() and (
+      f["num_offpath_calls"] == 0
+  ).all()
   np.testing.assert_allclose(f["progress"].max(-1), 1.0)
 
 

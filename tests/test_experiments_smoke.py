@@ -9,9 +9,19 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("calculator_grpo", "otc_efficiency", "hdpo_conditional", "reward_noise",
-          "length_bias", "trace_credit", "portool_tree", "pica_model_size",
-          "step_hacking", "dark_room", "tool_composition")
+CLAIMS = (
+    "calculator_grpo",
+    "otc_efficiency",
+    "hdpo_conditional",
+    "reward_noise",
+    "length_bias",
+    "trace_credit",
+    "portool_tree",
+    "pica_model_size",
+    "step_hacking",
+    "dark_room",
+    "tool_composition",
+)
 # Claims whose runner declares a ClaimSpec (room check + paired verdict): all.
 WITH_SPEC = CLAIMS
 
@@ -21,14 +31,25 @@ WITH_SPEC = CLAIMS
 def test_claim_smoke(name, tmp_path):
   root = str(tmp_path / name)
   proc = subprocess.run(
-      [sys.executable, "-m", f"experiments.{name}", "--smoke", f"--root={root}"],
-      cwd=REPO, capture_output=True, text=True, timeout=1800,
-      env=dict(os.environ, PYTHONPATH=REPO))
+      [
+          sys.executable,
+          "-m",
+          f"experiments.{name}",
+          "--smoke",
+          f"--root={root}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+      env=dict(os.environ, PYTHONPATH=REPO),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(root, "results.json")) as f:
     results = json.load(f)
   assert results["seeds"] == [0, 1]
   from importlib import import_module
+
   arms = import_module(f"experiments.{name}.config").ARMS
   assert set(results["rows"]) == {"SFT (start)", *arms}
   for rows in results["rows"].values():
@@ -37,6 +58,7 @@ def test_claim_smoke(name, tmp_path):
   assert results["commit"] != "" and set(results["config_hash"]) == set(arms)
   if name in WITH_SPEC:
     from experiments import stats
+
     analysis = results["analysis"]
     assert analysis["verdict"] in stats.VERDICTS
     # Shares lie in [0, 1]; length_bias's room is a token spread (>= 0).
@@ -45,8 +67,9 @@ def test_claim_smoke(name, tmp_path):
       assert results["room"]["value"] <= 1.0
     assert results["spec"]["primary_metric"] == analysis["primary_metric"]
     assert len(results["room"]["per_seed"]) == 2
-    assert analysis["room"]["ok"] == (results["room"]["value"] >=
-                                      results["room"]["threshold"])
+    assert analysis["room"]["ok"] == (
+        results["room"]["value"] >= results["room"]["threshold"]
+    )
     with open(os.path.join(root, "results.md")) as f:
       assert "**Verdict: " in f.read()
   if name == "dark_room":  # the second table comes from the same command
@@ -57,9 +80,19 @@ def test_claim_smoke(name, tmp_path):
 def test_rm_selection_smoke(tmp_path):
   root = str(tmp_path / "rm_selection")
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.rm_selection", "--smoke", f"--root={root}"],
-      cwd=REPO, capture_output=True, text=True, timeout=1800,
-      env=dict(os.environ, PYTHONPATH=REPO))
+      [
+          sys.executable,
+          "-m",
+          "experiments.rm_selection",
+          "--smoke",
+          f"--root={root}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+      env=dict(os.environ, PYTHONPATH=REPO),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   for suffix in ("", "_kv"):
     with open(os.path.join(root, f"results{suffix}.json")) as f:
@@ -72,4 +105,7 @@ def test_rm_selection_smoke(tmp_path):
       md = f.read()
     # The table is the run's own report, not a copy typed by hand.
     overall = results["orm_pairwise"]["overall"]
-    assert f"| **overall** | {results['orm_pairwise']['n']} | {overall:.3f} |" in md
+    assert (
+        f"| **overall** | {results['orm_pairwise']['n']} | {overall:.3f} |"
+        in md
+    )

@@ -25,18 +25,22 @@ def test_flowrl_loss_hand_values_and_gradients():
   r_hat = jnp.array([0.5, -1.0, 3.0])
   log_z = jnp.array([0.3, 0.0, 7.0])
   loss, delta = jax.jit(
-      lambda *a: losses.flowrl_loss(*a, beta=2.0, clip_eps=0.2))(
-          logp, beh, ref, mask, r_hat, log_z)
+      lambda *a: losses.flowrl_loss(*a, beta=2.0, clip_eps=0.2)
+  )(logp, beh, ref, mask, r_hat, log_z)
   # delta_0 = 0.3 - 2 - 1 + 2 = -0.7 (w 1); delta_1 = 0 - 1 + 2 + 2 = 3 (w 1.2).
   np.testing.assert_allclose(delta[:2], [-0.7, 3.0], rtol=1e-6)
   np.testing.assert_allclose(loss, (0.49 + 1.2 * 9.0) / 2, rtol=1e-6)
   g_z, g_lp = jax.grad(
-      lambda z, lp: losses.flowrl_loss(lp, beh, ref, mask, r_hat, z,
-                                       beta=2.0)[0], argnums=(0, 1))(log_z, logp)
+      lambda z, lp: losses.flowrl_loss(lp, beh, ref, mask, r_hat, z, beta=2.0)[
+          0
+      ],
+      argnums=(0, 1),
+  )(log_z, logp)
   # dL/dlogZ_b = 2 w_b delta_b / 2 rows; dL/dlogp_bt = that / |y_b|.
   np.testing.assert_allclose(g_z, [-0.7, 3.6, 0.0], rtol=1e-5)
-  np.testing.assert_allclose(g_lp, [[-0.35, -0.35], [3.6, 0.0], [0.0, 0.0]],
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+      g_lp, [[-0.35, -0.35], [3.6, 0.0], [0.0, 0.0]], rtol=1e-5, atol=1e-7
+  )
   with pytest.raises(ValueError, match="beta"):
     losses.flowrl_loss(logp, beh, ref, mask, r_hat, log_z, beta=0.0)
 
@@ -75,8 +79,18 @@ def test_flowrl_micro_batches_with_shared_denominator_sum_to_full():
   full, _ = losses.flowrl_loss(logp, beh, ref, mask, r_hat, log_z, beta=2.0)
   den = losses.aggregation_denominator(mask, "seq-mean-token-mean")
   assert float(den) == 2.0  # row 2 has no POLICY token
-  parts = sum(losses.flowrl_loss(logp[s], beh[s], ref[s], mask[s], r_hat[s],
-                                 log_z[s], beta=2.0, denominator=den)[0]
-              for s in (slice(0, 1), slice(1, 3)))
+  parts = sum(
+      losses.flowrl_loss(
+          logp[s],
+          beh[s],
+          ref[s],
+          mask[s],
+          r_hat[s],
+          log_z[s],
+          beta=2.0,
+          denominator=den,
+      )[0]
+      for s in (slice(0, 1), slice(1, 3))
+  )
   np.testing.assert_allclose(parts, full, rtol=1e-6)
   np.testing.assert_allclose(full, (0.49 + 1.2 * 9.0) / 2, rtol=1e-6)

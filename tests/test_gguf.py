@@ -41,6 +41,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from agentic_rl.models import gguf as gguf_lib
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # Strings for tokenizer comparisons: ASCII, digits, whitespace runs, contractions,
@@ -61,14 +62,18 @@ TEXTS = (
 )
 CHATS = (
     [{"role": "user", "content": "What is 17 * 23?"}],
-    [{"role": "system", "content": "You are a calculator."},
-     {"role": "user", "content": "Add 2 and 3."},
-     {"role": "assistant", "content": "5"},
-     {"role": "user", "content": "Now multiply by 4 — café 🙂"}],
+    [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "Now multiply by 4 — café 🙂"},
+    ],
 )
-PROMPTS = ("The capital of France is",
-           "def fibonacci(n):",
-           "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+)
 
 
 # ---------------------------------------------------------------------------
@@ -84,7 +89,10 @@ def _jnp_llama_logits(params, config, ids_t):
   attention (Ainslie et al., arXiv:2305.13245): query head h reads key-value head
   h // (H / KV); SwiGLU MLP down(silu(gate x) * up x); tied or separate output head.
   """
-  num_heads, num_kv = config["num_attention_heads"], config["num_key_value_heads"]
+  num_heads, num_kv = (
+      config["num_attention_heads"],
+      config["num_key_value_heads"],
+  )
   head_dim, eps = config["head_dim"], config["rms_norm_eps"]
   theta = config["rope_theta"]
   p = {k: jnp.asarray(v) for k, v in params.items()}
@@ -93,7 +101,9 @@ def _jnp_llama_logits(params, config, ids_t):
   def rms(x, g):
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * g
 
-  inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+  inv_freq = theta ** (
+      -jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+  )
   angle_tf = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
   angle_td = jnp.concatenate([angle_tf, angle_tf], axis=-1)
   cos_td, sin_td = jnp.cos(angle_td)[:, None, :], jnp.sin(angle_td)[:, None, :]
@@ -108,7 +118,10 @@ def _jnp_llama_logits(params, config, ids_t):
   for i in range(config["num_hidden_layers"]):
     pre = f"model.layers.{i}."
     h_td = rms(x_td, p[pre + "input_layernorm.weight"])
-    proj = lambda name, h_td=h_td, pre=pre: h_td @ p[pre + f"self_attn.{name}.weight"].T
+    proj = (
+        lambda name, h_td=h_td, pre=pre: h_td
+        @ p[pre + f"self_attn.{name}.weight"].T
+    )
     q_thd = proj("q_proj").reshape(seq_len, num_heads, head_dim)
     k_tkd = proj("k_proj").reshape(seq_len, num_kv, head_dim)
     v_tkd = proj("v_proj").reshape(seq_len, num_kv, head_dim)
@@ -117,9 +130,14 @@ def _jnp_llama_logits(params, config, ids_t):
     v_thd = jnp.repeat(v_tkd, num_heads // num_kv, axis=1)
     scores_hts = jnp.einsum("thd,shd->hts", q_thd, k_thd) / np.sqrt(head_dim)
     scores_hts = jnp.where(causal_tt[None], scores_hts, -jnp.inf)
-    attn_thd = jnp.einsum("hts,shd->thd", jax.nn.softmax(scores_hts, axis=-1), v_thd)
-    x_td = x_td + attn_thd.reshape(seq_len, num_heads * head_dim) @ p[
-        pre + "self_attn.o_proj.weight"].T
+    attn_thd = jnp.einsum(
+        "hts,shd->thd", jax.nn.softmax(scores_hts, axis=-1), v_thd
+    )
+    x_td = (
+        x_td
+        + attn_thd.reshape(seq_len, num_heads * head_dim)
+        @ p[pre + "self_attn.o_proj.weight"].T
+    )
     h_td = rms(x_td, p[pre + "post_attention_layernorm.weight"])
     gate_tf = jax.nn.silu(h_td @ p[pre + "mlp.gate_proj.weight"].T)
     up_tf = h_td @ p[pre + "mlp.up_proj.weight"].T
@@ -155,20 +173,26 @@ def _torch_logits(model, ids):
 
 def _llama_cpp_permute(w, n_head):
   """llama.cpp convert_hf_to_gguf.py LlamaModel.permute, verbatim in numpy."""
-  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+      w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+      .swapaxes(1, 2)
+      .reshape(w.shape)
+  )
 
 
 def test_unpermute_rope_rows_by_hand():
   # One head of 4 rows in GGUF order: interleaved pairs (r0, r2), (r1, r3) of the
   # HF rows r0..r3 -> GGUF rows [r0, r2, r1, r3]; unpermuting gives r0..r3 back.
-  gguf_rows = np.array([[0.], [2.], [1.], [3.]])
-  np.testing.assert_array_equal(gguf_lib.unpermute_rope_rows(gguf_rows, 1)[:, 0],
-                                [0., 1., 2., 3.])
+  gguf_rows = np.array([[0.0], [2.0], [1.0], [3.0]])
+  np.testing.assert_array_equal(
+      gguf_lib.unpermute_rope_rows(gguf_rows, 1)[:, 0], [0.0, 1.0, 2.0, 3.0]
+  )
   # Two heads of 4: each head is handled on its own.
-  gguf_rows = np.array([0., 2., 1., 3., 10., 12., 11., 13.])
-  np.testing.assert_array_equal(gguf_lib.unpermute_rope_rows(gguf_rows, 2),
-                                [0., 1., 2., 3., 10., 11., 12., 13.])
+  gguf_rows = np.array([0.0, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0])
+  np.testing.assert_array_equal(
+      gguf_lib.unpermute_rope_rows(gguf_rows, 2),
+      [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0],
+  )
 
 
 def test_unpermute_inverts_llama_cpp_permute():
@@ -176,7 +200,8 @@ def test_unpermute_inverts_llama_cpp_permute():
   for n_head, head_dim in ((1, 2), (3, 8), (9, 64)):
     w = rng.standard_normal((n_head * head_dim, 5)).astype(np.float32)
     np.testing.assert_array_equal(
-        gguf_lib.unpermute_rope_rows(_llama_cpp_permute(w, n_head), n_head), w)
+        gguf_lib.unpermute_rope_rows(_llama_cpp_permute(w, n_head), n_head), w
+    )
 
 
 def test_unpermute_rejects_odd_head_rows():
@@ -185,12 +210,19 @@ def test_unpermute_rejects_odd_head_rows():
 
 
 def test_hf_tensor_names():
-  assert gguf_lib.hf_tensor_name("token_embd.weight") == "model.embed_tokens.weight"
+  assert (
+      gguf_lib.hf_tensor_name("token_embd.weight")
+      == "model.embed_tokens.weight"
+  )
   assert gguf_lib.hf_tensor_name("output.weight") == "lm_head.weight"
-  assert (gguf_lib.hf_tensor_name("blk.12.attn_q.weight")
-          == "model.layers.12.self_attn.q_proj.weight")
-  assert (gguf_lib.hf_tensor_name("blk.0.ffn_norm.weight")
-          == "model.layers.0.post_attention_layernorm.weight")
+  assert (
+      gguf_lib.hf_tensor_name("blk.12.attn_q.weight")
+      == "model.layers.12.self_attn.q_proj.weight"
+  )
+  assert (
+      gguf_lib.hf_tensor_name("blk.0.ffn_norm.weight")
+      == "model.layers.0.post_attention_layernorm.weight"
+  )
   with pytest.raises(ValueError, match="rope_freqs"):
     gguf_lib.hf_tensor_name("rope_freqs.weight")
 
@@ -199,22 +231,37 @@ def test_hf_tensor_names():
 # A tiny Llama GGUF written here.
 # ---------------------------------------------------------------------------
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, intermediate_size=96,
-            rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=128)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+)
 CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MERGES = ("t h", "th e", "Ġ the", "1 2", "Ġ w")
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
-            "assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
+    "assistant\n{% endif %}"
+)
 # Tensors stored quantised in the tiny file (the rest are F32).
-TINY_QUANT = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1",
-              "blk.1.attn_k.weight": "Q8_0", "blk.1.ffn_down.weight": "Q4_1"}
+TINY_QUANT = {
+    "token_embd.weight": "Q8_0",
+    "blk.0.attn_q.weight": "Q4_1",
+    "blk.1.attn_k.weight": "Q8_0",
+    "blk.1.ffn_down.weight": "Q4_1",
+}
 
 
 def _byte_alphabet():
   # pylint: disable-next=g-import-not-at-top
   from transformers.convert_slow_tokenizer import bytes_to_unicode
+
   return [bytes_to_unicode()[b] for b in range(256)]
 
 
@@ -226,17 +273,25 @@ def _tiny_weights(vocab_size):
   q = c["num_attention_heads"] * c["head_dim"]
   kv = c["num_key_value_heads"] * c["head_dim"]
   w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)
-  state = {"model.embed_tokens.weight": w(vocab_size, d),
-           "model.norm.weight": 1 + w(d)}
+  state = {
+      "model.embed_tokens.weight": w(vocab_size, d),
+      "model.norm.weight": 1 + w(d),
+  }
   for i in range(c["num_hidden_layers"]):
     p = f"model.layers.{i}."
-    state.update({
-        p + "input_layernorm.weight": 1 + w(d),
-        p + "post_attention_layernorm.weight": 1 + w(d),
-        p + "self_attn.q_proj.weight": w(q, d), p + "self_attn.k_proj.weight": w(kv, d),
-        p + "self_attn.v_proj.weight": w(kv, d), p + "self_attn.o_proj.weight": w(d, q),
-        p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
-        p + "mlp.down_proj.weight": w(d, f)})
+    state.update(
+        {
+            p + "input_layernorm.weight": 1 + w(d),
+            p + "post_attention_layernorm.weight": 1 + w(d),
+            p + "self_attn.q_proj.weight": w(q, d),
+            p + "self_attn.k_proj.weight": w(kv, d),
+            p + "self_attn.v_proj.weight": w(kv, d),
+            p + "self_attn.o_proj.weight": w(d, q),
+            p + "mlp.gate_proj.weight": w(f, d),
+            p + "mlp.up_proj.weight": w(f, d),
+            p + "mlp.down_proj.weight": w(d, f),
+        }
+    )
   return state
 
 
@@ -312,8 +367,11 @@ def test_tiny_config_from_metadata(tiny):
     assert config[key] == pytest.approx(value), key
   assert config["vocab_size"] == len(tokens) == 3 + 256 + 5
   assert config["tie_word_embeddings"] is True  # no output.weight tensor
-  assert (config["bos_token_id"], config["eos_token_id"],
-          config["pad_token_id"]) == (1, 2, 2)
+  assert (
+      config["bos_token_id"],
+      config["eos_token_id"],
+      config["pad_token_id"],
+  ) == (1, 2, 2)
   assert checkpoint.quantization == {"F32": 16, "Q8_0": 2, "Q4_1": 2}
   assert checkpoint.tokenizer_config["chat_template"] == TEMPLATE
   assert checkpoint.tokenizer_config["bos_token"] == "<|im_start|>"
@@ -338,7 +396,9 @@ def test_tiny_weights_round_trip(tiny):
     if q_names[name] == "Q8_0":
       step = np.abs(blocks).max(-1, keepdims=True) / 127
     else:
-      step = (blocks.max(-1, keepdims=True) - blocks.min(-1, keepdims=True)) / 15
+      step = (
+          blocks.max(-1, keepdims=True) - blocks.min(-1, keepdims=True)
+      ) / 15
     err = np.abs(ours.reshape(blocks.shape) - blocks)
     scale = np.abs(blocks).max(-1, keepdims=True)
     assert np.all(err <= 0.5 * step * 1.01 + 1e-3 * scale), name
@@ -349,16 +409,24 @@ def test_tiny_folder_matches_transformers_gguf_load_and_jnp(tiny):
   """Our folder in transformers == transformers' GGUF load == pure-jnp forward."""
   path, _, _, checkpoint, folder = tiny
   ref = transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
-  ours = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+      os.path.dirname(path),
+      gguf_file=os.path.basename(path),
+      dtype=torch.float32,
+  )
+  ours = transformers.AutoModelForCausalLM.from_pretrained(
+      folder, dtype=torch.float32
+  )
   ref_state = {k: v.numpy() for k, v in ref.state_dict().items()}
   for name, value in checkpoint.state_dict.items():
     np.testing.assert_array_equal(value, ref_state[name], err_msg=name)
   ids = [1, 3 + 116, 3 + 104, 263, 200, 7, 2, 30, 150, 262]
   ref_tv = _torch_logits(ref, ids)
   np.testing.assert_array_equal(_torch_logits(ours, ids), ref_tv)
-  jnp_tv = np.asarray(_jnp_llama_logits_jit(
-      checkpoint.state_dict, _frozen(checkpoint.config), jnp.asarray(ids)))
+  jnp_tv = np.asarray(
+      _jnp_llama_logits_jit(
+          checkpoint.state_dict, _frozen(checkpoint.config), jnp.asarray(ids)
+      )
+  )
   # float32 sums in a different order: 1e-4 absolute on logits of size ~1-5.
   np.testing.assert_allclose(jnp_tv, ref_tv, atol=1e-4, rtol=0)
 
@@ -369,11 +437,14 @@ def test_tiny_tokenizer_by_hand(tiny):
   "1 2" never fires."""
   _, _, tokens, checkpoint, _ = tiny
   vocab = {t: i for i, t in enumerate(tokens)}
-  enc = checkpoint.tokenizer.encode("the the 12<|im_end|>we", add_special_tokens=False)
+  enc = checkpoint.tokenizer.encode(
+      "the the 12<|im_end|>we", add_special_tokens=False
+  )
   assert enc.tokens == ["the", "Ġthe", "Ġ", "1", "2", "<|im_end|>", "w", "e"]
   assert enc.ids == [vocab[t] for t in enc.tokens]
   assert checkpoint.tokenizer.decode(enc.ids, skip_special_tokens=False) == (
-      "the the 12<|im_end|>we")
+      "the the 12<|im_end|>we"
+  )
   assert [vocab[t] for t in ("<|im_end|>",)] == [2]
 
 
@@ -386,13 +457,21 @@ def test_tiny_tokenizer_matches_transformers_gguf_tokenizer(tiny):
   """
   path, _, _, _, folder = tiny
   ref = transformers.AutoTokenizer.from_pretrained(
-      os.path.dirname(path), gguf_file=os.path.basename(path))
+      os.path.dirname(path), gguf_file=os.path.basename(path)
+  )
   ours = transformers.AutoTokenizer.from_pretrained(folder)
-  for text in ("the the theme", "with<|im_start|>the\n", "café 🙂", "", "  the  "):
+  for text in (
+      "the the theme",
+      "with<|im_start|>the\n",
+      "café 🙂",
+      "",
+      "  the  ",
+  ):
     assert ours(text).input_ids == ref(text).input_ids, text
   chat = [{"role": "user", "content": "the w"}]
-  assert (ours.apply_chat_template(chat, add_generation_prompt=True)
-          == ref.apply_chat_template(chat, add_generation_prompt=True))
+  assert ours.apply_chat_template(
+      chat, add_generation_prompt=True
+  ) == ref.apply_chat_template(chat, add_generation_prompt=True)
 
 
 def test_rejects_non_llama_and_unknown_pre_tokenizer(tmp_path):
@@ -406,24 +485,41 @@ def test_rejects_non_llama_and_unknown_pre_tokenizer(tmp_path):
   alphabet = _byte_alphabet()
   tokens = list(CONTROL) + alphabet + ["th", "the", "Ġthe", "12", "Ġw"]
   path = str(tmp_path / "y.gguf")
-  _write_tiny_gguf(path, _tiny_weights(len(tokens)), tokens,
-                   [3] * 3 + [1] * (len(tokens) - 3), pre="qwen2")
+  _write_tiny_gguf(
+      path,
+      _tiny_weights(len(tokens)),
+      tokens,
+      [3] * 3 + [1] * (len(tokens) - 3),
+      pre="qwen2",
+  )
   with pytest.raises(ValueError, match="tokenizer.ggml.pre='qwen2'"):
     gguf_lib.tokenizer_from_gguf(path)
 
 
 def test_tiny_gpt2_pre_tokenizer_and_bos_by_hand(tmp_path):
   """pre='gpt2': digits stay in one pre-token with their space, so "Ġ12" merges via
-  "1 2" into Ġ + 12 (unlike smollm); add_bos_token prepends <|im_start|> (id 1)."""
+  "1 2" into Ġ + 12 (unlike smollm); add_bos_token prepends <|im_start|> (id 1).
+  """
   alphabet = _byte_alphabet()
   tokens = list(CONTROL) + alphabet + ["th", "the", "Ġthe", "12", "Ġw"]
   path = str(tmp_path / "bos.gguf")
-  _write_tiny_gguf(path, _tiny_weights(len(tokens)), tokens,
-                   [3] * 3 + [1] * (len(tokens) - 3), pre="gpt2", add_bos=True)
+  _write_tiny_gguf(
+      path,
+      _tiny_weights(len(tokens)),
+      tokens,
+      [3] * 3 + [1] * (len(tokens) - 3),
+      pre="gpt2",
+      add_bos=True,
+  )
   tokenizer = gguf_lib.tokenizer_from_gguf(path)
   enc = tokenizer.encode("the 12")
   assert enc.tokens == ["<|im_start|>", "the", "Ġ", "12"]
-  assert enc.ids == [1, tokens.index("the"), tokens.index("Ġ"), tokens.index("12")]
+  assert enc.ids == [
+      1,
+      tokens.index("the"),
+      tokens.index("Ġ"),
+      tokens.index("12"),
+  ]
   assert gguf_lib.tokenizer_config_from_gguf(path)["add_bos_token"] is True
 
 
@@ -448,7 +544,9 @@ def smollm2_path():
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path, tmp_path_factory):
   checkpoint = gguf_lib.read_gguf(smollm2_path)
-  folder = gguf_lib.write_hf_folder(checkpoint, str(tmp_path_factory.mktemp("smollm2")))
+  folder = gguf_lib.write_hf_folder(
+      checkpoint, str(tmp_path_factory.mktemp("smollm2"))
+  )
   return checkpoint, folder
 
 
@@ -456,31 +554,49 @@ def smollm2(smollm2_path, tmp_path_factory):
 def hf_gguf_model(smollm2_path):
   torch.manual_seed(0)
   return transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
-      dtype=torch.float32).eval()
+      os.path.dirname(smollm2_path),
+      gguf_file=os.path.basename(smollm2_path),
+      dtype=torch.float32,
+  ).eval()
 
 
 @pytest.fixture(scope="module")
 def hf_gguf_tokenizer(smollm2_path):
   return transformers.AutoTokenizer.from_pretrained(
-      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path))
+      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path)
+  )
 
 
 @pytest.mark.slow
 def test_smollm2_config(smollm2, hf_gguf_model):
   checkpoint, _ = smollm2
   c = checkpoint.config
-  assert (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-          c["num_key_value_heads"], c["head_dim"], c["intermediate_size"],
-          c["vocab_size"], c["max_position_embeddings"]) == (
-              576, 30, 9, 3, 64, 1536, 49152, 8192)
+  assert (
+      c["hidden_size"],
+      c["num_hidden_layers"],
+      c["num_attention_heads"],
+      c["num_key_value_heads"],
+      c["head_dim"],
+      c["intermediate_size"],
+      c["vocab_size"],
+      c["max_position_embeddings"],
+  ) == (576, 30, 9, 3, 64, 1536, 49152, 8192)
   assert c["rope_theta"] == 100000.0 and c["tie_word_embeddings"] is True
   assert checkpoint.quantization == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
   ref = hf_gguf_model.config
-  for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "intermediate_size", "vocab_size",
-              "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
-              "eos_token_id", "pad_token_id"):
+  for key in (
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "intermediate_size",
+      "vocab_size",
+      "max_position_embeddings",
+      "tie_word_embeddings",
+      "bos_token_id",
+      "eos_token_id",
+      "pad_token_id",
+  ):
     assert c[key] == getattr(ref, key), key
   assert c["rms_norm_eps"] == pytest.approx(ref.rms_norm_eps, rel=1e-7)
   assert c["rope_theta"] == ref.rope_parameters["rope_theta"]
@@ -499,28 +615,37 @@ def test_smollm2_state_dict_equals_transformers(smollm2, hf_gguf_model):
 
 
 @pytest.mark.slow
-def test_smollm2_folder_logits_and_greedy_equal_transformers(smollm2, hf_gguf_model,
-                                                             hf_gguf_tokenizer):
+def test_smollm2_folder_logits_and_greedy_equal_transformers(
+    smollm2, hf_gguf_model, hf_gguf_tokenizer
+):
   """Our folder, loaded by transformers: logits identical (atol 0) to transformers'
   GGUF load; greedy decoding of a chat prompt gives the same tokens."""
   _, folder = smollm2
   ours = transformers.AutoModelForCausalLM.from_pretrained(
-      folder, dtype=torch.float32).eval()
+      folder, dtype=torch.float32
+  ).eval()
   for prompt in PROMPTS:
     ids = hf_gguf_tokenizer(prompt).input_ids
-    np.testing.assert_array_equal(_torch_logits(ours, ids),
-                                  _torch_logits(hf_gguf_model, ids))
+    np.testing.assert_array_equal(
+        _torch_logits(ours, ids), _torch_logits(hf_gguf_model, ids)
+    )
   chat = hf_gguf_tokenizer.apply_chat_template(
       [{"role": "user", "content": "What is the capital of France?"}],
-      add_generation_prompt=True, return_tensors="pt", return_dict=True)
+      add_generation_prompt=True,
+      return_tensors="pt",
+      return_dict=True,
+  )
   kwargs = dict(max_new_tokens=12, do_sample=False)
   ref_out = hf_gguf_model.generate(**chat, **kwargs)
-  np.testing.assert_array_equal(ours.generate(**chat, **kwargs).numpy(), ref_out.numpy())
+  np.testing.assert_array_equal(
+      ours.generate(**chat, **kwargs).numpy(), ref_out.numpy()
+  )
 
 
 @pytest.mark.slow
-def test_smollm2_jnp_forward_matches_transformers(smollm2, hf_gguf_model,
-                                                  hf_gguf_tokenizer):
+def test_smollm2_jnp_forward_matches_transformers(
+    smollm2, hf_gguf_model, hf_gguf_tokenizer
+):
   """A pure-jnp Llama forward on our dequantised weights vs transformers' GGUF model:
   max abs logit difference below 1e-3 (logits reach ~30; measured 6.3e-5, 1.1e-4
   and 1.4e-4 on the three prompts, see experiments/smollm2/NOTES.md), and the same
@@ -529,8 +654,11 @@ def test_smollm2_jnp_forward_matches_transformers(smollm2, hf_gguf_model,
   for prompt in PROMPTS:
     ids = hf_gguf_tokenizer(prompt).input_ids
     ref_tv = _torch_logits(hf_gguf_model, ids)
-    jnp_tv = np.asarray(_jnp_llama_logits_jit(
-        checkpoint.state_dict, _frozen(checkpoint.config), jnp.asarray(ids)))
+    jnp_tv = np.asarray(
+        _jnp_llama_logits_jit(
+            checkpoint.state_dict, _frozen(checkpoint.config), jnp.asarray(ids)
+        )
+    )
     diff = np.abs(jnp_tv - ref_tv).max()
     print(f"jnp vs transformers, {len(ids)} tokens: max |dlogit| = {diff:.3g}")
     assert diff < 1e-3, (prompt, diff)
@@ -546,26 +674,42 @@ def test_smollm2_tokenizer_matches_transformers(smollm2, hf_gguf_tokenizer):
   ours = transformers.AutoTokenizer.from_pretrained(folder)
   for text in TEXTS:
     assert ours(text).input_ids == hf_gguf_tokenizer(text).input_ids, text
-    assert (checkpoint.tokenizer.encode(text).ids
-            == hf_gguf_tokenizer(text).input_ids), text
+    assert (
+        checkpoint.tokenizer.encode(text).ids
+        == hf_gguf_tokenizer(text).input_ids
+    ), text
     assert ours.decode(ours(text).input_ids) == text
   for chat in CHATS:
     for gen in (False, True):
-      rendered = hf_gguf_tokenizer.apply_chat_template(chat, tokenize=False,
-                                                       add_generation_prompt=gen)
-      assert ours.apply_chat_template(chat, tokenize=False,
-                                      add_generation_prompt=gen) == rendered
-      assert (ours.apply_chat_template(chat, add_generation_prompt=gen)["input_ids"]
-              == hf_gguf_tokenizer.apply_chat_template(
-                  chat, add_generation_prompt=gen)["input_ids"])
+      rendered = hf_gguf_tokenizer.apply_chat_template(
+          chat, tokenize=False, add_generation_prompt=gen
+      )
+      assert (
+          ours.apply_chat_template(
+              chat, tokenize=False, add_generation_prompt=gen
+          )
+          == rendered
+      )
+      assert (
+          ours.apply_chat_template(chat, add_generation_prompt=gen)["input_ids"]
+          == hf_gguf_tokenizer.apply_chat_template(
+              chat, add_generation_prompt=gen
+          )["input_ids"]
+      )
       assert rendered.count("<|im_start|>") == len(chat) + gen + (
-          chat[0]["role"] != "system")
+          chat[0]["role"] != "system"
+      )
   special = ours("<|im_start|><|im_end|><|endoftext|>").input_ids
   assert special == [1, 2, 0]
-  assert ours.eos_token_id == 2 and ours.bos_token_id == 1 and ours.pad_token_id == 2
+  assert (
+      ours.eos_token_id == 2
+      and ours.bos_token_id == 1
+      and ours.pad_token_id == 2
+  )
   # " ²": llama.cpp's smollm pre-tokenizer (llama-vocab.cpp: regex \p{N}, then
   # GPT-2's) isolates the numeral, giving "Ġ" + "Â²"; transformers 5.24 has no
   # `smollm` rule and gives "ĠÂ" + "²".
   assert ours.convert_ids_to_tokens(ours(" ²").input_ids) == ["Ġ", "Â²"]
   assert hf_gguf_tokenizer.convert_ids_to_tokens(
-      hf_gguf_tokenizer(" ²").input_ids) == ["ĠÂ", "²"]
+      hf_gguf_tokenizer(" ²").input_ids
+  ) == ["ĠÂ", "²"]

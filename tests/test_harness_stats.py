@@ -9,8 +9,9 @@ import pytest
 from experiments import stats
 
 
-@pytest.mark.parametrize("n,expected", [(2, 12.706), (3, 4.303), (5, 2.776),
-                                        (8, 2.365), (11, 2.228)])
+@pytest.mark.parametrize(
+    "n,expected", [(2, 12.706), (3, 4.303), (5, 2.776), (8, 2.365), (11, 2.228)]
+)
 def test_t_multiplier_matches_textbook_table(n, expected):
   # Two-sided 95% t quantiles with n - 1 degrees of freedom (any t table).
   assert stats.t_multiplier(n) == pytest.approx(expected, abs=5e-4)
@@ -50,25 +51,28 @@ def test_paired_difference_errors():
     stats.paired_difference([1.0, float("nan")], [0.0, 0.0])
 
 
-@pytest.mark.parametrize("ci,direction,margin,room,expected", [
-    ((0.1, 0.5), 1, None, True, "supported"),
-    ((0.1, 0.5), "greater", None, True, "supported"),
-    ((-0.5, -0.1), 1, None, True, "contradicted"),
-    ((-0.1, 0.5), 1, None, True, "inconclusive"),
-    ((-0.5, -0.1), -1, None, True, "supported"),
-    ((0.1, 0.5), "less", None, True, "contradicted"),
-    # Directional claim whose effect is bounded inside the margin: no effect.
-    ((-0.01, 0.02), 1, 0.05, True, "contradicted"),
-    ((-0.01, 0.08), 1, 0.05, True, "inconclusive"),
-    # Parity claims.
-    ((-0.03, 0.04), 0, 0.05, True, "supported"),
-    ((-0.03, 0.06), "equivalent", 0.05, True, "inconclusive"),
-    ((0.06, 0.2), 0, 0.05, True, "contradicted"),
-    ((-0.2, -0.07), 0, 0.05, True, "contradicted"),
-    # No room: untestable whatever the interval.
-    ((0.1, 0.5), 1, None, False, "untestable at this setup"),
-    ((-0.03, 0.04), 0, 0.05, False, "untestable at this setup"),
-])
+@pytest.mark.parametrize(
+    "ci,direction,margin,room,expected",
+    [
+        ((0.1, 0.5), 1, None, True, "supported"),
+        ((0.1, 0.5), "greater", None, True, "supported"),
+        ((-0.5, -0.1), 1, None, True, "contradicted"),
+        ((-0.1, 0.5), 1, None, True, "inconclusive"),
+        ((-0.5, -0.1), -1, None, True, "supported"),
+        ((0.1, 0.5), "less", None, True, "contradicted"),
+        # Directional claim whose effect is bounded inside the margin: no effect.
+        ((-0.01, 0.02), 1, 0.05, True, "contradicted"),
+        ((-0.01, 0.08), 1, 0.05, True, "inconclusive"),
+        # Parity claims.
+        ((-0.03, 0.04), 0, 0.05, True, "supported"),
+        ((-0.03, 0.06), "equivalent", 0.05, True, "inconclusive"),
+        ((0.06, 0.2), 0, 0.05, True, "contradicted"),
+        ((-0.2, -0.07), 0, 0.05, True, "contradicted"),
+        # No room: untestable whatever the interval.
+        ((0.1, 0.5), 1, None, False, "untestable at this setup"),
+        ((-0.03, 0.04), 0, 0.05, False, "untestable at this setup"),
+    ],
+)
 def test_verdict_rule(ci, direction, margin, room, expected):
   assert stats.verdict(ci, direction, margin, room) == expected
 
@@ -85,19 +89,33 @@ def test_verdict_errors():
 
 
 def test_claimspec_direction_and_analyse():
-  spec = stats.ClaimSpec(primary_metric="calls", higher_is_better=False,
-                         room_metric="zero_call_groups", room_threshold=0.2,
-                         treatment="hdpo", control="correct", prediction="better")
+  spec = stats.ClaimSpec(
+      primary_metric="calls",
+      higher_is_better=False,
+      room_metric="zero_call_groups",
+      room_threshold=0.2,
+      treatment="hdpo",
+      control="correct",
+      prediction="better",
+  )
   assert spec.direction == -1
-  rows = {"correct": [{"calls": 1.0}, {"calls": 0.9}, {"calls": 1.0}],
-          "hdpo": [{"calls": 0.5}, {"calls": 0.5}, {"calls": 0.4}]}
+  rows = {
+      "correct": [{"calls": 1.0}, {"calls": 0.9}, {"calls": 1.0}],
+      "hdpo": [{"calls": 0.5}, {"calls": 0.5}, {"calls": 0.4}],
+  }
   # diffs [-0.5, -0.4, -0.6]: mean -0.5, SE 0.1 / sqrt(3) = 0.057735.
   a = stats.analyse(spec, rows, room_value=0.3)
   assert a["effect"]["mean"] == pytest.approx(-0.5)
   assert a["effect"]["se"] == pytest.approx(0.1 / math.sqrt(3))
-  assert a["effect"]["ci"][1] == pytest.approx(-0.5 + 4.302653 * 0.057735, abs=1e-4)
-  assert a["room"] == {"metric": "zero_call_groups", "value": 0.3,
-                       "threshold": 0.2, "ok": True}
+  assert a["effect"]["ci"][1] == pytest.approx(
+      -0.5 + 4.302653 * 0.057735, abs=1e-4
+  )
+  assert a["room"] == {
+      "metric": "zero_call_groups",
+      "value": 0.3,
+      "threshold": 0.2,
+      "ok": True,
+  }
   assert a["verdict"] == "supported"
   low_room = stats.analyse(spec, rows, room_value=0.1)
   assert low_room["room"]["ok"] is False
@@ -120,13 +138,26 @@ def test_plot_grid_shares_limits_per_metric(tmp_path):
   import matplotlib.image as mpimg
   import numpy as np
   from experiments import harness
-  rows = {"SFT (start)": [{"accuracy": 0.4, "calls": 0.3}, {"accuracy": 0.4, "calls": 0.3}],
-          "a": [{"accuracy": 0.8, "calls": 1.0}, {"accuracy": 0.8, "calls": 1.0}],
-          "b": [{"accuracy": 0.6, "calls": 2.0}, {"accuracy": 0.6, "calls": 2.2}]}
-  curves = {"a": {"rl/accuracy": np.array([[0.3, 0.3], [1.1, 1.1]])},
-            "b": {"rl/accuracy": np.array([[0.5, 0.5], [0.6, 0.6]])}}
-  metrics = [("accuracy", "acc"), ("calls", "calls"), ("accuracy", "acc 2"),
-             ("calls", "calls 2"), ("accuracy", "acc 3")]
+
+  rows = {
+      "SFT (start)": [
+          {"accuracy": 0.4, "calls": 0.3},
+          {"accuracy": 0.4, "calls": 0.3},
+      ],
+      "a": [{"accuracy": 0.8, "calls": 1.0}, {"accuracy": 0.8, "calls": 1.0}],
+      "b": [{"accuracy": 0.6, "calls": 2.0}, {"accuracy": 0.6, "calls": 2.2}],
+  }
+  curves = {
+      "a": {"rl/accuracy": np.array([[0.3, 0.3], [1.1, 1.1]])},
+      "b": {"rl/accuracy": np.array([[0.5, 0.5], [0.6, 0.6]])},
+  }
+  metrics = [
+      ("accuracy", "acc"),
+      ("calls", "calls"),
+      ("accuracy", "acc 2"),
+      ("calls", "calls 2"),
+      ("accuracy", "acc 3"),
+  ]
   path = str(tmp_path / "p.png")
   limits = harness.plot_grid("t", rows, curves, metrics, ["rl/accuracy"], path)
   # 6 panels in a 4-column grid: 2 rows, so the figure is at most 2.2:1.
@@ -136,7 +167,9 @@ def test_plot_grid_shares_limits_per_metric(tmp_path):
   # curve's 1.1 mean and the bars' 0 base: [0, 1.1] padded by 5%.
   acc = [limits[i] for i in (0, 2, 4, 5)]
   assert all(lim == acc[0] for lim in acc)
-  assert acc[0][0] == pytest.approx(-0.055) and acc[0][1] == pytest.approx(1.155)
+  assert acc[0][0] == pytest.approx(-0.055) and acc[0][1] == pytest.approx(
+      1.155
+  )
   # calls: bar b [2.0, 2.2]: mean 2.1, SE 0.1, t(1 dof) 12.706 -> upper CI end
   # 3.3706; range [0, 3.3706] padded by 5% = 0.16853.
   assert limits[1] == limits[3]
@@ -146,6 +179,7 @@ def test_plot_grid_shares_limits_per_metric(tmp_path):
 
 def test_git_commit(tmp_path):
   from experiments import harness
+
   c = harness.git_commit()
   assert c == "unknown" or len(c.split("-")[0]) == 40
   assert harness.git_commit(str(tmp_path)) == "unknown"
@@ -154,6 +188,7 @@ def test_git_commit(tmp_path):
 def test_dark_room_curves_summary_from_workdirs(tmp_path):
   import numpy as np
   from experiments.dark_room import curves_summary
+
   keys = [k for k, _ in curves_summary.KEYS]
   # Arm 'outcome': 6 iterations x 2 seeds; accuracy rises 0.0 .. 0.5 in seed 0
   # and is 1.0 in seed 1. First window (it. 1-5) seed 0: mean(0..0.4) = 0.2;
@@ -161,9 +196,13 @@ def test_dark_room_curves_summary_from_workdirs(tmp_path):
   acc = np.stack([np.arange(6) / 10, np.ones(6)], axis=1)
   for arm in ("outcome", "pred_zscore"):
     (tmp_path / arm).mkdir()
-    np.savez(tmp_path / arm / "curves.npz",
-             **{k: (acc if k == "rl/accuracy" else np.zeros((6, 2))) for k in keys})
-  curves_summary.write_summary(str(tmp_path), str(tmp_path / "out"), seeds=[0, 1])
+    np.savez(
+        tmp_path / arm / "curves.npz",
+        **{k: (acc if k == "rl/accuracy" else np.zeros((6, 2))) for k in keys},
+    )
+  curves_summary.write_summary(
+      str(tmp_path), str(tmp_path / "out"), seeds=[0, 1]
+  )
   md = (tmp_path / "out" / "curves_summary.md").read_text()
   # Seed means 0.2 / 1.0 -> 0.600 +- 0.400; 0.3 / 1.0 -> 0.650 +- 0.350.
   assert "| outcome | 0.600 +- 0.400 | 0.650 +- 0.350 |" in md
@@ -174,11 +213,17 @@ def test_dark_room_curves_summary_from_workdirs(tmp_path):
 def test_analyse_untestable_without_rl_rows():
   # The runner skipped the RL arms because the room check failed: no effect,
   # verdict untestable; with room, a missing arm is still an error.
-  spec = stats.ClaimSpec("acc", True, "headroom", 0.3, treatment="a", control="b")
+  spec = stats.ClaimSpec(
+      "acc", True, "headroom", 0.3, treatment="a", control="b"
+  )
   a = stats.analyse(spec, {"SFT (start)": [{"acc": 0.9}, {"acc": 0.95}]}, 0.1)
   assert a["effect"] is None and a["verdict"] == "untestable at this setup"
-  assert a["room"] == {"metric": "headroom", "value": 0.1, "threshold": 0.3,
-                       "ok": False}
+  assert a["room"] == {
+      "metric": "headroom",
+      "value": 0.1,
+      "threshold": 0.3,
+      "ok": False,
+  }
   assert "not run" in stats.format_analysis(a)
   with pytest.raises(ValueError, match="arm 'a'"):
     stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, 0.5)
@@ -188,8 +233,18 @@ def test_claimspec_to_json_names_room_fn():
   def my_room(config, params):
     del config, params
     return 0.5
-  spec = stats.ClaimSpec("calls", False, "r", 0.2, treatment="t", control="c",
-                         room_fn=my_room, departures=("x", "y"), paper="P")
+
+  spec = stats.ClaimSpec(
+      "calls",
+      False,
+      "r",
+      0.2,
+      treatment="t",
+      control="c",
+      room_fn=my_room,
+      departures=("x", "y"),
+      paper="P",
+  )
   d = stats.ClaimSpec.to_json(spec)
   assert d["room_fn"] == "my_room" and d["departures"] == ["x", "y"]
   assert d["direction"] == -1 and d["paper"] == "P"
@@ -198,14 +253,28 @@ def test_claimspec_to_json_names_room_fn():
 
 def test_summary_row_from_results():
   from experiments import summary
-  spec = stats.ClaimSpec("acc", True, "headroom", 0.3, treatment="t",
-                         control="c", claim="C", paper="P", departures=("d1",))
+
+  spec = stats.ClaimSpec(
+      "acc",
+      True,
+      "headroom",
+      0.3,
+      treatment="t",
+      control="c",
+      claim="C",
+      paper="P",
+      departures=("d1",),
+  )
   rows = {"t": [{"acc": 0.9}, {"acc": 0.8}], "c": [{"acc": 0.5}, {"acc": 0.6}]}
   analysis = stats.analyse(spec, rows, 0.4)
-  results = {"spec": spec.to_json(), "room": {"metric": "headroom", "value": 0.4,
-                                               "threshold": 0.3},
-             "analysis": analysis, "seeds": [0, 1], "wall_total_s": 600.0,
-             "command": "python -m experiments.x --seeds=0,1"}
+  results = {
+      "spec": spec.to_json(),
+      "room": {"metric": "headroom", "value": 0.4, "threshold": 0.3},
+      "analysis": analysis,
+      "seeds": [0, 1],
+      "wall_total_s": 600.0,
+      "command": "python -m experiments.x --seeds=0,1",
+  }
   r = summary.row("x", results, None)
   # diffs [0.4, 0.2]: mean 0.3, SE 0.1, t_1 = 12.706 -> CI [-0.971, +1.571].
   assert r["effect"] == "+0.300 [-0.971, +1.571]"

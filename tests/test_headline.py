@@ -4,14 +4,30 @@ from experiments import headline
 
 
 def test_headline_table_in_the_readme_format():
-  sft = {"accuracy": 0.49609375, "accuracy_hard": 0.0, "accuracy_easy": 0.9921875,
-         "pass@1": 0.48779296875, "tool_calls_hard": 0.0, "tool_calls_easy": 1.0,
-         "format_error_rate": 0.0}
-  rl = {"accuracy": 0.98828125, "accuracy_hard": 1.0, "accuracy_easy": 0.9765625,
-        "pass@1": 0.97314453125, "tool_calls_hard": 1.0, "tool_calls_easy": 1.0,
-        "format_error_rate": float("nan")}
-  table = headline.headline_table({"initial": {}, "sft": sft, "rl": rl}, seed=0,
-                                  num_samples=8, temperature=1.0)
+  sft = {
+      "accuracy": 0.49609375,
+      "accuracy_hard": 0.0,
+      "accuracy_easy": 0.9921875,
+      "pass@1": 0.48779296875,
+      "tool_calls_hard": 0.0,
+      "tool_calls_easy": 1.0,
+      "format_error_rate": 0.0,
+  }
+  rl = {
+      "accuracy": 0.98828125,
+      "accuracy_hard": 1.0,
+      "accuracy_easy": 0.9765625,
+      "pass@1": 0.97314453125,
+      "tool_calls_hard": 1.0,
+      "tool_calls_easy": 1.0,
+      "format_error_rate": float("nan"),
+  }
+  table = headline.headline_table(
+      {"initial": {}, "sft": sft, "rl": rl},
+      seed=0,
+      num_samples=8,
+      temperature=1.0,
+  )
   assert table.splitlines() == [
       "| held-out metric (seed 0) | after SFT | after GRPO |",
       "|---|---|---|",

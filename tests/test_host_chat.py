@@ -35,7 +35,9 @@ from tests import chat_fixtures  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-  return chat_fixtures.write_chat_checkpoint(str(tmp_path_factory.mktemp("tinychat")))
+  return chat_fixtures.write_chat_checkpoint(
+      str(tmp_path_factory.mktemp("tinychat"))
+  )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,10 @@ def policy(ckpt):
 
 
 def _render_ids(tok, messages, gen):
-  return tok.encode(chat.render_chatml(messages, add_generation_prompt=gen),
-                    allow_special=True)
+  return tok.encode(
+      chat.render_chatml(messages, add_generation_prompt=gen),
+      allow_special=True,
+  )
 
 
 def test_stop_ids_and_template_from_the_folder(tok, fmt):
@@ -67,12 +71,20 @@ def test_stop_ids_and_template_from_the_folder(tok, fmt):
 
 
 def test_prompt_and_observation_equal_the_whole_render(tok, fmt):
-  system, user = "You are an expert in composing functions.", "What is 483 times 27?"
+  system, user = (
+      "You are an expert in composing functions.",
+      "What is 483 times 27?",
+  )
   ids, roles = fmt.prompt(system, user, 200)
-  msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+  msgs = [
+      {"role": "system", "content": system},
+      {"role": "user", "content": user},
+  ]
   assert ids.tolist() == _render_ids(tok, msgs, True)
   # Roles: content tokens PROMPT, everything else TEMPLATE.
-  content = "".join(tok.decode([i]) for i, r in zip(ids, roles) if r == types.PROMPT)
+  content = "".join(
+      tok.decode([i]) for i, r in zip(ids, roles) if r == types.PROMPT
+  )
   assert content == system + user
   assert set(roles.tolist()) == {types.PROMPT, types.TEMPLATE}
   # A sampled turn that ended with <|im_end|>, then a tool result.
@@ -80,23 +92,33 @@ def test_prompt_and_observation_equal_the_whole_render(tok, fmt):
   close, close_roles = fmt.close_turn(sampled)
   obs, obs_roles = fmt.observation("13041", 64)
   full = ids.tolist() + sampled + close.tolist() + obs.tolist()
-  msgs += [{"role": "assistant", "content": "The result is 13041."},
-           {"role": "tool", "content": "13041"}]
+  msgs += [
+      {"role": "assistant", "content": "The result is 13041."},
+      {"role": "tool", "content": "13041"},
+  ]
   assert full == _render_ids(tok, msgs, True)
-  assert (close_roles == types.TEMPLATE).all() and close.tolist() == tok.encode("\n")
-  assert "".join(tok.decode([i]) for i, r in zip(obs, obs_roles)
-                 if r == types.TOOL) == "13041"
+  assert (close_roles == types.TEMPLATE).all() and close.tolist() == tok.encode(
+      "\n"
+  )
+  assert (
+      "".join(
+          tok.decode([i]) for i, r in zip(obs, obs_roles) if r == types.TOOL
+      )
+      == "13041"
+  )
   # A cut sample (no <|im_end|>): the template closes it.
   assert fmt.close_turn(tok.encode("The"))[0].tolist() == [2] + tok.encode("\n")
   # Length caps shorten content, never the scaffolding.
   short, _ = fmt.prompt(system, user * 30, 60)
   gen = fmt.generation_prompt()[0].tolist()
-  assert len(short) <= 60 and short[-len(gen):].tolist() == gen
+  assert len(short) <= 60 and short[-len(gen) :].tolist() == gen
   obs, _ = fmt.observation("1234567890" * 20, 24)
   assert len(obs) + fmt.close_reserve <= 24
   # A long system message is cut too, keeping the start of the user message.
   ids, roles = fmt.prompt(system * 20, user, 48)
-  assert len(ids) <= 48 and tok.decode(ids[roles == types.PROMPT]).endswith(user)
+  assert len(ids) <= 48 and tok.decode(ids[roles == types.PROMPT]).endswith(
+      user
+  )
   with pytest.raises(ValueError, match="max_prompt_len=10"):
     fmt.prompt(system, user, 10)
 
@@ -108,15 +130,19 @@ def test_decode_drops_stop_ids_and_never_raises(tok, fmt):
 
 
 def test_non_chatml_template_is_refused(ckpt):
-  llama3 = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-            "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}")
+  llama3 = (
+      "{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+      "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+  )
   tok = tokenizers.HFTokenizer.from_folder(ckpt)
   tok.chat_template = llama3
   with pytest.raises(ValueError, match="not ChatML"):
     chat.ChatFormat(tok)
   # A template that renders tool results under another role is refused too.
   tok.chat_template = chat_fixtures.CHATML.replace(
-      "message['role']", "(message['role'] if message['role'] != 'tool' else 'user')")
+      "message['role']",
+      "(message['role'] if message['role'] != 'tool' else 'user')",
+  )
   with pytest.raises(ValueError, match="'tool' role"):
     chat.ChatFormat(tok)
 
@@ -138,18 +164,28 @@ class ChatEcho:
     return chat.make_format(self.tokenizer)
 
   def reset(self, task):
-    return {"t": 0}, self.chat_format.prompt("Be brief.", "x" * task, self.max_prompt_len)
+    return {"t": 0}, self.chat_format.prompt(
+        "Be brief.", "x" * task, self.max_prompt_len
+    )
 
   def step(self, state, text):
     self.seen.append(text)
     t = state["t"] + 1
-    return {"t": t}, self.chat_format.observation(f"turn {t}", self.max_obs_len), (
-        t >= self.max_turns)
+    return (
+        {"t": t},
+        self.chat_format.observation(f"turn {t}", self.max_obs_len),
+        (t >= self.max_turns),
+    )
 
   def facts(self, state):
-    return {"correct": np.bool_(False), "answered": np.bool_(False),
-            "format_error": np.bool_(False), "num_tool_calls": np.int32(state["t"]),
-            "num_tool_errors": np.int32(0), "hard": np.bool_(False)}
+    return {
+        "correct": np.bool_(False),
+        "answered": np.bool_(False),
+        "format_error": np.bool_(False),
+        "num_tool_calls": np.int32(state["t"]),
+        "num_tool_errors": np.int32(0),
+        "hard": np.bool_(False),
+    }
 
 
 def test_host_rollout_chat_buffer_stops_and_roles(tok, fmt, policy):
@@ -161,16 +197,28 @@ def test_host_rollout_chat_buffer_stops_and_roles(tok, fmt, policy):
   params = nnx.state(model)
   env = ChatEcho(tok)
   tasks = [1, 3, 5, 2, 4, 6, 1, 2]
-  traj = host_rollout.rollout(env, tasks, jax.random.PRNGKey(4), max_len=128,
-                              graphdef=graphdef, params=params, model_config=cfg,
-                              temperature=1.0)
-  tokens, role, turn = (np.asarray(traj.tokens), np.asarray(traj.role),
-                        np.asarray(traj.turn))
+  traj = host_rollout.rollout(
+      env,
+      tasks,
+      jax.random.PRNGKey(4),
+      max_len=128,
+      graphdef=graphdef,
+      params=params,
+      model_config=cfg,
+      temperature=1.0,
+  )
+  tokens, role, turn = (
+      np.asarray(traj.tokens),
+      np.asarray(traj.role),
+      np.asarray(traj.turn),
+  )
   length = np.asarray(traj.length)
   stopped = cut = 0
   seen = iter(env.seen)
   for b, task in enumerate(tasks):
-    prompt, prompt_roles = fmt.prompt("Be brief.", "x" * task, env.max_prompt_len)
+    prompt, prompt_roles = fmt.prompt(
+        "Be brief.", "x" * task, env.max_prompt_len
+    )
     want, want_roles = list(prompt), list(prompt_roles)
     for k in range(int(traj.num_turns[b])):
       sampled = tokens[b][(role[b] == types.POLICY) & (turn[b] == k)].tolist()
@@ -203,11 +251,17 @@ def test_host_rollout_chat_buffer_stops_and_roles(tok, fmt, policy):
 
 def test_reasoning_gym_chat_expert_episode_equals_the_whole_render(tok, fmt):
   from environments.host import reasoning_gym_env
+
   env = reasoning_gym_env.ReasoningGymEnv(
       dataset="basic_arithmetic",
       dataset_config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-      max_prompt_len=320, max_action_len=32, max_obs_len=24, max_turns=3,
-      expert_tool_prob=1.0, tokenizer=tok)
+      max_prompt_len=320,
+      max_action_len=32,
+      max_obs_len=24,
+      max_turns=3,
+      expert_tool_prob=1.0,
+      tokenizer=tok,
+  )
   tasks = env.eval_tasks(2, 0)
   traj = host_rollout.rollout(env, tasks, jax.random.PRNGKey(0), max_len=512)
   assert np.asarray(traj.facts["correct"]).all()
@@ -222,33 +276,46 @@ def test_reasoning_gym_chat_expert_episode_equals_the_whole_render(tok, fmt):
         {"role": "tool", "content": answer},
         {"role": "assistant", "content": f"<answer>{answer}</answer>"},
     ]
-    want = _render_ids(tok, msgs, False)[:-len(tok.encode("\n"))]
+    want = _render_ids(tok, msgs, False)[: -len(tok.encode("\n"))]
     n = int(traj.length[b])
     assert np.asarray(traj.tokens)[b, :n].tolist() == want
     role = np.asarray(traj.role)[b, :n]
-    policy_text = tok.decode(np.asarray(traj.tokens)[b, :n][role == types.POLICY])
-    assert policy_text == (f"```python\nprint({answer!r})\n```<|im_end|>"
-                           f"<answer>{answer}</answer><|im_end|>")
+    policy_text = tok.decode(
+        np.asarray(traj.tokens)[b, :n][role == types.POLICY]
+    )
+    assert policy_text == (
+        f"```python\nprint({answer!r})\n```<|im_end|>"
+        f"<answer>{answer}</answer><|im_end|>"
+    )
     tool_text = tok.decode(np.asarray(traj.tokens)[b, :n][role == types.TOOL])
     assert tool_text == answer
 
 
 def test_reasoning_gym_chat_step_parses_calls_and_answers(tok):
   from environments.host import reasoning_gym_env
+
   env = reasoning_gym_env.ReasoningGymEnv(
       dataset="basic_arithmetic",
       dataset_config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1),
-      max_prompt_len=320, max_obs_len=24, max_turns=3, tokenizer=tok)
+      max_prompt_len=320,
+      max_obs_len=24,
+      max_turns=3,
+      tokenizer=tok,
+  )
   task = env.eval_tasks(1, 0)[0]
   answer = str(task.entry["answer"])
   state, _ = env.reset(task)
-  call = ('<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}'
-          '</tool_call>')
+  call = (
+      '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}'
+      "</tool_call>"
+  )
   s, (obs, roles), done = env.step(state, call)
   assert not done and s.calls == 1
   assert tok.decode(obs[roles == types.TOOL]) == "42"
   s2, _, done = env.step(s, f"So the total is {answer}.")
-  assert done and env.facts(s2)["correct"] and env.facts(s2)["num_tool_calls"] == 1
+  assert (
+      done and env.facts(s2)["correct"] and env.facts(s2)["num_tool_calls"] == 1
+  )
   s3, _, _ = env.step(state, r"\boxed{" + answer + "}")
   assert env.facts(s3)["correct"]
   s4, _, _ = env.step(state, "I do not know.")
@@ -260,18 +327,29 @@ def test_reasoning_gym_chat_step_parses_calls_and_answers(tok):
 def test_bfcl_chat_prompt_and_call_formats(tok, fmt):
   pytest.importorskip("bfcl_eval")
   from environments.host import bfcl
-  env = bfcl.BFCLEnv(categories=("simple",), max_prompt_len=1024,
-                     max_action_len=96, descriptions=True, tokenizer=tok)
+
+  env = bfcl.BFCLEnv(
+      categories=("simple",),
+      max_prompt_len=1024,
+      max_action_len=96,
+      descriptions=True,
+      tokenizer=tok,
+  )
   task = env.eval_tasks(1, 0)[0]
   state, (ids, roles) = env.reset(task)
   text = tok.decode(ids)
   assert text.startswith("<|im_start|>system\nYou are an expert in composing")
   assert f'"name":"{task.functions[0]["name"]}"' in text
-  assert text.endswith(f"<|im_start|>user\n{task.questions[0]}<|im_end|>\n"
-                       "<|im_start|>assistant\n")
+  assert text.endswith(
+      f"<|im_start|>user\n{task.questions[0]}<|im_end|>\n"
+      "<|im_start|>assistant\n"
+  )
   gold = bfcl.gold_calls(task.ground_truth, task.functions)
-  hermes = "<tool_call>" + json.dumps(
-      [{"name": c.name, "arguments": c.arguments} for c in gold]) + "</tool_call>"
+  hermes = (
+      "<tool_call>"
+      + json.dumps([{"name": c.name, "arguments": c.arguments} for c in gold])
+      + "</tool_call>"
+  )
   python = "[" + ", ".join(map(bfcl.parsers.format_call_python, gold)) + "]"
   for action in (hermes, python):
     s, _, done = env.step(state, action)
@@ -288,8 +366,10 @@ def test_bfcl_chat_prompt_and_call_formats(tok, fmt):
 def test_bfcl_multi_turn_chat_observations(tok, fmt):
   pytest.importorskip("bfcl_eval")
   from environments.host import bfcl
-  env = bfcl.BFCLMultiTurnEnv(max_prompt_len=4096, max_action_len=512,
-                              max_obs_len=64, tokenizer=tok)
+
+  env = bfcl.BFCLMultiTurnEnv(
+      max_prompt_len=4096, max_action_len=512, max_obs_len=64, tokenizer=tok
+  )
   task = env.eval_tasks(1, 0)[0]
   state, (ids, _) = env.reset(task)
   assert tok.decode(ids).endswith("<|im_start|>assistant\n")
@@ -302,24 +382,31 @@ def test_bfcl_multi_turn_chat_observations(tok, fmt):
   s, (obs, roles), done = env.step(s, "Done.")
   if len(task.questions) > 1:
     assert not done and tok.decode(obs).startswith("<|im_start|>user\n")
-    assert tok.decode(obs[roles == types.PROMPT]) == task.questions[1][:len(
-        tok.decode(obs[roles == types.PROMPT]))]
+    assert (
+        tok.decode(obs[roles == types.PROMPT])
+        == task.questions[1][: len(tok.decode(obs[roles == types.PROMPT]))]
+    )
 
 
 def test_config_validation_of_the_tokenizer(ckpt, tmp_path):
   from agentic_rl import validation
   from configs import default
   from configs import gsm_tool
+
   config = gsm_tool.get_config("smoke")
   config.model.hf_path = ckpt
   config.tokenizer = "hf"
   validation.validate_config(config)
   config.tokenizer = "sentencepiece"
-  with pytest.raises(validation.ConfigError, match="config.tokenizer='sentencepiece'"):
+  with pytest.raises(
+      validation.ConfigError, match="config.tokenizer='sentencepiece'"
+  ):
     validation.validate_config(config)
   config.tokenizer = "hf"
   config.model.hf_path = ""
-  with pytest.raises(validation.ConfigError, match="needs config.model.hf_path"):
+  with pytest.raises(
+      validation.ConfigError, match="needs config.model.hf_path"
+  ):
     validation.validate_config(config)
   native = default.get_config("smoke")
   native.model.hf_path = ckpt
@@ -330,6 +417,7 @@ def test_config_validation_of_the_tokenizer(ckpt, tmp_path):
 
 def _run_smoke(module, ckpt, workdir):
   from agentic_rl import train
+
   config = module.get_config("smoke")
   config.model.hf_path = ckpt
   config.tokenizer = "hf"
@@ -345,6 +433,7 @@ def test_bfcl_grpo_smoke_from_the_tiny_chat_checkpoint(ckpt, tmp_path):
   SFT on the chat-format expert, 2 RL steps, evaluation."""
   pytest.importorskip("bfcl_eval")
   from configs import bfcl_grpo
+
   reports, rows = _run_smoke(bfcl_grpo, ckpt, tmp_path)
   rl = [r for r in rows if "rl/loss" in r]
   assert [r["step"] for r in rl] == [2, 3]
@@ -356,6 +445,7 @@ def test_bfcl_grpo_smoke_from_the_tiny_chat_checkpoint(ckpt, tmp_path):
 @pytest.mark.slow
 def test_gsm_tool_smoke_from_the_tiny_chat_checkpoint(ckpt, tmp_path):
   from configs import gsm_tool
+
   reports, rows = _run_smoke(gsm_tool, ckpt, tmp_path)
   rl = [r for r in rows if "rl/loss" in r]
   assert [r["step"] for r in rl] == [2, 3]

@@ -32,12 +32,16 @@ BYTES = tokenizers.ByteTokenizer()
 # ---------------------------------------------------------------------------
 # call_with_deadline / guarded_step_batch.
 
+
 def test_call_with_deadline_ok_exception_timeout():
-  assert base.call_with_deadline(lambda a, b=0: a + b, 2, b=3, timeout_s=5) == base.Outcome(
-      "ok", value=5)
+  assert base.call_with_deadline(
+      lambda a, b=0: a + b, 2, b=3, timeout_s=5
+  ) == base.Outcome("ok", value=5)
   out = base.call_with_deadline(lambda: 1 // 0, timeout_s=5)
   assert out.status == "exception" and isinstance(out.error, ZeroDivisionError)
-  out = base.call_with_deadline(lambda: (_ for _ in ()).throw(SystemExit(3)), timeout_s=5)
+  out = base.call_with_deadline(
+      lambda: (_ for _ in ()).throw(SystemExit(3)), timeout_s=5
+  )
   assert out.status == "exception" and isinstance(out.error, SystemExit)
   release = threading.Event()
   t0 = time.perf_counter()
@@ -76,13 +80,20 @@ class FlakyEnv:
     if text == "none":
       return None
     new = dict(state, turns=state["turns"] + 1)
-    return new, np.array([tokenizers.OBS, 111, 107, tokenizers.OBS_END], np.int32), (
-        new["turns"] >= 2)
+    return (
+        new,
+        np.array([tokenizers.OBS, 111, 107, tokenizers.OBS_END], np.int32),
+        (new["turns"] >= 2),
+    )
 
   def facts(self, state):
-    return {"correct": np.bool_(False), "answered": np.bool_(False),
-            "format_error": np.bool_(False), "num_tool_calls": np.int32(state["turns"]),
-            "num_tool_errors": np.int32(0)}
+    return {
+        "correct": np.bool_(False),
+        "answered": np.bool_(False),
+        "format_error": np.bool_(False),
+        "num_tool_calls": np.int32(state["turns"]),
+        "num_tool_errors": np.int32(0),
+    }
 
   def expert_action(self, state, rng):
     return np.asarray(BYTES.encode(state["task"]), np.int32)
@@ -92,7 +103,9 @@ def test_guarded_step_batch_turns_failures_into_counted_error_observations():
   env = FlakyEnv()
   states = [{"task": t, "turns": 0} for t in ("a", "boom", "slow", "none", "b")]
   t0 = time.perf_counter()
-  results, exc, tmo = base.guarded_step_batch(env, states, [s["task"] for s in states])
+  results, exc, tmo = base.guarded_step_batch(
+      env, states, [s["task"] for s in states]
+  )
   assert time.perf_counter() - t0 < 3.0  # the 5 s step was abandoned at 0.3 s
   np.testing.assert_array_equal(exc, [0, 1, 0, 1, 0])
   np.testing.assert_array_equal(tmo, [0, 0, 1, 0, 0])
@@ -102,7 +115,10 @@ def test_guarded_step_batch_turns_failures_into_counted_error_observations():
   obs = [BYTES.decode(r[1]) for r in results]
   assert obs[0] == "<obs>ok</obs>"
   # The generic error observation: <obs> + the message cut to max_obs_len.
-  assert obs[1] == "<obs>Error: the</obs>" and len(results[1][1]) == env.max_obs_len
+  assert (
+      obs[1] == "<obs>Error: the</obs>"
+      and len(results[1][1]) == env.max_obs_len
+  )
   assert len(results[2][1]) == env.max_obs_len
 
 
@@ -112,12 +128,13 @@ def test_unprintable_exception_still_gives_an_observation():
     max_obs_len: int = 64
 
     def step(self, state, text):
-      raise ValueError(10 ** 5000)  # str() of it raises (int digit limit)
+      raise ValueError(10**5000)  # str() of it raises (int digit limit)
 
   results, exc, _ = base.guarded_step_batch(BadEnv(), [{}], ["x"])
   assert exc.tolist() == [1]
   assert BYTES.decode(results[0][1]) == (
-      "<obs>Error: the tool call failed (ValueError: (unprintable))</obs>")
+      "<obs>Error: the tool call failed (ValueError: (unprintable))</obs>"
+  )
 
 
 def test_step_workers_run_rows_concurrently_in_order():
@@ -132,7 +149,9 @@ def test_step_workers_run_rows_concurrently_in_order():
 
   env = SleepEnv()
   t0 = time.perf_counter()
-  results, exc, tmo = base.guarded_step_batch(env, [{}] * 4, ["7", "5", "3", "1"])
+  results, exc, tmo = base.guarded_step_batch(
+      env, [{}] * 4, ["7", "5", "3", "1"]
+  )
   wall = time.perf_counter() - t0
   assert [int(r[1][0]) for r in results] == [7, 5, 3, 1]
   assert wall < 1.2, wall  # 4 x 0.4 s one after the other would take 1.6 s
@@ -142,6 +161,7 @@ def test_step_workers_run_rows_concurrently_in_order():
 def test_env_step_batch_that_raises_is_retried_row_by_row():
   @dataclasses.dataclass(frozen=True, eq=False)
   class BatchEnv(FlakyEnv):
+
     def step_batch(self, states, texts):
       raise RuntimeError("batch failed")
 
@@ -156,6 +176,7 @@ def test_env_step_batch_that_raises_is_retried_row_by_row():
 def test_env_step_batch_past_its_deadline_fails_every_row():
   @dataclasses.dataclass(frozen=True, eq=False)
   class SlowBatchEnv(FlakyEnv):
+
     def step_batch_timeout_s(self, n):
       return 0.1 * n
 
@@ -163,7 +184,9 @@ def test_env_step_batch_past_its_deadline_fails_every_row():
       time.sleep(5.0)
 
   t0 = time.perf_counter()
-  results, exc, tmo = base.guarded_step_batch(SlowBatchEnv(), [{}, {}], ["a", "b"])
+  results, exc, tmo = base.guarded_step_batch(
+      SlowBatchEnv(), [{}, {}], ["a", "b"]
+  )
   assert time.perf_counter() - t0 < 2.0
   np.testing.assert_array_equal(tmo, [1, 1])
   np.testing.assert_array_equal(exc, [0, 0])
@@ -173,8 +196,9 @@ def test_env_step_batch_past_its_deadline_fails_every_row():
 
 def test_host_rollout_survives_raising_and_hanging_steps():
   env = FlakyEnv()
-  traj = host_rollout.rollout(env, ["ok", "boom", "slow"], jax.random.PRNGKey(0),
-                              max_len=40)
+  traj = host_rollout.rollout(
+      env, ["ok", "boom", "slow"], jax.random.PRNGKey(0), max_len=40
+  )
   # Row 1 raised on both turns (the episode goes on after an exception, with
   # the error as its observation); row 2 timed out and ended at turn 1.
   np.testing.assert_array_equal(traj.facts["num_tool_exceptions"], [0, 2, 0])
@@ -182,18 +206,24 @@ def test_host_rollout_survives_raising_and_hanging_steps():
   np.testing.assert_array_equal(np.asarray(traj.num_turns), [2, 2, 1])
   tokens = np.asarray(traj.tokens)
   assert BYTES.decode(tokens[1, : int(traj.length[1])]).startswith(
-      "<bos>boom<obs>Error: th")
+      "<bos>boom<obs>Error: th"
+  )
 
 
 def test_driver_adds_to_the_environments_own_counts():
   @dataclasses.dataclass(frozen=True, eq=False)
   class CountingEnv(FlakyEnv):
-    def facts(self, state):
-      return dict(super().facts(state), num_tool_exceptions=np.int32(2),
-                  num_tool_timeouts=np.int32(0))
 
-  traj = host_rollout.rollout(CountingEnv(), ["ok", "boom"], jax.random.PRNGKey(0),
-                              max_len=40)
+    def facts(self, state):
+      return dict(
+          super().facts(state),
+          num_tool_exceptions=np.int32(2),
+          num_tool_timeouts=np.int32(0),
+      )
+
+  traj = host_rollout.rollout(
+      CountingEnv(), ["ok", "boom"], jax.random.PRNGKey(0), max_len=40
+  )
   np.testing.assert_array_equal(traj.facts["num_tool_exceptions"], [2, 4])
   assert traj.facts["num_tool_exceptions"].dtype == np.int32
 
@@ -208,8 +238,11 @@ from environments.host import bfcl  # noqa: E402
 
 @pytest.fixture(scope="module")
 def math_task():
-  return next(t for t in bfcl.load_category("multi_turn_base")
-              if "MathAPI" in t.involved_classes)
+  return next(
+      t
+      for t in bfcl.load_category("multi_turn_base")
+      if "MathAPI" in t.involved_classes
+  )
 
 
 def _step(env, task, text):
@@ -221,18 +254,35 @@ def _step(env, task, text):
 
 def test_power_over_the_digit_limit_is_a_tool_error(math_task):
   env = bfcl.BFCLMultiTurnEnv(max_obs_len=128)
-  s, obs, done, _ = _step(env, math_task, "<call>power(base=10, exponent=5000)</call>")
+  s, obs, done, _ = _step(
+      env, math_task, "<call>power(base=10, exponent=5000)</call>"
+  )
   f = env.facts(s)
-  assert obs.startswith("<obs>Error during execution: Exceeds the limit") and not done
-  assert (f["num_tool_calls"], f["num_tool_errors"], f["num_tool_exceptions"]) == (1, 1, 1)
+  assert (
+      obs.startswith("<obs>Error during execution: Exceeds the limit")
+      and not done
+  )
+  assert (
+      f["num_tool_calls"],
+      f["num_tool_errors"],
+      f["num_tool_exceptions"],
+  ) == (1, 1, 1)
   # Within the digit limit the result is rendered: 10**1000 has 1001 digits.
-  s, obs, _, _ = _step(env, math_task, "<call>power(base=10, exponent=1000)</call>")
-  assert obs.startswith('<obs>{"result": 1000') and env.facts(s)["num_tool_errors"] == 0
+  s, obs, _, _ = _step(
+      env, math_task, "<call>power(base=10, exponent=1000)</call>"
+  )
+  assert (
+      obs.startswith('<obs>{"result": 1000')
+      and env.facts(s)["num_tool_errors"] == 0
+  )
   # Results whose size has no bound in the arguments are refused unrun.
-  assert isinstance(parsers.parse_tool_calls("power(base=2, exponent=10**9)"),
-                    parsers.ParseError)  # not a literal: never executed
-  s, obs, _, secs = _step(env, math_task,
-                          "<call>power(base=2, exponent=1000000000)</call>")
+  assert isinstance(
+      parsers.parse_tool_calls("power(base=2, exponent=10**9)"),
+      parsers.ParseError,
+  )  # not a literal: never executed
+  s, obs, _, secs = _step(
+      env, math_task, "<call>power(base=2, exponent=1000000000)</call>"
+  )
   assert "is above 2**65536" in obs and secs < 2.0
   big = "9" * 4000  # an exponent too large for a float
   call = parsers.ToolCall("power", {"base": 3, "exponent": int(big)})
@@ -242,29 +292,45 @@ def test_power_over_the_digit_limit_is_a_tool_error(math_task):
   # (log2 = 65535.03) are computed.
   check = bfcl.check_call_arguments
   assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65537}))
-  assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65536})) is None
-  assert check(parsers.ToolCall("power", {"base": -2, "exponent": 65536})) is None
+  assert (
+      check(parsers.ToolCall("power", {"base": 2, "exponent": 65536})) is None
+  )
+  assert (
+      check(parsers.ToolCall("power", {"base": -2, "exponent": 65536})) is None
+  )
   assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41349}))
-  assert check(parsers.ToolCall("power", {"base": 3, "exponent": 41348})) is None
+  assert (
+      check(parsers.ToolCall("power", {"base": 3, "exponent": 41348})) is None
+  )
 
 
 def test_huge_precision_is_refused_within_seconds(math_task):
   env = bfcl.BFCLMultiTurnEnv(max_obs_len=64)
-  for text in ("<call>square_root(number=2, precision=1000000)</call>",
-               "<call>logarithm(value=2, base=10, precision=3000000)</call>",
-               "<call>round_number(number=5, decimal_places=-10000000000)</call>"):
+  for text in (
+      "<call>square_root(number=2, precision=1000000)</call>",
+      "<call>logarithm(value=2, base=10, precision=3000000)</call>",
+      "<call>round_number(number=5, decimal_places=-10000000000)</call>",
+  ):
     s, obs, done, secs = _step(env, math_task, text)
-    assert secs < 2.0 and obs.startswith("<obs>Error: ") and not done, (text, obs)
+    assert secs < 2.0 and obs.startswith("<obs>Error: ") and not done, (
+        text,
+        obs,
+    )
     assert env.facts(s)["num_tool_errors"] == 1
 
 
 def test_precision_50_leaves_this_threads_numeric_state_alone(math_task):
   env = bfcl.BFCLMultiTurnEnv(max_obs_len=128)
   ctx_prec, dps = decimal.getcontext().prec, mpmath.mp.dps
-  s, obs, _, _ = _step(env, math_task, "<call>square_root(number=2, precision=50)</call>")
-  assert "1.4142135623730950488016887242096980785696718753769" in obs  # 50 digits
-  s, obs, _, _ = _step(env, math_task,
-                       "<call>logarithm(value=100, base=10, precision=50)</call>")
+  s, obs, _, _ = _step(
+      env, math_task, "<call>square_root(number=2, precision=50)</call>"
+  )
+  assert (
+      "1.4142135623730950488016887242096980785696718753769" in obs
+  )  # 50 digits
+  s, obs, _, _ = _step(
+      env, math_task, "<call>logarithm(value=100, base=10, precision=50)</call>"
+  )
   assert "mpf('2.0')" in obs
   assert decimal.getcontext().prec == ctx_prec and mpmath.mp.dps == dps
   # Also when run on this very thread (no worker): the isolation is the
@@ -273,7 +339,9 @@ def test_precision_50_leaves_this_threads_numeric_state_alone(math_task):
   call = parsers.ToolCall("square_root", {"number": 2, "precision": 50})
   text, ok = bfcl._run_isolated(api.square_root, call, 1.0)  # noqa: SLF001
   assert ok and "1.41421356237309504880168872420969807856967187537" in text
-  call = parsers.ToolCall("logarithm", {"value": 2, "base": 10, "precision": 60})
+  call = parsers.ToolCall(
+      "logarithm", {"value": 2, "base": 10, "precision": 60}
+  )
   assert bfcl._run_isolated(api.logarithm, call, 1.0)[1]  # noqa: SLF001
   assert decimal.getcontext().prec == ctx_prec and mpmath.mp.dps == dps
 
@@ -281,20 +349,29 @@ def test_precision_50_leaves_this_threads_numeric_state_alone(math_task):
 def test_a_hanging_tool_times_out_and_ends_the_episode(math_task, monkeypatch):
   release = threading.Event()
   cls = type(bfcl.make_instances(math_task)["MathAPI"])
-  monkeypatch.setattr(cls, "mean", lambda self, numbers: release.wait(30), raising=True)
+  monkeypatch.setattr(
+      cls, "mean", lambda self, numbers: release.wait(30), raising=True
+  )
   env = bfcl.BFCLMultiTurnEnv(max_obs_len=128, tool_timeout_s=0.3)
   s, obs, done, secs = _step(
-      env, math_task, "<call>[mean(numbers=[1]), add(a=1, b=2)]</call>")
+      env, math_task, "<call>[mean(numbers=[1]), add(a=1, b=2)]</call>"
+  )
   release.set()
   f = env.facts(s)
   assert done and secs < 2.0 and "did not finish within 0.3 s" in obs
   assert "not run" in obs
-  assert (f["num_tool_calls"], f["num_tool_errors"], f["num_tool_timeouts"]) == (2, 2, 1)
+  assert (
+      f["num_tool_calls"],
+      f["num_tool_errors"],
+      f["num_tool_timeouts"],
+  ) == (2, 2, 1)
 
 
 def test_tool_results_are_cut_to_max_result_chars(math_task):
   env = bfcl.BFCLMultiTurnEnv(max_obs_len=4096, max_result_chars=40)
-  s, obs, _, _ = _step(env, math_task, "<call>power(base=10, exponent=1000)</call>")
+  s, obs, _, _ = _step(
+      env, math_task, "<call>power(base=10, exponent=1000)</call>"
+  )
   assert obs == "<obs>" + '{"result": 1' + "0" * 28 + "</obs>"
 
 
@@ -308,6 +385,7 @@ def test_bad_limits_are_refused():
 # ---------------------------------------------------------------------------
 # BFCL call accounting: calls (well-formed or not) >= calls that failed.
 
+
 def test_single_turn_accounting_on_hand_built_episodes():
   env = bfcl.BFCLEnv(categories=("parallel",))
   task = bfcl.load_category("parallel")[0]
@@ -316,23 +394,31 @@ def test_single_turn_accounting_on_hand_built_episodes():
   gold = bfcl.gold_calls(task.ground_truth, task.functions)
   text = "[" + ", ".join(parsers.format_call_python(c) for c in gold) + "]"
   f = env.facts(env.step(state, text)[0])
-  assert (f["num_tool_calls"], f["num_tool_errors"]) == (n_gold, 0) and f["correct"]
+  assert (f["num_tool_calls"], f["num_tool_errors"]) == (n_gold, 0) and f[
+      "correct"
+  ]
   # A wrong but parseable call: 1 call, not executed, so no error.
   f = env.facts(env.step(state, "[nope(a=1)]")[0])
-  assert (f["num_tool_calls"], f["num_tool_errors"]) == (1, 0) and not f["correct"]
+  assert (f["num_tool_calls"], f["num_tool_errors"]) == (1, 0) and not f[
+      "correct"
+  ]
   # An unparseable turn: one malformed call (1 call, 1 error), format error.
   for text in ("<call>f(a=</call>", "no call here", ""):
     f = env.facts(env.step(state, text)[0])
-    assert (f["num_tool_calls"], f["num_tool_errors"]) == (1, 1) and f["format_error"]
+    assert (f["num_tool_calls"], f["num_tool_errors"]) == (1, 1) and f[
+        "format_error"
+    ]
 
 
 def test_multi_turn_accounting_on_a_hand_built_episode():
   env = bfcl.BFCLMultiTurnEnv(max_turns=10)
   task = bfcl.load_category("multi_turn_base")[0]
   s, _ = env.reset(task)
-  for text in ("<call>cd(folder=</call>",        # malformed: 1 call, 1 error
-               "<call>[ls(), cd(folder='no_such_dir')]</call>",  # 2 calls, 1 error
-               "<call>rm_rf(path='/')</call>"):  # unknown function: 1 call, 1 error
+  for text in (
+      "<call>cd(folder=</call>",  # malformed: 1 call, 1 error
+      "<call>[ls(), cd(folder='no_such_dir')]</call>",  # 2 calls, 1 error
+      "<call>rm_rf(path='/')</call>",
+  ):  # unknown function: 1 call, 1 error
     s, _, _ = env.step(s, text)
   f = env.facts(s)
   assert (f["num_tool_calls"], f["num_tool_errors"]) == (4, 3)
@@ -345,10 +431,27 @@ def test_random_episodes_never_have_more_errors_than_calls():
   multi = bfcl.BFCLMultiTurnEnv(max_turns=3, max_obs_len=32)
   st_task = bfcl.load_category("simple")[0]
   mt_task = bfcl.load_category("multi_turn_base")[0]
-  pieces = ["<call>", "</call>", "ls()", "cd(", "folder='x')", "[", "]", "{", "\"",
-            "pwd()", "a", " ", "<tool_call>", "=", "1"]
+  pieces = [
+      "<call>",
+      "</call>",
+      "ls()",
+      "cd(",
+      "folder='x')",
+      "[",
+      "]",
+      "{",
+      '"',
+      "pwd()",
+      "a",
+      " ",
+      "<tool_call>",
+      "=",
+      "1",
+  ]
   for _ in range(100):
-    texts = ["".join(rng.choice(pieces, size=rng.integers(0, 8))) for _ in range(3)]
+    texts = [
+        "".join(rng.choice(pieces, size=rng.integers(0, 8))) for _ in range(3)
+    ]
     f = single.facts(single.step(single.reset(st_task)[0], texts[0])[0])
     assert f["num_tool_errors"] <= f["num_tool_calls"]
     s, _ = multi.reset(mt_task)

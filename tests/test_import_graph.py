@@ -14,8 +14,13 @@ import os
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PACKAGES = ("agentic_text", "environments", "agentic_rl", "configs",
-             "experiments")
+_PACKAGES = (
+    "agentic_text",
+    "environments",
+    "agentic_rl",
+    "configs",
+    "experiments",
+)
 
 # (layer, module-name prefixes), lowest first. A module belongs to the layer of
 # its longest matching prefix, so `agentic_rl.learner` also covers a future
@@ -26,8 +31,15 @@ LAYERS = (
     ("core", ("agentic_rl",)),
     ("configs", ("configs",)),
     ("validation", ("agentic_rl.validation",)),
-    ("drivers", ("agentic_rl.train", "agentic_rl.rm_train",
-                 "agentic_rl.reward_model_loader", "agentic_rl.seeds")),
+    (
+        "drivers",
+        (
+            "agentic_rl.train",
+            "agentic_rl.rm_train",
+            "agentic_rl.reward_model_loader",
+            "agentic_rl.seeds",
+        ),
+    ),
     ("entry points", ("main", "experiments")),
 )
 
@@ -48,7 +60,8 @@ def _modules() -> dict[str, str]:
 
 def _is_type_checking(test: ast.expr) -> bool:
   return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+  )
 
 
 def _imports(tree: ast.AST):
@@ -90,11 +103,13 @@ def build_graph() -> dict[str, set[str]]:
         base = node.module or ""
         if node.level:  # relative import
           parts = mod.split(".") if is_pkg else mod.split(".")[:-1]
-          parts = parts[:len(parts) - (node.level - 1)]
+          parts = parts[: len(parts) - (node.level - 1)]
           base = ".".join(parts + ([base] if base else []))
         # `from pkg import name`: the submodule pkg.name if there is one.
-        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
-                   for a in node.names]
+        targets = [
+            f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+            for a in node.names
+        ]
       for t in targets:
         owner = _owner(t, mods)
         if owner is not None and owner != mod:
@@ -152,8 +167,10 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
   for a, deps in sorted(graph.items()):
     for b in sorted(deps):
       if layer_of(b) > layer_of(a):
-        bad.append(f"{a} ({LAYERS[layer_of(a)][0]}) -> "
-                   f"{b} ({LAYERS[layer_of(b)][0]})")
+        bad.append(
+            f"{a} ({LAYERS[layer_of(a)][0]}) -> "
+            f"{b} ({LAYERS[layer_of(b)][0]})"
+        )
   return bad
 
 
@@ -169,10 +186,18 @@ def test_the_graph_sees_top_level_function_level_and_relative_imports(graph):
   # A function-level import (train.make_env imports the loader lazily).
   assert "agentic_rl.datasets.tasks" in graph["agentic_rl.train"]
   # Every project module is a node and nothing outside the project is one.
-  assert {"agentic_text.chat", "environments.host.bfcl", "agentic_rl.learner",
-          "configs.default", "main"} <= set(graph)
-  assert not any(d.split(".")[0] in ("jax", "flax", "numpy")
-                 for deps in graph.values() for d in deps)
+  assert {
+      "agentic_text.chat",
+      "environments.host.bfcl",
+      "agentic_rl.learner",
+      "configs.default",
+      "main",
+  } <= set(graph)
+  assert not any(
+      d.split(".")[0] in ("jax", "flax", "numpy")
+      for deps in graph.values()
+      for d in deps
+  )
 
 
 def test_checks_catch_a_cycle_and_an_upward_import():
@@ -180,17 +205,23 @@ def test_checks_catch_a_cycle_and_an_upward_import():
   # d -> d is not reported (self-imports are dropped when building), and a
   # text-layer module importing environments is an upward import.
   assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [
-      ["a", "b", "c"]]
-  assert upward_imports({"agentic_text.x": {"environments.y"},
-                         "environments.y": {"agentic_text.x"}}) == [
-      "agentic_text.x (text) -> environments.y (environments)"]
+      ["a", "b", "c"]
+  ]
+  assert upward_imports(
+      {
+          "agentic_text.x": {"environments.y"},
+          "environments.y": {"agentic_text.x"},
+      }
+  ) == ["agentic_text.x (text) -> environments.y (environments)"]
   assert layer_of("agentic_rl.learner.collect") == layer_of("agentic_rl.losses")
   assert layer_of("agentic_rl.validation") > layer_of("configs.default")
 
 
 def test_no_import_cycles(graph):
   cycles = find_cycles(graph)
-  assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+  assert not cycles, "import cycles:\n" + "\n".join(
+      " <-> ".join(c) for c in cycles
+  )
 
 
 def test_no_layer_imports_a_higher_one(graph):
@@ -204,5 +235,6 @@ def test_text_and_environments_import_nothing_above_them(graph):
     if top == "agentic_text":
       assert all(d.startswith("agentic_text") for d in deps), (mod, deps)
     if top == "environments":
-      assert all(d.split(".")[0] in ("agentic_text", "environments")
-                 for d in deps), (mod, deps)
+      assert all(
+          d.split(".")[0] in ("agentic_text", "environments") for d in deps
+      ), (mod, deps)

@@ -16,9 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cmd(workdir):
-  return [sys.executable, os.path.join(REPO, "main.py"),
-          "--config=" + os.path.join(REPO, "configs/default.py") + ":smoke",
-          f"--workdir={workdir}"]
+  return [
+      sys.executable,
+      os.path.join(REPO, "main.py"),
+      "--config=" + os.path.join(REPO, "configs/default.py") + ":smoke",
+      f"--workdir={workdir}",
+  ]
 
 
 def _steps(workdir):
@@ -33,8 +36,12 @@ def test_sigkill_then_rerun_matches_uninterrupted(tmp_path):
   ref = str(tmp_path / "ref")
   subprocess.run(_cmd(ref), check=True, cwd=REPO, capture_output=True)
   killed = str(tmp_path / "killed")
-  proc = subprocess.Popen(_cmd(killed), cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+      _cmd(killed),
+      cwd=REPO,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+  )
   deadline = time.time() + 300
   while time.time() < deadline and not any(s >= 10 for s in _steps(killed)):
     time.sleep(0.2)

@@ -47,15 +47,21 @@ def _config(**rl):
   return config
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean",
-                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 def test_microbatch_accumulation_equals_full_batch(mode):
   graphdef, params, _ = fakes.tiny_policy(0)
   batch = _batch(graphdef, params)
   out = []
   for micro in (1, 4):
-    config = _config(num_minibatches=1, num_microbatches=micro, loss_agg_mode=mode,
-                     kl_coef=0.1, entropy_coef=0.01)
+    config = _config(
+        num_minibatches=1,
+        num_microbatches=micro,
+        loss_agg_mode=mode,
+        kl_coef=0.1,
+        entropy_coef=0.01,
+    )
     tx = learner.make_optimizer(config.rl)
     update = jax.jit(learner.make_update_fn(config, graphdef, tx))
     new_params, _, m = update(params, tx.init(params), batch, jnp.float32(0.1))
@@ -67,22 +73,35 @@ def test_microbatch_accumulation_equals_full_batch(mode):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("loss_type,mode", [
-    ("ppo", "token-mean"), ("cispo", "token-mean"),
-    ("gspo", "seq-mean-token-mean"), ("gspo_token", "token-mean")])
+@pytest.mark.parametrize(
+    "loss_type,mode",
+    [
+        ("ppo", "token-mean"),
+        ("cispo", "token-mean"),
+        ("gspo", "seq-mean-token-mean"),
+        ("gspo_token", "token-mean"),
+    ],
+)
 def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
   graphdef, params, _ = fakes.tiny_policy(1)
   batch = _batch(graphdef, params, seed=1)
-  config = _config(loss_type=loss_type, loss_agg_mode=mode, dual_clip=3.0,
-                   num_minibatches=2, ppo_epochs=2)
+  config = _config(
+      loss_type=loss_type,
+      loss_agg_mode=mode,
+      dual_clip=3.0,
+      num_minibatches=2,
+      ppo_epochs=2,
+  )
   tx = learner.make_optimizer(config.rl)
   update = jax.jit(learner.make_update_fn(config, graphdef, tx))
   new_params, _, m = update(params, tx.init(params), batch, jnp.float32(0.0))
   assert all(np.isfinite(float(v)) for v in m.values())
   # Behaviour log-probs equal the trainer's: the first step's ratio is 1.
   np.testing.assert_allclose(float(m["ratio_mean_first"]), 1.0, atol=1e-6)
-  changed = [not np.allclose(a, b) for a, b in
-             zip(jax.tree.leaves(params), jax.tree.leaves(new_params))]
+  changed = [
+      not np.allclose(a, b)
+      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params))
+  ]
   assert any(changed)
 
 
@@ -95,7 +114,8 @@ def test_rl_step_with_non_default_switches_runs():
   config = default.get_config("smoke")
   config.rl.rewards = {"otc": 1.0, "tool_bonus": 1.0, "format": 0.1}
   config.rl.reward_schedules = {
-      "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 2}}
+      "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 2}
+  }
   config.rl.reward_noise = {"flip_p": 0.1}
   config.rl.advantage_estimator = "hdpo"
   config.rl.loss_type = "cispo"
@@ -111,8 +131,13 @@ def test_rl_step_with_non_default_switches_runs():
     state, m = step(state)
     assert all(np.isfinite(float(v)) for v in m.values()), m
     coefs.append(float(m["kl_coef"]))
-  assert {"reward_otc", "reward_tool_bonus", "reward_format", "usable_groups",
-          "skipped_update"} <= set(m)
+  assert {
+      "reward_otc",
+      "reward_tool_bonus",
+      "reward_format",
+      "usable_groups",
+      "skipped_update",
+  } <= set(m)
   # The adaptive controller moved the coefficient after the first step.
   assert coefs[0] == pytest.approx(0.01) and coefs[1] != coefs[0]
 
@@ -136,10 +161,16 @@ def _two_episode_traj():
   role = jnp.array([[P, P, Q, Q, T, Q, Q], [P, P, Q, Q, D, D, D]], jnp.int8)
   turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1], [-1, -1, 0, 0, -1, -1, -1]])
   return fakes.trajectory(
-      role=role, turn=turn, length=[7, 4], num_turns=[2, 1],
-      facts={"progress": jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
-             "correct": jnp.array([True, False]),
-             "num_tool_calls": jnp.array([1, 0])})
+      role=role,
+      turn=turn,
+      length=[7, 4],
+      num_turns=[2, 1],
+      facts={
+          "progress": jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+          "correct": jnp.array([True, False]),
+          "num_tool_calls": jnp.array([1, 0]),
+      },
+  )
 
 
 def test_per_turn_credit_with_pbrs_hand_values():
@@ -152,8 +183,9 @@ def test_per_turn_credit_with_pbrs_hand_values():
   # shaped [.5, .5], returns [1, .5]; ep 1: returns [0, -]. Turn 0 of the group:
   # [1, 0] -> z-scores [1, -1]; turn 1 has one episode -> 0.
   _, _, adv = learner.token_advantages(rl, reward, _two_episode_traj(), 2)
-  np.testing.assert_allclose(adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]], atol=1e-6
+  )
 
 
 def test_trajectory_credit_pbrs_leaves_grpo_unchanged_at_discount_one():
@@ -185,8 +217,9 @@ def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
   assert float(m["skipped_update"]) == 1.0
   assert float(m["usable_groups"]) == 0.0
   assert float(m["dynamic_sampling_rounds"]) == 3.0  # 1 + 2 retries
-  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(
-      (state.params, state.opt_state))):
+  for a, b in zip(
+      jax.tree.leaves(before), jax.tree.leaves((state.params, state.opt_state))
+  ):
     np.testing.assert_array_equal(a, b)
   assert int(state.step) == 1
 
@@ -226,16 +259,19 @@ def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
   assert float(m["dual_coef"]) == pytest.approx(0.1)
   # lam' = max(0, 0.1 + 0.5 * (calls - 0.25)).
   assert float(state.dual_coef) == pytest.approx(
-      max(0.0, 0.1 + 0.5 * (calls - 0.25)), abs=1e-6)
+      max(0.0, 0.1 + 0.5 * (calls - 0.25)), abs=1e-6
+  )
   # 'min' sense: the multiplier grows when the fact is below its target.
   rl = config.rl
   rl.dual_sense = "min"
   np.testing.assert_allclose(
       learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)),
-      0.1 + 0.5 * 0.25)
+      0.1 + 0.5 * 0.25,
+  )
   rl.dual_sense = "max"
   np.testing.assert_allclose(
-      learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)), 0.0)
+      learner.dual_coef_update(rl, jnp.float32(0.1), jnp.float32(0.0)), 0.0
+  )
 
 
 def _stall_vs_answer_traj():
@@ -244,9 +280,12 @@ def _stall_vs_answer_traj():
   answering (reward 0); ep 1 answers correctly at once (reward 1)."""
   return _two_episode_traj().replace(
       finish=jnp.array([types.MAX_TURNS, types.ANSWERED]),
-      facts={"progress": jnp.array([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]]),
-             "correct": jnp.array([False, True]),
-             "num_tool_calls": jnp.array([2, 0])})
+      facts={
+          "progress": jnp.array([[0.0, 0.5, 1.0], [0.0, 0.0, 0.0]]),
+          "correct": jnp.array([False, True]),
+          "num_tool_calls": jnp.array([2, 0]),
+      },
+  )
 
 
 @pytest.mark.parametrize("credit_mode", ["trajectory", "per_turn"])
@@ -267,19 +306,29 @@ def test_pbrs_cutoff_keep_pays_the_stall_zero_does_not(credit_mode):
   # per turn, turn 1 has one episode -> 0.
   rl.pbrs_cutoff = "zero"
   _, _, adv_zero = learner.token_advantages(rl, reward, traj, 2)
-  want_ep0 = [0, 0, -1, -1, 0, -1, -1] if credit_mode == "trajectory" else [
-      0, 0, -1, -1, 0, 0, 0]
-  np.testing.assert_allclose(adv_zero, [want_ep0, [0, 0, 1, 1, 0, 0, 0]],
-                             atol=1e-6)
+  want_ep0 = (
+      [0, 0, -1, -1, 0, -1, -1]
+      if credit_mode == "trajectory"
+      else [0, 0, -1, -1, 0, 0, 0]
+  )
+  np.testing.assert_allclose(
+      adv_zero, [want_ep0, [0, 0, 1, 1, 0, 0, 0]], atol=1e-6
+  )
   # The auxiliary-loss path reads the same switch: F = [.5, 1 - .5] kept,
   # [.5, 0 - .5] zeroed, on each turn's POLICY tokens.
   phi = traj.facts["progress"]
   rl.pbrs_cutoff = "keep"
-  np.testing.assert_allclose(learner.dense_aux_advantages(rl, traj, phi, 2)[0],
-                             [0, 0, .5, .5, 0, .5, .5], atol=1e-6)
+  np.testing.assert_allclose(
+      learner.dense_aux_advantages(rl, traj, phi, 2)[0],
+      [0, 0, 0.5, 0.5, 0, 0.5, 0.5],
+      atol=1e-6,
+  )
   rl.pbrs_cutoff = "zero"
-  np.testing.assert_allclose(learner.dense_aux_advantages(rl, traj, phi, 2)[0],
-                             [0, 0, .5, .5, 0, -.5, -.5], atol=1e-6)
+  np.testing.assert_allclose(
+      learner.dense_aux_advantages(rl, traj, phi, 2)[0],
+      [0, 0, 0.5, 0.5, 0, -0.5, -0.5],
+      atol=1e-6,
+  )
 
 
 def test_pbrs_cutoff_never_keeps_final_potential():
@@ -295,8 +344,9 @@ def test_pbrs_cutoff_never_keeps_final_potential():
   f = credit.pbrs_shaping(phi, jnp.array([True, True]), 1.0, term[0])
   np.testing.assert_allclose(f, [0.5, -0.25], atol=1e-7)
   rl.pbrs_cutoff = "zero"  # the answered episode's Phi(s_n) is dropped instead
-  f0 = credit.pbrs_shaping(phi, jnp.array([True, True]), 1.0,
-                           learner.pbrs_terminated(rl, finish)[0])
+  f0 = credit.pbrs_shaping(
+      phi, jnp.array([True, True]), 1.0, learner.pbrs_terminated(rl, finish)[0]
+  )
   np.testing.assert_allclose(f0, [0.5, -1.0], atol=1e-7)
 
 
@@ -317,10 +367,12 @@ def test_any_potential_array_plugs_into_pbrs_credit():
   traj = _two_episode_traj()
   traj = traj.replace(facts={**traj.facts, "progress": jnp.zeros((2, 3))})
   phi = jnp.array([[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-  _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]), traj, 2,
-                                       phi_bk1=phi)
-  np.testing.assert_allclose(adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]],
-                             atol=1e-6)
+  _, _, adv = learner.token_advantages(
+      rl, jnp.array([1.0, 0.0]), traj, 2, phi_bk1=phi
+  )
+  np.testing.assert_allclose(
+      adv, [[0, 0, 1, 1, 0, 0, 0], [0, 0, -1, -1, 0, 0, 0]], atol=1e-6
+  )
 
 
 def test_dense_as_aux_loss_leaves_advantages_unchanged():
@@ -328,8 +380,12 @@ def test_dense_as_aux_loss_leaves_advantages_unchanged():
   rl.credit = "per_turn"
   rl.scale_by_std = False
   traj = _two_episode_traj()
-  traj = traj.replace(facts={**traj.facts, "progress": jnp.array(
-      [[0.0, 1.0, 1.0], [0.4, 0.0, 0.0]])})
+  traj = traj.replace(
+      facts={
+          **traj.facts,
+          "progress": jnp.array([[0.0, 1.0, 1.0], [0.4, 0.0, 0.0]]),
+      }
+  )
   reward = jnp.array([1.0, 0.0])
   # Without shaping: returns ep0 [1, 1], ep1 [0, -]; turn 0 -> [.5, -.5].
   # With PBRS (coef .5) ep 1's turn-0 return is 0 - .5 * .4 = -.2.
@@ -346,7 +402,10 @@ def test_dense_as_aux_loss_leaves_advantages_unchanged():
   # ep 0 (terminal Phi = 0), [0 - 0.2] for ep 1, on each turn's POLICY tokens.
   aux = learner.dense_aux_advantages(rl, traj, traj.facts["progress"], 2)
   np.testing.assert_allclose(
-      aux, [[0, 0, .5, .5, 0, -.5, -.5], [0, 0, -.2, -.2, 0, 0, 0]], atol=1e-6)
+      aux,
+      [[0, 0, 0.5, 0.5, 0, -0.5, -0.5], [0, 0, -0.2, -0.2, 0, 0, 0]],
+      atol=1e-6,
+  )
 
 
 def test_aux_loss_term_adds_its_surrogate_to_the_loss():
@@ -355,10 +414,17 @@ def test_aux_loss_term_adds_its_surrogate_to_the_loss():
   config = _config(num_minibatches=1, kl_coef=0.0)
   aux = jnp.where(batch["mask"], 0.3, 0.0)
   den = batch["mask"].sum()
-  l0, m0 = learner._rl_loss(graphdef, params, batch, config.rl, kl_coef=0.0,
-                            denominator=den)
-  l1, m1 = learner._rl_loss(graphdef, params, {**batch, "aux_advantage": aux},
-                            config.rl, kl_coef=0.0, denominator=den)
+  l0, m0 = learner._rl_loss(
+      graphdef, params, batch, config.rl, kl_coef=0.0, denominator=den
+  )
+  l1, m1 = learner._rl_loss(
+      graphdef,
+      params,
+      {**batch, "aux_advantage": aux},
+      config.rl,
+      kl_coef=0.0,
+      denominator=den,
+  )
   # Ratio 1: the surrogate of a constant +0.3 is -0.3 per token (token-mean).
   np.testing.assert_allclose(m1["aux_loss"], -0.3, rtol=1e-5)
   np.testing.assert_allclose(l1 - l0, -0.3, rtol=1e-5)
@@ -371,14 +437,17 @@ def test_gigpo_token_advantages_hand_values():
   rl.adv_eps = 0.0
   # Episode GRPO [1, -1]; step group s_0 = both episodes (same prompt):
   # returns [1, 0] -> [1, -1]; s_1 holds ep 0 alone -> 0. A = A_E + A_S.
-  _, adv_b, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]),
-                                           _two_episode_traj(), 2)
+  _, adv_b, adv = learner.token_advantages(
+      rl, jnp.array([1.0, 0.0]), _two_episode_traj(), 2
+  )
   np.testing.assert_allclose(adv_b, [1, -1], atol=1e-6)
-  np.testing.assert_allclose(adv, [[0, 0, 2, 2, 0, 1, 1], [0, 0, -2, -2, 0, 0, 0]],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      adv, [[0, 0, 2, 2, 0, 1, 1], [0, 0, -2, -2, 0, 0, 0]], atol=1e-6
+  )
   rl.gigpo_step_weight = 0.5
-  _, _, adv = learner.token_advantages(rl, jnp.array([1.0, 0.0]),
-                                       _two_episode_traj(), 2)
+  _, _, adv = learner.token_advantages(
+      rl, jnp.array([1.0, 0.0]), _two_episode_traj(), 2
+  )
   np.testing.assert_allclose(adv[:, 2], [1.5, -1.5], atol=1e-6)
 
 
@@ -394,11 +463,19 @@ def test_tree_token_advantages_hand_values():
   traj = jax.tree.map(lambda x: jnp.concatenate([x[:1]] * 4), base)
   traj = traj.replace(group=jnp.zeros(4, jnp.int32))
   _, adv_b, adv = learner.token_advantages(
-      rl, jnp.array([1.0, 0.0, 0.0, 0.0]), traj, 2)
-  np.testing.assert_allclose(adv_b, [.5, -.5, 0, 0], atol=1e-6)
-  np.testing.assert_allclose(adv, [
-      [0, 0, .25, .25, 0, .5, .5], [0, 0, .25, .25, 0, -.5, -.5],
-      [0, 0, -.25, -.25, 0, 0, 0], [0, 0, -.25, -.25, 0, 0, 0]], atol=1e-6)
+      rl, jnp.array([1.0, 0.0, 0.0, 0.0]), traj, 2
+  )
+  np.testing.assert_allclose(adv_b, [0.5, -0.5, 0, 0], atol=1e-6)
+  np.testing.assert_allclose(
+      adv,
+      [
+          [0, 0, 0.25, 0.25, 0, 0.5, 0.5],
+          [0, 0, 0.25, 0.25, 0, -0.5, -0.5],
+          [0, 0, -0.25, -0.25, 0, 0, 0],
+          [0, 0, -0.25, -0.25, 0, 0, 0],
+      ],
+      atol=1e-6,
+  )
 
 
 @pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
@@ -423,19 +500,27 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
   # Epoch 0 runs at the warmup's learning rate 0, so epochs 0 and 1 both see
   # the behaviour parameters; epoch 2 sees updated ones.
   for mode in ("trainer", "sampler"):
-    config = _config(ppo_epochs=3, num_minibatches=1, num_microbatches=1,
-                     behaviour_logprobs=mode)
-    logp, values = learner.behaviour_forward(config, graphdef, params,
-                                             batch["tokens"])
+    config = _config(
+        ppo_epochs=3,
+        num_minibatches=1,
+        num_microbatches=1,
+        behaviour_logprobs=mode,
+    )
+    logp, values = learner.behaviour_forward(
+        config, graphdef, params, batch["tokens"]
+    )
     assert values is None
     beh = jnp.where(mask, logp, 0.0)
     if mode == "sampler":
       beh = jnp.where(mask, logp - 1e-3, 0.0)  # a sampler/trainer mismatch
     tx = learner.make_optimizer(config.rl)
     update = jax.jit(learner.make_update_fn(config, graphdef, tx))
-    new_params, _, m = update(params, tx.init(params),
-                              {**batch, "behaviour_logp": beh},
-                              jnp.float32(0.0))
+    new_params, _, m = update(
+        params,
+        tx.init(params),
+        {**batch, "behaviour_logp": beh},
+        jnp.float32(0.0),
+    )
     if mode == "trainer":
       assert float(m["ratio_dev_max_first"]) == 0.0
       assert float(m["ratio_mean_first"]) == 1.0
@@ -445,10 +530,13 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
       # Later epochs see updated parameters: ratios move off 1.
       assert float(m["ratio_dev_max"]) > 0.0
     else:
-      np.testing.assert_allclose(float(m["ratio_dev_max_first"]),
-                                 np.expm1(1e-3), rtol=1e-2)
-    assert any(not np.allclose(a, b) for a, b in
-               zip(jax.tree.leaves(params), jax.tree.leaves(new_params)))
+      np.testing.assert_allclose(
+          float(m["ratio_dev_max_first"]), np.expm1(1e-3), rtol=1e-2
+      )
+    assert any(
+        not np.allclose(a, b)
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_params))
+    )
 
 
 def _value_batch(seed=3):
@@ -462,16 +550,21 @@ def test_value_loss_decreases_over_a_few_steps_on_a_toy_batch():
   """Advantage 0, returns = +1 on POLICY tokens: only the value term acts and
   the clipped value loss falls over the steps (value head starts at 0)."""
   graphdef, params, batch = _value_batch()
-  config = _config(num_minibatches=1, kl_coef=0.0, value_clip=0.2,
-                   value_coef=1.0)
+  config = _config(
+      num_minibatches=1, kl_coef=0.0, value_clip=0.2, value_coef=1.0
+  )
   config.rl.learning_rate = 3e-2
   mask = batch["mask"]
-  _, old_values = learner.behaviour_forward(config, graphdef, params,
-                                            batch["tokens"], with_values=True)
+  _, old_values = learner.behaviour_forward(
+      config, graphdef, params, batch["tokens"], with_values=True
+  )
   np.testing.assert_array_equal(old_values, 0.0)  # head initialised at 0
-  batch = {**batch, "advantage": jnp.zeros_like(batch["advantage"]),
-           "old_values": old_values,
-           "returns": jnp.where(mask, 1.0, 0.0)}
+  batch = {
+      **batch,
+      "advantage": jnp.zeros_like(batch["advantage"]),
+      "old_values": old_values,
+      "returns": jnp.where(mask, 1.0, 0.0),
+  }
   tx = learner.make_optimizer(config.rl)
   update = jax.jit(learner.make_update_fn(config, graphdef, tx))
   opt_state = tx.init(params)
@@ -495,7 +588,8 @@ def test_gae_token_advantages_reward_at_last_policy_token():
   role = jnp.array([[P, Q, Q, T, T, Q, D]], jnp.int8)
   values = jnp.array([[9.0, 0.5, 0.2, 9.0, 9.0, 0.8, 9.0]])
   adv_b, adv, ret = learner.gae_token_advantages(
-      rl, jnp.array([1.0]), role == types.POLICY, values)
+      rl, jnp.array([1.0]), role == types.POLICY, values
+  )
   # As tests/test_advantages.py::test_token_gae_hand_values_with_observations.
   np.testing.assert_allclose(adv, [[0, -0.0455, 0.61, 0, 0, 0.2, 0]], atol=1e-6)
   np.testing.assert_allclose(ret, [[0, 0.4545, 0.81, 0, 0, 1.0, 0]], atol=1e-6)
@@ -550,7 +644,8 @@ def test_value_potential_reads_the_value_head_at_turn_boundaries():
   cfg = dataclasses.replace(fakes.TINY, value_head=True)
   graphdef, params, _ = fakes.tiny_policy(4, cfg)
   params["value_head_d"] = jax.tree.map(
-      lambda x: jnp.full_like(x, 0.1), params["value_head_d"])
+      lambda x: jnp.full_like(x, 0.1), params["value_head_d"]
+  )
   traj = _two_episode_traj()
   traj = traj.replace(tokens=jnp.arange(14, dtype=jnp.int32).reshape(2, 7) + 65)
   phi = learner.value_potential(graphdef, params, traj, 2)
@@ -558,14 +653,16 @@ def test_value_potential_reads_the_value_head_at_turn_boundaries():
   v = model.value(model.hidden_states(traj.tokens)[0])
   # s_0 ends after the 2 prompt tokens; ep 0: s_1 after turn 0 and its
   # observation (5 tokens), s_2 = whole episode (7); ep 1 has 4 tokens.
-  np.testing.assert_allclose(phi, [[v[0, 1], v[0, 4], v[0, 6]],
-                                   [v[1, 1], v[1, 3], v[1, 3]]], rtol=1e-6)
+  np.testing.assert_allclose(
+      phi, [[v[0, 1], v[0, 4], v[0, 6]], [v[1, 1], v[1, 3], v[1, 3]]], rtol=1e-6
+  )
 
 
 @pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
   from agentic_rl import checkpoint as checkpoint_lib
   from agentic_rl import train
+
   config = _graded_reward_smoke_config()
   config.rl.loss_type = "flowrl"
   config.rl.loss_agg_mode = "seq-mean-token-mean"
@@ -577,12 +674,15 @@ def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
     state, m = step(state)
     _assert_finite(m)
   assert "log_z" in m
-  changed = [not np.allclose(a, b) for a, b in zip(
-      jax.tree.leaves(z0), jax.tree.leaves(state.log_partition))]
+  changed = [
+      not np.allclose(a, b)
+      for a, b in zip(jax.tree.leaves(z0), jax.tree.leaves(state.log_partition))
+  ]
   assert any(changed)
   # Checkpointed with the state and restored into a fresh RL-phase state.
-  ckpt = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=1,
-                                     save_interval_steps=1)
+  ckpt = checkpoint_lib.Checkpointer(
+      str(tmp_path / "ckpt"), max_to_keep=1, save_interval_steps=1
+  )
   ckpt.save(int(state.step), state, force=True)
   ckpt.wait()
   model_cfg = train.make_model_config(config)
@@ -590,10 +690,12 @@ def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
   fresh = train.start_rl(config, fresh)
   restored = ckpt.restore(fresh, step=int(state.step))
   ckpt.close()
-  for a, b in zip(jax.tree.leaves((state.log_partition,
-                                   state.log_partition_opt_state)),
-                  jax.tree.leaves((restored.log_partition,
-                                   restored.log_partition_opt_state))):
+  for a, b in zip(
+      jax.tree.leaves((state.log_partition, state.log_partition_opt_state)),
+      jax.tree.leaves(
+          (restored.log_partition, restored.log_partition_opt_state)
+      ),
+  ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -604,9 +706,11 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
   log-partition parameters are restored and keep training."""
   from agentic_rl import checkpoint as checkpoint_lib
   from agentic_rl import train
+
   for name, switches in (
       ("flowrl", dict(loss_type="flowrl", loss_agg_mode="seq-mean-token-mean")),
-      ("gae", dict(advantage_estimator="gae"))):
+      ("gae", dict(advantage_estimator="gae")),
+  ):
     config = default.get_config("smoke")
     config.rl.update(switches)
     config.model.value_head = name == "gae"
@@ -626,16 +730,21 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
       first = ckpt.restore(like, step=config.sft.steps + 1)
       last = ckpt.restore(like, step=ckpt.latest_step())
       ckpt.close()
-      assert any(not np.allclose(a, b) for a, b in zip(
-          jax.tree.leaves(first.log_partition),
-          jax.tree.leaves(last.log_partition)))
+      assert any(
+          not np.allclose(a, b)
+          for a, b in zip(
+              jax.tree.leaves(first.log_partition),
+              jax.tree.leaves(last.log_partition),
+          )
+      )
 
 
 def _sft_traj(batch, seed=0):
   """A Trajectory around _batch's tokens and roles (other fields unused by SFT)."""
   role = jnp.where(batch["mask"], types.POLICY, types.PROMPT)
-  return fakes.trajectory(tokens=batch["tokens"], role=role, num_turns=0,
-                          finish=0)
+  return fakes.trajectory(
+      tokens=batch["tokens"], role=role, num_turns=0, finish=0
+  )
 
 
 def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
@@ -645,17 +754,23 @@ def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
   model = nnx.merge(graphdef, params)
   logits, _ = model(traj.tokens)
   logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-  logp = jnp.take_along_axis(logp_all, traj.tokens[:, 1:, None], axis=-1)[..., 0]
+  logp = jnp.take_along_axis(logp_all, traj.tokens[:, 1:, None], axis=-1)[
+      ..., 0
+  ]
   mask = (traj.role == types.POLICY)[:, 1:]
   expected = float(-jnp.sum(logp * mask) / jnp.sum(mask))
   out = {}
   for micro in (1, 2, 4):
     loss, m, grads = jax.jit(
-        lambda p, t, n=micro: learner.sft_grad(graphdef, p, t, n))(params, traj)
+        lambda p, t, n=micro: learner.sft_grad(graphdef, p, t, n)
+    )(params, traj)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
     np.testing.assert_allclose(float(m["loss"]), expected, rtol=1e-5)
-    np.testing.assert_allclose(float(m["policy_tokens"]),
-                               float(jnp.sum(traj.role == types.POLICY)) / 8, rtol=1e-6)
+    np.testing.assert_allclose(
+        float(m["policy_tokens"]),
+        float(jnp.sum(traj.role == types.POLICY)) / 8,
+        rtol=1e-6,
+    )
     out[micro] = grads
   for micro in (2, 4):
     for a, b in zip(jax.tree.leaves(out[1]), jax.tree.leaves(out[micro])):
@@ -664,10 +779,13 @@ def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
     learner.sft_grad(graphdef, params, traj, 3)
 
 
-@pytest.mark.parametrize("warmup,expected_lrs", [
-    (0, [0.1, 0.1, 0.1]),           # no warmup: the first update moves too
-    (2, [0.0, 0.05, 0.1]),          # lr * k / warmup for k < warmup
-])
+@pytest.mark.parametrize(
+    "warmup,expected_lrs",
+    [
+        (0, [0.1, 0.1, 0.1]),  # no warmup: the first update moves too
+        (2, [0.0, 0.05, 0.1]),  # lr * k / warmup for k < warmup
+    ],
+)
 def test_optimizer_schedule_first_updates(warmup, expected_lrs):
   cfg = default.get_config().rl
   cfg.learning_rate, cfg.warmup_steps, cfg.weight_decay = 0.1, warmup, 0.0

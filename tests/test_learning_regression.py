@@ -42,10 +42,12 @@ def test_default_task_learns_to_use_the_tool():
   out = seeds_lib.train_seeds(_short_default(), [0])
   cpu1 = resource.getrusage(resource.RUSAGE_SELF)
   sft, rl = out["sft"][0], out["rl"][0]
-  print(f"learning check: accuracy {sft['accuracy']:.4f} -> {rl['accuracy']:.4f}, "
-        f"hard {sft['accuracy_hard']:.4f} -> {rl['accuracy_hard']:.4f}, tool calls "
-        f"(hard) {sft['tool_calls_hard']:.3f} -> {rl['tool_calls_hard']:.3f}; wall "
-        f"{time.time() - t0:.0f} s, CPU {cpu1.ru_utime - cpu0.ru_utime:.0f} s")
+  print(
+      f"learning check: accuracy {sft['accuracy']:.4f} -> {rl['accuracy']:.4f}, "
+      f"hard {sft['accuracy_hard']:.4f} -> {rl['accuracy_hard']:.4f}, tool calls "
+      f"(hard) {sft['tool_calls_hard']:.3f} -> {rl['tool_calls_hard']:.3f}; wall "
+      f"{time.time() - t0:.0f} s, CPU {cpu1.ru_utime - cpu0.ru_utime:.0f} s"
+  )
   # The gain the issue asks for: +0.3 held-out accuracy ...
   assert rl["accuracy"] - sft["accuracy"] >= 0.3
   # ... earned on hard items, by calling the tool there.

@@ -19,16 +19,26 @@ from agentic_rl.models import transformer
 
 # GQA (4 query / 2 kv heads), qkv bias, untied: every projection shape differs.
 BASE = transformer.TransformerConfig(
-    vocab_size=61, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2,
-    head_dim=8, ffn_dim=24, qkv_bias=True)
+    vocab_size=61,
+    d_model=16,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    ffn_dim=24,
+    qkv_bias=True,
+)
 LORA = lora.LoRAConfig(rank=3, alpha=6.0)
-TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 61, (2, 9)), jnp.int32)
+TOKENS = jnp.asarray(
+    np.random.default_rng(0).integers(0, 61, (2, 9)), jnp.int32
+)
 
 
 def _models(cfg=BASE, lcfg=LORA, seed=0):
   base = transformer.Transformer(cfg, nnx.Rngs(params=seed))
-  adapted = transformer.Transformer(dataclasses.replace(cfg, lora=lcfg),
-                                    nnx.Rngs(params=seed))
+  adapted = transformer.Transformer(
+      dataclasses.replace(cfg, lora=lcfg), nnx.Rngs(params=seed)
+  )
   return base, adapted
 
 
@@ -36,8 +46,13 @@ def _randomize_adapters(params, seed=1):
   """Nonzero A and B (B starts at zero), as after training."""
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: (jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype)
-                    if lora.is_trainable_path(p) else x), params)
+      lambda p, x: (
+          jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype)
+          if lora.is_trainable_path(p)
+          else x
+      ),
+      params,
+  )
 
 
 def _forward(model, tokens):
@@ -59,8 +74,10 @@ def _decode_logits(model, tokens):
       tok = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=1)
       logits, cache = nnx.merge(g, p)(tok, pos, cache)
       return cache, logits[:, 0]
-    _, out = jax.lax.scan(body, transformer.init_cache(model.cfg, b, t),
-                          jnp.arange(t))
+
+    _, out = jax.lax.scan(
+        body, transformer.init_cache(model.cfg, b, t), jnp.arange(t)
+    )
     return out.transpose(1, 0, 2)
 
   return run(p, tokens)
@@ -68,16 +85,20 @@ def _decode_logits(model, tokens):
 
 # ------------------------------------------------------------------ config --
 
-@pytest.mark.parametrize("field,value,match", [
-    ("rank", -1, "model.lora.rank=-1"),
-    ("rank", 2.5, "model.lora.rank=2.5"),
-    ("alpha", 0.0, "model.lora.alpha=0.0"),
-    ("targets", ("q", "x"), "model.lora.targets=.*unknown \\['x'\\]"),
-    ("targets", (), r"model.lora.targets=\(\): must be a non-empty"),
-    ("targets", "q", "model.lora.targets='q'"),
-    ("dropout", 1.0, "model.lora.dropout=1.0"),
-    ("dropout", -0.1, "model.lora.dropout=-0.1"),
-])
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("rank", -1, "model.lora.rank=-1"),
+        ("rank", 2.5, "model.lora.rank=2.5"),
+        ("alpha", 0.0, "model.lora.alpha=0.0"),
+        ("targets", ("q", "x"), "model.lora.targets=.*unknown \\['x'\\]"),
+        ("targets", (), r"model.lora.targets=\(\): must be a non-empty"),
+        ("targets", "q", "model.lora.targets='q'"),
+        ("dropout", 1.0, "model.lora.dropout=1.0"),
+        ("dropout", -0.1, "model.lora.dropout=-0.1"),
+    ],
+)
 def test_bad_fields_raise_naming_field_and_value(field, value, match):
   block = dict(rank=4, alpha=8.0, targets=("q", "v"), dropout=0.0)
   block[field] = value
@@ -88,35 +109,48 @@ def test_bad_fields_raise_naming_field_and_value(field, value, match):
 def test_rank_zero_or_absent_is_off():
   assert lora.from_config(None) is None
   assert lora.from_config(dict(rank=0, alpha=-1.0)) is None
-  got = lora.from_config(dict(rank=4, alpha=8.0, targets=["q", "v"], dropout=0.1))
+  got = lora.from_config(
+      dict(rank=4, alpha=8.0, targets=["q", "v"], dropout=0.1)
+  )
   assert got == lora.LoRAConfig(4, 8.0, ("q", "v"), 0.1) and got.scale == 2.0
 
 
 def test_config_validation_gives_one_line_config_errors():
   from configs import default  # noqa: PLC0415
+
   config = default.get_config("smoke")
   config.model.lora.rank = 4
   validation.validate_config(config)  # valid
   config.model.lora.alpha = -2.0
-  with pytest.raises(validation.ConfigError,
-                     match=r"^config\.model\.lora\.alpha=-2\.0: must be"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"^config\.model\.lora\.alpha=-2\.0: must be",
+  ):
     validation.validate_config(config)
   config.model.lora.alpha = 8.0
   config.model.lora.dropout = 0.1
-  with pytest.raises(validation.ConfigError, match=r"^config\.model\.lora\.dropout=0\.1"):
+  with pytest.raises(
+      validation.ConfigError, match=r"^config\.model\.lora\.dropout=0\.1"
+  ):
     validation.validate_config(config)
 
 
 def test_adapter_fields_with_lora_off_are_refused():
   # rank 0 = LoRA off: a changed adapter field would be read by nothing.
   from configs import default  # noqa: PLC0415
-  for name, value, shown in (("dropout", 0.1, "0.1"), ("alpha", 8.0, "8.0"),
-                             ("targets", ("q",), r"\('q',\)")):
+
+  for name, value, shown in (
+      ("dropout", 0.1, "0.1"),
+      ("alpha", 8.0, "8.0"),
+      ("targets", ("q",), r"\('q',\)"),
+  ):
     config = default.get_config("smoke")
     validation.validate_config(config)  # the defaults are valid with rank 0
     config.model.lora[name] = value
-    with pytest.raises(validation.ConfigError,
-                       match=rf"^config\.model\.lora\.{name}={shown}: LoRA is off"):
+    with pytest.raises(
+        validation.ConfigError,
+        match=rf"^config\.model\.lora\.{name}={shown}: LoRA is off",
+    ):
       validation.validate_config(config)
 
 
@@ -127,43 +161,56 @@ def test_adapter_names_follow_the_axis_suffix_convention():
   assert lora.adapter_names("down") == ("down_lora_a_fr", "down_lora_b_rd")
   from agentic_rl import sharding  # noqa: PLC0415
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
   mesh = {"data": 1, "fsdp": 2, "tensor": 2}
   assert sharding.param_spec("q_lora_a_dr", (16, 4), mesh) == P("fsdp", None)
-  assert sharding.param_spec("q_lora_b_rhk", (4, 4, 8), mesh) == P(None, "tensor", None)
+  assert sharding.param_spec("q_lora_b_rhk", (4, 4, 8), mesh) == P(
+      None, "tensor", None
+  )
 
 
 # ----------------------------------------------------------------- forward --
+
 
 def test_zero_b_gives_the_base_logits_exactly():
   base, adapted = _models()
   want = np.asarray(_forward(base, TOKENS))
   np.testing.assert_array_equal(np.asarray(_forward(adapted, TOKENS)), want)
-  np.testing.assert_array_equal(np.asarray(_decode_logits(adapted, TOKENS)),
-                                np.asarray(_decode_logits(base, TOKENS)))
+  np.testing.assert_array_equal(
+      np.asarray(_decode_logits(adapted, TOKENS)),
+      np.asarray(_decode_logits(base, TOKENS)),
+  )
   # The base weights do not depend on whether adapters are drawn.
   _, bp = nnx.split(base)
   _, ap = nnx.split(adapted)
   for path, x in jax.tree_util.tree_flatten_with_path(ap)[0]:
     if not lora.is_trainable_path(path):
-      np.testing.assert_array_equal(x, dict(
-          (jax.tree_util.keystr(p), y)
-          for p, y in jax.tree_util.tree_flatten_with_path(bp)[0])[
-              jax.tree_util.keystr(path)])
+      np.testing.assert_array_equal(
+          x,
+          dict(
+              (jax.tree_util.keystr(p), y)
+              for p, y in jax.tree_util.tree_flatten_with_path(bp)[0]
+          )[jax.tree_util.keystr(path)],
+      )
 
 
 def _numpy_merged(adapted_params, base_params, lcfg, targets):
   """W + (alpha / r) A B for every adapted projection, in numpy, reshaping the
   named axes by hand (independent of lora.py's einsums)."""
-  flat = {jax.tree_util.keystr(p): np.asarray(x, np.float64)
-          for p, x in jax.tree_util.tree_flatten_with_path(adapted_params)[0]}
+  flat = {
+      jax.tree_util.keystr(p): np.asarray(x, np.float64)
+      for p, x in jax.tree_util.tree_flatten_with_path(adapted_params)[0]
+  }
   s = lcfg.alpha / lcfg.rank
-  weights = {"q": ("attn", "q_dhk", "q_lora_a_dr", "q_lora_b_rhk", 1),
-             "k": ("attn", "k_dgk", "k_lora_a_dr", "k_lora_b_rgk", 1),
-             "v": ("attn", "v_dgk", "v_lora_a_dr", "v_lora_b_rgk", 1),
-             "o": ("attn", "o_hkd", "o_lora_a_hkr", "o_lora_b_rd", 2),
-             "gate": ("ffn", "gate_df", "gate_lora_a_dr", "gate_lora_b_rf", 1),
-             "up": ("ffn", "up_df", "up_lora_a_dr", "up_lora_b_rf", 1),
-             "down": ("ffn", "down_fd", "down_lora_a_fr", "down_lora_b_rd", 1)}
+  weights = {
+      "q": ("attn", "q_dhk", "q_lora_a_dr", "q_lora_b_rhk", 1),
+      "k": ("attn", "k_dgk", "k_lora_a_dr", "k_lora_b_rgk", 1),
+      "v": ("attn", "v_dgk", "v_lora_a_dr", "v_lora_b_rgk", 1),
+      "o": ("attn", "o_hkd", "o_lora_a_hkr", "o_lora_b_rd", 2),
+      "gate": ("ffn", "gate_df", "gate_lora_a_dr", "gate_lora_b_rf", 1),
+      "up": ("ffn", "up_df", "up_lora_a_dr", "up_lora_b_rf", 1),
+      "down": ("ffn", "down_fd", "down_lora_a_fr", "down_lora_b_rd", 1),
+  }
 
   def key(i, sub, name):
     return f"['blocks'][{i}]['{sub}']['{name}'].value"
@@ -178,13 +225,17 @@ def _numpy_merged(adapted_params, base_params, lcfg, targets):
           a_mat = flat[key(i, sub, a)].reshape(-1, lcfg.rank)
           b_mat = flat[key(i, sub, b)].reshape(lcfg.rank, -1)
           assert a_mat.shape[0] == np.prod(wv.shape[:n_in])
-          return jnp.asarray((wv + s * (a_mat @ b_mat).reshape(wv.shape)), x.dtype)
+          return jnp.asarray(
+              (wv + s * (a_mat @ b_mat).reshape(wv.shape)), x.dtype
+          )
     return x
 
   return jax.tree_util.tree_map_with_path(merged, base_params)
 
 
-@pytest.mark.parametrize("targets", [lora.ALL_TARGETS, ("q", "v"), ("o", "down")])
+@pytest.mark.parametrize(
+    "targets", [lora.ALL_TARGETS, ("q", "v"), ("o", "down")]
+)
 def test_adapted_forward_equals_merged_weights(targets):
   lcfg = lora.LoRAConfig(rank=3, alpha=6.0, targets=targets)
   base, adapted = _models(lcfg=lcfg)
@@ -195,18 +246,26 @@ def test_adapted_forward_equals_merged_weights(targets):
   model = nnx.merge(g, ap)
   want = np.asarray(_forward(want_model, TOKENS))
   got = np.asarray(_forward(model, TOKENS))
-  assert np.abs(want - np.asarray(_forward(base, TOKENS))).max() > 0.1  # adapters matter
+  assert (
+      np.abs(want - np.asarray(_forward(base, TOKENS))).max() > 0.1
+  )  # adapters matter
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(_decode_logits(model, TOKENS)), want,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(_decode_logits(model, TOKENS)), want, rtol=1e-5, atol=1e-5
+  )
   # lora.merge folds the same update into a plain Transformer.
   mcfg, mg, mp = lora.merge(dataclasses.replace(BASE, lora=lcfg), g, ap)
   assert mcfg.lora is None and not lora.has_adapters(mp)
-  np.testing.assert_allclose(np.asarray(_forward(nnx.merge(mg, mp), TOKENS)), want,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(_forward(nnx.merge(mg, mp), TOKENS)),
+      want,
+      rtol=1e-5,
+      atol=1e-5,
+  )
 
 
 # ------------------------------------------------- frozen base, reference --
+
 
 def _loss(graphdef, params):
   logp, _ = sampling.token_logprobs(graphdef, params, TOKENS, 1.0)
@@ -214,21 +273,32 @@ def _loss(graphdef, params):
 
 
 def _opt_cfg():
-  return ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=0,
-                                        weight_decay=0.1, max_grad_norm=1.0))
+  return ml_collections.ConfigDict(
+      dict(
+          learning_rate=1e-2,
+          warmup_steps=0,
+          weight_decay=0.1,
+          max_grad_norm=1.0,
+      )
+  )
 
 
 def test_update_trains_adapters_only_and_optimizer_holds_adapter_shapes():
   _, adapted = _models()
   g, params = nnx.split(adapted)
-  params = _randomize_adapters(params)  # nonzero B: every adapter gets a gradient
+  params = _randomize_adapters(
+      params
+  )  # nonzero B: every adapter gets a gradient
   tx = learner.make_optimizer(_opt_cfg())  # wraps lora.optimizer
   opt_state = tx.init(params)
-  adapter_shapes = sorted(tuple(x.shape) for p, x in
-                          jax.tree_util.tree_flatten_with_path(params)[0]
-                          if lora.is_trainable_path(p))
-  state_shapes = sorted(tuple(x.shape) for x in jax.tree.leaves(opt_state)
-                        if np.ndim(x) > 0)
+  adapter_shapes = sorted(
+      tuple(x.shape)
+      for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+      if lora.is_trainable_path(p)
+  )
+  state_shapes = sorted(
+      tuple(x.shape) for x in jax.tree.leaves(opt_state) if np.ndim(x) > 0
+  )
   # Adam's mu and nu, one of each per adapter; nothing shaped like a base weight.
   assert state_shapes == sorted(adapter_shapes * 2)
   n_train, n_total = lora.count(params)
@@ -236,18 +306,24 @@ def test_update_trains_adapters_only_and_optimizer_holds_adapter_shapes():
   assert 0 < n_train < n_total / 3
 
   loss, grads = jax.jit(lora.value_and_grad(lambda p: _loss(g, p)))(params)
-  full_loss, full_grads = jax.jit(jax.value_and_grad(lambda p: _loss(g, p)))(params)
+  full_loss, full_grads = jax.jit(jax.value_and_grad(lambda p: _loss(g, p)))(
+      params
+  )
   assert loss == full_loss
-  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
-                          jax.tree.leaves(full_grads)):
+  for (path, x), y in zip(
+      jax.tree_util.tree_flatten_with_path(grads)[0],
+      jax.tree.leaves(full_grads),
+  ):
     if lora.is_trainable_path(path):  # same gradient as autodiff of everything
       np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
     else:  # never computed: zeros
       assert not np.any(np.asarray(x)) and np.any(np.asarray(y))
-  new = jax.jit(lambda g_, s_, p_: optax.apply_updates(
-      p_, tx.update(g_, s_, p_)[0]))(grads, opt_state, params)
-  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                          jax.tree.leaves(new)):
+  new = jax.jit(
+      lambda g_, s_, p_: optax.apply_updates(p_, tx.update(g_, s_, p_)[0])
+  )(grads, opt_state, params)
+  for (path, x), y in zip(
+      jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(new)
+  ):
     if lora.is_trainable_path(path):
       assert not np.array_equal(x, y), jax.tree_util.keystr(path)
     else:
@@ -263,35 +339,44 @@ def test_reference_is_the_base_with_adapters_off():
   trained = _randomize_adapters(initial)
   full = lora.reference_params(trained, ref)
   bg, bp = nnx.split(base)
-  logprobs = jax.jit(lambda g_, p_: sampling.token_logprobs(g_, p_, TOKENS, 1.0)[0],
-                     static_argnums=0)
+  logprobs = jax.jit(
+      lambda g_, p_: sampling.token_logprobs(g_, p_, TOKENS, 1.0)[0],
+      static_argnums=0,
+  )
   want, got = logprobs(bg, bp), logprobs(g, full)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   policy = logprobs(g, trained)
   assert np.abs(np.asarray(policy) - np.asarray(want)).max() > 0.05
   # The base leaves of the reference are the policy's own arrays.
-  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(full)[0],
-                          jax.tree.leaves(trained)):
+  for (path, x), y in zip(
+      jax.tree_util.tree_flatten_with_path(full)[0], jax.tree.leaves(trained)
+  ):
     if not lora.is_trainable_path(path):
       assert x is y
   # adapters_off zeroes B of trained adapters: the base again.
   off = lora.with_trainable(trained, lora.adapters_off(lora.trainable(trained)))
-  np.testing.assert_array_equal(
-      np.asarray(logprobs(g, off)), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(logprobs(g, off)), np.asarray(want))
   # Without adapters the reference is the full copy it always was.
   assert lora.reference_params(bp, bp) is bp
 
 
 # ------------------------------------------------------------- HF export --
 
-def test_export_writes_merged_weights_transformers_loads_with_equal_logits(tmp_path):
+
+def test_export_writes_merged_weights_transformers_loads_with_equal_logits(
+    tmp_path,
+):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from agentic_rl.models import hf  # noqa: PLC0415
+
   cfg = dataclasses.replace(BASE, qkv_bias=False, vocab_size=97)
-  lcfg = lora.LoRAConfig(rank=2, alpha=5.0, targets=("q", "k", "v", "o", "gate",
-                                                    "up", "down"))
-  model = transformer.Transformer(dataclasses.replace(cfg, lora=lcfg), nnx.Rngs(params=3))
+  lcfg = lora.LoRAConfig(
+      rank=2, alpha=5.0, targets=("q", "k", "v", "o", "gate", "up", "down")
+  )
+  model = transformer.Transformer(
+      dataclasses.replace(cfg, lora=lcfg), nnx.Rngs(params=3)
+  )
   g, p = nnx.split(model)
   p = _randomize_adapters(p, seed=4)
   tokens = np.asarray(TOKENS) % 97
@@ -301,16 +386,21 @@ def test_export_writes_merged_weights_transformers_loads_with_equal_logits(tmp_p
   hf_model = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path)).eval()
   with torch.no_grad():
     got = hf_model(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
-  base_logits = np.asarray(_forward(transformer.Transformer(cfg, nnx.Rngs(params=3)),
-                                    jnp.asarray(tokens)))
+  base_logits = np.asarray(
+      _forward(
+          transformer.Transformer(cfg, nnx.Rngs(params=3)), jnp.asarray(tokens)
+      )
+  )
   assert np.abs(want - base_logits).max() > 0.1
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------- training, checkpoints --
 
+
 def _smoke_config(**lora_fields):
   from configs import default  # noqa: PLC0415
+
   config = default.get_config("smoke")
   config.sft.batch_size = 4
   config.model.lora.rank = 4
@@ -319,25 +409,36 @@ def _smoke_config(**lora_fields):
 
 
 def _leaves(tree):
-  return {jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
-          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
+      for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def test_init_state_trains_only_adapters():
   from agentic_rl import train  # noqa: PLC0415
+
   config = _smoke_config(targets=("q", "v"))
   model_cfg = train.make_model_config(config)
   assert model_cfg.lora == lora.LoRAConfig(4, 16.0, ("q", "v"), 0.0)
   _, state = train.init_state(config, model_cfg)
   m = model_cfg
   # q: A [D, 4] + B [4, H, Dh]; v: A [D, 4] + B [4, G, Dh]; per layer.
-  want = m.num_layers * (2 * m.d_model * 4 + 4 * m.num_heads * m.head_dim
-                         + 4 * m.kv_heads * m.head_dim)
+  want = m.num_layers * (
+      2 * m.d_model * 4
+      + 4 * m.num_heads * m.head_dim
+      + 4 * m.kv_heads * m.head_dim
+  )
   n_train, n_total = lora.count(state.params)
   assert n_train == want and n_total > 10 * want
-  adapter_shapes = sorted(x.shape for p, x in jax.tree_util.tree_flatten_with_path(
-      state.params)[0] if lora.is_trainable_path(p))
-  state_shapes = sorted(x.shape for x in jax.tree.leaves(state.opt_state) if np.ndim(x))
+  adapter_shapes = sorted(
+      x.shape
+      for p, x in jax.tree_util.tree_flatten_with_path(state.params)[0]
+      if lora.is_trainable_path(p)
+  )
+  state_shapes = sorted(
+      x.shape for x in jax.tree.leaves(state.opt_state) if np.ndim(x)
+  )
   assert state_shapes == sorted(adapter_shapes * 2)
   # The reference holds the adapters only (B = 0 now: the base).
   assert not lora.has_frozen(state.ref_params)
@@ -345,8 +446,10 @@ def test_init_state_trains_only_adapters():
   # The RL transition keeps that layout.
   rl_state = train.start_rl(config, state)
   assert not lora.has_frozen(rl_state.ref_params)
-  assert sorted(x.shape for x in jax.tree.leaves(rl_state.opt_state)
-                if np.ndim(x)) == state_shapes
+  assert (
+      sorted(x.shape for x in jax.tree.leaves(rl_state.opt_state) if np.ndim(x))
+      == state_shapes
+  )
 
 
 @pytest.mark.slow  # ~60 s on a loaded 2-core CPU (compiling the SFT step)
@@ -354,12 +457,15 @@ def test_resume_from_an_adapter_checkpoint_is_bit_exact(tmp_path):
   """2 SFT steps, save, restore onto a fresh base, 1 step == 3 straight steps."""
   from agentic_rl import checkpoint as checkpoint_lib  # noqa: PLC0415
   from agentic_rl import train  # noqa: PLC0415
+
   config = _smoke_config()
   model_cfg = train.make_model_config(config)
   env = train.make_env(config)
   graphdef, state = train.init_state(config, model_cfg)
   base0 = {k: v for k, v in _leaves(state.params).items() if "_lora_" not in k}
-  step = learner.make_sft_step(config, env, graphdef, learner.make_optimizer(config.sft))
+  step = learner.make_sft_step(
+      config, env, graphdef, learner.make_optimizer(config.sft)
+  )
   states = []
   for _ in range(3):
     state, _ = step(state)
@@ -392,6 +498,7 @@ def test_resume_from_an_adapter_checkpoint_is_bit_exact(tmp_path):
 
 def test_resume_on_a_different_base_is_refused(tmp_path):
   from agentic_rl import train  # noqa: PLC0415
+
   config = _smoke_config()
   model_cfg = train.make_model_config(config)
   _, state = train.init_state(config, model_cfg)
@@ -399,18 +506,26 @@ def test_resume_on_a_different_base_is_refused(tmp_path):
   train._check_lora_base(config, str(tmp_path), state.params)  # same base: fine
   config.seed = 1
   _, other = train.init_state(config, model_cfg)
-  with pytest.raises(validation.ConfigError, match="lora_base.json: the checkpoints"):
+  with pytest.raises(
+      validation.ConfigError, match="lora_base.json: the checkpoints"
+  ):
     train._check_lora_base(config, str(tmp_path), other.params)
 
 
 def test_delta_with_a_dropout_mask_matches_numpy():
   rng = np.random.default_rng(5)
   x = rng.normal(size=(2, 4, 3, 8)).astype(np.float32)  # [B, H, T, Dh] into o
-  a = rng.normal(size=(4, 8, 2)).astype(np.float32)     # [H, Dh, r]
-  b = rng.normal(size=(2, 16)).astype(np.float32)       # [r, D]
+  a = rng.normal(size=(4, 8, 2)).astype(np.float32)  # [H, Dh, r]
+  b = rng.normal(size=(2, 16)).astype(np.float32)  # [r, D]
   keep = (rng.random(x.shape) > 0.25).astype(np.float32) / 0.75
-  got = lora.delta("o", jnp.asarray(x), jnp.asarray(a), jnp.asarray(b), 1.5,
-                   jnp.asarray(keep))
+  got = lora.delta(
+      "o",
+      jnp.asarray(x),
+      jnp.asarray(a),
+      jnp.asarray(b),
+      1.5,
+      jnp.asarray(keep),
+  )
   xm = (x * keep).transpose(0, 2, 1, 3).reshape(2, 3, 32)  # [B, T, H*Dh]
   want = 1.5 * (xm @ a.reshape(32, 2)) @ b
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
@@ -480,11 +595,22 @@ def test_adapters_shard_and_train_on_a_2x2x2_mesh_like_one_device():
   import os  # noqa: PLC0415
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415
+
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=repo)
-  proc = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, cwd=repo,
-                        capture_output=True, text=True, timeout=1800)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=repo,
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", _MESH_SCRIPT],
+      env=env,
+      cwd=repo,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   assert "OK lora mesh" in proc.stdout
 
@@ -492,7 +618,10 @@ def test_adapters_shard_and_train_on_a_2x2x2_mesh_like_one_device():
 def test_reward_model_mode_refuses_adapters():
   from agentic_rl import rm_train  # noqa: PLC0415
   from configs import rm_arithmetic  # noqa: PLC0415
+
   config = rm_arithmetic.get_config()
   config.model.lora.rank = 4
-  with pytest.raises(validation.ConfigError, match=r"^config\.model\.lora\.rank=4: "):
+  with pytest.raises(
+      validation.ConfigError, match=r"^config\.model\.lora\.rank=4: "
+  ):
     rm_train.validate_rm_config(config)

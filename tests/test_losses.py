@@ -32,18 +32,29 @@ def test_clipped_surrogate_hand_values():
 
 def test_token_mean_loss_of_known_batch():
   """GRPO loss of a 2 x 4 batch, POLICY tokens only, computed by hand."""
-  rl = ml_collections.ConfigDict(dict(
-      temperature=1.0, clip_low=0.2, clip_high=0.2, loss_type="ppo", dual_clip=0.0,
-      loss_agg_mode="token-mean", loss_norm_constant=0, kl_estimator="k3",
-      entropy_coef=0.0))
+  rl = ml_collections.ConfigDict(
+      dict(
+          temperature=1.0,
+          clip_low=0.2,
+          clip_high=0.2,
+          loss_type="ppo",
+          dual_clip=0.0,
+          loss_agg_mode="token-mean",
+          loss_norm_constant=0,
+          kl_estimator="k3",
+          entropy_coef=0.0,
+      )
+  )
   mask = jnp.array([[False, True, True, False], [False, True, False, False]])
   logp = jnp.log(jnp.array([[0.9, 0.5, 0.25, 0.3], [0.9, 0.8, 0.1, 0.1]]))
   batch = {
       "mask": mask,
-      "behaviour_logp": jnp.log(jnp.array([[0.1, 0.5, 0.5, 0.1],
-                                           [0.1, 0.4, 0.1, 0.1]])),
-      "ref_logp": jnp.log(jnp.array([[0.2, 0.25, 0.25, 0.7],
-                                     [0.2, 0.8, 0.7, 0.7]])),
+      "behaviour_logp": jnp.log(
+          jnp.array([[0.1, 0.5, 0.5, 0.1], [0.1, 0.4, 0.1, 0.1]])
+      ),
+      "ref_logp": jnp.log(
+          jnp.array([[0.2, 0.25, 0.25, 0.7], [0.2, 0.8, 0.7, 0.7]])
+      ),
       "advantage": jnp.array([[0.0, 1.0, 1.0, 0.0], [0.0, -2.0, 0.0, 0.0]]),
   }
   # Token (0,1): ratio 1, A=1 -> pg -1; k3 with d = ln(0.25/0.5): 0.5 - ln 0.5 - 1.
@@ -60,8 +71,9 @@ def test_token_mean_loss_of_known_batch():
   learner.sampling.token_logprobs = fake_token_logprobs
   try:
     batch["tokens"] = jnp.zeros((2, 4), jnp.int32)
-    loss, metrics = learner._rl_loss(None, None, batch, rl, kl_coef=0.5,
-                                     denominator=None)
+    loss, metrics = learner._rl_loss(
+        None, None, batch, rl, kl_coef=0.5, denominator=None
+    )
   finally:
     learner.sampling.token_logprobs = orig
   np.testing.assert_allclose(float(loss), expected, rtol=1e-6)
@@ -87,16 +99,19 @@ def test_padding_mask_from_lengths_with_pad_id_equal_to_eos():
   batch is padded to 5 or to 10."""
   from agentic_rl import sampling
   from tests import fakes
+
   eos = pad = 2
   response = jnp.array([[7, 8, eos, pad, pad]])
   mask = losses.length_mask(jnp.array([3]), 5)
   np.testing.assert_array_equal(mask, [[True, True, True, False, False]])
   # Comparing with the pad id would drop the real eos token.
-  np.testing.assert_array_equal(response != pad, [[True, True, False, False,
-                                                   False]])
+  np.testing.assert_array_equal(
+      response != pad, [[True, True, False, False, False]]
+  )
   np.testing.assert_array_equal(
       losses.length_mask(jnp.array([3, 2]), 6, start_b=jnp.array([1, 0])),
-      [[0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+      [[0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]],
+  )
   graphdef, params, _ = fakes.tiny_policy(0)
   lengths = jnp.array([3, 5])
   rows = jnp.array([[65, 66, eos, pad, pad], [70, 71, 72, 73, eos]])
@@ -105,8 +120,12 @@ def test_padding_mask_from_lengths_with_pad_id_equal_to_eos():
     tokens = jnp.pad(rows, ((0, 0), (0, width - 5)), constant_values=pad)
     ent = sampling.token_entropy(graphdef, params, tokens)
     m = losses.length_mask(lengths, width)
-    out.append((float(losses.aggregate(ent, m, "token-mean")),
-                float(losses.aggregate(ent, m, "seq-mean-token-mean"))))
+    out.append(
+        (
+            float(losses.aggregate(ent, m, "token-mean")),
+            float(losses.aggregate(ent, m, "seq-mean-token-mean")),
+        )
+    )
   np.testing.assert_allclose(out[0], out[1], rtol=1e-6)
 
 
@@ -116,6 +135,7 @@ def test_loss_and_gradients_finite_on_a_batch_with_an_unrepresentable_group():
   their gradients are finite, eagerly and under jit."""
   import jax
   from agentic_rl import advantages
+
   r = jnp.array([-11.000002] * 4 + [1.0, 0.0, 1.0, 0.0], jnp.float32)
   g = jnp.repeat(jnp.arange(2, dtype=jnp.int32), 4)
   mask = jnp.ones((8, 3), bool)
@@ -134,5 +154,6 @@ def test_loss_and_gradients_finite_on_a_batch_with_an_unrepresentable_group():
     assert np.isfinite(float(value))
     assert np.isfinite(np.asarray(g_logp)).all()
     assert np.isfinite(np.asarray(g_r)).all()
-  np.testing.assert_allclose(advantages.grpo_advantages(r, g)[:4], 0.0,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      advantages.grpo_advantages(r, g)[:4], 0.0, atol=1e-6
+  )

@@ -35,21 +35,33 @@ def test_group_aggregation_modes_hand_values():
   # X tokens: -1 (x2); Y tokens: +1 (x8).
   # token-mean: (-2 + 8) / 10 = 0.6.
   np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "token-mean"), 0.6, rtol=1e-6)
+      losses.aggregate(loss, mask, "token-mean"), 0.6, rtol=1e-6
+  )
   np.testing.assert_allclose(
       losses.aggregate(loss, mask, "token-mean"),
-      losses.token_mean(loss, mask), rtol=1e-6)
+      losses.token_mean(loss, mask),
+      rtol=1e-6,
+  )
   # seq-mean-token-mean: (-1 + 1) / 2 = 0.
   np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "seq-mean-token-mean"), 0.0, atol=1e-7)
+      losses.aggregate(loss, mask, "seq-mean-token-mean"), 0.0, atol=1e-7
+  )
   # seq-mean-token-sum-norm, constant 8, 2 sequences: 6 / 16 = 0.375.
   np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "seq-mean-token-sum-norm",
-                       num_sequences=2, norm_constant=8), 0.375, rtol=1e-6)
+      losses.aggregate(
+          loss,
+          mask,
+          "seq-mean-token-sum-norm",
+          num_sequences=2,
+          norm_constant=8,
+      ),
+      0.375,
+      rtol=1e-6,
+  )
   # Defaults: num_sequences = B = 2, norm_constant = L = 8.
   np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "seq-mean-token-sum-norm"), 0.375,
-      rtol=1e-6)
+      losses.aggregate(loss, mask, "seq-mean-token-sum-norm"), 0.375, rtol=1e-6
+  )
 
 
 def test_aggregate_empty_rows_and_all_masked():
@@ -57,7 +69,8 @@ def test_aggregate_empty_rows_and_all_masked():
   m = jnp.array([[True, True], [False, False], [True, False]])
   # Row means 2 and 9 over the 2 non-empty rows: 5.5.
   np.testing.assert_allclose(
-      losses.aggregate(x, m, "seq-mean-token-mean"), 5.5, rtol=1e-6)
+      losses.aggregate(x, m, "seq-mean-token-mean"), 5.5, rtol=1e-6
+  )
   none = jnp.zeros_like(m)
   for mode in losses.AGG_MODES:
     assert float(losses.aggregate(x, none, mode)) == 0.0
@@ -66,12 +79,21 @@ def test_aggregate_empty_rows_and_all_masked():
 def test_aggregation_denominators_by_hand():
   _, _, mask = _group_batch()
   assert float(losses.aggregation_denominator(mask, "token-mean")) == 10.0
-  assert float(losses.aggregation_denominator(
-      mask, "seq-mean-token-mean")) == 2.0
-  assert float(losses.aggregation_denominator(
-      mask, "seq-mean-token-sum-norm")) == 16.0
-  assert float(losses.aggregation_denominator(
-      mask, "seq-mean-token-sum-norm", norm_constant=4)) == 8.0
+  assert (
+      float(losses.aggregation_denominator(mask, "seq-mean-token-mean")) == 2.0
+  )
+  assert (
+      float(losses.aggregation_denominator(mask, "seq-mean-token-sum-norm"))
+      == 16.0
+  )
+  assert (
+      float(
+          losses.aggregation_denominator(
+              mask, "seq-mean-token-sum-norm", norm_constant=4
+          )
+      )
+      == 8.0
+  )
 
 
 @pytest.mark.parametrize("mode", losses.AGG_MODES)
@@ -84,16 +106,20 @@ def test_micro_batches_with_full_batch_denominator_sum_to_full(mode):
   full = losses.aggregate(x, mask, mode, norm_constant=8.0)
   denom = losses.aggregation_denominator(mask, mode, norm_constant=8.0)
   parts = [(x[:2], mask[:2]), (x[2:], mask[2:])]
-  summed = sum(losses.aggregate(xi, mi, mode, denominator=denom)
-               for xi, mi in parts)
+  summed = sum(
+      losses.aggregate(xi, mi, mode, denominator=denom) for xi, mi in parts
+  )
   np.testing.assert_allclose(summed, full, rtol=1e-6)
   # Denominators are additive over micro-batches (psum-able over devices).
-  denom_parts = sum(losses.aggregation_denominator(mi, mode, norm_constant=8.0)
-                    for _, mi in parts)
+  denom_parts = sum(
+      losses.aggregation_denominator(mi, mode, norm_constant=8.0)
+      for _, mi in parts
+  )
   np.testing.assert_allclose(denom_parts, denom, rtol=1e-6)
   # Without the shared denominator the micro-batch means do NOT sum to it.
-  local = sum(losses.aggregate(xi, mi, mode, norm_constant=8.0)
-              for xi, mi in parts)
+  local = sum(
+      losses.aggregate(xi, mi, mode, norm_constant=8.0) for xi, mi in parts
+  )
   assert not np.isclose(float(local), float(full))
 
 
@@ -111,17 +137,20 @@ def test_aggregate_unknown_mode_raises():
 
 def test_kl_estimators_hand_values():
   for name in losses.KL_ESTIMATORS:
-    assert float(losses.kl_estimate(name, jnp.array(-0.7),
-                                    jnp.array(-0.7))) == 0.0
+    assert (
+        float(losses.kl_estimate(name, jnp.array(-0.7), jnp.array(-0.7))) == 0.0
+    )
   logp, ref = jnp.array(-1.0), jnp.array(-2.0)  # d = ref - logp = -1
   np.testing.assert_allclose(losses.kl_k1(logp, ref), 1.0, rtol=1e-6)
   np.testing.assert_allclose(losses.kl_k2(logp, ref), 0.5, rtol=1e-6)
   # k3 = e^-1 - (-1) - 1 = e^-1.
-  np.testing.assert_allclose(losses.kl_k3(logp, ref), math.exp(-1.0),
-                             rtol=1e-6)
+  np.testing.assert_allclose(losses.kl_k3(logp, ref), math.exp(-1.0), rtol=1e-6)
   np.testing.assert_allclose(losses.kl_k3(logp, ref), 0.3679, atol=1e-4)
-  for name, fn in (("k1", losses.kl_k1), ("k2", losses.kl_k2),
-                   ("k3", losses.kl_k3)):
+  for name, fn in (
+      ("k1", losses.kl_k1),
+      ("k2", losses.kl_k2),
+      ("k3", losses.kl_k3),
+  ):
     assert float(losses.kl_estimate(name, logp, ref)) == float(fn(logp, ref))
 
 
@@ -131,8 +160,9 @@ def test_kl_clamp_keeps_extremes_finite_and_bounded():
   c = losses.KL_LOG_RATIO_CLAMP
   np.testing.assert_allclose(losses.kl_k1(logp, ref), -c)
   np.testing.assert_allclose(losses.kl_k2(logp, ref), 0.5 * c * c)
-  np.testing.assert_allclose(losses.kl_k3(logp, ref), math.exp(c) - c - 1,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      losses.kl_k3(logp, ref), math.exp(c) - c - 1, rtol=1e-6
+  )
   for name in losses.KL_ESTIMATORS:
     v = losses.kl_estimate(name, logp, ref)
     assert np.isfinite(float(v))
@@ -161,8 +191,9 @@ def test_junk_padding_leaves_masked_kl_unchanged(name):
   ref_j = ref.at[:, 5:].set(junk_ref)
 
   def agg(lp, rf):
-    return losses.aggregate(losses.kl_estimate(name, lp, rf), mask,
-                            "token-mean")
+    return losses.aggregate(
+        losses.kl_estimate(name, lp, rf), mask, "token-mean"
+    )
 
   clean = agg(logp, ref)
   np.testing.assert_allclose(agg(logp_j, ref_j), clean, rtol=1e-6)
@@ -181,10 +212,13 @@ def test_kl_estimate_unknown_raises():
 
 def _objective_and_grad(ratio, adv, **kw):
   """Objective -loss and its derivative w.r.t. logp, behaviour logp 0."""
+
   def objective(logp):
-    loss, _ = losses.clipped_surrogate(logp, jnp.array(0.0), jnp.array(adv),
-                                       EPS, EPS, **kw)
+    loss, _ = losses.clipped_surrogate(
+        logp, jnp.array(0.0), jnp.array(adv), EPS, EPS, **kw
+    )
     return -loss
+
   logp = jnp.log(jnp.array(ratio))
   return float(objective(logp)), float(jax.grad(objective)(logp))
 
@@ -216,12 +250,12 @@ def test_dual_clip():
   obj, g = _objective_and_grad(5.0, 1.0, dual_clip=3.0)
   np.testing.assert_allclose(obj, 1.2, rtol=1e-6)
   # Default (None) identical to the old behaviour.
-  np.testing.assert_allclose(_objective_and_grad(5.0, -1.0)[0], -5.0,
-                             rtol=1e-6)
+  np.testing.assert_allclose(_objective_and_grad(5.0, -1.0)[0], -5.0, rtol=1e-6)
   for bad in (1.0, 0.5):
     with pytest.raises(ValueError, match="dual_clip"):
-      losses.clipped_surrogate(jnp.zeros(1), jnp.zeros(1), jnp.ones(1),
-                               EPS, EPS, dual_clip=bad)
+      losses.clipped_surrogate(
+          jnp.zeros(1), jnp.zeros(1), jnp.ones(1), EPS, EPS, dual_clip=bad
+      )
 
 
 # ---------------------------------------------------------------------- GSPO
@@ -235,8 +269,12 @@ def test_dual_clip():
 # Row 3: 1 POLICY token, log-ratio 0.2 -> s = e^0.2 = 1.2214,
 #   A = -1: loss = -min(-1.2214, -1.2) = 1.2214 (unclipped: ratio above 1 + eps
 #   with A < 0 is not clipped).
-_LOG_RATIOS = [[0.1, -0.1, 0.3, 0.0], [0.4, 0.6, 0.0, 0.0],
-               [-0.5, -0.5, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0]]
+_LOG_RATIOS = [
+    [0.1, -0.1, 0.3, 0.0],
+    [0.4, 0.6, 0.0, 0.0],
+    [-0.5, -0.5, 0.0, 0.0],
+    [0.2, 0.0, 0.0, 0.0],
+]
 _GSPO_MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
 
 
@@ -253,16 +291,17 @@ def test_gspo_hand_values():
   logp, beh, adv, mask = _gspo_batch()
   loss_b, s_b = losses.gspo_loss(logp, beh, adv, mask, EPS, EPS)
   e = math.exp
-  np.testing.assert_allclose(s_b, [e(0.1), e(0.5), e(-0.5), e(0.2)],
-                             rtol=1e-6)
-  np.testing.assert_allclose(loss_b, [-2 * e(0.1), -1.2, 0.8, e(0.2)],
-                             rtol=1e-6)
+  np.testing.assert_allclose(s_b, [e(0.1), e(0.5), e(-0.5), e(0.2)], rtol=1e-6)
+  np.testing.assert_allclose(
+      loss_b, [-2 * e(0.1), -1.2, 0.8, e(0.2)], rtol=1e-6
+  )
 
 
 def test_gspo_gradient_by_hand():
   logp, beh, adv, mask = _gspo_batch()
-  g = jax.grad(lambda lp: jnp.sum(
-      losses.gspo_loss(lp, beh, adv, mask, EPS, EPS)[0]))(logp)
+  g = jax.grad(
+      lambda lp: jnp.sum(losses.gspo_loss(lp, beh, adv, mask, EPS, EPS)[0])
+  )(logp)
   # d loss_i / d logp_t = -A_i s_i / |y_i| on unclipped rows, 0 elsewhere.
   expected = np.zeros((4, 4))
   expected[0, :3] = -2.0 * math.exp(0.1) / 3
@@ -272,8 +311,9 @@ def test_gspo_gradient_by_hand():
 
 def test_gspo_empty_sequence_has_zero_loss():
   logp = jnp.zeros((1, 3))
-  loss_b, s_b = losses.gspo_loss(logp, logp, jnp.array([5.0]),
-                                 jnp.zeros((1, 3), bool), EPS, EPS)
+  loss_b, s_b = losses.gspo_loss(
+      logp, logp, jnp.array([5.0]), jnp.zeros((1, 3), bool), EPS, EPS
+  )
   assert float(loss_b[0]) == 0.0 and float(s_b[0]) == 1.0
 
 
@@ -282,10 +322,12 @@ def test_gspo_token_value_and_gradient_match_gspo():
   loss_b, s_b = losses.gspo_loss(logp, beh, adv, mask, EPS, EPS)
   for a in (adv, jnp.broadcast_to(adv[:, None], (4, 4))):
     loss_bl, ratio_bl = losses.gspo_token_loss(logp, beh, a, mask, EPS, EPS)
-    np.testing.assert_allclose(loss_bl, jnp.broadcast_to(loss_b[:, None],
-                                                         (4, 4)), rtol=1e-6)
-    np.testing.assert_allclose(ratio_bl, jnp.broadcast_to(s_b[:, None],
-                                                          (4, 4)), rtol=1e-6)
+    np.testing.assert_allclose(
+        loss_bl, jnp.broadcast_to(loss_b[:, None], (4, 4)), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        ratio_bl, jnp.broadcast_to(s_b[:, None], (4, 4)), rtol=1e-6
+    )
 
   # With A_{i,t} = A_i and seq-mean-token-mean over non-empty rows, the
   # GSPO-token gradient equals the GSPO gradient, -A_i s_i / (B |y_i|).
@@ -300,12 +342,17 @@ def test_gspo_token_value_and_gradient_match_gspo():
   g_tok = jax.grad(token_obj)(logp)
   g_seq = jax.grad(seq_obj)(logp)
   np.testing.assert_allclose(g_tok, g_seq, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(g_tok[0, 0], -2.0 * math.exp(0.1) / (4 * 3),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+      g_tok[0, 0], -2.0 * math.exp(0.1) / (4 * 3), rtol=1e-5
+  )
   # Per token, before aggregation: d loss_{i,t} / d logp_t = -A_i s_i.
-  g_raw = jax.grad(lambda lp: jnp.sum(jnp.where(
-      mask, losses.gspo_token_loss(lp, beh, adv, mask, EPS, EPS)[0], 0.0)))(
-          logp)
+  g_raw = jax.grad(
+      lambda lp: jnp.sum(
+          jnp.where(
+              mask, losses.gspo_token_loss(lp, beh, adv, mask, EPS, EPS)[0], 0.0
+          )
+      )
+  )(logp)
   np.testing.assert_allclose(g_raw[0, :3], -2.0 * math.exp(0.1), rtol=1e-5)
   assert np.all(np.asarray(g_raw)[1:3] == 0.0)  # clipped rows
 
@@ -322,10 +369,12 @@ def test_cispo_gradient_keeps_clipped_tokens():
   np.testing.assert_allclose(ratio, ratios, rtol=1e-6)
   # weights clip(rho, 0.8, 1.2) = 1.2, 0.8, 1.1 ; loss = -w A logp.
   w = np.array([1.2, 0.8, 1.1])
-  np.testing.assert_allclose(loss, -w * np.array(adv) * np.array(logp),
-                             rtol=1e-6)
-  g = jax.grad(lambda lp: jnp.sum(
-      losses.cispo_loss(lp, beh, adv, EPS, EPS)[0]))(logp)
+  np.testing.assert_allclose(
+      loss, -w * np.array(adv) * np.array(logp), rtol=1e-6
+  )
+  g = jax.grad(
+      lambda lp: jnp.sum(losses.cispo_loss(lp, beh, adv, EPS, EPS)[0])
+  )(logp)
   # -clip(rho) * A = [-1.2, 0.8, -2.2]: non-zero even where PPO would clip.
   np.testing.assert_allclose(g, [-1.2, 0.8, -2.2], rtol=1e-6)
 
@@ -348,8 +397,9 @@ def test_value_loss_hand_values():
   g = jax.grad(lambda v: losses.value_loss(v, old, returns, mask, 0.2))(values)
   # t0 on the clipped branch: no gradient; t1: (V - R) / 3 = 2/3;
   # t2: (0.6 - 1) / 3.
-  np.testing.assert_allclose(g, [[0.0, 2.0 / 3, -0.4 / 3, 0.0]], rtol=1e-5,
-                             atol=1e-7)
+  np.testing.assert_allclose(
+      g, [[0.0, 2.0 / 3, -0.4 / 3, 0.0]], rtol=1e-5, atol=1e-7
+  )
   with pytest.raises(ValueError, match="clip_eps"):
     losses.value_loss(values, old, returns, mask, -0.1)
 
@@ -367,10 +417,12 @@ def test_kl_penalized_rewards_hand_values():
   np.testing.assert_allclose(out, [0.85, -0.05], rtol=1e-6)
   # k3, row 1: d = -0.5: e^-0.5 + 0.5 - 1.
   out3 = losses.kl_penalized_rewards(rewards, logp, ref, mask, 0.1, "k3")
-  np.testing.assert_allclose(out3[1], -0.1 * (math.exp(-0.5) - 0.5),
-                             rtol=1e-6)
-  g = jax.grad(lambda lp: jnp.sum(
-      losses.kl_penalized_rewards(rewards, lp, ref, mask, 0.1)))(logp)
+  np.testing.assert_allclose(out3[1], -0.1 * (math.exp(-0.5) - 0.5), rtol=1e-6)
+  g = jax.grad(
+      lambda lp: jnp.sum(
+          losses.kl_penalized_rewards(rewards, lp, ref, mask, 0.1)
+      )
+  )(logp)
   assert np.all(np.asarray(g) == 0.0)
   with pytest.raises(ValueError, match="k9"):
     losses.kl_penalized_rewards(rewards, logp, ref, mask, 0.1, "k9")
@@ -380,16 +432,16 @@ def test_adaptive_kl_update_hand_values():
   # n / H = 64 / 10000 = 0.0064.
   # KL 0.5 vs target 0.1: error 4 -> clipped 0.2 -> 0.1 * (1 + 0.00128).
   np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.5, 0.1, 10000, 64), 0.100128,
-      rtol=1e-6)
+      losses.adaptive_kl_update(0.1, 0.5, 0.1, 10000, 64), 0.100128, rtol=1e-6
+  )
   # KL 0: error -1 -> clipped -0.2 -> 0.1 * (1 - 0.00128).
   np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.0, 0.1, 10000, 64), 0.099872,
-      rtol=1e-6)
+      losses.adaptive_kl_update(0.1, 0.0, 0.1, 10000, 64), 0.099872, rtol=1e-6
+  )
   # KL 0.11: error 0.1 inside the band -> 0.1 * (1 + 0.00064).
   np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.11, 0.1, 10000, 64), 0.100064,
-      rtol=1e-6)
+      losses.adaptive_kl_update(0.1, 0.11, 0.1, 10000, 64), 0.100064, rtol=1e-6
+  )
   with pytest.raises(ValueError, match="target_kl"):
     losses.adaptive_kl_update(0.1, 0.1, 0.0, 10000, 64)
   with pytest.raises(ValueError, match="horizon"):
@@ -399,7 +451,10 @@ def test_adaptive_kl_update_hand_values():
 def test_constants():
   assert losses.LOSS_TYPES == ("ppo", "gspo", "gspo_token", "cispo", "flowrl")
   assert set(losses.AGG_MODES) == {
-      "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+      "token-mean",
+      "seq-mean-token-mean",
+      "seq-mean-token-sum-norm",
+  }
   assert losses.KL_ESTIMATORS == ("k1", "k2", "k3")
 
 
@@ -411,44 +466,73 @@ def test_jit_gives_same_values():
   beh_safe = jnp.where(mask, logp, beh)
   adv_bl = jnp.broadcast_to(adv[:, None], (4, 4))
   cases = [
-      (functools.partial(losses.gspo_loss, clip_low=EPS, clip_high=EPS),
-       (logp, beh, adv, mask)),
-      (functools.partial(losses.gspo_token_loss, clip_low=EPS, clip_high=EPS),
-       (logp, beh, adv, mask)),
-      (functools.partial(losses.clipped_surrogate, clip_low=EPS,
-                         clip_high=EPS, dual_clip=3.0),
-       (beh_safe, beh, adv_bl)),
-      (functools.partial(losses.cispo_loss, clip_low=EPS, clip_high=EPS),
-       (beh_safe, beh, adv_bl)),
+      (
+          functools.partial(losses.gspo_loss, clip_low=EPS, clip_high=EPS),
+          (logp, beh, adv, mask),
+      ),
+      (
+          functools.partial(
+              losses.gspo_token_loss, clip_low=EPS, clip_high=EPS
+          ),
+          (logp, beh, adv, mask),
+      ),
+      (
+          functools.partial(
+              losses.clipped_surrogate,
+              clip_low=EPS,
+              clip_high=EPS,
+              dual_clip=3.0,
+          ),
+          (beh_safe, beh, adv_bl),
+      ),
+      (
+          functools.partial(losses.cispo_loss, clip_low=EPS, clip_high=EPS),
+          (beh_safe, beh, adv_bl),
+      ),
       (functools.partial(losses.kl_estimate, "k3"), (beh_safe, beh)),
-      (functools.partial(losses.value_loss, clip_eps=0.2),
-       (beh_safe, beh, adv_bl, mask)),
-      (functools.partial(losses.kl_penalized_rewards, coef=0.1,
-                         estimator="k2"), (adv, beh_safe, beh, mask)),
-      (losses.adaptive_kl_update,
-       (jnp.float32(0.1), jnp.float32(0.5), 0.1, 10000.0, 64)),
+      (
+          functools.partial(losses.value_loss, clip_eps=0.2),
+          (beh_safe, beh, adv_bl, mask),
+      ),
+      (
+          functools.partial(
+              losses.kl_penalized_rewards, coef=0.1, estimator="k2"
+          ),
+          (adv, beh_safe, beh, mask),
+      ),
+      (
+          losses.adaptive_kl_update,
+          (jnp.float32(0.1), jnp.float32(0.5), 0.1, 10000.0, 64),
+      ),
   ]
   for mode in losses.AGG_MODES:
-    cases.append((functools.partial(losses.aggregate, mode=mode),
-                  (adv_bl, mask)))
-    cases.append((functools.partial(losses.aggregate, mode=mode,
-                                    denominator=jnp.float32(3.0)),
-                  (adv_bl, mask)))
-    cases.append((functools.partial(losses.aggregation_denominator,
-                                    mode=mode), (mask,)))
+    cases.append(
+        (functools.partial(losses.aggregate, mode=mode), (adv_bl, mask))
+    )
+    cases.append(
+        (
+            functools.partial(
+                losses.aggregate, mode=mode, denominator=jnp.float32(3.0)
+            ),
+            (adv_bl, mask),
+        )
+    )
+    cases.append(
+        (functools.partial(losses.aggregation_denominator, mode=mode), (mask,))
+    )
   for fn, args in cases:
     eager = fn(*args)
     jitted = jax.jit(fn)(*args)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
-                 eager, jitted)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), eager, jitted
+    )
 
 
 def test_vmap_over_groups():
   logp, beh, adv, mask = _gspo_batch()
   stack = lambda x: jnp.stack([x, x[::-1]])
   fn = functools.partial(losses.gspo_loss, clip_low=EPS, clip_high=EPS)
-  loss_gb, s_gb = jax.vmap(fn)(stack(logp), stack(beh), stack(adv),
-                               stack(mask))
+  loss_gb, s_gb = jax.vmap(fn)(stack(logp), stack(beh), stack(adv), stack(mask))
   loss_b, s_b = fn(logp, beh, adv, mask)
   np.testing.assert_allclose(loss_gb[0], loss_b, rtol=1e-6)
   np.testing.assert_allclose(loss_gb[1], loss_b[::-1], rtol=1e-6)
@@ -457,12 +541,15 @@ def test_vmap_over_groups():
   x = jnp.where(mask, 1.0, 0.0) * adv[:, None]
   for mode in losses.AGG_MODES:
     per_group = jax.vmap(functools.partial(losses.aggregate, mode=mode))(
-        stack(x), stack(mask))
-    np.testing.assert_allclose(per_group, losses.aggregate(x, mask, mode),
-                               rtol=1e-6)
+        stack(x), stack(mask)
+    )
+    np.testing.assert_allclose(
+        per_group, losses.aggregate(x, mask, mode), rtol=1e-6
+    )
   # Adaptive KL over several controllers at once.
   coefs = jax.vmap(losses.adaptive_kl_update, in_axes=(0, 0, None, None, None))(
-      jnp.array([0.1, 0.2]), jnp.array([0.5, 0.0]), 0.1, 10000.0, 64)
+      jnp.array([0.1, 0.2]), jnp.array([0.5, 0.0]), 0.1, 10000.0, 64
+  )
   np.testing.assert_allclose(coefs, [0.100128, 0.2 * 0.99872], rtol=1e-6)
 
 
@@ -479,31 +566,63 @@ def test_every_loss_vmaps_over_groups_like_a_loop():
   adv_b = f(g, b)
   adv_bl = jnp.broadcast_to(adv_b[..., None], (g, b, l))
   cases = {
-      "ppo": (lambda lp, bh, a, m: losses.aggregate(losses.clipped_surrogate(
-          lp, bh, a, EPS, 0.28, dual_clip=3.0)[0], m, "token-mean"),
-              (logp, beh, adv_bl, mask)),
-      "cispo": (lambda lp, bh, a, m: losses.aggregate(losses.cispo_loss(
-          lp, bh, a, EPS, 0.28)[0], m, "token-mean"), (logp, beh, adv_bl, mask)),
-      "gspo": (lambda lp, bh, a, m: losses.gspo_loss(lp, bh, a, m, EPS, EPS)[0],
-               (logp, beh, adv_b, mask)),
-      "gspo_token": (lambda lp, bh, a, m: losses.gspo_token_loss(
-          lp, bh, a, m, EPS, EPS)[0], (logp, beh, adv_b, mask)),
-      "value": (lambda v, o, r, m: losses.value_loss(v, o, r, m, 0.2),
-                (logp, beh, ref, mask)),
-      "flowrl": (lambda lp, bh, rf, m, a: losses.flowrl_loss(
-          lp, bh, rf, m, a, jnp.zeros(a.shape), beta=2.0)[0],
-                 (logp, beh, ref, mask, adv_b)),
-      "sil": (lambda lp, m, a: losses.self_imitation_loss(
-          lp, m, a, jnp.zeros(a.shape)), (logp, mask, adv_b)),
-      "kl_reward": (lambda r, lp, rf, m: losses.kl_penalized_rewards(
-          r, lp, rf, m, 0.1, "k3"), (adv_b, logp, ref, mask)),
+      "ppo": (
+          lambda lp, bh, a, m: losses.aggregate(
+              losses.clipped_surrogate(lp, bh, a, EPS, 0.28, dual_clip=3.0)[0],
+              m,
+              "token-mean",
+          ),
+          (logp, beh, adv_bl, mask),
+      ),
+      "cispo": (
+          lambda lp, bh, a, m: losses.aggregate(
+              losses.cispo_loss(lp, bh, a, EPS, 0.28)[0], m, "token-mean"
+          ),
+          (logp, beh, adv_bl, mask),
+      ),
+      "gspo": (
+          lambda lp, bh, a, m: losses.gspo_loss(lp, bh, a, m, EPS, EPS)[0],
+          (logp, beh, adv_b, mask),
+      ),
+      "gspo_token": (
+          lambda lp, bh, a, m: losses.gspo_token_loss(lp, bh, a, m, EPS, EPS)[
+              0
+          ],
+          (logp, beh, adv_b, mask),
+      ),
+      "value": (
+          lambda v, o, r, m: losses.value_loss(v, o, r, m, 0.2),
+          (logp, beh, ref, mask),
+      ),
+      "flowrl": (
+          lambda lp, bh, rf, m, a: losses.flowrl_loss(
+              lp, bh, rf, m, a, jnp.zeros(a.shape), beta=2.0
+          )[0],
+          (logp, beh, ref, mask, adv_b),
+      ),
+      "sil": (
+          lambda lp, m, a: losses.self_imitation_loss(
+              lp, m, a, jnp.zeros(a.shape)
+          ),
+          (logp, mask, adv_b),
+      ),
+      "kl_reward": (
+          lambda r, lp, rf, m: losses.kl_penalized_rewards(
+              r, lp, rf, m, 0.1, "k3"
+          ),
+          (adv_b, logp, ref, mask),
+      ),
   }
   for est in losses.KL_ESTIMATORS:
     cases["kl_" + est] = (
         lambda lp, rf, m, est=est: losses.aggregate(
-            losses.kl_estimate(est, lp, rf), m, "token-mean"), (logp, ref, mask))
+            losses.kl_estimate(est, lp, rf), m, "token-mean"
+        ),
+        (logp, ref, mask),
+    )
   for name, (fn, args) in cases.items():
     batched = jax.jit(jax.vmap(fn))(*args)
     looped = jnp.stack([fn(*[x[i] for x in args]) for i in range(g)])
-    np.testing.assert_allclose(batched, looped, rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(
+        batched, looped, rtol=1e-5, atol=1e-6, err_msg=name
+    )

@@ -28,8 +28,6 @@ from agentic_rl import validation
 from configs import default
 from tests import fakes
 
-
-
 _run_8_devices = fakes.run_on_8_devices
 
 
@@ -39,8 +37,9 @@ _run_8_devices = fakes.run_on_8_devices
 def test_split_rows_is_strided_and_merge_inverts_it():
   x = jnp.arange(12 * 2).reshape(12, 2)
   parts = sharding.split_rows({"x": x, "y": jnp.arange(12)}, 3)
-  np.testing.assert_array_equal(parts["y"], [[0, 3, 6, 9], [1, 4, 7, 10],
-                                             [2, 5, 8, 11]])
+  np.testing.assert_array_equal(
+      parts["y"], [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+  )
   np.testing.assert_array_equal(parts["x"][1, 2], x[7])  # row t*n + j = 2*3 + 1
   np.testing.assert_array_equal(sharding.merge_rows(parts)["x"], x)
   with pytest.raises(ValueError, match="n=5 must be >= 1 and divide the batch"):
@@ -52,11 +51,14 @@ def _rl_batch(graphdef, params, b=8, l=10, seed=0):
   tokens = jax.random.randint(k[0], (b, l), 0, 200)
   mask = jax.random.bernoulli(k[1], 0.7, (b, l)).at[:, 0].set(False)
   from agentic_rl import sampling
+
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   return {
-      "tokens": tokens, "mask": mask,
-      "behaviour_logp": jnp.where(mask, logp + 0.2 * jax.random.normal(
-          k[2], (b, l)), 0.0),
+      "tokens": tokens,
+      "mask": mask,
+      "behaviour_logp": jnp.where(
+          mask, logp + 0.2 * jax.random.normal(k[2], (b, l)), 0.0
+      ),
       "ref_logp": jnp.where(mask, logp - 0.1, 0.0),
       "advantage": jnp.where(mask, jax.random.normal(k[3], (b,))[:, None], 0.0),
   }
@@ -72,31 +74,52 @@ def test_minibatch_j_is_rows_j_mod_m_in_sequence():
 
   def cfg(num_mb):
     config = default.get_config("smoke")
-    config.rl.update(num_minibatches=num_mb, num_microbatches=1, ppo_epochs=1,
-                     behaviour_logprobs="sampler", kl_coef=0.1,
-                     loss_agg_mode="token-mean", learning_rate=1e-2,
-                     warmup_steps=1)
+    config.rl.update(
+        num_minibatches=num_mb,
+        num_microbatches=1,
+        ppo_epochs=1,
+        behaviour_logprobs="sampler",
+        kl_coef=0.1,
+        loss_agg_mode="token-mean",
+        learning_rate=1e-2,
+        warmup_steps=1,
+    )
     return config
 
   tx = learner.make_optimizer(cfg(2).rl)
   two = jax.jit(learner.make_update_fn(cfg(2), graphdef, tx))
   one = jax.jit(learner.make_update_fn(cfg(1), graphdef, tx))
   p2, _, m2 = two(params, tx.init(params), batch, jnp.float32(0.1))
-  p, opt, m_even = one(params, tx.init(params), jax.tree.map(
-      lambda x: x[0::2], batch), jnp.float32(0.1))
-  p, _, m_odd = one(p, opt, jax.tree.map(lambda x: x[1::2], batch),
-                    jnp.float32(0.1))
+  p, opt, m_even = one(
+      params,
+      tx.init(params),
+      jax.tree.map(lambda x: x[0::2], batch),
+      jnp.float32(0.1),
+  )
+  p, _, m_odd = one(
+      p, opt, jax.tree.map(lambda x: x[1::2], batch), jnp.float32(0.1)
+  )
   for k in ("loss", "pg_loss", "kl", "grad_norm"):
-    np.testing.assert_allclose(m2[k], (m_even[k] + m_odd[k]) / 2, rtol=1e-5,
-                               err_msg=k)
+    np.testing.assert_allclose(
+        m2[k], (m_even[k] + m_odd[k]) / 2, rtol=1e-5, err_msg=k
+    )
   for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p)):
     np.testing.assert_allclose(a, b, atol=1e-6)
   # The contiguous split (rows 0-3, then 4-7) is a different update.
-  q, opt, _ = one(params, tx.init(params), jax.tree.map(lambda x: x[:4], batch),
-                  jnp.float32(0.1))
+  q, opt, _ = one(
+      params,
+      tx.init(params),
+      jax.tree.map(lambda x: x[:4], batch),
+      jnp.float32(0.1),
+  )
   q, _, _ = one(q, opt, jax.tree.map(lambda x: x[4:], batch), jnp.float32(0.1))
-  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in
-             zip(jax.tree.leaves(p2), jax.tree.leaves(q))) > 1e-4
+  assert (
+      max(
+          float(jnp.max(jnp.abs(a - b)))
+          for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(q))
+      )
+      > 1e-4
+  )
 
 
 # Per-device rows of every [rows, L - 1, D] activation (the trunk's hidden
@@ -299,20 +322,27 @@ def test_tensor_parallel_forward_backward_is_all_reduces_only():
 # ------------------------------------------------------------ head counts
 
 
-@pytest.mark.parametrize("heads,kv,tensor,field", [
-    (14, 2, 4, "num_heads=14"),     # Qwen2.5-0.5B at tensor = 4
-    (9, 3, 2, "num_heads=9"),       # SmolLM2-135M at tensor = 2
-    (32, 8, 16, "num_kv_heads=8"),  # Llama-3.2-1B at tensor = 16
-    (8, 0, 16, "num_heads=8"),
-])
+@pytest.mark.parametrize(
+    "heads,kv,tensor,field",
+    [
+        (14, 2, 4, "num_heads=14"),  # Qwen2.5-0.5B at tensor = 4
+        (9, 3, 2, "num_heads=9"),  # SmolLM2-135M at tensor = 2
+        (32, 8, 16, "num_kv_heads=8"),  # Llama-3.2-1B at tensor = 16
+        (8, 0, 16, "num_heads=8"),
+    ],
+)
 def test_heads_not_divisible_by_tensor_are_refused(heads, kv, tensor, field):
-  with pytest.raises(ValueError, match=rf"config\.model\.{field}: not divisible "
-                                       rf"by mesh\.tensor={tensor}"):
+  with pytest.raises(
+      ValueError,
+      match=rf"config\.model\.{field}: not divisible "
+      rf"by mesh\.tensor={tensor}",
+  ):
     sharding.check_heads_divide_tensor(heads, kv, tensor)
 
 
-@pytest.mark.parametrize("heads,kv,tensor", [
-    (14, 2, 2), (9, 3, 3), (32, 8, 8), (9, 3, 1), (4, 0, 4)])
+@pytest.mark.parametrize(
+    "heads,kv,tensor", [(14, 2, 2), (9, 3, 3), (32, 8, 8), (9, 3, 1), (4, 0, 4)]
+)
 def test_heads_divisible_by_tensor_pass(heads, kv, tensor):
   sharding.check_heads_divide_tensor(heads, kv, tensor)
 
@@ -323,9 +353,10 @@ def test_validation_names_the_head_count(monkeypatch):
   config.mesh.update(data=1, fsdp=-1, tensor=4)
   config.sft.batch_size = config.rl.batch_size = 8
   monkeypatch.setattr(jax, "device_count", lambda: 8)
-  with pytest.raises(validation.ConfigError,
-                     match=r"config\.model\.num_heads=14: not divisible by "
-                           r"mesh\.tensor=4"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"config\.model\.num_heads=14: not divisible by " r"mesh\.tensor=4",
+  ):
     validation.validate_config(config)
   config.mesh.tensor = 2
   validation.validate_config(config)
@@ -386,5 +417,6 @@ def test_trained_token_share_is_the_loss_mask_share_of_the_buffer():
   _, m = step(state)
   share = float(m["trained_token_share"])
   assert 0.0 < share < 1.0
-  np.testing.assert_allclose(share, float(m["policy_tokens"]) / config.max_len,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      share, float(m["policy_tokens"]) / config.max_len, rtol=1e-6
+  )

@@ -11,7 +11,6 @@ import pytest
 
 from agentic_rl import metrics
 
-
 # ---------------------------------------------------------------- pass@k
 
 
@@ -58,9 +57,13 @@ def test_pass_at_k_matches_enumeration_vectorised():
 
 
 def test_pass_at_k_broadcast_and_large_n_stable():
-  got = metrics.pass_at_k(np.array([[200], [200]]), np.array([[0, 1, 100, 200]]), 10)
+  got = metrics.pass_at_k(
+      np.array([[200], [200]]), np.array([[0, 1, 100, 200]]), 10
+  )
   assert got.shape == (2, 4)
-  want = [1 - math.comb(200 - c, 10) / math.comb(200, 10) for c in (0, 1, 100, 200)]
+  want = [
+      1 - math.comb(200 - c, 10) / math.comb(200, 10) for c in (0, 1, 100, 200)
+  ]
   np.testing.assert_allclose(got[0], want, rtol=1e-12, atol=1e-15)
   np.testing.assert_allclose(got[0], got[1])
   assert np.all((got >= 0) & (got <= 1))
@@ -68,8 +71,16 @@ def test_pass_at_k_broadcast_and_large_n_stable():
 
 @pytest.mark.parametrize(
     "n, c, k",
-    [(5, 2, 6), (5, 6, 1), (-1, 0, 1), (5, -1, 1), (5, 2, 0), (5, 2, -1),
-     (np.array([5, 2]), np.array([1, 1]), 3), (np.array([5, 5]), np.array([1, 6]), 1)],
+    [
+        (5, 2, 6),
+        (5, 6, 1),
+        (-1, 0, 1),
+        (5, -1, 1),
+        (5, 2, 0),
+        (5, 2, -1),
+        (np.array([5, 2]), np.array([1, 1]), 3),
+        (np.array([5, 5]), np.array([1, 6]), 1),
+    ],
 )
 def test_pass_at_k_invalid(n, c, k):
   with pytest.raises(ValueError):
@@ -144,7 +155,9 @@ def test_read_metrics_missing(tmp_path):
 
 
 def test_progress_bar_non_tty(capsys):
-  bar = metrics.ProgressBar(total=10, initial=2, desc="train", keys=["loss", "acc"])
+  bar = metrics.ProgressBar(
+      total=10, initial=2, desc="train", keys=["loss", "acc"]
+  )
   for s in range(3, 11):
     bar.update(s, {"loss": 1.0 / 3.0, "acc": jnp.asarray(0.5), "other": 1.0})
   assert bar._bar.n == 10  # pylint: disable=protected-access
@@ -168,8 +181,15 @@ def test_progress_bar_eta_per_phase_and_evaluations():
   # 4 SFT steps at 1 s, an evaluation after step 4 (10 s) and one after step 10,
   # 6 RL steps at 3 s; each phase's first step compiles (20 s, not a rate).
   clock = _Clock()
-  bar = metrics.ProgressBar(total=10, initial=0, desc="t", keys=(),
-                            phase_ends=(4,), eval_steps=(4, 10), clock=clock)
+  bar = metrics.ProgressBar(
+      total=10,
+      initial=0,
+      desc="t",
+      keys=(),
+      phase_ends=(4,),
+      eval_steps=(4, 10),
+      clock=clock,
+  )
   bar.update(0)
   assert bar.eta() == (None, True)
   clock.t += 20.0
@@ -238,7 +258,15 @@ def test_format_eval_table():
   table = metrics.format_eval_table(REPORTS)
   lines = table.splitlines()
   assert len(lines) == 2 + 3
-  assert lines[0].split() == ["metric", "sft", "rl", "delta", "(rl", "-", "sft)"]
+  assert lines[0].split() == [
+      "metric",
+      "sft",
+      "rl",
+      "delta",
+      "(rl",
+      "-",
+      "sft)",
+  ]
   assert lines[2].split() == ["pass@1", "0.2500", "0.6250", "+0.3750"]
   # Right-aligned numeric columns end at the same offset.
   assert len({len(l) for l in lines[2:4]}) == 1
@@ -255,16 +283,31 @@ def test_plot_learning_curves(tmp_path):
       w.write(s, {"loss": 1.0 / (s + 1)}, prefix="train")
     w.write(5, {"pass@1": 0.5}, prefix="eval")
   assert metrics.plot_learning_curves(wd, ["missing"]) is None
-  path = metrics.plot_learning_curves(wd, ["train/loss", "eval/pass@1", "missing"])
+  path = metrics.plot_learning_curves(
+      wd, ["train/loss", "eval/pass@1", "missing"]
+  )
   assert path == os.path.join(wd, "learning_curves.png")
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   held = metrics.held_out_points(
-      {"initial": {"accuracy": 0.1}, "sft": {"accuracy": 0.5},
-       "rl": {"accuracy": float("nan")}, "other": {"accuracy": 1.0}},
-      {"initial": 0, "sft": 4, "rl": 9})
-  assert held == [("initial", 0, 0.1), ("sft", 4, 0.5)]  # NaN and step-less left out
-  path = metrics.plot_learning_curves(wd, ["train/loss"], filename="c.png",
-                                      held_out=held, held_out_key="rl/accuracy")
+      {
+          "initial": {"accuracy": 0.1},
+          "sft": {"accuracy": 0.5},
+          "rl": {"accuracy": float("nan")},
+          "other": {"accuracy": 1.0},
+      },
+      {"initial": 0, "sft": 4, "rl": 9},
+  )
+  assert held == [
+      ("initial", 0, 0.1),
+      ("sft", 4, 0.5),
+  ]  # NaN and step-less left out
+  path = metrics.plot_learning_curves(
+      wd,
+      ["train/loss"],
+      filename="c.png",
+      held_out=held,
+      held_out_key="rl/accuracy",
+  )
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -75,10 +75,19 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_estimators_and_losses_match_on_8_devices():
-  env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=REPO,
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", SCRIPT],
+      env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().startswith("OK")

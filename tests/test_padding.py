@@ -14,7 +14,9 @@ from agentic_rl.models import transformer
 
 
 def test_bucket_length_rounds_the_longest_episode_up():
-  assert padding.bucket_length(np.array([3, 17, 9]), bucket=16, max_len=64) == 32
+  assert (
+      padding.bucket_length(np.array([3, 17, 9]), bucket=16, max_len=64) == 32
+  )
   assert padding.bucket_length(jnp.array([16, 2]), bucket=16, max_len=64) == 16
   assert padding.bucket_length(np.array([0, 0]), bucket=16, max_len=64) == 16
   assert padding.bucket_length(np.array([64]), bucket=16, max_len=64) == 64
@@ -28,12 +30,16 @@ def test_bucket_length_rounds_the_longest_episode_up():
 
 def test_host_trim_length_keeps_the_buffer_where_trimming_changes_the_update():
   from configs import default  # noqa: PLC0415
+
   config = default.get_config(None)
   lengths = np.array([20, 37, 25])
   assert config.trim_bucket == 16
   assert padding.host_trim_length(config, lengths) == 48
-  for field, value in (("trim_bucket", 0), ("rl.replay_capacity", 8),
-                       ("rl.loss_agg_mode", "seq-mean-token-sum-norm")):
+  for field, value in (
+      ("trim_bucket", 0),
+      ("rl.replay_capacity", 8),
+      ("rl.loss_agg_mode", "seq-mean-token-sum-norm"),
+  ):
     c = default.get_config(None)
     parent, _, leaf = field.rpartition(".")
     setattr(c.rl if parent else c, leaf, value)
@@ -51,20 +57,30 @@ def _traj(b=3, l=12, k=2):
       role=jnp.asarray(r.integers(0, 4, (b, l)), jnp.int8),
       logprob=jnp.asarray(r.normal(size=(b, l)), jnp.float32),
       turn=jnp.asarray(r.integers(-1, k, (b, l)), jnp.int32),
-      length=jnp.array([5, 9, 7], jnp.int32), num_turns=jnp.ones((b,), jnp.int32),
-      finish=jnp.zeros((b,), jnp.int32), group=jnp.arange(b, dtype=jnp.int32),
-      facts={"correct": jnp.ones((b,), bool), "calls_bk": jnp.zeros((b, k), jnp.int32)})
+      length=jnp.array([5, 9, 7], jnp.int32),
+      num_turns=jnp.ones((b,), jnp.int32),
+      finish=jnp.zeros((b,), jnp.int32),
+      group=jnp.arange(b, dtype=jnp.int32),
+      facts={
+          "correct": jnp.ones((b,), bool),
+          "calls_bk": jnp.zeros((b, k), jnp.int32),
+      },
+  )
 
 
 def test_trim_cuts_token_axes_only():
   traj = _traj()
   cut = padding.trim(traj, 12, 8)
   for name in ("tokens", "role", "logprob", "turn"):
-    np.testing.assert_array_equal(getattr(cut, name), getattr(traj, name)[:, :8])
+    np.testing.assert_array_equal(
+        getattr(cut, name), getattr(traj, name)[:, :8]
+    )
   assert cut.facts["calls_bk"].shape == (3, 2)
   np.testing.assert_array_equal(cut.length, traj.length)
   assert padding.trim(traj, 12, 12) is traj
-  with pytest.raises(ValueError, match=r"new_len=13: must be in \[1, full_len=12\]"):
+  with pytest.raises(
+      ValueError, match=r"new_len=13: must be in \[1, full_len=12\]"
+  ):
     padding.trim(traj, 12, 13)
 
 
@@ -73,8 +89,14 @@ def test_trimmed_batch_gives_the_same_logprobs_and_token_mean_loss():
   # log-probs (and hence any masked per-token loss) of a buffer cut at the
   # bucket (16) equal the full buffer's first 16 columns; every trained
   # token survives the cut.
-  cfg = transformer.TransformerConfig(vocab_size=50, d_model=32, num_layers=2,
-                                      num_heads=2, head_dim=16, ffn_dim=32)
+  cfg = transformer.TransformerConfig(
+      vocab_size=50,
+      d_model=32,
+      num_layers=2,
+      num_heads=2,
+      head_dim=16,
+      ffn_dim=32,
+  )
   graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
   length = np.array([5, 9, 7])
   tokens = np.random.default_rng(1).integers(0, 50, (3, 24))
@@ -90,8 +112,9 @@ def test_trimmed_batch_gives_the_same_logprobs_and_token_mean_loss():
   np.testing.assert_allclose(short, full[:, :16], rtol=0, atol=1e-5)
   assert int(cut["mask"].sum()) == int(mask.sum())
   loss = lambda lp, m: jnp.sum(lp * m) / jnp.sum(m)
-  np.testing.assert_allclose(loss(short, cut["mask"]), loss(full, batch["mask"]),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      loss(short, cut["mask"]), loss(full, batch["mask"]), rtol=1e-6
+  )
 
 
 def test_first_fit_rows_by_hand():

@@ -47,8 +47,10 @@ ADVERSARIAL = {
     "rg code: <call> then </call> x": (rg._code_of, "<call> </call> x"),  # noqa: SLF001
     "rg chat code: ```python + spaces": (rg._chat_code_of, "```python  "),  # noqa: SLF001
     "rg chat code: ```py + newline": (rg._chat_code_of, "```py\n"),  # noqa: SLF001
-    "bfcl: unclosed <tool_call> + </call": (bfcl.first_call_payload,
-                                            "<tool_call></call"),
+    "bfcl: unclosed <tool_call> + </call": (
+        bfcl.first_call_payload,
+        "<tool_call></call",
+    ),
 }
 
 
@@ -100,11 +102,35 @@ _OLD = {
     "rg_call": re.compile(r"^\s*<call>(.*?)</call>\s*$", re.DOTALL),
     "answer": re.compile(r"<answer>(.*?)</answer>", re.DOTALL),
     "py_fence": re.compile(r"```(?:python|py)\s*\n(.*?)(?:```|$)", re.DOTALL),
-    "first": re.compile(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)", re.DOTALL),
+    "first": re.compile(
+        r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)", re.DOTALL
+    ),
 }
-_FRAGMENTS = ["<tool_call>", "</tool_call>", "<call>", "</call>", "<answer>",
-              "</answer>", "```", "json", "python", "py", "tool_code", "thon", " ",
-              "\n", "\t", "\u2003", "x", "`", "<", "/", ">", "ca", "ll>"]
+_FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<call>",
+    "</call>",
+    "<answer>",
+    "</answer>",
+    "```",
+    "json",
+    "python",
+    "py",
+    "tool_code",
+    "thon",
+    " ",
+    "\n",
+    "\t",
+    "\u2003",
+    "x",
+    "`",
+    "<",
+    "/",
+    ">",
+    "ca",
+    "ll>",
+]
 
 
 def _group(m):
@@ -115,24 +141,37 @@ def test_scanners_equal_the_regexes_they_replace_on_random_text():
   rng = random.Random(0)
   for _ in range(20_000):
     t = "".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(0, 10)))
-    assert parsers.tag_blocks(t, "<tool_call>", "</tool_call>") == _OLD["tag"].findall(t)
+    assert parsers.tag_blocks(t, "<tool_call>", "</tool_call>") == _OLD[
+        "tag"
+    ].findall(t)
     assert parsers.tag_blocks(t, "<call>", "</call>") == _OLD["call"].findall(t)
     assert parsers.fence_blocks(t) == _OLD["fence"].findall(t), repr(t)
     assert rg.call_block(t) == _group(_OLD["rg_call"].match(t)), repr(t)
     assert rg.answer_block(t) == _group(_OLD["answer"].search(t)), repr(t)
     assert rg.python_fence(t) == _group(_OLD["py_fence"].search(t)), repr(t)
-    assert bfcl.first_call_payload(t) == _group(_OLD["first"].search(t)), repr(t)
+    assert bfcl.first_call_payload(t) == _group(_OLD["first"].search(t)), repr(
+        t
+    )
 
 
 def test_scanners_on_hand_written_cases():
-  assert parsers.fence_blocks("a ```json\n {\"x\": 1}\n``` b ```tool_code f()```") == [
-      '{"x": 1}\n', "f()"]
+  assert parsers.fence_blocks(
+      'a ```json\n {"x": 1}\n``` b ```tool_code f()```'
+  ) == ['{"x": 1}\n', "f()"]
   assert parsers.fence_blocks("```json   ") == []  # unclosed: nothing
-  assert parsers.tag_blocks("<call>a</call><call>b\n", "<call>", "</call>") == ["a", "b"]
+  assert parsers.tag_blocks("<call>a</call><call>b\n", "<call>", "</call>") == [
+      "a",
+      "b",
+  ]
   assert rg.answer_block("x <answer> 42 </answer> <answer>7</answer>") == " 42 "
   assert rg.answer_block("<answer> 42") is None
   assert rg.call_block("  <call>print(1)</call>\n") == "print(1)"
   assert rg.call_block("<call>a</call> b") is None
   assert rg.python_fence("```python \n  print(2)\n```") == "  print(2)\n"
-  assert rg.python_fence("```python print(2)```") is None  # no newline after the tag
-  assert bfcl.first_call_payload("x <tool_call>[f(1)]</call> <call>g()") == "[f(1)]"
+  assert (
+      rg.python_fence("```python print(2)```") is None
+  )  # no newline after the tag
+  assert (
+      bfcl.first_call_payload("x <tool_call>[f(1)]</call> <call>g()")
+      == "[f(1)]"
+  )

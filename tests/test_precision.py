@@ -23,7 +23,7 @@ from agentic_rl import types
 from agentic_rl.models import transformer
 from tests import fakes
 
-BF16_EPS = 2.0 ** -8  # bfloat16 unit roundoff (8 significant bits)
+BF16_EPS = 2.0**-8  # bfloat16 unit roundoff (8 significant bits)
 
 
 def _bf16(x):
@@ -50,17 +50,28 @@ def _exact_hidden_model(dtype: str, seed: int = 0):
   std 20, max |logit| ~ 50 over the 64-entry vocabulary. Any log-prob
   difference between the two compute dtypes then comes from the head alone."""
   cfg = transformer.TransformerConfig(
-      vocab_size=64, d_model=64, num_layers=1, num_heads=2, head_dim=16,
-      ffn_dim=32, norm_eps=1e-30, dtype=dtype)
+      vocab_size=64,
+      d_model=64,
+      num_layers=1,
+      num_heads=2,
+      head_dim=16,
+      ffn_dim=32,
+      norm_eps=1e-30,
+      dtype=dtype,
+  )
   graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
   k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
   state = nnx.to_pure_dict(params)
-  state["embed_vd"] = jnp.where(jax.random.bernoulli(k1, 0.5, (64, 64)), 1.0, -1.0)
+  state["embed_vd"] = jnp.where(
+      jax.random.bernoulli(k1, 0.5, (64, 64)), 1.0, -1.0
+  )
   state["lm_head_dv"] = _bf16(2.5 * jax.random.normal(k2, (64, 64)))
   state["blocks"][0]["attn"]["o_hkd"] = jnp.zeros_like(
-      state["blocks"][0]["attn"]["o_hkd"])
+      state["blocks"][0]["attn"]["o_hkd"]
+  )
   state["blocks"][0]["ffn"]["down_fd"] = jnp.zeros_like(
-      state["blocks"][0]["ffn"]["down_fd"])
+      state["blocks"][0]["ffn"]["down_fd"]
+  )
   nnx.replace_by_pure_dict(params, state)
   return graphdef, params, cfg
 
@@ -77,7 +88,10 @@ def _reference_logp(params, tokens):
   tok = np.asarray(tokens)
   logits = e[tok[:, :-1]] @ w
   lp = _log_softmax64(logits)
-  return np.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0], np.abs(logits).max()
+  return (
+      np.take_along_axis(lp, tok[:, 1:, None], -1)[..., 0],
+      np.abs(logits).max(),
+  )
 
 
 @pytest.mark.parametrize("chunk", [0, 5])
@@ -99,7 +113,8 @@ def test_bf16_compute_logprobs_match_float32_at_logit_40(chunk):
   w = p16["lm_head_dv"][...].astype(jnp.bfloat16)
   rounded = (e[tokens[:, :-1]] @ w).astype(jnp.float32)
   lp_rounded = np.take_along_axis(
-      _log_softmax64(rounded), np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+      _log_softmax64(rounded), np.asarray(tokens)[:, 1:, None], -1
+  )[..., 0]
   assert np.max(np.abs(lp_rounded - ref)) > 0.03
 
 
@@ -109,8 +124,14 @@ def test_sampler_next_token_logits_are_float32_accurate():
   gd, params, cfg = _exact_hidden_model("bfloat16")
   tokens = _tokens()
   cache = transformer.init_cache(cfg, 4, 16)
-  logits, _ = sampling.extend(gd, params, cache, tokens, jnp.zeros(4, jnp.int32),
-                              jnp.full((4,), 12, jnp.int32))
+  logits, _ = sampling.extend(
+      gd,
+      params,
+      cache,
+      tokens,
+      jnp.zeros(4, jnp.int32),
+      jnp.full((4,), 12, jnp.int32),
+  )
   assert logits.dtype == jnp.float32
   e = np.asarray(params["embed_vd"][...], np.float64)
   w = np.asarray(params["lm_head_dv"][...], np.float64)
@@ -130,8 +151,14 @@ def test_bf16_attention_scores_are_not_rounded_before_softmax():
   # not in bfloat16 (9 significant bits), and the output's dims 2-4 are the
   # attention probabilities themselves.
   cfg = transformer.TransformerConfig(
-      vocab_size=8, d_model=16, num_layers=1, num_heads=1, head_dim=16,
-      ffn_dim=8, dtype="bfloat16")
+      vocab_size=8,
+      d_model=16,
+      num_layers=1,
+      num_heads=1,
+      head_dim=16,
+      ffn_dim=8,
+      dtype="bfloat16",
+  )
   attn = transformer.Attention(cfg, nnx.Rngs(params=0))
   qk = np.zeros((16, 1, 16), np.float32)
   qk[0, 0, 0] = qk[1, 0, 1] = 1.0
@@ -148,9 +175,13 @@ def test_bf16_attention_scores_are_not_rounded_before_softmax():
   x[0, :, 0], x[0, :, 1] = a, b
   x[0, np.arange(3), 2 + np.arange(3)] = 1.0
   pos = jnp.zeros((1, 3), jnp.int32)
-  out, _ = attn(jnp.asarray(x, jnp.bfloat16), pos, None,
-                jnp.ones((1, 3, 3), bool),
-                transformer.rope_tables(pos, transformer.rope_inv_freq(cfg)))
+  out, _ = attn(
+      jnp.asarray(x, jnp.bfloat16),
+      pos,
+      None,
+      jnp.ones((1, 3, 3), bool),
+      transformer.rope_tables(pos, transformer.rope_inv_freq(cfg)),
+  )
   scores = (np.outer(a, a) + np.outer(b, b)) / 4.0
   assert scores[0, 1] == 40.125 and scores[0, 0] == 39.625
   p = np.exp(_log_softmax64(scores))
@@ -164,12 +195,20 @@ def test_logits_and_scores_dot_products_return_float32():
   # Structural check on the traced bf16 forward: the LM head and attention
   # score dot_generals output float32 from bfloat16 operands.
   cfg = transformer.TransformerConfig(
-      vocab_size=50, d_model=16, num_layers=1, num_heads=2, head_dim=8,
-      ffn_dim=8, dtype="bfloat16")
+      vocab_size=50,
+      d_model=16,
+      num_layers=1,
+      num_heads=2,
+      head_dim=8,
+      ffn_dim=8,
+      dtype="bfloat16",
+  )
   model = transformer.Transformer(cfg, nnx.Rngs(params=0))
   jaxpr = jax.make_jaxpr(lambda t: model(t)[0])(jnp.zeros((2, 5), jnp.int32))
   dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
-  by_shape = {tuple(e.outvars[0].aval.shape): e.outvars[0].aval.dtype for e in dots}
+  by_shape = {
+      tuple(e.outvars[0].aval.shape): e.outvars[0].aval.dtype for e in dots
+  }
   assert by_shape[(2, 2, 5, 5)] == jnp.float32  # scores [B, H, T, S]
   assert by_shape[(2, 5, 50)] == jnp.float32  # logits [B, T, V]
   assert all(e.invars[0].aval.dtype == jnp.bfloat16 for e in dots)
@@ -180,8 +219,11 @@ def test_logits_and_scores_dot_products_return_float32():
 
 
 def _opt_cfg(lr):
-  return ml_collections.ConfigDict(dict(
-      learning_rate=lr, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0))
+  return ml_collections.ConfigDict(
+      dict(
+          learning_rate=lr, warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0
+      )
+  )
 
 
 def test_master_weights_are_float32_adam_on_the_same_gradients():
@@ -216,7 +258,9 @@ def _sft_run(param_dtype, dtype, init_f32, tokens, tx, steps):
   params = jax.tree.map(lambda x: x.astype(cfg.params_dtype), init_f32)
 
   def loss(p):
-    return -jnp.mean(sampling.token_logprobs(graphdef, p, tokens, 1.0)[0][:, 1:])
+    return -jnp.mean(
+        sampling.token_logprobs(graphdef, p, tokens, 1.0)[0][:, 1:]
+    )
 
   @jax.jit
   def step(p, o):
@@ -232,8 +276,9 @@ def _sft_run(param_dtype, dtype, init_f32, tokens, tx, steps):
 
 
 def _flat(tree):
-  return np.concatenate([np.asarray(x, np.float32).ravel()
-                         for x in jax.tree.leaves(tree)])
+  return np.concatenate(
+      [np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(tree)]
+  )
 
 
 def test_bf16_training_tracks_float32_with_master_weights():
@@ -252,13 +297,16 @@ def test_bf16_training_tracks_float32_with_master_weights():
   bf16 run changes almost no weight (relative error ~1).
   """
   steps, lr = 5, 2e-6
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (8, 24), 0,
-                              fakes.TINY.vocab_size)
+  tokens = jax.random.randint(
+      jax.random.PRNGKey(1), (8, 24), 0, fakes.TINY.vocab_size
+  )
   init = nnx.state(transformer.Transformer(fakes.TINY, nnx.Rngs(params=0)))
   init = jax.tree.map(_bf16, init)
   tx = learner.make_optimizer(_opt_cfg(lr))
   p0, p32, _, g32 = _sft_run("float32", "float32", init, tokens, tx, steps)
-  q0, q16, opt16, g16 = _sft_run("bfloat16", "bfloat16", init, tokens, tx, steps)
+  q0, q16, opt16, g16 = _sft_run(
+      "bfloat16", "bfloat16", init, tokens, tx, steps
+  )
   d32 = _flat(p32) - _flat(p0)
   dm = _flat(opt16.master) - _flat(q0)
   share32, share_master = np.mean(d32 != 0), np.mean(dm != 0)
@@ -272,11 +320,14 @@ def test_bf16_training_tracks_float32_with_master_weights():
   assert rel < 2 * np.sqrt(f_flip) + eps_g, (rel, f_flip, eps_g)
   # The bf16 parameters are the master rounded to nearest.
   np.testing.assert_array_equal(
-      _flat(q16), _flat(jax.tree.map(lambda x: x.astype(jnp.bfloat16),
-                                     opt16.master)))
+      _flat(q16),
+      _flat(jax.tree.map(lambda x: x.astype(jnp.bfloat16), opt16.master)),
+  )
   # The same run without a master copy (optax on bf16 params) barely moves.
-  plain = optax.chain(optax.clip_by_global_norm(1.0),
-                      optax.adamw(lr, b1=0.9, b2=0.99, weight_decay=0.0))
+  plain = optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(lr, b1=0.9, b2=0.99, weight_decay=0.0),
+  )
   r0, r16, _, _ = _sft_run("bfloat16", "bfloat16", init, tokens, plain, steps)
   d_plain = _flat(r16) - _flat(r0)
   assert np.mean(d_plain != 0) < 0.1
@@ -286,6 +337,7 @@ def test_bf16_training_tracks_float32_with_master_weights():
 def test_bf16_train_state_checkpoint_roundtrip(tmp_path):
   from agentic_rl import train
   from configs import default
+
   config = default.get_config("smoke")
   config.model.param_dtype = "bfloat16"
   config.model.dtype = "bfloat16"
@@ -297,14 +349,19 @@ def test_bf16_train_state_checkpoint_roundtrip(tmp_path):
   state = train.start_rl(config, state)
   assert isinstance(state.opt_state, mixed_precision.MasterWeightsState)
   # The RL phase keeps the SFT phase's float32 master (fresh moments).
-  for a, b in zip(jax.tree.leaves(sft_master),
-                  jax.tree.leaves(state.opt_state.master)):
+  for a, b in zip(
+      jax.tree.leaves(sft_master), jax.tree.leaves(state.opt_state.master)
+  ):
     np.testing.assert_array_equal(a, b)
   assert jax.tree.leaves(state.params)[0].dtype == jnp.bfloat16
   assert {x.dtype for x in jax.tree.leaves(state.opt_state.master)} == {
-      np.dtype(jnp.float32)}
-  state = state.replace(opt_state=state.opt_state._replace(master=jax.tree.map(
-      lambda x: x + 1e-4, state.opt_state.master)))
+      np.dtype(jnp.float32)
+  }
+  state = state.replace(
+      opt_state=state.opt_state._replace(
+          master=jax.tree.map(lambda x: x + 1e-4, state.opt_state.master)
+      )
+  )
   with checkpoint.Checkpointer(str(tmp_path / "ck")) as ck:
     ck.save(3, state, force=True)
     ck.wait()
@@ -337,17 +394,25 @@ def test_bf16_run_resumes_bit_exactly(tmp_path):
   full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
   train.train_and_evaluate(config(), full)
   assert train.train_and_evaluate(config(halt=4), resumed) is None
-  assert checkpoint.Checkpointer(
-      str(tmp_path / "resumed" / "checkpoints")).latest_step() == 3
+  assert (
+      checkpoint.Checkpointer(
+          str(tmp_path / "resumed" / "checkpoints")
+      ).latest_step()
+      == 3
+  )
   train.train_and_evaluate(config(), resumed)
   c = config()
   _, like = train.init_state(c, train.make_model_config(c))
   like = train.start_rl(c, like)
-  a = checkpoint.Checkpointer(str(tmp_path / "full" / "checkpoints")).restore(like)
-  b = checkpoint.Checkpointer(str(tmp_path / "resumed" / "checkpoints")).restore(
-      like)
-  assert int(a.step) == 6 and isinstance(a.opt_state,
-                                         mixed_precision.MasterWeightsState)
+  a = checkpoint.Checkpointer(str(tmp_path / "full" / "checkpoints")).restore(
+      like
+  )
+  b = checkpoint.Checkpointer(
+      str(tmp_path / "resumed" / "checkpoints")
+  ).restore(like)
+  assert int(a.step) == 6 and isinstance(
+      a.opt_state, mixed_precision.MasterWeightsState
+  )
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -356,7 +421,9 @@ def test_bf16_microbatch_gradients_accumulate_in_float32():
   # Hand values: 1 + four micro-batch gradients of 2^-9 (each bf16). A bf16
   # running sum stays 1.0 (2^-9 is below half a unit at 1, 2^-8); the float32
   # accumulator gives 1 + 4 * 2^-9 = 1.0078125.
-  grads = [{"w": jnp.full((3,), v, jnp.bfloat16)} for v in (1.0,) + (2.0 ** -9,) * 4]
+  grads = [
+      {"w": jnp.full((3,), v, jnp.bfloat16)} for v in (1.0,) + (2.0**-9,) * 4
+  ]
   acc = mixed_precision.accumulation_zeros(grads[0])
   for g in grads:
     acc = mixed_precision.accumulate(acc, g)
@@ -368,12 +435,17 @@ def test_bf16_microbatch_gradients_accumulate_in_float32():
   np.testing.assert_array_equal(bf16_sum.astype(jnp.float32), 1.0)
   # Wired into the learner: sft_grad over 4 micro-batches of a bf16 model
   # returns float32 gradients.
-  cfg = dataclasses.replace(fakes.TINY, param_dtype="bfloat16", dtype="bfloat16")
+  cfg = dataclasses.replace(
+      fakes.TINY, param_dtype="bfloat16", dtype="bfloat16"
+  )
   graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
   tokens = jax.random.randint(jax.random.PRNGKey(4), (8, 10), 0, 256)
-  role = jnp.where(jnp.arange(10) < 3, types.PROMPT, types.POLICY).astype(jnp.int8)
-  traj = fakes.trajectory(tokens=tokens, role=role, finish=1,
-                          group=jnp.arange(8))
+  role = jnp.where(jnp.arange(10) < 3, types.PROMPT, types.POLICY).astype(
+      jnp.int8
+  )
+  traj = fakes.trajectory(
+      tokens=tokens, role=role, finish=1, group=jnp.arange(8)
+  )
   _, _, g = jax.jit(lambda p: learner.sft_grad(graphdef, p, traj, 4))(params)
   assert {x.dtype for x in jax.tree.leaves(g)} == {np.dtype(jnp.float32)}
   assert np.all(np.isfinite(_flat(g))) and np.any(_flat(g) != 0)
@@ -381,15 +453,18 @@ def test_bf16_microbatch_gradients_accumulate_in_float32():
 
 def test_master_copy_and_moments_are_sharded_like_the_params():
   from agentic_rl import sharding
+
   cfg = dataclasses.replace(fakes.TINY, param_dtype="bfloat16")
   params = jax.eval_shape(
-      lambda: nnx.state(transformer.Transformer(cfg, nnx.Rngs(params=0))))
+      lambda: nnx.state(transformer.Transformer(cfg, nnx.Rngs(params=0)))
+  )
   opt = jax.eval_shape(learner.make_optimizer(_opt_cfg(1e-3)).init, params)
   mesh = {"data": 1, "fsdp": 2, "tensor": 2}
   want = sharding.tree_specs(params, mesh)
   got = sharding.tree_specs(opt, mesh)
   leaves = lambda t: jax.tree.leaves(
-      t, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+      t, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  )
   for tree in (got.master, got.inner[1][0].mu, got.inner[1][0].nu):
     assert leaves(tree) == leaves(want)
   assert jax.sharding.PartitionSpec("fsdp", "tensor", None) in leaves(want)

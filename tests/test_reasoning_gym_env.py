@@ -15,9 +15,13 @@ BYTES = tok.ByteTokenizer()
 
 @pytest.fixture(scope="module")
 def env():
-  e = rge.ReasoningGymEnv(dataset="basic_arithmetic",
-                          dataset_config={"min_terms": 2, "max_terms": 2},
-                          max_turns=3, wall_seconds=30, max_obs_len=64)
+  e = rge.ReasoningGymEnv(
+      dataset="basic_arithmetic",
+      dataset_config={"min_terms": 2, "max_terms": 2},
+      max_turns=3,
+      wall_seconds=30,
+      max_obs_len=64,
+  )
   yield e
   e.sandbox.close()
 
@@ -47,7 +51,12 @@ def test_python_tool_call_then_answer(env):
   assert BYTES.decode(obs) == f"<obs>{task.entry['answer']}\n</obs>"
   s, _, done = env.step(s, f"<answer>{BYTES.decode(obs)[5:-7]}</answer>")
   f = env.facts(s)
-  assert done and f["correct"] and f["num_tool_calls"] == 1 and f["num_tool_errors"] == 0
+  assert (
+      done
+      and f["correct"]
+      and f["num_tool_calls"] == 1
+      and f["num_tool_errors"] == 0
+  )
 
 
 def test_failing_and_hermes_calls(env):
@@ -55,18 +64,25 @@ def test_failing_and_hermes_calls(env):
   s, obs, done = env.step(state, "<call>1/0</call>")
   assert not done and "ZeroDivisionError" in BYTES.decode(obs)
   s, obs, done = env.step(
-      s, '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>')
+      s,
+      '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>',
+  )
   assert not done and BYTES.decode(obs) == "<obs>42\n</obs>"
   s, obs, done = env.step(s, "<call>print(1)</call>")
   f = env.facts(s)
   assert done  # turn budget of 3 spent
-  assert f["num_tool_calls"] == 3 and f["num_tool_errors"] == 1 and not f["answered"]
+  assert (
+      f["num_tool_calls"] == 3
+      and f["num_tool_errors"] == 1
+      and not f["answered"]
+  )
 
 
 def test_batch_of_calls_runs_concurrently(env):
   states = [env.reset(t)[0] for t in env.eval_tasks(3, 0)]
-  out = env.step_batch(states, ["<call>print(2+2)</call>", "<answer>1</answer>",
-                                "garbage"])
+  out = env.step_batch(
+      states, ["<call>print(2+2)</call>", "<answer>1</answer>", "garbage"]
+  )
   assert BYTES.decode(out[0][1]) == "<obs>4\n</obs>" and not out[0][2]
   assert out[1][2] and env.facts(out[1][0])["answered"]
   assert out[2][2] and env.facts(out[2][0])["format_error"]
@@ -90,8 +106,11 @@ def test_bad_config_is_rejected():
 
 
 @hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(st.text(max_size=60).filter(lambda t: "<call>" not in t
-                                              and "<tool_call>" not in t))
+@hypothesis.given(
+    st.text(max_size=60).filter(
+        lambda t: "<call>" not in t and "<tool_call>" not in t
+    )
+)
 def test_random_text_never_raises(env, text):
   state, _ = env.reset(_task(env))
   s, obs, done = env.step(state, text)
@@ -99,14 +118,20 @@ def test_random_text_never_raises(env, text):
   assert done and obs.dtype == np.int32
   assert f["answered"] != f["format_error"]
   assert {k: v.dtype for k, v in f.items()} == {
-      "correct": np.bool_, "score": np.float32, "answered": np.bool_,
-      "format_error": np.bool_, "num_tool_calls": np.int32,
-      "num_tool_errors": np.int32, "hard": np.bool_}
+      "correct": np.bool_,
+      "score": np.float32,
+      "answered": np.bool_,
+      "format_error": np.bool_,
+      "num_tool_calls": np.int32,
+      "num_tool_errors": np.int32,
+      "hard": np.bool_,
+  }
 
 
 def test_gsm_tool_configs_validate():
   from agentic_rl import validation
   from configs import gsm_tool
+
   validation.validate_config(gsm_tool.get_config())
   validation.validate_config(gsm_tool.get_config("smoke"))
 
@@ -115,6 +140,9 @@ def test_gsm_tool_configs_validate():
 def test_gsm_tool_smoke_runs_end_to_end(tmp_path):
   from agentic_rl import train
   from configs import gsm_tool
-  reports = train.train_and_evaluate(gsm_tool.get_config("smoke"), str(tmp_path))
+
+  reports = train.train_and_evaluate(
+      gsm_tool.get_config("smoke"), str(tmp_path)
+  )
   assert set(reports) == {"sft", "rl"}
   assert all(0.0 <= r["accuracy"] <= 1.0 for r in reports.values())

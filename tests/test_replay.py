@@ -16,8 +16,9 @@ P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
 
 def _rows(prompts, answers):
   """Rows of 2 PROMPT tokens then 2 POLICY tokens (L = 4)."""
-  tokens = jnp.array([list(p) + list(a) for p, a in zip(prompts, answers)],
-                     jnp.int32)
+  tokens = jnp.array(
+      [list(p) + list(a) for p, a in zip(prompts, answers)], jnp.int32
+  )
   role = jnp.array([[P, P, Q, Q]] * len(prompts), jnp.int8)
   return tokens, role
 
@@ -28,8 +29,9 @@ def _turns(n):
 
 
 def test_task_keys_depend_only_on_prompt_tokens_in_order():
-  tokens, role = _rows([(5, 6), (5, 6), (6, 5), (5, 7)],
-                       [(1, 2), (3, 4), (1, 2), (1, 2)])
+  tokens, role = _rows(
+      [(5, 6), (5, 6), (6, 5), (5, 7)], [(1, 2), (3, 4), (1, 2), (1, 2)]
+  )
   k = np.asarray(replay.task_keys(tokens, role))
   assert k.dtype == np.uint32
   assert k[0] == k[1]  # same prompt, different answers
@@ -42,27 +44,51 @@ def test_insert_keeps_one_episode_per_task_and_evicts_the_oldest():
   keys = replay.task_keys(tokens, role)
   lp = jnp.full((3, 4), -0.5)
   # Rows 0 and 1 (same task) succeed: the later one is kept. Row 2 fails.
-  buf = jax.jit(replay.insert)(buf, keys, tokens, role, lp,
-                               jnp.array([1.0, 0.9, 0.0]),
-                               jnp.array([True, True, False]), jnp.int32(3),
-                               _turns(3))
+  buf = jax.jit(replay.insert)(
+      buf,
+      keys,
+      tokens,
+      role,
+      lp,
+      jnp.array([1.0, 0.9, 0.0]),
+      jnp.array([True, True, False]),
+      jnp.int32(3),
+      _turns(3),
+  )
   np.testing.assert_array_equal(buf.valid, [True, False])
   np.testing.assert_array_equal(buf.tokens[0], [5, 6, 2, 2])
   np.testing.assert_allclose(buf.reward[0], 0.9)
   assert int(buf.step[0]) == 3
   # Task (7, 7) at step 4 takes the empty slot; a third task at step 5
   # evicts the oldest entry (slot 0, stored at step 3).
-  buf = replay.insert(buf, keys[2:], tokens[2:], role[2:], lp[2:],
-                      jnp.array([1.0]), jnp.array([True]), jnp.int32(4),
-                      _turns(1))
+  buf = replay.insert(
+      buf,
+      keys[2:],
+      tokens[2:],
+      role[2:],
+      lp[2:],
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(4),
+      _turns(1),
+  )
   t3, r3 = _rows([(8, 8)], [(4, 4)])
-  buf = replay.insert(buf, replay.task_keys(t3, r3), t3, r3, lp[:1],
-                      jnp.array([1.0]), jnp.array([True]), jnp.int32(5),
-                      _turns(1))
+  buf = replay.insert(
+      buf,
+      replay.task_keys(t3, r3),
+      t3,
+      r3,
+      lp[:1],
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(5),
+      _turns(1),
+  )
   np.testing.assert_array_equal(buf.tokens[:, 0], [8, 7])
   np.testing.assert_array_equal(buf.step, [5, 4])
-  slot, found = replay.lookup(buf, jnp.concatenate(
-      [replay.task_keys(t3, r3), keys]))
+  slot, found = replay.lookup(
+      buf, jnp.concatenate([replay.task_keys(t3, r3), keys])
+  )
   np.testing.assert_array_equal(found, [True, False, False, True])
   assert int(slot[0]) == 0 and int(slot[3]) == 1
 
@@ -71,17 +97,28 @@ def test_injection_replaces_last_row_of_failed_groups_and_recomputes_advantage()
   # Buffer holds a success for task A (prompt 5 6) with reward 1.
   buf = replay.init(3, 4)
   ta, ra = _rows([(5, 6)], [(9, 9)])
-  buf = replay.insert(buf, replay.task_keys(ta, ra), ta, ra,
-                      jnp.full((1, 4), -0.25), jnp.array([1.0]),
-                      jnp.array([True]), jnp.int32(0), _turns(1))
+  buf = replay.insert(
+      buf,
+      replay.task_keys(ta, ra),
+      ta,
+      ra,
+      jnp.full((1, 4), -0.25),
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(0),
+      _turns(1),
+  )
   # Groups of K = 2: g0 = task A, both failed -> last row replaced;
   # g1 = task A with a success -> unchanged; g2 = task B failed, not buffered.
-  tokens, role = _rows([(5, 6)] * 4 + [(7, 7)] * 2,
-                       [(1, 1), (2, 2), (3, 3), (4, 4), (1, 1), (2, 2)])
+  tokens, role = _rows(
+      [(5, 6)] * 4 + [(7, 7)] * 2,
+      [(1, 1), (2, 2), (3, 3), (4, 4), (1, 1), (2, 2)],
+  )
   reward = jnp.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
   lp = jnp.full((6, 4), -1.0)
   out = jax.jit(replay.inject_into_failed_groups, static_argnums=(6, 7))(
-      buf, tokens, role, lp, _turns(6), reward, 2, 1.0)
+      buf, tokens, role, lp, _turns(6), reward, 2, 1.0
+  )
   tok, rol, logp, _, rew, inj = out
   np.testing.assert_array_equal(inj, [False, True, False, False, False, False])
   np.testing.assert_array_equal(tok[1], [5, 6, 9, 9])
@@ -97,8 +134,9 @@ def test_injection_replaces_last_row_of_failed_groups_and_recomputes_advantage()
 def test_sil_baselines_per_task_mean_or_batch_mean():
   batch_keys = jnp.array([10, 10, 20, 20], jnp.uint32)
   batch_reward = jnp.array([1.0, 0.0, 0.0, 0.0])
-  b = replay.sil_baselines(jnp.array([10, 20, 30], jnp.uint32), batch_keys,
-                           batch_reward)
+  b = replay.sil_baselines(
+      jnp.array([10, 20, 30], jnp.uint32), batch_keys, batch_reward
+  )
   np.testing.assert_allclose(b, [0.5, 0.0, 0.25])
 
 
@@ -112,28 +150,44 @@ def test_self_imitation_loss_hand_value_and_gradient():
   # -(0.5 * (-1 - 2) + 0 * (-0.5)) / 3 tokens = 0.5
   np.testing.assert_allclose(loss, 0.5, rtol=1e-6)
   g = jax.grad(lambda x: losses.self_imitation_loss(x, mask, ret, base, valid))(
-      logp)
-  np.testing.assert_allclose(g, [[-0.5 / 3, -0.5 / 3, 0], [0, 0, 0], [0, 0, 0]],
-                             rtol=1e-6)
+      logp
+  )
+  np.testing.assert_allclose(
+      g, [[-0.5 / 3, -0.5 / 3, 0], [0, 0, 0], [0, 0, 0]], rtol=1e-6
+  )
 
 
 def test_train_state_with_buffer_and_dual_coef_checkpoints(tmp_path):
   buf = replay.init(2, 4)
   tokens, role = _rows([(5, 6)], [(1, 2)])
-  buf = replay.insert(buf, replay.task_keys(tokens, role), tokens, role,
-                      jnp.full((1, 4), -0.5), jnp.array([1.0]),
-                      jnp.array([True]), jnp.int32(7), _turns(1))
-  base = dict(step=jnp.int32(7), params={"w": jnp.ones(3)},
-              ref_params={"w": jnp.zeros(3)}, opt_state={"m": jnp.zeros(3)},
-              rng=jnp.zeros(2, jnp.uint32), kl_coef=jnp.float32(0.01))
+  buf = replay.insert(
+      buf,
+      replay.task_keys(tokens, role),
+      tokens,
+      role,
+      jnp.full((1, 4), -0.5),
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(7),
+      _turns(1),
+  )
+  base = dict(
+      step=jnp.int32(7),
+      params={"w": jnp.ones(3)},
+      ref_params={"w": jnp.zeros(3)},
+      opt_state={"m": jnp.zeros(3)},
+      rng=jnp.zeros(2, jnp.uint32),
+      kl_coef=jnp.float32(0.01),
+  )
   state = types.TrainState(**base, replay=buf, dual_coef=jnp.float32(0.3))
   plain = types.TrainState(**base)  # extras default to None
   assert plain.replay is None and plain.dual_coef is None
   with checkpoint.Checkpointer(str(tmp_path / "a")) as ck:
     ck.save(7, state, force=True)
     ck.wait()
-    like = types.TrainState(**base, replay=replay.init(2, 4),
-                            dual_coef=jnp.float32(0.0))
+    like = types.TrainState(
+        **base, replay=replay.init(2, 4), dual_coef=jnp.float32(0.0)
+    )
     got = ck.restore(like)
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
     np.testing.assert_array_equal(a, b)

@@ -43,9 +43,17 @@ def test_empty_observation_keeps_the_logits_after_the_last_sampled_token():
   # teacher-forced one, not that of the logits after a phantom PAD.
   graphdef, params, cfg = fakes.tiny_policy(0)
   env = SilentEnv(max_action_len=3)
-  traj = jax.jit(lambda p, k: rollout.rollout(
-      env, jnp.array([2, 3, 4, 5]), k, max_len=24, graphdef=graphdef, params=p,
-      model_config=cfg))(params, jax.random.PRNGKey(0))
+  traj = jax.jit(
+      lambda p, k: rollout.rollout(
+          env,
+          jnp.array([2, 3, 4, 5]),
+          k,
+          max_len=24,
+          graphdef=graphdef,
+          params=p,
+          model_config=cfg,
+      )
+  )(params, jax.random.PRNGKey(0))
   assert np.all(np.asarray(traj.num_turns) == 3)
   assert not np.any(np.asarray(traj.role) == types.TOOL)
   assert _policy_mismatch(traj, graphdef, params) < 1e-4
@@ -54,9 +62,18 @@ def test_empty_observation_keeps_the_logits_after_the_last_sampled_token():
 def test_tree_rollout_empty_observation_keeps_the_last_logits():
   graphdef, params, cfg = fakes.tiny_policy(1)
   env = SilentEnv(max_action_len=3)
-  traj = jax.jit(lambda p, k: tree_rollout.tree_rollout(
-      env, jnp.array([2, 4]), k, max_len=24, branching=(2,), graphdef=graphdef,
-      params=p, model_config=cfg))(params, jax.random.PRNGKey(1))
+  traj = jax.jit(
+      lambda p, k: tree_rollout.tree_rollout(
+          env,
+          jnp.array([2, 4]),
+          k,
+          max_len=24,
+          branching=(2,),
+          graphdef=graphdef,
+          params=p,
+          model_config=cfg,
+      )
+  )(params, jax.random.PRNGKey(1))
   assert np.all(np.asarray(traj.num_turns) == 3)
   assert _policy_mismatch(traj, graphdef, params) < 1e-4
 
@@ -115,16 +132,30 @@ def test_stop_ids_come_from_the_environment_format():
   assert rollout.env_stop_tokens(fakes.EchoEnv()) == tokenizers.STOP_TOKENS
   assert rollout.env_stop_tokens(OwnStopEnv()) == (STOP,)
   graphdef, params, cfg = _rigged_policy()
-  logits, _ = sampling.extend(graphdef, params, transformer.init_cache(cfg, 1, 4),
-                              jnp.zeros((1, 2), jnp.int32), jnp.zeros(1, jnp.int32),
-                              jnp.full((1,), 2, jnp.int32))
+  logits, _ = sampling.extend(
+      graphdef,
+      params,
+      transformer.init_cache(cfg, 1, 4),
+      jnp.zeros((1, 2), jnp.int32),
+      jnp.zeros(1, jnp.int32),
+      jnp.full((1,), 2, jnp.int32),
+  )
   p = np.asarray(jax.nn.softmax(logits[0]))
-  np.testing.assert_allclose(p[list(LIKELY)], 1 / (5 + (V - 5) * np.exp(-10)),
-                             rtol=1e-4)
+  np.testing.assert_allclose(
+      p[list(LIKELY)], 1 / (5 + (V - 5) * np.exp(-10)), rtol=1e-4
+  )
   env = OwnStopEnv(max_action_len=8)
-  traj = jax.jit(lambda k: rollout.rollout(
-      env, jnp.array([2, 3, 4, 5, 2, 3]), k, max_len=64, graphdef=graphdef,
-      params=params, model_config=cfg))(jax.random.PRNGKey(0))
+  traj = jax.jit(
+      lambda k: rollout.rollout(
+          env,
+          jnp.array([2, 3, 4, 5, 2, 3]),
+          k,
+          max_len=64,
+          graphdef=graphdef,
+          params=params,
+          model_config=cfg,
+      )
+  )(jax.random.PRNGKey(0))
   turns = _turns(traj)
   assert len(turns) == 18  # 6 episodes x 3 turns, none cut by the buffer
   for seg in turns:
@@ -139,13 +170,26 @@ def test_stop_ids_come_from_the_environment_format():
 def test_byte_stop_ids_are_refused_for_another_vocabulary():
   graphdef, params, cfg = _rigged_policy()
   with pytest.raises(ValueError, match="vocab_size=300"):
-    rollout.rollout(fakes.EchoEnv(), jnp.array([2]), jax.random.PRNGKey(0),
-                    max_len=16, graphdef=graphdef, params=params,
-                    model_config=cfg)
+    rollout.rollout(
+        fakes.EchoEnv(),
+        jnp.array([2]),
+        jax.random.PRNGKey(0),
+        max_len=16,
+        graphdef=graphdef,
+        params=params,
+        model_config=cfg,
+    )
   with pytest.raises(ValueError, match="vocab_size=300"):
-    tree_rollout.tree_rollout(fakes.EchoEnv(), jnp.array([2]),
-                              jax.random.PRNGKey(0), max_len=16, branching=(2,),
-                              graphdef=graphdef, params=params, model_config=cfg)
+    tree_rollout.tree_rollout(
+        fakes.EchoEnv(),
+        jnp.array([2]),
+        jax.random.PRNGKey(0),
+        max_len=16,
+        branching=(2,),
+        graphdef=graphdef,
+        params=params,
+        model_config=cfg,
+    )
   with pytest.raises(ValueError, match="outside the model's vocabulary"):
     rollout.check_stop_tokens((7, 400), OwnStopEnv(), cfg)
 
@@ -164,17 +208,30 @@ def test_replay_injection_keeps_the_buffered_turns_under_gigpo():
   s_tok = jnp.array([[5, 6, 20, 21, 30, 40, 41, 0, 0, 0]], jnp.int32)
   s_role = jnp.array([[P_, P_, Q_, Q_, T_, Q_, Q_, D_, D_, D_]], jnp.int8)
   s_turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1, -1, -1, -1]], jnp.int32)
-  buf = replay.insert(replay.init(2, 10), replay.task_keys(s_tok, s_role),
-                      s_tok, s_role, jnp.full((1, 10), -0.5), jnp.array([1.0]),
-                      jnp.array([True]), jnp.int32(0), s_turn)
+  buf = replay.insert(
+      replay.init(2, 10),
+      replay.task_keys(s_tok, s_role),
+      s_tok,
+      s_role,
+      jnp.full((1, 10), -0.5),
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(0),
+      s_turn,
+  )
   # A failed group of 2 for the same task: one-turn episodes, reward 0.
-  tok = jnp.array([[5, 6, 22, 23, 0, 0, 0, 0, 0, 0],
-                   [5, 6, 24, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
-  role = jnp.array([[P_, P_, Q_, Q_] + [D_] * 6, [P_, P_, Q_] + [D_] * 7], jnp.int8)
+  tok = jnp.array(
+      [[5, 6, 22, 23, 0, 0, 0, 0, 0, 0], [5, 6, 24, 0, 0, 0, 0, 0, 0, 0]],
+      jnp.int32,
+  )
+  role = jnp.array(
+      [[P_, P_, Q_, Q_] + [D_] * 6, [P_, P_, Q_] + [D_] * 7], jnp.int8
+  )
   turn = jnp.where(role == Q_, 0, -1).astype(jnp.int32)
   traj = fakes.trajectory(tokens=tok, role=role, turn=turn, length=[4, 3])
   train, reward, injected = learner.inject_replay(
-      buf, traj, jnp.zeros(2), group_size=2, success_threshold=1.0)
+      buf, traj, jnp.zeros(2), group_size=2, success_threshold=1.0
+  )
   np.testing.assert_array_equal(injected, [False, True])
   np.testing.assert_array_equal(train.turn[1], s_turn[0])
   np.testing.assert_array_equal(train.num_turns, [1, 2])
@@ -200,13 +257,20 @@ def test_replay_injection_keeps_the_buffered_turns_under_gigpo():
 def test_masked_behaviour_logprobs_hand_values():
   from agentic_rl import learner  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
+
   graphdef, params, _ = fakes.tiny_policy(0)
   config = default.get_config("smoke")  # 2 minibatch blocks of 1 row
   tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 7), 0, 256)
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   got, shift = learner.masked_behaviour_logprobs(
-      config, graphdef, params, tokens, logp, jnp.array([True, False]),
-      (tokenizers.CALL,))
+      config,
+      graphdef,
+      params,
+      tokens,
+      logp,
+      jnp.array([True, False]),
+      (tokenizers.CALL,),
+  )
   logits, _ = sampling.apply_model(graphdef, params, tokens)
   z = np.asarray(logits, np.float64)[:, :-1]
   lp = z - z.max(-1, keepdims=True)
@@ -216,8 +280,9 @@ def test_masked_behaviour_logprobs_hand_values():
   want = np.take_along_axis(lp, tok[..., None], -1)[..., 0]
   want[0] -= np.log1p(-p_call[0])  # row 0 sampled with CALL masked
   np.testing.assert_allclose(np.asarray(got)[:, 1:], want, atol=2e-5)
-  np.testing.assert_allclose(np.asarray(shift)[0, 1:], -np.log1p(-p_call[0]),
-                             rtol=1e-3)
+  np.testing.assert_allclose(
+      np.asarray(shift)[0, 1:], -np.log1p(-p_call[0]), rtol=1e-3
+  )
   assert np.all(np.asarray(shift)[1] == 0.0) and float(shift[0, 0]) == 0.0
   assert np.min(np.asarray(shift)[0, 1:]) > 1e-4  # a visible gap to remove
 
@@ -225,6 +290,7 @@ def test_masked_behaviour_logprobs_hand_values():
 def test_first_step_ratio_of_masked_rows_is_one_minus_banned_mass():
   from agentic_rl import learner, losses  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
+
   graphdef, params, _ = fakes.tiny_policy(2)
   rl = default.get_config("smoke").rl
   tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, 256)
@@ -232,13 +298,24 @@ def test_first_step_ratio_of_masked_rows_is_one_minus_banned_mass():
   mask = jnp.broadcast_to(mask, (2, 6))
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   shift = jnp.where(jnp.array([[True], [False]]) & mask, 0.05, 0.0)
-  batch = {"tokens": tokens, "mask": mask,
-           "behaviour_logp": jnp.where(mask, logp + shift, 0.0),
-           "ref_logp": jnp.where(mask, logp, 0.0),
-           "advantage": jnp.where(mask, 1.0, 0.0), "behaviour_shift": shift}
+  batch = {
+      "tokens": tokens,
+      "mask": mask,
+      "behaviour_logp": jnp.where(mask, logp + shift, 0.0),
+      "ref_logp": jnp.where(mask, logp, 0.0),
+      "advantage": jnp.where(mask, 1.0, 0.0),
+      "behaviour_shift": shift,
+  }
   den = losses.aggregation_denominator(mask, rl.loss_agg_mode)
-  _, m = learner._rl_loss(graphdef, params, batch, rl, kl_coef=0.0,
-                          denominator=den, first_step=jnp.bool_(True))
+  _, m = learner._rl_loss(
+      graphdef,
+      params,
+      batch,
+      rl,
+      kl_coef=0.0,
+      denominator=den,
+      first_step=jnp.bool_(True),
+  )
   # Masked rows: ratio = exp(-0.05); others exactly 1; no behaviour gap.
   np.testing.assert_allclose(m["ratio_dev_max"], 1 - np.exp(-0.05), rtol=1e-5)
   assert float(m["behaviour_gap_max"]) < 1e-6
@@ -251,6 +328,7 @@ def test_dual_path_trainer_behaviour_matches_the_sampler():
   masked ones (mismatch ~1e-6, not the -log(1 - P(<call>)) gap)."""
   from agentic_rl import learner, train  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
+
   config = default.get_config("smoke")
   config.rl.dual_path_tool_free = 2
   config.rl.rewards = {"correct": 1.0, "dual_path_efficiency": 1.0}
@@ -262,15 +340,19 @@ def test_dual_path_trainer_behaviour_matches_the_sampler():
   collect = jax.jit(learner.make_collect_fn(config, env, graphdef, model_cfg))
   batch, traj, *_, info, _ = collect(state)
   free = np.asarray(traj.facts["tool_free"])[:, None] & (
-      np.asarray(traj.role) == types.POLICY)
+      np.asarray(traj.role) == types.POLICY
+  )
   assert free.sum() > 0
   beh = np.asarray(batch["behaviour_logp"])
-  np.testing.assert_allclose(beh[free], np.asarray(traj.logprob)[free],
-                             atol=1e-4)
+  np.testing.assert_allclose(
+      beh[free], np.asarray(traj.logprob)[free], atol=1e-4
+  )
   assert float(info["logp_mismatch_max"]) < 1e-4
-  unmasked, _ = sampling.token_logprobs(graphdef, state.params, traj.tokens,
-                                        config.rl.temperature)
+  unmasked, _ = sampling.token_logprobs(
+      graphdef, state.params, traj.tokens, config.rl.temperature
+  )
   gap = beh[free] - np.asarray(unmasked)[free]
   assert np.all(gap > 0)  # -log(1 - P(<call>)) > 0 on every masked token
-  np.testing.assert_allclose(np.asarray(batch["behaviour_shift"])[free], gap,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(batch["behaviour_shift"])[free], gap, atol=1e-5
+  )

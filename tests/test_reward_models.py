@@ -20,47 +20,76 @@ from configs import rm_kv_chain
 from tests import fakes
 
 TINY1 = transformer.TransformerConfig(
-    vocab_size=265, d_model=16, num_layers=1, num_heads=2, head_dim=8, ffn_dim=32)
+    vocab_size=265,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    head_dim=8,
+    ffn_dim=32,
+)
 
 
 def test_bradley_terry_hand_values():
   # log(1 + e^-2) = 0.126928; swapped log(1 + e^2) = 2.126928; difference 0: log 2.
-  got = rm.bradley_terry_loss(jnp.array([2.0, 0.0, 0.7]), jnp.array([0.0, 2.0, 0.7]))
-  np.testing.assert_allclose(got, [0.1269280, 2.1269280, math.log(2)], rtol=1e-5)
+  got = rm.bradley_terry_loss(
+      jnp.array([2.0, 0.0, 0.7]), jnp.array([0.0, 2.0, 0.7])
+  )
+  np.testing.assert_allclose(
+      got, [0.1269280, 2.1269280, math.log(2)], rtol=1e-5
+  )
   # Margin m shifts the difference: (1, 0, m=1) -> log 2; (2, 0, m=0.5) -> log(1+e^-1.5).
-  got = rm.bradley_terry_loss(jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0]),
-                              jnp.array([1.0, 0.5]))
-  np.testing.assert_allclose(got, [math.log(2), math.log1p(math.exp(-1.5))], rtol=1e-5)
+  got = rm.bradley_terry_loss(
+      jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0]), jnp.array([1.0, 0.5])
+  )
+  np.testing.assert_allclose(
+      got, [math.log(2), math.log1p(math.exp(-1.5))], rtol=1e-5
+  )
 
 
 def test_regression_and_process_bce_hand_values():
-  np.testing.assert_allclose(rm.regression_loss(jnp.array([1.5, -1.0]),
-                                                jnp.array([1.0, 1.0])), [0.25, 4.0])
+  np.testing.assert_allclose(
+      rm.regression_loss(jnp.array([1.5, -1.0]), jnp.array([1.0, 1.0])),
+      [0.25, 4.0],
+  )
   # BCE(0, y=1) = log 2; BCE(2, y=0) = log(1 + e^2); the masked entry is ignored.
-  got = rm.process_bce_loss(jnp.array([[0.0, 2.0, 9.0]]), jnp.array([[1.0, 0.0, 0.0]]),
-                            jnp.array([[True, True, False]]))
-  np.testing.assert_allclose(got, (math.log(2) + math.log1p(math.exp(2))) / 2, rtol=1e-5)
+  got = rm.process_bce_loss(
+      jnp.array([[0.0, 2.0, 9.0]]),
+      jnp.array([[1.0, 0.0, 0.0]]),
+      jnp.array([[True, True, False]]),
+  )
+  np.testing.assert_allclose(
+      got, (math.log(2) + math.log1p(math.exp(2))) / 2, rtol=1e-5
+  )
   logits = jnp.array([[0.0, 0.0, 5.0], [math.log(3), 0.0, 0.0]])
   mask = jnp.array([[True, True, False], [True, False, False]])
-  np.testing.assert_allclose(rm.prm_episode_score(logits, mask, "log_prod"),
-                             [2 * math.log(0.5), math.log(0.75)], rtol=1e-5)
-  np.testing.assert_allclose(rm.prm_episode_score(logits, mask, "min"), [0.5, 0.75],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+      rm.prm_episode_score(logits, mask, "log_prod"),
+      [2 * math.log(0.5), math.log(0.75)],
+      rtol=1e-5,
+  )
+  np.testing.assert_allclose(
+      rm.prm_episode_score(logits, mask, "min"), [0.5, 0.75], rtol=1e-5
+  )
   with pytest.raises(ValueError, match="aggregation"):
     rm.prm_episode_score(logits, mask, "max")
 
 
 def test_turn_boundaries_last_token_of_each_turn():
-  turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1, -1],
-                    [-1, 0, 0, -1, -1, -1, -1, -1]])
+  turn = jnp.array(
+      [[-1, -1, 0, 0, 0, 1, 1, -1], [-1, 0, 0, -1, -1, -1, -1, -1]]
+  )
   idx, mask = rm.turn_boundaries(turn, 3)
   np.testing.assert_array_equal(idx, [[4, 6, 0], [2, 0, 0]])
-  np.testing.assert_array_equal(mask, [[True, True, False], [True, False, False]])
+  np.testing.assert_array_equal(
+      mask, [[True, True, False], [True, False, False]]
+  )
 
 
 @pytest.fixture(scope="module")
 def reward_model():
-  graphdef, params = rm.init_reward_model(rm.RewardModelConfig(TINY1), jax.random.key(0))
+  graphdef, params = rm.init_reward_model(
+      rm.RewardModelConfig(TINY1), jax.random.key(0)
+  )
   trunk = nnx.merge(graphdef, params["trunk"])
   trunk.reward_head_d[...] = jax.random.normal(jax.random.key(1), (16,))
   return graphdef, {"trunk": nnx.state(trunk), "head": {}}
@@ -68,18 +97,27 @@ def reward_model():
 
 def test_score_read_at_last_real_token_whatever_the_padding(reward_model):
   """Unpadded, right-padded and left-padded copies score identically (and equal
-  Transformer.reward); PRM boundary logits at the last turn equal the ORM score."""
+  Transformer.reward); PRM boundary logits at the last turn equal the ORM score.
+  """
   graphdef, params = reward_model
   seq = jnp.array([257, 72, 105, 33, 258], jnp.int32)
   junk = jnp.array([7, 99, 200], jnp.int32)
   alone = rm.outcome_scores(graphdef, params, seq[None], jnp.ones((1, 5), bool))
-  tokens = jnp.stack([jnp.concatenate([seq, junk]), jnp.concatenate([junk, seq])])
+  tokens = jnp.stack(
+      [jnp.concatenate([seq, junk]), jnp.concatenate([junk, seq])]
+  )
   mask = jnp.stack([jnp.arange(8) < 5, jnp.arange(8) >= 3])
-  both = jax.jit(lambda p, t, m: rm.outcome_scores(graphdef, p, t, m))(params, tokens, mask)
+  both = jax.jit(lambda p, t, m: rm.outcome_scores(graphdef, p, t, m))(
+      params, tokens, mask
+  )
   np.testing.assert_allclose(both, [alone[0], alone[0]], rtol=1e-5, atol=1e-5)
   model = nnx.merge(graphdef, params["trunk"])
-  np.testing.assert_allclose(model.reward(tokens, mask), both, rtol=1e-5, atol=1e-5)
-  s_bk = rm.boundary_logits(graphdef, params, tokens, mask, jnp.array([[2, 4], [5, 7]]))
+  np.testing.assert_allclose(
+      model.reward(tokens, mask), both, rtol=1e-5, atol=1e-5
+  )
+  s_bk = rm.boundary_logits(
+      graphdef, params, tokens, mask, jnp.array([[2, 4], [5, 7]])
+  )
   np.testing.assert_allclose(s_bk[:, 1], both, rtol=1e-5, atol=1e-5)
   assert abs(float(alone[0])) > 1e-3  # a real, nonzero score
 
@@ -88,19 +126,33 @@ def test_init_from_policy_copies_trunk_and_zero_head():
   pol = transformer.Transformer(TINY1, nnx.Rngs(params=jax.random.key(7)))
   _, pparams = nnx.split(pol)
   graphdef, params = rm.init_reward_model(
-      rm.RewardModelConfig(TINY1, head_layers=2), jax.random.key(0), trunk_params=pparams)
-  np.testing.assert_array_equal(params["trunk"]["embed_vd"].get_value(),
-                                pparams["embed_vd"].get_value())
+      rm.RewardModelConfig(TINY1, head_layers=2),
+      jax.random.key(0),
+      trunk_params=pparams,
+  )
+  np.testing.assert_array_equal(
+      params["trunk"]["embed_vd"].get_value(), pparams["embed_vd"].get_value()
+  )
   assert params["head"]["hidden_dd"].shape == (16, 16)
-  s = rm.outcome_scores(graphdef, params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), bool))
+  s = rm.outcome_scores(
+      graphdef, params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), bool)
+  )
   np.testing.assert_array_equal(s, [0.0, 0.0])  # reward_head_d starts at 0
 
 
 @pytest.mark.parametrize("kind,reg", [("outcome", 0.5), ("process", 0.0)])
 def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
-  graphdef, params = rm.init_reward_model(rm.RewardModelConfig(TINY1), jax.random.key(3))
-  cfg = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=1,
-                                       weight_decay=0.0, max_grad_norm=1.0))
+  graphdef, params = rm.init_reward_model(
+      rm.RewardModelConfig(TINY1), jax.random.key(3)
+  )
+  cfg = ml_collections.ConfigDict(
+      dict(
+          learning_rate=1e-2,
+          warmup_steps=1,
+          weight_decay=0.0,
+          max_grad_norm=1.0,
+      )
+  )
   tx = learner.make_optimizer(cfg)
   step = rm.make_train_step(graphdef, tx, kind=kind, regression_coef=reg)
   batch = fakes.toy_pairs()
@@ -111,7 +163,9 @@ def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
     losses.append(float(m["loss"]))
   assert losses[-1] < 0.5 * losses[0], losses
   assert float(m["pair_accuracy"]) == 1.0
-  if kind == "outcome":  # initial scores are 0: BT = log 2 plus regression 0.5 * 0.5
+  if (
+      kind == "outcome"
+  ):  # initial scores are 0: BT = log 2 plus regression 0.5 * 0.5
     np.testing.assert_allclose(losses[0], math.log(2) + 0.5 * 0.5, rtol=1e-5)
 
 
@@ -123,8 +177,12 @@ def test_best_of_n_hand_values():
   np.testing.assert_allclose(got["random_accuracy"], 2 / 6, rtol=1e-6)
   np.testing.assert_allclose(got["oracle_accuracy"], 1.0)
   np.testing.assert_allclose(got["rank1_regret"], 0.5)
-  np.testing.assert_allclose(rm.pairwise_accuracy(jnp.array([1., 0., 2.]),
-                                                  jnp.array([0., 0., 3.])), 0.5)
+  np.testing.assert_allclose(
+      rm.pairwise_accuracy(
+          jnp.array([1.0, 0.0, 2.0]), jnp.array([0.0, 0.0, 3.0])
+      ),
+      0.5,
+  )
 
 
 def test_ensemble_and_warm_hand_values(reward_model):
@@ -146,33 +204,45 @@ def test_ensemble_and_warm_hand_values(reward_model):
   graphdef, params = reward_model
   fn = lambda p, t: rm.outcome_scores(graphdef, p, t, jnp.ones(t.shape, bool))
   t = jnp.array([[257, 50, 51, 258]], jnp.int32)
-  np.testing.assert_allclose(rm.ensemble_scores(fn, [params, params], t, "min"),
-                             fn(params, t), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      rm.ensemble_scores(fn, [params, params], t, "min"),
+      fn(params, t),
+      rtol=1e-5,
+      atol=1e-6,
+  )
 
 
 def test_rm_reward_transforms_and_overoptimization_gap():
   s = jnp.array([0.0, 2.0])
-  np.testing.assert_allclose(rm.rm_reward(s, "sigmoid"), [0.5, 1 / (1 + math.exp(-2))],
-                             rtol=1e-6)
-  np.testing.assert_allclose(rm.rm_reward(s, "tanh", ref=1.0, temperature=2.0),
-                             [math.tanh(-0.5), math.tanh(0.5)], rtol=1e-6)
+  np.testing.assert_allclose(
+      rm.rm_reward(s, "sigmoid"), [0.5, 1 / (1 + math.exp(-2))], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      rm.rm_reward(s, "tanh", ref=1.0, temperature=2.0),
+      [math.tanh(-0.5), math.tanh(0.5)],
+      rtol=1e-6,
+  )
   with pytest.raises(ValueError, match="transform"):
     rm.rm_reward(s, "exp")
-  gap = rm.overoptimization_gap(jnp.array([0.9, 0.8, 0.2, 0.6]),
-                                jnp.array([1.0, 0.0, 0.0, 0.0]))
+  gap = rm.overoptimization_gap(
+      jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0])
+  )
   np.testing.assert_allclose(gap["rm_reward"], 0.625, rtol=1e-6)
   np.testing.assert_allclose(gap["verified_reward"], 0.25)
   np.testing.assert_allclose(gap["gap"], 0.375, rtol=1e-6)
   np.testing.assert_allclose(gap["false_positive_rate"], 2 / 3, rtol=1e-6)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("rm.head_layers", 3, r"config.rm.head_layers=3"),
-    ("rm.prm_aggregation", "max", r"config.rm.prm_aggregation='max'"),
-    ("rm.steps", 0, r"config.rm.steps=0"),
-    ("rm.learning_rate", -1.0, r"config.rm.learning_rate=-1.0"),
-    ("env.name", "nope", r"config.env.name='nope'"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("rm.head_layers", 3, r"config.rm.head_layers=3"),
+        ("rm.prm_aggregation", "max", r"config.rm.prm_aggregation='max'"),
+        ("rm.steps", 0, r"config.rm.steps=0"),
+        ("rm.learning_rate", -1.0, r"config.rm.learning_rate=-1.0"),
+        ("env.name", "nope", r"config.env.name='nope'"),
+    ],
+)
 def test_rm_config_validation_names_field_and_value(field, value, match):
   config = rm_arithmetic.get_config()
   section, name = field.split(".")
@@ -192,10 +262,10 @@ def test_rm_config_rejects_unknown_negative_type_and_env_field():
     rm_train.validate_rm_config(config)
   config = rm_arithmetic.get_config("smoke")
   config.rm.imperfect.wrong_value = dict(no_such_field=1.0)
-  with pytest.raises(ValueError, match="rm.imperfect.wrong_value.no_such_field"):
+  with pytest.raises(
+      ValueError, match="rm.imperfect.wrong_value.no_such_field"
+  ):
     rm_train.validate_rm_config(config)
-
-
 
 
 @pytest.mark.slow
@@ -211,14 +281,21 @@ def test_rm_mode_smoke_runs_and_resumes(tmp_path):
   for name in ("orm", "prm"):
     assert 0.0 <= report[f"{name}_pairwise"]["overall"] <= 1.0
     assert set(report[f"{name}_pairwise"]["by_type"]) <= set(
-        __import__("agentic_rl.preference_data").preference_data.NEGATIVE_TYPES)
+        __import__("agentic_rl.preference_data").preference_data.NEGATIVE_TYPES
+    )
     assert "rank1_accuracy" in report["best_of_n"][name]
-  for f in ("rm_report.json", "rm_report.md", "metrics.jsonl", "preferences.jsonl"):
+  for f in (
+      "rm_report.json",
+      "rm_report.md",
+      "metrics.jsonl",
+      "preferences.jsonl",
+  ):
     assert (tmp_path / "rm" / f).exists()
   # Re-running the finished workdir is a no-op: same report, one eval line.
   before = (tmp_path / "rm" / "metrics.jsonl").read_text()
   assert rm_train.train_and_evaluate_rm(config, workdir) == json.loads(
-      (tmp_path / "rm" / "rm_report.json").read_text())
+      (tmp_path / "rm" / "rm_report.json").read_text()
+  )
   assert (tmp_path / "rm" / "metrics.jsonl").read_text() == before
   rows = __import__("agentic_rl.metrics").metrics.read_metrics(workdir)
   assert sum(r.get("phase") == "eval" for r in rows) == 1
@@ -226,16 +303,27 @@ def test_rm_mode_smoke_runs_and_resumes(tmp_path):
 
 def test_rm_reward_fn_on_a_trajectory_matches_scores_and_monitor(reward_model):
   from agentic_rl import types  # pylint: disable=g-import-not-at-top
+
   graphdef, params = reward_model
-  tokens = jnp.array([[257, 72, 105, 33, 258, 256], [257, 50, 51, 256, 256, 256]],
-                     jnp.int32)
+  tokens = jnp.array(
+      [[257, 72, 105, 33, 258, 256], [257, 50, 51, 256, 256, 256]], jnp.int32
+  )
   role = jnp.array([[1, 1, 2, 2, 3, 0], [1, 1, 2, 0, 0, 0]], jnp.int8)
   turn = jnp.array([[-1, -1, 0, 0, 0, -1], [-1, -1, 0, -1, -1, -1]], jnp.int32)
   traj = types.Trajectory(
-      tokens=tokens, role=role, logprob=jnp.zeros((2, 6)), turn=turn,
-      length=jnp.array([5, 3]), num_turns=jnp.array([1, 1]), finish=jnp.array([1, 1]),
-      group=jnp.array([0, 0]), facts={"correct": jnp.array([True, False])})
-  fn = rm.make_rm_reward_fn(graphdef, params, num_turns_k=2, transform="sigmoid")
+      tokens=tokens,
+      role=role,
+      logprob=jnp.zeros((2, 6)),
+      turn=turn,
+      length=jnp.array([5, 3]),
+      num_turns=jnp.array([1, 1]),
+      finish=jnp.array([1, 1]),
+      group=jnp.array([0, 0]),
+      facts={"correct": jnp.array([True, False])},
+  )
+  fn = rm.make_rm_reward_fn(
+      graphdef, params, num_turns_k=2, transform="sigmoid"
+  )
   r, mon = jax.jit(fn)(traj)
   want = jax.nn.sigmoid(rm.outcome_scores(graphdef, params, tokens, role != 0))
   np.testing.assert_allclose(r, want, rtol=1e-5)

@@ -29,8 +29,9 @@ def make_traj(correct, calls, group, errors=None, finish=None, k=2):
       "hard": jnp.zeros((b,), bool),
       "tool_call_turn": jnp.zeros((b, k), bool),
   }
-  return fakes.trajectory(facts, width=4, turn=-1, length=0, finish=finish,
-                          group=group)
+  return fakes.trajectory(
+      facts, width=4, turn=-1, length=0, finish=finish, group=group
+  )
 
 
 def close(x, expected, rtol=1e-6, atol=1e-7):
@@ -65,8 +66,20 @@ def test_otc_paper_form_n_star_0_and_2_interleaved_groups():
   r = rewards.otc_reward(traj)
   assert r.dtype == jnp.float32 and r.shape == (12,)
   close(r, want)
-  close(want[:8], [1.0, 1.0, 0.5, 0.95105652, 0.30901699, 0.8660254,
-                   0.22252093, 0.70710678], rtol=1e-7)
+  close(
+      want[:8],
+      [
+          1.0,
+          1.0,
+          0.5,
+          0.95105652,
+          0.30901699,
+          0.8660254,
+          0.22252093,
+          0.70710678,
+      ],
+      rtol=1e-7,
+  )
   # Row order does not matter: reverse the batch, same per-row values.
   rev = jax.tree.map(lambda x: x[::-1], traj)
   close(rewards.otc_reward(rev), want[::-1])
@@ -76,14 +89,27 @@ def test_otc_tool_score_shape_and_inverse_form():
   n2 = jnp.full((7,), 2)
   s = rewards.otc_tool_score(jnp.arange(7), n2)
   # m = 0..6 with n* = 2: sin(pi g / 4), g = 4m / (m + 2).
-  close(s, [0.0, math.sin(math.pi / 3), 1.0, math.sin(0.6 * math.pi),
-            math.sin(2 * math.pi / 3), math.sin(20 / 7 * math.pi / 4),
-            math.sin(3 * math.pi / 4)], rtol=1e-6)
+  close(
+      s,
+      [
+          0.0,
+          math.sin(math.pi / 3),
+          1.0,
+          math.sin(0.6 * math.pi),
+          math.sin(2 * math.pi / 3),
+          math.sin(20 / 7 * math.pi / 4),
+          math.sin(3 * math.pi / 4),
+      ],
+      rtol=1e-6,
+  )
   assert np.all(np.diff(np.asarray(s)[2:]) < 0)  # decreasing above n*
   assert np.all(np.diff(np.asarray(s)[:3]) > 0)  # increasing below n*
   inv = rewards.otc_tool_score(
-      jnp.array([2, 3, 5, 0, 1]), jnp.array([2, 2, 2, 0, 0]), form="inverse",
-      alpha=1.0)
+      jnp.array([2, 3, 5, 0, 1]),
+      jnp.array([2, 2, 2, 0, 0]),
+      form="inverse",
+      alpha=1.0,
+  )
   close(inv, [1.0, 0.5, 0.25, 1.0, 0.5])
   with pytest.raises(ValueError, match="form"):
     rewards.otc_tool_score(n2, n2, form="bogus")
@@ -115,8 +141,10 @@ def test_gated_relative_efficiency_some_correct():
   g, c, m, want = zip(*rows)
   traj = make_traj(c, m, g)
   close(rewards.gated_relative_efficiency_reward(traj), want)
-  close(rewards.gated_relative_efficiency_reward(traj, lam=0.5),
-        0.5 * np.asarray(want))
+  close(
+      rewards.gated_relative_efficiency_reward(traj, lam=0.5),
+      0.5 * np.asarray(want),
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -125,18 +153,22 @@ def test_gated_relative_efficiency_some_correct():
 
 
 def test_clip_transform():
-  close(rewards.clip_transform(jnp.array([[0.2, 0.7, 0.5]]), 0.5),
-        [[-0.3, 0.0, 0.0]])
+  close(
+      rewards.clip_transform(jnp.array([[0.2, 0.7, 0.5]]), 0.5),
+      [[-0.3, 0.0, 0.0]],
+  )
 
 
 def test_delta_transform_telescopes():
-  r = jnp.array([[1.0, 2.0, 4.0, 9.0], [3.0, 5.0, 0.0, 0.0],
-                 [1.0, 7.0, 2.0, 3.0]])
+  r = jnp.array(
+      [[1.0, 2.0, 4.0, 9.0], [3.0, 5.0, 0.0, 0.0], [1.0, 7.0, 2.0, 3.0]]
+  )
   m = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1, 1]], bool)
   d = rewards.delta_transform(r, m)
   # Row 2 has a hole: turn 1 is skipped, turn 0 pairs with turn 2.
-  close(d, [[-1.0, -2.0, 4.0, 0.0], [-2.0, 5.0, 0.0, 0.0],
-            [-1.0, 0.0, -1.0, 3.0]])
+  close(
+      d, [[-1.0, -2.0, 4.0, 0.0], [-2.0, 5.0, 0.0, 0.0], [-1.0, 0.0, -1.0, 3.0]]
+  )
   close(jnp.sum(d, axis=1), [1.0, 3.0, 1.0])  # = r at the first valid turn
   close(rewards.delta_transform(r[0], m[0]), [-1.0, -2.0, 4.0, 0.0])
 
@@ -144,15 +176,18 @@ def test_delta_transform_telescopes():
 def test_min_form_values():
   r = jnp.array([[0.5, 0.2, 0.9, 0.1], [0.3, 0.8, 0.6, 0.7]])
   m = jnp.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
-  close(rewards.min_form_values(r, m),
-        [[0.2, 0.2, 0.9, 0.0], [0.3, 0.6, 0.6, 0.7]])
+  close(
+      rewards.min_form_values(r, m),
+      [[0.2, 0.2, 0.9, 0.0], [0.3, 0.6, 0.6, 0.7]],
+  )
 
 
 def test_saturating_transform():
-  close(rewards.saturating_transform(jnp.array([0.0, 1.0, -1.0])),
-        [0.5, 0.7310586, 0.2689414])
-  close(rewards.saturating_transform(jnp.array([2.0]), 1.0, 2.0),
-        [0.62245933])
+  close(
+      rewards.saturating_transform(jnp.array([0.0, 1.0, -1.0])),
+      [0.5, 0.7310586, 0.2689414],
+  )
+  close(rewards.saturating_transform(jnp.array([2.0]), 1.0, 2.0), [0.62245933])
 
 
 def test_gated_accumulation_above_and_below_threshold():
@@ -178,7 +213,8 @@ def test_flip_rewards():
   np.testing.assert_array_equal(rewards.flip_rewards(key, r, 1.0), 1.0 - r)
   pm = jnp.array([-1.0, 1.0])
   np.testing.assert_array_equal(
-      rewards.flip_rewards(key, pm, 1.0, low=-1.0, high=1.0), [1.0, -1.0])
+      rewards.flip_rewards(key, pm, 1.0, low=-1.0, high=1.0), [1.0, -1.0]
+  )
   big = jnp.zeros((8000,))
   frac = float(jnp.mean(rewards.flip_rewards(key, big, 0.5)))
   assert 0.47 < frac < 0.53
@@ -199,14 +235,22 @@ def test_dither_rewards():
 
 
 def test_compose_sum_and_product():
-  parts = {"a": jnp.array([1.0, 0.0, 1.0, 1.0]),
-           "b": jnp.array([0.5, 0.5, 0.0, 1.0])}
-  close(rewards.compose(parts, {"a": 1.0, "b": -2.0}, "sum"),
-        [0.0, -1.0, 1.0, -1.0])
-  close(rewards.compose(parts, {"a": 1.0, "b": 1.0}, "product"),
-        [0.5, 0.0, 0.0, 1.0])
-  close(rewards.compose(parts, {"a": 3.0, "b": 0.0}, "product"),
-        [1.0, 0.0, 1.0, 1.0])  # weight 0 drops b; other weights ignored
+  parts = {
+      "a": jnp.array([1.0, 0.0, 1.0, 1.0]),
+      "b": jnp.array([0.5, 0.5, 0.0, 1.0]),
+  }
+  close(
+      rewards.compose(parts, {"a": 1.0, "b": -2.0}, "sum"),
+      [0.0, -1.0, 1.0, -1.0],
+  )
+  close(
+      rewards.compose(parts, {"a": 1.0, "b": 1.0}, "product"),
+      [0.5, 0.0, 0.0, 1.0],
+  )
+  close(
+      rewards.compose(parts, {"a": 3.0, "b": 0.0}, "product"),
+      [1.0, 0.0, 1.0, 1.0],
+  )  # weight 0 drops b; other weights ignored
   # A traced weight of 0 also drops the component.
   f = jax.jit(lambda w: rewards.compose(parts, {"a": 1.0, "b": w}, "product"))
   close(f(0.0), [1.0, 0.0, 1.0, 1.0])
@@ -222,9 +266,11 @@ def test_compose_gdpo_hand_table_and_constant_component():
   # a: group 0 = (1, 0) -> z = (1, -1); group 1 = (1, 1) -> exactly 0.
   # b: group 0 = (2, 0) -> (1, -1); group 1 = (1, 3) -> (-1, 1).
   # c: constant everywhere -> contributes exactly 0.
-  parts = {"a": jnp.array([1.0, 1.0, 0.0, 1.0]),
-           "b": jnp.array([2.0, 1.0, 0.0, 3.0]),
-           "c": jnp.array([3.0, 3.0, 3.0, 3.0])}
+  parts = {
+      "a": jnp.array([1.0, 1.0, 0.0, 1.0]),
+      "b": jnp.array([2.0, 1.0, 0.0, 3.0]),
+      "c": jnp.array([3.0, 3.0, 3.0, 3.0]),
+  }
   out = rewards.compose(parts, {"a": 1.0, "b": 0.5, "c": 7.0}, "gdpo", g)
   close(out, [1.5, -0.5, -1.5, 0.5], rtol=1e-5)
   only_c = rewards.compose(parts, {"c": 7.0}, "gdpo", g)
@@ -243,10 +289,15 @@ def test_schedules():
   cos = {"kind": "cosine", "start": 1.0, "end": 0.0, "steps": 10}
   const = {"kind": "constant", "value": 0.3}
   steps = jnp.array([0, 2, 5, 10, 20])
-  close(jax.vmap(lambda s: rewards.schedule_value(lin, s))(steps),
-        [1.0, 0.8, 0.5, 0.0, 0.0])
-  close(jax.vmap(lambda s: rewards.schedule_value(cos, s))(steps),
-        [1.0, 0.5 * (1 + math.cos(0.2 * math.pi)), 0.5, 0.0, 0.0], atol=1e-6)
+  close(
+      jax.vmap(lambda s: rewards.schedule_value(lin, s))(steps),
+      [1.0, 0.8, 0.5, 0.0, 0.0],
+  )
+  close(
+      jax.vmap(lambda s: rewards.schedule_value(cos, s))(steps),
+      [1.0, 0.5 * (1 + math.cos(0.2 * math.pi)), 0.5, 0.0, 0.0],
+      atol=1e-6,
+  )
   close(rewards.schedule_value(const, 123), 0.3)
   up = {"kind": "linear", "start": 0.0, "end": 2.0, "steps": 4}
   close(jax.jit(lambda s: rewards.schedule_value(up, s))(jnp.int32(1)), 0.5)
@@ -271,8 +322,13 @@ def test_dual_ascent_update():
 
 
 def test_make_reward_fn_backward_compatible():
-  traj = make_traj([1, 0, 1, 1], [0, 1, 2, 0], [0, 0, 1, 1],
-                   errors=[0, 0, 0, 1], finish=[A, A, types.MAX_TURNS, A])
+  traj = make_traj(
+      [1, 0, 1, 1],
+      [0, 1, 2, 0],
+      [0, 0, 1, 1],
+      errors=[0, 0, 0, 1],
+      finish=[A, A, types.MAX_TURNS, A],
+  )
   fn = rewards.make_reward_fn({"correct": 1.0, "format": 0.1})
   total, parts = fn(traj)
   close(parts["correct"], [1.0, 0.0, 1.0, 1.0])
@@ -301,8 +357,10 @@ def test_make_reward_fn_errors():
   with pytest.raises(ValueError, match="tool_bonus.*'exp'"):
     mk({"tool_bonus": 1.0}, schedules={"tool_bonus": {"kind": "exp"}})
   with pytest.raises(ValueError, match="not in rl.rewards"):
-    mk({"correct": 1.0},
-       schedules={"tool_bonus": {"kind": "constant", "value": 1.0}})
+    mk(
+        {"correct": 1.0},
+        schedules={"tool_bonus": {"kind": "constant", "value": 1.0}},
+    )
   with pytest.raises(ValueError, match="'flip'"):
     mk({"correct": 1.0}, noise={"flip": 0.1})
   with pytest.raises(ValueError, match="flip_p"):
@@ -320,14 +378,23 @@ def test_make_reward_fn_scheduled_jit_and_noise():
   fn = rewards.make_reward_fn(
       {"correct": 1.0, "otc": 0.5, "tool_bonus": 123.0},
       params={"tool_bonus": {"b": 0.5}},
-      schedules={"tool_bonus": {"kind": "linear", "start": 1.0, "end": 0.0,
-                                "steps": 10}},
+      schedules={
+          "tool_bonus": {
+              "kind": "linear",
+              "start": 1.0,
+              "end": 0.0,
+              "steps": 10,
+          }
+      },
   )
   jitted = jax.jit(fn)
   for step in (0, 4, 12):
     w = max(0.0, 1.0 - step / 10)
-    want = (np.array([1.0, 1.0, 0.0, 0.0]) + 0.5 * np.array(otc)
-            + w * np.array(bonus))
+    want = (
+        np.array([1.0, 1.0, 0.0, 0.0])
+        + 0.5 * np.array(otc)
+        + w * np.array(bonus)
+    )
     total, parts = fn(traj, step)
     close(total, want, rtol=1e-6)
     close(parts["tool_bonus"], bonus)  # unweighted
@@ -362,35 +429,53 @@ def test_make_reward_fn_scheduled_jit_and_noise():
 #   m=2 wrong: -0.1*1*2 = -0.2;  m=1 correct: -0.1
 # g4 has no tool-free arm: 0.
 _DUAL_ROWS = [
-    (0, False, True, 1, 0.2), (0, False, True, 2, -0.1 + 0.25 * math.sin(
-        2 * math.pi / 3)), (0, True, True, 0, 0.0), (0, True, False, 0, 0.0),
-    (1, False, True, 2, 0.5), (1, False, True, 3, 0.5 * math.sin(0.6 * math.pi)),
-    (1, True, False, 0, 0.0), (1, True, False, 0, 0.0),
-    (2, False, False, 1, 0.0), (2, False, False, 0, 0.0),
-    (2, True, False, 0, 0.0), (2, True, False, 0, 0.0),
-    (3, False, False, 2, -0.2), (3, False, True, 1, -0.1),
-    (3, True, True, 0, 0.0), (3, True, True, 0, 0.0),
-    (4, False, True, 1, 0.0), (4, False, True, 3, 0.0),
+    (0, False, True, 1, 0.2),
+    (0, False, True, 2, -0.1 + 0.25 * math.sin(2 * math.pi / 3)),
+    (0, True, True, 0, 0.0),
+    (0, True, False, 0, 0.0),
+    (1, False, True, 2, 0.5),
+    (1, False, True, 3, 0.5 * math.sin(0.6 * math.pi)),
+    (1, True, False, 0, 0.0),
+    (1, True, False, 0, 0.0),
+    (2, False, False, 1, 0.0),
+    (2, False, False, 0, 0.0),
+    (2, True, False, 0, 0.0),
+    (2, True, False, 0, 0.0),
+    (3, False, False, 2, -0.2),
+    (3, False, True, 1, -0.1),
+    (3, True, True, 0, 0.0),
+    (3, True, True, 0, 0.0),
+    (4, False, True, 1, 0.0),
+    (4, False, True, 3, 0.0),
 ]
 
 
 def _dual_traj(perm):
   rows = [_DUAL_ROWS[i] for i in perm]
-  traj = make_traj([r[2] for r in rows], [r[3] for r in rows],
-                   [r[0] for r in rows])
-  traj = traj.replace(facts={**traj.facts,
-                             "tool_free": jnp.asarray([r[1] for r in rows])})
+  traj = make_traj(
+      [r[2] for r in rows], [r[3] for r in rows], [r[0] for r in rows]
+  )
+  traj = traj.replace(
+      facts={**traj.facts, "tool_free": jnp.asarray([r[1] for r in rows])}
+  )
   return traj, np.array([r[4] for r in rows])
 
 
 def test_tool_necessity_stats_hand_values():
   traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
   st = rewards.tool_necessity_stats(
-      traj.facts["correct"], traj.facts["num_tool_calls"],
-      traj.facts["tool_free"], traj.group)
-  per_group = {0: (1.0, 0.5, 0.5, 1, True), 1: (1.0, 0.0, 1.0, 2, True),
-               2: (0.0, 0.0, 0.0, 0, True), 3: (0.5, 1.0, -0.5, 1, True),
-               4: (1.0, 0.0, 0.0, 1, False)}
+      traj.facts["correct"],
+      traj.facts["num_tool_calls"],
+      traj.facts["tool_free"],
+      traj.group,
+  )
+  per_group = {
+      0: (1.0, 0.5, 0.5, 1, True),
+      1: (1.0, 0.0, 1.0, 2, True),
+      2: (0.0, 0.0, 0.0, 0, True),
+      3: (0.5, 1.0, -0.5, 1, True),
+      4: (1.0, 0.0, 0.0, 1, False),
+  }
   want = np.array([per_group[r[0]] for r in _DUAL_ROWS], object)
   close(st["acc_tool"], want[:, 0].astype(float))
   close(st["acc_no_tool"], want[:, 1].astype(float))
@@ -401,16 +486,19 @@ def test_tool_necessity_stats_hand_values():
 
 def test_dual_path_efficiency_reward_hand_values_any_row_order():
   fn = jax.jit(rewards.dual_path_efficiency_reward)
-  for perm in (range(len(_DUAL_ROWS)),
-               np.random.default_rng(0).permutation(len(_DUAL_ROWS))):
+  for perm in (
+      range(len(_DUAL_ROWS)),
+      np.random.default_rng(0).permutation(len(_DUAL_ROWS)),
+  ):
     traj, want = _dual_traj(list(perm))
     close(fn(traj), want, rtol=1e-6, atol=1e-7)
   # Other weights: c = 1, b = 0 leaves only the acc_n-weighted call cost.
   traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
   got = rewards.dual_path_efficiency_reward(traj, c=1.0, b=0.0)
   cost = {0: -0.5, 3: -1.0}
-  want = [0.0 if r[1] or r[0] not in cost else cost[r[0]] * r[3]
-          for r in _DUAL_ROWS]
+  want = [
+      0.0 if r[1] or r[0] not in cost else cost[r[0]] * r[3] for r in _DUAL_ROWS
+  ]
   close(got, want)
   # Without the fact (no tool-free episode anywhere) the component is 0.
   plain = make_traj([True, False], [1, 2], [0, 0])
@@ -421,14 +509,21 @@ def test_dual_path_efficiency_through_make_reward_fn():
   traj, want = _dual_traj(range(len(_DUAL_ROWS)))
   fn = rewards.make_reward_fn(
       {"correct": 1.0, "dual_path_efficiency": 2.0},
-      params={"dual_path_efficiency": {"c": 0.1, "b": 0.5}})
+      params={"dual_path_efficiency": {"c": 0.1, "b": 0.5}},
+  )
   total, parts = jax.jit(fn)(traj)
   close(parts["dual_path_efficiency"], want)
-  close(total, np.array([r[2] for r in _DUAL_ROWS], float) + 2.0 * want,
-        rtol=1e-6, atol=1e-6)
+  close(
+      total,
+      np.array([r[2] for r in _DUAL_ROWS], float) + 2.0 * want,
+      rtol=1e-6,
+      atol=1e-6,
+  )
   with pytest.raises(ValueError, match="unknown param 'lam'"):
-    rewards.make_reward_fn({"dual_path_efficiency": 1.0},
-                           params={"dual_path_efficiency": {"lam": 1.0}})
+    rewards.make_reward_fn(
+        {"dual_path_efficiency": 1.0},
+        params={"dual_path_efficiency": {"lam": 1.0}},
+    )
 
 
 def test_components_and_compositions_under_jit_and_vmap():
@@ -436,8 +531,9 @@ def test_components_and_compositions_under_jit_and_vmap():
   # (group ids are per batch), for OTC, gated relative efficiency, dual-path
   # efficiency, gated accumulation, product and GDPO composition.
   traj_a, _ = _dual_traj(range(len(_DUAL_ROWS)))
-  traj_b, _ = _dual_traj(list(np.random.default_rng(1).permutation(
-      len(_DUAL_ROWS))))
+  traj_b, _ = _dual_traj(
+      list(np.random.default_rng(1).permutation(len(_DUAL_ROWS)))
+  )
   stacked = jax.tree.map(lambda x, y: jnp.stack([x, y]), traj_a, traj_b)
 
   def all_parts(traj):
@@ -448,13 +544,17 @@ def test_components_and_compositions_under_jit_and_vmap():
         "correct": rewards.correct_reward(traj),
     }
     parts["product"] = rewards.compose(
-        {"a": parts["correct"], "b": parts["otc"]}, {"a": 1.0, "b": 1.0},
-        "product")
-    parts["gdpo"] = rewards.compose(parts, {"otc": 1.0, "gre": 0.5}, "gdpo",
-                                    group_b=traj.group)
+        {"a": parts["correct"], "b": parts["otc"]},
+        {"a": 1.0, "b": 1.0},
+        "product",
+    )
+    parts["gdpo"] = rewards.compose(
+        parts, {"otc": 1.0, "gre": 0.5}, "gdpo", group_b=traj.group
+    )
     steps = jnp.ones((traj.group.shape[0], 2)) * 0.1
     parts["gra"] = rewards.gated_accumulation(
-        parts["correct"], steps, jnp.ones_like(steps, bool), 1.0)
+        parts["correct"], steps, jnp.ones_like(steps, bool), 1.0
+    )
     return parts
 
   batched = jax.jit(jax.vmap(all_parts))(stacked)
@@ -464,15 +564,17 @@ def test_components_and_compositions_under_jit_and_vmap():
       close(batched[name][i], v, rtol=1e-6, atol=1e-6)
   # Hand check of the product and G-RA columns on batch a: correct * otc and
   # correct + 0.2 on correct rows.
-  close(batched["gra"][0],
-        [1.2 if r[2] else 0.0 for r in _DUAL_ROWS], rtol=1e-6)
+  close(
+      batched["gra"][0], [1.2 if r[2] else 0.0 for r in _DUAL_ROWS], rtol=1e-6
+  )
   close(batched["product"][0], batched["otc"][0])
 
 
 def test_call_score_reward_reads_the_fact():
   traj = make_traj([True, False, True], [1, 1, 2], [0, 0, 1])
-  traj = traj.replace(facts={**traj.facts,
-                             "call_score": jnp.array([1.0, 0.25, 0.0])})
+  traj = traj.replace(
+      facts={**traj.facts, "call_score": jnp.array([1.0, 0.25, 0.0])}
+  )
   r = rewards.call_score_reward(traj)
   assert r.dtype == jnp.float32
   close(r, [1.0, 0.25, 0.0])

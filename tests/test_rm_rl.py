@@ -27,12 +27,20 @@ from configs import rm_arithmetic
 from configs import rm_grpo
 from tests import fakes
 
-TINY = dict(vocab_size=265, d_model=16, num_layers=1, num_heads=2, head_dim=8,
-            ffn_dim=32)
+TINY = dict(
+    vocab_size=265,
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    head_dim=8,
+    ffn_dim=32,
+)
 
 
 def _rm_config():
-  config = fakes.shrink(rm_arithmetic.get_config("smoke"), sft_steps=0, model=TINY)
+  config = fakes.shrink(
+      rm_arithmetic.get_config("smoke"), sft_steps=0, model=TINY
+  )
   config.rm.steps = 2
   return config
 
@@ -40,7 +48,8 @@ def _rm_config():
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
   """A finished rm-mode workdir, laid out as rm_train writes it (config.json and
-  the whole state at the final step), with both RMs trained 2 steps on toy pairs."""
+  the whole state at the final step), with both RMs trained 2 steps on toy pairs.
+  """
   workdir = str(tmp_path_factory.mktemp("rm"))
   config = _rm_config()
   with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -63,14 +72,31 @@ def rm_dir(tmp_path_factory):
 
 def _traj():
   """Two hand-made episodes: 2 turns (call + obs, answer) and 1 turn."""
-  tokens = jnp.array([[257, 72, 105, 33, 258, 40, 41, 259, 60, 0],
-                      [257, 50, 51, 52, 53, 0, 0, 0, 0, 0]], jnp.int32)
-  role = jnp.array([[1, 1, 2, 2, 2, 3, 3, 2, 2, 0],
-                    [1, 1, 2, 2, 2, 0, 0, 0, 0, 0]], jnp.int8)
-  turn = jnp.array([[-1, -1, 0, 0, 0, 0, 0, 1, 1, -1],
-                    [-1, -1, 0, 0, 0, -1, -1, -1, -1, -1]], jnp.int32)
-  return fakes.trajectory({"correct": jnp.array([True, False])}, tokens=tokens,
-                          role=role, turn=turn, length=[9, 5], num_turns=[2, 1])
+  tokens = jnp.array(
+      [
+          [257, 72, 105, 33, 258, 40, 41, 259, 60, 0],
+          [257, 50, 51, 52, 53, 0, 0, 0, 0, 0],
+      ],
+      jnp.int32,
+  )
+  role = jnp.array(
+      [[1, 1, 2, 2, 2, 3, 3, 2, 2, 0], [1, 1, 2, 2, 2, 0, 0, 0, 0, 0]], jnp.int8
+  )
+  turn = jnp.array(
+      [
+          [-1, -1, 0, 0, 0, 0, 0, 1, 1, -1],
+          [-1, -1, 0, 0, 0, -1, -1, -1, -1, -1],
+      ],
+      jnp.int32,
+  )
+  return fakes.trajectory(
+      {"correct": jnp.array([True, False])},
+      tokens=tokens,
+      role=role,
+      turn=turn,
+      length=[9, 5],
+      num_turns=[2, 1],
+  )
 
 
 @pytest.mark.parametrize("kind", ["outcome", "process"])
@@ -81,8 +107,11 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
   params = state["orm" if kind == "outcome" else "prm"]
   traj = _traj()
   spec = rm.FrozenRewardModel(rgraph, kind, "log_prod")
-  out = jax.jit(lambda p: rm.trajectory_rm_outputs(
-      spec, p, traj.tokens, traj.role, traj.turn, 3))(params)
+  out = jax.jit(
+      lambda p: rm.trajectory_rm_outputs(
+          spec, p, traj.tokens, traj.role, traj.turn, 3
+      )
+  )(params)
   assert out["score"].shape == (2,) and out["potential"].shape == (2, 4)
   mask = traj.role != types.PAD
   # End of s_k (prompt + turns < k): row 0 -> 2, 7, 9, 9 tokens; row 1 -> 2, 5, 5, 5.
@@ -92,49 +121,88 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
     # it masked out as padding), all in one batch.
     rows = np.concatenate([np.arange(2), np.repeat(np.arange(2), 4)])
     lens = np.concatenate([[9, 5], np.asarray(ends).reshape(-1)])
-    got = rm.outcome_scores(rgraph, params, traj.tokens[rows],
-                            jnp.arange(10)[None, :] < lens[:, None])
+    got = rm.outcome_scores(
+        rgraph,
+        params,
+        traj.tokens[rows],
+        jnp.arange(10)[None, :] < lens[:, None],
+    )
     np.testing.assert_allclose(out["score"], got[:2], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out["potential"], jax.nn.sigmoid(got[2:]).reshape(2, 4),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out["potential"],
+        jax.nn.sigmoid(got[2:]).reshape(2, 4),
+        rtol=1e-5,
+        atol=1e-6,
+    )
   else:
     boundary, tmask = rm.turn_boundaries(traj.turn, 3)
-    s = np.asarray(rm.boundary_logits(rgraph, params, traj.tokens, mask, boundary))
+    s = np.asarray(
+        rm.boundary_logits(rgraph, params, traj.tokens, mask, boundary)
+    )
     sig = 1 / (1 + np.exp(-s.astype(np.float64)))
-    p0 = sig[0, 0] * sig[0, 1]   # two turns
-    p1 = sig[1, 0]               # one turn
-    np.testing.assert_allclose(out["score"], [math.log(p0 / (1 - p0)),
-                                              math.log(p1 / (1 - p1))],
-                               rtol=1e-4, atol=2e-6)
-    np.testing.assert_allclose(out["potential"][0], [1.0, sig[0, 0], p0, p0], rtol=1e-5)
-    np.testing.assert_allclose(out["potential"][1], [1.0, p1, p1, p1], rtol=1e-5)
+    p0 = sig[0, 0] * sig[0, 1]  # two turns
+    p1 = sig[1, 0]  # one turn
+    np.testing.assert_allclose(
+        out["score"],
+        [math.log(p0 / (1 - p0)), math.log(p1 / (1 - p1))],
+        rtol=1e-4,
+        atol=2e-6,
+    )
+    np.testing.assert_allclose(
+        out["potential"][0], [1.0, sig[0, 0], p0, p0], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        out["potential"][1], [1.0, p1, p1, p1], rtol=1e-5
+    )
     spec_min = rm.FrozenRewardModel(rgraph, kind, "min")
-    out_min = rm.trajectory_rm_outputs(spec_min, params, traj.tokens, traj.role,
-                                       traj.turn, 3)
+    out_min = rm.trajectory_rm_outputs(
+        spec_min, params, traj.tokens, traj.role, traj.turn, 3
+    )
     m0 = min(sig[0, 0], sig[0, 1])
-    np.testing.assert_allclose(out_min["score"][0], math.log(m0 / (1 - m0)),
-                               rtol=1e-4, atol=2e-6)
-    np.testing.assert_allclose(out_min["potential"][0], [1.0, sig[0, 0], m0, m0],
-                               rtol=1e-5)
-    assert abs(s[0, 0] - s[0, 1]) > 1e-4  # distinct logits: the test can tell them apart
+    np.testing.assert_allclose(
+        out_min["score"][0], math.log(m0 / (1 - m0)), rtol=1e-4, atol=2e-6
+    )
+    np.testing.assert_allclose(
+        out_min["potential"][0], [1.0, sig[0, 0], m0, m0], rtol=1e-5
+    )
+    assert (
+        abs(s[0, 0] - s[0, 1]) > 1e-4
+    )  # distinct logits: the test can tell them apart
 
 
 def test_rm_reward_component_transforms_hand_values():
-  traj = _traj().replace(facts={"correct": jnp.array([True, False]),
-                                "rm_score": jnp.array([2.0, -1.0])})
-  np.testing.assert_allclose(rewards.rm_reward(traj),
-                             [1 / (1 + math.exp(-2)), 1 / (1 + math.e)], rtol=1e-6)
-  np.testing.assert_allclose(rewards.rm_reward(traj, transform="sigmoid", ref=1.0,
-                                               temperature=2.0),
-                             [1 / (1 + math.exp(-0.5)), 1 / (1 + math.e)], rtol=1e-6)
-  np.testing.assert_allclose(rewards.rm_reward(traj, transform="tanh"),
-                             [math.tanh(2.0), math.tanh(-1.0)], rtol=1e-6)
+  traj = _traj().replace(
+      facts={
+          "correct": jnp.array([True, False]),
+          "rm_score": jnp.array([2.0, -1.0]),
+      }
+  )
+  np.testing.assert_allclose(
+      rewards.rm_reward(traj),
+      [1 / (1 + math.exp(-2)), 1 / (1 + math.e)],
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      rewards.rm_reward(traj, transform="sigmoid", ref=1.0, temperature=2.0),
+      [1 / (1 + math.exp(-0.5)), 1 / (1 + math.e)],
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      rewards.rm_reward(traj, transform="tanh"),
+      [math.tanh(2.0), math.tanh(-1.0)],
+      rtol=1e-6,
+  )
   # clip: min(s - eta, 0) with eta = 0.5 -> [0, -1.5].
-  np.testing.assert_allclose(rewards.rm_reward(traj, transform="clip", eta=0.5),
-                             [0.0, -1.5])
-  np.testing.assert_allclose(rewards.rm_reward(traj, transform="none"), [2.0, -1.0])
-  fn = rewards.make_reward_fn({"rm": 1.0, "correct": 0.5},
-                              params={"rm": {"transform": "clip", "eta": 0.5}})
+  np.testing.assert_allclose(
+      rewards.rm_reward(traj, transform="clip", eta=0.5), [0.0, -1.5]
+  )
+  np.testing.assert_allclose(
+      rewards.rm_reward(traj, transform="none"), [2.0, -1.0]
+  )
+  fn = rewards.make_reward_fn(
+      {"rm": 1.0, "correct": 0.5},
+      params={"rm": {"transform": "clip", "eta": 0.5}},
+  )
   total, parts = fn(traj)
   np.testing.assert_allclose(total, [0.5, -1.5])
   np.testing.assert_allclose(parts["rm"], [0.0, -1.5])
@@ -147,11 +215,15 @@ def test_rm_reward_component_transforms_hand_values():
 def test_monitor_metrics_hand_values():
   # r = [.9, .8, .2, .6], v = [1, 0, 0, 0]: means .625 / .25, gap .375;
   # centred sums: cov .275, var_r .2875, var_v .75 -> corr .275 / sqrt(.215625).
-  m = rm.monitor_metrics(jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0]))
+  m = rm.monitor_metrics(
+      jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0])
+  )
   np.testing.assert_allclose(m["rm_reward"], 0.625, rtol=1e-6)
   np.testing.assert_allclose(m["verified_reward"], 0.25)
   np.testing.assert_allclose(m["rm_gap"], 0.375, rtol=1e-6)
-  np.testing.assert_allclose(m["rm_verified_corr"], 0.275 / math.sqrt(0.215625), rtol=1e-5)
+  np.testing.assert_allclose(
+      m["rm_verified_corr"], 0.275 / math.sqrt(0.215625), rtol=1e-5
+  )
   np.testing.assert_allclose(m["rm_false_positive_rate"], 2 / 3, rtol=1e-6)
   # Perfectly anti-correlated -> -1; a constant side -> 0 (not NaN).
   m = rm.monitor_metrics(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]))
@@ -162,9 +234,19 @@ def test_monitor_metrics_hand_values():
 
 def _rl_config(rm_workdir, kind="outcome", pbrs=False):
   config = rm_grpo.get_config("smoke,pbrs" if pbrs else "smoke")
-  fakes.shrink(config, sft_steps=2, rl_steps=2, rl_batch=8, group_size=4,
-               num_minibatches=1, eval_tasks=4, eval_samples=0, pass_k=(),
-               model=TINY, log_every_steps=1)
+  fakes.shrink(
+      config,
+      sft_steps=2,
+      rl_steps=2,
+      rl_batch=8,
+      group_size=4,
+      num_minibatches=1,
+      eval_tasks=4,
+      eval_samples=0,
+      pass_k=(),
+      model=TINY,
+      log_every_steps=1,
+  )
   config.rl.reward_model_dir = rm_workdir
   config.rl.reward_model_kind = kind
   return config
@@ -176,12 +258,18 @@ def test_rl_reward_model_validation_names_field(rm_dir, tmp_path):
   validation.validate_config(_rl_config(workdir, "process", pbrs=True))
   config = _rl_config(workdir)
   config.rl.reward_model_dir = ""
-  with pytest.raises(ValueError, match=r"config.rl.reward_model_dir='': rl.rewards.rm"):
+  with pytest.raises(
+      ValueError, match=r"config.rl.reward_model_dir='': rl.rewards.rm"
+  ):
     validation.validate_config(config)
   config = _rl_config(str(tmp_path / "missing"))
-  with pytest.raises(ValueError, match=r"config.rl.reward_model_dir=.*not a directory"):
+  with pytest.raises(
+      ValueError, match=r"config.rl.reward_model_dir=.*not a directory"
+  ):
     validation.validate_config(config)
-  with pytest.raises(ValueError, match=r"config.rl.reward_model_dir=.*config.json"):
+  with pytest.raises(
+      ValueError, match=r"config.rl.reward_model_dir=.*config.json"
+  ):
     validation.validate_config(_rl_config(str(tmp_path)))
   policy_dir = tmp_path / "policy_run"
   policy_dir.mkdir()
@@ -190,7 +278,9 @@ def test_rl_reward_model_validation_names_field(rm_dir, tmp_path):
     validation.validate_config(_rl_config(str(policy_dir)))
   config = _rl_config(workdir)
   config.model.vocab_size = 300
-  with pytest.raises(ValueError, match=r"reward_model_dir=.*vocab_size=265 differs.* 300"):
+  with pytest.raises(
+      ValueError, match=r"reward_model_dir=.*vocab_size=265 differs.* 300"
+  ):
     validation.validate_config(config)
   config = _rl_config(workdir)
   config.rl.reward_model_kind = "value"
@@ -208,7 +298,9 @@ def test_rl_reward_model_validation_names_field(rm_dir, tmp_path):
   (unfinished / "config.json").write_text(rm_cfg.to_json_best_effort())
   os.symlink(os.path.join(workdir, "checkpoints"), unfinished / "checkpoints")
   config = _rl_config(str(unfinished), "process")
-  with pytest.raises(ValueError, match=r"reward_model_dir=.*no trained process RM"):
+  with pytest.raises(
+      ValueError, match=r"reward_model_dir=.*no trained process RM"
+  ):
     validation.validate_config(config)
 
 
@@ -225,7 +317,9 @@ def test_rm_grpo_config_files_validate(rm_dir, arg):
 def test_load_rl_reward_model_restores_the_frozen_params(rm_dir):
   workdir, _, state = rm_dir
   for kind, name in (("outcome", "orm"), ("process", "prm")):
-    spec, params = reward_model_loader.load_rl_reward_model(_rl_config(workdir, kind))
+    spec, params = reward_model_loader.load_rl_reward_model(
+        _rl_config(workdir, kind)
+    )
     assert spec.kind == kind and spec.aggregation == "log_prod"
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state[name])):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -234,25 +328,42 @@ def test_load_rl_reward_model_restores_the_frozen_params(rm_dir):
 def _check_rl_run(config, workdir, rm_as_reward):
   reports = train.train_and_evaluate(config, workdir)
   assert "accuracy" in reports["rl"]
-  rows = [r for r in metrics_lib.read_metrics(workdir) if r.get("phase") == "rl"]
+  rows = [
+      r for r in metrics_lib.read_metrics(workdir) if r.get("phase") == "rl"
+  ]
   assert [r["step"] for r in rows] == [3, 4]
   for r in rows:
-    for key in ("rm_reward", "verified_reward", "rm_gap", "rm_verified_corr",
-                "rm_false_positive_rate", "rm_score"):
+    for key in (
+        "rm_reward",
+        "verified_reward",
+        "rm_gap",
+        "rm_verified_corr",
+        "rm_false_positive_rate",
+        "rm_score",
+    ):
       assert np.isfinite(r[f"rl/{key}"]), key
-    np.testing.assert_allclose(r["rl/rm_gap"], r["rl/rm_reward"] - r["rl/verified_reward"],
-                               atol=1e-6)
-    np.testing.assert_allclose(r["rl/verified_reward"], r["rl/accuracy"], atol=1e-6)
+    np.testing.assert_allclose(
+        r["rl/rm_gap"], r["rl/rm_reward"] - r["rl/verified_reward"], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        r["rl/verified_reward"], r["rl/accuracy"], atol=1e-6
+    )
     assert 0.0 < r["rl/rm_reward"] < 1.0
-    if rm_as_reward:  # the monitored RM reward is the `rm` component that was used
-      np.testing.assert_allclose(r["rl/rm_reward"], r["rl/reward_rm"], atol=1e-6)
+    if (
+        rm_as_reward
+    ):  # the monitored RM reward is the `rm` component that was used
+      np.testing.assert_allclose(
+          r["rl/rm_reward"], r["rl/reward_rm"], atol=1e-6
+      )
   ck = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ck.latest_step() == 4
   ck.close()
 
 
 @pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
-def test_rl_with_process_rm_as_reward_and_potential_end_to_end(rm_dir, tmp_path):
+def test_rl_with_process_rm_as_reward_and_potential_end_to_end(
+    rm_dir, tmp_path
+):
   """SFT -> GRPO (per-turn credit) with the process RM both as the `rm` reward
   component and as the PBRS potential; the monitor is logged every iteration."""
   config = _rl_config(rm_dir[0], "process", pbrs=True)
@@ -263,8 +374,9 @@ def test_rl_with_process_rm_as_reward_and_potential_end_to_end(rm_dir, tmp_path)
 @pytest.mark.slow
 def test_rl_with_outcome_rm_reward_end_to_end(rm_dir, tmp_path):
   """configs/rm_grpo.py:smoke (outcome RM as the reward, trajectory credit)."""
-  _check_rl_run(_rl_config(rm_dir[0], "outcome"), str(tmp_path / "rl"),
-                rm_as_reward=True)
+  _check_rl_run(
+      _rl_config(rm_dir[0], "outcome"), str(tmp_path / "rl"), rm_as_reward=True
+  )
 
 
 def test_rm_mode_rerun_on_a_finished_workdir_is_a_no_op(rm_dir, tmp_path):

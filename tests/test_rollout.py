@@ -16,16 +16,22 @@ P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
 
 def _hard_task():
   return arithmetic.ArithmeticTask(
-      a=jnp.array([483]), b=jnp.array([27]), op=jnp.array([arithmetic.MUL]),
-      answer=jnp.array([13041]), hard=jnp.array([True]))
+      a=jnp.array([483]),
+      b=jnp.array([27]),
+      op=jnp.array([arithmetic.MUL]),
+      answer=jnp.array([13041]),
+      hard=jnp.array([True]),
+  )
 
 
 def test_roles_of_prompt_call_observation_answer_token_by_token():
   env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
   traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
   text = tokenizers.ByteTokenizer().decode(traj.tokens[0])
-  assert text == ("<bos>Compute 483*27.\n<call>483*27</call><obs>13041</obs>"
-                  "<answer>13041</answer>")
+  assert text == (
+      "<bos>Compute 483*27.\n<call>483*27</call><obs>13041</obs>"
+      "<answer>13041</answer>"
+  )
   # 17 prompt tokens, 8 call tokens, 7 observation tokens, 7 answer tokens, padding.
   expected_role = [P] * 17 + [Q] * 8 + [T] * 7 + [Q] * 7 + [D] * 9
   expected_turn = [-1] * 17 + [0] * 8 + [0] * 7 + [1] * 7 + [-1] * 9
@@ -53,7 +59,9 @@ def test_truncated_when_buffer_fills():
 
 def test_max_turns_finish_and_ragged_observations():
   env = fakes.EchoEnv()
-  traj = rollout.rollout(env, jnp.array([3, 6]), jax.random.PRNGKey(0), max_len=32)
+  traj = rollout.rollout(
+      env, jnp.array([3, 6]), jax.random.PRNGKey(0), max_len=32
+  )
   np.testing.assert_array_equal(traj.finish, [types.MAX_TURNS] * 2)
   np.testing.assert_array_equal(traj.num_turns, [3, 3])
   # Row 0: prompt 3, then (action 2, obs 1), (action 2, obs 2); the last turn's
@@ -61,25 +69,36 @@ def test_max_turns_finish_and_ragged_observations():
   expected = [P] * 3 + [Q, Q, T, Q, Q, T, T, Q, Q]
   np.testing.assert_array_equal(traj.role[0, :12], expected)
   assert int(traj.length[0]) == 12
-  np.testing.assert_array_equal(traj.turn[0, :12],
-                                [-1] * 3 + [0, 0, 0, 1, 1, 1, 1, 2, 2])
+  np.testing.assert_array_equal(
+      traj.turn[0, :12], [-1] * 3 + [0, 0, 0, 1, 1, 1, 1, 2, 2]
+  )
 
 
 def test_format_error_finish():
   env = arithmetic.ArithmeticEnv()
   graphdef, params, cfg = fakes.tiny_policy(0)
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 8)
-  traj = rollout.rollout_jit(env, tasks, jax.random.PRNGKey(1), max_len=64,
-                             graphdef=graphdef, params=params, model_config=cfg)
+  traj = rollout.rollout_jit(
+      env,
+      tasks,
+      jax.random.PRNGKey(1),
+      max_len=64,
+      graphdef=graphdef,
+      params=params,
+      model_config=cfg,
+  )
   # A random policy almost never starts with <call>/<answer>: format errors.
   finish = np.asarray(traj.finish)
   assert (finish != types.RUNNING).all()
   fe = np.asarray(traj.facts["format_error"])
-  np.testing.assert_array_equal(finish == types.FORMAT_ERROR, fe & ~(finish == types.TRUNCATED))
+  np.testing.assert_array_equal(
+      finish == types.FORMAT_ERROR, fe & ~(finish == types.TRUNCATED)
+  )
 
 
 def test_truncated_episode_never_gets_the_correct_reward():
   from agentic_rl import rewards
+
   env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
   traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=28)
   assert int(traj.finish[0]) == types.TRUNCATED

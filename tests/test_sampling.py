@@ -23,13 +23,23 @@ def test_token_by_token_decoding_equals_full_forward():
   cache = transformer.init_cache(cfg, b, l)
   prefill = 4
   logits, cache = sampling.extend(
-      graphdef, params, cache, tokens[:, :prefill], jnp.zeros(b, jnp.int32),
-      jnp.full(b, prefill, jnp.int32))
+      graphdef,
+      params,
+      cache,
+      tokens[:, :prefill],
+      jnp.zeros(b, jnp.int32),
+      jnp.full(b, prefill, jnp.int32),
+  )
   np.testing.assert_allclose(logits, full[:, prefill - 1], atol=1e-5, rtol=1e-5)
   for t in range(prefill, l):
     logits, cache = sampling.extend(
-        graphdef, params, cache, tokens[:, t:t + 1], jnp.full(b, t, jnp.int32),
-        jnp.ones(b, jnp.int32))
+        graphdef,
+        params,
+        cache,
+        tokens[:, t : t + 1],
+        jnp.full(b, t, jnp.int32),
+        jnp.ones(b, jnp.int32),
+    )
     np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
 
@@ -45,15 +55,20 @@ def test_ragged_chunked_prefill_equals_full_forward():
   # Chunks of width 5 with real lengths: row 0: 5, 2, 4;  row 1: 3, 5, 1.
   lens = [np.array([5, 3]), np.array([2, 5]), np.array([4, 1])]
   for n in lens:
-    chunk = jnp.stack([
-        jax.lax.dynamic_slice(jnp.pad(tokens[i], (0, 5)), (start[i],), (5,))
-        for i in range(b)])
-    logits, cache = sampling.extend(graphdef, params, cache, chunk, start,
-                                    jnp.asarray(n, jnp.int32))
+    chunk = jnp.stack(
+        [
+            jax.lax.dynamic_slice(jnp.pad(tokens[i], (0, 5)), (start[i],), (5,))
+            for i in range(b)
+        ]
+    )
+    logits, cache = sampling.extend(
+        graphdef, params, cache, chunk, start, jnp.asarray(n, jnp.int32)
+    )
     start = start + jnp.asarray(n, jnp.int32)
     for i in range(b):
-      np.testing.assert_allclose(logits[i], full[i, int(start[i]) - 1],
-                                 atol=1e-5, rtol=1e-5)
+      np.testing.assert_allclose(
+          logits[i], full[i, int(start[i]) - 1], atol=1e-5, rtol=1e-5
+      )
 
 
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 0), (0.7, 5)])
@@ -61,18 +76,27 @@ def test_rollout_logprobs_equal_teacher_forced(temperature, chunk):
   """Also with the trainer's log-probs computed in sequence chunks of 5."""
   env = fakes.EchoEnv()
   graphdef, params, cfg = fakes.tiny_policy(
-      5, dataclasses.replace(fakes.TINY, logprob_chunk_size=chunk))
+      5, dataclasses.replace(fakes.TINY, logprob_chunk_size=chunk)
+  )
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 6)
   traj = rollout.rollout_jit(
-      env, tasks, jax.random.PRNGKey(1), max_len=32, graphdef=graphdef,
-      params=params, model_config=cfg, temperature=temperature)
+      env,
+      tasks,
+      jax.random.PRNGKey(1),
+      max_len=32,
+      graphdef=graphdef,
+      params=params,
+      model_config=cfg,
+      temperature=temperature,
+  )
   mask = np.asarray(traj.role) == types.POLICY
   # Several policy turns interleaved with tool observations per episode.
   assert (np.asarray(traj.num_turns) == 3).all()
   assert (np.asarray(traj.role) == types.TOOL).sum(1).min() >= 1
   logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, temperature)
-  np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logprob)[mask],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(logp)[mask], np.asarray(traj.logprob)[mask], atol=1e-5
+  )
   assert (np.asarray(traj.logprob)[~mask] == 0).all()
 
 
@@ -80,21 +104,31 @@ def test_greedy_temperature_zero_takes_argmax():
   logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 0.0, 1.0]])
   tok, logp = sampling.sample_token(jax.random.PRNGKey(0), logits, 0.0)
   np.testing.assert_array_equal(tok, [1, 0])
-  np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(2), tok])
+  np.testing.assert_allclose(
+      logp, jax.nn.log_softmax(logits)[jnp.arange(2), tok]
+  )
 
 
 def _numpy_inverse_cdf(p_bv, u_b):
   """Reference: first v with cumsum(p)[v] > u * sum(p), in float64."""
   cdf = np.cumsum(np.asarray(p_bv, np.float64), axis=-1)
-  return np.array([np.searchsorted(c, u * c[-1], side="right")
-                   for c, u in zip(cdf, np.asarray(u_b, np.float64))])
+  return np.array(
+      [
+          np.searchsorted(c, u * c[-1], side="right")
+          for c, u in zip(cdf, np.asarray(u_b, np.float64))
+      ]
+  )
 
 
 def test_first_argmax_equals_argmax_with_ties():
-  x = jnp.array([[1.0, 3.0, 3.0, -2.0], [5.0, 5.0, 5.0, 5.0], [-1e9, -7.0, -1e9, -8.0]])
+  x = jnp.array(
+      [[1.0, 3.0, 3.0, -2.0], [5.0, 5.0, 5.0, 5.0], [-1e9, -7.0, -1e9, -8.0]]
+  )
   np.testing.assert_array_equal(sampling.first_argmax(x), [1, 0, 1])
   y = jax.random.normal(jax.random.PRNGKey(0), (16, 1000))
-  np.testing.assert_array_equal(sampling.first_argmax(y), jnp.argmax(y, axis=-1))
+  np.testing.assert_array_equal(
+      sampling.first_argmax(y), jnp.argmax(y, axis=-1)
+  )
 
 
 def test_one_compiled_sampler_greedy_and_sampled_streams():
@@ -113,19 +147,26 @@ def test_one_compiled_sampler_greedy_and_sampled_streams():
     expected = _numpy_inverse_cdf(probs, jax.random.uniform(key, (6,)))
     np.testing.assert_array_equal(tok, expected)
     np.testing.assert_allclose(
-        logp, jax.nn.log_softmax(logits / 0.7)[jnp.arange(6), expected], atol=1e-6)
+        logp,
+        jax.nn.log_softmax(logits / 0.7)[jnp.arange(6), expected],
+        atol=1e-6,
+    )
 
 
 def test_inverse_cdf_sampler_matches_the_categorical_distribution():
   """Chi-square goodness of fit of 20,000 draws over a 12-token vocabulary
   (blocks of 5: the block-then-token path and a padded last block), and
   zero-probability (masked) tokens are never drawn."""
-  p = np.array([0.30, 0.0, 0.05, 0.12, 0.0, 0.01, 0.20, 0.02, 0.0, 0.15,
-                0.10, 0.05])
+  p = np.array(
+      [0.30, 0.0, 0.05, 0.12, 0.0, 0.01, 0.20, 0.02, 0.0, 0.15, 0.10, 0.05]
+  )
   n = 20_000
   probs = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (n, 12))
-  tok = np.asarray(jax.jit(sampling.inverse_cdf_sample, static_argnums=2)(
-      jax.random.PRNGKey(0), probs, 5))
+  tok = np.asarray(
+      jax.jit(sampling.inverse_cdf_sample, static_argnums=2)(
+          jax.random.PRNGKey(0), probs, 5
+      )
+  )
   counts = np.bincount(tok, minlength=12)
   assert counts[p == 0].sum() == 0
   expected = n * p[p > 0]
@@ -144,7 +185,9 @@ def test_sampling_never_draws_a_masked_token_of_a_peaked_row():
   logits[0, 299] = 30.0
   logits[1, v - 1] = 5.0
   keys = jax.random.split(jax.random.PRNGKey(1), 500)
-  tok, _ = jax.vmap(lambda k: sampling.sample_token(k, jnp.asarray(logits), 1.0))(keys)
+  tok, _ = jax.vmap(
+      lambda k: sampling.sample_token(k, jnp.asarray(logits), 1.0)
+  )(keys)
   tok = np.asarray(tok)
   assert (tok[:, 0] < 300).all() and (tok[:, 1] == v - 1).all()
 
@@ -155,8 +198,7 @@ def test_sample_token_frequencies_follow_temperature():
   tok, logp = jax.vmap(lambda k: sampling.sample_token(k, logits, 0.5))(keys)
   # At T = 0.5 the probabilities become 0.2^2 : 0.8^2 = 1/17 : 16/17.
   assert abs(float(jnp.mean(tok == 1)) - 16 / 17) < 0.015
-  np.testing.assert_allclose(
-      logp[tok == 1], np.log(16 / 17), atol=1e-5)
+  np.testing.assert_allclose(logp[tok == 1], np.log(16 / 17), atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +224,15 @@ def test_chunked_logprobs_equal_unchunked_under_jit(chunk_setup, chunk):
   np.testing.assert_allclose(lp1, lp0, atol=1e-5, rtol=0)
   np.testing.assert_allclose(e1, e0, atol=1e-5, rtol=0)
   np.testing.assert_allclose(v1, v0, rtol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
-               g1, g0)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+      g1,
+      g0,
+  )
   # Entropy of a V-way distribution lies in [0, log V].
-  assert (np.asarray(e1) >= 0).all() and (np.asarray(e1) <= np.log(265) + 1e-5).all()
+  assert (np.asarray(e1) >= 0).all() and (
+      np.asarray(e1) <= np.log(265) + 1e-5
+  ).all()
 
 
 def _avals(jaxpr):
@@ -204,11 +251,19 @@ def test_chunked_logprobs_never_materialise_batch_length_vocab(chunk_setup):
   logits: every array with a vocabulary axis is at most [B, chunk, V]."""
   _, params, _, loss, _ = chunk_setup
   v = 265
+
   def biggest_vocab_array(chunk):
     jaxpr = jax.make_jaxpr(jax.grad(lambda p: loss(p, chunk)[0]))(params).jaxpr
-    return max(a.size for a in _avals(jaxpr)
-               if hasattr(a, "shape") and v in a.shape and len(a.shape) >= 2
-               and a.shape != (32, v) and a.shape != (v, 32))
+    return max(
+        a.size
+        for a in _avals(jaxpr)
+        if hasattr(a, "shape")
+        and v in a.shape
+        and len(a.shape) >= 2
+        and a.shape != (32, v)
+        and a.shape != (v, 32)
+    )
+
   assert biggest_vocab_array(0) == 3 * 13 * v
   assert biggest_vocab_array(4) == 3 * 4 * v
 
@@ -218,7 +273,10 @@ def test_logprob_and_entropy_by_hand():
   logp, ent = sampling.logprob_and_entropy(logits, jnp.array([[0, 2]]), 1.0)
   np.testing.assert_allclose(logp, np.log([[0.5, 0.8]]), rtol=1e-6)
   np.testing.assert_allclose(
-      ent, [[1.5 * np.log(2), -(0.2 * np.log(0.1) + 0.8 * np.log(0.8))]], rtol=1e-6)
+      ent,
+      [[1.5 * np.log(2), -(0.2 * np.log(0.1) + 0.8 * np.log(0.8))]],
+      rtol=1e-6,
+  )
   # T = 0.5 squares the probabilities before renormalising: [0.25, .0625, .0625]/.375.
   logp, _ = sampling.logprob_and_entropy(logits, jnp.array([[0, 2]]), 0.5)
   np.testing.assert_allclose(logp[0, 0], np.log(0.25 / 0.375), rtol=1e-6)
@@ -230,7 +288,12 @@ def _bucketed(cfg, bucket):
 
 def test_decode_buckets():
   cfg = fakes.TINY
-  assert transformer.decode_buckets(_bucketed(cfg, 128), 600) == (128, 256, 512, 600)
+  assert transformer.decode_buckets(_bucketed(cfg, 128), 600) == (
+      128,
+      256,
+      512,
+      600,
+  )
   assert transformer.decode_buckets(_bucketed(cfg, 128), 512) == (128, 256, 512)
   assert transformer.decode_buckets(_bucketed(cfg, 128), 100) == (100,)
   assert transformer.decode_buckets(_bucketed(cfg, 0), 600) == (600,)
@@ -246,15 +309,25 @@ def test_bucketed_decode_reads_only_the_filled_prefix():
   for bucket in (4, 0):
     graphdef, params, cfg = fakes.tiny_policy(2, _bucketed(fakes.TINY, bucket))
     b, l = 2, 32
-    tokens = jax.random.randint(jax.random.PRNGKey(5), (b, 6), 0, cfg.vocab_size)
+    tokens = jax.random.randint(
+        jax.random.PRNGKey(5), (b, 6), 0, cfg.vocab_size
+    )
     cache = transformer.init_cache(cfg, b, l)
     for poison in (False, True):
       c = cache
       if poison:
-        c = [{k: v.at[:, :, 8:].set(jnp.nan) for k, v in layer.items()}
-             for layer in cache]
-      logits, _ = sampling.extend(graphdef, params, c, tokens,
-                                  jnp.zeros(b, jnp.int32), jnp.array([6, 3]))
+        c = [
+            {k: v.at[:, :, 8:].set(jnp.nan) for k, v in layer.items()}
+            for layer in cache
+        ]
+      logits, _ = sampling.extend(
+          graphdef,
+          params,
+          c,
+          tokens,
+          jnp.zeros(b, jnp.int32),
+          jnp.array([6, 3]),
+      )
       outs[bucket, poison] = np.asarray(logits)
   np.testing.assert_array_equal(outs[4, True], outs[4, False])
   np.testing.assert_allclose(outs[4, False], outs[0, False], atol=1e-6, rtol=0)
@@ -272,9 +345,18 @@ def test_bucketed_rollout_equals_whole_cache_rollout(temperature):
   trajs = []
   for bucket in (4, 0):
     graphdef, params, cfg = fakes.tiny_policy(5, _bucketed(fakes.TINY, bucket))
-    trajs.append(rollout.rollout_jit(
-        env, tasks, jax.random.PRNGKey(1), max_len=32, graphdef=graphdef,
-        params=params, model_config=cfg, temperature=temperature))
+    trajs.append(
+        rollout.rollout_jit(
+            env,
+            tasks,
+            jax.random.PRNGKey(1),
+            max_len=32,
+            graphdef=graphdef,
+            params=params,
+            model_config=cfg,
+            temperature=temperature,
+        )
+    )
   a, b = trajs
   assert int(np.max(a.length)) > 16  # the last bucket was reached
   for f in ("tokens", "role", "turn", "length", "finish", "num_turns"):
@@ -286,6 +368,7 @@ def _weight_copies(hlo_text, weight_shapes):
   """copy / transpose ops in an HLO module whose result has a weight's
   dimensions (in any order)."""
   import re  # pylint: disable=g-import-not-at-top
+
   found = []
   for line in hlo_text.splitlines():
     m = re.search(r"= [a-z0-9]+\[([0-9,]*)\][^ ]* (copy|transpose)\(", line)
@@ -300,26 +383,56 @@ def test_compiled_decode_loop_copies_no_weights():
   """The compiled decode loop (generate_turn: sample_token + a one-token
   extend per step) has no copy or transpose of a weight-shaped array; the
   q/k/v einsums once made XLA:CPU transpose each weight on every step."""
-  cfg = dataclasses.replace(fakes.TINY, num_heads=4, num_kv_heads=2,
-                            decode_bucket=8, d_model=48, ffn_dim=80)
+  cfg = dataclasses.replace(
+      fakes.TINY,
+      num_heads=4,
+      num_kv_heads=2,
+      decode_bucket=8,
+      d_model=48,
+      ffn_dim=80,
+  )
   graphdef, params, cfg = fakes.tiny_policy(0, cfg)
-  weight_shapes = {tuple(sorted(x.shape)) for x in jax.tree.leaves(params)
-                   if x.ndim >= 2}
+  weight_shapes = {
+      tuple(sorted(x.shape)) for x in jax.tree.leaves(params) if x.ndim >= 2
+  }
   env = fakes.EchoEnv()
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 3)
   _, prompt, prompt_len = jax.vmap(env.reset)(tasks)
-  state = rollout.init_state(prompt, prompt_len, None, max_len=32,
-                             graphdef=graphdef, params=params, model_config=cfg)
-  turn = jax.jit(lambda p, st, k: rollout.generate_turn(
-      graphdef, p, st, k, max_action_len=8, temperature=1.0, stop_tokens=(0,)))
+  state = rollout.init_state(
+      prompt,
+      prompt_len,
+      None,
+      max_len=32,
+      graphdef=graphdef,
+      params=params,
+      model_config=cfg,
+  )
+  turn = jax.jit(
+      lambda p, st, k: rollout.generate_turn(
+          graphdef,
+          p,
+          st,
+          k,
+          max_action_len=8,
+          temperature=1.0,
+          stop_tokens=(0,),
+      )
+  )
   text = turn.lower(params, state, jax.random.PRNGKey(0)).compile().as_text()
   assert "while" in text
   assert _weight_copies(text, weight_shapes) == []
   # The check does see such copies: the einsum form of the q projection.
   w = params["blocks"][0]["attn"]["q_dhk"][...]
-  bad = jax.jit(lambda x, w: jax.lax.fori_loop(
-      0, 3, lambda i, x: x + jnp.einsum("btd,dnk->bntk", x, w).reshape(3, 1, 64)[..., :48],
-      x))
+  bad = jax.jit(
+      lambda x, w: jax.lax.fori_loop(
+          0,
+          3,
+          lambda i, x: x
+          + jnp.einsum("btd,dnk->bntk", x, w).reshape(3, 1, 64)[..., :48],
+          x,
+      )
+  )
   x = jnp.ones((3, 1, 48))
-  assert _weight_copies(bad.lower(x, w).compile().as_text(),
-                        {tuple(sorted(w.shape))})
+  assert _weight_copies(
+      bad.lower(x, w).compile().as_text(), {tuple(sorted(w.shape))}
+  )

@@ -13,9 +13,18 @@ from tests import fakes
 
 
 def _tiny():
-  return fakes.shrink(default.get_config("smoke"), sft_steps=4, sft_batch=8,
-                      rl_steps=3, rl_batch=8, group_size=4, eval_tasks=8,
-                      eval_samples=2, checkpoint_every=2, log_every_steps=1)
+  return fakes.shrink(
+      default.get_config("smoke"),
+      sft_steps=4,
+      sft_batch=8,
+      rl_steps=3,
+      rl_batch=8,
+      group_size=4,
+      eval_tasks=8,
+      eval_samples=2,
+      checkpoint_every=2,
+      log_every_steps=1,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +46,35 @@ def test_each_seed_matches_its_single_run(vmapped, tmp_path, index, seed):
   # gradients are float noise that Adam rescales to full-size steps: there a
   # batched matmul's reassociation is amplified and values are not comparable.
   for phase, n in (("sft", c.sft.steps), ("rl", 1)):
-    for key in ("loss", "reward", "accuracy", "tool_calls", "kl", "grad_norm",
-                "policy_tokens"):
+    for key in (
+        "loss",
+        "reward",
+        "accuracy",
+        "tool_calls",
+        "kl",
+        "grad_norm",
+        "policy_tokens",
+    ):
       name = f"{phase}/{key}"
       if name not in out["curves"]:
         continue
       single = [r[name] for r in rows if name in r][:n]
       assert len(single) == n, name
-      np.testing.assert_allclose(out["curves"][name][:n, index], single,
-                                 rtol=2e-4, atol=1e-5, err_msg=name)
+      np.testing.assert_allclose(
+          out["curves"][name][:n, index],
+          single,
+          rtol=2e-4,
+          atol=1e-5,
+          err_msg=name,
+      )
   # Seeds differ, so the two columns of the vmapped run are not copies.
-  assert not np.allclose(out["curves"]["sft/loss"][:, 0], out["curves"]["sft/loss"][:, 1])
+  assert not np.allclose(
+      out["curves"]["sft/loss"][:, 0], out["curves"]["sft/loss"][:, 1]
+  )
   for key in ("accuracy", "tool_calls", "format_error_rate", "response_tokens"):
-    assert out["sft"][index][key] == pytest.approx(reports["sft"][key], abs=1e-6)
+    assert out["sft"][index][key] == pytest.approx(
+        reports["sft"][key], abs=1e-6
+    )
 
 
 def test_resume_from_checkpoint_gives_same_result(vmapped, tmp_path):
@@ -59,9 +84,13 @@ def test_resume_from_checkpoint_gives_same_result(vmapped, tmp_path):
   c.rl.steps = 0  # stops at the SFT/RL boundary (checkpointed) ...
   seeds_lib.train_seeds(c, (0, 3), workdir)
   resumed = seeds_lib.train_seeds(_tiny(), (0, 3), workdir)  # ... and goes on
-  np.testing.assert_equal(resumed["rl"], out["rl"])  # NaN == NaN (e.g. no calls)
+  np.testing.assert_equal(
+      resumed["rl"], out["rl"]
+  )  # NaN == NaN (e.g. no calls)
   for name, values in out["curves"].items():
-    np.testing.assert_allclose(resumed["curves"][name], values, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(
+        resumed["curves"][name], values, rtol=1e-6, err_msg=name
+    )
 
 
 def test_no_seeds_is_an_error():
@@ -77,11 +106,14 @@ def test_resume_refuses_a_changed_config(vmapped):
   assert '"seeds": [\n    0,\n    3\n  ]' in saved
   c = _tiny()
   c.rl.learning_rate = 1e-3
-  with pytest.raises(validation.ConfigError,
-                     match=r"config\.rl\.learning_rate=0\.001 \(was 0\.0005\)"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"config\.rl\.learning_rate=0\.001 \(was 0\.0005\)",
+  ):
     seeds_lib.train_seeds(c, (0, 3), workdir)
-  with pytest.raises(validation.ConfigError,
-                     match=r"config\.seeds=\[0, 1\] \(was \[0, 3\]\)"):
+  with pytest.raises(
+      validation.ConfigError, match=r"config\.seeds=\[0, 1\] \(was \[0, 3\]\)"
+  ):
     seeds_lib.train_seeds(_tiny(), (0, 1), workdir)
   with open(f"{workdir}/config.json") as f:  # a refused run leaves it untouched
     assert f.read() == saved
@@ -106,5 +138,7 @@ def test_check_resume_free_sections(tmp_path):
     seeds_lib.check_resume(c, (0, 1), workdir)
   assert seeds_lib.check_resume(c, (0, 1), workdir, ("rl",)).rl.kl_coef == 0.5
   c.sft.learning_rate = 1.0  # ... but its SFT settings must match
-  with pytest.raises(validation.ConfigError, match=r"config\.sft\.learning_rate=1\.0"):
+  with pytest.raises(
+      validation.ConfigError, match=r"config\.sft\.learning_rate=1\.0"
+  ):
     seeds_lib.check_resume(c, (0, 1), workdir, ("rl",))

@@ -26,27 +26,52 @@ MESH_222 = {"data": 2, "fsdp": 2, "tensor": 2}
 # ---------------------------------------------------------------- mesh config
 
 
-@pytest.mark.parametrize("cfg,n,want", [
-    (None, 8, (8, 1, 1)),
-    (dict(data=-1, fsdp=1, tensor=1), 1, (1, 1, 1)),
-    (dict(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
-    (dict(data=1, fsdp=-1, tensor=2), 8, (1, 4, 2)),
-    (dict(data=2, fsdp=1, tensor=-1), 8, (2, 1, 4)),
-])
+@pytest.mark.parametrize(
+    "cfg,n,want",
+    [
+        (None, 8, (8, 1, 1)),
+        (dict(data=-1, fsdp=1, tensor=1), 1, (1, 1, 1)),
+        (dict(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
+        (dict(data=1, fsdp=-1, tensor=2), 8, (1, 4, 2)),
+        (dict(data=2, fsdp=1, tensor=-1), 8, (2, 1, 4)),
+    ],
+)
 def test_mesh_shape_resolves_fill(cfg, n, want):
   assert sharding.mesh_shape(cfg, n) == want
 
 
-@pytest.mark.parametrize("cfg,n,match", [
-    (dict(data=2, fsdp=2, tensor=1), 8,
-     r"config.mesh=\(data=2, fsdp=2, tensor=1\): data\*fsdp\*tensor = 4 must "
-     r"equal the number of devices \(8\)"),
-    (dict(data=-1, fsdp=-1, tensor=1), 8, r"config.mesh.fsdp=-1: only one"),
-    (dict(data=-1, fsdp=3, tensor=1), 8, r"config.mesh.data=-1: cannot fill 8"),
-    (dict(data=0, fsdp=1, tensor=1), 8, r"config.mesh.data=0: must be >= 1"),
-    (dict(data=1, fsdp=1, tensor=True), 1, r"config.mesh.tensor=True: must be an"),
-    (dict(data=1, fsdp=1.5, tensor=1), 1, r"config.mesh.fsdp=1.5: must be an"),
-])
+@pytest.mark.parametrize(
+    "cfg,n,match",
+    [
+        (
+            dict(data=2, fsdp=2, tensor=1),
+            8,
+            r"config.mesh=\(data=2, fsdp=2, tensor=1\): data\*fsdp\*tensor = 4 must "
+            r"equal the number of devices \(8\)",
+        ),
+        (dict(data=-1, fsdp=-1, tensor=1), 8, r"config.mesh.fsdp=-1: only one"),
+        (
+            dict(data=-1, fsdp=3, tensor=1),
+            8,
+            r"config.mesh.data=-1: cannot fill 8",
+        ),
+        (
+            dict(data=0, fsdp=1, tensor=1),
+            8,
+            r"config.mesh.data=0: must be >= 1",
+        ),
+        (
+            dict(data=1, fsdp=1, tensor=True),
+            1,
+            r"config.mesh.tensor=True: must be an",
+        ),
+        (
+            dict(data=1, fsdp=1.5, tensor=1),
+            1,
+            r"config.mesh.fsdp=1.5: must be an",
+        ),
+    ],
+)
 def test_mesh_shape_rejects_bad_sizes(cfg, n, match):
   with pytest.raises(ValueError, match=match):
     sharding.mesh_shape(cfg, n)
@@ -64,9 +89,11 @@ def test_validation_rejects_batch_not_divisible_by_batch_axes(monkeypatch):
   config.mesh.update(data=-1, fsdp=2)
   config.sft.batch_size = 6
   monkeypatch.setattr(jax, "device_count", lambda: 4)
-  with pytest.raises(validation.ConfigError,
-                     match=r"config.sft.batch_size=6: must be divisible by mesh "
-                           r"data\*fsdp = 2\*2"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"config.sft.batch_size=6: must be divisible by mesh "
+      r"data\*fsdp = 2\*2",
+  ):
     validation.validate_config(config)
 
 
@@ -78,44 +105,56 @@ def test_default_config_is_one_device_here():
 
 def test_distributed_initialize_called_with_config_arguments(monkeypatch):
   calls = []
-  monkeypatch.setattr(jax.distributed, "initialize",
-                      lambda **kw: calls.append(kw))
+  monkeypatch.setattr(
+      jax.distributed, "initialize", lambda **kw: calls.append(kw)
+  )
   config = default.get_config("smoke")
   assert not sharding.maybe_initialize_distributed(config)  # off by default
   assert calls == []
-  config.mesh.update(distributed=True, coordinator_address="10.0.0.1:1234",
-                     num_processes=4, process_id=2)
+  config.mesh.update(
+      distributed=True,
+      coordinator_address="10.0.0.1:1234",
+      num_processes=4,
+      process_id=2,
+  )
   assert sharding.maybe_initialize_distributed(config)
-  assert calls == [dict(coordinator_address="10.0.0.1:1234", num_processes=4,
-                        process_id=2)]
+  assert calls == [
+      dict(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=2)
+  ]
   config.mesh.update(coordinator_address="", num_processes=-1, process_id=-1)
   sharding.maybe_initialize_distributed(config)
-  assert calls[-1] == dict(coordinator_address=None, num_processes=None,
-                           process_id=None)
-
+  assert calls[-1] == dict(
+      coordinator_address=None, num_processes=None, process_id=None
+  )
 
 
 class _RemoteRows:
   """Stands in for a batch-sharded jax.Array of a multi-process run: this
   process does not hold every row (is_fully_addressable False)."""
+
   is_fully_addressable = False
 
 
 def test_to_host_gathers_only_arrays_other_processes_hold(monkeypatch):
   import numpy as np
   from jax.experimental import multihost_utils
+
   calls = []
 
   def fake_allgather(x, tiled=False):
     calls.append((x, tiled))
     return np.arange(6).reshape(3, 2)  # the global array every process gets
 
-  monkeypatch.setattr(sharding.multihost_utils, "process_allgather", fake_allgather)
+  monkeypatch.setattr(
+      sharding.multihost_utils, "process_allgather", fake_allgather
+  )
   remote = _RemoteRows()
   local = jnp.arange(4.0)
   out = sharding.to_host({"facts": {"correct": remote, "calls": local}, "n": 3})
   assert calls == [(remote, True)]
-  np.testing.assert_array_equal(out["facts"]["correct"], np.arange(6).reshape(3, 2))
+  np.testing.assert_array_equal(
+      out["facts"]["correct"], np.arange(6).reshape(3, 2)
+  )
   assert isinstance(out["facts"]["calls"], np.ndarray)
   np.testing.assert_array_equal(out["facts"]["calls"], [0.0, 1.0, 2.0, 3.0])
   assert out["n"] == 3
@@ -123,37 +162,45 @@ def test_to_host_gathers_only_arrays_other_processes_hold(monkeypatch):
   # The real gather on one process returns the array itself (what to_host
   # asks of it: tiled, so a global array comes back whole).
   np.testing.assert_array_equal(
-      multihost_utils.process_allgather(jnp.arange(4), tiled=True), np.arange(4))
+      multihost_utils.process_allgather(jnp.arange(4), tiled=True), np.arange(4)
+  )
+
 
 # ------------------------------------------------------------ partition rules
 
 
-@pytest.mark.parametrize("name,shape,want", [
-    ("q_dhk", (32, 4, 8), P("fsdp", "tensor", None)),
-    ("k_dgk", (32, 2, 8), P("fsdp", "tensor", None)),
-    ("o_hkd", (4, 8, 32), P("tensor", None, "fsdp")),
-    ("gate_df", (32, 64), P("fsdp", "tensor")),
-    ("down_fd", (64, 32), P("tensor", "fsdp")),
-    ("lm_head_dv", (32, 256), P("fsdp", "tensor")),
-    ("q_bias_hk", (4, 8), P("tensor", None)),
-    ("value_head_d", (32,), P("fsdp")),
-    # Not divisible: that dimension falls back to replicated.
-    ("embed_vd", (265, 32), P(None, "fsdp")),
-    ("k_dgk", (32, 1, 8), P("fsdp", None, None)),
-    ("gate_df", (33, 64), P(None, "tensor")),
-    # A mesh axis is used once: the first letter asking for it wins.
-    ("mix_hf", (4, 64), P("tensor", None)),
-])
+@pytest.mark.parametrize(
+    "name,shape,want",
+    [
+        ("q_dhk", (32, 4, 8), P("fsdp", "tensor", None)),
+        ("k_dgk", (32, 2, 8), P("fsdp", "tensor", None)),
+        ("o_hkd", (4, 8, 32), P("tensor", None, "fsdp")),
+        ("gate_df", (32, 64), P("fsdp", "tensor")),
+        ("down_fd", (64, 32), P("tensor", "fsdp")),
+        ("lm_head_dv", (32, 256), P("fsdp", "tensor")),
+        ("q_bias_hk", (4, 8), P("tensor", None)),
+        ("value_head_d", (32,), P("fsdp")),
+        # Not divisible: that dimension falls back to replicated.
+        ("embed_vd", (265, 32), P(None, "fsdp")),
+        ("k_dgk", (32, 1, 8), P("fsdp", None, None)),
+        ("gate_df", (33, 64), P(None, "tensor")),
+        # A mesh axis is used once: the first letter asking for it wins.
+        ("mix_hf", (4, 64), P("tensor", None)),
+    ],
+)
 def test_param_spec_from_name_suffix(name, shape, want):
   assert sharding.param_spec(name, shape, MESH_222) == want
 
 
-@pytest.mark.parametrize("name,shape", [
-    ("scale", (32,)),  # no axis suffix
-    ("q_dhk", (32, 4)),  # suffix letters do not match the rank
-    ("kl_coef", ()),  # 'c', 'o', 'e' are not axis letters; scalar
-    ("count", ()),
-])
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("scale", (32,)),  # no axis suffix
+        ("q_dhk", (32, 4)),  # suffix letters do not match the rank
+        ("kl_coef", ()),  # 'c', 'o', 'e' are not axis letters; scalar
+        ("count", ()),
+    ],
+)
 def test_param_spec_unmatched_is_none(name, shape):
   assert sharding.param_spec(name, shape, MESH_222) is None
 
@@ -161,8 +208,9 @@ def test_param_spec_unmatched_is_none(name, shape):
 @pytest.fixture(scope="module")
 def small_state():
   config = default.get_config("smoke")
-  config.model.update(d_model=32, num_layers=2, num_heads=4, head_dim=8,
-                      ffn_dim=64)
+  config.model.update(
+      d_model=32, num_layers=2, num_heads=4, head_dim=8, ffn_dim=64
+  )
   graphdef, state = train.init_state(config, train.make_model_config(config))
   return config, graphdef, state
 
@@ -174,22 +222,31 @@ def test_tree_specs_cover_params_and_mirror_into_optimizer_state(small_state):
   assert attn["q_dhk"].value == P("fsdp", "tensor", None)
   assert attn["o_hkd"].value == P("tensor", None, "fsdp")
   assert specs.params["embed_vd"].value == P(None, "fsdp")  # V = 265 is odd
-  assert specs.params["blocks"][0]["ffn"]["down_fd"].value == P("tensor", "fsdp")
+  assert specs.params["blocks"][0]["ffn"]["down_fd"].value == P(
+      "tensor", "fsdp"
+  )
   assert specs.params["final_norm"]["scale"].value == P()
   # Adam's mu and nu mirror the parameters; the step count is replicated.
   adam = specs.opt_state[1][0]
-  assert adam.mu["blocks"][1]["attn"]["q_dhk"].value == P("fsdp", "tensor", None)
+  assert adam.mu["blocks"][1]["attn"]["q_dhk"].value == P(
+      "fsdp", "tensor", None
+  )
   assert adam.nu["lm_head_dv"].value == P("fsdp", None)
   assert adam.count == P()
-  assert specs.ref_params["blocks"][0]["ffn"]["gate_df"].value == P("fsdp", "tensor")
+  assert specs.ref_params["blocks"][0]["ffn"]["gate_df"].value == P(
+      "fsdp", "tensor"
+  )
   assert specs.rng == P() and specs.step == P()
 
 
 def test_unmatched_leaves_lists_only_unsuffixed_arrays(small_state):
   _, _, state = small_state
   got = sharding.unmatched_leaves(state.params)
-  want = [f"['blocks'][{i}]['{n}']['scale'].value"
-          for i in range(2) for n in ("attn_norm", "ffn_norm")]
+  want = [
+      f"['blocks'][{i}]['{n}']['scale'].value"
+      for i in range(2)
+      for n in ("attn_norm", "ffn_norm")
+  ]
   assert sorted(got) == sorted(want + ["['final_norm']['scale'].value"])
   # Whole state: the 5 norm scales in params, ref_params, Adam mu and nu, and
   # the PRNG key; scalars (step, kl_coef, Adam count) are not listed.
@@ -202,10 +259,14 @@ def test_batch_and_cache_specs():
   assert sharding.batch_spec((6, 64), MESH_222) == P()  # 6 % 4 != 0
   assert sharding.batch_spec((), MESH_222) == P()
   assert sharding.cache_spec((8, 4, 64, 8), MESH_222) == P(
-      ("data", "fsdp"), "tensor", None, None)
+      ("data", "fsdp"), "tensor", None, None
+  )
   assert sharding.cache_spec((8, 1, 64, 8), MESH_222) == P(
-      ("data", "fsdp"), None, None, None)
-  assert sharding.cache_spec((2, 4, 64, 8), MESH_222) == P(None, "tensor", None, None)
+      ("data", "fsdp"), None, None, None
+  )
+  assert sharding.cache_spec((2, 4, 64, 8), MESH_222) == P(
+      None, "tensor", None, None
+  )
 
 
 def test_init_state_on_one_device_equals_eager_init(small_state):
@@ -216,7 +277,8 @@ def test_init_state_on_one_device_equals_eager_init(small_state):
   # Same values as building the model eagerly (the pre-sharding code path).
   model = transformer.Transformer(
       train.make_model_config(config),
-      nnx.Rngs(params=jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)))
+      nnx.Rngs(params=jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)),
+  )
   eager = nnx.state(model)
   for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(state.params)):
     assert jnp.array_equal(a, b)
@@ -545,7 +607,8 @@ def test_2x2x2_mesh_equals_one_device_and_normaliser_spans_shards():
 @pytest.mark.slow
 def test_train_on_all_meshes_equals_one_device():
   out = _run_8_devices(
-      _TRAIN.replace("{MESHES}", "[(8, 1, 1), (2, 2, 2), (1, 4, 2)]"))
+      _TRAIN.replace("{MESHES}", "[(8, 1, 1), (2, 2, 2), (1, 4, 2)]")
+  )
   assert out.count("OK") == 3
 
 

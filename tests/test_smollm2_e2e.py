@@ -37,9 +37,11 @@ from agentic_rl import sampling  # noqa: E402
 from agentic_rl.models import gguf as gguf_lib  # noqa: E402
 from agentic_rl.models import hf  # noqa: E402
 
-PROMPTS = ("The capital of France is",
-           "def fibonacci(n):",
-           "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+)
 LOGIT_ATOL = 1e-3
 NEW_TOKENS = 16
 
@@ -54,8 +56,10 @@ def smollm2_path():
 
 @pytest.fixture(scope="module")
 def ours(smollm2_path, tmp_path_factory):
-  folder = gguf_lib.write_hf_folder(gguf_lib.read_gguf(smollm2_path),
-                                    str(tmp_path_factory.mktemp("smollm2_hf")))
+  folder = gguf_lib.write_hf_folder(
+      gguf_lib.read_gguf(smollm2_path),
+      str(tmp_path_factory.mktemp("smollm2_hf")),
+  )
   cfg, graphdef, params = hf.load_pretrained(folder)
   return folder, cfg, graphdef, params
 
@@ -63,19 +67,30 @@ def ours(smollm2_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(smollm2_path):
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path),
-      dtype=torch.float32).eval()
+      os.path.dirname(smollm2_path),
+      gguf_file=os.path.basename(smollm2_path),
+      dtype=torch.float32,
+  ).eval()
   tok = transformers.AutoTokenizer.from_pretrained(
-      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path))
+      os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path)
+  )
   return model, tok
 
 
 @pytest.mark.slow
-def test_our_logits_and_greedy_tokens_equal_transformers_gguf_load(ours, reference):
+def test_our_logits_and_greedy_tokens_equal_transformers_gguf_load(
+    ours, reference
+):
   _, cfg, graphdef, params = ours
   model, tok = reference
-  assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.num_kv_heads,
-          cfg.vocab_size, cfg.tie_embeddings) == (30, 576, 9, 3, 49152, True)
+  assert (
+      cfg.num_layers,
+      cfg.d_model,
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      cfg.vocab_size,
+      cfg.tie_embeddings,
+  ) == (30, 576, 9, 3, 49152, True)
   forward = jax.jit(lambda p, x: sampling.apply_model(graphdef, p, x)[0])
   for prompt in PROMPTS:
     ids = tok(prompt).input_ids
@@ -90,21 +105,35 @@ def test_our_logits_and_greedy_tokens_equal_transformers_gguf_load(ours, referen
   # Greedy decoding of a chat prompt: transformers.generate vs our sampler.
   chat = tok.apply_chat_template(
       [{"role": "user", "content": "What is the capital of France?"}],
-      add_generation_prompt=True, return_tensors="pt", return_dict=True)
+      add_generation_prompt=True,
+      return_tensors="pt",
+      return_dict=True,
+  )
   ref_out = model.generate(**chat, max_new_tokens=NEW_TOKENS, do_sample=False)
   prompt_ids = chat["input_ids"][0].numpy().astype(np.int32)
-  ref_new = ref_out[0, len(prompt_ids):].numpy().tolist()
+  ref_new = ref_out[0, len(prompt_ids) :].numpy().tolist()
   eos = tok.convert_tokens_to_ids("<|im_end|>")
   state = rollout.init_state(
-      jnp.asarray(prompt_ids[None]), jnp.asarray([len(prompt_ids)], jnp.int32), None,
-      max_len=len(prompt_ids) + NEW_TOKENS + 1, graphdef=graphdef, params=params,
-      model_config=cfg)
+      jnp.asarray(prompt_ids[None]),
+      jnp.asarray([len(prompt_ids)], jnp.int32),
+      None,
+      max_len=len(prompt_ids) + NEW_TOKENS + 1,
+      graphdef=graphdef,
+      params=params,
+      model_config=cfg,
+  )
   _, action, action_len = jax.jit(
       rollout.generate_turn,
-      static_argnames=("graphdef", "max_action_len", "stop_tokens"))(
-          graphdef, params, state, jax.random.PRNGKey(0),
-          max_action_len=NEW_TOKENS, temperature=jnp.float32(0.0),
-          stop_tokens=(eos,))
+      static_argnames=("graphdef", "max_action_len", "stop_tokens"),
+  )(
+      graphdef,
+      params,
+      state,
+      jax.random.PRNGKey(0),
+      max_action_len=NEW_TOKENS,
+      temperature=jnp.float32(0.0),
+      stop_tokens=(eos,),
+  )
   got_new = np.asarray(action)[0, : int(action_len[0])].tolist()
   print("greedy:", tok.decode(got_new))
   assert got_new == ref_new[: len(got_new)]

@@ -1,5 +1,6 @@
 """experiments/smollm2/report.py: the held-out table has one column per
-evaluated checkpoint (imported, [after SFT,] after RL) with the files' values."""
+evaluated checkpoint (imported, [after SFT,] after RL) with the files' values.
+"""
 
 import json
 
@@ -23,15 +24,30 @@ def test_summary_columns_follow_the_eval_files(tmp_path):
   # Warm start, finished: three columns.
   _write(tmp_path / "eval_initial.json", init)
   _write(tmp_path / "eval_sft.json", sft)
-  _write(tmp_path / "eval_report.json",
-         {"reports": {"initial": init, "sft": sft, "rl": rl}})
+  _write(
+      tmp_path / "eval_report.json",
+      {"reports": {"initial": init, "sft": sft, "rl": rl}},
+  )
   with open(tmp_path / "metrics.jsonl", "w") as f:
-    f.write(json.dumps({"step": 1, "sft/loss": 2.5, "sft/grad_norm": 3.0}) + "\n")
-    f.write(json.dumps({"step": 2, "rl/reward": 0.5, "rl/accuracy": 0.25,
-                        "rl/tool_calls": 1.0}) + "\n")
+    f.write(
+        json.dumps({"step": 1, "sft/loss": 2.5, "sft/grad_norm": 3.0}) + "\n"
+    )
+    f.write(
+        json.dumps(
+            {
+                "step": 2,
+                "rl/reward": 0.5,
+                "rl/accuracy": 0.25,
+                "rl/tool_calls": 1.0,
+            }
+        )
+        + "\n"
+    )
   text = report.summarise(str(tmp_path))
-  assert ("| held-out metric | imported (zero-shot) | after SFT | after RL |"
-          in text)
+  assert (
+      "| held-out metric | imported (zero-shot) | after SFT | after RL |"
+      in text
+  )
   assert "| accuracy | 0.000 | 0.250 | 0.375 |" in text
   assert "| format_error_rate | 1.000 | 0.125 | 0.062 |" in text
   assert "| 1 | 2.500 | 3.00 |" in text
@@ -39,11 +55,15 @@ def test_summary_columns_follow_the_eval_files(tmp_path):
 
 
 def test_command_line_errors_are_one_usage_line(tmp_path, capsys):
-  for argv, why in (([], "expected one WORKDIR, got 0 arguments"),
-                    ([str(tmp_path), "x"], "expected one WORKDIR, got 2 arguments"),
-                    (["--bogus"], "unknown flag '--bogus'"),
-                    ([str(tmp_path / "nope")],
-                     f"WORKDIR {str(tmp_path / 'nope')!r} is not a folder")):
+  for argv, why in (
+      ([], "expected one WORKDIR, got 0 arguments"),
+      ([str(tmp_path), "x"], "expected one WORKDIR, got 2 arguments"),
+      (["--bogus"], "unknown flag '--bogus'"),
+      (
+          [str(tmp_path / "nope")],
+          f"WORKDIR {str(tmp_path / 'nope')!r} is not a folder",
+      ),
+  ):
     assert report.main(["report"] + argv) == 2
     err = capsys.readouterr().err
     assert err == f"{report.USAGE}: {why}\n"

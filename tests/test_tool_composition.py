@@ -24,8 +24,16 @@ ENV = sc.SchemaCallsEnv()
 D = ENV.max_depth
 
 
-def _task(op, left_ref, right_ref, left_const, right_const, depth, branch,
-          forbidden=-1):
+def _task(
+    op,
+    left_ref,
+    right_ref,
+    left_const,
+    right_const,
+    depth,
+    branch,
+    forbidden=-1,
+):
   pad = lambda x, v: np.asarray(list(x) + [v] * (D - len(x)), np.int32)
   op, lr, rr = pad(op, 0), pad(left_ref, -1), pad(right_ref, -1)
   lc, rc = pad(left_const, 0), pad(right_const, 0)
@@ -36,19 +44,35 @@ def _task(op, left_ref, right_ref, left_const, right_const, depth, branch,
     b = val[rr[i]] if rr[i] >= 0 else rc[i]
     val[i] = f[int(op[i])](a, b)
   return sc.SchemaTask(
-      depth=jnp.int32(depth), branch=jnp.bool_(branch), op=jnp.asarray(op),
-      leaf=jnp.zeros((D + 1,), jnp.int32), left_ref=jnp.asarray(lr),
-      right_ref=jnp.asarray(rr), left_const=jnp.asarray(lc),
-      right_const=jnp.asarray(rc), value=jnp.asarray(val),
-      answer=jnp.int32(val[depth - 1]), forbidden=jnp.int32(forbidden))
+      depth=jnp.int32(depth),
+      branch=jnp.bool_(branch),
+      op=jnp.asarray(op),
+      leaf=jnp.zeros((D + 1,), jnp.int32),
+      left_ref=jnp.asarray(lr),
+      right_ref=jnp.asarray(rr),
+      left_const=jnp.asarray(lc),
+      right_const=jnp.asarray(rc),
+      value=jnp.asarray(val),
+      answer=jnp.int32(val[depth - 1]),
+      forbidden=jnp.int32(forbidden),
+  )
 
 
 # (3+4)*5: node0 = 7, node1 = 35. Reference: add(a=3,b=4), mul(a=7,b=5).
-CHAIN = _task([sc.OP_ADD, sc.OP_MUL], [-1, 0], [-1, -1], [3, 0], [4, 5], 2, False)
+CHAIN = _task(
+    [sc.OP_ADD, sc.OP_MUL], [-1, 0], [-1, -1], [3, 0], [4, 5], 2, False
+)
 # (2+3)*(6-1): node0 = 5, node1 = 5, node2 = 25. Reference: add(a=2,b=3),
 # sub(a=6,b=1), mul(a=5,b=5).
-BRANCH = _task([sc.OP_ADD, sc.OP_SUB, sc.OP_MUL], [-1, -1, 0], [-1, -1, 1],
-               [2, 6, 0], [3, 1, 0], 3, True)
+BRANCH = _task(
+    [sc.OP_ADD, sc.OP_SUB, sc.OP_MUL],
+    [-1, -1, 0],
+    [-1, -1, 1],
+    [2, 6, 0],
+    [3, 1, 0],
+    3,
+    True,
+)
 # 3+4 with `sum` forbidden.
 FORBID = _task([sc.OP_ADD], [-1], [-1], [3], [4], 1, False, forbidden=1)
 
@@ -71,13 +95,21 @@ def paths():
   swapped commutative values); 2 reference path plus a repeated call; 3 the
   branch task in the other sub-expression order; 4 the branch task on the
   reference path."""
-  return _batch([
-      _episode(CHAIN, ["add(a=3,b=4)", "mul(a=7,b=5)"], "35"),
-      _episode(CHAIN, ["sum(y=3,x=4)", "mul(a=5,b=7)"], "35"),
-      _episode(CHAIN, ["add(a=3,b=4)", "mul(a=7,b=5)", "mul(a=7,b=5)"], "35"),
-      _episode(BRANCH, ["sub(a=6,b=1)", "add(a=2,b=3)", "mul(a=5,b=5)"], "25"),
-      _episode(BRANCH, ["add(a=2,b=3)", "sub(a=6,b=1)", "mul(a=5,b=5)"], "25"),
-  ])
+  return _batch(
+      [
+          _episode(CHAIN, ["add(a=3,b=4)", "mul(a=7,b=5)"], "35"),
+          _episode(CHAIN, ["sum(y=3,x=4)", "mul(a=5,b=7)"], "35"),
+          _episode(
+              CHAIN, ["add(a=3,b=4)", "mul(a=7,b=5)", "mul(a=7,b=5)"], "35"
+          ),
+          _episode(
+              BRANCH, ["sub(a=6,b=1)", "add(a=2,b=3)", "mul(a=5,b=5)"], "25"
+          ),
+          _episode(
+              BRANCH, ["add(a=2,b=3)", "sub(a=6,b=1)", "mul(a=5,b=5)"], "25"
+          ),
+      ]
+  )
 
 
 def test_ref_match_fact_per_turn(paths):
@@ -87,7 +119,7 @@ def test_ref_match_fact_per_turn(paths):
   expect[0, :2] = True
   # Episode 1: sum instead of add, then mul(a=5,b=7) against reference (7, 5).
   expect[2, :2] = True  # the repeat at turn 2 is past the reference (d = 2)
-  expect[3, 2] = True   # mul(a=5,b=5) is reference call 2 (both values are 5)
+  expect[3, 2] = True  # mul(a=5,b=5) is reference call 2 (both values are 5)
   expect[4, :3] = True
   np.testing.assert_array_equal(m, expect)
   # Every episode answered correctly and executed every call.
@@ -98,30 +130,41 @@ def test_ref_match_fact_per_turn(paths):
 
 def test_alternative_path_full_execution_credit_no_reference_credit(paths):
   # M = matched / max(d, calls): 2/2, 0/2, 2/3, 1/3, 3/3.
-  np.testing.assert_allclose(cr.reference_match_score(paths),
-                             [1.0, 0.0, 2 / 3, 1 / 3, 1.0], rtol=1e-6)
-  np.testing.assert_allclose(cr.reference_match_score(paths, exact=True),
-                             [1.0, 0.0, 0.0, 0.0, 1.0])
+  np.testing.assert_allclose(
+      cr.reference_match_score(paths), [1.0, 0.0, 2 / 3, 1 / 3, 1.0], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      cr.reference_match_score(paths, exact=True), [1.0, 0.0, 0.0, 0.0, 1.0]
+  )
   # TIER: F + S + E + A = 4 for every valid path (all calls execute).
   np.testing.assert_allclose(cr.tier_reward(paths), [4.0] * 5, rtol=1e-6)
   # Reference matching: F + M + A.
-  np.testing.assert_allclose(cr.ref_match_reward(paths),
-                             [3.0, 2.0, 2 + 2 / 3, 2 + 1 / 3, 3.0], rtol=1e-6)
   np.testing.assert_allclose(
-      cr.ref_match_reward(paths, w_format=0.0, w_match=2.0, w_answer=1.0,
-                          exact=True), [3.0, 1.0, 1.0, 1.0, 3.0], rtol=1e-6)
+      cr.ref_match_reward(paths),
+      [3.0, 2.0, 2 + 2 / 3, 2 + 1 / 3, 3.0],
+      rtol=1e-6,
+  )
+  np.testing.assert_allclose(
+      cr.ref_match_reward(
+          paths, w_format=0.0, w_match=2.0, w_answer=1.0, exact=True
+      ),
+      [3.0, 1.0, 1.0, 1.0, 3.0],
+      rtol=1e-6,
+  )
 
 
 @pytest.fixture(scope="module")
 def constraint_eps():
   """FORBID (3+4, `sum` forbidden): 0 compliant; 1 violates (sum does not
   execute) and still answers 7; 2 no call; 3 wrong second value (add(3,5))."""
-  return _batch([
-      _episode(FORBID, ["add(a=3,b=4)"], "7"),
-      _episode(FORBID, ["sum(x=3,y=4)"], "7"),
-      _episode(FORBID, [], "7"),
-      _episode(FORBID, ["add(a=3,b=5)"], "8"),
-  ])
+  return _batch(
+      [
+          _episode(FORBID, ["add(a=3,b=4)"], "7"),
+          _episode(FORBID, ["sum(x=3,y=4)"], "7"),
+          _episode(FORBID, [], "7"),
+          _episode(FORBID, ["add(a=3,b=5)"], "8"),
+      ]
+  )
 
 
 def test_toolrla_factors(constraint_eps):
@@ -136,35 +179,47 @@ def test_toolrla_factors(constraint_eps):
   np.testing.assert_allclose(cr.call_constraint_reward(t), [1, 0, 1, 1])
 
 
-TOOLRLA = {"call_format": 0.25, "call_name": 0.25, "call_params": 0.25,
-           "call_constraint": 0.25}
+TOOLRLA = {
+    "call_format": 0.25,
+    "call_name": 0.25,
+    "call_params": 0.25,
+    "call_constraint": 0.25,
+}
 
 
 def test_multiplicative_vs_additive(constraint_eps):
   mult = rewards.make_reward_fn(TOOLRLA, composition="product")
   add = rewards.make_reward_fn(TOOLRLA, composition="sum")
   # f s p c: 1, 1*1*1*0 = 0, 1*0*0*1 = 0, 1*1*0.75*1 = 0.75.
-  np.testing.assert_allclose(jax.jit(mult)(constraint_eps)[0],
-                             [1.0, 0.0, 0.0, 0.75], rtol=1e-6)
+  np.testing.assert_allclose(
+      jax.jit(mult)(constraint_eps)[0], [1.0, 0.0, 0.0, 0.75], rtol=1e-6
+  )
   # (f + s + p + c) / 4: 1, 3/4, 2/4, 3.75/4.
-  np.testing.assert_allclose(jax.jit(add)(constraint_eps)[0],
-                             [1.0, 0.75, 0.5, 0.9375], rtol=1e-6)
+  np.testing.assert_allclose(
+      jax.jit(add)(constraint_eps)[0], [1.0, 0.75, 0.5, 0.9375], rtol=1e-6
+  )
 
 
 def test_registered_defaults():
   assert rewards.REWARD_PARAM_DEFAULTS["ref_match"] == dict(
-      w_format=1.0, w_match=1.0, w_answer=1.0, exact=False)
+      w_format=1.0, w_match=1.0, w_answer=1.0, exact=False
+  )
   for name in ("call_format", "call_params", "call_constraint"):
     assert rewards.REWARD_PARAM_DEFAULTS[name] == {}
 
 
 def test_bad_keys_raise():
   with pytest.raises(ValueError, match="ref_match: exact must be a bool"):
-    rewards.make_reward_fn({"ref_match": 1.0}, params={"ref_match": {"exact": 1}})
-  with pytest.raises(ValueError, match="unknown param 'w' of reward component "
-                     "'call_constraint'"):
-    rewards.make_reward_fn({"call_constraint": 1.0},
-                           params={"call_constraint": {"w": 1.0}})
+    rewards.make_reward_fn(
+        {"ref_match": 1.0}, params={"ref_match": {"exact": 1}}
+    )
+  with pytest.raises(
+      ValueError,
+      match="unknown param 'w' of reward component " "'call_constraint'",
+  ):
+    rewards.make_reward_fn(
+        {"call_constraint": 1.0}, params={"call_constraint": {"w": 1.0}}
+    )
   with pytest.raises(ValueError, match="expert_violation_prob"):
     sc.SchemaCallsEnv(expert_violation_prob=1.5)
 
@@ -172,6 +227,7 @@ def test_bad_keys_raise():
 def test_experiment_configs_validate_and_arm_rewards():
   from agentic_rl import validation
   from experiments.tool_composition import config
+
   cfgs = config.arms(smoke=True)
   assert tuple(cfgs) == config.ARMS
   for arm, cfg in cfgs.items():
@@ -179,8 +235,7 @@ def test_experiment_configs_validate_and_arm_rewards():
   assert cfgs["multiplicative"].rl.reward_composition == "product"
   assert cfgs["additive"].rl.reward_composition == "sum"
   bad = config.get_config("execution,smoke")
-  bad.rl.reward_params = ml_collections.ConfigDict(
-      {"tier": {"w_speed": 1.0}})
+  bad.rl.reward_params = ml_collections.ConfigDict({"tier": {"w_speed": 1.0}})
   with pytest.raises(ValueError, match="w_speed"):
     validation.validate_config(bad)
   with pytest.raises(ValueError, match="unknown arm"):
@@ -190,10 +245,12 @@ def test_experiment_configs_validate_and_arm_rewards():
 def test_expert_violation_prob():
   """With expert_violation_prob = 1 the expert calls the forbidden `sum` on a +
   node; with the default 0 it never does (old behaviour)."""
+
   def first_tool(env, key):
     state = env.reset(FORBID)[0]
     ids, _ = env.expert_action(state, key)
     return bytes(np.asarray(ids[1:4]).tolist()).decode()
+
   keys = jax.random.split(jax.random.key(0), 8)
   obey = sc.SchemaCallsEnv()
   violate = sc.SchemaCallsEnv(expert_violation_prob=1.0)

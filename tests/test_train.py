@@ -29,11 +29,18 @@ def assert_same_report(got: dict, want: dict) -> None:
 def test_tool_productivity_hand_values():
   # 3 correct answers over 4 calls; a set without any call has none (NaN),
   # not "2 correct per call" as max(calls, 1) would say.
-  assert train.tool_productivity(np.array([1, 1, 1, 0], bool),
-                                 np.array([2, 0, 1, 1])) == 0.75
-  assert math.isnan(train.tool_productivity(np.array([1, 1, 0], bool),
-                                            np.zeros(3)))
-  assert train.tool_productivity(np.array([0, 0], bool), np.array([1, 3])) == 0.0
+  assert (
+      train.tool_productivity(
+          np.array([1, 1, 1, 0], bool), np.array([2, 0, 1, 1])
+      )
+      == 0.75
+  )
+  assert math.isnan(
+      train.tool_productivity(np.array([1, 1, 0], bool), np.zeros(3))
+  )
+  assert (
+      train.tool_productivity(np.array([0, 0], bool), np.array([1, 3])) == 0.0
+  )
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +52,42 @@ def full_run(tmp_path_factory):
 
 def test_smoke_trains_end_to_end(full_run):
   workdir, reports = full_run
-  for name in ("config.json", "eval_sft.json", "eval_report.json", "eval_report.md",
-               "learning_curves.png", "metrics.jsonl"):
+  for name in (
+      "config.json",
+      "eval_sft.json",
+      "eval_report.json",
+      "eval_report.md",
+      "learning_curves.png",
+      "metrics.jsonl",
+  ):
     assert os.path.exists(os.path.join(workdir, name)), name
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   config = default.get_config("smoke")
   total = config.sft.steps + config.rl.steps
-  assert checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == total
+  assert (
+      checkpoint_lib.Checkpointer(
+          os.path.join(workdir, "checkpoints")
+      ).latest_step()
+      == total
+  )
   rows = metrics_lib.read_metrics(workdir)
   steps = [r["step"] for r in rows]
   assert steps == sorted(set(steps)) and steps[-1] == total
-  assert any("rl/reward" in r for r in rows) and any("sft/loss" in r for r in rows)
+  assert any("rl/reward" in r for r in rows) and any(
+      "sft/loss" in r for r in rows
+  )
   assert all(np.isfinite(r["sft/loss"]) for r in rows if "sft/loss" in r)
   for name in ("sft", "rl"):
-    for key in ("accuracy", "accuracy_easy", "accuracy_hard", "tool_calls",
-                "tool_productivity", "format_error_rate", "pass@1", "pass@2"):
+    for key in (
+        "accuracy",
+        "accuracy_easy",
+        "accuracy_hard",
+        "tool_calls",
+        "tool_productivity",
+        "format_error_rate",
+        "pass@1",
+        "pass@2",
+    ):
       assert key in reports[name]
       assert 0.0 <= reports[name]["pass@1"] <= reports[name]["pass@2"] <= 1.0
   with open(os.path.join(workdir, "eval_report.json")) as f:
@@ -74,7 +102,12 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   # the SFT -> RL transition), as if the process had been killed there.
   config.halt_after_step = 22
   assert train.train_and_evaluate(config, workdir) is None
-  assert checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")).latest_step() == 20
+  assert (
+      checkpoint_lib.Checkpointer(
+          os.path.join(workdir, "checkpoints")
+      ).latest_step()
+      == 20
+  )
   reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
   assert list(reports) == list(full_reports)
   for name in reports:
@@ -102,8 +135,13 @@ def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   assert list(reports) == ["initial", "sft", "rl"]
   # The column is the held-out evaluation of the freshly initialised weights.
   graphdef, state = train.init_state(config, train.make_model_config(config))
-  expected = train.evaluate(config, train.make_env(config), graphdef, state.params,
-                            train.make_model_config(config))
+  expected = train.evaluate(
+      config,
+      train.make_env(config),
+      graphdef,
+      state.params,
+      train.make_model_config(config),
+  )
   assert_same_report(reports["initial"], expected)
   with open(tmp_path / "run" / "eval_initial.json") as f:
     assert_same_report(json.load(f), expected)

@@ -16,9 +16,18 @@ from tests import fakes
 def tree():
   env = fakes.EchoEnv()
   graphdef, params, cfg = fakes.tiny_policy(0)
-  traj = jax.jit(lambda t, k: tree_rollout.tree_rollout(
-      env, t, k, max_len=32, branching=(2, 2), graphdef=graphdef,
-      params=params, model_config=cfg))(jnp.array([3, 5]), jax.random.PRNGKey(1))
+  traj = jax.jit(
+      lambda t, k: tree_rollout.tree_rollout(
+          env,
+          t,
+          k,
+          max_len=32,
+          branching=(2, 2),
+          graphdef=graphdef,
+          params=params,
+          model_config=cfg,
+      )
+  )(jnp.array([3, 5]), jax.random.PRNGKey(1))
   return traj, graphdef, params
 
 
@@ -33,7 +42,7 @@ def test_tree_shape_groups_and_shared_prefixes(tree):
     # share their turn 0 and its observation, token for token and log-prob
     # for log-prob (copied, not re-sampled).
     p = ends[t0, 0]
-    assert (tok[t0:t0 + 4, :p] == tok[t0, :p]).all()
+    assert (tok[t0 : t0 + 4, :p] == tok[t0, :p]).all()
     for a in (t0, t0 + 2):
       e = ends[a, 1]
       assert ends[a + 1, 1] == e
@@ -42,7 +51,7 @@ def test_tree_shape_groups_and_shared_prefixes(tree):
       # Siblings sample their own turn 1.
       assert (tok[a + 1, e:] != tok[a, e:]).any()
     # The two first-level branches sampled different turns 0.
-    assert (tok[t0, p:ends[t0, 1]] != tok[t0 + 2, p:ends[t0 + 2, 1]]).any()
+    assert (tok[t0, p : ends[t0, 1]] != tok[t0 + 2, p : ends[t0 + 2, 1]]).any()
 
 
 def test_behaviour_logprobs_match_teacher_forcing_after_forks(tree):
@@ -52,6 +61,7 @@ def test_behaviour_logprobs_match_teacher_forcing_after_forks(tree):
   logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
   mask = np.asarray(traj.role) == types.POLICY
   assert mask.sum() > 0
-  np.testing.assert_allclose(np.asarray(logp)[mask],
-                             np.asarray(traj.logprob)[mask], atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(logp)[mask], np.asarray(traj.logprob)[mask], atol=1e-5
+  )
   np.testing.assert_array_equal(traj.finish, [types.MAX_TURNS] * 8)

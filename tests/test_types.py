@@ -13,22 +13,37 @@ from agentic_rl import train
 from agentic_rl import types
 from configs import default
 
-_OPTIONAL = ("replay", "dual_coef", "log_partition", "log_partition_opt_state",
-             "spa", "reward_model")
+_OPTIONAL = (
+    "replay",
+    "dual_coef",
+    "log_partition",
+    "log_partition_opt_state",
+    "spa",
+    "reward_model",
+)
 
 
 def _hints():
   # The annotations (strings: `from __future__ import annotations`) name
   # modules that types.py imports for type checkers only.
-  scope = dict(vars(types), replay_lib=replay, credit=credit, nnx=nnx, optax=optax)
-  return {name: eval(types.TrainState.__annotations__[name], scope)  # pylint: disable=eval-used
-          for name in _OPTIONAL}
+  scope = dict(
+      vars(types), replay_lib=replay, credit=credit, nnx=nnx, optax=optax
+  )
+  return {
+      name: eval(types.TrainState.__annotations__[name], scope)  # pylint: disable=eval-used
+      for name in _OPTIONAL
+  }
 
 
 def test_optional_parts_default_to_none_and_are_empty_pytrees():
-  state = types.TrainState(step=jnp.int32(0), params={"w": jnp.ones(2)},
-                           ref_params={}, opt_state=(), rng=jnp.zeros(2, jnp.uint32),
-                           kl_coef=jnp.float32(0.0))
+  state = types.TrainState(
+      step=jnp.int32(0),
+      params={"w": jnp.ones(2)},
+      ref_params={},
+      opt_state=(),
+      rng=jnp.zeros(2, jnp.uint32),
+      kl_coef=jnp.float32(0.0),
+  )
   for name in _OPTIONAL:
     assert getattr(state, name) is None
     assert typing.get_args(_hints()[name])[-1] is type(None), name
@@ -55,5 +70,6 @@ def test_rl_transition_fills_the_parts_with_their_declared_types():
   assert rl.dual_coef.shape == () and rl.dual_coef.dtype == jnp.float32
   # The log-partition optimizer state is an optax state over its params.
   assert jax.tree.structure(rl.log_partition_opt_state) == jax.tree.structure(
-      jax.eval_shape(optax.adam(1e-3).init, rl.log_partition))
+      jax.eval_shape(optax.adam(1e-3).init, rl.log_partition)
+  )
   assert rl.reward_model is None  # set only by reward_model_loader in train.py

@@ -10,20 +10,27 @@ from agentic_rl import validation
 from configs import default
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("rl.group_size", 1, r"config\.rl\.group_size=1"),
-    ("rl.batch_size", 30, r"config\.rl\.batch_size=30: must be divisible by rl\.group_size=8"),
-    ("rl.num_minibatches", 3, r"config\.rl\.num_minibatches=3"),
-    ("rl.temperature", 0.0, r"config\.rl\.temperature=0\.0"),
-    ("rl.clip_low", 1.5, r"config\.rl\.clip_low=1\.5"),
-    ("sft.steps", -1, r"config\.sft\.steps=-1"),
-    ("sft.num_microbatches", 3, r"config\.sft\.num_microbatches=3"),
-    ("model.head_dim", 7, r"config\.model\.head_dim=7"),
-    ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
-    ("env.name", "chess", r"config\.env\.name='chess'"),
-    ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
-    ("rl.pbrs_cutoff", "drop", r"config\.rl\.pbrs_cutoff='drop'"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("rl.group_size", 1, r"config\.rl\.group_size=1"),
+        (
+            "rl.batch_size",
+            30,
+            r"config\.rl\.batch_size=30: must be divisible by rl\.group_size=8",
+        ),
+        ("rl.num_minibatches", 3, r"config\.rl\.num_minibatches=3"),
+        ("rl.temperature", 0.0, r"config\.rl\.temperature=0\.0"),
+        ("rl.clip_low", 1.5, r"config\.rl\.clip_low=1\.5"),
+        ("sft.steps", -1, r"config\.sft\.steps=-1"),
+        ("sft.num_microbatches", 3, r"config\.sft\.num_microbatches=3"),
+        ("model.head_dim", 7, r"config\.model\.head_dim=7"),
+        ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
+        ("env.name", "chess", r"config\.env\.name='chess'"),
+        ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
+        ("rl.pbrs_cutoff", "drop", r"config\.rl\.pbrs_cutoff='drop'"),
+    ],
+)
 def test_bad_values_name_field_and_value(field, value, match):
   config = default.get_config()
   node = config
@@ -38,7 +45,10 @@ def test_bad_values_name_field_and_value(field, value, match):
 def test_unknown_reward_name():
   config = default.get_config()
   config.rl.rewards.corect = 1.0
-  with pytest.raises(ValueError, match=r"rl\.rewards\.corect=1\.0.*unknown reward name 'corect'"):
+  with pytest.raises(
+      ValueError,
+      match=r"rl\.rewards\.corect=1\.0.*unknown reward name 'corect'",
+  ):
     validation.validate_config(config)
 
 
@@ -80,7 +90,9 @@ def test_resume_with_a_different_model_is_rejected(tmp_path):
 def test_max_len_must_fit_prompt_and_one_turn():
   config = default.get_config("smoke")
   config.max_len = 8
-  with pytest.raises(ValueError, match=r"config\.max_len=8: must be >= env max_prompt_len"):
+  with pytest.raises(
+      ValueError, match=r"config\.max_len=8: must be >= env max_prompt_len"
+  ):
     validation.validate_config(config)
 
 
@@ -91,9 +103,11 @@ def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
   train.train_and_evaluate(config, workdir)
   config.rl.loss_type = "cispo"
   config.rl.kl_coef = 0.0
-  with pytest.raises(validation.ConfigError,
-                     match=r"config\.rl\.kl_coef=0\.0 \(was 0\.01\).*"
-                           r"config\.rl\.loss_type='cispo' \(was 'ppo'\)"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"config\.rl\.kl_coef=0\.0 \(was 0\.01\).*"
+      r"config\.rl\.loss_type='cispo' \(was 'ppo'\)",
+  ):
     train.train_and_evaluate(config, workdir)
 
 
@@ -111,7 +125,9 @@ def test_resume_accepts_a_new_gradient_accumulation_split(tmp_path):
   config.rl.num_microbatches = 2
   train.train_and_evaluate(config, workdir)
   config.sft.batch_size = 32
-  with pytest.raises(validation.ConfigError, match=r"config\.sft\.batch_size=32"):
+  with pytest.raises(
+      validation.ConfigError, match=r"config\.sft\.batch_size=32"
+  ):
     train.train_and_evaluate(config, workdir)
 
 
@@ -126,14 +142,28 @@ import sys  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("rl.warmup_steps", -5, r"^config\.rl\.warmup_steps=-5: must be >= 0$"),
-    ("sft.warmup_steps", -1, r"^config\.sft\.warmup_steps=-1: must be >= 0$"),
-    ("sft.weight_decay", -0.1, r"^config\.sft\.weight_decay=-0\.1: must be >= 0$"),
-    ("model.vocab_size", 200,
-     r"^config\.model\.vocab_size=200: smaller than the byte tokenizer's 265 ids"),
-    ("model.vocab_size", 264, r"^config\.model\.vocab_size=264: smaller"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("rl.warmup_steps", -5, r"^config\.rl\.warmup_steps=-5: must be >= 0$"),
+        (
+            "sft.warmup_steps",
+            -1,
+            r"^config\.sft\.warmup_steps=-1: must be >= 0$",
+        ),
+        (
+            "sft.weight_decay",
+            -0.1,
+            r"^config\.sft\.weight_decay=-0\.1: must be >= 0$",
+        ),
+        (
+            "model.vocab_size",
+            200,
+            r"^config\.model\.vocab_size=200: smaller than the byte tokenizer's 265 ids",
+        ),
+        ("model.vocab_size", 264, r"^config\.model\.vocab_size=264: smaller"),
+    ],
+)
 def test_more_bad_values(field, value, match):
   config = default.get_config("smoke")
   phase, name = field.split(".")
@@ -148,31 +178,53 @@ def test_vocab_equal_to_the_tokenizer_is_valid():
   validation.validate_config(config)
 
 
-@pytest.mark.parametrize("setter,message", [
-    (lambda c: c.rl.__setattr__("top_p", 0.9),
-     "config.rl.top_p=0.9: unknown field (nothing reads it); the fields of config.rl "
-     "are those configs/default.py sets"),
-    (lambda c: c.rl.__setattr__("grup_size", 4),
-     "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
-     "config.rl.group_size?"),
-    (lambda c: c.__setattr__("evl", {"num_tasks": 8, "seed": 1}),
-     "config.evl={'num_tasks': 8, 'seed': 1}: unknown field (nothing reads it); did "
-     "you mean config.eval?"),
-    (lambda c: (c.rl.__setattr__("top_p", 0.9), c.rl.__setattr__("grup_size", 4)),
-     "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
-     "config.rl.group_size? (also unknown: config.rl.top_p)"),
-    (lambda c: c.__setattr__("sed", 1),
-     "config.sed=1: unknown field (nothing reads it); did you mean config.seed?"),
-    (lambda c: c.eval.__setattr__("num_task", 8),
-     "config.eval.num_task=8: unknown field (nothing reads it); did you mean "
-     "config.eval.num_tasks?"),
-    (lambda c: c.model.__setattr__("dmodel", 64),
-     "config.model.dmodel=64: unknown field (nothing reads it); did you mean "
-     "config.model.d_model?"),
-    (lambda c: c.env.__setattr__("max_turn", 4),
-     "config.env.max_turn=4: not a field of environment 'arithmetic'; did you mean "
-     "config.env.max_turns?"),
-])
+@pytest.mark.parametrize(
+    "setter,message",
+    [
+        (
+            lambda c: c.rl.__setattr__("top_p", 0.9),
+            "config.rl.top_p=0.9: unknown field (nothing reads it); the fields of config.rl "
+            "are those configs/default.py sets",
+        ),
+        (
+            lambda c: c.rl.__setattr__("grup_size", 4),
+            "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
+            "config.rl.group_size?",
+        ),
+        (
+            lambda c: c.__setattr__("evl", {"num_tasks": 8, "seed": 1}),
+            "config.evl={'num_tasks': 8, 'seed': 1}: unknown field (nothing reads it); did "
+            "you mean config.eval?",
+        ),
+        (
+            lambda c: (
+                c.rl.__setattr__("top_p", 0.9),
+                c.rl.__setattr__("grup_size", 4),
+            ),
+            "config.rl.grup_size=4: unknown field (nothing reads it); did you mean "
+            "config.rl.group_size? (also unknown: config.rl.top_p)",
+        ),
+        (
+            lambda c: c.__setattr__("sed", 1),
+            "config.sed=1: unknown field (nothing reads it); did you mean config.seed?",
+        ),
+        (
+            lambda c: c.eval.__setattr__("num_task", 8),
+            "config.eval.num_task=8: unknown field (nothing reads it); did you mean "
+            "config.eval.num_tasks?",
+        ),
+        (
+            lambda c: c.model.__setattr__("dmodel", 64),
+            "config.model.dmodel=64: unknown field (nothing reads it); did you mean "
+            "config.model.d_model?",
+        ),
+        (
+            lambda c: c.env.__setattr__("max_turn", 4),
+            "config.env.max_turn=4: not a field of environment 'arithmetic'; did you mean "
+            "config.env.max_turns?",
+        ),
+    ],
+)
 def test_unknown_fields_are_refused_with_the_nearest_name(setter, message):
   config = default.get_config("smoke")
   setter(config)
@@ -194,12 +246,18 @@ def _all_config_files():
   """(module, arg) of every config file in configs/ and experiments/*/config.py,
   with each arg its source names (arg == "x") or lists in ARMS / EXTRA_ARMS."""
   out = []
-  files = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))
-                 + glob.glob(os.path.join(ROOT, "experiments", "*", "config.py")))
+  files = sorted(
+      glob.glob(os.path.join(ROOT, "configs", "*.py"))
+      + glob.glob(os.path.join(ROOT, "experiments", "*", "config.py"))
+  )
   for path in files:
     rel = os.path.relpath(path, ROOT)
-    if os.path.basename(path) in ("__init__.py", "common.py", "smollm2_common.py",
-                                  "schema.py"):
+    if os.path.basename(path) in (
+        "__init__.py",
+        "common.py",
+        "smollm2_common.py",
+        "schema.py",
+    ):
       continue
     module = importlib.import_module(rel[:-3].replace(os.sep, "."))
     with open(path) as f:
@@ -227,8 +285,10 @@ def test_workdir_checks(tmp_path):
   f.write_text("x")
   with pytest.raises(validation.ConfigError, match=r"is a file, not a folder"):
     validation.check_workdir(str(f))
-  with pytest.raises(validation.ConfigError,
-                     match=r"is not writable \(a parent of it is a file\)"):
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"is not writable \(a parent of it is a file\)",
+  ):
     validation.check_workdir(str(f / "run"), create=False)
   new = tmp_path / "a" / "b"
   assert validation.check_workdir(str(new), create=False) == str(new)
@@ -245,22 +305,37 @@ def test_workdir_lock_refuses_a_second_process_and_is_reentrant(tmp_path):
       pass
     # Another process cannot take it while this one holds it.
     probe = subprocess.run(
-        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR);"
-         " fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", path],
-        capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR);"
+            " fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+            path,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert probe.returncode != 0 and "BlockingIOError" in probe.stderr
   # A process holding the lock: refused with its pid; after it dies, free.
   holder = subprocess.Popen(
-      [sys.executable, "-c",
-       "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
-       " fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'4242');"
-       " print('locked', flush=True); time.sleep(60)", path],
-      stdout=subprocess.PIPE, text=True)
+      [
+          sys.executable,
+          "-c",
+          "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+          " fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'4242');"
+          " print('locked', flush=True); time.sleep(60)",
+          path,
+      ],
+      stdout=subprocess.PIPE,
+      text=True,
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(validation.ConfigError,
-                       match=rf"workdir {re.escape(workdir)} is in use by another run "
-                             r"\(pid 4242, lock .*\.lock\): wait for it to finish"):
+    with pytest.raises(
+        validation.ConfigError,
+        match=rf"workdir {re.escape(workdir)} is in use by another run "
+        r"\(pid 4242, lock .*\.lock\): wait for it to finish",
+    ):
       with validation.workdir_lock(workdir):
         pass
   finally:

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from agentic_rl import types
 from agentic_rl.credit.potentials import state_ends
 
-
 # ---------------------------------------------------------------------------
 # Reference-model log-probs of the gold answer after each turn (TRACE-style
 # potentials, likelihood reward), in one batched forward pass.
@@ -44,15 +43,20 @@ def gold_answer_sequences(
   p = len(answer_prefix)
   t = jnp.arange(l + p + a)
   end = end_bk1[..., None]  # [B, K+1, 1]
-  ctx = jnp.concatenate([tokens_bl, jnp.full((b, p + a), pad_id, tokens_bl.dtype)],
-                        axis=1)[:, None, :]
+  ctx = jnp.concatenate(
+      [tokens_bl, jnp.full((b, p + a), pad_id, tokens_bl.dtype)], axis=1
+  )[:, None, :]
   pre = jnp.asarray(answer_prefix + (pad_id,), jnp.int32)[
-      jnp.clip(t[None, None, :] - end, 0, p)]
+      jnp.clip(t[None, None, :] - end, 0, p)
+  ]
   gold_idx = jnp.clip(t[None, None, :] - end - p, 0, a - 1)
   gold = jnp.take_along_axis(gold_ba[:, None, :], gold_idx, axis=2)
   in_gold = (t >= end + p) & (t < end + p + gold_len_b[:, None, None])
-  seq = jnp.where(t < end, ctx, jnp.where(t < end + p, pre,
-                                          jnp.where(in_gold, gold, pad_id)))
+  seq = jnp.where(
+      t < end,
+      ctx,
+      jnp.where(t < end + p, pre, jnp.where(in_gold, gold, pad_id)),
+  )
   return seq.astype(jnp.int32), in_gold
 
 
@@ -92,7 +96,8 @@ def gold_answer_logprobs(
   b = tokens_bl.shape[0]
   end = state_ends(role_bl, turn_bl, num_turns)
   seq, gold_mask = gold_answer_sequences(
-      tokens_bl, end, gold_ba, gold_len_b, answer_prefix, pad_id)
+      tokens_bl, end, gold_ba, gold_len_b, answer_prefix, pad_id
+  )
   n = b * (num_turns + 1)
   logp = logprob_fn(seq.reshape(n, -1)).reshape(seq.shape)
   return jnp.sum(jnp.where(gold_mask, logp, 0.0), axis=-1).astype(jnp.float32)

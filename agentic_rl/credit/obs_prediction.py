@@ -12,7 +12,6 @@ from flax import nnx
 
 from agentic_rl import types
 
-
 # ---------------------------------------------------------------------------
 # Next-observation prediction (docs/papers.md "dark room"): the policy's own
 # teacher-forced prediction of the tool observations, as a PBRS potential or
@@ -21,7 +20,9 @@ from agentic_rl import types
 
 
 def observation_prediction_scores(
-    graphdef: nnx.GraphDef, params, tokens_bl: jax.Array,
+    graphdef: nnx.GraphDef,
+    params,
+    tokens_bl: jax.Array,
     temperature: float | jax.Array = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
   """Per-token next-token prediction scores of a batch under the policy.
@@ -61,7 +62,9 @@ def observation_prediction_scores(
 
 
 def observation_prediction_potential(
-    score_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array,
+    score_bl: jax.Array,
+    role_bl: jax.Array,
+    turn_bl: jax.Array,
     num_turns: int,
 ) -> jax.Array:
   """[B, K + 1] potential Phi(s_k) = mean prediction score of s_k's observations.
@@ -91,15 +94,20 @@ def observation_prediction_potential(
   obs_bl = role_bl == types.TOOL
   k_k1 = jnp.arange(num_turns + 1)
   inside = obs_bl[:, None, :] & (turn_bl[:, None, :] < k_k1[None, :, None])
-  total = jnp.sum(jnp.where(inside, jnp.asarray(score_bl, jnp.float32)[:, None, :],
-                            0.0), axis=-1)
+  total = jnp.sum(
+      jnp.where(inside, jnp.asarray(score_bl, jnp.float32)[:, None, :], 0.0),
+      axis=-1,
+  )
   count = jnp.sum(inside, axis=-1)
   return jnp.where(count > 0, total / jnp.maximum(count, 1), 0.0).astype(
-      jnp.float32)
+      jnp.float32
+  )
 
 
 def shuffle_observation_targets(
-    tokens_bl: jax.Array, obs_mask_bl: jax.Array, key: jax.Array,
+    tokens_bl: jax.Array,
+    obs_mask_bl: jax.Array,
+    key: jax.Array,
 ) -> jax.Array:
   """Placebo labels: observation tokens permuted at random across the batch.
 
@@ -131,11 +139,14 @@ def shuffle_observation_targets(
   dst = jnp.argsort(jnp.where(mask, 0, 1), stable=True)
   n = jnp.sum(mask.astype(jnp.int32))
   moved = jnp.where(jnp.arange(flat.shape[0]) < n, flat[src], flat[dst])
-  return flat.at[dst].set(moved).reshape(tokens_bl.shape).astype(tokens_bl.dtype)
+  return (
+      flat.at[dst].set(moved).reshape(tokens_bl.shape).astype(tokens_bl.dtype)
+  )
 
 
 def observation_prediction_loss(
-    logp_bl: jax.Array, obs_mask_bl: jax.Array,
+    logp_bl: jax.Array,
+    obs_mask_bl: jax.Array,
     denominator: jax.Array | float | None = None,
 ) -> jax.Array:
   """Auxiliary next-observation cross-entropy -sum(mask * logp) / denominator.

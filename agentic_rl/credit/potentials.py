@@ -14,7 +14,6 @@ import jax.numpy as jnp
 
 from agentic_rl import types
 
-
 # ---------------------------------------------------------------------------
 # Potentials: [B, K + 1] arrays over the states s_0 .. s_K.
 # ---------------------------------------------------------------------------
@@ -102,7 +101,9 @@ def success_probability_potential(p_bk1: jax.Array) -> jax.Array:
   return jnp.asarray(p_bk1, jnp.float32)
 
 
-def state_ends(role_bl: jax.Array, turn_bl: jax.Array, num_turns: int) -> jax.Array:
+def state_ends(
+    role_bl: jax.Array, turn_bl: jax.Array, num_turns: int
+) -> jax.Array:
   """[B, K + 1] int32 end position of the context s_k (the state after k turns).
 
   s_k = the prompt plus turns 0 .. k-1 with their observations: the number of

@@ -1,5 +1,4 @@
-"""SPA: a learned stepwise progress attribution used as a PBRS potential.
-"""
+"""SPA: a learned stepwise progress attribution used as a PBRS potential."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import optax
 from flax import nnx
 
 from agentic_rl.credit.potentials import state_ends
-
 
 # ---------------------------------------------------------------------------
 # SPA: learned stepwise progress attribution.
@@ -51,8 +49,9 @@ def spa_progress_loss(
   chex.assert_equal_shape([contrib_bk, turn_mask_bk])
   chex.assert_equal_shape_prefix([contrib_bk, outcome_b], 1)
   m_bk = jnp.asarray(turn_mask_bk).astype(jnp.bool_)
-  total_b = jnp.sum(jnp.where(m_bk, jnp.asarray(contrib_bk, jnp.float32), 0.0),
-                    axis=1)
+  total_b = jnp.sum(
+      jnp.where(m_bk, jnp.asarray(contrib_bk, jnp.float32), 0.0), axis=1
+  )
   return jnp.mean(jnp.square(total_b - jnp.asarray(outcome_b, jnp.float32)))
 
 
@@ -78,10 +77,13 @@ def make_spa_optimizer(learning_rate: float) -> optax.GradientTransformation:
 def spa_init(d_model: int, learning_rate: float) -> SpaState:
   """Zero-initialised SPA head (every contribution, so every potential, is 0
   until the head has been trained), with a fresh optimizer state."""
-  params = {"weight": jnp.zeros((d_model,), jnp.float32),
-            "bias": jnp.zeros((), jnp.float32)}
-  return SpaState(params=params,
-                  opt_state=make_spa_optimizer(learning_rate).init(params))
+  params = {
+      "weight": jnp.zeros((d_model,), jnp.float32),
+      "bias": jnp.zeros((), jnp.float32),
+  }
+  return SpaState(
+      params=params, opt_state=make_spa_optimizer(learning_rate).init(params)
+  )
 
 
 def spa_turn_features(hidden_bld: jax.Array, end_bk1: jax.Array) -> jax.Array:
@@ -129,14 +131,17 @@ def spa_potential(contrib_bk: jax.Array, turn_mask_bk: jax.Array) -> jax.Array:
     turn_mask_bk: [B, K] bool valid turns (prefix per row).
   """
   chex.assert_rank([contrib_bk, turn_mask_bk], 2)
-  c = jnp.where(jnp.asarray(turn_mask_bk, bool),
-                jnp.asarray(contrib_bk, jnp.float32), 0.0)
+  c = jnp.where(
+      jnp.asarray(turn_mask_bk, bool), jnp.asarray(contrib_bk, jnp.float32), 0.0
+  )
   return jnp.concatenate(
-      [jnp.zeros((c.shape[0], 1), jnp.float32), jnp.cumsum(c, axis=1)], axis=1)
+      [jnp.zeros((c.shape[0], 1), jnp.float32), jnp.cumsum(c, axis=1)], axis=1
+  )
 
 
-def spa_policy_features(graphdef, params, tokens_bl, role_bl, turn_bl,
-                        num_turns: int) -> jax.Array:
+def spa_policy_features(
+    graphdef, params, tokens_bl, role_bl, turn_bl, num_turns: int
+) -> jax.Array:
   """[B, K, D] SPA features from one batched forward pass of the policy.
 
   `spa_turn_features` of `Transformer.hidden_states(tokens_bl)` at the turn
@@ -152,9 +157,15 @@ def spa_policy_features(graphdef, params, tokens_bl, role_bl, turn_bl,
   return spa_turn_features(hidden_bld, state_ends(role_bl, turn_bl, num_turns))
 
 
-def spa_update(spa: SpaState, feat_bkd: jax.Array, turn_mask_bk: jax.Array,
-               outcome_b: jax.Array, *, learning_rate: float,
-               num_steps: int = 1) -> tuple[SpaState, jax.Array]:
+def spa_update(
+    spa: SpaState,
+    feat_bkd: jax.Array,
+    turn_mask_bk: jax.Array,
+    outcome_b: jax.Array,
+    *,
+    learning_rate: float,
+    num_steps: int = 1,
+) -> tuple[SpaState, jax.Array]:
   """`num_steps` full-batch Adam steps on `spa_progress_loss` of the head.
 
   Args:
@@ -170,7 +181,8 @@ def spa_update(spa: SpaState, feat_bkd: jax.Array, turn_mask_bk: jax.Array,
   """
   tx = make_spa_optimizer(learning_rate)
   loss_fn = lambda p: spa_progress_loss(
-      spa_contributions(p, feat_bkd), turn_mask_bk, outcome_b)
+      spa_contributions(p, feat_bkd), turn_mask_bk, outcome_b
+  )
 
   def one(carry, _):
     p, o = carry
@@ -178,6 +190,7 @@ def spa_update(spa: SpaState, feat_bkd: jax.Array, turn_mask_bk: jax.Array,
     upd, o = tx.update(g, o, p)
     return (optax.apply_updates(p, upd), o), loss
 
-  (p, o), losses = jax.lax.scan(one, (spa.params, spa.opt_state), None,
-                                length=num_steps)
+  (p, o), losses = jax.lax.scan(
+      one, (spa.params, spa.opt_state), None, length=num_steps
+  )
   return SpaState(params=p, opt_state=o), losses[0]

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from agentic_rl import advantages
 from agentic_rl import types
 
-
 # ---------------------------------------------------------------------------
 # HDPO: conditional efficiency advantages.
 # ---------------------------------------------------------------------------
@@ -86,7 +85,9 @@ def hdpo_advantages(
       correct.astype(jnp.float32), group_b, eps=eps, valid_b=valid
   )
   eff_b = advantages.grpo_advantages(
-      -jnp.asarray(cost_b, jnp.float32), group_b, eps=eps,
+      -jnp.asarray(cost_b, jnp.float32),
+      group_b,
+      eps=eps,
       valid_b=valid & correct,
   )
   return acc_b + jnp.asarray(efficiency_weight, jnp.float32) * eff_b
@@ -98,7 +99,10 @@ def hdpo_advantages(
 
 
 def observation_state_keys(
-    tokens_bl: jax.Array, role_bl: jax.Array, turn_bl: jax.Array, num_turns: int,
+    tokens_bl: jax.Array,
+    role_bl: jax.Array,
+    turn_bl: jax.Array,
+    num_turns: int,
     match_turn: bool = True,
 ) -> jax.Array:
   """[B, K] uint32 key of the state s_k seen before turn k.
@@ -126,18 +130,25 @@ def observation_state_keys(
   prompt = role_bl == types.PROMPT
   obs = role_bl == types.TOOL
   # sel[b, k, l]: token l belongs to the state key of s_k.
-  sel = jnp.where(k_k[None, :, None] == 0, prompt[:, None, :],
-                  obs[:, None, :] & (turn_bl[:, None, :] == k_k[None, :, None] - 1))
+  sel = jnp.where(
+      k_k[None, :, None] == 0,
+      prompt[:, None, :],
+      obs[:, None, :] & (turn_bl[:, None, :] == k_k[None, :, None] - 1),
+  )
   tok = jnp.where(sel, tokens_bl[:, None, :].astype(jnp.uint32) + 1, 0)
   tok = tok.astype(jnp.uint32)
 
   def step(h, t):
     return jnp.where(t != 0, (h ^ t) * jnp.uint32(16777619), h), None
 
-  salt_k = k_k.astype(jnp.uint32) if match_turn else jnp.minimum(
-      k_k, 1).astype(jnp.uint32)  # the prompt key stays apart from observations
-  h0 = jnp.broadcast_to((jnp.uint32(2166136261) ^ salt_k)[None, :],
-                        tok.shape[:2])
+  salt_k = (
+      k_k.astype(jnp.uint32)
+      if match_turn
+      else jnp.minimum(k_k, 1).astype(jnp.uint32)
+  )  # the prompt key stays apart from observations
+  h0 = jnp.broadcast_to(
+      (jnp.uint32(2166136261) ^ salt_k)[None, :], tok.shape[:2]
+  )
   h, _ = jax.lax.scan(step, h0, jnp.moveaxis(tok, 2, 0))
   return h
 
@@ -181,8 +192,12 @@ def gigpo_step_advantages(
   key = state_key_bk.reshape(-1)
   valid = jnp.asarray(turn_mask_bk).astype(bool).reshape(-1)
   grp = jnp.repeat(group_b, k)
-  same = ((grp[:, None] == grp[None, :]) & (key[:, None] == key[None, :])
-          & valid[:, None] & valid[None, :])
+  same = (
+      (grp[:, None] == grp[None, :])
+      & (key[:, None] == key[None, :])
+      & valid[:, None]
+      & valid[None, :]
+  )
   w = same.astype(jnp.float32)
   count = jnp.sum(w, 1)
   mean = (w @ r) / jnp.maximum(count, 1.0)
@@ -264,15 +279,21 @@ def tree_fork_advantages(
   """
   chex.assert_rank(leaf_reward_g, 1)
   g = leaf_reward_g.shape[0]
-  if not branching or any(b < 1 for b in branching) or math.prod(branching) != g:
-    raise ValueError(f"branching={branching!r} must be >= 1 each with product "
-                     f"G={g}")
+  if (
+      not branching
+      or any(b < 1 for b in branching)
+      or math.prod(branching) != g
+  ):
+    raise ValueError(
+        f"branching={branching!r} must be >= 1 each with product " f"G={g}"
+    )
   if not 0.0 <= alpha <= 1.0:
     raise ValueError(f"alpha={alpha!r} must be in [0, 1]")
   d = len(branching)
   r = jnp.asarray(leaf_reward_g, jnp.float32)
   traj_g = advantages.grpo_advantages(
-      r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps)
+      r, jnp.zeros((g,), jnp.int32), scale_by_std=scale_by_std, eps=eps
+  )
   r_t = r.reshape(branching)
   a_t = traj_g.reshape(branching)
   if step_bonus_gd is not None:
@@ -283,7 +304,8 @@ def tree_fork_advantages(
     v = jnp.mean(r_t, axis=tail) if tail else r_t  # shape branching[:j]
     if step_bonus_gd is not None:
       bonus_t = jnp.asarray(step_bonus_gd[:, j - 1], jnp.float32).reshape(
-          branching)
+          branching
+      )
       v = v + (jnp.mean(bonus_t, axis=tail) if tail else bonus_t)
     a_traj = jnp.mean(a_t, axis=tail) if tail else a_t
     vmax = jnp.max(v, axis=-1, keepdims=True)
@@ -293,8 +315,11 @@ def tree_fork_advantages(
       centred = centred / (jnp.std(v, axis=-1, keepdims=True) + eps)
     fork = jnp.where(vmax == vmin, 0.0, centred)
     node = alpha * fork + (1.0 - alpha) * a_traj
-    cols.append(jnp.broadcast_to(node.reshape(node.shape + (1,) * (d - j)),
-                                 branching).reshape(g))
+    cols.append(
+        jnp.broadcast_to(
+            node.reshape(node.shape + (1,) * (d - j)), branching
+        ).reshape(g)
+    )
   return jnp.stack(cols, axis=1)
 
 

@@ -37,13 +37,16 @@ class BfclConfig(tfds.core.BuilderConfig):
   max_examples: int = 0
 
 
-def source_records(category: str, max_examples: int = 0) -> dict[str, list[dict]]:
+def source_records(
+    category: str, max_examples: int = 0
+) -> dict[str, list[dict]]:
   """{split: records} straight from the bfcl-eval files (the builder's ground truth).
 
   Raises:
     ValueError: unknown category. ImportError: bfcl-eval not installed.
   """
   from environments.host import bfcl
+
   if category not in CATEGORIES:
     raise ValueError(f"BFCL category {category!r}: must be one of {CATEGORIES}")
   tasks = bfcl.load_category(category)
@@ -51,9 +54,15 @@ def source_records(category: str, max_examples: int = 0) -> dict[str, list[dict]
     tasks = tasks[:max_examples]
   out = {"train": [], "test": []}
   for i, t in enumerate(tasks):
-    out["test" if i % EVAL_EVERY == 0 else "train"].append(dict(
-        id=t.id, category=t.category, questions=list(t.questions),
-        functions=list(t.functions), ground_truth=t.ground_truth))
+    out["test" if i % EVAL_EVERY == 0 else "train"].append(
+        dict(
+            id=t.id,
+            category=t.category,
+            questions=list(t.questions),
+            functions=list(t.functions),
+            ground_truth=t.ground_truth,
+        )
+    )
   return out
 
 
@@ -81,22 +90,32 @@ class BfclSingleTurn(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
-        features=tfds.features.FeaturesDict(dict(
-            id=text, category=text, questions_json=text, functions_json=text,
-            ground_truth_json=text)),
+        features=tfds.features.FeaturesDict(
+            dict(
+                id=text,
+                category=text,
+                questions_json=text,
+                functions_json=text,
+                ground_truth_json=text,
+            )
+        ),
         disable_shuffling=True,
         homepage="https://gorilla.cs.berkeley.edu/leaderboard.html",
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # local package files only
-    splits = source_records(self.builder_config.category,
-                            self.builder_config.max_examples)
+    splits = source_records(
+        self.builder_config.category, self.builder_config.max_examples
+    )
     return {s: self._generate_examples(r) for s, r in splits.items()}
 
   def _generate_examples(self, records):
     for i, r in enumerate(records):
-      yield i, dict(id=r["id"], category=r["category"],
-                    questions_json=json.dumps(r["questions"]),
-                    functions_json=json.dumps(r["functions"]),
-                    ground_truth_json=json.dumps(r["ground_truth"]))
+      yield i, dict(
+          id=r["id"],
+          category=r["category"],
+          questions_json=json.dumps(r["questions"]),
+          functions_json=json.dumps(r["functions"]),
+          ground_truth_json=json.dumps(r["ground_truth"]),
+      )

@@ -28,7 +28,9 @@ import tensorflow_datasets as tfds
 TRAIN_SEED = 0
 EVAL_SEED = 1_000_003
 GENERATORS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
-_NAME_RE = re.compile(r"^(?P<gen>[a-z_]+?)(?:_train(?P<tr>\d+)_test(?P<te>\d+))?$")
+_NAME_RE = re.compile(
+    r"^(?P<gen>[a-z_]+?)(?:_train(?P<tr>\d+)_test(?P<te>\d+))?$"
+)
 
 
 @dataclasses.dataclass(eq=False)
@@ -40,20 +42,33 @@ class RgConfig(tfds.core.BuilderConfig):
   num_test: int = 200
 
 
-def source_records(generator: str, num_train: int, num_test: int) -> dict[str, list[dict]]:
+def source_records(
+    generator: str, num_train: int, num_test: int
+) -> dict[str, list[dict]]:
   """{split: records} generated from reasoning-gym (the builder's ground truth).
 
   Raises:
     ValueError: unknown generator (from reasoning_gym).
   """
   import reasoning_gym
+
   out = {}
-  for split, seed, n in (("train", TRAIN_SEED, num_train), ("test", EVAL_SEED, num_test)):
+  for split, seed, n in (
+      ("train", TRAIN_SEED, num_train),
+      ("test", EVAL_SEED, num_test),
+  ):
     ds = reasoning_gym.create_dataset(generator, size=max(n, 1), seed=seed)
     # JSON round trip: the stored entry is exactly what a reader gets back.
-    out[split] = [dict(question=e["question"], answer=str(e["answer"]),
-                       entry=json.loads(json.dumps(e)), seed=seed, index=i)
-                  for i, e in ((i, ds[i]) for i in range(n))]
+    out[split] = [
+        dict(
+            question=e["question"],
+            answer=str(e["answer"]),
+            entry=json.loads(json.dumps(e)),
+            seed=seed,
+            index=i,
+        )
+        for i, e in ((i, ds[i]) for i in range(n))
+    ]
   return out
 
 
@@ -73,17 +88,27 @@ class ReasoningGymTasks(tfds.core.GeneratorBasedBuilder):
       return None
     if m.group("tr") is None:
       return super().get_builder_config(name, version)
-    return RgConfig(name=name, generator=m.group("gen"), num_train=int(m.group("tr")),
-                    num_test=int(m.group("te")))
+    return RgConfig(
+        name=name,
+        generator=m.group("gen"),
+        num_train=int(m.group("tr")),
+        num_test=int(m.group("te")),
+    )
 
   def _info(self) -> tfds.core.DatasetInfo:
     text = tfds.features.Text()
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
-        features=tfds.features.FeaturesDict(dict(
-            question=text, answer=text, entry_json=text, seed=np.int64,
-            index=np.int64)),
+        features=tfds.features.FeaturesDict(
+            dict(
+                question=text,
+                answer=text,
+                entry_json=text,
+                seed=np.int64,
+                index=np.int64,
+            )
+        ),
         disable_shuffling=True,
         homepage="https://github.com/open-thought/reasoning-gym",
     )
@@ -96,6 +121,10 @@ class ReasoningGymTasks(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, records):
     for r in records:
-      yield r["index"], dict(question=r["question"], answer=r["answer"],
-                             entry_json=json.dumps(r["entry"]), seed=r["seed"],
-                             index=r["index"])
+      yield r["index"], dict(
+          question=r["question"],
+          answer=r["answer"],
+          entry_json=json.dumps(r["entry"]),
+          seed=r["seed"],
+          index=r["index"],
+      )

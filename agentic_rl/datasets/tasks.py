@@ -29,10 +29,14 @@ from agentic_rl import data as data_lib
 def bfcl_task(record: dict):
   """A `bfcl_single_turn` record -> environments.host.bfcl.BFCLTask."""
   from environments.host import bfcl
+
   return bfcl.BFCLTask(
-      id=record["id"], category=record["category"],
-      questions=tuple(record["questions"]), functions=tuple(record["functions"]),
-      ground_truth=record["ground_truth"])
+      id=record["id"],
+      category=record["category"],
+      questions=tuple(record["questions"]),
+      functions=tuple(record["functions"]),
+      ground_truth=record["ground_truth"],
+  )
 
 
 def reasoning_gym_task(record: dict):
@@ -42,8 +46,12 @@ def reasoning_gym_task(record: dict):
   (its `dataset` must be the generator the records came from).
   """
   from environments.host import reasoning_gym_env
-  return reasoning_gym_env.RGTask(entry=record["entry"], seed=int(record["seed"]),
-                                  index=int(record["index"]))
+
+  return reasoning_gym_env.RGTask(
+      entry=record["entry"],
+      seed=int(record["seed"]),
+      index=int(record["index"]),
+  )
 
 
 RECORD_TO_TASK: dict[str, Callable[[dict], Any]] = {
@@ -70,12 +78,16 @@ class LoaderTasks:
         config.data.batch_size).
     """
     if not getattr(env, "is_host", False):
-      raise ValueError("config.data: only host environments (environments/host) "
-                       f"read tasks through the loader, not {type(env).__name__}")
+      raise ValueError(
+          "config.data: only host environments (environments/host) "
+          f"read tasks through the loader, not {type(env).__name__}"
+      )
     cfg = data_lib.validate_data_config(data_config)
     if cfg["batch_size"] != 0:
-      raise ValueError(f"config.data.batch_size={cfg['batch_size']}: must be 0 when "
-                       "the loader feeds an environment's tasks")
+      raise ValueError(
+          f"config.data.batch_size={cfg['batch_size']}: must be 0 when "
+          "the loader feeds an environment's tasks"
+      )
     self._env = env
     self._cfg = cfg
     self._to_task = to_task
@@ -130,6 +142,8 @@ def with_loader(env, config) -> Any:
     return env
   name = config.env.name
   if name not in RECORD_TO_TASK:
-    raise ValueError(f"config.data: config.env.name={name!r} cannot read tasks from "
-                     f"the loader; supported: {sorted(RECORD_TO_TASK)}")
+    raise ValueError(
+        f"config.data: config.env.name={name!r} cannot read tasks from "
+        f"the loader; supported: {sorted(RECORD_TO_TASK)}"
+    )
   return LoaderTasks(env, dict(config.data), RECORD_TO_TASK[name])

@@ -11,14 +11,18 @@ from flax import nnx
 from agentic_rl import sharding
 from agentic_rl.learner.common import policy_forward
 
-
 # Where the behaviour log-probs of the importance ratio come from
 # (`rl.behaviour_logprobs`, see `behaviour_forward`).
 BEHAVIOUR_LOGPROBS = ("trainer", "sampler")
 
 
-def behaviour_forward(config, graphdef: nnx.GraphDef, params,
-                      tokens_bl: jax.Array, with_values: bool = False):
+def behaviour_forward(
+    config,
+    graphdef: nnx.GraphDef,
+    params,
+    tokens_bl: jax.Array,
+    with_values: bool = False,
+):
   """Trainer-side behaviour log-probs (and values) of a batch, before the update.
 
   `rl.behaviour_logprobs='trainer'`: the behaviour log-probs of the importance
@@ -48,16 +52,28 @@ def behaviour_forward(config, graphdef: nnx.GraphDef, params,
   n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
   blocks = sharding.split_rows(tokens_bl, n)
   logp, _, values = jax.lax.map(
-      lambda t: policy_forward(graphdef, params, sharding.constrain_batch(t),
-                               rl_cfg.temperature, with_values), blocks)
+      lambda t: policy_forward(
+          graphdef,
+          params,
+          sharding.constrain_batch(t),
+          rl_cfg.temperature,
+          with_values,
+      ),
+      blocks,
+  )
   unblock = lambda x: None if x is None else sharding.merge_rows(x)
   return unblock(logp), unblock(values)
 
 
-def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
-                              tokens_bl: jax.Array, logp_bl: jax.Array,
-                              rows_b: jax.Array,
-                              banned_tokens: tuple[int, ...]):
+def masked_behaviour_logprobs(
+    config,
+    graphdef: nnx.GraphDef,
+    params,
+    tokens_bl: jax.Array,
+    logp_bl: jax.Array,
+    rows_b: jax.Array,
+    banned_tokens: tuple[int, ...],
+):
   """Behaviour log-probs of rows sampled with `banned_tokens` masked.
 
   Dual-path tool-free rows (`rl.dual_path_tool_free`) sample every token from
@@ -87,15 +103,21 @@ def masked_behaviour_logprobs(config, graphdef: nnx.GraphDef, params,
     t = sharding.constrain_batch(t)
     total = jnp.zeros(t.shape, jnp.float32)
     for v in banned_tokens:
-      lp, _, _ = policy_forward(graphdef, params, t, rl_cfg.temperature,
-                                targets_bl=jnp.full_like(t, v))
+      lp, _, _ = policy_forward(
+          graphdef,
+          params,
+          t,
+          rl_cfg.temperature,
+          targets_bl=jnp.full_like(t, v),
+      )
       total = total + jnp.exp(lp)
     return total
 
   # The same strided blocks as `behaviour_forward` (each keeps every device's
   # share of the rows on a data-sharded mesh).
   mass = sharding.merge_rows(
-      jax.lax.map(banned_mass, sharding.split_rows(tokens_bl, n)))
+      jax.lax.map(banned_mass, sharding.split_rows(tokens_bl, n))
+  )
   mass = jnp.clip(mass, 0.0, 1.0 - 1e-7).at[:, 0].set(0.0)
   shift = jnp.where(jnp.asarray(rows_b, bool)[:, None], -jnp.log1p(-mass), 0.0)
   return logp_bl + shift, shift

@@ -36,8 +36,9 @@ from agentic_rl.learner.token_credit import (
 from agentic_rl.learner.update import uses_values
 
 
-def prompt_embedding(graphdef: nnx.GraphDef, params,
-                     traj: types.Trajectory) -> jax.Array:
+def prompt_embedding(
+    graphdef: nnx.GraphDef, params, traj: types.Trajectory
+) -> jax.Array:
   """[B, D] float32 mean of the policy's final hidden states over PROMPT tokens.
 
   The input of FlowRL's log-partition network (arXiv:2509.15207 feeds the
@@ -48,13 +49,15 @@ def prompt_embedding(graphdef: nnx.GraphDef, params,
   """
   model = nnx.merge(graphdef, params)
   hidden_bld, _ = model.hidden_states(traj.tokens)
-  pooled = losses.masked_mean_pool(hidden_bld.astype(jnp.float32),
-                                   traj.role == types.PROMPT)
+  pooled = losses.masked_mean_pool(
+      hidden_bld.astype(jnp.float32), traj.role == types.PROMPT
+  )
   return jax.lax.stop_gradient(pooled)
 
 
-def obs_prediction_info(prob_bl: jax.Array, hit_bl: jax.Array,
-                        traj: types.Trajectory) -> dict[str, jax.Array]:
+def obs_prediction_info(
+    prob_bl: jax.Array, hit_bl: jax.Array, traj: types.Trajectory
+) -> dict[str, jax.Array]:
   """Dark-room diagnostics of a batch (docs/papers.md), float32 scalars.
 
   Args:
@@ -88,8 +91,13 @@ def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
   return (jnp.arange(num_rows) % group_size) >= group_size - num_free
 
 
-def inject_replay(buf, traj: types.Trajectory, reward_b: jax.Array,
-                  group_size: int, success_threshold: float):
+def inject_replay(
+    buf,
+    traj: types.Trajectory,
+    reward_b: jax.Array,
+    group_size: int,
+    success_threshold: float,
+):
   """`rl.replay_inject`: buffered successes replace the last row of failed groups.
 
   The injected rows take the buffered episode's tokens, roles, behaviour
@@ -110,17 +118,37 @@ def inject_replay(buf, traj: types.Trajectory, reward_b: jax.Array,
   """
   tokens, role, logprob, turn, reward, injected = (
       replay_lib.inject_into_failed_groups(
-          buf, traj.tokens, traj.role, traj.logprob, traj.turn, reward_b,
-          group_size, success_threshold))
+          buf,
+          traj.tokens,
+          traj.role,
+          traj.logprob,
+          traj.turn,
+          reward_b,
+          group_size,
+          success_threshold,
+      )
+  )
   num_turns = jnp.where(injected, jnp.max(turn, axis=1) + 1, traj.num_turns)
-  return (traj.replace(tokens=tokens, role=role, logprob=logprob, turn=turn,
-                       num_turns=num_turns.astype(traj.num_turns.dtype)),
-          reward, injected)
+  return (
+      traj.replace(
+          tokens=tokens,
+          role=role,
+          logprob=logprob,
+          turn=turn,
+          num_turns=num_turns.astype(traj.num_turns.dtype),
+      ),
+      reward,
+      injected,
+  )
 
 
-def make_collect_fn(config, env, graphdef: nnx.GraphDef,
-                    model_config: transformer.TransformerConfig,
-                    reward_model: reward_models.FrozenRewardModel | None = None):
+def make_collect_fn(
+    config,
+    env,
+    graphdef: nnx.GraphDef,
+    model_config: transformer.TransformerConfig,
+    reward_model: reward_models.FrozenRewardModel | None = None,
+):
   """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
   parts, adv_b, info, extras)`.
 
@@ -185,39 +213,69 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       tasks = env.sample_tasks(task_key, num_groups)
       # PORTool tree: each group is one task's tree of group_size leaves.
       traj = tree_rollout.tree_rollout(
-          env, tasks, sample_key, max_len=config.max_len,
-          branching=tree_branching, graphdef=graphdef, params=state.params,
-          model_config=model_config, temperature=temperature)
+          env,
+          tasks,
+          sample_key,
+          max_len=config.max_len,
+          branching=tree_branching,
+          graphdef=graphdef,
+          params=state.params,
+          model_config=model_config,
+          temperature=temperature,
+      )
     elif traj is None:
       tasks = env.sample_tasks(task_key, num_groups)
       tasks = sharding.constrain_batch(
-          jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks))
+          jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+      )
       group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
       traj = rollout.rollout(
-          env, tasks, sample_key, max_len=config.max_len, group=group,
-          graphdef=graphdef, params=state.params, model_config=model_config,
+          env,
+          tasks,
+          sample_key,
+          max_len=config.max_len,
+          group=group,
+          graphdef=graphdef,
+          params=state.params,
+          model_config=model_config,
           temperature=temperature,
-          tool_free=dual_path_tool_free(num_groups * group_size, group_size,
-                                        num_free),
+          tool_free=dual_path_tool_free(
+              num_groups * group_size, group_size, num_free
+          ),
       )
     if reward_model is not None:
       # Frozen learned RM: episode score and per-state potentials, one pass.
       rm_out = reward_models.trajectory_rm_outputs(
-          reward_model, state.reward_model, traj.tokens, traj.role, traj.turn,
-          max_turns)
-      traj = traj.replace(facts=dict(traj.facts, rm_score=rm_out["score"],
-                                     rm_potential=rm_out["potential"]))
+          reward_model,
+          state.reward_model,
+          traj.tokens,
+          traj.role,
+          traj.turn,
+          max_turns,
+      )
+      traj = traj.replace(
+          facts=dict(
+              traj.facts,
+              rm_score=rm_out["score"],
+              rm_potential=rm_out["potential"],
+          )
+      )
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
     if rl_cfg.overlong_soft_cache > 0:
       reward = reward + batch_policies.soft_overlong_penalty(
-          jnp.sum(policy_mask(traj), axis=1), rl_cfg.overlong_soft_max,
-          rl_cfg.overlong_soft_cache)
+          jnp.sum(policy_mask(traj), axis=1),
+          rl_cfg.overlong_soft_max,
+          rl_cfg.overlong_soft_cache,
+      )
     return traj, reward, parts
 
   def ds_metric_gk(traj, reward):
-    metric = (reward if rl_cfg.dynamic_sampling_metric == "reward"
-              else traj.facts["correct"].astype(jnp.float32))
+    metric = (
+        reward
+        if rl_cfg.dynamic_sampling_metric == "reward"
+        else traj.facts["correct"].astype(jnp.float32)
+    )
     return metric.reshape(-1, group_size)
 
   def sample_batch(state, key, first_traj, info):
@@ -230,12 +288,17 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     """
     num_sampled = num_tasks * over
     traj, reward, parts = sample_round(
-        state, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2),
-        num_sampled, traj=first_traj)
+        state,
+        jax.random.fold_in(key, 1),
+        jax.random.fold_in(key, 2),
+        num_sampled,
+        traj=first_traj,
+    )
     if over <= 1:
       return traj, reward, parts
     keep, usable = batch_policies.select_groups(
-        ds_metric_gk(traj, reward), num_tasks)
+        ds_metric_gk(traj, reward), num_tasks
+    )
     kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
     filled = jnp.sum(usable.astype(jnp.int32))
     rounds = jnp.int32(1)
@@ -250,17 +313,24 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       def retry_body(carry):
         kept, filled, r = carry
         round_key = jax.random.fold_in(retry_key, r)
-        new = sample_round(state, jax.random.fold_in(round_key, 1),
-                           jax.random.fold_in(round_key, 2), num_sampled)
+        new = sample_round(
+            state,
+            jax.random.fold_in(round_key, 1),
+            jax.random.fold_in(round_key, 2),
+            num_sampled,
+        )
         kept, filled = batch_policies.refill_groups(
-            kept, filled, new, ds_metric_gk(new[0], new[1]), group_size)
+            kept, filled, new, ds_metric_gk(new[0], new[1]), group_size
+        )
         return kept, filled, r + 1
 
       kept, filled, rounds = jax.lax.while_loop(
-          retry_cond, retry_body, (kept, filled, rounds))
+          retry_cond, retry_body, (kept, filled, rounds)
+      )
     traj, reward, parts = kept
     traj = traj.replace(
-        group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size))
+        group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
+    )
     info["usable_groups"] = filled.astype(jnp.float32) / num_tasks
     info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
     info["any_usable"] = filled > 0
@@ -273,7 +343,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       # Tool-free episodes only measure tool necessity: no loss on them.
       mask = mask & ~traj.facts["tool_free"][:, None]
     return batch_policies.apply_overlong(
-        reward, mask, traj.finish, rl_cfg.overlong_mode, rl_cfg.overlong_reward)
+        reward, mask, traj.finish, rl_cfg.overlong_mode, rl_cfg.overlong_reward
+    )
 
   def shaping_terms(ctx, reward, info, extras, dual_coef):
     """Stage 3: (reward [B], phi_bk1 [B, K + 1] or None).
@@ -287,17 +358,22 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     """
     traj = ctx.traj
     if rl_cfg.likelihood_coef > 0:
-      lik = credit.likelihood_reward(ctx.gold_logprobs(), traj.num_turns,
-                                     traj.finish)
+      lik = credit.likelihood_reward(
+          ctx.gold_logprobs(), traj.num_turns, traj.finish
+      )
       reward = reward + rl_cfg.likelihood_coef * lik
       info["likelihood"] = jnp.mean(lik)
     phi_bk1 = compute_potential(ctx)
-    if (rl_cfg.obs_prediction_coef > 0 or rl_cfg.log_obs_prediction
-        or (rl_cfg.pbrs_potential == "obs_prediction" and rl_cfg.pbrs_coef > 0)):
+    if (
+        rl_cfg.obs_prediction_coef > 0
+        or rl_cfg.log_obs_prediction
+        or (rl_cfg.pbrs_potential == "obs_prediction" and rl_cfg.pbrs_coef > 0)
+    ):
       info.update(obs_prediction_info(*ctx.observation_scores(), traj))
     if rl_cfg.dense_as == "aux_loss" and rl_cfg.pbrs_coef > 0:
       extras["aux_advantage"] = dense_aux_advantages(
-          rl_cfg, traj, phi_bk1, max_turns)
+          rl_cfg, traj, phi_bk1, max_turns
+      )
     if rl_cfg.dual_constraint:
       # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
       # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
@@ -319,24 +395,35 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
     if rl_cfg.replay_inject:
       train_traj, reward, injected = inject_replay(
-          state.replay, traj, reward, group_size, threshold)
+          state.replay, traj, reward, group_size, threshold
+      )
       mask = jnp.where(injected[:, None], train_traj.role == types.POLICY, mask)
       info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
     if rl_cfg.sil_coef > 0:
       buf = state.replay
       slots = replay_lib.sample_slots(
-          buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size)
+          buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size
+      )
       extras["sil"] = {
           "tokens": buf.tokens[slots],
           "mask": buf.role[slots] == types.POLICY,
           "return": buf.reward[slots],
-          "baseline": replay_lib.sil_baselines(buf.key[slots], fresh_keys,
-                                               reward),
+          "baseline": replay_lib.sil_baselines(
+              buf.key[slots], fresh_keys, reward
+          ),
           "valid": buf.valid[slots],
       }
     extras["replay"] = replay_lib.insert(
-        state.replay, fresh_keys, traj.tokens, traj.role, traj.logprob,
-        reward, reward >= threshold, state.step, traj.turn)
+        state.replay,
+        fresh_keys,
+        traj.tokens,
+        traj.role,
+        traj.logprob,
+        reward,
+        reward >= threshold,
+        state.step,
+        traj.turn,
+    )
     info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
     return train_traj, reward, mask
 
@@ -345,11 +432,17 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     the KL-in-reward penalty (`rl.kl_reward_coef` > 0, no gradient, estimated
     on the behaviour samples)."""
     ref_logp, _ = sampling.token_logprobs(
-        graphdef, ref_params, train_traj.tokens, temperature)
+        graphdef, ref_params, train_traj.tokens, temperature
+    )
     if rl_cfg.kl_reward_coef > 0:
       reward = losses.kl_penalized_rewards(
-          reward, train_traj.logprob, ref_logp, mask, rl_cfg.kl_reward_coef,
-          estimator=rl_cfg.kl_estimator)
+          reward,
+          train_traj.logprob,
+          ref_logp,
+          mask,
+          rl_cfg.kl_reward_coef,
+          estimator=rl_cfg.kl_estimator,
+      )
     return ref_logp, reward
 
   def behaviour_stage(state, traj, train_traj, info, extras):
@@ -362,7 +455,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     if not (trainer_beh or with_values):
       return train_traj.logprob, None
     trainer_logp, old_values = behaviour_forward(
-        config, graphdef, state.params, train_traj.tokens, with_values)
+        config, graphdef, state.params, train_traj.tokens, with_values
+    )
     if not trainer_beh:
       return train_traj.logprob, old_values
     # Training/inference mismatch: sampler (cached one-token decode) vs
@@ -375,13 +469,20 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       # Dual-path tool-free rows were sampled with the tool-call tokens
       # masked: their behaviour log-probs are the masked distribution's.
       trainer_logp, shift = masked_behaviour_logprobs(
-          config, graphdef, state.params, train_traj.tokens, trainer_logp,
-          traj.facts["tool_free"] & fresh_b, rollout.tool_call_tokens(env))
+          config,
+          graphdef,
+          state.params,
+          train_traj.tokens,
+          trainer_logp,
+          traj.facts["tool_free"] & fresh_b,
+          rollout.tool_call_tokens(env),
+      )
       extras["behaviour_shift"] = jnp.where(pmask, shift, 0.0)
     gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
     info["logp_mismatch_max"] = jnp.max(gap)
     info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
-        jnp.sum(fresh), 1).astype(jnp.float32)
+        jnp.sum(fresh), 1
+    ).astype(jnp.float32)
     return jnp.where(pmask, trainer_logp, 0.0), old_values
 
   def advantage_stage(train_traj, reward, phi_bk1, old_values, info):
@@ -395,26 +496,42 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     """
     if rl_cfg.advantage_estimator == "gae":
       adv_b, adv_bl, returns_bl = gae_token_advantages(
-          rl_cfg, reward, policy_mask(train_traj), old_values)
+          rl_cfg, reward, policy_mask(train_traj), old_values
+      )
       return reward, adv_b, adv_bl, returns_bl
     unshaped = reward
     if step_reward_on(rl_cfg):
       # Step rewards as delivered (per episode sum), and before the transform.
       s_bk = step_rewards_bk(rl_cfg, train_traj, reward, max_turns)
       info["step_reward"] = jnp.mean(jnp.sum(s_bk, axis=1))
-      raw = rl_cfg.step_reward_coef * (train_traj.facts["valid_call_turn"]
-                                       & train_traj.facts["tool_call_turn"])
+      raw = rl_cfg.step_reward_coef * (
+          train_traj.facts["valid_call_turn"]
+          & train_traj.facts["tool_call_turn"]
+      )
       info["step_reward_raw"] = jnp.mean(jnp.sum(raw.astype(jnp.float32), 1))
     reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1)
+        rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1
+    )
     returns_bl = None
     if with_values:
       _, _, returns_bl = gae_token_advantages(
-          rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0)
+          rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0
+      )
     return reward, adv_b, adv_bl, returns_bl
 
-  def pack_batch(state, key, train_traj, mask, behaviour_logp, ref_logp,
-                 adv_b, adv_bl, old_values, returns_bl, extras):
+  def pack_batch(
+      state,
+      key,
+      train_traj,
+      mask,
+      behaviour_logp,
+      ref_logp,
+      adv_b,
+      adv_bl,
+      old_values,
+      returns_bl,
+      extras,
+  ):
     """Stage 8: the learner batch of `make_update_fn` ([B, L] arrays)."""
     batch = {
         "tokens": train_traj.tokens,
@@ -430,8 +547,9 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
       # the log-partition network's input.
       batch["reward_hat"] = adv_b
-      batch["prompt_embedding"] = prompt_embedding(graphdef, state.params,
-                                                   train_traj)
+      batch["prompt_embedding"] = prompt_embedding(
+          graphdef, state.params, train_traj
+      )
     if "sil" in extras:
       batch["sil"] = extras.pop("sil")
     if "behaviour_shift" in extras:
@@ -445,7 +563,8 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
       batch["obs_mask"] = obs_mask
       if rl_cfg.obs_prediction_placebo:
         batch["obs_targets"] = credit.shuffle_observation_targets(
-            train_traj.tokens, obs_mask, jax.random.fold_in(key, 5))
+            train_traj.tokens, obs_mask, jax.random.fold_in(key, 5)
+        )
     return batch
 
   def collect(state: types.TrainState, first_traj=None):
@@ -456,26 +575,51 @@ def make_collect_fn(config, env, graphdef: nnx.GraphDef,
     traj, reward, parts = sample_batch(state, key, first_traj, info)
     reward, mask = loss_mask(traj, reward)
     ctx = PotentialContext(
-        rl_cfg=rl_cfg, traj=traj, graphdef=graphdef, params=state.params,
-        ref_params=ref_params, spa=state.spa, max_turns=max_turns,
-        temperature=temperature, extras=extras)
+        rl_cfg=rl_cfg,
+        traj=traj,
+        graphdef=graphdef,
+        params=state.params,
+        ref_params=ref_params,
+        spa=state.spa,
+        max_turns=max_turns,
+        temperature=temperature,
+        extras=extras,
+    )
     reward, phi_bk1 = shaping_terms(ctx, reward, info, extras, state.dual_coef)
-    train_traj, reward, mask = replay_stage(state, key, traj, reward, mask,
-                                            info, extras)
+    train_traj, reward, mask = replay_stage(
+        state, key, traj, reward, mask, info, extras
+    )
     ref_logp, reward = reference_stage(ref_params, train_traj, reward, mask)
-    behaviour_logp, old_values = behaviour_stage(state, traj, train_traj, info,
-                                                 extras)
+    behaviour_logp, old_values = behaviour_stage(
+        state, traj, train_traj, info, extras
+    )
     reward, adv_b, adv_bl, returns_bl = advantage_stage(
-        train_traj, reward, phi_bk1, old_values, info)
-    batch = pack_batch(state, key, train_traj, mask, behaviour_logp, ref_logp,
-                       adv_b, adv_bl, old_values, returns_bl, extras)
+        train_traj, reward, phi_bk1, old_values, info
+    )
+    batch = pack_batch(
+        state,
+        key,
+        train_traj,
+        mask,
+        behaviour_logp,
+        ref_logp,
+        adv_b,
+        adv_bl,
+        old_values,
+        returns_bl,
+        extras,
+    )
     return batch, traj, reward, parts, adv_b, info, extras
 
   return collect
 
 
-def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
-                         model_config: transformer.TransformerConfig):
+def make_host_rollout_fn(
+    config,
+    env,
+    graphdef: nnx.GraphDef,
+    model_config: transformer.TransformerConfig,
+):
   """Returns `rollout_fn(state) -> Trajectory`: the first-round RL rollout of a
   host environment (`env.is_host`), driven by agentic_rl/host_rollout.py.
 
@@ -485,8 +629,9 @@ def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
-  num_sampled = rl_cfg.batch_size // group_size * (
-      rl_cfg.dynamic_sampling_oversample)
+  num_sampled = (
+      rl_cfg.batch_size // group_size * (rl_cfg.dynamic_sampling_oversample)
+  )
 
   def rollout_fn(state: types.TrainState) -> types.Trajectory:
     key = jax.random.fold_in(state.rng, state.step)
@@ -495,8 +640,14 @@ def make_host_rollout_fn(config, env, graphdef: nnx.GraphDef,
     tasks = [t for t in tasks for _ in range(group_size)]
     group = np.repeat(np.arange(num_sampled, dtype=np.int32), group_size)
     return host_rollout.rollout(
-        env, tasks, sample_key, max_len=config.max_len, group=group,
-        graphdef=graphdef, params=state.params, model_config=model_config,
+        env,
+        tasks,
+        sample_key,
+        max_len=config.max_len,
+        group=group,
+        graphdef=graphdef,
+        params=state.params,
+        model_config=model_config,
         temperature=rl_cfg.temperature,
     )
 

@@ -16,8 +16,9 @@ from agentic_rl import sampling
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 
-
-StepFn = Callable[[types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]]
+StepFn = Callable[
+    [types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]
+]
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
@@ -37,13 +38,21 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   if int(cfg.warmup_steps) <= 0:
     schedule = optax.constant_schedule(cfg.learning_rate)
   else:
-    schedule = optax.linear_schedule(0.0, cfg.learning_rate, int(cfg.warmup_steps))
+    schedule = optax.linear_schedule(
+        0.0, cfg.learning_rate, int(cfg.warmup_steps)
+    )
   # With LoRA adapters in the params, only they are optimised (models/lora.py);
   # low-precision trainable params get float32 master weights.
-  return lora_lib.optimizer(mixed_precision.with_float32_master(optax.chain(
-      optax.clip_by_global_norm(cfg.max_grad_norm),
-      optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay),
-  )))
+  return lora_lib.optimizer(
+      mixed_precision.with_float32_master(
+          optax.chain(
+              optax.clip_by_global_norm(cfg.max_grad_norm),
+              optax.adamw(
+                  schedule, b1=0.9, b2=0.99, weight_decay=cfg.weight_decay
+              ),
+          )
+      )
+  )
 
 
 def policy_mask(traj: types.Trajectory) -> jax.Array:
@@ -51,9 +60,14 @@ def policy_mask(traj: types.Trajectory) -> jax.Array:
   return traj.role == types.POLICY
 
 
-def policy_forward(graphdef, params, tokens_bl: jax.Array,
-                   temperature, with_values: bool = False,
-                   targets_bl: jax.Array | None = None):
+def policy_forward(
+    graphdef,
+    params,
+    tokens_bl: jax.Array,
+    temperature,
+    with_values: bool = False,
+    targets_bl: jax.Array | None = None,
+):
   """Teacher-forced log-probs, entropies and (optionally) values of a batch.
 
   The one function both the loss and the behaviour recomputation call, so the
@@ -85,15 +99,20 @@ def policy_forward(graphdef, params, tokens_bl: jax.Array,
     ValueError: with_values and the model has no value head.
   """
   if not with_values and targets_bl is None:
-    logp, entropy = sampling.token_logprobs(graphdef, params, tokens_bl,
-                                            temperature)
+    logp, entropy = sampling.token_logprobs(
+        graphdef, params, tokens_bl, temperature
+    )
     return logp, entropy, None
   model = nnx.merge(graphdef, params)
   hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
   targets_bl = tokens_bl if targets_bl is None else targets_bl
   logp, entropy = sampling.chunked_logprob_and_entropy(
-      hidden_bld, model.output_weights_dv(), targets_bl[:, 1:], temperature,
-      model.cfg.logprob_chunk_size)
+      hidden_bld,
+      model.output_weights_dv(),
+      targets_bl[:, 1:],
+      temperature,
+      model.cfg.logprob_chunk_size,
+  )
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   cat = lambda x: jnp.concatenate([pad, x.astype(jnp.float32)], axis=1)
   if not with_values:

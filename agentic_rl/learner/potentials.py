@@ -63,10 +63,17 @@ class PotentialContext:
       t = self.traj
       self._cache["gold"] = credit.gold_answer_logprobs(
           lambda x: sampling.token_logprobs(
-              self.graphdef, self.ref_params, x, self.temperature)[0],
-          t.tokens, t.role, t.turn, t.facts["gold_answer"],
-          t.facts["gold_answer_len"], num_turns=self.max_turns,
-          answer_prefix=(tokenizers.ANSWER,), pad_id=tokenizers.PAD)
+              self.graphdef, self.ref_params, x, self.temperature
+          )[0],
+          t.tokens,
+          t.role,
+          t.turn,
+          t.facts["gold_answer"],
+          t.facts["gold_answer_len"],
+          num_turns=self.max_turns,
+          answer_prefix=(tokenizers.ANSWER,),
+          pad_id=tokenizers.PAD,
+      )
     return self._cache["gold"]
 
   def observation_scores(self) -> tuple[jax.Array, jax.Array]:
@@ -75,15 +82,17 @@ class PotentialContext:
     'obs_prediction' potential and the dark-room diagnostics)."""
     if "obs" not in self._cache:
       self._cache["obs"] = credit.observation_prediction_scores(
-          self.graphdef, self.params, self.traj.tokens, self.temperature)
+          self.graphdef, self.params, self.traj.tokens, self.temperature
+      )
     return self._cache["obs"]
 
 
 PotentialFn = Callable[[PotentialContext], jax.Array]
 
 
-def value_potential(graphdef: nnx.GraphDef, params, traj: types.Trajectory,
-                    max_turns: int) -> jax.Array:
+def value_potential(
+    graphdef: nnx.GraphDef, params, traj: types.Trajectory, max_turns: int
+) -> jax.Array:
   """[B, K + 1] PBRS potential Phi(s_k) = V(s_k) from the policy's value head.
 
   s_k is the context after k turns (`credit.state_ends`: the prompt plus
@@ -134,10 +143,12 @@ def spa_potential(ctx: PotentialContext) -> jax.Array:
   by the RL step."""
   t, k = ctx.traj, ctx.max_turns
   feat = credit.spa_policy_features(
-      ctx.graphdef, ctx.params, t.tokens, t.role, t.turn, k)
+      ctx.graphdef, ctx.params, t.tokens, t.role, t.turn, k
+  )
   turn_mask = jnp.arange(k)[None, :] < t.num_turns[:, None]
   phi = credit.spa_potential(
-      credit.spa_contributions(ctx.spa.params, feat), turn_mask)
+      credit.spa_contributions(ctx.spa.params, feat), turn_mask
+  )
   ctx.extras["spa"] = (feat, turn_mask, t.facts["correct"].astype(jnp.float32))
   return phi
 
@@ -155,7 +166,8 @@ def obs_prediction_potential(ctx: PotentialContext) -> jax.Array:
   the "dark room" study)."""
   prob_bl, _ = ctx.observation_scores()
   return credit.observation_prediction_potential(
-      prob_bl, ctx.traj.role, ctx.traj.turn, ctx.max_turns)
+      prob_bl, ctx.traj.role, ctx.traj.turn, ctx.max_turns
+  )
 
 
 POTENTIALS: dict[str, PotentialFn] = {
@@ -190,6 +202,7 @@ def compute_potential(ctx: PotentialContext) -> jax.Array | None:
     return None
   name = ctx.rl_cfg.pbrs_potential
   if name not in POTENTIALS:
-    raise ValueError(f"rl.pbrs_potential={name!r}: unknown; known: "
-                     f"{tuple(POTENTIALS)}")
+    raise ValueError(
+        f"rl.pbrs_potential={name!r}: unknown; known: " f"{tuple(POTENTIALS)}"
+    )
   return POTENTIALS[name](ctx)

@@ -1,5 +1,4 @@
-"""RL step: collect + update + state bookkeeping as one jitted program.
-"""
+"""RL step: collect + update + state bookkeeping as one jitted program."""
 
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
   rl_cfg = config.rl
   if rl_cfg.replay_capacity > 0 and state.replay is None:
     state = state.replace(
-        replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len))
+        replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len)
+    )
   if rl_cfg.dual_constraint and state.dual_coef is None:
     state = state.replace(dual_coef=jnp.float32(rl_cfg.dual_init))
   if rl_cfg.loss_type == "flowrl" and state.log_partition is None:
@@ -42,15 +42,19 @@ def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
     # fold_in(rng, -1) so the policy's keys are untouched.
     d = jax.tree.leaves(state.params["embed_vd"])[0].shape[1]
     model = losses.LogPartition(
-        d, rl_cfg.flowrl_log_z_hidden,
-        rngs=nnx.Rngs(params=jax.random.fold_in(state.rng, 2**31 - 1)))
+        d,
+        rl_cfg.flowrl_log_z_hidden,
+        rngs=nnx.Rngs(params=jax.random.fold_in(state.rng, 2**31 - 1)),
+    )
     z = nnx.state(model)
     state = state.replace(
         log_partition=z,
-        log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z))
+        log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z),
+    )
   if uses_spa(rl_cfg) and state.spa is None:
     state = state.replace(
-        spa=credit.spa_init(d_model(state.params), rl_cfg.spa_lr))
+        spa=credit.spa_init(d_model(state.params), rl_cfg.spa_lr)
+    )
   return state
 
 
@@ -71,8 +75,9 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
   free = facts["tool_free"]
   correct = facts["correct"].astype(bool)
   calls = facts["num_tool_calls"].astype(jnp.float32)
-  st = rewards.tool_necessity_stats(correct, calls.astype(jnp.int32), free,
-                                    traj.group)
+  st = rewards.tool_necessity_stats(
+      correct, calls.astype(jnp.int32), free, traj.group
+  )
   f32 = lambda x: x.astype(jnp.float32)
 
   def mean_where(x, w):
@@ -87,9 +92,11 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
     label = facts["tool_necessary"].astype(bool)
     extra = {
         "dual_path_necessity_labelled_necessary": mean_where(
-            st["necessity"], label),
+            st["necessity"], label
+        ),
         "dual_path_necessity_labelled_unnecessary": mean_where(
-            st["necessity"], ~label),
+            st["necessity"], ~label
+        ),
     }
   return {
       **extra,
@@ -122,15 +129,19 @@ def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
   """
   sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
   return rewards.dual_ascent_update(
-      lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr)
+      lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr
+  )
 
 
-def make_rl_step(config, env, graphdef: nnx.GraphDef,
-                 tx: optax.GradientTransformation,
-                 model_config: transformer.TransformerConfig,
-                 state_sharding=None,
-                 reward_model: reward_models.FrozenRewardModel | None = None,
-                 ) -> StepFn:
+def make_rl_step(
+    config,
+    env,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    model_config: transformer.TransformerConfig,
+    state_sharding=None,
+    reward_model: reward_models.FrozenRewardModel | None = None,
+) -> StepFn:
   """One GRPO iteration (collect + update) as a single jitted program.
 
   `state_sharding`: as in `make_sft_step`. `reward_model`: the frozen learned
@@ -143,7 +154,9 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
   group_size = rl_cfg.group_size
   collect = make_collect_fn(config, env, graphdef, model_config, reward_model)
   rm_params = dict(rl_cfg.reward_params or {}).get("rm", {})
-  rm_params = dict(rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params)
+  rm_params = dict(
+      rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params
+  )
   update = make_update_fn(config, graphdef, tx)
 
   def step(state: types.TrainState, first_traj=None):
@@ -151,8 +164,12 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     z_state = None
     if state.log_partition is not None:
       params, opt_state, metrics, z_state = update(
-          state.params, state.opt_state, batch, state.kl_coef,
-          (state.log_partition, state.log_partition_opt_state))
+          state.params,
+          state.opt_state,
+          batch,
+          state.kl_coef,
+          (state.log_partition, state.log_partition_opt_state),
+      )
     else:
       params, opt_state, metrics = update(
           state.params, state.opt_state, batch, state.kl_coef
@@ -162,9 +179,13 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
       skip = ~info.pop("any_usable")
       params, opt_state, z_state = jax.tree.map(
           lambda old, new: jnp.where(skip, old, new),
-          (state.params, state.opt_state,
-           None if z_state is None else (state.log_partition,
-                                         state.log_partition_opt_state)),
+          (
+              state.params,
+              state.opt_state,
+              None
+              if z_state is None
+              else (state.log_partition, state.log_partition_opt_state),
+          ),
           (params, opt_state, z_state),
       )
       metrics["skipped_update"] = skip.astype(jnp.float32)
@@ -172,7 +193,10 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     kl_coef = state.kl_coef
     if rl_cfg.kl_target > 0:
       kl_coef = losses.adaptive_kl_update(
-          kl_coef, metrics["kl"], rl_cfg.kl_target, rl_cfg.kl_horizon,
+          kl_coef,
+          metrics["kl"],
+          rl_cfg.kl_target,
+          rl_cfg.kl_horizon,
           rl_cfg.batch_size,
       )
     metrics["kl_coef"] = state.kl_coef
@@ -180,57 +204,74 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
     if "dual_observed" in extras:
       metrics["dual_coef"] = state.dual_coef
       metrics["dual_observed"] = extras["dual_observed"]
-      dual_coef = dual_coef_update(rl_cfg, state.dual_coef, extras["dual_observed"])
+      dual_coef = dual_coef_update(
+          rl_cfg, state.dual_coef, extras["dual_observed"]
+      )
     spa = state.spa
     if "spa" in extras:
       feat, turn_mask, outcome = extras["spa"]
       spa, metrics["spa_loss"] = credit.spa_update(
-          spa, feat, turn_mask, outcome, learning_rate=rl_cfg.spa_lr,
-          num_steps=rl_cfg.spa_steps)
+          spa,
+          feat,
+          turn_mask,
+          outcome,
+          learning_rate=rl_cfg.spa_lr,
+          num_steps=rl_cfg.spa_steps,
+      )
     facts = traj.facts
     if "tool_free" in facts:
       metrics.update(dual_path_metrics(traj))
     reward_gk = reward.reshape(-1, group_size)
     is_const = jnp.all(reward_gk == reward_gk[:, :1], axis=1)
     f32 = lambda x: jnp.mean(x.astype(jnp.float32))
-    metrics.update({
-        "reward": jnp.mean(reward),
-        **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
-        "accuracy": f32(facts["correct"]),
-        "tool_calls": f32(facts["num_tool_calls"]),
-        "tool_errors": f32(facts["num_tool_errors"]),
-        "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
-        "truncated_rate": f32(traj.finish == types.TRUNCATED),
-        "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
-        # Trained (loss-mask) tokens and non-pad tokens / all B * L tokens.
-        **padding.metrics(batch["mask"], traj.length),
-        "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
-        "zero_variance_groups": f32(is_const),
-    })
+    metrics.update(
+        {
+            "reward": jnp.mean(reward),
+            **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
+            "accuracy": f32(facts["correct"]),
+            "tool_calls": f32(facts["num_tool_calls"]),
+            "tool_errors": f32(facts["num_tool_errors"]),
+            "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
+            "truncated_rate": f32(traj.finish == types.TRUNCATED),
+            "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+            # Trained (loss-mask) tokens and non-pad tokens / all B * L tokens.
+            **padding.metrics(batch["mask"], traj.length),
+            "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
+            "zero_variance_groups": f32(is_const),
+        }
+    )
     # Host tool steps that raised / timed out (host_rollout facts), counted
     # over the batch, and non-finite float facts the reward sanitised.
     for name in ("tool_exceptions", "tool_timeouts"):
       if f"num_{name}" in facts:
         metrics[name] = jnp.sum(facts[f"num_{name}"]).astype(jnp.float32)
     metrics["reward_nonfinite_inputs"] = jnp.sum(
-        rewards.nonfinite_fact_counts(facts)).astype(jnp.float32)
+        rewards.nonfinite_fact_counts(facts)
+    ).astype(jnp.float32)
     # Episode length in turns and repeated calls (step-reward hacking).
     metrics["turns"] = f32(traj.num_turns)
     if "num_redundant_calls" in facts:
       metrics["redundant_calls"] = f32(facts["num_redundant_calls"])
     if reward_model is not None:
       # Gold-verifier over-optimisation monitor (Gao et al., arXiv:2210.10760).
-      rm_r = parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)
+      rm_r = (
+          parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)
+      )
       metrics.update(reward_models.monitor_metrics(rm_r, facts["correct"]))
       metrics["rm_score"] = jnp.mean(facts["rm_score"])
     state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state, kl_coef=kl_coef,
-        replay=extras.get("replay", state.replay), dual_coef=dual_coef,
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        kl_coef=kl_coef,
+        replay=extras.get("replay", state.replay),
+        dual_coef=dual_coef,
         spa=spa,
     )
     if z_state is not None:
-      state = state.replace(log_partition=z_state[0],
-                            log_partition_opt_state=z_state[1])
+      state = state.replace(
+          log_partition=z_state[0], log_partition_opt_state=z_state[1]
+      )
     return state, metrics
 
   if host_base.is_host(env):
@@ -243,10 +284,13 @@ def make_rl_step(config, env, graphdef: nnx.GraphDef,
       # Cut the host batch to its longest episode (bucketed) where that leaves
       # the update unchanged (padding.host_trim_length); one compile per bucket.
       traj = rollout_fn(state)
-      traj = padding.trim(traj, config.max_len,
-                          padding.host_trim_length(config, traj.length))
+      traj = padding.trim(
+          traj, config.max_len, padding.host_trim_length(config, traj.length)
+      )
       return learn_jit(state, traj)
 
     return host_step
 
-  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
+  return jax.jit(
+      step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding)
+  )

@@ -47,7 +47,9 @@ def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
   return nll, {"loss": nll, "policy_tokens": policy_tokens}
 
 
-def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1):
+def sft_grad(
+    graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
+):
   """(loss, metrics, grads) of `sft_loss` with gradient accumulation.
 
   The [B, L] batch is cut into `num_microbatches` blocks of rows by a strided
@@ -63,11 +65,14 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
   """
   rows = traj.tokens.shape[0]
   if num_microbatches < 1 or rows % num_microbatches:
-    raise ValueError(f"sft.num_microbatches={num_microbatches} must divide the "
-                     f"batch ({rows} demonstrations)")
+    raise ValueError(
+        f"sft.num_microbatches={num_microbatches} must divide the "
+        f"batch ({rows} demonstrations)"
+    )
   # With LoRA adapters, only they are differentiated (models/lora.py).
   grad_fn = lora_lib.value_and_grad(
-      lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True)
+      lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True
+  )
   if num_microbatches == 1:
     (loss, metrics), grads = grad_fn(params, traj, None)
     return loss, metrics, grads
@@ -78,20 +83,30 @@ def sft_grad(graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
 
   def micro(acc, block):
     tokens, role = sharding.constrain_batch(block)
-    (loss, m), g = grad_fn(params, traj.replace(tokens=tokens, role=role),
-                           denominator)
+    (loss, m), g = grad_fn(
+        params, traj.replace(tokens=tokens, role=role), denominator
+    )
     acc_loss, acc_tokens, acc_g = acc
-    return (acc_loss + loss, acc_tokens + m["policy_tokens"],
-            mixed_precision.accumulate(acc_g, g)), None
+    return (
+        acc_loss + loss,
+        acc_tokens + m["policy_tokens"],
+        mixed_precision.accumulate(acc_g, g),
+    ), None
 
   zeros = mixed_precision.accumulation_zeros(params)  # f32 for bf16 params
   (loss, tokens, grads), _ = jax.lax.scan(
-      micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks)
+      micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks
+  )
   return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
 
 
-def make_sft_step(config, env, graphdef: nnx.GraphDef,
-                  tx: optax.GradientTransformation, state_sharding=None) -> StepFn:
+def make_sft_step(
+    config,
+    env,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    state_sharding=None,
+) -> StepFn:
   """SFT on expert demonstrations generated on the fly (one batch per step).
 
   JAX-native environments: one jitted program. Host environments
@@ -116,7 +131,8 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
     # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer.
     metrics["trained_token_share"] = jnp.mean(
-        policy_mask(traj).astype(jnp.float32))
+        policy_mask(traj).astype(jnp.float32)
+    )
     state = state.replace(
         step=state.step + 1,
         params=params,
@@ -132,8 +148,9 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
       task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
       tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), batch_size)
       traj = host_rollout.rollout(env, tasks, expert_key, max_len=max_len)
-      traj = padding.trim(traj, max_len,
-                          padding.host_trim_length(config, traj.length))
+      traj = padding.trim(
+          traj, max_len, padding.host_trim_length(config, traj.length)
+      )
       return learn_jit(state, traj)
 
     return host_step
@@ -145,4 +162,6 @@ def make_sft_step(config, env, graphdef: nnx.GraphDef,
     traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
     return learn(state, traj)
 
-  return jax.jit(step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding))
+  return jax.jit(
+      step, donate_argnums=0, **sharding.step_jit_kwargs(state_sharding)
+  )

@@ -23,11 +23,17 @@ def last_policy_reward(reward_b: jax.Array, mask_bl: jax.Array) -> jax.Array:
   pos = jnp.arange(l)[None, :]
   last_b = jnp.max(jnp.where(mask_bl, pos, -1), axis=1)
   return jnp.where(pos == last_b[:, None], reward_b[:, None], 0.0).astype(
-      jnp.float32)
+      jnp.float32
+  )
 
 
-def gae_token_advantages(rl_cfg, reward_b: jax.Array, mask_bl: jax.Array,
-                         values_bl: jax.Array, lambda_: float | None = None):
+def gae_token_advantages(
+    rl_cfg,
+    reward_b: jax.Array,
+    mask_bl: jax.Array,
+    values_bl: jax.Array,
+    lambda_: float | None = None,
+):
   """PPO-GAE per-token advantages and value targets for `advantage_estimator='gae'`.
 
   The episode's (composed) reward is the reward of its last POLICY token;
@@ -50,9 +56,15 @@ def gae_token_advantages(rl_cfg, reward_b: jax.Array, mask_bl: jax.Array,
      adv_bl [B, L] float32, returns_bl [B, L] float32; both 0 off POLICY).
   """
   lam = rl_cfg.gae_lambda if lambda_ is None else lambda_
-  adv_bl, ret_bl = jax.vmap(advantages.token_gae, in_axes=(0, 0, 0, None, None))(
-      last_policy_reward(reward_b, mask_bl), values_bl, mask_bl,
-      rl_cfg.discount, lam)
+  adv_bl, ret_bl = jax.vmap(
+      advantages.token_gae, in_axes=(0, 0, 0, None, None)
+  )(
+      last_policy_reward(reward_b, mask_bl),
+      values_bl,
+      mask_bl,
+      rl_cfg.discount,
+      lam,
+  )
   count_b = jnp.maximum(jnp.sum(mask_bl, axis=1), 1).astype(jnp.float32)
   return jnp.sum(adv_bl, axis=1) / count_b, adv_bl, ret_bl
 
@@ -62,8 +74,9 @@ def step_reward_on(rl_cfg) -> bool:
   return rl_cfg.step_reward != "none"
 
 
-def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
-                    max_turns: int) -> jax.Array:
+def step_rewards_bk(
+    rl_cfg, traj: types.Trajectory, reward_b: jax.Array, max_turns: int
+) -> jax.Array:
   """[B, K] float32 per-turn step rewards of `rl.step_reward` (0 when off).
 
   'valid_call': the step score p_k = env fact 'valid_call_turn' [B, K] (a
@@ -83,11 +96,15 @@ def step_rewards_bk(rl_cfg, traj: types.Trajectory, reward_b: jax.Array,
   p_bk = traj.facts["valid_call_turn"].astype(jnp.float32)
   scored = traj.facts["tool_call_turn"].astype(jnp.bool_) & turn_mask
   return rewards.step_turn_rewards(
-      p_bk, scored, turn_mask, reward_b,
+      p_bk,
+      scored,
+      turn_mask,
+      reward_b,
       transform=rl_cfg.step_reward_transform,
       coef=rl_cfg.step_reward_coef,
       eta=rl_cfg.step_reward_clip_eta,
-      gate_threshold=rl_cfg.step_reward_gate_threshold)
+      gate_threshold=rl_cfg.step_reward_gate_threshold,
+  )
 
 
 def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
@@ -120,7 +137,8 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
   cutoff = rl_cfg.pbrs_cutoff
   if cutoff not in ("keep", "zero", "never"):
     raise ValueError(
-        f"rl.pbrs_cutoff must be 'keep', 'zero' or 'never', got {cutoff!r}")
+        f"rl.pbrs_cutoff must be 'keep', 'zero' or 'never', got {cutoff!r}"
+    )
   if cutoff == "zero":
     return jnp.ones(finish_b.shape, jnp.bool_)
   if cutoff == "never":
@@ -138,13 +156,19 @@ def _turn_mask(traj: types.Trajectory, max_turns: int) -> jax.Array:
   return jnp.arange(max_turns)[None, :] < traj.num_turns[:, None]
 
 
-def _outcome_at_last_turn(reward: jax.Array, traj: types.Trajectory,
-                          turn_mask: jax.Array) -> jax.Array:
+def _outcome_at_last_turn(
+    reward: jax.Array, traj: types.Trajectory, turn_mask: jax.Array
+) -> jax.Array:
   """[B, K] float32: the episode reward at its last turn, 0 elsewhere."""
   k = turn_mask.shape[1]
-  return jnp.where(
-      jnp.arange(k)[None, :] == (traj.num_turns - 1)[:, None], reward[:, None],
-      0.0) * turn_mask
+  return (
+      jnp.where(
+          jnp.arange(k)[None, :] == (traj.num_turns - 1)[:, None],
+          reward[:, None],
+          0.0,
+      )
+      * turn_mask
+  )
 
 
 # Episode-level estimators: fn(reward_b [B] float32, traj, rl_cfg) -> adv_b
@@ -157,28 +181,37 @@ def _from_advantages(name: str) -> EpisodeEstimatorFn:
 
   def estimator(reward_b, traj, rl_cfg):
     return advantages.compute_advantages(
-        name, reward_b, traj.group, scale_by_std=rl_cfg.scale_by_std,
-        eps=rl_cfg.adv_eps, std_ddof=rl_cfg.std_ddof)
+        name,
+        reward_b,
+        traj.group,
+        scale_by_std=rl_cfg.scale_by_std,
+        eps=rl_cfg.adv_eps,
+        std_ddof=rl_cfg.std_ddof,
+    )
 
   estimator.__name__ = f"{name}_episode_advantages"
   estimator.__doc__ = (
       f"'{name}': `advantages.compute_advantages('{name}', ...)` on the [B]\n"
       "float32 episode rewards within each task group (traj.group), with\n"
       "rl.scale_by_std, rl.adv_eps, rl.std_ddof; [B] float32. Equations and\n"
-      "sources: `advantages.compute_advantages`.")
+      "sources: `advantages.compute_advantages`."
+  )
   return estimator
 
 
-def hdpo_episode_advantages(reward_b: jax.Array, traj: types.Trajectory,
-                            rl_cfg) -> jax.Array:
+def hdpo_episode_advantages(
+    reward_b: jax.Array, traj: types.Trajectory, rl_cfg
+) -> jax.Array:
   """'hdpo': accuracy channel + efficiency channel among correct episodes only
   (`credit.hdpo_advantages`, weight `rl.hdpo_efficiency_weight`). Reads the
   facts 'correct' and 'num_tool_calls', not `reward_b`; [B] float32."""
   del reward_b
   return credit.hdpo_advantages(
       traj.facts["correct"].astype(jnp.float32),
-      traj.facts["num_tool_calls"].astype(jnp.float32), traj.group,
-      efficiency_weight=rl_cfg.hdpo_efficiency_weight, eps=rl_cfg.adv_eps,
+      traj.facts["num_tool_calls"].astype(jnp.float32),
+      traj.group,
+      efficiency_weight=rl_cfg.hdpo_efficiency_weight,
+      eps=rl_cfg.adv_eps,
   )
 
 
@@ -205,20 +238,25 @@ def per_turn_advantages(rl_cfg, reward, traj, max_turns, phi):
   turn_mask = _turn_mask(traj, k)
   r_bk = _outcome_at_last_turn(reward, traj, turn_mask)
   if phi is not None:
-    r_bk = credit.shape_turn_rewards(r_bk, phi, turn_mask, discount,
-                                     pbrs_terminated(rl_cfg, traj.finish))
+    r_bk = credit.shape_turn_rewards(
+        r_bk, phi, turn_mask, discount, pbrs_terminated(rl_cfg, traj.finish)
+    )
   if step_reward_on(rl_cfg):
     # Per-turn step (process) rewards (rl.step_reward), after the outcome.
     r_bk = r_bk + step_rewards_bk(rl_cfg, traj, reward, k)
   returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
   adv_bk = advantages.per_turn_grpo_advantages(
-      returns_bk, turn_mask, traj.group,
-      scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps,
+      returns_bk,
+      turn_mask,
+      traj.group,
+      scale_by_std=rl_cfg.scale_by_std,
+      eps=rl_cfg.adv_eps,
       std_ddof=rl_cfg.std_ddof,
   )
   adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
   adv_b = jnp.sum(jnp.abs(adv_bk) * turn_mask, 1) / jnp.maximum(
-      jnp.sum(turn_mask, 1), 1)
+      jnp.sum(turn_mask, 1), 1
+  )
   return adv_b, adv_bl
 
 
@@ -235,15 +273,23 @@ def gigpo_advantages(rl_cfg, reward, traj, max_turns, phi):
   r_bk = _outcome_at_last_turn(reward, traj, turn_mask)
   returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, rl_cfg.discount)
   adv_b = advantages.grpo_advantages(
-      reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
+      reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps
+  )
   keys_bk = credit.observation_state_keys(
-      traj.tokens, traj.role, traj.turn, k, match_turn=rl_cfg.gigpo_match_turn)
+      traj.tokens, traj.role, traj.turn, k, match_turn=rl_cfg.gigpo_match_turn
+  )
   adv_s = credit.gigpo_step_advantages(
-      returns_bk, keys_bk, turn_mask, traj.group,
-      scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps)
+      returns_bk,
+      keys_bk,
+      turn_mask,
+      traj.group,
+      scale_by_std=rl_cfg.scale_by_std,
+      eps=rl_cfg.adv_eps,
+  )
   adv_bk = adv_b[:, None] + rl_cfg.gigpo_step_weight * adv_s
   adv_bl = advantages.broadcast_turn_to_tokens(
-      jnp.where(turn_mask, adv_bk, 0.0), traj.turn, traj.role)
+      jnp.where(turn_mask, adv_bk, 0.0), traj.turn, traj.role
+  )
   return adv_b, adv_bl
 
 
@@ -257,10 +303,15 @@ def tree_advantages(rl_cfg, reward, traj, max_turns, phi):
   k = max_turns
   branching = tuple(rl_cfg.tree_branching)
   turn_mask = _turn_mask(traj, k)
-  adv_gd = jax.vmap(functools.partial(
-      credit.tree_fork_advantages, branching=branching,
-      alpha=rl_cfg.tree_alpha, scale_by_std=rl_cfg.scale_by_std,
-      eps=rl_cfg.adv_eps))(reward.reshape(-1, math.prod(branching)))
+  adv_gd = jax.vmap(
+      functools.partial(
+          credit.tree_fork_advantages,
+          branching=branching,
+          alpha=rl_cfg.tree_alpha,
+          scale_by_std=rl_cfg.scale_by_std,
+          eps=rl_cfg.adv_eps,
+      )
+  )(reward.reshape(-1, math.prod(branching)))
   adv_bd = adv_gd.reshape(reward.shape[0], len(branching))
   adv_bk = jnp.where(turn_mask, credit.tree_turn_advantages(adv_bd, k), 0.0)
   adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
@@ -293,8 +344,13 @@ def turn_estimator_name(rl_cfg) -> str | None:
   return None
 
 
-def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
-                     max_turns: int, phi_bk1: jax.Array | None = None):
+def token_advantages(
+    rl_cfg,
+    reward: jax.Array,
+    traj: types.Trajectory,
+    max_turns: int,
+    phi_bk1: jax.Array | None = None,
+):
   """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
 
   'trajectory': one advantage per episode from `EPISODE_ESTIMATORS[rl.advantage_estimator]`,
@@ -335,28 +391,39 @@ def token_advantages(rl_cfg, reward: jax.Array, traj: types.Trajectory,
   pbrs_coef = rl_cfg.pbrs_coef
   phi = None
   if pbrs_coef > 0 and rl_cfg.dense_as != "aux_loss":
-    phi = pbrs_coef * (rewards.finite_or_zero(traj.facts["progress"])
-                       if phi_bk1 is None else phi_bk1)
+    phi = pbrs_coef * (
+        rewards.finite_or_zero(traj.facts["progress"])
+        if phi_bk1 is None
+        else phi_bk1
+    )
   turn_name = turn_estimator_name(rl_cfg)
   if turn_name is not None:
-    adv_b, adv_bl = TURN_ESTIMATORS[turn_name](rl_cfg, reward, traj, max_turns,
-                                               phi)
+    adv_b, adv_bl = TURN_ESTIMATORS[turn_name](
+        rl_cfg, reward, traj, max_turns, phi
+    )
     return reward, adv_b, adv_bl
   if phi is not None:
     # Trajectory-level return with PBRS, in closed form (exact in float32).
     reward = credit.telescoped_episode_returns(
-        reward, phi, _turn_mask(traj, max_turns), rl_cfg.discount,
-        pbrs_terminated(rl_cfg, traj.finish))
+        reward,
+        phi,
+        _turn_mask(traj, max_turns),
+        rl_cfg.discount,
+        pbrs_terminated(rl_cfg, traj.finish),
+    )
   name = rl_cfg.advantage_estimator
   if name not in EPISODE_ESTIMATORS:
-    raise ValueError(f"rl.advantage_estimator={name!r}: unknown; known: "
-                     f"{ADVANTAGE_ESTIMATORS}")
+    raise ValueError(
+        f"rl.advantage_estimator={name!r}: unknown; known: "
+        f"{ADVANTAGE_ESTIMATORS}"
+    )
   adv_b = EPISODE_ESTIMATORS[name](reward, traj, rl_cfg)
   return reward, adv_b, advantages.broadcast_to_tokens(adv_b, traj.role)
 
 
-def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
-                         max_turns: int) -> jax.Array:
+def dense_aux_advantages(
+    rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array, max_turns: int
+) -> jax.Array:
   """[B, L] per-token dense credit for `rl.dense_as='aux_loss'`.
 
   Turn k's POLICY tokens get its shaping reward F_k = discount *
@@ -376,6 +443,10 @@ def dense_aux_advantages(rl_cfg, traj: types.Trajectory, phi_bk1: jax.Array,
   turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
   terminated = pbrs_terminated(rl_cfg, traj.finish)
   f_bk = credit.shape_turn_rewards(
-      jnp.zeros(turn_mask.shape, jnp.float32), rl_cfg.pbrs_coef * phi_bk1,
-      turn_mask, rl_cfg.discount, terminated)
+      jnp.zeros(turn_mask.shape, jnp.float32),
+      rl_cfg.pbrs_coef * phi_bk1,
+      turn_mask,
+      rl_cfg.discount,
+      terminated,
+  )
   return advantages.broadcast_turn_to_tokens(f_bk, traj.turn, traj.role)

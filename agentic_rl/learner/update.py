@@ -23,16 +23,19 @@ from agentic_rl.learner.common import policy_forward
 
 def uses_values(rl_cfg) -> bool:
   """True when the loss trains the value head (GAE, or the value potential)."""
-  return (rl_cfg.advantage_estimator == "gae"
-          or (rl_cfg.pbrs_potential == "value"
-              and rl_cfg.pbrs_coef > 0))
+  return rl_cfg.advantage_estimator == "gae" or (
+      rl_cfg.pbrs_potential == "value" and rl_cfg.pbrs_coef > 0
+  )
 
 
 @functools.lru_cache(maxsize=None)
 def log_partition_graphdef(in_dim: int, hidden_dim: int) -> nnx.GraphDef:
   """GraphDef of FlowRL's `losses.LogPartition(in_dim, hidden_dim)`."""
-  return nnx.graphdef(nnx.eval_shape(
-      lambda: losses.LogPartition(in_dim, hidden_dim, rngs=nnx.Rngs(0))))
+  return nnx.graphdef(
+      nnx.eval_shape(
+          lambda: losses.LogPartition(in_dim, hidden_dim, rngs=nnx.Rngs(0))
+      )
+  )
 
 
 def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
@@ -40,9 +43,19 @@ def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
   return optax.adam(rl_cfg.flowrl_log_z_lr)
 
 
-def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
-             log_z_params=None, value_denominator=None, first_step=None,
-             obs_denominator=None):
+def _rl_loss(
+    graphdef,
+    params,
+    batch,
+    rl_cfg,
+    *,
+    kl_coef,
+    denominator,
+    log_z_params=None,
+    value_denominator=None,
+    first_step=None,
+    obs_denominator=None,
+):
   """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
 
   loss = agg(policy_loss) + kl_coef * agg(KL) - entropy_coef * agg(entropy)
@@ -82,9 +95,14 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
   """
   temperature = rl_cfg.temperature
   with_values = "returns" in batch
-  logp, entropy, values = policy_forward(graphdef, params, batch["tokens"],
-                                         temperature, with_values,
-                                         targets_bl=batch.get("obs_targets"))
+  logp, entropy, values = policy_forward(
+      graphdef,
+      params,
+      batch["tokens"],
+      temperature,
+      with_values,
+      targets_bl=batch.get("obs_targets"),
+  )
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
   own = jax.lax.stop_gradient(logp)
@@ -93,25 +111,35 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
     # its log-prob is this forward's plus -log(1 - P(banned)).
     own = own + batch["behaviour_shift"]
   beh_gap_max = jnp.max(jnp.where(mask, jnp.abs(own - beh), 0.0))
-  if (first_step is not None
-      and rl_cfg.behaviour_logprobs == "trainer"):
+  if first_step is not None and rl_cfg.behaviour_logprobs == "trainer":
     beh = jnp.where(first_step, own, beh)
   adv = batch["advantage"]
   loss_type = rl_cfg.loss_type
   if loss_type not in losses.POLICY_LOSSES:
-    raise ValueError(f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}")
+    raise ValueError(
+        f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}"
+    )
   log_z_b = None
   if "prompt_embedding" in batch:
     # FlowRL's log Z_phi(x) on the pooled prompt embedding.
     emb = batch["prompt_embedding"]
-    z_graphdef = log_partition_graphdef(emb.shape[-1], rl_cfg.flowrl_log_z_hidden)
+    z_graphdef = log_partition_graphdef(
+        emb.shape[-1], rl_cfg.flowrl_log_z_hidden
+    )
     log_z_b = nnx.merge(z_graphdef, log_z_params)(emb)
   pg, ratio, seq_loss = losses.POLICY_LOSSES[loss_type](
       losses.PolicyLossInputs(
-          logp=logp, behaviour_logp=beh, advantage=adv, mask=mask,
-          ref_logp=batch["ref_logp"], denominator=denominator,
-          reward_hat=batch.get("reward_hat"), log_z=log_z_b),
-      rl_cfg)
+          logp=logp,
+          behaviour_logp=beh,
+          advantage=adv,
+          mask=mask,
+          ref_logp=batch["ref_logp"],
+          denominator=denominator,
+          reward_hat=batch.get("reward_hat"),
+          log_z=log_z_b,
+      ),
+      rl_cfg,
+  )
   norm = rl_cfg.loss_norm_constant or None
   agg = lambda x: losses.aggregate(
       x, mask, rl_cfg.loss_agg_mode, norm_constant=norm, denominator=denominator
@@ -123,26 +151,36 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
     pg_loss = seq_loss
   if log_z_b is not None:
     extra["log_z"] = losses.aggregate(
-        jnp.broadcast_to(log_z_b[:, None], mask.shape), mask,
-        "seq-mean-token-mean", denominator=denominator)
+        jnp.broadcast_to(log_z_b[:, None], mask.shape),
+        mask,
+        "seq-mean-token-mean",
+        denominator=denominator,
+    )
   loss = pg_loss + kl_coef * kl_mean - rl_cfg.entropy_coef * ent_mean
   if with_values:
     clip = rl_cfg.value_clip
     v_loss = losses.value_loss(
-        values, batch["old_values"], batch["returns"], mask,
-        clip if clip > 0 else jnp.inf, denominator=value_denominator)
+        values,
+        batch["old_values"],
+        batch["returns"],
+        mask,
+        clip if clip > 0 else jnp.inf,
+        denominator=value_denominator,
+    )
     extra["value_loss"] = v_loss
     loss = loss + rl_cfg.value_coef * v_loss
   if "aux_advantage" in batch:
     # Dense signal as an auxiliary loss (rl.dense_as='aux_loss').
     aux_pg, _ = losses.clipped_surrogate(
-        logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high)
+        logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high
+    )
     extra["aux_loss"] = agg(aux_pg)
     loss = loss + extra["aux_loss"]
   if "obs_mask" in batch:
     # Next-observation prediction as an auxiliary CE (docs/papers.md).
     extra["obs_pred_loss"] = credit.observation_prediction_loss(
-        logp, batch["obs_mask"], obs_denominator)
+        logp, batch["obs_mask"], obs_denominator
+    )
     loss = loss + rl_cfg.obs_prediction_coef * extra["obs_pred_loss"]
   f32 = lambda x: x.astype(jnp.float32)
   metrics = {
@@ -165,12 +203,15 @@ def _rl_loss(graphdef, params, batch, rl_cfg, *, kl_coef, denominator,
 
 def _combine_metrics(a: dict, b: dict) -> dict:
   """Micro-batch metric accumulation: sum, except max for '*_max' keys."""
-  return {k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k])
-          for k in a}
+  return {
+      k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k])
+      for k in a
+  }
 
 
-def make_update_fn(config, graphdef: nnx.GraphDef,
-                   tx: optax.GradientTransformation):
+def make_update_fn(
+    config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation
+):
   """Returns pure `update(params, opt_state, batch, kl_coef[, log_z_state])`.
 
   `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
@@ -213,10 +254,12 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
   sil_coef = rl_cfg.sil_coef
 
   def sil_loss(p, sil):
-    logp, _ = sampling.token_logprobs(graphdef, p, sil["tokens"],
-                                      rl_cfg.temperature)
+    logp, _ = sampling.token_logprobs(
+        graphdef, p, sil["tokens"], rl_cfg.temperature
+    )
     return losses.self_imitation_loss(
-        logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"])
+        logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"]
+    )
 
   def update(params, opt_state, batch, kl_coef, log_z_state=None):
     batch = dict(batch)
@@ -231,37 +274,52 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
           mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
       )
       value_denominator = losses.aggregation_denominator(
-          mb["mask"], "token-mean")
+          mb["mask"], "token-mean"
+      )
       obs_denominator = None
       if "obs_mask" in mb:
         obs_denominator = jnp.maximum(
-            jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0)
+            jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0
+        )
 
       grad_fn = lora_lib.value_and_grad(
           lambda p, zp, micro_batch: _rl_loss(
-              graphdef, p, micro_batch, rl_cfg, kl_coef=kl_coef,
-              denominator=denominator, log_z_params=zp,
+              graphdef,
+              p,
+              micro_batch,
+              rl_cfg,
+              kl_coef=kl_coef,
+              denominator=denominator,
+              log_z_params=zp,
               value_denominator=value_denominator,
-              first_step=step_index == 0, obs_denominator=obs_denominator),
-          argnums=(0, 1), has_aux=True,
+              first_step=step_index == 0,
+              obs_denominator=obs_denominator,
+          ),
+          argnums=(0, 1),
+          has_aux=True,
       )
 
       def micro(acc, micro_batch):
         micro_batch = sharding.constrain_batch(micro_batch)
         (_, m), g = grad_fn(params, z_params, micro_batch)
         acc_g, acc_m = acc
-        return (mixed_precision.accumulate(acc_g, g),
-                _combine_metrics(acc_m, m)), None
+        return (
+            mixed_precision.accumulate(acc_g, g),
+            _combine_metrics(acc_m, m),
+        ), None
 
       micro_batches = split(mb, num_micro)
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
       shapes = jax.eval_shape(
-          lambda: grad_fn(params, z_params,
-                          jax.tree.map(lambda x: x[0], micro_batches))
+          lambda: grad_fn(
+              params, z_params, jax.tree.map(lambda x: x[0], micro_batches)
+          )
       )
       # Gradients of bf16 params are accumulated in float32.
-      zeros = (mixed_precision.accumulation_zeros(shapes[1]),
-               jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]))
+      zeros = (
+          mixed_precision.accumulation_zeros(shapes[1]),
+          jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]),
+      )
       ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.
@@ -280,11 +338,15 @@ def make_update_fn(config, graphdef: nnx.GraphDef,
       return jax.lax.scan(mb_update, carry, mb_batch)
 
     (params, opt_state, z_params, z_opt, _), m = jax.lax.scan(
-        epoch, (params, opt_state, z_params, z_opt, jnp.int32(0)), None,
-        length=epochs
+        epoch,
+        (params, opt_state, z_params, z_opt, jnp.int32(0)),
+        None,
+        length=epochs,
     )
-    metrics = {k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v))
-               for k, v in m.items()}
+    metrics = {
+        k: (jnp.max(v) if k.endswith("_max") else jnp.mean(v))
+        for k, v in m.items()
+    }
     metrics["ratio_mean_first"] = m["ratio_mean"][0, 0]
     metrics["ratio_dev_max_first"] = m["ratio_dev_max"][0, 0]
     metrics["behaviour_gap_max_first"] = m["behaviour_gap_max"][0, 0]

@@ -79,8 +79,13 @@ class SelfMask(NamedTuple):
     return mask
 
 
-def dense_attention(q_bhtk: jax.Array, k_bgsk: jax.Array, v_bgsk: jax.Array,
-                    mask_bts: jax.Array, dtype: Any) -> jax.Array:
+def dense_attention(
+    q_bhtk: jax.Array,
+    k_bgsk: jax.Array,
+    v_bgsk: jax.Array,
+    mask_bts: jax.Array,
+    dtype: Any,
+) -> jax.Array:
   """softmax(q k^T / sqrt(Dh) masked) v with the [B, H, T, S] scores formed.
 
   Args:
@@ -96,18 +101,32 @@ def dense_attention(q_bhtk: jax.Array, k_bgsk: jax.Array, v_bgsk: jax.Array,
   b, h, t, dh = q_bhtk.shape
   g = k_bgsk.shape[1]
   r = h // g
-  scale = dh ** -0.5
+  scale = dh**-0.5
   if r == 1:
     # Scores feed the softmax: accumulated and returned in float32.
-    scores_bhts = jnp.einsum("bhtk,bhsk->bhts", q_bhtk, k_bgsk,
-                             preferred_element_type=jnp.float32) * scale
+    scores_bhts = (
+        jnp.einsum(
+            "bhtk,bhsk->bhts",
+            q_bhtk,
+            k_bgsk,
+            preferred_element_type=jnp.float32,
+        )
+        * scale
+    )
     scores_bhts = jnp.where(mask_bts[:, None], scores_bhts, NEG)
     probs_bhts = jax.nn.softmax(scores_bhts, axis=-1)
     return jnp.einsum("bhts,bhsk->bhtk", probs_bhts.astype(dtype), v_bgsk)
   # Query head h reads kv head h // r (Hugging Face's repeat_kv).
   q_bgrtk = q_bhtk.reshape(b, g, r, t, dh)
-  scores_bgrts = jnp.einsum("bgrtk,bgsk->bgrts", q_bgrtk, k_bgsk,
-                            preferred_element_type=jnp.float32) * scale
+  scores_bgrts = (
+      jnp.einsum(
+          "bgrtk,bgsk->bgrts",
+          q_bgrtk,
+          k_bgsk,
+          preferred_element_type=jnp.float32,
+      )
+      * scale
+  )
   scores_bgrts = jnp.where(mask_bts[:, None, None], scores_bgrts, NEG)
   probs_bgrts = jax.nn.softmax(scores_bgrts, axis=-1)
   out_bgrtk = jnp.einsum("bgrts,bgsk->bgrtk", probs_bgrts.astype(dtype), v_bgsk)
@@ -128,9 +147,16 @@ def uses_chunked(impl: str, length: int, block: int) -> bool:
   return impl == "chunked" or (impl == "auto" and length > block)
 
 
-def self_attention(q_bhtk: jax.Array, k_bgtk: jax.Array, v_bgtk: jax.Array,
-                   mask: SelfMask, *, impl: str, block: int,
-                   dtype: Any) -> jax.Array:
+def self_attention(
+    q_bhtk: jax.Array,
+    k_bgtk: jax.Array,
+    v_bgtk: jax.Array,
+    mask: SelfMask,
+    *,
+    impl: str,
+    block: int,
+    dtype: Any,
+) -> jax.Array:
   """Cache-free attention of a whole sequence, dense or chunked (`uses_chunked`).
 
   Args:
@@ -144,12 +170,21 @@ def self_attention(q_bhtk: jax.Array, k_bgtk: jax.Array, v_bgtk: jax.Array,
     [B, H, T, Dh] in `dtype`.
   """
   if uses_chunked(impl, q_bhtk.shape[2], block):
-    return chunked_attention(q_bhtk, k_bgtk, v_bgtk, mask, block=block, dtype=dtype)
+    return chunked_attention(
+        q_bhtk, k_bgtk, v_bgtk, mask, block=block, dtype=dtype
+    )
   return dense_attention(q_bhtk, k_bgtk, v_bgtk, mask.dense(), dtype)
 
 
-def chunked_attention(q_bhtk: jax.Array, k_bgtk: jax.Array, v_bgtk: jax.Array,
-                      mask: SelfMask, *, block: int, dtype: Any) -> jax.Array:
+def chunked_attention(
+    q_bhtk: jax.Array,
+    k_bgtk: jax.Array,
+    v_bgtk: jax.Array,
+    mask: SelfMask,
+    *,
+    block: int,
+    dtype: Any,
+) -> jax.Array:
   """Causal self-attention in blocks, without a [B, H, T, T] array (module doc).
 
   T is split into n = ceil(T / block) blocks of equal size b = ceil(T / n)
@@ -183,10 +218,16 @@ def chunked_attention(q_bhtk: jax.Array, k_bgtk: jax.Array, v_bgtk: jax.Array,
   tp = nb * bs
   pad = tp - t
   pos = mask.positions_bt.astype(jnp.int32)
-  valid = (jnp.ones((b, t), bool) if mask.valid_bt is None
-           else mask.valid_bt.astype(bool))
-  seg = (jnp.zeros((b, t), jnp.int32) if mask.segment_bt is None
-         else mask.segment_bt.astype(jnp.int32))
+  valid = (
+      jnp.ones((b, t), bool)
+      if mask.valid_bt is None
+      else mask.valid_bt.astype(bool)
+  )
+  seg = (
+      jnp.zeros((b, t), jnp.int32)
+      if mask.segment_bt is None
+      else mask.segment_bt.astype(jnp.int32)
+  )
   q = q_bhtk.reshape(b, g, r, t, dh)
   k, v = k_bgtk, v_bgtk
   if pad:
@@ -196,8 +237,14 @@ def chunked_attention(q_bhtk: jax.Array, k_bgtk: jax.Array, v_bgtk: jax.Array,
     pos = jnp.pad(pos, ((0, 0), (0, pad)))
     valid = jnp.pad(valid, ((0, 0), (0, pad)))  # padded keys are invalid
     seg = jnp.pad(seg, ((0, 0), (0, pad)))
-  out = _flash(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-               (pos, valid, seg), bs, jnp.dtype(dtype).name)
+  out = _flash(
+      q.astype(dtype),
+      k.astype(dtype),
+      v.astype(dtype),
+      (pos, valid, seg),
+      bs,
+      jnp.dtype(dtype).name,
+  )
   return out[:, :, :, :t].reshape(b, h, t, dh)
 
 
@@ -213,15 +260,23 @@ def _block_mask(masks, i, j, bs: int) -> jax.Array:
   kv = _slice(valid, j * bs, bs, 1)
   qi = i * bs + jnp.arange(bs)
   kj = j * bs + jnp.arange(bs)
-  m = ((kp[:, None, :] <= qp[:, :, None]) & kv[:, None, :]
-       & (ks[:, None, :] == qs[:, :, None]) & (kj[None, :] <= qi[:, None])[None])
+  m = (
+      (kp[:, None, :] <= qp[:, :, None])
+      & kv[:, None, :]
+      & (ks[:, None, :] == qs[:, :, None])
+      & (kj[None, :] <= qi[:, None])[None]
+  )
   return m[:, None, None]
 
 
 def _scores(q_i, k_j, mask_ij, scale):
   """Masked float32 scores [B, G, r, bs, bs] of one block pair."""
-  s = jnp.einsum("bgrqd,bgkd->bgrqk", q_i, k_j,
-                 preferred_element_type=jnp.float32) * scale
+  s = (
+      jnp.einsum(
+          "bgrqd,bgkd->bgrqk", q_i, k_j, preferred_element_type=jnp.float32
+      )
+      * scale
+  )
   return jnp.where(mask_ij, s, NEG)
 
 
@@ -230,7 +285,7 @@ def _forward(q, k, v, masks, bs: int, dtype_name: str):
   dt = jnp.dtype(dtype_name)
   b, g, r, tp, dh = q.shape
   nb = tp // bs
-  scale = dh ** -0.5
+  scale = dh**-0.5
 
   def q_block(i):
     q_i = _slice(q, i * bs, bs, 3)
@@ -244,13 +299,18 @@ def _forward(q, k, v, masks, bs: int, dtype_name: str):
       corr = jnp.exp(m - m_new)
       l = l * corr + jnp.sum(p, axis=-1)
       acc = acc * corr[..., None] + jnp.einsum(
-          "bgrqk,bgkd->bgrqd", p.astype(dt), v_j,
-          preferred_element_type=jnp.float32)
+          "bgrqk,bgkd->bgrqd",
+          p.astype(dt),
+          v_j,
+          preferred_element_type=jnp.float32,
+      )
       return m_new, l, acc
 
-    init = (jnp.full((b, g, r, bs), -jnp.inf, jnp.float32),
-            jnp.zeros((b, g, r, bs), jnp.float32),
-            jnp.zeros((b, g, r, bs, dh), jnp.float32))
+    init = (
+        jnp.full((b, g, r, bs), -jnp.inf, jnp.float32),
+        jnp.zeros((b, g, r, bs), jnp.float32),
+        jnp.zeros((b, g, r, bs, dh), jnp.float32),
+    )
     # Key blocks 0..i: the row maximum's own term is exp(0) = 1, so l >= 1.
     m, l, acc = jax.lax.fori_loop(0, i + 1, body, init)
     return (acc / l[..., None]).astype(dt), m + jnp.log(l)
@@ -283,7 +343,7 @@ def _flash_bwd(bs, dtype_name, res, g_out):
   q, k, v, masks, out, lse = res
   b, g, r, tp, dh = q.shape
   nb = tp // bs
-  scale = dh ** -0.5
+  scale = dh**-0.5
   do = g_out.astype(dt)
   delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
 
@@ -296,25 +356,35 @@ def _flash_bwd(bs, dtype_name, res, g_out):
       lse_i, delta_i = _slice(lse, i * bs, bs, 3), _slice(delta, i * bs, bs, 3)
       mask_ij = _block_mask(masks, i, j, bs)
       p = jnp.exp(_scores(q_i, k_j, mask_ij, scale) - lse_i[..., None])
-      dv = dv + jnp.einsum("bgrqk,bgrqd->bgkd", p.astype(dt), do_i,
-                           preferred_element_type=jnp.float32)
-      dp = jnp.einsum("bgrqd,bgkd->bgrqk", do_i, v_j,
-                      preferred_element_type=jnp.float32)
+      dv = dv + jnp.einsum(
+          "bgrqk,bgrqd->bgkd",
+          p.astype(dt),
+          do_i,
+          preferred_element_type=jnp.float32,
+      )
+      dp = jnp.einsum(
+          "bgrqd,bgkd->bgrqk", do_i, v_j, preferred_element_type=jnp.float32
+      )
       # Masked scores are constants: no gradient flows into them.
-      ds = (jnp.where(mask_ij, p * (dp - delta_i[..., None]), 0.0) * scale).astype(dt)
+      ds = (
+          jnp.where(mask_ij, p * (dp - delta_i[..., None]), 0.0) * scale
+      ).astype(dt)
       dq_i = _slice(dq, i * bs, bs, 3) + jnp.einsum(
-          "bgrqk,bgkd->bgrqd", ds, k_j, preferred_element_type=jnp.float32)
+          "bgrqk,bgkd->bgrqd", ds, k_j, preferred_element_type=jnp.float32
+      )
       dq = jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * bs, 3)
-      dk = dk + jnp.einsum("bgrqk,bgrqd->bgkd", ds, q_i,
-                           preferred_element_type=jnp.float32)
+      dk = dk + jnp.einsum(
+          "bgrqk,bgrqd->bgkd", ds, q_i, preferred_element_type=jnp.float32
+      )
       return dk, dv, dq
 
     zeros = jnp.zeros((b, g, bs, dh), jnp.float32)
     dk, dv, dq = jax.lax.fori_loop(j, nb, body, (zeros, zeros, dq))
     return dq, (dk, dv)
 
-  dq, (dk, dv) = jax.lax.scan(k_block, jnp.zeros(q.shape, jnp.float32),
-                              jnp.arange(nb))
+  dq, (dk, dv) = jax.lax.scan(
+      k_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(nb)
+  )
   dk = jnp.moveaxis(dk, 0, 2).reshape(b, g, tp, dh)
   dv = jnp.moveaxis(dv, 0, 2).reshape(b, g, tp, dh)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None

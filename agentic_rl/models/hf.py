@@ -38,13 +38,24 @@ from safetensors import numpy as st_numpy
 
 from agentic_rl.models import transformer
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
 _INDEX = "model.safetensors.index.json"
 # TransformerConfig fields that are not part of a checkpoint's shape: an
 # experiment config may set them on top of an imported config.json.
-RUNTIME_FIELDS = ("param_dtype", "dtype", "remat", "value_head", "reward_head",
-                  "logprob_chunk_size", "attention_impl", "attention_block",
-                  "decode_bucket")
+RUNTIME_FIELDS = (
+    "param_dtype",
+    "dtype",
+    "remat",
+    "value_head",
+    "reward_head",
+    "logprob_chunk_size",
+    "attention_impl",
+    "attention_block",
+    "decode_bucket",
+)
 # Scalar heads a CausalLM checkpoint does not have; initialised to zero on import.
 _HEADS = (("value_head_d",), ("reward_head_d",))
 _SINGLE = "model.safetensors"
@@ -54,7 +65,9 @@ def _fail(field: str, value: Any, why: str):
   raise ValueError(f"Hugging Face config {field}={value!r}: {why}")
 
 
-def config_from_hf(hf: dict[str, Any], **overrides: Any) -> transformer.TransformerConfig:
+def config_from_hf(
+    hf: dict[str, Any], **overrides: Any
+) -> transformer.TransformerConfig:
   """TransformerConfig from a LlamaForCausalLM / Qwen2ForCausalLM config.json dict.
 
   Reads both the transformers 4 format (top-level `rope_theta`, `rope_scaling`)
@@ -79,8 +92,11 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> transformer.Transfor
   arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
   if arch is None:
     if archs or model_type not in SUPPORTED_ARCHITECTURES.values():
-      _fail("architectures", archs or model_type,
-            f"unsupported; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+      _fail(
+          "architectures",
+          archs or model_type,
+          f"unsupported; supported: {sorted(SUPPORTED_ARCHITECTURES)}",
+      )
     family = model_type
   else:
     family = SUPPORTED_ARCHITECTURES[arch]
@@ -91,8 +107,11 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> transformer.Transfor
       if hf.get(f, False):
         _fail(f, hf[f], "Llama projection biases are not supported")
   if hf.get("use_sliding_window", False):
-    _fail("use_sliding_window", hf["use_sliding_window"],
-          "sliding-window attention is not supported")
+    _fail(
+        "use_sliding_window",
+        hf["use_sliding_window"],
+        "sliding-window attention is not supported",
+    )
   for i, kind in enumerate(hf.get("layer_types") or []):
     if kind != "full_attention":
       _fail(f"layer_types[{i}]", kind, "only 'full_attention' is supported")
@@ -100,10 +119,15 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> transformer.Transfor
   if hf.get("rope_scaling"):
     rope = {**dict(hf["rope_scaling"]), **rope}
   theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-    _fail("partial_rotary_factor", rope.get("partial_rotary_factor",
-                                            hf.get("partial_rotary_factor")),
-          "partial rotary embeddings are not supported")
+  if (
+      rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+      != 1.0
+  ):
+    _fail(
+        "partial_rotary_factor",
+        rope.get("partial_rotary_factor", hf.get("partial_rotary_factor")),
+        "partial rotary embeddings are not supported",
+    )
   rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
   d, heads = hf["hidden_size"], hf["num_attention_heads"]
   fields = dict(
@@ -126,11 +150,16 @@ def config_from_hf(hf: dict[str, Any], **overrides: Any) -> transformer.Transfor
         rope_factor=float(rope["factor"]),
         rope_low_freq_factor=float(rope["low_freq_factor"]),
         rope_high_freq_factor=float(rope["high_freq_factor"]),
-        rope_original_max_positions=int(rope["original_max_position_embeddings"]),
+        rope_original_max_positions=int(
+            rope["original_max_position_embeddings"]
+        ),
     )
   elif rope_type != "default":
-    _fail("rope_parameters.rope_type", rope_type,
-          "only 'default' and 'llama3' RoPE are supported")
+    _fail(
+        "rope_parameters.rope_type",
+        rope_type,
+        "only 'default' and 'llama3' RoPE are supported",
+    )
   fields.update(overrides)
   return transformer.TransformerConfig(**fields)
 
@@ -147,16 +176,19 @@ def config_to_hf(cfg: transformer.TransformerConfig) -> dict[str, Any]:
   if cfg.value_head or cfg.reward_head:
     raise ValueError(
         f"value_head={cfg.value_head}, reward_head={cfg.reward_head}: scalar heads "
-        "have no LlamaForCausalLM / Qwen2ForCausalLM counterpart; export the LM only")
+        "have no LlamaForCausalLM / Qwen2ForCausalLM counterpart; export the LM only"
+    )
   family = "qwen2" if cfg.qkv_bias else "llama"
   arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling == "llama3":
     rope.update(
-        rope_type="llama3", factor=cfg.rope_factor,
+        rope_type="llama3",
+        factor=cfg.rope_factor,
         low_freq_factor=cfg.rope_low_freq_factor,
         high_freq_factor=cfg.rope_high_freq_factor,
-        original_max_position_embeddings=cfg.rope_original_max_positions)
+        original_max_position_embeddings=cfg.rope_original_max_positions,
+    )
   hf = dict(
       architectures=[arch],
       model_type=family,
@@ -173,8 +205,9 @@ def config_to_hf(cfg: transformer.TransformerConfig) -> dict[str, Any]:
       tie_word_embeddings=cfg.tie_embeddings,
       rope_parameters=rope,
       rope_theta=cfg.rope_theta,
-      rope_scaling=None if cfg.rope_scaling == "none" else {
-          k: v for k, v in rope.items() if k != "rope_theta"},
+      rope_scaling=None
+      if cfg.rope_scaling == "none"
+      else {k: v for k, v in rope.items() if k != "rope_theta"},
       torch_dtype=cfg.param_dtype,
   )
   if family == "llama":
@@ -184,7 +217,9 @@ def config_to_hf(cfg: transformer.TransformerConfig) -> dict[str, Any]:
   return hf
 
 
-def _mapping(cfg: transformer.TransformerConfig) -> dict[tuple, tuple[str, Callable, Callable]]:
+def _mapping(
+    cfg: transformer.TransformerConfig,
+) -> dict[tuple, tuple[str, Callable, Callable]]:
   """Our flat param path -> (HF tensor name, to_ours, to_hf)."""
   d, h, g, k = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
   t = lambda w: np.ascontiguousarray(w.T)
@@ -198,24 +233,43 @@ def _mapping(cfg: transformer.TransformerConfig) -> dict[tuple, tuple[str, Calla
   for i in range(cfg.num_layers):
     p = f"model.layers.{i}."
     a = f"{p}self_attn."
-    m[("blocks", i, "attn_norm", "scale")] = (f"{p}input_layernorm.weight", ident, ident)
+    m[("blocks", i, "attn_norm", "scale")] = (
+        f"{p}input_layernorm.weight",
+        ident,
+        ident,
+    )
     m[("blocks", i, "ffn_norm", "scale")] = (
-        f"{p}post_attention_layernorm.weight", ident, ident)
-    for ours, name, heads in (("q_dhk", "q", h), ("k_dgk", "k", g), ("v_dgk", "v", g)):
+        f"{p}post_attention_layernorm.weight",
+        ident,
+        ident,
+    )
+    for ours, name, heads in (
+        ("q_dhk", "q", h),
+        ("k_dgk", "k", g),
+        ("v_dgk", "v", g),
+    ):
       m[("blocks", i, "attn", ours)] = (
           f"{a}{name}_proj.weight",
           lambda w, n=heads: t(w).reshape(d, n, k),
-          lambda w, n=heads: t(w.reshape(d, n * k)))
+          lambda w, n=heads: t(w.reshape(d, n * k)),
+      )
       if cfg.qkv_bias:
         bias = ours[0] + "_bias_" + ours[-2:]
         m[("blocks", i, "attn", bias)] = (
             f"{a}{name}_proj.bias",
             lambda w, n=heads: w.reshape(n, k),
-            lambda w, n=heads: w.reshape(n * k))
+            lambda w, n=heads: w.reshape(n * k),
+        )
     m[("blocks", i, "attn", "o_hkd")] = (
-        f"{a}o_proj.weight", lambda w: t(w).reshape(h, k, d),
-        lambda w: t(w.reshape(h * k, d)))
-    for ours, name in (("gate_df", "gate"), ("up_df", "up"), ("down_fd", "down")):
+        f"{a}o_proj.weight",
+        lambda w: t(w).reshape(h, k, d),
+        lambda w: t(w.reshape(h * k, d)),
+    )
+    for ours, name in (
+        ("gate_df", "gate"),
+        ("up_df", "up"),
+        ("down_fd", "down"),
+    ):
       m[("blocks", i, "ffn", ours)] = (f"{p}mlp.{name}_proj.weight", t, t)
   return m
 
@@ -234,13 +288,19 @@ def params_from_hf_tensors(
       config does not use (named).
   """
   graphdef, abstract = nnx.split(
-      nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0))))
+      nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
+  )
   mapping = _mapping(cfg)
   used = set()
   flat = []
   for path, var in nnx.to_flat_state(abstract):
     if path in _HEADS:
-      flat.append((path, var.replace(jnp.zeros(var.get_value().shape, cfg.params_dtype))))
+      flat.append(
+          (
+              path,
+              var.replace(jnp.zeros(var.get_value().shape, cfg.params_dtype)),
+          )
+      )
       continue
     if path not in mapping:
       raise ValueError(f"parameter {path} has no Hugging Face counterpart")
@@ -251,8 +311,10 @@ def params_from_hf_tensors(
     want = tuple(var.get_value().shape)
     want_hf = to_hf(np.zeros(want, np.int8)).shape
     if tuple(tensors[name].shape) != want_hf:
-      raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}; "
-                       f"the config implies {want_hf} (ours: {where} {want})")
+      raise ValueError(
+          f"tensor {name!r} has shape {tuple(tensors[name].shape)}; "
+          f"the config implies {want_hf} (ours: {where} {want})"
+      )
     value = to_ours(np.asarray(tensors[name]))
     used.add(name)
     flat.append((path, var.replace(jnp.asarray(value, cfg.params_dtype))))
@@ -260,8 +322,10 @@ def params_from_hf_tensors(
   if cfg.tie_embeddings and "lm_head.weight" in unused:
     unused.remove("lm_head.weight")  # some exporters write the tied copy
   if unused:
-    raise ValueError(f"checkpoint tensors not used by the config: {unused[:5]}"
-                     f"{' ...' if len(unused) > 5 else ''}")
+    raise ValueError(
+        f"checkpoint tensors not used by the config: {unused[:5]}"
+        f"{' ...' if len(unused) > 5 else ''}"
+    )
   return graphdef, nnx.from_flat_state(flat)
 
 
@@ -343,12 +407,17 @@ def save_pretrained(
   """
   if cfg.lora is not None:
     from agentic_rl.models import lora  # noqa: PLC0415
-    graphdef = nnx.graphdef(nnx.eval_shape(
-        lambda: transformer.Transformer(cfg, nnx.Rngs(0))))
+
+    graphdef = nnx.graphdef(
+        nnx.eval_shape(lambda: transformer.Transformer(cfg, nnx.Rngs(0)))
+    )
     cfg, _, params = lora.merge(cfg, graphdef, params)
   hf = config_to_hf(cfg)
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf, f, indent=2)
-  st_numpy.save_file(params_to_hf_tensors(cfg, params),
-                     os.path.join(path, _SINGLE), metadata={"format": "pt"})
+  st_numpy.save_file(
+      params_to_hf_tensors(cfg, params),
+      os.path.join(path, _SINGLE),
+      metadata={"format": "pt"},
+  )

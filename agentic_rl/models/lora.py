@@ -100,22 +100,35 @@ class LoRAConfig:
     def fail(field, why):
       raise ValueError(f"model.lora.{field}={getattr(self, field)!r}: {why}")
 
-    if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) \
-        or self.rank < 1:
+    if (
+        isinstance(self.rank, bool)
+        or not isinstance(self.rank, (int, np.integer))
+        or self.rank < 1
+    ):
       fail("rank", "must be an integer >= 1 (0 turns LoRA off)")
-    if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
-        or not self.alpha > 0 or not np.isfinite(self.alpha):
+    if (
+        isinstance(self.alpha, bool)
+        or not isinstance(self.alpha, (int, float))
+        or not self.alpha > 0
+        or not np.isfinite(self.alpha)
+    ):
       fail("alpha", "must be a finite number > 0")
-    if isinstance(self.targets, str) or not isinstance(self.targets, (tuple, list)) \
-        or not self.targets:
+    if (
+        isinstance(self.targets, str)
+        or not isinstance(self.targets, (tuple, list))
+        or not self.targets
+    ):
       fail("targets", f"must be a non-empty tuple of names from {ALL_TARGETS}")
     unknown = [t for t in self.targets if t not in TARGETS]
     if unknown:
       fail("targets", f"unknown {unknown}; known: {ALL_TARGETS}")
     if len(set(self.targets)) != len(self.targets):
       fail("targets", "names a projection twice")
-    if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-        or not 0 <= self.dropout < 1:
+    if (
+        isinstance(self.dropout, bool)
+        or not isinstance(self.dropout, (int, float))
+        or not 0 <= self.dropout < 1
+    ):
       fail("dropout", "must be a number in [0, 1)")
     object.__setattr__(self, "rank", int(self.rank))
     object.__setattr__(self, "alpha", float(self.alpha))
@@ -142,15 +155,27 @@ def from_config(block: Any) -> LoRAConfig | None:
   """
   if block is None:
     return None
-  get = block.get if hasattr(block, "get") else lambda k, d=None: getattr(block, k, d)
+  get = (
+      block.get
+      if hasattr(block, "get")
+      else lambda k, d=None: getattr(block, k, d)
+  )
   rank = get("rank", 0)
-  if isinstance(rank, (int, np.integer)) and not isinstance(rank, bool) and rank == 0:
+  if (
+      isinstance(rank, (int, np.integer))
+      and not isinstance(rank, bool)
+      and rank == 0
+  ):
     return None
   targets = get("targets", ALL_TARGETS)
   if isinstance(targets, list):
     targets = tuple(targets)
-  return LoRAConfig(rank=rank, alpha=get("alpha", 16.0), targets=targets,
-                    dropout=get("dropout", 0.0))
+  return LoRAConfig(
+      rank=rank,
+      alpha=get("alpha", 16.0),
+      targets=targets,
+      dropout=get("dropout", 0.0),
+  )
 
 
 def _split_spec(spec: str) -> tuple[str, str, str]:
@@ -191,16 +216,28 @@ def attach(model: nnx.Module, cfg: LoRAConfig, key: jax.Array) -> None:
       fan_in = int(np.prod(in_shape))
       a_name, b_name = adapter_names(target)
       k = jax.random.fold_in(jax.random.fold_in(key, i), j)
-      a = jax.random.normal(k, in_shape + (cfg.rank,), jnp.float32) * fan_in**-0.5
+      a = (
+          jax.random.normal(k, in_shape + (cfg.rank,), jnp.float32)
+          * fan_in**-0.5
+      )
       setattr(module, a_name, nnx.LoRAParam(a))
-      setattr(module, b_name, nnx.LoRAParam(jnp.zeros((cfg.rank,) + out_shape,
-                                                      jnp.float32)))
+      setattr(
+          module,
+          b_name,
+          nnx.LoRAParam(jnp.zeros((cfg.rank,) + out_shape, jnp.float32)),
+      )
     block.attn.lora = cfg
     block.ffn.lora = cfg
 
 
-def delta(target: str, x: jax.Array, a: jax.Array, b: jax.Array, scale: float,
-          dropout_mask: jax.Array | None = None) -> jax.Array:
+def delta(
+    target: str,
+    x: jax.Array,
+    a: jax.Array,
+    b: jax.Array,
+    scale: float,
+    dropout_mask: jax.Array | None = None,
+) -> jax.Array:
   """scale * (x A) B in the output layout of the target's base einsum.
 
   Args:
@@ -227,7 +264,9 @@ def delta(target: str, x: jax.Array, a: jax.Array, b: jax.Array, scale: float,
   return y * jnp.asarray(scale, x.dtype)
 
 
-def apply(module: nnx.Module, target: str, x: jax.Array, y: jax.Array) -> jax.Array:
+def apply(
+    module: nnx.Module, target: str, x: jax.Array, y: jax.Array
+) -> jax.Array:
   """y + the target's adapter update if `module` has one, else y unchanged.
 
   Args:
@@ -249,8 +288,14 @@ def apply(module: nnx.Module, target: str, x: jax.Array, y: jax.Array) -> jax.Ar
     keep = 1.0 - cfg.dropout
     k = jax.random.fold_in(rng, ALL_TARGETS.index(target))
     mask = jax.random.bernoulli(k, keep, x.shape).astype(x.dtype) / keep
-  d = delta(target, x, getattr(module, a_name)[...], getattr(module, b_name)[...],
-            cfg.scale, mask)
+  d = delta(
+      target,
+      x,
+      getattr(module, a_name)[...],
+      getattr(module, b_name)[...],
+      cfg.scale,
+      mask,
+  )
   return y + d.astype(y.dtype)
 
 
@@ -286,11 +331,15 @@ def fold_adapters(model: nnx.Module) -> None:
         lhs, w, _ = _split_spec(spec)
         w_in = "".join(c for c in w if c in lhs)
         w_out = "".join(c for c in w if c not in lhs)
-        ab = jnp.einsum(f"{w_in}{_RANK},{_RANK}{w_out}->{w}",
-                        getattr(sub, a_name)[...].astype(jnp.float32),
-                        getattr(sub, b_name)[...].astype(jnp.float32))
+        ab = jnp.einsum(
+            f"{w_in}{_RANK},{_RANK}{w_out}->{w}",
+            getattr(sub, a_name)[...].astype(jnp.float32),
+            getattr(sub, b_name)[...].astype(jnp.float32),
+        )
         var = getattr(sub, wname)
-        var.set_value((var[...].astype(jnp.float32) + cfg.scale * ab).astype(var.dtype))
+        var.set_value(
+            (var[...].astype(jnp.float32) + cfg.scale * ab).astype(var.dtype)
+        )
         delattr(sub, a_name)
         delattr(sub, b_name)
       sub.lora = None
@@ -319,6 +368,7 @@ def merge(model_cfg, graphdef: nnx.GraphDef, params: nnx.State):
 
 
 # ----------------------------------------------------------------- pytrees --
+
 
 def _key_name(entry) -> str | None:
   if isinstance(entry, str):  # nnx filter paths are plain keys
@@ -351,8 +401,10 @@ def is_trainable_path(path) -> bool:
 
 def has_adapters(tree: Any) -> bool:
   """True when a parameter pytree holds LoRA adapters."""
-  return any(is_adapter_name(_leaf_name(p))
-             for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0])
+  return any(
+      is_adapter_name(_leaf_name(p))
+      for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+  )
 
 
 def trainable(params: Any) -> Any:
@@ -372,8 +424,10 @@ def with_trainable(params: Any, sub: Any) -> Any:
   Raises:
     ValueError: `sub` lacks a trainable leaf of `params` (names the path).
   """
-  by_path = {jax.tree_util.keystr(p): x
-             for p, x in jax.tree_util.tree_flatten_with_path(sub)[0]}
+  by_path = {
+      jax.tree_util.keystr(p): x
+      for p, x in jax.tree_util.tree_flatten_with_path(sub)[0]
+  }
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = []
   for path, x in flat:
@@ -389,8 +443,11 @@ def with_trainable(params: Any, sub: Any) -> Any:
 def adapters_off(sub: Any) -> Any:
   """Copy of an adapter subtree with every B set to zero: the base model."""
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: jnp.zeros_like(x) if "_lora_b_" in (_leaf_name(p) or "") else x,
-      sub)
+      lambda p, x: jnp.zeros_like(x)
+      if "_lora_b_" in (_leaf_name(p) or "")
+      else x,
+      sub,
+  )
 
 
 def reference_state(params: Any) -> Any:
@@ -423,12 +480,15 @@ def reference_params(params: Any, ref: Any) -> Any:
 
 def has_frozen(tree: Any) -> bool:
   """True when the pytree holds any non-trainable (base) leaf."""
-  return any(not is_trainable_path(p)
-             for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0])
+  return any(
+      not is_trainable_path(p)
+      for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+  )
 
 
-def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0,
-                   has_aux: bool = False) -> Callable:
+def value_and_grad(
+    fn: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False
+) -> Callable:
   """`jax.value_and_grad` that differentiates only the adapters of LoRA params.
 
   For each differentiated argument that holds adapters (`has_adapters`), the
@@ -459,7 +519,8 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0,
       treedef, mask, leaves = split[i]
       it = iter(train_leaves)
       return jax.tree_util.tree_unflatten(
-          treedef, [next(it) if m else x for m, x in zip(mask, leaves)])
+          treedef, [next(it) if m else x for m, x in zip(mask, leaves)]
+      )
 
     def inner(*inner_args):
       full = list(args)
@@ -478,8 +539,12 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0,
         treedef, mask, leaves = split[i]
         it = iter(g)
         g = jax.tree_util.tree_unflatten(
-            treedef, [next(it) if m else jnp.zeros_like(x)
-                      for m, x in zip(mask, leaves)])
+            treedef,
+            [
+                next(it) if m else jnp.zeros_like(x)
+                for m, x in zip(mask, leaves)
+            ],
+        )
       out.append(g)
     return value, (out[0] if isinstance(argnums, int) else tuple(out))
 
@@ -497,17 +562,23 @@ def optimizer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   adapters the state and updates are exactly `tx`'s, so wrapping every
   optimizer is safe (learner.make_optimizer does).
   """
+
   def labels(tree):
     return jax.tree_util.tree_map_with_path(
-        lambda p, _: "train" if is_trainable_path(p) else "frozen", tree)
+        lambda p, _: "train" if is_trainable_path(p) else "frozen", tree
+    )
 
-  multi = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  multi = optax.multi_transform(
+      {"train": tx, "frozen": optax.set_to_zero()}, labels
+  )
 
   def init(params):
     return (multi if has_adapters(params) else tx).init(params)
 
   def update(updates, state, params=None):
-    return (multi if has_adapters(updates) else tx).update(updates, state, params)
+    return (multi if has_adapters(updates) else tx).update(
+        updates, state, params
+    )
 
   return optax.GradientTransformation(init, update)
 
@@ -545,14 +616,19 @@ def transformer_fields(model_block: Any) -> dict[str, Any]:
   Raises:
     ValueError: a bad `model.lora` field (named with its value).
   """
-  fields = {k: v for k, v in dict(model_block).items() if k not in ("hf_path", "lora")}
-  get = model_block.get if hasattr(model_block, "get") else dict(model_block).get
+  fields = {
+      k: v for k, v in dict(model_block).items() if k not in ("hf_path", "lora")
+  }
+  get = (
+      model_block.get if hasattr(model_block, "get") else dict(model_block).get
+  )
   fields["lora"] = from_config(get("lora", None))
   return fields
 
 
-def init_adapters(model_cfg, base_graphdef: nnx.GraphDef, params: Any,
-                  key: jax.Array):
+def init_adapters(
+    model_cfg, base_graphdef: nnx.GraphDef, params: Any, key: jax.Array
+):
   """Adds fresh adapters (`attach`) to a base model's params, e.g. an import.
 
   Args:

@@ -147,9 +147,17 @@ class TransformerConfig:
     def fail(field, why):
       raise ValueError(f"{field}={getattr(self, field)!r}: {why}")
 
-    for f in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim",
-              "ffn_dim", "max_positions", "rope_original_max_positions",
-              "attention_block"):
+    for f in (
+        "vocab_size",
+        "d_model",
+        "num_layers",
+        "num_heads",
+        "head_dim",
+        "ffn_dim",
+        "max_positions",
+        "rope_original_max_positions",
+        "attention_block",
+    ):
       v = getattr(self, f)
       if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         fail(f, "must be a positive integer")
@@ -178,8 +186,10 @@ class TransformerConfig:
       if not self.rope_factor >= 1:
         fail("rope_factor", "must be >= 1")
       if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
-        fail("rope_high_freq_factor",
-             f"must exceed rope_low_freq_factor={self.rope_low_freq_factor} > 0")
+        fail(
+            "rope_high_freq_factor",
+            f"must exceed rope_low_freq_factor={self.rope_low_freq_factor} > 0",
+        )
 
   @property
   def kv_heads(self) -> int:
@@ -222,7 +232,9 @@ def rope_inv_freq(cfg: TransformerConfig) -> jax.Array:
   return freq_h
 
 
-def rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+def rope(
+    x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array
+) -> jax.Array:
   """Rotary position embedding (rotate-half form), arXiv:2104.09864.
 
   out[..., :Dh/2] = x1 cos - x2 sin, out[..., Dh/2:] = x2 cos + x1 sin with
@@ -245,7 +257,9 @@ def rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax
   return out.astype(x_bthd.dtype)
 
 
-def rope_tables(positions_bt: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+def rope_tables(
+    positions_bt: jax.Array, inv_freq: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """sin and cos of the RoPE angles, computed once per forward pass.
 
   Every layer rotates by the same angles (position * inv_freq), so the model
@@ -281,7 +295,9 @@ def apply_rope(x_bhtk: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
   return out.astype(x_bhtk.dtype)
 
 
-def matmul(x: jax.Array, w: jax.Array, spec: str = "...d,df->...f") -> jax.Array:
+def matmul(
+    x: jax.Array, w: jax.Array, spec: str = "...d,df->...f"
+) -> jax.Array:
   """Projection `jnp.einsum(spec, x, w)` accumulated in float32, returned in x's dtype.
 
   The same numbers as a plain product (which accumulates in float32 inside
@@ -298,10 +314,14 @@ def matmul(x: jax.Array, w: jax.Array, spec: str = "...d,df->...f") -> jax.Array
   Returns:
     The product in x.dtype.
   """
-  return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(
+      x.dtype
+  )
 
 
-def _normal(std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+def _normal(
+    std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any
+) -> jax.Array:
   """N(0, std^2) drawn in float32, then cast: a bf16 model's initial parameters
   are the float32 model's rounded."""
   return nnx.initializers.normal(std)(key, shape, jnp.float32).astype(dtype)
@@ -335,9 +355,14 @@ class Attention(nnx.Module):
     self.q_dhk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, h, dh), pdt))
     self.k_dgk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, g, dh), pdt))
     self.v_dgk = nnx.Param(_normal(d**-0.5, rngs.params(), (d, g, dh), pdt))
-    self.o_hkd = nnx.Param(_normal(
-        (h * dh) ** -0.5 / (2 * cfg.num_layers) ** 0.5, rngs.params(), (h, dh, d),
-        pdt))
+    self.o_hkd = nnx.Param(
+        _normal(
+            (h * dh) ** -0.5 / (2 * cfg.num_layers) ** 0.5,
+            rngs.params(),
+            (h, dh, d),
+            pdt,
+        )
+    )
     if cfg.qkv_bias:
       self.q_bias_hk = nnx.Param(jnp.zeros((h, dh), pdt))
       self.k_bias_gk = nnx.Param(jnp.zeros((g, dh), pdt))
@@ -387,8 +412,11 @@ class Attention(nnx.Module):
       # transposed weight on every step (one copy per projection per layer).
       x_bd = x_btd[:, 0]
       q_bhtk, k_bgtk, v_bgtk = (
-          matmul(x_bd, w[...].astype(dt).reshape(d, -1)).reshape(b, w.shape[1], 1, dh)
-          for w in (self.q_dhk, self.k_dgk, self.v_dgk))
+          matmul(x_bd, w[...].astype(dt).reshape(d, -1)).reshape(
+              b, w.shape[1], 1, dh
+          )
+          for w in (self.q_dhk, self.k_dgk, self.v_dgk)
+      )
       if cfg.qkv_bias:
         bias = lambda b_nk: b_nk[...].astype(dt)[None, :, None, :]
         q_bhtk = q_bhtk + bias(self.q_bias_hk)
@@ -408,21 +436,33 @@ class Attention(nnx.Module):
       # (Concatenating along the sharded head axis instead made XLA reshuffle
       # the weights and activations with collective-permutes.)
       w_dgck = jnp.concatenate(
-          [self.q_dhk[...].reshape(d, g, r, dh), self.k_dgk[...][:, :, None],
-           self.v_dgk[...][:, :, None]], axis=2).astype(dt)
+          [
+              self.q_dhk[...].reshape(d, g, r, dh),
+              self.k_dgk[...][:, :, None],
+              self.v_dgk[...][:, :, None],
+          ],
+          axis=2,
+      ).astype(dt)
       w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
       qkv_bgctk = matmul(x_btd, w_dgck, "btd,dgck->bgctk")
       if cfg.qkv_bias:
         bias_gck = jnp.concatenate(
-            [self.q_bias_hk[...].reshape(g, r, dh), self.k_bias_gk[...][:, None],
-             self.v_bias_gk[...][:, None]], axis=1).astype(dt)
+            [
+                self.q_bias_hk[...].reshape(g, r, dh),
+                self.k_bias_gk[...][:, None],
+                self.v_bias_gk[...][:, None],
+            ],
+            axis=1,
+        ).astype(dt)
         qkv_bgctk = qkv_bgctk + bias_gck[None, :, :, None, :]
       q_bhtk = qkv_bgctk[:, :, :r].reshape(b, h, t, dh)
       k_bgtk = qkv_bgctk[:, :, r]
       v_bgtk = qkv_bgctk[:, :, r + 1]
     if cfg.lora is not None:  # low-rank adapters (models/lora.py)
-      q_bhtk, k_bgtk, v_bgtk = (lora_lib.apply(self, n, x_btd, y) for n, y in
-                                (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk)))
+      q_bhtk, k_bgtk, v_bgtk = (
+          lora_lib.apply(self, n, x_btd, y)
+          for n, y in (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk))
+      )
     sin, cos = rope_sc
     q_bhtk = apply_rope(q_bhtk, sin, cos)
     k_bgtk = apply_rope(k_bgtk, sin, cos)
@@ -434,22 +474,38 @@ class Attention(nnx.Module):
       # scatter inside the decode loop); positions past the cache end are
       # dropped (the rollout marks such rows TRUNCATED).
       b_idx = jnp.broadcast_to(jnp.arange(b)[:, None], positions_bt.shape)
-      keys_bgsk = cache["k"].at[b_idx, :, positions_bt].set(
-          k_bgtk.transpose(0, 2, 1, 3), mode="drop")
-      values_bgsk = cache["v"].at[b_idx, :, positions_bt].set(
-          v_bgtk.transpose(0, 2, 1, 3), mode="drop")
+      keys_bgsk = (
+          cache["k"]
+          .at[b_idx, :, positions_bt]
+          .set(k_bgtk.transpose(0, 2, 1, 3), mode="drop")
+      )
+      values_bgsk = (
+          cache["v"]
+          .at[b_idx, :, positions_bt]
+          .set(v_bgtk.transpose(0, 2, 1, 3), mode="drop")
+      )
       new_cache = {"k": keys_bgsk, "v": values_bgsk}
     # Scores feed the softmax: accumulated in float32 on both paths.
     if isinstance(mask_bts, attention_lib.SelfMask):
       out_bhtk = attention_lib.self_attention(
-          q_bhtk, keys_bgsk, values_bgsk, mask_bts, impl=cfg.attention_impl,
-          block=cfg.attention_block, dtype=dt)
+          q_bhtk,
+          keys_bgsk,
+          values_bgsk,
+          mask_bts,
+          impl=cfg.attention_impl,
+          block=cfg.attention_block,
+          dtype=dt,
+      )
     else:
+
       def attend(keys_bgsk, values_bgsk, mask_bts):
         return attention_lib.dense_attention(
-            q_bhtk, keys_bgsk, values_bgsk, mask_bts, dt)
+            q_bhtk, keys_bgsk, values_bgsk, mask_bts, dt
+        )
 
-      buckets = decode_buckets(cfg, keys_bgsk.shape[2]) if cache is not None else ()
+      buckets = (
+          decode_buckets(cfg, keys_bgsk.shape[2]) if cache is not None else ()
+      )
       if kv_len is not None and len(buckets) > 1:
         # Length buckets: read only the first `bucket` cache entries, the
         # smallest bucket >= kv_len (static slices, one branch per bucket), so a
@@ -458,8 +514,16 @@ class Attention(nnx.Module):
         # in every bucket, so the output is the full-cache output.
         idx = jnp.sum(jnp.asarray(buckets[:-1], jnp.int32) < kv_len)
         out_bhtk = jax.lax.switch(
-            idx, [lambda n=n: attend(keys_bgsk[:, :, :n], values_bgsk[:, :, :n],
-                                     mask_bts[:, :, :n]) for n in buckets])
+            idx,
+            [
+                lambda n=n: attend(
+                    keys_bgsk[:, :, :n],
+                    values_bgsk[:, :, :n],
+                    mask_bts[:, :, :n],
+                )
+                for n in buckets
+            ],
+        )
       else:
         out_bhtk = attend(keys_bgsk, values_bgsk, mask_bts)
     out = matmul(out_bhtk, self.o_hkd[...].astype(dt), "bhtk,hkd->btd")
@@ -474,8 +538,11 @@ class SwiGLU(nnx.Module):
     pdt = cfg.params_dtype
     self.gate_df = nnx.Param(_normal(d**-0.5, rngs.params(), (d, f), pdt))
     self.up_df = nnx.Param(_normal(d**-0.5, rngs.params(), (d, f), pdt))
-    self.down_fd = nnx.Param(_normal(
-        f**-0.5 / (2 * cfg.num_layers) ** 0.5, rngs.params(), (f, d), pdt))
+    self.down_fd = nnx.Param(
+        _normal(
+            f**-0.5 / (2 * cfg.num_layers) ** 0.5, rngs.params(), (f, d), pdt
+        )
+    )
     self.dtype = cfg.compute_dtype
 
   def __call__(self, x_btd: jax.Array) -> jax.Array:
@@ -491,14 +558,17 @@ class SwiGLU(nnx.Module):
       # stacked axis, so the stack is local to each device (column-parallel;
       # down_fd is row-parallel, followed by one all-reduce).
       w_dcf = sharding.constrain_gathered(
-          jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt), "dcf")
+          jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt),
+          "dcf",
+      )
       gate_up = matmul(x_btd, w_dcf, "btd,dcf->btcf")
       gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
     # Low-rank adapters, if any (models/lora.py); identity otherwise.
     gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
     hidden = gate * lora_lib.apply(self, "up", x_btd, up)
-    return lora_lib.apply(self, "down", hidden,
-                          matmul(hidden, self.down_fd[...].astype(dt)))
+    return lora_lib.apply(
+        self, "down", hidden, matmul(hidden, self.down_fd[...].astype(dt))
+    )
 
 
 class Block(nnx.Module):
@@ -511,14 +581,16 @@ class Block(nnx.Module):
     self.ffn = SwiGLU(cfg, rngs)
 
   def __call__(self, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None):
-    h, cache = self.attn(self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc,
-                         kv_len)
+    h, cache = self.attn(
+        self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc, kv_len
+    )
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
 
-def _block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
-                 kv_len=None):
+def _block_apply(
+    block: Block, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None
+):
   return block(x, positions_bt, cache, mask_bts, rope_sc, kv_len)
 
 
@@ -548,6 +620,7 @@ def remat_after_cotangent(fn):
     A function with fn's signature; not forward-mode differentiable
     (jax.custom_vjp).
   """
+
   @jax.custom_vjp
   def run(*args):
     return fn(*args)
@@ -557,16 +630,18 @@ def remat_after_cotangent(fn):
 
   def bwd(args, ct):
     zero = jnp.ravel(jax.tree.leaves(ct)[0])[0].astype(jnp.float32) * 0.0
-    tie = lambda a: (a + zero.astype(a.dtype)
-                     if jnp.issubdtype(a.dtype, jnp.floating) else a)
+    tie = lambda a: (
+        a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    )
     return jax.vjp(fn, *jax.tree.map(tie, args))[1](ct)
 
   run.defvjp(fwd, bwd)
   return run
 
 
-def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
-                       kv_len=None):
+def _remat_block_apply(
+    block: Block, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None
+):
   """`_block_apply` rematerialised in the backward pass (cache-free forwards only).
 
   `remat_after_cotangent` over a pure function of the block's split state
@@ -583,13 +658,19 @@ def _remat_block_apply(block: Block, x, positions_bt, cache, mask_bts, rope_sc,
     # q/k/v and gate/up weights then waits for the block's input, instead of
     # being hoisted by XLA for all layers at once (SmolLM2: 276 MB live).
     zero = jnp.ravel(x)[0].astype(jnp.float32) * 0.0
-    state = jax.tree.map(lambda w: w + zero.astype(w.dtype)
-                         if jnp.issubdtype(w.dtype, jnp.floating) else w, state)
+    state = jax.tree.map(
+        lambda w: w + zero.astype(w.dtype)
+        if jnp.issubdtype(w.dtype, jnp.floating)
+        else w,
+        state,
+    )
     y, _ = nnx.merge(graphdef, state)(x, positions_bt, None, mask_bts, rope_sc)
     return y
 
-  return remat_after_cotangent(forward)(state, x, positions_bt, mask_bts,
-                                        rope_sc), None
+  return (
+      remat_after_cotangent(forward)(state, x, positions_bt, mask_bts, rope_sc),
+      None,
+  )
 
 
 class Transformer(nnx.Module):
@@ -668,8 +749,11 @@ class Transformer(nnx.Module):
     # is cheaper than gathering the weights (measured in
     # experiments/bench_mesh.py). No-op without a mesh.
     pin = sharding.constrain_batch if t > 1 else (lambda x: x)
-    x = pin(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
-        self.cfg.compute_dtype))
+    x = pin(
+        jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
+            self.cfg.compute_dtype
+        )
+    )
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
@@ -677,26 +761,38 @@ class Transformer(nnx.Module):
       # hidden; kept as [B, T] vectors so the chunked attention never forms
       # a [B, T, T] mask (attention.SelfMask).
       mask_bts = attention_lib.SelfMask(
-          positions_bt, None if mask_bt is None else mask_bt.astype(bool),
-          segment_ids_bt)
+          positions_bt,
+          None if mask_bt is None else mask_bt.astype(bool),
+          segment_ids_bt,
+      )
     else:
       if mask_bt is not None or segment_ids_bt is not None:
         raise ValueError(
-            "mask_bt and segment_ids_bt are only supported without a KV cache")
+            "mask_bt and segment_ids_bt are only supported without a KV cache"
+        )
       s = cache[0]["k"].shape[2]
-      key_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None, :], (b, s))
+      key_pos_bs = jnp.broadcast_to(
+          jnp.arange(s, dtype=jnp.int32)[None, :], (b, s)
+      )
       # Causal mask by absolute position; this also hides stale cache entries
       # beyond each row's current position.
       mask_bts = key_pos_bs[:, None, :] <= positions_bt[:, :, None]
     # Remat only pays off in a backward pass; decoding with a KV cache (inside
     # the sampler's lax.while_loop, where nnx.remat cannot trace) never needs it.
-    apply = (_remat_block_apply if self.cfg.remat and cache is None
-             else _block_apply)
+    apply = (
+        _remat_block_apply if self.cfg.remat and cache is None else _block_apply
+    )
     new_cache = [] if cache is not None else None
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
-          block, x, positions_bt, None if cache is None else cache[i], mask_bts,
-          rope_sc, kv_len)
+          block,
+          x,
+          positions_bt,
+          None if cache is None else cache[i],
+          mask_bts,
+          rope_sc,
+          kv_len,
+      )
       x = pin(x)
       if new_cache is not None:
         new_cache.append(layer_cache)
@@ -704,7 +800,11 @@ class Transformer(nnx.Module):
 
   def output_weights_dv(self) -> jax.Array:
     """[D, V] output layer in the compute dtype (embed_vd^T when tied)."""
-    w = self.embed_vd[...].T if self.cfg.tie_embeddings else self.lm_head_dv[...]
+    w = (
+        self.embed_vd[...].T
+        if self.cfg.tie_embeddings
+        else self.lm_head_dv[...]
+    )
     return w.astype(self.cfg.compute_dtype)
 
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
@@ -734,7 +834,8 @@ class Transformer(nnx.Module):
     if not self.cfg.value_head:
       raise ValueError("TransformerConfig.value_head=False: no value head")
     return hidden_btd.astype(jnp.float32) @ self.value_head_d[...].astype(
-        jnp.float32)
+        jnp.float32
+    )
 
   def reward(self, tokens_bl: jax.Array, mask_bl: jax.Array) -> jax.Array:
     """Scalar reward of each sequence, read at its last real token.
@@ -756,11 +857,15 @@ class Transformer(nnx.Module):
     if not self.cfg.reward_head:
       raise ValueError("TransformerConfig.reward_head=False: no reward head")
     mask_bl = mask_bl.astype(bool)
-    positions_bl = jnp.maximum(jnp.cumsum(mask_bl, axis=1) - 1, 0).astype(jnp.int32)
+    positions_bl = jnp.maximum(jnp.cumsum(mask_bl, axis=1) - 1, 0).astype(
+        jnp.int32
+    )
     hidden_bld, _ = self.hidden_states(tokens_bl, positions_bl, mask_bt=mask_bl)
     last_b = last_token_index(mask_bl)
     h_bd = jnp.take_along_axis(hidden_bld, last_b[:, None, None], axis=1)[:, 0]
-    return h_bd.astype(jnp.float32) @ self.reward_head_d[...].astype(jnp.float32)
+    return h_bd.astype(jnp.float32) @ self.reward_head_d[...].astype(
+        jnp.float32
+    )
 
 
 def vocab_logits(hidden_btd: jax.Array, w_dv: jax.Array) -> jax.Array:
@@ -778,8 +883,9 @@ def vocab_logits(hidden_btd: jax.Array, w_dv: jax.Array) -> jax.Array:
   Returns:
     [..., V] float32.
   """
-  return jnp.einsum("...d,dv->...v", hidden_btd, w_dv,
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum(
+      "...d,dv->...v", hidden_btd, w_dv, preferred_element_type=jnp.float32
+  )
 
 
 def last_token_index(mask_bl: jax.Array) -> jax.Array:

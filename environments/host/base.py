@@ -83,17 +83,23 @@ class HostEnvironment(Protocol):
   max_turns: int
   tokenizer: Any
 
-  def sample_tasks(self, rng: np.random.Generator, n: int) -> list[Any]: ...
+  def sample_tasks(self, rng: np.random.Generator, n: int) -> list[Any]:
+    ...
 
-  def eval_tasks(self, n: int, seed: int) -> list[Any]: ...
+  def eval_tasks(self, n: int, seed: int) -> list[Any]:
+    ...
 
-  def reset(self, task: Any) -> tuple[Any, np.ndarray]: ...
+  def reset(self, task: Any) -> tuple[Any, np.ndarray]:
+    ...
 
-  def step(self, state: Any, action_text: str) -> tuple[Any, np.ndarray, bool]: ...
+  def step(self, state: Any, action_text: str) -> tuple[Any, np.ndarray, bool]:
+    ...
 
-  def facts(self, state: Any) -> dict[str, np.ndarray]: ...
+  def facts(self, state: Any) -> dict[str, np.ndarray]:
+    ...
 
-  def expert_action(self, state: Any, rng: np.random.Generator) -> np.ndarray: ...
+  def expert_action(self, state: Any, rng: np.random.Generator) -> np.ndarray:
+    ...
 
 
 def is_host(env: Any) -> bool:
@@ -134,8 +140,9 @@ def abandoned_threads() -> int:
     return len(_abandoned)
 
 
-def call_with_deadline(fn: Callable[..., Any], *args, timeout_s: float,
-                       **kwargs) -> Outcome:
+def call_with_deadline(
+    fn: Callable[..., Any], *args, timeout_s: float, **kwargs
+) -> Outcome:
   """Runs `fn(*args, **kwargs)` in a fresh daemon thread and waits at most
   `timeout_s` seconds for it.
 
@@ -178,7 +185,8 @@ def call_with_deadline(fn: Callable[..., Any], *args, timeout_s: float,
 
 def error_observation(env: Any, message: str):
   """`message` as an observation in the environment's format: a tool message
-  (chat format) or `<obs> message </obs>` (byte tokenizer), within max_obs_len."""
+  (chat format) or `<obs> message </obs>` (byte tokenizer), within max_obs_len.
+  """
   fmt = getattr(env, "chat_format", None)
   limit = int(env.max_obs_len)
   if fmt is not None:
@@ -199,8 +207,13 @@ def _describe(outcome: Outcome, timeout_s: float) -> str:
 
 
 def _warn_timeouts(count: int, timeout_s: float) -> None:
-  logging.warning("host environment: %d step(s) abandoned after %g s; %d abandoned "
-                  "call(s) still running", count, timeout_s, abandoned_threads())
+  logging.warning(
+      "host environment: %d step(s) abandoned after %g s; %d abandoned "
+      "call(s) still running",
+      count,
+      timeout_s,
+      abandoned_threads(),
+  )
 
 
 def _failure(env: Any, state: Any, message: str, timed_out: bool):
@@ -216,9 +229,12 @@ def _failure(env: Any, state: Any, message: str, timed_out: bool):
   return state, error_observation(env, message), timed_out
 
 
-def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
-                       timeout_s: float | None = None
-                       ) -> tuple[list, np.ndarray, np.ndarray]:
+def guarded_step_batch(
+    env: Any,
+    states: Sequence[Any],
+    texts: Sequence[str],
+    timeout_s: float | None = None,
+) -> tuple[list, np.ndarray, np.ndarray]:
   """Steps many rows like `step_batch`, with a time limit and no exceptions.
 
   Each row's `env.step` runs under `call_with_deadline` (up to
@@ -247,24 +263,38 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
   if n == 0:
     return [], exceptions, timeouts
   if hasattr(env, "step_batch"):
-    batch_timeout_s = (float(env.step_batch_timeout_s(n))
-                       if hasattr(env, "step_batch_timeout_s") else timeout_s * n)
-    out = call_with_deadline(env.step_batch, list(states), list(texts),
-                             timeout_s=batch_timeout_s)
+    batch_timeout_s = (
+        float(env.step_batch_timeout_s(n))
+        if hasattr(env, "step_batch_timeout_s")
+        else timeout_s * n
+    )
+    out = call_with_deadline(
+        env.step_batch, list(states), list(texts), timeout_s=batch_timeout_s
+    )
     if out.status == "ok":
       results = list(out.value)
       if len(results) == n:
         return results, exceptions, timeouts
-      out = Outcome("exception", error=ValueError(
-          f"step_batch returned {len(results)} results for {n} rows"))
+      out = Outcome(
+          "exception",
+          error=ValueError(
+              f"step_batch returned {len(results)} results for {n} rows"
+          ),
+      )
     if out.status == "timeout":
       message = _describe(out, batch_timeout_s)
       timeouts[:] = 1
       _warn_timeouts(n, batch_timeout_s)
-      return [_failure(env, s, message, True) for s in states], exceptions, timeouts
+      return (
+          [_failure(env, s, message, True) for s in states],
+          exceptions,
+          timeouts,
+      )
 
   def one(i: int):
-    return call_with_deadline(env.step, states[i], texts[i], timeout_s=timeout_s)
+    return call_with_deadline(
+        env.step, states[i], texts[i], timeout_s=timeout_s
+    )
 
   workers = max(1, min(int(getattr(env, "step_workers", 1)), n))
   if workers == 1:
@@ -274,16 +304,25 @@ def guarded_step_batch(env: Any, states: Sequence[Any], texts: Sequence[str],
       outcomes = list(pool.map(one, range(n)))
   results = []
   for i, out in enumerate(outcomes):
-    if out.status == "ok" and not (isinstance(out.value, tuple) and len(out.value) == 3):
-      out = Outcome("exception", error=TypeError(
-          f"step returned {type(out.value).__name__}, not (state, obs, done)"))
+    if out.status == "ok" and not (
+        isinstance(out.value, tuple) and len(out.value) == 3
+    ):
+      out = Outcome(
+          "exception",
+          error=TypeError(
+              f"step returned {type(out.value).__name__}, not (state, obs, done)"
+          ),
+      )
     if out.status == "ok":
       results.append(out.value)
       continue
     exceptions[i] = out.status == "exception"
     timeouts[i] = out.status == "timeout"
-    results.append(_failure(env, states[i], _describe(out, timeout_s),
-                            out.status == "timeout"))
+    results.append(
+        _failure(
+            env, states[i], _describe(out, timeout_s), out.status == "timeout"
+        )
+    )
   if timeouts.any():
     _warn_timeouts(int(timeouts.sum()), timeout_s)
   return results, exceptions, timeouts

@@ -80,8 +80,10 @@ def data_dir() -> str:
   """
   spec = importlib.util.find_spec("bfcl_eval")
   if spec is None or not spec.submodule_search_locations:
-    raise ImportError("bfcl-eval is not installed: pip install --no-deps "
-                      "bfcl-eval==<pinned> mpmath (requirements-test.txt)")
+    raise ImportError(
+        "bfcl-eval is not installed: pip install --no-deps "
+        "bfcl-eval==<pinned> mpmath (requirements-test.txt)"
+    )
   return os.path.join(list(spec.submodule_search_locations)[0], "data")
 
 
@@ -122,33 +124,58 @@ def load_category(category: str) -> tuple[BFCLTask, ...]:
     ValueError: unknown category.
   """
   if category not in CATEGORY_FILES:
-    raise ValueError(f"BFCL category {category!r}: unknown; known {tuple(CATEGORY_FILES)}")
+    raise ValueError(
+        f"BFCL category {category!r}: unknown; known {tuple(CATEGORY_FILES)}"
+    )
   d = data_dir()
   fname = CATEGORY_FILES[category]
   entries = _read_jsonl(os.path.join(d, fname))
-  answers = {a["id"]: a["ground_truth"]
-             for a in _read_jsonl(os.path.join(d, "possible_answer", fname))}
+  answers = {
+      a["id"]: a["ground_truth"]
+      for a in _read_jsonl(os.path.join(d, "possible_answer", fname))
+  }
   tasks = []
   for e in entries:
-    questions = tuple(" ".join(m["content"] for m in turn if m["role"] == "user")
-                      for turn in e["question"])
+    questions = tuple(
+        " ".join(m["content"] for m in turn if m["role"] == "user")
+        for turn in e["question"]
+    )
     if category == "multi_turn_base":
-      functions = tuple(_multi_turn_docs(tuple(e["involved_classes"]),
-                                         tuple(e.get("excluded_function", ()))))
+      functions = tuple(
+          _multi_turn_docs(
+              tuple(e["involved_classes"]),
+              tuple(e.get("excluded_function", ())),
+          )
+      )
     else:
       functions = tuple(e["function"])
-    tasks.append(BFCLTask(
-        id=e["id"], category=category, questions=questions, functions=functions,
-        ground_truth=answers[e["id"]], initial_config=e.get("initial_config"),
-        involved_classes=tuple(e.get("involved_classes", ()))))
+    tasks.append(
+        BFCLTask(
+            id=e["id"],
+            category=category,
+            questions=questions,
+            functions=functions,
+            ground_truth=answers[e["id"]],
+            initial_config=e.get("initial_config"),
+            involved_classes=tuple(e.get("involved_classes", ())),
+        )
+    )
   return tuple(tasks)
 
 
 # ---------------------------------------------------------------------------
 # The call checker (BFCL AST rules for Python, plus partial credit).
 
-_PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool,
-             "array": list, "tuple": list, "dict": dict, "any": str}
+_PY_TYPES = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
 
 
 def standardize_string(s: str) -> str:
@@ -249,8 +276,9 @@ def value_ok(param_doc: dict, value: Any, possible: list) -> bool:
     if expected == list and nested == dict:
       return _list_dict_ok(value, possible)
     if expected == str:
-      return standardize_string(value) in [standardize_string(p) for p in possible
-                                           if type(p) == str]  # noqa: E721
+      return standardize_string(value) in [
+          standardize_string(p) for p in possible if type(p) == str
+      ]  # noqa: E721
     if expected == list:
       return _std_list(value) in [_std_list(p) for p in possible]
   return value in possible
@@ -277,10 +305,11 @@ class CallCheck:
   error: str | None
 
 
-def _check_one(doc: dict | None, call: parsers.ToolCall, gold: dict
-               ) -> tuple[bool, float, str | None]:
+def _check_one(
+    doc: dict | None, call: parsers.ToolCall, gold: dict
+) -> tuple[bool, float, str | None]:
   """(valid, field score, error) of one call against one gold {name: params}."""
-  (name, possible), = gold.items()
+  ((name, possible),) = gold.items()
   if doc is None or call.name != name:
     return False, 0.0, "wrong function name"
   props = doc.get("parameters", {}).get("properties", {})
@@ -317,8 +346,12 @@ def _find_doc(functions: Sequence[dict], name: str) -> dict | None:
   return None
 
 
-def check_calls(functions: Sequence[dict], calls: Sequence[parsers.ToolCall],
-                ground_truth: Sequence[dict], category: str) -> CallCheck:
+def check_calls(
+    functions: Sequence[dict],
+    calls: Sequence[parsers.ToolCall],
+    ground_truth: Sequence[dict],
+    category: str,
+) -> CallCheck:
   """Checks model calls against a BFCL single-turn gold answer.
 
   Args:
@@ -340,8 +373,11 @@ def check_calls(functions: Sequence[dict], calls: Sequence[parsers.ToolCall],
     doc = _find_doc(functions, next(iter(gold)))
     # BFCL's verdict: the first unused call that passes; for partial credit the
     # best-scoring unused call.
-    results = [(i, *_check_one(doc, c, gold)) for i, c in enumerate(calls)
-               if i not in used]
+    results = [
+        (i, *_check_one(doc, c, gold))
+        for i, c in enumerate(calls)
+        if i not in used
+    ]
     passing = [r for r in results if r[1]]
     if "parallel" not in category:
       # simple / multiple: BFCL compares calls and gold in order.
@@ -380,15 +416,16 @@ def _unwrap_dict(d: dict) -> dict:
   return out
 
 
-def gold_calls(ground_truth: Sequence[dict],
-               functions: Sequence[dict] = ()) -> list[parsers.ToolCall]:
+def gold_calls(
+    ground_truth: Sequence[dict], functions: Sequence[dict] = ()
+) -> list[parsers.ToolCall]:
   """A canonical correct answer: each gold call with the first non-"" candidate
   of every parameter (omissible parameters left out). Dict-typed parameters (and
   arrays of dicts) hold candidate lists per key, which are unwrapped the same way;
   `functions` gives the types (without it, every dict value is unwrapped)."""
   out = []
   for gold in ground_truth:
-    (name, possible), = gold.items()
+    ((name, possible),) = gold.items()
     doc = _find_doc(functions, name) if functions else None
     props = (doc or {}).get("parameters", {}).get("properties", {})
     args = {}
@@ -399,9 +436,13 @@ def gold_calls(ground_truth: Sequence[dict],
       t = props.get(p, {}).get("type")
       if isinstance(v, dict) and t in ("dict", None):
         v = _unwrap_dict(v)
-      elif (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
-            and t in ("array", None)
-            and props.get(p, {}).get("items", {}).get("type", "dict") == "dict"):
+      elif (
+          isinstance(v, list)
+          and v
+          and all(isinstance(x, dict) for x in v)
+          and t in ("array", None)
+          and props.get(p, {}).get("items", {}).get("type", "dict") == "dict"
+      ):
         v = [_unwrap_dict(x) for x in v]
       args[p] = v
     out.append(parsers.ToolCall(name, args))
@@ -411,12 +452,15 @@ def gold_calls(ground_truth: Sequence[dict],
 # ---------------------------------------------------------------------------
 # Prompts.
 
+
 def render_function(doc: dict, descriptions: bool = False) -> str:
   """A compact signature line, e.g. `math.hypot(x: integer, y: integer, z?: integer)`."""
   props = doc.get("parameters", {}).get("properties", {})
   required = set(doc.get("parameters", {}).get("required", []))
-  params = ", ".join(f"{p}{'' if p in required else '?'}: {d.get('type', 'any')}"
-                     for p, d in props.items())
+  params = ", ".join(
+      f"{p}{'' if p in required else '?'}: {d.get('type', 'any')}"
+      for p, d in props.items()
+  )
   line = f"{doc['name']}({params})"
   if descriptions and doc.get("description"):
     line += f"  # {doc['description']}"
@@ -437,14 +481,16 @@ SYSTEM_PROMPT = (
     "more function calls to achieve the purpose.\n\nYou have access to the "
     "following tools:\n<tools>{tools}</tools>\n\nThe output MUST strictly adhere "
     "to the following format, and NO other text MUST be included.\n<tool_call>["
-    "{{\"name\": \"func_name1\", \"arguments\": {{\"argument1\": \"value1\"}}}}"
-    "]</tool_call>")
+    '{{"name": "func_name1", "arguments": {{"argument1": "value1"}}}}'
+    "]</tool_call>"
+)
 
 
 def tool_schema(doc: dict, descriptions: bool = True) -> dict:
   """A BFCL function document as a compact JSON tool schema (name,
   description, parameters with types, required); BFCL's `dict` type is
   written `object` as in JSON Schema."""
+
   def fix(p):
     p = dict(p)
     if p.get("type") == "dict":
@@ -466,8 +512,10 @@ def tool_schema(doc: dict, descriptions: bool = True) -> dict:
 
 def render_system(task: BFCLTask, descriptions: bool = True) -> str:
   """The chat-format system message: SYSTEM_PROMPT with the task's tools."""
-  tools = json.dumps([tool_schema(f, descriptions) for f in task.functions],
-                     separators=(",", ":"))
+  tools = json.dumps(
+      [tool_schema(f, descriptions) for f in task.functions],
+      separators=(",", ":"),
+  )
   return SYSTEM_PROMPT.format(tools=tools)
 
 
@@ -475,7 +523,9 @@ def _chat_prompt(fmt, task: BFCLTask, descriptions: bool, limit: int):
   """(ids, roles) of the chat-format prompt. If the prompt would not fit
   `limit`, function descriptions are dropped; if it still does not fit, the
   content is cut (ChatFormat.prompt; the task then may be unsolvable)."""
-  ids_roles = fmt.prompt(render_system(task, descriptions), task.questions[0], limit)
+  ids_roles = fmt.prompt(
+      render_system(task, descriptions), task.questions[0], limit
+  )
   if descriptions and len(ids_roles[0]) >= limit:
     return fmt.prompt(render_system(task, False), task.questions[0], limit)
   return ids_roles
@@ -483,6 +533,7 @@ def _chat_prompt(fmt, task: BFCLTask, descriptions: bool, limit: int):
 
 # ---------------------------------------------------------------------------
 # Environments.
+
 
 @dataclasses.dataclass
 class _SingleState:
@@ -497,8 +548,12 @@ class _SingleState:
   done: bool = False
 
 
-def _encode(tokenizer, text: str, limit: int, prefix=(), suffix=()) -> np.ndarray:
-  body = list(tokenizer.encode(text))[: max(limit - len(prefix) - len(suffix), 0)]
+def _encode(
+    tokenizer, text: str, limit: int, prefix=(), suffix=()
+) -> np.ndarray:
+  body = list(tokenizer.encode(text))[
+      : max(limit - len(prefix) - len(suffix), 0)
+  ]
   return np.asarray(list(prefix) + body + list(suffix), np.int32)
 
 
@@ -537,10 +592,14 @@ class BFCLEnv:
   def __post_init__(self):
     for c in self.categories:
       if c not in SINGLE_TURN:
-        raise ValueError(f"BFCLEnv.categories: {c!r} is not a single-turn category "
-                         f"{SINGLE_TURN}")
+        raise ValueError(
+            f"BFCLEnv.categories: {c!r} is not a single-turn category "
+            f"{SINGLE_TURN}"
+        )
     if self.max_turns != 1:
-      raise ValueError(f"BFCLEnv.max_turns={self.max_turns}: single-turn tasks take 1")
+      raise ValueError(
+          f"BFCLEnv.max_turns={self.max_turns}: single-turn tasks take 1"
+      )
 
   @functools.cached_property
   def _splits(self) -> tuple[list[BFCLTask], list[BFCLTask]]:
@@ -561,10 +620,15 @@ class BFCLEnv:
 
   def reset(self, task: BFCLTask):
     if self.chat_format is not None:
-      return _SingleState(task), _chat_prompt(self.chat_format, task,
-                                              self.descriptions, self.max_prompt_len)
-    ids = _encode(self.tokenizer, render_prompt(task, self.descriptions),
-                  self.max_prompt_len, prefix=(self.tokenizer.bos_id,))
+      return _SingleState(task), _chat_prompt(
+          self.chat_format, task, self.descriptions, self.max_prompt_len
+      )
+    ids = _encode(
+        self.tokenizer,
+        render_prompt(task, self.descriptions),
+        self.max_prompt_len,
+        prefix=(self.tokenizer.bos_id,),
+    )
     return _SingleState(task), ids
 
   def step(self, state: _SingleState, action_text: str):
@@ -576,10 +640,20 @@ class BFCLEnv:
       # One malformed call (see the class docstring).
       s = dataclasses.replace(s, num_calls=1, num_errors=1)
       return s, np.zeros((0,), np.int32), True
-    check = check_calls(state.task.functions, calls, state.task.ground_truth,
-                        state.task.category)
-    s = dataclasses.replace(s, parsed=True, valid=check.valid, score=check.score,
-                            name_ok=check.name_ok, num_calls=len(calls))
+    check = check_calls(
+        state.task.functions,
+        calls,
+        state.task.ground_truth,
+        state.task.category,
+    )
+    s = dataclasses.replace(
+        s,
+        parsed=True,
+        valid=check.valid,
+        score=check.score,
+        name_ok=check.name_ok,
+        num_calls=len(calls),
+    )
     return s, np.zeros((0,), np.int32), True
 
   def facts(self, state: _SingleState) -> dict[str, np.ndarray]:
@@ -597,19 +671,31 @@ class BFCLEnv:
   def expert_action(self, state: _SingleState, rng: np.random.Generator):
     calls = gold_calls(state.task.ground_truth, state.task.functions)
     if self.chat_format is not None:
-      payload = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls])
-      return self.chat_format.assistant(f"<tool_call>{payload}</tool_call>",
-                                        self.max_action_len)
+      payload = json.dumps(
+          [{"name": c.name, "arguments": c.arguments} for c in calls]
+      )
+      return self.chat_format.assistant(
+          f"<tool_call>{payload}</tool_call>", self.max_action_len
+      )
     text = "[" + ", ".join(parsers.format_call_python(c) for c in calls) + "]"
-    return _encode(self.tokenizer, text, self.max_action_len,
-                   prefix=(tok.CALL,), suffix=(tok.CALL_END,))
+    return _encode(
+        self.tokenizer,
+        text,
+        self.max_action_len,
+        prefix=(tok.CALL,),
+        suffix=(tok.CALL_END,),
+    )
 
 
 # --- multi-turn -------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=None)
-def _multi_turn_docs(classes: tuple[str, ...], excluded: tuple[str, ...]) -> list[dict]:
+def _multi_turn_docs(
+    classes: tuple[str, ...], excluded: tuple[str, ...]
+) -> list[dict]:
   from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
   docs_dir = os.path.join(data_dir(), "multi_turn_func_doc")
   file_of = {}
   for fname in os.listdir(docs_dir):
@@ -626,14 +712,19 @@ def _multi_turn_docs(classes: tuple[str, ...], excluded: tuple[str, ...]) -> lis
 def make_instances(task: BFCLTask) -> dict[str, Any]:
   """Fresh API class instances loaded with the task's initial state."""
   from bfcl_eval.constants.executable_backend_config import (
-      CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES)
+      CLASS_FILE_PATH_MAPPING,
+      STATELESS_CLASSES,
+  )
+
   out = {}
   for c in task.involved_classes:
     cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c)
     inst = cls()
     if c not in STATELESS_CLASSES:
-      inst._load_scenario(copy.deepcopy((task.initial_config or {}).get(c, {})),
-                          long_context=False)
+      inst._load_scenario(
+          copy.deepcopy((task.initial_config or {}).get(c, {})),
+          long_context=False,
+      )
     out[c] = inst
   return out
 
@@ -641,11 +732,13 @@ def make_instances(task: BFCLTask) -> dict[str, Any]:
 # Bounds on arguments whose cost in BFCL's tools grows without limit in their
 # value (the tools are BFCL's Python code, run in this process: a thread past
 # its time limit cannot be stopped, so the work itself must stay small).
-MAX_PRECISION = 1000        # MathAPI.square_root / logarithm: digits
-MAX_POWER_BITS = 1 << 16    # MathAPI.power, integer arguments: |result| <= 2**this
-MAX_ROUND_DIGITS = 1000     # MathAPI.round_number: |decimal_places|
-TOOL_TIMEOUT_S = 5.0        # default time limit of one call
-MAX_RESULT_CHARS = 4096     # default cap on one call's result text
+MAX_PRECISION = 1000  # MathAPI.square_root / logarithm: digits
+MAX_POWER_BITS = (
+    1 << 16
+)  # MathAPI.power, integer arguments: |result| <= 2**this
+MAX_ROUND_DIGITS = 1000  # MathAPI.round_number: |decimal_places|
+TOOL_TIMEOUT_S = 5.0  # default time limit of one call
+MAX_RESULT_CHARS = 4096  # default cap on one call's result text
 
 # mpmath's precision (mp.prec / mp.dps) is process-wide; calls hold this lock
 # while it may differ from its saved value.
@@ -676,18 +769,27 @@ def check_call_arguments(call: parsers.ToolCall) -> str | None:
       return f"Error: precision={prec!r} is above the limit {MAX_PRECISION}"
   if name == "power":
     base, exp = arg(0, "base"), arg(1, "exponent")
-    if (all(isinstance(x, int) and not isinstance(x, bool) for x in (base, exp))
-        and abs(base) > 1 and exp > 0
+    if (
+        all(isinstance(x, int) and not isinstance(x, bool) for x in (base, exp))
+        and abs(base) > 1
+        and exp > 0
         # |base| >= 2, so the result is >= 2**exp (tested first: exp may be
         # too large for a float).
-        and (exp > MAX_POWER_BITS or exp * math.log2(abs(base)) > MAX_POWER_BITS)):
-      return (f"Error: power(base={base}, exponent={exp}) is above "
-              f"2**{MAX_POWER_BITS}")
+        and (
+            exp > MAX_POWER_BITS or exp * math.log2(abs(base)) > MAX_POWER_BITS
+        )
+    ):
+      return (
+          f"Error: power(base={base}, exponent={exp}) is above "
+          f"2**{MAX_POWER_BITS}"
+      )
   if name == "round_number":
     places = arg(1, "decimal_places")
     if _number(places) and abs(places) > MAX_ROUND_DIGITS:
-      return (f"Error: decimal_places={places!r} is beyond the limit "
-              f"+-{MAX_ROUND_DIGITS}")
+      return (
+          f"Error: decimal_places={places!r} is beyond the limit "
+          f"+-{MAX_ROUND_DIGITS}"
+      )
   return None
 
 
@@ -702,13 +804,15 @@ def _render(result: Any) -> tuple[str, bool]:
   return str(result), True
 
 
-def _run_isolated(method, call: parsers.ToolCall, lock_timeout_s: float
-                  ) -> tuple[str, bool]:
+def _run_isolated(
+    method, call: parsers.ToolCall, lock_timeout_s: float
+) -> tuple[str, bool]:
   """Runs and renders one call with process-global numeric state isolated:
   a local `decimal` context (decimal's context is per thread; this one is
   dropped after the call) and mpmath's precision saved and restored under
   _GLOBAL_STATE_LOCK (mpmath's is per process)."""
   import mpmath  # bfcl-eval's MathAPI needs it (requirements-test.txt)
+
   if not _GLOBAL_STATE_LOCK.acquire(timeout=lock_timeout_s):
     raise TimeoutError("another tool call still holds the numeric-state lock")
   try:
@@ -733,9 +837,13 @@ class CallResult:
   status: str
 
 
-def run_call(instances: dict[str, Any], call: parsers.ToolCall, *,
-             timeout_s: float = TOOL_TIMEOUT_S,
-             max_chars: int = MAX_RESULT_CHARS) -> CallResult:
+def run_call(
+    instances: dict[str, Any],
+    call: parsers.ToolCall,
+    *,
+    timeout_s: float = TOOL_TIMEOUT_S,
+    max_chars: int = MAX_RESULT_CHARS,
+) -> CallResult:
   """Runs one call on the API instances by method name; never raises.
 
   Unknown or private methods and arguments over the bounds of
@@ -760,28 +868,34 @@ def run_call(instances: dict[str, Any], call: parsers.ToolCall, *,
         method = m
         break
   if method is None:
-    return CallResult(f"Error: unknown function {call.name!r}"[:max_chars], False,
-                      "error")
+    return CallResult(
+        f"Error: unknown function {call.name!r}"[:max_chars], False, "error"
+    )
   refused = check_call_arguments(call)
   if refused is not None:
     return CallResult(refused[:max_chars], False, "error")
-  out = host_base.call_with_deadline(_run_isolated, method, call, timeout_s,
-                                     timeout_s=timeout_s)
+  out = host_base.call_with_deadline(
+      _run_isolated, method, call, timeout_s, timeout_s=timeout_s
+  )
   if out.status == "timeout":
-    return CallResult(f"Error: {name} did not finish within {timeout_s:g} s",
-                      False, "timeout")
+    return CallResult(
+        f"Error: {name} did not finish within {timeout_s:g} s", False, "timeout"
+    )
   if out.status == "exception":
     try:
       detail = str(out.error)
     except Exception:  # noqa: BLE001 -- an exception whose str() fails
       detail = type(out.error).__name__
-    return CallResult(f"Error during execution: {detail}"[:max_chars], False,
-                      "exception")
+    return CallResult(
+        f"Error during execution: {detail}"[:max_chars], False, "exception"
+    )
   text, ok = out.value
   return CallResult(text[:max_chars], ok, "ok" if ok else "error")
 
 
-def execute_call(instances: dict[str, Any], call: parsers.ToolCall) -> tuple[str, bool]:
+def execute_call(
+    instances: dict[str, Any], call: parsers.ToolCall
+) -> tuple[str, bool]:
   """(result text, ok) of `run_call` with its default limits; never raises.
 
   Unknown or private methods, refused arguments, exceptions and timeouts give
@@ -792,8 +906,10 @@ def execute_call(instances: dict[str, Any], call: parsers.ToolCall) -> tuple[str
 
 
 def public_state(instances: dict[str, Any]) -> dict[str, dict]:
-  return {c: {k: v for k, v in vars(i).items() if not k.startswith("_")}
-          for c, i in instances.items()}
+  return {
+      c: {k: v for k, v in vars(i).items() if not k.startswith("_")}
+      for c, i in instances.items()
+  }
 
 
 def gold_instances(task: BFCLTask) -> dict[str, Any]:
@@ -816,17 +932,28 @@ def first_call_payload(text: str) -> str | None:
   Same result as `re.search(r"<(?:tool_)?call>(.*?)(?:</(?:tool_)?call>|$)",
   text, re.DOTALL).group(1)`, in O(len(text)) time.
   """
-  found = [(i, len(tag)) for tag in ("<call>", "<tool_call>")
-           for i in (text.find(tag),) if i >= 0]
+  found = [
+      (i, len(tag))
+      for tag in ("<call>", "<tool_call>")
+      for i in (text.find(tag),)
+      if i >= 0
+  ]
   if not found:
     return None
   i, n = min(found)
   start = i + n
-  ends = [e for e in (text.find("</call>", start), text.find("</tool_call>", start))
-          if e >= 0]
+  ends = [
+      e
+      for e in (text.find("</call>", start), text.find("</tool_call>", start))
+      if e >= 0
+  ]
   if ends:
-    return text[start:min(ends)]
-  end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+    return text[start : min(ends)]
+  end = (
+      len(text) - 1
+      if text.endswith("\n") and len(text) - 1 >= start
+      else len(text)
+  )
   return text[start:end]
 
 
@@ -891,10 +1018,14 @@ class BFCLMultiTurnEnv:
   def __post_init__(self):
     for name in ("tool_timeout_s", "turn_timeout_s"):
       if not getattr(self, name) > 0:
-        raise ValueError(f"BFCLMultiTurnEnv.{name}={getattr(self, name)!r}: must be > 0")
+        raise ValueError(
+            f"BFCLMultiTurnEnv.{name}={getattr(self, name)!r}: must be > 0"
+        )
     if not self.max_result_chars > 0:
-      raise ValueError(f"BFCLMultiTurnEnv.max_result_chars={self.max_result_chars!r}: "
-                       "must be > 0")
+      raise ValueError(
+          f"BFCLMultiTurnEnv.max_result_chars={self.max_result_chars!r}: "
+          "must be > 0"
+      )
 
   def tool_failure(self, state: _MultiState, message: str):
     """The host driver's result for a step that raised or timed out: one
@@ -908,8 +1039,10 @@ class BFCLMultiTurnEnv:
   @functools.cached_property
   def _splits(self):
     tasks = load_category("multi_turn_base")
-    return ([t for i, t in enumerate(tasks) if i % self.eval_every],
-            [t for i, t in enumerate(tasks) if i % self.eval_every == 0])
+    return (
+        [t for i, t in enumerate(tasks) if i % self.eval_every],
+        [t for i, t in enumerate(tasks) if i % self.eval_every == 0],
+    )
 
   def sample_tasks(self, rng: np.random.Generator, n: int):
     train = self._splits[0]
@@ -922,18 +1055,30 @@ class BFCLMultiTurnEnv:
 
   def reset(self, task: BFCLTask):
     if self.chat_format is not None:
-      return (_MultiState(task, make_instances(task)),
-              _chat_prompt(self.chat_format, task, self.descriptions,
-                           self.max_prompt_len))
-    ids = _encode(self.tokenizer, render_prompt(task, self.descriptions),
-                  self.max_prompt_len, prefix=(self.tokenizer.bos_id,))
+      return (
+          _MultiState(task, make_instances(task)),
+          _chat_prompt(
+              self.chat_format, task, self.descriptions, self.max_prompt_len
+          ),
+      )
+    ids = _encode(
+        self.tokenizer,
+        render_prompt(task, self.descriptions),
+        self.max_prompt_len,
+        prefix=(self.tokenizer.bos_id,),
+    )
     return _MultiState(task, make_instances(task)), ids
 
   def _obs(self, text: str, role: str | None = None):
     if self.chat_format is not None:
       return self.chat_format.observation(text, self.max_obs_len, role=role)
-    return _encode(self.tokenizer, text, self.max_obs_len,
-                   prefix=(tok.OBS,), suffix=(tok.OBS_END,))
+    return _encode(
+        self.tokenizer,
+        text,
+        self.max_obs_len,
+        prefix=(tok.OBS,),
+        suffix=(tok.OBS_END,),
+    )
 
   def step(self, state: _MultiState, action_text: str):
     if state.done:
@@ -948,8 +1093,11 @@ class BFCLMultiTurnEnv:
     if isinstance(calls, parsers.ParseError):
       # BFCL's own multi-turn calls use positional arguments (`sort('a.txt')`).
       payload = first_call_payload(action_text)
-      alt = (parsers.parse_python_calls(payload, True) if payload is not None
-             else calls)
+      alt = (
+          parsers.parse_python_calls(payload, True)
+          if payload is not None
+          else calls
+      )
       calls = alt if isinstance(alt, list) else calls
     if isinstance(calls, parsers.ParseError):
       state.errors += 1
@@ -963,14 +1111,24 @@ class BFCLMultiTurnEnv:
         state.calls += 1
         left = min(self.tool_timeout_s, deadline - time.monotonic())
         if timed_out:
-          r = CallResult("Error: not run (an earlier call of this turn timed out)",
-                         False, "error")
+          r = CallResult(
+              "Error: not run (an earlier call of this turn timed out)",
+              False,
+              "error",
+          )
         elif left <= 0:
-          r = CallResult("Error: not run (the turn's time limit was reached)", False,
-                         "timeout")
+          r = CallResult(
+              "Error: not run (the turn's time limit was reached)",
+              False,
+              "timeout",
+          )
         else:
-          r = run_call(state.instances, c, timeout_s=left,
-                       max_chars=self.max_result_chars)
+          r = run_call(
+              state.instances,
+              c,
+              timeout_s=left,
+              max_chars=self.max_result_chars,
+          )
         state.errors += int(not r.ok)
         state.exceptions += int(r.status == "exception")
         state.timeouts += int(r.status == "timeout")
@@ -990,8 +1148,11 @@ class BFCLMultiTurnEnv:
         state.correct = public_state(state.instances) == gold
         return state, np.zeros((0,), np.int32), True
       q = state.task.questions[state.question]
-      obs = (self._obs(q, role="user") if self.chat_format is not None
-             else self._obs(f"User: {q}"))
+      obs = (
+          self._obs(q, role="user")
+          if self.chat_format is not None
+          else self._obs(f"User: {q}")
+      )
     if state.turns >= self.max_turns:
       state.done = True
     return state, obs, state.done
@@ -1011,16 +1172,26 @@ class BFCLMultiTurnEnv:
 
   def expert_action(self, state: _MultiState, rng: np.random.Generator):
     """Gold calls of the current question in one turn, then a plain reply."""
-    gold = state.task.ground_truth[min(state.question, len(state.task.ground_truth) - 1)]
+    gold = state.task.ground_truth[
+        min(state.question, len(state.task.ground_truth) - 1)
+    ]
     fmt = self.chat_format
     if state.expert_called != state.question and gold:
       state.expert_called = state.question
       text = "[" + ", ".join(gold) + "]"
       if fmt is not None:
-        return fmt.assistant(f"<tool_call>{text}</tool_call>", self.max_action_len)
-      return _encode(self.tokenizer, text, self.max_action_len,
-                     prefix=(tok.CALL,), suffix=(tok.CALL_END,))
+        return fmt.assistant(
+            f"<tool_call>{text}</tool_call>", self.max_action_len
+        )
+      return _encode(
+          self.tokenizer,
+          text,
+          self.max_action_len,
+          prefix=(tok.CALL,),
+          suffix=(tok.CALL_END,),
+      )
     if fmt is not None:
       return fmt.assistant("Done.", self.max_action_len)
-    return _encode(self.tokenizer, "Done.", self.max_action_len,
-                   suffix=(tok.ANSWER_END,))
+    return _encode(
+        self.tokenizer, "Done.", self.max_action_len, suffix=(tok.ANSWER_END,)
+    )

@@ -82,7 +82,11 @@ def tag_blocks(text: str, open_tag: str, close_tag: str) -> list[str]:
     start = i + len(open_tag)
     end = text.find(close_tag, start)
     if end < 0:
-      end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+      end = (
+          len(text) - 1
+          if text.endswith("\n") and len(text) - 1 >= start
+          else len(text)
+      )
       out.append(text[start:end])
       break
     out.append(text[start:end])
@@ -136,7 +140,7 @@ def _call_from_obj(obj: Any) -> ToolCall | None:
       return ToolCall(name, {})
     return None
   if len(obj) == 1:
-    (name, args), = obj.items()
+    ((name, args),) = obj.items()
     if isinstance(name, str) and name and isinstance(args, dict):
       return ToolCall(name, dict(args))
   return None
@@ -157,9 +161,12 @@ def _calls_from_json(payload: str) -> list[ToolCall] | None:
 def _literal(node: ast.AST) -> Any:
   """Value of a literal expression node; raises ValueError for anything else."""
   if isinstance(node, ast.Constant) and isinstance(
-      node.value, (str, int, float, bool, type(None))):
+      node.value, (str, int, float, bool, type(None))
+  ):
     return node.value
-  if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+  if isinstance(node, ast.UnaryOp) and isinstance(
+      node.op, (ast.USub, ast.UAdd)
+  ):
     v = _literal(node.operand)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
       return -v if isinstance(node.op, ast.USub) else v
@@ -180,8 +187,9 @@ def _dotted_name(node: ast.AST) -> str:
   raise ValueError("not a name")
 
 
-def _calls_from_python(payload: str, allow_positional: bool = False
-                       ) -> list[ToolCall] | None:
+def _calls_from_python(
+    payload: str, allow_positional: bool = False
+) -> list[ToolCall] | None:
   """Calls from Python syntax `f(a=1)` or `[f(a=1), g()]`, literals only."""
   try:
     tree = ast.parse(payload.strip(), mode="eval")
@@ -246,12 +254,15 @@ def _parse(text: Any) -> list[ToolCall] | ParseError:
     parsed = _calls_from_payload(candidate.strip())
     if parsed:
       return parsed
-  return ParseError("no tool call found (tried <tool_call> tags, <call> tags, "
-                    "JSON and Python-call syntax)")
+  return ParseError(
+      "no tool call found (tried <tool_call> tags, <call> tags, "
+      "JSON and Python-call syntax)"
+  )
 
 
-def parse_python_calls(text: str, allow_positional: bool = False
-                       ) -> list[ToolCall] | ParseError:
+def parse_python_calls(
+    text: str, allow_positional: bool = False
+) -> list[ToolCall] | ParseError:
   """Python-call syntax only (e.g. BFCL gold strings); never raises.
 
   Args:
@@ -275,5 +286,8 @@ def format_call_python(call: ToolCall) -> str:
 
 def format_call_hermes(call: ToolCall) -> str:
   """Renders a call in Hermes tags: `<tool_call>{"name": .., "arguments": ..}</tool_call>`."""
-  return ("<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments})
-          + "</tool_call>")
+  return (
+      "<tool_call>"
+      + json.dumps({"name": call.name, "arguments": call.arguments})
+      + "</tool_call>"
+  )

@@ -61,9 +61,12 @@ CHAT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves math problems. You can run Python: "
     "write the code in a ```python block and print what you need; the output "
     "will be shown to you. When you know the result, give the final answer as "
-    "<answer>NUMBER</answer>.")
-_INSTRUCTION = ("\nUse <call>python code</call> to run Python (print what you need), "
-                "and give the final answer as <answer>...</answer>.\n")
+    "<answer>NUMBER</answer>."
+)
+_INSTRUCTION = (
+    "\nUse <call>python code</call> to run Python (print what you need), "
+    "and give the final answer as <answer>...</answer>.\n"
+)
 
 
 def answer_block(text: str) -> str | None:
@@ -77,7 +80,7 @@ def answer_block(text: str) -> str | None:
   if i < 0:
     return None
   end = text.find("</answer>", i + 8)
-  return None if end < 0 else text[i + 8:end]
+  return None if end < 0 else text[i + 8 : end]
 
 
 def call_block(text: str) -> str | None:
@@ -93,7 +96,7 @@ def call_block(text: str) -> str | None:
     return None
   start = p + 6
   end = text.rfind("</call>", start)
-  if end < 0 or text[end + 7:].strip():
+  if end < 0 or text[end + 7 :].strip():
     return None
   return text[start:end]
 
@@ -124,7 +127,11 @@ def python_fence(text: str) -> str | None:
     start = nl + 1
     end = text.find("```", start)
     if end < 0:
-      end = len(text) - 1 if text.endswith("\n") and len(text) - 1 >= start else len(text)
+      end = (
+          len(text) - 1
+          if text.endswith("\n") and len(text) - 1 >= start
+          else len(text)
+      )
     return text[start:end]
   return None
 
@@ -133,8 +140,11 @@ def _chat_code_of(text: str) -> str | None:
   """Chat format: the code of a Python call (Hermes tag or ```python block)."""
   if "<tool_call>" in text:
     calls = parsers.parse_tool_calls(text)
-    if isinstance(calls, list) and len(calls) == 1 and isinstance(
-        calls[0].arguments.get("code"), str):
+    if (
+        isinstance(calls, list)
+        and len(calls) == 1
+        and isinstance(calls[0].arguments.get("code"), str)
+    ):
       return calls[0].arguments["code"]
   code = python_fence(text)
   if code is not None and code.strip():
@@ -183,13 +193,20 @@ def _code_of(text: str) -> str | None:
   payload = call_block(text)
   if payload is not None:
     calls = parsers.parse_tool_calls(payload)
-    if isinstance(calls, list) and len(calls) == 1 and "code" in calls[0].arguments:
+    if (
+        isinstance(calls, list)
+        and len(calls) == 1
+        and "code" in calls[0].arguments
+    ):
       return str(calls[0].arguments["code"])
     return payload
   if "<tool_call>" in text:
     calls = parsers.parse_tool_calls(text)
-    if isinstance(calls, list) and len(calls) == 1 and isinstance(
-        calls[0].arguments.get("code"), str):
+    if (
+        isinstance(calls, list)
+        and len(calls) == 1
+        and isinstance(calls[0].arguments.get("code"), str)
+    ):
       return calls[0].arguments["code"]
   return None
 
@@ -237,8 +254,10 @@ class ReasoningGymEnv:
   def __post_init__(self):
     self._data(self.train_seed)  # fails early on an unknown name or bad config
     if not 0.0 <= self.expert_tool_prob <= 1.0:
-      raise ValueError(f"ReasoningGymEnv.expert_tool_prob={self.expert_tool_prob!r}: "
-                       "must be in [0, 1]")
+      raise ValueError(
+          f"ReasoningGymEnv.expert_tool_prob={self.expert_tool_prob!r}: "
+          "must be in [0, 1]"
+      )
 
   @functools.lru_cache(maxsize=4)
   def _data(self, seed: int):
@@ -248,49 +267,73 @@ class ReasoningGymEnv:
       ValueError: unknown dataset name; TypeError: bad dataset_config field.
     """
     import reasoning_gym
+
     kwargs = dict(self.dataset_config or {})
     if self.dataset == "composite" and "datasets" in kwargs:
       # A mix of generators: dicts (name, weight, config) -> DatasetSpec.
       from reasoning_gym.composite import DatasetSpec
+
       kwargs["datasets"] = [
-          d if isinstance(d, DatasetSpec) else DatasetSpec(
-              name=d["name"], weight=float(d.get("weight", 1.0)),
-              config=dict(d.get("config", None) or {}))
-          for d in kwargs["datasets"]]
-    return reasoning_gym.create_dataset(self.dataset, size=self.train_size,
-                                        seed=seed, **kwargs)
+          d
+          if isinstance(d, DatasetSpec)
+          else DatasetSpec(
+              name=d["name"],
+              weight=float(d.get("weight", 1.0)),
+              config=dict(d.get("config", None) or {}),
+          )
+          for d in kwargs["datasets"]
+      ]
+    return reasoning_gym.create_dataset(
+        self.dataset, size=self.train_size, seed=seed, **kwargs
+    )
 
   @functools.cached_property
   def sandbox(self) -> sandbox_lib.Sandbox:
-    return sandbox_lib.Sandbox(sandbox_lib.SandboxConfig(
-        cpu_seconds=self.cpu_seconds, wall_seconds=self.wall_seconds,
-        memory_bytes=self.memory_bytes, max_output_chars=self.max_obs_len * 4,
-        max_workers=self.max_workers, isolation=self.sandbox_isolation,
-        allow_weak_isolation=self.allow_weak_isolation))
+    return sandbox_lib.Sandbox(
+        sandbox_lib.SandboxConfig(
+            cpu_seconds=self.cpu_seconds,
+            wall_seconds=self.wall_seconds,
+            memory_bytes=self.memory_bytes,
+            max_output_chars=self.max_obs_len * 4,
+            max_workers=self.max_workers,
+            isolation=self.sandbox_isolation,
+            allow_weak_isolation=self.allow_weak_isolation,
+        )
+    )
 
   def sample_tasks(self, rng: np.random.Generator, n: int) -> list[RGTask]:
     data = self._data(self.train_seed)
-    return [RGTask(data[int(i)], self.train_seed, int(i))
-            for i in rng.integers(0, self.train_size, size=n)]
+    return [
+        RGTask(data[int(i)], self.train_seed, int(i))
+        for i in rng.integers(0, self.train_size, size=n)
+    ]
 
   def eval_tasks(self, n: int, seed: int) -> list[RGTask]:
     data = self._data(self.eval_seed + seed)
     return [RGTask(data[i], self.eval_seed + seed, i) for i in range(n)]
 
   def _encode(self, text, limit, prefix=(), suffix=()):
-    body = list(self.tokenizer.encode(text))[: max(limit - len(prefix) - len(suffix), 0)]
+    body = list(self.tokenizer.encode(text))[
+        : max(limit - len(prefix) - len(suffix), 0)
+    ]
     return np.asarray(list(prefix) + body + list(suffix), np.int32)
 
   def reset(self, task: RGTask):
     if self.chat_format is not None:
       return _State(task), self.chat_format.prompt(
-          CHAT_SYSTEM_PROMPT, task.entry["question"], self.max_prompt_len)
-    return _State(task), self._encode(task.entry["question"] + _INSTRUCTION,
-                                      self.max_prompt_len, prefix=(tok.BOS,))
+          CHAT_SYSTEM_PROMPT, task.entry["question"], self.max_prompt_len
+      )
+    return _State(task), self._encode(
+        task.entry["question"] + _INSTRUCTION,
+        self.max_prompt_len,
+        prefix=(tok.BOS,),
+    )
 
   def _score(self, answer: str, task: RGTask) -> float:
     try:
-      s = float(self._data(task.seed).score_answer(answer=answer, entry=task.entry))
+      s = float(
+          self._data(task.seed).score_answer(answer=answer, entry=task.entry)
+      )
     except Exception:  # noqa: BLE001 -- a verifier crash on odd text scores 0
       return 0.0
     return s if np.isfinite(s) else 0.0
@@ -308,13 +351,21 @@ class ReasoningGymEnv:
       if answer is None:
         state = dataclasses.replace(state, format_error=True, done=True)
       else:
-        state = dataclasses.replace(state, answered=True, done=True,
-                                    score=self._score(answer, state.task))
+        state = dataclasses.replace(
+            state,
+            answered=True,
+            done=True,
+            score=self._score(answer, state.task),
+        )
       return "done", (state, np.zeros((0,), np.int32), True)
     m = answer_block(text)
     if m is not None:
-      state = dataclasses.replace(state, answered=True, done=True,
-                                  score=self._score(m.strip(), state.task))
+      state = dataclasses.replace(
+          state,
+          answered=True,
+          done=True,
+          score=self._score(m.strip(), state.task),
+      )
       return "done", (state, np.zeros((0,), np.int32), True)
     code = _code_of(text)
     if code is None:
@@ -324,16 +375,21 @@ class ReasoningGymEnv:
 
   def _finish(self, state: _State, result: sandbox_lib.ExecResult):
     obs_text = result.observation(max_chars=self.max_obs_len * 4)
-    state = dataclasses.replace(state, calls=state.calls + 1,
-                                errors=state.errors + int(not result.ok))
+    state = dataclasses.replace(
+        state, calls=state.calls + 1, errors=state.errors + int(not result.ok)
+    )
     done = state.turns >= self.max_turns
     state = dataclasses.replace(state, done=done)
     if self.chat_format is not None:
       # print()'s trailing newline is dropped: the template adds its own.
-      return state, self.chat_format.observation(obs_text.rstrip("\n"),
-                                                 self.max_obs_len), done
-    obs = self._encode(obs_text, self.max_obs_len, prefix=(tok.OBS,),
-                       suffix=(tok.OBS_END,))
+      return (
+          state,
+          self.chat_format.observation(obs_text.rstrip("\n"), self.max_obs_len),
+          done,
+      )
+    obs = self._encode(
+        obs_text, self.max_obs_len, prefix=(tok.OBS,), suffix=(tok.OBS_END,)
+    )
     return state, obs, done
 
   def step_batch_timeout_s(self, n: int) -> float:
@@ -356,7 +412,9 @@ class ReasoningGymEnv:
     results = iter(self.sandbox.run_batch(codes)) if codes else iter(())
     out = []
     for kind, payload in begun:
-      out.append(payload if kind == "done" else self._finish(payload[0], next(results)))
+      out.append(
+          payload if kind == "done" else self._finish(payload[0], next(results))
+      )
     return out
 
   def facts(self, state: _State) -> dict[str, np.ndarray]:
@@ -376,14 +434,28 @@ class ReasoningGymEnv:
 
   def expert_action(self, state: _State, rng: np.random.Generator | None):
     answer = str(state.task.entry["answer"])
-    use_tool = (state.calls == 0 and rng is not None
-                and rng.random() < self.expert_tool_prob)
+    use_tool = (
+        state.calls == 0
+        and rng is not None
+        and rng.random() < self.expert_tool_prob
+    )
     if self.chat_format is not None:
-      text = (f"```python\nprint({answer!r})\n```" if use_tool
-              else f"<answer>{answer}</answer>")
+      text = (
+          f"```python\nprint({answer!r})\n```"
+          if use_tool
+          else f"<answer>{answer}</answer>"
+      )
       return self.chat_format.assistant(text, self.max_action_len)
     if use_tool:
-      return self._encode(f"print({answer!r})", self.max_action_len,
-                          prefix=(tok.CALL,), suffix=(tok.CALL_END,))
-    return self._encode(answer, self.max_action_len, prefix=(tok.ANSWER,),
-                        suffix=(tok.ANSWER_END,))
+      return self._encode(
+          f"print({answer!r})",
+          self.max_action_len,
+          prefix=(tok.CALL,),
+          suffix=(tok.CALL_END,),
+      )
+    return self._encode(
+        answer,
+        self.max_action_len,
+        prefix=(tok.ANSWER,),
+        suffix=(tok.ANSWER_END,),
+    )

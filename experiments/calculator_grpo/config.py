@@ -20,8 +20,10 @@ ARMS = ("GRPO",)
 def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "GRPO").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/calculator_grpo/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/calculator_grpo/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = default.get_config("smoke" if size == "smoke" else None)
   if size != "smoke":
     # Sized for 8 vmapped seeds on the shared 2-core CPU (measured: 8 seeds of

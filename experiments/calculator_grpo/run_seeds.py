@@ -18,7 +18,9 @@ from absl import app
 from absl import flags
 
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run.")
-_ROOT = flags.DEFINE_string("root", "runs/seeds", "Parent folder of the workdirs.")
+_ROOT = flags.DEFINE_string(
+    "root", "runs/seeds", "Parent folder of the workdirs."
+)
 _CONFIG = flags.DEFINE_string("config", "configs/default.py", "Config file.")
 
 ROWS = (
@@ -35,16 +37,29 @@ ROWS = (
 
 def main(argv):
   del argv
-  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  lines = ["| seed | wall (s) | " + " | ".join(
-      f"{label} SFT -> RL" for _, label in ROWS) + " |",
-           "|---" * (len(ROWS) + 2) + "|"]
+  repo = os.path.dirname(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  )
+  lines = [
+      "| seed | wall (s) | "
+      + " | ".join(f"{label} SFT -> RL" for _, label in ROWS)
+      + " |",
+      "|---" * (len(ROWS) + 2) + "|",
+  ]
   for seed in _SEEDS.value:
     workdir = os.path.join(_ROOT.value, f"seed_{seed}")
     t0 = time.time()
-    subprocess.run([sys.executable, os.path.join(repo, "main.py"),
-                    f"--config={_CONFIG.value}", f"--config.seed={seed}",
-                    f"--workdir={workdir}"], check=True, cwd=repo)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(repo, "main.py"),
+            f"--config={_CONFIG.value}",
+            f"--config.seed={seed}",
+            f"--workdir={workdir}",
+        ],
+        check=True,
+        cwd=repo,
+    )
     wall = time.time() - t0
     with open(os.path.join(repo, workdir, "eval_report.json")) as f:
       rep = json.load(f)["reports"]

@@ -3,7 +3,6 @@
 Writes results.md / .json / .png (held-out table) and curves_summary.md / .png
 (training-curve windows) of the same workdirs."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,18 +21,26 @@ from experiments.dark_room import curves_summary
 # the z-scored advantage alone only in groups where every episode fails; with
 # fewer than 10% of the start policy's groups all-fail it has little to act on.
 SPEC = stats.ClaimSpec(
-    primary_metric="accuracy", higher_is_better=True,
-    room_metric="share of all-fail groups", room_threshold=0.1,
-    treatment="pred_zscore", control="outcome", prediction="worse",
+    primary_metric="accuracy",
+    higher_is_better=True,
+    room_metric="share of all-fail groups",
+    room_threshold=0.1,
+    treatment="pred_zscore",
+    control="outcome",
+    prediction="worse",
     room_fn=harness.room_all_fail_groups,
     claim="a next-observation-prediction PBRS bonus under z-scored GRPO collapses "
-          "success (episodes pinned at the horizon)",
+    "success (episodes pinned at the horizon)",
     paper="dark room (next-observation prediction reward under GRPO)",
-    departures=("tiny transformer from scratch", "key-value chains d = 5-6, not a "
-                "visual environment", "lambda = 0.1 only (no sweep)",
-                "SFT 150 x 32, RL 40 x 32 (CPU budget)"),
+    departures=(
+        "tiny transformer from scratch",
+        "key-value chains d = 5-6, not a " "visual environment",
+        "lambda = 0.1 only (no sweep)",
+        "SFT 150 x 32, RL 40 x 32 (CPU budget)",
+    ),
     positive_control="pred_meanonly arm (the same bonus without std scaling "
-                     "should not collapse)")
+    "should not collapse)",
+)
 
 
 def dark_room_eval(cfg, params):
@@ -51,16 +58,25 @@ def dark_room_eval(cfg, params):
   out = {}
   for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
     traj = rollout.rollout_jit(
-        env, tasks, jax.random.PRNGKey(cfg.eval.seed + 7), max_len=cfg.max_len,
-        graphdef=graphdef, params=params, model_config=model_cfg,
-        temperature=jnp.float32(temp))
+        env,
+        tasks,
+        jax.random.PRNGKey(cfg.eval.seed + 7),
+        max_len=cfg.max_len,
+        graphdef=graphdef,
+        params=params,
+        model_config=model_cfg,
+        temperature=jnp.float32(temp),
+    )
     finish = np.asarray(traj.finish)
     horizon = (finish == types.MAX_TURNS) | (finish == types.TRUNCATED)
     out[f"horizon_{name}"] = float(horizon.mean())
     out[f"turns_{name}"] = float(np.asarray(traj.num_turns).mean())
     if name == "greedy":
-      prob, hit = jax.jit(lambda t: credit.observation_prediction_scores(
-          graphdef, params, t, 1.0))(traj.tokens)
+      prob, hit = jax.jit(
+          lambda t: credit.observation_prediction_scores(
+              graphdef, params, t, 1.0
+          )
+      )(traj.tokens)
       obs = np.asarray(traj.role) == types.TOOL
       n = max(int(obs.sum()), 1)
       out["obs_pred_prob"] = float(np.asarray(prob)[obs].sum() / n)
@@ -72,19 +88,23 @@ if __name__ == "__main__":
   harness.claim_main(
       __file__,
       title="Dark room: next-observation-prediction reward, z-scored vs "
-            "mean-only GRPO vs auxiliary loss (kv chains d = 5-6)",
+      "mean-only GRPO vs auxiliary loss (kv chains d = 5-6)",
       arms_fn=config.arms,
-      metrics=(("accuracy", "accuracy"), ("pass@1", "pass@1"),
-               ("horizon_greedy", "horizon share"),
-               ("horizon_sampled", "horizon share (T=1)"),
-               ("turns_greedy", "turns/ep"),
-               ("obs_pred_acc", "obs. pred. acc."),
-               ("obs_pred_prob", "obs. pred. prob."),
-               ("late_horizon", "RL horizon, last 10 it.")),
+      metrics=(
+          ("accuracy", "accuracy"),
+          ("pass@1", "pass@1"),
+          ("horizon_greedy", "horizon share"),
+          ("horizon_sampled", "horizon share (T=1)"),
+          ("turns_greedy", "turns/ep"),
+          ("obs_pred_acc", "obs. pred. acc."),
+          ("obs_pred_prob", "obs. pred. prob."),
+          ("late_horizon", "RL horizon, last 10 it."),
+      ),
       curve_keys=("rl/accuracy", "rl/horizon_rate", "rl/obs_pred_acc"),
       curve_means=(("late_horizon", "rl/horizon_rate", -10, None),),
       extra_eval=dark_room_eval,
       spec=SPEC,
       after_run=lambda root, out_dir, seeds, smoke: curves_summary.write_summary(
-          root, out_dir, seeds),
+          root, out_dir, seeds
+      ),
   )

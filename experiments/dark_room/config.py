@@ -37,7 +37,13 @@ import ml_collections
 
 from experiments import kv_deep
 
-ARMS = ("outcome", "pred_zscore", "pred_meanonly", "pred_aux", "pred_aux_placebo")
+ARMS = (
+    "outcome",
+    "pred_zscore",
+    "pred_meanonly",
+    "pred_aux",
+    "pred_aux_placebo",
+)
 # Shaping coefficient lambda (reward units per unit of mean probability).
 PBRS_COEF = 0.1
 # Weight of the auxiliary next-observation CE (nats per observation token).
@@ -47,12 +53,15 @@ AUX_COEF = 0.1
 def get_config(arg: str | None = "pred_zscore") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "pred_zscore").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/dark_room/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/dark_room/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   # kv_chain's expert noise (0.3), the setting every dark_room number was
   # measured with (kv_deep's default is lower since 2026-12-01).
-  config = kv_deep.deep_kv_chain(5, 6, smoke=size == "smoke",
-                                 expert_undercall_prob=0.3)
+  config = kv_deep.deep_kv_chain(
+      5, 6, smoke=size == "smoke", expert_undercall_prob=0.3
+  )
   config.name = f"dark_room_{arm}"
   # Success only (kv_deep's reward): a format bonus would pay for answering
   # (see docstring).

@@ -35,8 +35,10 @@ ARMS = ("correct", "cost_0.02", "cost_0.1", "cost_0.3", "cost_1.2", "hdpo")
 def get_config(arg: str | None = "hdpo") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "hdpo").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/hdpo_conditional/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/hdpo_conditional/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = default.get_config("smoke" if size == "smoke" else None)
   config.name = f"hdpo_conditional_{arm}"
   config.env.expert_undercall_prob = 0.0
@@ -45,7 +47,8 @@ def get_config(arg: str | None = "hdpo") -> ml_collections.ConfigDict:
   if arm.startswith("cost_"):
     config.rl.rewards.tool_cost = 1.0
     config.rl.reward_params = ml_collections.ConfigDict(
-        dict(tool_cost=dict(c=float(arm[len("cost_"):]))))
+        dict(tool_cost=dict(c=float(arm[len("cost_") :])))
+    )
   elif arm == "hdpo":
     config.rl.advantage_estimator = "hdpo"
     config.rl.hdpo_efficiency_weight = 0.5

@@ -24,7 +24,12 @@ import ml_collections
 
 from configs import default
 
-ARMS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "drgrpo")
+ARMS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "drgrpo",
+)
 # Constant normaliser of the drgrpo arm: a budget of POLICY tokens per episode
 # (3 assistant turns in a 64-token buffer that also holds the prompt and the
 # observations; the first run measured at most 14 POLICY tokens). Any constant
@@ -35,8 +40,10 @@ RESPONSE_BUDGET = 32
 def get_config(arg: str | None = "token-mean") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "token-mean").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/length_bias/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/length_bias/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = default.get_config("smoke" if size == "smoke" else None)
   config.name = f"length_bias_{arm}"
   if arm == "drgrpo":

@@ -37,8 +37,10 @@ def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
     # OTC-PO reward (paper form, c = 1) plus the same format term.
     config.rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
   else:
-    raise ValueError(f"experiments/otc_efficiency/config.py: unknown arm {arm!r}; "
-                     "known: 'correct', 'otc' (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/otc_efficiency/config.py: unknown arm {arm!r}; "
+        "known: 'correct', 'otc' (append ',smoke' for the smoke size)"
+    )
   return config
 
 

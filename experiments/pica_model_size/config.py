@@ -35,8 +35,10 @@ ARMS = tuple(f"{s}_{a}" for s in SIZES for a in ("outcome", "pbrs"))
 def get_config(arg: str | None = "s_pbrs") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "s_pbrs").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/pica_model_size/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/pica_model_size/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   model_size, shaping = arm.split("_")
   config = kv_deep.deep_kv_chain(3, 5, smoke=size == "smoke")
   config.name = f"pica_model_size_{arm}"

@@ -29,14 +29,16 @@ ARMS = ("grpo", "tree_a0", "tree_a0.5", "tree_a1")
 def get_config(arg: str | None = "tree_a0.5") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "tree_a0.5").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/portool_tree/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/portool_tree/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = kv_deep.deep_kv_chain(3, 5, smoke=size == "smoke")
   config.name = f"portool_tree_{arm}"
   if arm.startswith("tree_a"):
     # Forks multiply to the group size: 2-2-2 = 8 leaves (smoke: 2-2 = 4).
     config.rl.tree_branching = (2, 2) if size == "smoke" else (2, 2, 2)
-    config.rl.tree_alpha = float(arm[len("tree_a"):])
+    config.rl.tree_alpha = float(arm[len("tree_a") :])
   return config
 
 

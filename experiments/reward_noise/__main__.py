@@ -10,24 +10,37 @@ from experiments.reward_noise import config
 # policy's groups tied there is too little for it to act on. An effect inside
 # +-0.02 of accuracy counts as no effect.
 SPEC = stats.ClaimSpec(
-    primary_metric="early_acc", higher_is_better=True,
-    room_metric="share of tied groups", room_threshold=0.3,
-    equivalence_margin=0.02, treatment="dither_0.05", control="clean",
-    prediction="better", room_fn=harness.room_tied_groups,
+    primary_metric="early_acc",
+    higher_is_better=True,
+    room_metric="share of tied groups",
+    room_threshold=0.3,
+    equivalence_margin=0.02,
+    treatment="dither_0.05",
+    control="clean",
+    prediction="better",
+    room_fn=harness.room_tied_groups,
     claim="reward dithering (small uniform noise) speeds early learning over the "
-          "clean reward; flipped rewards degrade accuracy gracefully",
+    "clean reward; flipped rewards degrade accuracy gracefully",
     paper="ReDit (reward dithering)",
-    departures=("tiny transformer from scratch", "synthetic arithmetic",
-                "binary correctness reward, dither width 0.05"),
-    positive_control="flip_0.4 arm (heavy noise must lower accuracy)")
+    departures=(
+        "tiny transformer from scratch",
+        "synthetic arithmetic",
+        "binary correctness reward, dither width 0.05",
+    ),
+    positive_control="flip_0.4 arm (heavy noise must lower accuracy)",
+)
 
 if __name__ == "__main__":
   harness.claim_main(
       __file__,
       title="Reward noise (flips) and reward dithering",
       arms_fn=config.arms,
-      metrics=(("accuracy", "accuracy"), ("accuracy_hard", "acc. hard"),
-               ("pass@1", "pass@1"), ("early_acc", "train acc. it. 1-15")),
+      metrics=(
+          ("accuracy", "accuracy"),
+          ("accuracy_hard", "acc. hard"),
+          ("pass@1", "pass@1"),
+          ("early_acc", "train acc. it. 1-15"),
+      ),
       curve_keys=("rl/accuracy", "rl/zero_variance_groups"),
       curve_means=(("early_acc", "rl/accuracy", 0, 15),),
       spec=SPEC,

@@ -28,17 +28,21 @@ ARMS = ("clean", "flip_0.2", "flip_0.4", "dither_0.05")
 def get_config(arg: str | None = "clean") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "clean").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/reward_noise/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/reward_noise/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = default.get_config("smoke" if size == "smoke" else None)
   config.name = f"reward_noise_{arm}"
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
   if arm.startswith("flip_"):
     config.rl.reward_noise = ml_collections.ConfigDict(
-        dict(flip_p=float(arm[len("flip_"):])))
+        dict(flip_p=float(arm[len("flip_") :]))
+    )
   elif arm.startswith("dither_"):
     config.rl.reward_noise = ml_collections.ConfigDict(
-        dict(dither_sigma=float(arm[len("dither_"):])))
+        dict(dither_sigma=float(arm[len("dither_") :]))
+    )
   return config
 
 

@@ -46,10 +46,15 @@ def main(_):
     graphdef, state = train.init_state(config, model_cfg, mesh)
     state = train.start_rl(config, state)
     rollout_fn = learner.make_host_rollout_fn(config, env, graphdef, model_cfg)
-    step = learner.make_rl_step(config, env, graphdef,
-                                learner.make_optimizer(config.rl), model_cfg)
-    out = {"config": config.name, "batch": config.rl.batch_size,
-           "max_len": config.max_len, "reps": _REPS.value}
+    step = learner.make_rl_step(
+        config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+    )
+    out = {
+        "config": config.name,
+        "batch": config.rl.batch_size,
+        "max_len": config.max_len,
+        "reps": _REPS.value,
+    }
     samp, trainv = [], []
     for rep in range(_REPS.value + 1):
       t0 = time.perf_counter()
@@ -76,8 +81,11 @@ def main(_):
     upd = float(np.mean(trainv))
     out["update_seconds_est"] = upd
     out["training_buffer_tokens_per_s_est"] = (
-        config.rl.batch_size * config.max_len / max(upd, 1e-9))
-    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        config.rl.batch_size * config.max_len / max(upd, 1e-9)
+    )
+    out["peak_rss_gb"] = (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    )
     print(json.dumps(out, indent=2))
     sys.stdout.flush()
 

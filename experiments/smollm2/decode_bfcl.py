@@ -27,27 +27,42 @@ def main(argv=None) -> None:
   args = p.parse_args(argv)
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForCausalLM  # pylint: disable=g-import-not-at-top
+
   folder = gguf.smollm2_hf_folder()
   tokenizer = tk.HFTokenizer.from_folder(folder)
-  env = bfcl.BFCLEnv(categories=("simple", "multiple"), max_prompt_len=384,
-                     max_action_len=args.max_new_tokens, tokenizer=tokenizer)
-  model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+  env = bfcl.BFCLEnv(
+      categories=("simple", "multiple"),
+      max_prompt_len=384,
+      max_action_len=args.max_new_tokens,
+      tokenizer=tokenizer,
+  )
+  model = AutoModelForCausalLM.from_pretrained(
+      folder, dtype=torch.float32
+  ).eval()
   stops = tuple(env.chat_format.stop_tokens)
   calls = 0
   for task in env.eval_tasks(args.n, 0):
     state, (ids, _) = env.reset(task)
     x = torch.tensor([list(ids)])
     with torch.no_grad():
-      out = model.generate(x, max_new_tokens=args.max_new_tokens, do_sample=False,
-                           eos_token_id=list(stops))
-    text = tokenizer.decode([i for i in out[0, x.shape[1]:].tolist() if i not in stops])
+      out = model.generate(
+          x,
+          max_new_tokens=args.max_new_tokens,
+          do_sample=False,
+          eos_token_id=list(stops),
+      )
+    text = tokenizer.decode(
+        [i for i in out[0, x.shape[1] :].tolist() if i not in stops]
+    )
     parsed = parsers.parse_tool_calls(text)
     facts = env.facts(env.step(state, text)[0])
     ok = not isinstance(parsed, parsers.ParseError)
     calls += ok
-    print(f"=== {task.questions[0]!s:.200}\n--- reply: {text[:300]!r}\n--- parsed: "
-          f"{[(c.name, c.arguments) for c in parsed] if ok else parsed.reason}; "
-          f"correct={bool(facts['correct'])}")
+    print(
+        f"=== {task.questions[0]!s:.200}\n--- reply: {text[:300]!r}\n--- parsed: "
+        f"{[(c.name, c.arguments) for c in parsed] if ok else parsed.reason}; "
+        f"correct={bool(facts['correct'])}"
+    )
   print(f"{calls} of {args.n} replies parsed as a call")
 
 

@@ -31,8 +31,10 @@ def main():
   print(f"file: {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
   start = time.perf_counter()
   checkpoint = gguf_lib.read_gguf(path)
-  print(f"read_gguf: {time.perf_counter() - start:.1f} s, "
-        f"peak RSS {_peak_rss_gb():.2f} GB")
+  print(
+      f"read_gguf: {time.perf_counter() - start:.1f} s, "
+      f"peak RSS {_peak_rss_gb():.2f} GB"
+  )
   print("tensor types:", checkpoint.quantization)
   num_params = sum(v.size for v in checkpoint.state_dict.values())
   print(f"parameters: {num_params:,} (float32 {num_params * 4 / 1e6:.0f} MB)")
@@ -45,22 +47,39 @@ def main():
 
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
   start = time.perf_counter()
-  model = transformers.AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      args.out, dtype=torch.float32
+  )
   tokenizer = transformers.AutoTokenizer.from_pretrained(args.out)
-  print(f"transformers load of the folder: {time.perf_counter() - start:.1f} s, "
-        f"peak RSS {_peak_rss_gb():.2f} GB")
-  messages = [{"role": "user",
-               "content": "What is the capital of France? Answer in one sentence."}]
-  inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)
+  print(
+      f"transformers load of the folder: {time.perf_counter() - start:.1f} s, "
+      f"peak RSS {_peak_rss_gb():.2f} GB"
+  )
+  messages = [
+      {
+          "role": "user",
+          "content": "What is the capital of France? Answer in one sentence.",
+      }
+  ]
+  inputs = tokenizer.apply_chat_template(
+      messages,
+      add_generation_prompt=True,
+      return_tensors="pt",
+      return_dict=True,
+  )
   start = time.perf_counter()
   with torch.no_grad():
-    out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
+    out = model.generate(
+        **inputs, max_new_tokens=args.max_new_tokens, do_sample=False
+    )
   seconds = time.perf_counter() - start
-  new = out[0, inputs["input_ids"].shape[1]:]
-  print(f"greedy: {len(new)} tokens in {seconds:.1f} s ({len(new) / seconds:.1f} tok/s, "
-        f"threads={torch.get_num_threads()})")
+  new = out[0, inputs["input_ids"].shape[1] :]
+  print(
+      f"greedy: {len(new)} tokens in {seconds:.1f} s ({len(new) / seconds:.1f} tok/s, "
+      f"threads={torch.get_num_threads()})"
+  )
   print("prompt:", repr(tokenizer.decode(inputs["input_ids"][0])))
   print("completion:", repr(tokenizer.decode(new)))
 

@@ -43,11 +43,19 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
-def experiment_config(seed: int, rl_steps: int, sft_steps: int, eval_tasks: int,
-                      num_samples: int, pass_k: tuple[int, ...]):
+def experiment_config(
+    seed: int,
+    rl_steps: int,
+    sft_steps: int,
+    eval_tasks: int,
+    num_samples: int,
+    pass_k: tuple[int, ...],
+):
   """configs/smollm2_bfcl.py with LoRA adapters; every change is commented.
 
   Returns:
@@ -68,8 +76,9 @@ def experiment_config(seed: int, rl_steps: int, sft_steps: int, eval_tasks: int,
   # (SFT 5e-5, RL 2e-6), the usual LoRA-vs-full ratio (adapters start at
   # B = 0 and their update is scaled by alpha / rank). Chosen before any run,
   # not tuned.
-  config.sft = smollm2_common.sft_warm_start(steps=sft_steps, batch_size=8,
-                                             learning_rate=5e-4)
+  config.sft = smollm2_common.sft_warm_start(
+      steps=sft_steps, batch_size=8, learning_rate=5e-4
+  )
   config.rl.learning_rate = 2e-5
   config.rl.steps = rl_steps
   # The imported model's zero-shot score is known (0.00, format errors 1.00,
@@ -94,15 +103,25 @@ def _child(args) -> None:
 
   from agentic_rl import train  # noqa: PLC0415
 
-  config = experiment_config(args.seed, args.rl_steps, args.sft_steps,
-                             args.eval_tasks, args.num_samples, _ints(args.pass_k))
+  config = experiment_config(
+      args.seed,
+      args.rl_steps,
+      args.sft_steps,
+      args.eval_tasks,
+      args.num_samples,
+      _ints(args.pass_k),
+  )
   workdir = os.path.abspath(args.workdir)
   original_evaluate = train.evaluate
 
   def recording_evaluate(config, env, graphdef, params, model_cfg):
     # The first evaluation of a run scores the SFT checkpoint (eval_sft.json is
     # written after it returns), the next one the final policy.
-    label = "final" if os.path.exists(os.path.join(workdir, "eval_sft.json")) else "sft"
+    label = (
+        "final"
+        if os.path.exists(os.path.join(workdir, "eval_sft.json"))
+        else "sft"
+    )
     runs = []
     rollout_fn = train.host_rollout.rollout
 
@@ -117,11 +136,17 @@ def _child(args) -> None:
       out = original_evaluate(config, env, graphdef, params, model_cfg)
     finally:
       train.host_rollout.rollout = rollout_fn
-    record = {"greedy_correct": runs[0].astype(int).tolist(),
-              "sample_correct_counts": (np.sum(runs[1:], axis=0).astype(int).tolist()
-                                        if len(runs) > 1 else None),
-              "num_samples": len(runs) - 1, "summary": out,
-              "seconds": time.time() - t0}
+    record = {
+        "greedy_correct": runs[0].astype(int).tolist(),
+        "sample_correct_counts": (
+            np.sum(runs[1:], axis=0).astype(int).tolist()
+            if len(runs) > 1
+            else None
+        ),
+        "num_samples": len(runs) - 1,
+        "summary": out,
+        "seconds": time.time() - t0,
+    }
     with open(os.path.join(workdir, f"eval_tasks_{label}.json"), "w") as f:
       json.dump(record, f, indent=1)
     return out
@@ -136,9 +161,13 @@ def _child(args) -> None:
         t = time.time()
         out = jax.block_until_ready(step(*x, **y))
         with open(os.path.join(workdir, "step_seconds.jsonl"), "a") as f:
-          f.write(json.dumps({"phase": phase, "seconds": time.time() - t}) + "\n")
+          f.write(
+              json.dumps({"phase": phase, "seconds": time.time() - t}) + "\n"
+          )
         return out
+
       return run
+
     return make_timed
 
   # Wall seconds per step (compile included in each phase's first step).
@@ -147,8 +176,13 @@ def _child(args) -> None:
   t0 = time.time()
   train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "wall_seconds.json"), "w") as f:
-    json.dump({"seconds_this_process": time.time() - t0,
-               "config_hash": config_hash(config)}, f)
+    json.dump(
+        {
+            "seconds_this_process": time.time() - t0,
+            "config_hash": config_hash(config),
+        },
+        f,
+    )
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -179,14 +213,21 @@ def analyse(out: str, seeds: tuple[int, ...], pass_k: tuple[int, ...]) -> dict:
   per_seed, before_acc, after_acc = [], [], []
   for s in seeds:
     wd = os.path.join(out, f"seed_{s}")
-    sft, fin = (_load(os.path.join(wd, f"eval_tasks_{x}.json")) for x in ("sft", "final"))
+    sft, fin = (
+        _load(os.path.join(wd, f"eval_tasks_{x}.json"))
+        for x in ("sft", "final")
+    )
     rows = _metrics(wd)
     rl = [r for r in rows if r.get("phase") == "rl"]
-    entry = {"seed": s, "rl_steps_done": len(rl),
-             "config_hash": (_load(os.path.join(wd, "wall_seconds.json")) or {}).get(
-                 "config_hash"),
-             "before": sft["summary"] if sft else None,
-             "after": fin["summary"] if fin else None}
+    entry = {
+        "seed": s,
+        "rl_steps_done": len(rl),
+        "config_hash": (_load(os.path.join(wd, "wall_seconds.json")) or {}).get(
+            "config_hash"
+        ),
+        "before": sft["summary"] if sft else None,
+        "after": fin["summary"] if fin else None,
+    }
     spath = os.path.join(wd, "step_seconds.jsonl")
     if os.path.exists(spath):
       with open(spath) as f:
@@ -199,8 +240,10 @@ def analyse(out: str, seeds: tuple[int, ...], pass_k: tuple[int, ...]) -> dict:
       b = np.asarray(sft["greedy_correct"], float)
       a = np.asarray(fin["greedy_correct"], float)
       entry["per_task_paired"] = stats.paired_difference(a, b)
-      entry["tasks_changed"] = {"gained": int(np.sum((a == 1) & (b == 0))),
-                                "lost": int(np.sum((a == 0) & (b == 1)))}
+      entry["tasks_changed"] = {
+          "gained": int(np.sum((a == 1) & (b == 0))),
+          "lost": int(np.sum((a == 0) & (b == 1))),
+      }
       before_acc.append(float(b.mean()))
       after_acc.append(float(a.mean()))
       for label, rec in (("before", sft), ("after", fin)):
@@ -208,34 +251,54 @@ def analyse(out: str, seeds: tuple[int, ...], pass_k: tuple[int, ...]) -> dict:
         if n:
           c = np.asarray(rec["sample_correct_counts"])
           entry[f"pass_at_k_{label}"] = {
-              str(k): float(metrics_lib.pass_at_k(n, c, k).mean()) for k in pass_k if k <= n}
+              str(k): float(metrics_lib.pass_at_k(n, c, k).mean())
+              for k in pass_k
+              if k <= n
+          }
     if rl:
-      entry["rl_reward_first_last"] = [rl[0].get("rl/reward"), rl[-1].get("rl/reward")]
+      entry["rl_reward_first_last"] = [
+          rl[0].get("rl/reward"),
+          rl[-1].get("rl/reward"),
+      ]
       entry["rl_kl_last"] = rl[-1].get("rl/kl")
     per_seed.append(entry)
-  res = {"experiment": "smollm2_lora_bfcl", "commit": harness.git_commit(),
-         "seeds": list(seeds), "per_seed": per_seed}
+  res = {
+      "experiment": "smollm2_lora_bfcl",
+      "commit": harness.git_commit(),
+      "seeds": list(seeds),
+      "per_seed": per_seed,
+  }
   if len(before_acc) >= 2:
     res["across_seeds_paired"] = stats.paired_difference(after_acc, before_acc)
     lo = res["across_seeds_paired"]["ci"][0]
     res["verdict"] = "supported" if lo > 0 else "inconclusive"
   else:
-    res["verdict"] = (f"not decided: {len(before_acc)} finished seed(s); the across-seed "
-                      "test needs >= 2 (3 planned)")
+    res["verdict"] = (
+        f"not decided: {len(before_acc)} finished seed(s); the across-seed "
+        "test needs >= 2 (3 planned)"
+    )
   return res
 
 
 def plot(out: str, seeds: tuple[int, ...]) -> str:
   """reward_curve.png: RL reward, KL to the reference and format reward per step."""
   import matplotlib  # noqa: PLC0415
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  keys = (("rl/reward", "training reward"), ("rl/kl", "KL to SFT reference (nats/token)"),
-          ("rl/accuracy", "training accuracy"))
+  keys = (
+      ("rl/reward", "training reward"),
+      ("rl/kl", "KL to SFT reference (nats/token)"),
+      ("rl/accuracy", "training accuracy"),
+  )
   fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
   for s in seeds:
-    rl = [r for r in _metrics(os.path.join(out, f"seed_{s}")) if r.get("phase") == "rl"]
+    rl = [
+        r
+        for r in _metrics(os.path.join(out, f"seed_{s}"))
+        if r.get("phase") == "rl"
+    ]
     for ax, (k, _) in zip(axes, keys):
       pts = [(r["step"], r[k]) for r in rl if r.get(k) is not None]
       if pts:
@@ -254,15 +317,22 @@ def plot(out: str, seeds: tuple[int, ...]) -> str:
 def markdown(res: dict) -> str:
   """results.md: per-seed before/after table and the across-seed test."""
   f = lambda x: "n/a" if x is None or x != x else f"{x:.3f}"
-  lines = [f"# SmolLM2-135M LoRA GRPO on BFCL (commit {res['commit']})", "",
-           "| seed | config | RL steps | acc. before | acc. after | after - before "
-           "[95% CI over tasks] | gained / lost | format err. before / after | "
-           "RL reward first / last | KL last |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+      f"# SmolLM2-135M LoRA GRPO on BFCL (commit {res['commit']})",
+      "",
+      "| seed | config | RL steps | acc. before | acc. after | after - before "
+      "[95% CI over tasks] | gained / lost | format err. before / after | "
+      "RL reward first / last | KL last |",
+      "|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for e in res["per_seed"]:
     b, a = e.get("before") or {}, e.get("after") or {}
     p = e.get("per_task_paired")
-    diff = f"{p['mean']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]" if p else "n/a"
+    diff = (
+        f"{p['mean']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
+        if p
+        else "n/a"
+    )
     ch = e.get("tasks_changed")
     rw = e.get("rl_reward_first_last") or [None, None]
     lines.append(
@@ -270,19 +340,29 @@ def markdown(res: dict) -> str:
         f"{f(b.get('accuracy'))} | {f(a.get('accuracy'))} | {diff} | "
         f"{(str(ch['gained']) + ' / ' + str(ch['lost'])) if ch else 'n/a'} | "
         f"{f(b.get('format_error_rate'))} / {f(a.get('format_error_rate'))} | "
-        f"{f(rw[0])} / {f(rw[1])} | {f(e.get('rl_kl_last'))} |")
-  pk = [(e["seed"], e.get("pass_at_k_before"), e.get("pass_at_k_after"))
-        for e in res["per_seed"] if e.get("pass_at_k_before")]
+        f"{f(rw[0])} / {f(rw[1])} | {f(e.get('rl_kl_last'))} |"
+    )
+  pk = [
+      (e["seed"], e.get("pass_at_k_before"), e.get("pass_at_k_after"))
+      for e in res["per_seed"]
+      if e.get("pass_at_k_before")
+  ]
   if pk:
-    lines += ["", "| seed | k | pass@k before | pass@k after |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| seed | k | pass@k before | pass@k after |",
+        "|---|---|---|---|",
+    ]
     for s, pb, pa in pk:
       for k in pb:
         lines.append(f"| {s} | {k} | {f(pb[k])} | {f((pa or {}).get(k))} |")
   lines.append("")
   if "across_seeds_paired" in res:
     p = res["across_seeds_paired"]
-    lines.append(f"Across seeds (n = {p['n']}): after - before accuracy {p['mean']:+.3f}, "
-                 f"95% CI [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] -> {res['verdict']}.")
+    lines.append(
+        f"Across seeds (n = {p['n']}): after - before accuracy {p['mean']:+.3f}, "
+        f"95% CI [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] -> {res['verdict']}."
+    )
   else:
     lines.append(f"Verdict: {res['verdict']}.")
   return "\n".join(lines) + "\n"
@@ -310,11 +390,20 @@ def main(argv=None) -> None:
   walls = {}
   if not args.report_only:
     for s in seeds:
-      cmd = [sys.executable, "-m", "experiments.smollm2_lora.run", "--child",
-             f"--seed={s}", f"--workdir={os.path.join(args.out, f'seed_{s}')}",
-             f"--rl_steps={args.rl_steps}", f"--sft_steps={args.sft_steps}",
-             f"--eval_tasks={args.eval_tasks}", f"--num_samples={args.num_samples}",
-             f"--pass_k={args.pass_k}", "--out=unused"]
+      cmd = [
+          sys.executable,
+          "-m",
+          "experiments.smollm2_lora.run",
+          "--child",
+          f"--seed={s}",
+          f"--workdir={os.path.join(args.out, f'seed_{s}')}",
+          f"--rl_steps={args.rl_steps}",
+          f"--sft_steps={args.sft_steps}",
+          f"--eval_tasks={args.eval_tasks}",
+          f"--num_samples={args.num_samples}",
+          f"--pass_k={args.pass_k}",
+          "--out=unused",
+      ]
       t0 = time.time()
       subprocess.run(cmd, cwd=REPO, check=True)
       walls[s] = time.time() - t0

@@ -3,7 +3,6 @@
 Writes results.* (the five arms) and results_delta_drop.* (the post-hoc arm,
 same SFT checkpoint and seeds)."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,18 +23,26 @@ from experiments.step_hacking import config
 # so the room is now measured with greedy decoding. Changed after seeing that
 # room value and before any RL of this setup; README.md.)
 SPEC = stats.ClaimSpec(
-    primary_metric="accuracy", higher_is_better=True,
-    room_metric="start greedy accuracy (training tasks)", room_threshold=0.3,
-    treatment="sum", control="success_only", prediction="worse",
+    primary_metric="accuracy",
+    higher_is_better=True,
+    room_metric="start greedy accuracy (training tasks)",
+    room_threshold=0.3,
+    treatment="sum",
+    control="success_only",
+    prediction="worse",
     room_fn=harness.room_start_greedy_accuracy,
     claim="a summed process reward is hacked by repeating valid steps; Clip / "
-          "Delta / min-form bound it",
+    "Delta / min-form bound it",
     paper="Clipping/Delta arXiv:2410.15115; PURE arXiv:2504.15275",
-    departures=("rule 'PRM' scoring each valid call 1 (repeats included), not "
-                "a learned PRM with continuous scores", "answer step not scored",
-                "Clip threshold eta = 1 fixed, not a score quantile",
-                "key-value chains d = 1-3; SFT 100 x 32, RL 25 x 32"),
-    positive_control="")
+    departures=(
+        "rule 'PRM' scoring each valid call 1 (repeats included), not "
+        "a learned PRM with continuous scores",
+        "answer step not scored",
+        "Clip threshold eta = 1 fixed, not a score quantile",
+        "key-value chains d = 1-3; SFT 100 x 32, RL 25 x 32",
+    ),
+    positive_control="",
+)
 
 
 def hacking_metrics(cfg, params):
@@ -52,11 +59,20 @@ def hacking_metrics(cfg, params):
   graphdef = train.init_state(cfg, model_cfg)[0]
   tasks = env.eval_tasks(cfg.eval.num_tasks, cfg.eval.seed)
   out = {}
-  for suffix, temp, seed in (("", 0.0, cfg.eval.seed), ("_t1", 1.0, cfg.eval.seed + 7)):
+  for suffix, temp, seed in (
+      ("", 0.0, cfg.eval.seed),
+      ("_t1", 1.0, cfg.eval.seed + 7),
+  ):
     traj = rollout.rollout_jit(
-        env, tasks, jax.random.PRNGKey(seed), max_len=cfg.max_len,
-        graphdef=graphdef, params=params, model_config=model_cfg,
-        temperature=jnp.float32(temp))
+        env,
+        tasks,
+        jax.random.PRNGKey(seed),
+        max_len=cfg.max_len,
+        graphdef=graphdef,
+        params=params,
+        model_config=model_cfg,
+        temperature=jnp.float32(temp),
+    )
     f = jax.device_get(traj.facts)
     calls = np.asarray(f["num_tool_calls"], np.float64)
     red = np.asarray(f["num_redundant_calls"], np.float64)
@@ -66,16 +82,25 @@ def hacking_metrics(cfg, params):
     out[f"turns{suffix}"] = float(turns.mean())
     out[f"horizon_rate{suffix}"] = float((turns >= env.max_turns).mean())
     out[f"unanswered{suffix}"] = float(
-        (np.asarray(traj.finish) != types.ANSWERED).mean())
+        (np.asarray(traj.finish) != types.ANSWERED).mean()
+    )
     if suffix:
-      out[f"accuracy{suffix}"] = float(np.asarray(f["correct"], np.float64).mean())
+      out[f"accuracy{suffix}"] = float(
+          np.asarray(f["correct"], np.float64).mean()
+      )
   return out
 
 
-METRICS = (("accuracy", "accuracy"), ("tool_calls", "calls/ep"),
-           ("repeat_rate", "repeat rate"), ("turns", "turns/ep"),
-           ("accuracy_t1", "acc. T=1"), ("repeat_rate_t1", "repeat rate T=1"),
-           ("turns_t1", "turns/ep T=1"), ("unanswered_t1", "unanswered T=1"))
+METRICS = (
+    ("accuracy", "accuracy"),
+    ("tool_calls", "calls/ep"),
+    ("repeat_rate", "repeat rate"),
+    ("turns", "turns/ep"),
+    ("accuracy_t1", "acc. T=1"),
+    ("repeat_rate_t1", "repeat rate T=1"),
+    ("turns_t1", "turns/ep T=1"),
+    ("unanswered_t1", "unanswered T=1"),
+)
 CURVES = ("rl/accuracy", "rl/tool_calls", "rl/redundant_calls", "rl/turns")
 
 
@@ -85,16 +110,31 @@ def delta_drop(root, out_dir, seeds, smoke):
   as results_delta_drop.md / .json / .png."""
   harness.run_claim(
       "post-hoc: Delta with the last step dropped",
-      {"delta_drop": config.get_config("delta_drop" + (",smoke" if smoke else ""))},
-      seeds, root=root, out_dir=out_dir, metrics=METRICS, curve_keys=CURVES,
-      extra_eval=hacking_metrics, include_sft_row=False, stem="results_delta_drop")
+      {
+          "delta_drop": config.get_config(
+              "delta_drop" + (",smoke" if smoke else "")
+          )
+      },
+      seeds,
+      root=root,
+      out_dir=out_dir,
+      metrics=METRICS,
+      curve_keys=CURVES,
+      extra_eval=hacking_metrics,
+      include_sft_row=False,
+      stem="results_delta_drop",
+  )
 
 
 if __name__ == "__main__":
   harness.claim_main(
       __file__,
       title="Hackable per-call step reward: sum vs Clip / Delta / min-form "
-            "(key-value chains)",
-      arms_fn=config.arms, metrics=METRICS, curve_keys=CURVES,
-      extra_eval=hacking_metrics, after_run=delta_drop, spec=SPEC,
+      "(key-value chains)",
+      arms_fn=config.arms,
+      metrics=METRICS,
+      curve_keys=CURVES,
+      extra_eval=hacking_metrics,
+      after_run=delta_drop,
+      spec=SPEC,
   )

@@ -50,8 +50,10 @@ COEF = 0.5
 def get_config(arg: str | None = "sum") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "sum").partition(",")
   if arm not in ARMS + EXTRA_ARMS:
-    raise ValueError(f"experiments/step_hacking/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS + EXTRA_ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/step_hacking/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS + EXTRA_ARMS} (append ',smoke' for the smoke size)"
+    )
   config = kv_chain.get_config("smoke" if size == "smoke" else None)
   config.name = f"step_hacking_{arm}"
   config.rl.credit = "per_turn"

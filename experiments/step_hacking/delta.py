@@ -14,16 +14,22 @@ from experiments.step_hacking import config
 # Declared before the run: held-out greedy accuracy of delta within +-0.05 of
 # success-only (paired by seed); same room check as the sum-form claim.
 SPEC = stats.ClaimSpec(
-    primary_metric="accuracy", higher_is_better=True,
-    room_metric="start greedy accuracy (training tasks)", room_threshold=0.3,
-    equivalence_margin=0.05, treatment="delta", control="success_only",
-    prediction="equivalent", room_fn=harness.room_start_greedy_accuracy,
+    primary_metric="accuracy",
+    higher_is_better=True,
+    room_metric="start greedy accuracy (training tasks)",
+    room_threshold=0.3,
+    equivalence_margin=0.05,
+    treatment="delta",
+    control="success_only",
+    prediction="equivalent",
+    room_fn=harness.room_start_greedy_accuracy,
     claim="Delta credit on the step reward removes the hack: accuracy as "
-          "success-only",
+    "success-only",
     paper="Clipping/Delta arXiv:2410.15115",
     departures=step_main.SPEC.departures,
     positive_control="sum arm (results.md: the same step reward without a "
-                     "bound collapses)")
+    "bound collapses)",
+)
 
 
 def arms(smoke: bool):
@@ -33,6 +39,12 @@ def arms(smoke: bool):
 
 if __name__ == "__main__":
   harness.claim_main(
-      __file__, title="Delta-form step reward vs success-only (key-value chains)",
-      arms_fn=arms, metrics=step_main.METRICS, curve_keys=step_main.CURVES,
-      extra_eval=step_main.hacking_metrics, spec=SPEC, stem="results_delta")
+      __file__,
+      title="Delta-form step reward vs success-only (key-value chains)",
+      arms_fn=arms,
+      metrics=step_main.METRICS,
+      curve_keys=step_main.CURVES,
+      extra_eval=step_main.hacking_metrics,
+      spec=SPEC,
+      stem="results_delta",
+  )

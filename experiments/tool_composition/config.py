@@ -55,24 +55,40 @@ MAX_LEN = 256
 # answer correctness (`correct`), equal weights in the additive mean. The first
 # runs had no answer factor (one correct call plus any answer scored 1, so
 # calling less was optimal); the paper's reward has an answer/coverage term.
-TOOLRLA = dict(call_format=0.2, call_name=0.2, call_params=0.2,
-               call_constraint=0.2, correct=0.2)
+TOOLRLA = dict(
+    call_format=0.2,
+    call_name=0.2,
+    call_params=0.2,
+    call_constraint=0.2,
+    correct=0.2,
+)
 
 
 def get_config(arg: str | None = "execution") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "execution").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/tool_composition/config.py: unknown arm {arm!r};"
-                     f" known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/tool_composition/config.py: unknown arm {arm!r};"
+        f" known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   smoke = size == "smoke"
   config = schema_calls.get_config("smoke" if smoke else None)
   config.name = f"tool_composition_{arm}"
-  config.env.update(dict(
-      num_tools=2, min_depth=1, max_depth=MAX_DEPTH, branch_prob=0.5,
-      forbid_prob=0.5, max_turns=MAX_DEPTH + 2,
-      expert_undercall_prob=0.1, expert_overcall_prob=0.1,
-      expert_wrong_arg_prob=0.05, expert_wrong_name_prob=0.05,
-      expert_violation_prob=0.2))
+  config.env.update(
+      dict(
+          num_tools=2,
+          min_depth=1,
+          max_depth=MAX_DEPTH,
+          branch_prob=0.5,
+          forbid_prob=0.5,
+          max_turns=MAX_DEPTH + 2,
+          expert_undercall_prob=0.1,
+          expert_overcall_prob=0.1,
+          expert_wrong_arg_prob=0.05,
+          expert_wrong_name_prob=0.05,
+          expert_violation_prob=0.2,
+      )
+  )
   config.max_len = MAX_LEN
   if not smoke:
     # Sized for the 2-core CPU at max_len 256 (3 seeds x 4 arms). The first
@@ -87,14 +103,18 @@ def get_config(arg: str | None = "execution") -> ml_collections.ConfigDict:
   config.eval.pass_k = (1,)
   if arm in ("additive", "multiplicative"):
     config.rl.rewards = ml_collections.ConfigDict(dict(TOOLRLA))
-    config.rl.reward_composition = "product" if arm == "multiplicative" else "sum"
+    config.rl.reward_composition = (
+        "product" if arm == "multiplicative" else "sum"
+    )
   elif arm == "execution":
     config.rl.rewards = ml_collections.ConfigDict(dict(tier=1.0))
   else:
     config.rl.rewards = ml_collections.ConfigDict(dict(ref_match=1.0))
     config.rl.reward_params = ml_collections.ConfigDict(
-        dict(ref_match=dict(w_format=1.0, w_match=2.0, w_answer=1.0,
-                            exact=True)))
+        dict(
+            ref_match=dict(w_format=1.0, w_match=2.0, w_answer=1.0, exact=True)
+        )
+    )
   return config
 
 

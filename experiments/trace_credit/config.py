@@ -33,8 +33,10 @@ ARMS = ("outcome", "trace", "progress")
 def get_config(arg: str | None = "trace") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "trace").partition(",")
   if arm not in ARMS:
-    raise ValueError(f"experiments/trace_credit/config.py: unknown arm {arm!r}; "
-                     f"known: {ARMS} (append ',smoke' for the smoke size)")
+    raise ValueError(
+        f"experiments/trace_credit/config.py: unknown arm {arm!r}; "
+        f"known: {ARMS} (append ',smoke' for the smoke size)"
+    )
   config = kv_deep.deep_kv_chain(4, 6, smoke=size == "smoke")
   config.name = f"trace_credit_{arm}"
   config.rl.credit = "per_turn"
