@@ -324,7 +324,11 @@ def meanings(mode: str = "rl") -> dict[str, str]:
       "configs/common.py": {
           r"^\s*cfg\.(lora) = ml_collections\.ConfigDict\((?:dict\()?$": (),
           r"^\s*config\.(checkpoint) = ml_collections\.ConfigDict\((?:dict\()?$": (),
-          r"^  return ml_collections\.ConfigDict\((?:dict\()?$": ("sft", "rl", "rm"),
+          r"^  return ml_collections\.ConfigDict\((?:dict\()?$": (
+              "sft",
+              "rl",
+              "rm",
+          ),
       },
       "configs/default.py": {
           r"^\s*config\.(eval) = ml_collections\.ConfigDict\((?:dict\()?$": ()
