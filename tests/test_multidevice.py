@@ -4,12 +4,9 @@
 Runs in a subprocess because the device count must be set before JAX starts.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import fakes
 
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
@@ -75,19 +72,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_estimators_and_losses_match_on_8_devices():
-  env = dict(
-      os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=8",
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=REPO,
-  )
-  proc = subprocess.run(
-      [sys.executable, "-c", SCRIPT],
-      env=env,
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.strip().startswith("OK")
+  assert fakes.run_on_8_devices(SCRIPT).strip().startswith("OK")
