@@ -92,6 +92,7 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
       "model.ffn_dim",
       "max_len",
       "sft.batch_size",
+      "sft.num_microbatches",
       "rm.steps",
       "rm.batch_size",
       "rm.num_train_tasks",
@@ -105,6 +106,12 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   ):
     validation._positive_int(config, f)
   validation._positive_int(config, "sft.steps", allow_zero=True)
+  if config.sft.batch_size % config.sft.num_microbatches:
+    _fail(
+        "sft.num_microbatches",
+        config.sft.num_microbatches,
+        f"must divide sft.batch_size={config.sft.batch_size}",
+    )
   rm = config.rm
   if rm.head_layers not in (1, 2):
     _fail("rm.head_layers", rm.head_layers, "must be 1 or 2")

@@ -43,6 +43,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.sft = common.optimizer(learning_rate=3e-3, warmup_steps=20)
   config.sft.steps = 150
   config.sft.batch_size = 64
+  # Gradient accumulation over this many blocks of the SFT batch (same update).
+  config.sft.num_microbatches = 1
 
   # Reward models: optimizer (AdamW + clipping) and training.
   config.rm = common.optimizer(learning_rate=1e-3, warmup_steps=10)
