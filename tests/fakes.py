@@ -102,8 +102,9 @@ class EchoEnv:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_on_8_devices(script: str) -> str:
-  """Runs `script` in a fresh Python with 8 simulated CPU devices; its stdout.
+def run_on_8_devices(script: str, *args: str) -> str:
+  """Runs `script` (argv `args`) in a fresh Python with 8 simulated CPU
+  devices; returns its stdout.
 
   A subprocess, because the device count is fixed when JAX starts. Fails the
   calling test with the tail of stderr when the script exits non-zero.
@@ -115,7 +116,7 @@ def run_on_8_devices(script: str) -> str:
       PYTHONPATH=REPO,
   )
   proc = subprocess.run(
-      [sys.executable, "-c", script],
+      [sys.executable, "-c", script, *args],
       env=env,
       cwd=REPO,
       capture_output=True,

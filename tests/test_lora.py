@@ -592,27 +592,9 @@ print("OK lora mesh", moved)
 
 @pytest.mark.slow  # 8 simulated devices in a subprocess: ~1-2 min here
 def test_adapters_shard_and_train_on_a_2x2x2_mesh_like_one_device():
-  import os  # noqa: PLC0415
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
+  from tests import fakes  # noqa: PLC0415
 
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(
-      os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=8",
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=repo,
-  )
-  proc = subprocess.run(
-      [sys.executable, "-c", _MESH_SCRIPT],
-      env=env,
-      cwd=repo,
-      capture_output=True,
-      text=True,
-      timeout=1800,
-  )
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "OK lora mesh" in proc.stdout
+  assert "OK lora mesh" in fakes.run_on_8_devices(_MESH_SCRIPT)
 
 
 def test_reward_model_mode_refuses_adapters():

@@ -4,16 +4,12 @@ tests/chat_fixtures.py in place of SmolLM2) runs GRPO end to end on 8
 simulated CPU devices with a (data=4, fsdp=2) mesh, parameters sharded."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from agentic_rl import validation
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import fakes
 
 
 def _have_smollm2():
@@ -95,27 +91,9 @@ def test_shrunk_config_runs_on_8_simulated_devices(module, tmp_path):
   from tests import chat_fixtures
 
   ckpt = chat_fixtures.write_chat_checkpoint(str(tmp_path / "ckpt"))
-  env = dict(
-      os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=8",
-      JAX_PLATFORMS="cpu",
-      PYTHONPATH=REPO,
+  stdout = fakes.run_on_8_devices(
+      SCRIPT.format(module=module), ckpt, str(tmp_path / "run")
   )
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-c",
-          SCRIPT.format(module=module),
-          ckpt,
-          str(tmp_path / "run"),
-      ],
-      env=env,
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=1800,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("OK")][0]
+  line = [l for l in stdout.splitlines() if l.startswith("OK")][0]
   report = json.loads(line[3:])
   assert 0.0 <= report["accuracy"] <= 1.0
