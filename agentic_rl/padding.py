@@ -17,9 +17,12 @@ buffer length: a trimmed batch must pass the untrimmed L explicitly.
 
 Host rollouts (agentic_rl/host_rollout.py) return to Python before the
 update, so their trajectories can be trimmed there. A JAX-native step that
-rolls out and updates in one program cannot change shapes inside it; it
-needs the update in a program of its own (called with the trimmed batch), or
-packing. `first_fit_rows` and `metrics` measure what either would reach.
+rolls out and updates in one program cannot change shapes inside it: there
+`bucketed_update` compiles the update for a few fixed lengths
+(`rl.update_length_buckets`, `update_lengths`) and picks, at run time with
+`lax.switch`, the shortest one that holds every trained position
+(`loss_length`). `first_fit_rows` and `metrics` measure what trimming or
+packing would reach.
 """
 
 from __future__ import annotations
@@ -174,3 +177,121 @@ def metrics(
       "trained_token_share": jnp.mean(loss_mask_bl.astype(jnp.float32)),
       "real_token_share": jnp.sum(length_b).astype(jnp.float32) / (b * l),
   }
+
+
+# The learner batch's token-aligned [B, L] entries (learner/collect.py
+# pack_batch); 'sil' (its own episodes) and per-row entries stay whole.
+SEQUENCE_KEYS = (
+    "tokens",
+    "mask",
+    "behaviour_logp",
+    "ref_logp",
+    "advantage",
+    "old_values",
+    "returns",
+    "obs_mask",
+    "obs_targets",
+    "aux_advantage",
+    "behaviour_shift",
+)
+
+
+def update_lengths(max_len: int, buckets: int, multiple: int = 16) -> tuple:
+  """The K lengths a bucketed update is compiled for.
+
+  L_i = min(max_len, ceil(max_len * i / K) rounded up to `multiple`), i =
+  1..K, duplicates dropped; the last is always max_len.
+
+  Args:
+    max_len: the buffer length L.
+    buckets: K >= 1.
+    multiple: round each length up to a multiple of this (>= 1).
+
+  Returns:
+    Increasing tuple of ints ending in max_len.
+
+  Raises:
+    ValueError: buckets < 1 or multiple < 1.
+  """
+  if buckets < 1 or multiple < 1:
+    raise ValueError(
+        f"update_lengths: buckets={buckets}, multiple={multiple}: need >= 1"
+    )
+  out = []
+  for i in range(1, buckets + 1):
+    n = -(-max_len * i // buckets)
+    n = min(max_len, -(-n // multiple) * multiple)
+    if n not in out:
+      out.append(n)
+  if out[-1] != max_len:
+    out.append(max_len)
+  return tuple(out)
+
+
+def loss_length(batch: dict) -> jax.Array:
+  """1 + the last position any loss reads: int32 scalar in [1, L].
+
+  The loss terms are masked by 'mask' (POLICY tokens) and, for the auxiliary
+  next-observation loss, 'obs_mask'; position t's log-prob reads tokens 0..t
+  only, so the columns after this length change no loss, gradient or metric.
+  """
+  m = batch["mask"].astype(bool)
+  if "obs_mask" in batch:
+    m = m | batch["obs_mask"].astype(bool)
+  pos = jnp.arange(m.shape[1], dtype=jnp.int32)
+  last = jnp.max(jnp.where(m, pos[None, :], 0))
+  return last + 1
+
+
+def trim_batch(batch: dict, new_len: int) -> dict:
+  """The learner batch with its SEQUENCE_KEYS entries cut to [B, new_len]."""
+  return {
+      k: (v[:, :new_len] if k in SEQUENCE_KEYS else v) for k, v in batch.items()
+  }
+
+
+def bucketed_update(update, lengths: tuple):
+  """`update` run on the shortest of `lengths` that holds the batch's loss.
+
+  Args:
+    update: `learner.make_update_fn`'s `update(params, opt_state, batch,
+      kl_coef, log_z_state=None, dropout_key=None)`.
+    lengths: increasing static lengths, the last = the batch's L
+      (`update_lengths`).
+
+  Returns:
+    A function with update's signature and results; its metrics gain
+    'update_length' (the length used, float32). All len(lengths) versions
+    are compiled into the program (lax.switch); the update is the same as on
+    the whole buffer up to float summation order (tests/test_padding.py).
+  """
+
+  def run(
+      params, opt_state, batch, kl_coef, log_z_state=None, dropout_key=None
+  ):
+    full = batch["tokens"].shape[1]
+    if lengths[-1] != full:
+      raise ValueError(
+          f"bucketed_update: lengths={lengths} must end at the batch length "
+          f"{full}"
+      )
+    need = loss_length(batch)
+    index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
+
+    def branch(n):
+      def go(operands):
+        p, o, b, kl, z, key = operands
+        out = update(p, o, trim_batch(b, n), kl, z, dropout_key=key)
+        metrics = dict(out[2])
+        metrics["update_length"] = jnp.float32(n)
+        return (out[0], out[1], metrics, *out[3:])
+
+      return go
+
+    return jax.lax.switch(
+        index,
+        [branch(n) for n in lengths],
+        (params, opt_state, batch, kl_coef, log_z_state, dropout_key),
+    )
+
+  return run

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import sharding
+from agentic_rl.models import lora
 from agentic_rl.models import transformer
 
 
@@ -277,6 +278,7 @@ def token_logprobs(
     tokens_bl: jax.Array,
     temperature: float | jax.Array = 1.0,
     chunk_size: int | None = None,
+    dropout_key: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Teacher-forced log-probs (and entropies) of every token given its prefix.
 
@@ -291,6 +293,10 @@ def token_logprobs(
     chunk_size: sequence positions projected to the vocabulary at a time
       (chunked_logprob_and_entropy); None = the model config's
       `logprob_chunk_size` (0 = all at once).
+    dropout_key: PRNG key turning LoRA adapter dropout on for this forward
+      (`models.lora.set_dropout_key`; only the training loss passes one);
+      None = deterministic. Without adapters or with dropout 0 it changes
+      nothing.
 
   Returns:
     (logprob [B, L] float32 with logprob[:, t] = log p(tokens[:, t] | tokens[:, :t])
@@ -298,6 +304,8 @@ def token_logprobs(
      for position t, 0 at t = 0).
   """
   model = nnx.merge(graphdef, params)
+  if dropout_key is not None:
+    lora.set_dropout_key(model, dropout_key)
   if chunk_size is None:
     chunk_size = model.cfg.logprob_chunk_size
   hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])

@@ -78,7 +78,8 @@ def train_seeds(
     'rl/'); 'wall_s': training wall time of this call in seconds.
 
   Raises:
-    ValueError: invalid config (names the field and value) or no seeds.
+    ValueError: invalid config (names the field and value), no seeds, or
+      rl.update_length_buckets > 1 (see below).
     validation.ConfigError: the workdir holds a run of a different config or
       seed list (names every differing field with its old and new value).
   """
@@ -86,6 +87,14 @@ def train_seeds(
     raise ValueError("train_seeds: seeds must be non-empty")
   config = schema.with_defaults(config)  # what the config leaves out
   validation.validate_config(config)
+  if config.rl.update_length_buckets > 1:
+    # Under vmap the bucket index differs per seed and lax.switch becomes a
+    # select that runs every branch: K times the update, not less.
+    raise ValueError(
+        "config.rl.update_length_buckets="
+        f"{config.rl.update_length_buckets}: vmapped seeds run every length "
+        "bucket (lax.switch under vmap); use 1 with train_seeds"
+    )
   if workdir is not None:
     workdir = os.path.abspath(workdir)
     saved = check_resume(config, seeds, workdir, resume_free)

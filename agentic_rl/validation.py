@@ -188,6 +188,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       "rl.group_size",
       "rl.num_minibatches",
       "rl.num_microbatches",
+      "rl.update_length_buckets",
       "rl.kl_horizon",
       "rl.ppo_epochs",
       "eval.num_tasks",
@@ -1013,12 +1014,6 @@ def _validate_model(model) -> None:
     fields = lora_lib.transformer_fields(model)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from e
-  if fields["lora"] is not None and fields["lora"].dropout > 0:
-    _fail(
-        "model.lora.dropout",
-        fields["lora"].dropout,
-        "adapter dropout is not applied by the trainer yet; use 0.0",
-    )
   if fields["lora"] is None:
     # LoRA off (rank 0): a changed adapter field would be silently ignored.
     defaults = common.model().lora

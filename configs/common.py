@@ -118,8 +118,8 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
           alpha=16.0,
           # Any of 'q', 'k', 'v', 'o', 'gate', 'up', 'down'.
           targets=("q", "k", "v", "o", "gate", "up", "down"),
-          # Dropout on the adapter branch's input (must be 0 for now: the trainer
-          # does not pass a dropout key to the loss forward).
+          # Dropout on the adapter branch's input, in the SFT and RL loss
+          # forwards only (sampling, reference and behaviour run without).
           dropout=0.0,
       )
   )

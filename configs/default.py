@@ -80,6 +80,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # computed over the whole minibatch).
   config.rl.num_minibatches = 2
   config.rl.num_microbatches = 1
+  # JAX-native environments: compile the update for this many buffer lengths
+  # (max_len * i / K rounded up to trim_bucket) and run the shortest that
+  # holds every trained position (agentic_rl/padding.py bucketed_update;
+  # logged as rl/update_length); 1 = train on the whole max_len buffer.
+  config.rl.update_length_buckets = 1
   config.rl.ppo_epochs = 1
   config.rl.temperature = 1.0
   # Advantage estimator (agentic_rl/advantages.py): 'grpo' (arXiv:2402.03300),

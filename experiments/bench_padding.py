@@ -16,6 +16,13 @@ by the config's own environment and rollout at its max_len) and three layouts:
 Columns: trained = POLICY (loss-mask) tokens / buffer tokens, real = non-pad
 tokens / buffer tokens. Expert episodes stand for the policy's after SFT
 (which imitates them); RL policies that truncate or ramble fill more.
+
+`--time_update=N` also times the jitted RL update (`make_update_fn`, the
+config's minibatches and epochs, Adam) on that batch as the learner would
+train it (loss mask = POLICY tokens, Gaussian advantages, behaviour and
+reference log-probs = the policy's own), on the whole buffer and with
+`rl.update_length_buckets` = 4 (`padding.bucketed_update`), interleaved,
+N calls each after one compile call; it prints the median seconds per call.
 """
 
 from __future__ import annotations
@@ -44,6 +51,56 @@ _CONFIGS = flags.DEFINE_list(
 )
 _BATCH = flags.DEFINE_integer("batch", 64, "Episodes per batch.")
 _SEED = flags.DEFINE_integer("seed", 0, "Task / expert seed.")
+_TIME = flags.DEFINE_integer(
+    "time_update", 0, "Calls of the RL update to time per layout (0 = none)."
+)
+
+
+def time_update(config, traj: types.Trajectory, calls: int) -> tuple:
+  """(seconds whole buffer, seconds bucketed, bucket length): medians."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from agentic_rl import learner  # pylint: disable=g-import-not-at-top
+  from agentic_rl import sampling  # pylint: disable=g-import-not-at-top
+  from configs import schema  # pylint: disable=g-import-not-at-top
+
+  config = schema.with_defaults(config)
+  graphdef, state = train.init_state(config, train.make_model_config(config))
+  tx = learner.make_optimizer(config.rl)
+  b, l = traj.tokens.shape
+  own, _ = sampling.token_logprobs(graphdef, state.params, traj.tokens, 1.0)
+  batch = {
+      "tokens": traj.tokens,
+      "mask": traj.role == types.POLICY,
+      "behaviour_logp": own,
+      "ref_logp": own,
+      "advantage": jax.random.normal(jax.random.PRNGKey(0), (b, l)),
+  }
+  update = learner.make_update_fn(config, graphdef, tx)
+  lengths = padding.update_lengths(l, 4, config.trim_bucket or 16)
+  fns = {
+      "buffer": jax.jit(update),
+      "bucketed": jax.jit(padding.bucketed_update(update, lengths)),
+  }
+  opt = tx.init(state.params)
+  times = {k: [] for k in fns}
+  used = None
+  for i in range(calls + 1):
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      out = fn(state.params, opt, batch, jnp.float32(0.0))
+      jax.block_until_ready(out)
+      if i:
+        times[k].append(time.perf_counter() - t0)
+      if k == "bucketed":
+        used = int(out[2]["update_length"])
+  return (
+      float(np.median(times["buffer"])),
+      float(np.median(times["bucketed"])),
+      used,
+  )
 
 
 def expert_batch(config, batch: int, seed: int) -> types.Trajectory:
@@ -64,6 +121,7 @@ def main(argv):
       "| trained share | real share |"
   )
   print("|---|---|---|---|---|---|---|")
+  timings = []
   for name in _CONFIGS.value:
     config = importlib.import_module(f"configs.{name}").get_config(None)
     traj = expert_batch(config, _BATCH.value, _SEED.value)
@@ -82,6 +140,21 @@ def main(argv):
           f"| {name} | {l} | {length.mean():.1f} / {length.max()} | {layout} | "
           f"[{nr}, {nl}] | {trained / (nr * nl):.3f} | {real / (nr * nl):.3f} |",
           flush=True,
+      )
+    if _TIME.value:
+      whole, bucketed, used = time_update(config, traj, _TIME.value)
+      timings.append((name, l, used, whole, bucketed))
+  if timings:
+    print()
+    print(
+        "| config | L | bucket used | update s (buffer) | update s (4 buckets) "
+        "| speed-up |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, l, used, whole, bucketed in timings:
+      print(
+          f"| {name} | {l} | {used} | {whole:.3f} | {bucketed:.3f} | "
+          f"{whole / bucketed:.2f}x |"
       )
 
 

@@ -128,9 +128,11 @@ def test_config_validation_gives_one_line_config_errors():
   ):
     validation.validate_config(config)
   config.model.lora.alpha = 8.0
-  config.model.lora.dropout = 0.1
+  config.model.lora.dropout = 0.1  # applied by the SFT and RL losses
+  validation.validate_config(config)
+  config.model.lora.dropout = 1.0
   with pytest.raises(
-      validation.ConfigError, match=r"^config\.model\.lora\.dropout=0\.1"
+      validation.ConfigError, match=r"^config\.model\.lora\.dropout=1\.0"
   ):
     validation.validate_config(config)
 
@@ -541,6 +543,191 @@ def test_dropout_acts_only_while_a_key_is_set():
   lora.set_dropout_key(model, None)
   np.testing.assert_array_equal(np.asarray(model(TOKENS)[0]), clean)
   assert np.abs(noisy - clean).max() > 1e-3
+
+
+def test_token_logprobs_with_a_dropout_key_are_the_masked_models():
+  # The chunked training log-probs under a dropout key equal log_softmax of
+  # the full forward of the same model with that key set by hand.
+  _, adapted = _models(lcfg=lora.LoRAConfig(rank=3, alpha=6.0, dropout=0.5))
+  g, p = nnx.split(adapted)
+  p = _randomize_adapters(p)
+  key = jax.random.PRNGKey(3)
+  got, _ = sampling.token_logprobs(g, p, TOKENS, 1.0, dropout_key=key)
+  clean, _ = sampling.token_logprobs(g, p, TOKENS, 1.0)
+  model = nnx.merge(g, p)
+  lora.set_dropout_key(model, key)
+  # The masks are drawn over the input's shape: the training forward reads
+  # tokens[:, :-1].
+  logits = np.asarray(model(TOKENS[:, :-1])[0], np.float64)
+  ls = logits - logits.max(-1, keepdims=True)
+  ls = ls - np.log(np.exp(ls).sum(-1, keepdims=True))
+  want = np.take_along_axis(ls, np.asarray(TOKENS)[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(got)[:, 1:], want, atol=2e-5)
+  assert np.abs(np.asarray(got) - np.asarray(clean)).max() > 1e-3
+
+
+def _dropout_rl_config(dropout):
+  from configs import default  # noqa: PLC0415
+
+  config = default.get_config("smoke")
+  config.model.lora.rank = 4
+  config.model.lora.dropout = dropout
+  config.rl.num_minibatches = 2
+  config.rl.num_microbatches = 2
+  return config
+
+
+def test_rl_update_draws_one_dropout_mask_per_micro_batch():
+  # update(..., dropout_key=k) = the hand-rolled accumulation where
+  # micro-batch j of optimizer step s uses fold_in(fold_in(k, s), j); with
+  # dropout 0 the key changes nothing.
+  from agentic_rl import sharding  # noqa: PLC0415
+  from agentic_rl import train  # noqa: PLC0415
+  from agentic_rl.learner import update as update_lib  # noqa: PLC0415
+  from configs import schema  # noqa: PLC0415
+
+  def setup(dropout):
+    config = schema.with_defaults(_dropout_rl_config(dropout))
+    validation.validate_config(config)
+    graphdef, state = train.init_state(config, train.make_model_config(config))
+    params = _randomize_adapters(state.params)
+    return config, graphdef, params
+
+  config, graphdef, params = setup(0.3)
+  rng = np.random.default_rng(0)
+  b, length = 8, 24
+  v = config.model.vocab_size
+  tokens = jnp.asarray(rng.integers(3, v, (b, length)), jnp.int32)
+  mask = jnp.asarray(rng.random((b, length)) < 0.6)
+  batch = {
+      "tokens": tokens,
+      "mask": mask,
+      "behaviour_logp": jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
+      "ref_logp": jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
+      "advantage": jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
+  }
+  config.rl.ppo_epochs = 1
+  config.rl.behaviour_logprobs = "sampler"
+  tx = optax.sgd(1.0)  # updates = -grads: the gradient is read off the step
+  upd = jax.jit(update_lib.make_update_fn(config, graphdef, tx))
+  key = jax.random.PRNGKey(11)
+  opt = tx.init(params)
+  new, _, _ = upd(params, opt, batch, 0.0, dropout_key=key)
+  plain, _, _ = upd(params, opt, batch, 0.0)
+  # By hand: minibatch 0 (step 0) only, its two strided micro-batches.
+  mb = sharding.split_rows(batch, 2)
+  mb0 = jax.tree.map(lambda x: x[0], mb)
+  den = update_lib.losses.aggregation_denominator(
+      mb0["mask"], config.rl.loss_agg_mode
+  )
+  micro = sharding.split_rows(mb0, 2)
+
+  def grad(j, k):
+    mbj = jax.tree.map(lambda x: x[j], micro)
+    return lora.value_and_grad(
+        lambda p: update_lib._rl_loss(
+            graphdef,
+            p,
+            mbj,
+            config.rl,
+            kl_coef=0.0,
+            denominator=den,
+            dropout_key=k,
+        )[0]
+    )(params)[1]
+
+  step_key = jax.random.fold_in(key, 0)
+  g = [grad(j, jax.random.fold_in(step_key, j)) for j in range(2)]
+  g_plain = [grad(j, None) for j in range(2)]
+  leaves = lambda t: [
+      np.asarray(x)
+      for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
+      if lora.is_trainable_path(p)
+  ]
+
+  def first_step(params_after):
+    return [p0 - p1 for p0, p1 in zip(leaves(params), leaves(params_after))]
+
+  # Only the first of the two optimizer steps is checked by hand: compare a
+  # one-minibatch run.
+  config.rl.num_minibatches = 1
+  config.rl.num_microbatches = 2
+  upd1 = jax.jit(update_lib.make_update_fn(config, graphdef, tx))
+  mb_batch = {k: x[0] for k, x in mb.items()}
+  new1, _, _ = upd1(params, opt, mb_batch, 0.0, dropout_key=key)
+  want = [a + c for a, c in zip(leaves(g[0]), leaves(g[1]))]
+  for got, w in zip(first_step(new1), want):
+    np.testing.assert_allclose(got, w, rtol=2e-4, atol=2e-6)
+  want_plain = [a + c for a, c in zip(leaves(g_plain[0]), leaves(g_plain[1]))]
+  diff = max(np.abs(a - c).max() for a, c in zip(first_step(new1), want_plain))
+  assert diff > 1e-5  # the masks do change the gradient
+  # The two-minibatch update differs from the deterministic one.
+  assert (
+      max(np.abs(a - c).max() for a, c in zip(leaves(new), leaves(plain)))
+      > 1e-5
+  )
+  # dropout 0: the key is ignored (bit-identical updates).
+  config0, graphdef0, params0 = setup(0.0)
+  config0.rl.ppo_epochs = 1
+  config0.rl.behaviour_logprobs = "sampler"
+  upd0 = jax.jit(update_lib.make_update_fn(config0, graphdef0, tx))
+  opt0 = tx.init(params0)
+  a = upd0(params0, opt0, batch, 0.0, dropout_key=key)[0]
+  c = upd0(params0, opt0, batch, 0.0)[0]
+  for x, y in zip(leaves(a), leaves(c)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_sft_grad_with_dropout_uses_one_key_per_block():
+  from agentic_rl import types  # noqa: PLC0415
+
+  _, adapted = _models(lcfg=lora.LoRAConfig(rank=3, alpha=6.0, dropout=0.4))
+  g, p = nnx.split(adapted)
+  p = _randomize_adapters(p)
+  rng = np.random.default_rng(1)
+  tokens = jnp.asarray(rng.integers(0, 61, (4, 9)), jnp.int32)
+  role = jnp.full((4, 9), types.POLICY, jnp.int32)
+
+  class Traj:  # the two fields sft_loss / sft_grad read
+
+    def __init__(self, tokens, role):
+      self.tokens, self.role = tokens, role
+
+    def replace(self, **kw):
+      return Traj(kw.get("tokens", self.tokens), kw.get("role", self.role))
+
+  key = jax.random.PRNGKey(4)
+  _, _, got = learner.sft_grad(g, p, Traj(tokens, role), 2, key)
+  # By hand: block k holds rows k, k + 2 (strided), key fold_in(key, k), both
+  # divided by the batch's POLICY-token count (position 0 has logp 0 but is a
+  # POLICY token in this fake, as in sft_loss's mask).
+  from agentic_rl.learner.common import policy_mask  # noqa: PLC0415
+
+  den = jnp.maximum(
+      jnp.sum(policy_mask(Traj(tokens, role)).astype(jnp.float32)), 1.0
+  )
+  want = None
+  for k in range(2):
+    t = Traj(tokens[k::2], role[k::2])
+    gk = lora.value_and_grad(
+        lambda q: learner.sft_loss(g, q, t, den, jax.random.fold_in(key, k))[0]
+    )(p)[1]
+    want = gk if want is None else jax.tree.map(jnp.add, want, gk)
+  for (path, a), b in zip(
+      jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)
+  ):
+    if lora.is_trainable_path(path):
+      np.testing.assert_allclose(
+          np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6
+      )
+  _, _, clean = learner.sft_grad(g, p, Traj(tokens, role), 2)
+  assert (
+      max(
+          float(jnp.abs(a - b).max())
+          for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(clean))
+      )
+      > 1e-5
+  )
 
 
 _MESH_SCRIPT = """

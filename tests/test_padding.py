@@ -132,3 +132,153 @@ def test_share_metrics_by_hand():
   m = padding.metrics(mask, jnp.array([3, 4]))
   np.testing.assert_allclose(m["trained_token_share"], 3 / 8)
   np.testing.assert_allclose(m["real_token_share"], 7 / 8)
+
+
+# -- Length-bucketed update inside the one-jit step -----------------------------
+
+
+def test_update_lengths_by_hand():
+  assert padding.update_lengths(64, 1) == (64,)
+  assert padding.update_lengths(64, 4) == (16, 32, 48, 64)
+  # 224 / 3 = 74.7 -> 80; 149.3 -> 160; 224.
+  assert padding.update_lengths(224, 3) == (80, 160, 224)
+  # Rounded-up duplicates are dropped; a cap below the multiple ends at L.
+  assert padding.update_lengths(40, 4, multiple=16) == (16, 32, 40)
+  assert padding.update_lengths(10, 4, multiple=16) == (10,)
+  with pytest.raises(ValueError, match="buckets=0"):
+    padding.update_lengths(64, 0)
+
+
+def test_loss_length_and_trim_batch():
+  mask = np.zeros((3, 10), bool)
+  mask[0, 2:4] = True
+  mask[2, 6] = True
+  batch = {
+      "tokens": jnp.arange(30).reshape(3, 10),
+      "mask": jnp.asarray(mask),
+      "reward_hat": jnp.ones(3),
+      "prompt_embedding": jnp.ones((3, 10)),  # [B, D] with D == L: kept
+      "sil": {"tokens": jnp.ones((2, 10))},
+  }
+  assert int(padding.loss_length(batch)) == 7
+  obs = np.zeros((3, 10), bool)
+  obs[1, 8] = True  # an observation the auxiliary loss reads
+  assert int(padding.loss_length({**batch, "obs_mask": jnp.asarray(obs)})) == 9
+  cut = padding.trim_batch(batch, 7)
+  assert cut["tokens"].shape == (3, 7) and cut["mask"].shape == (3, 7)
+  assert cut["prompt_embedding"].shape == (3, 10)
+  assert cut["sil"]["tokens"].shape == (2, 10)
+
+
+def _bucket_step(buckets, **rl):
+  from configs import default  # noqa: PLC0415
+  from tests import fakes  # noqa: PLC0415
+
+  config = default.get_config("smoke")
+  config.rl.update_length_buckets = buckets
+  config.rl.update(rl)
+  state, step = fakes.rl_state_and_step(config)
+  return config, state, step
+
+
+@pytest.mark.parametrize(
+    "rl",
+    [
+        {},
+        dict(ppo_epochs=2, num_minibatches=2, num_microbatches=2),
+        dict(obs_prediction_coef=0.5),
+    ],
+    ids=["one_step", "epochs_minibatches_micro", "obs_prediction"],
+)
+def test_bucketed_update_matches_the_whole_buffer(rl):
+  # A batch whose trained positions end at 21 of L = 64: the update on the
+  # 32-token bucket equals the update on the whole buffer (plain SGD, so
+  # that float-order noise is not amplified the way Adam amplifies it on
+  # near-zero gradients).
+  import optax  # noqa: PLC0415
+
+  from agentic_rl import train  # noqa: PLC0415
+  from agentic_rl.learner import update as update_lib  # noqa: PLC0415
+  from configs import default  # noqa: PLC0415
+  from configs import schema  # noqa: PLC0415
+
+  config = schema.with_defaults(default.get_config("smoke"))
+  config.rl.update(rl)
+  graphdef, state = train.init_state(config, train.make_model_config(config))
+  rng = np.random.default_rng(0)
+  b, length = config.rl.batch_size, config.max_len
+  mask = np.zeros((b, length), bool)
+  for r in range(b):
+    end = 8 + (r * 5) % 14  # last trained position <= 21
+    mask[r, 3:end] = rng.random(end - 3) < 0.7
+  mask[0, 20] = True
+  tokens = jnp.asarray(rng.integers(3, 250, (b, length)), jnp.int32)
+  # Behaviour and reference log-probs near the policy's own (ratios ~ 1).
+  own, _ = sampling.token_logprobs(graphdef, state.params, tokens, 1.0)
+  noise = lambda: jnp.asarray(rng.normal(0, 0.05, (b, length)), jnp.float32)
+  batch = {
+      "tokens": tokens,
+      "mask": jnp.asarray(mask),
+      "behaviour_logp": own + noise(),
+      "ref_logp": own + noise(),
+      "advantage": jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
+  }
+  if rl.get("obs_prediction_coef"):
+    obs = np.zeros((b, length), bool)
+    obs[1, 22:26] = True  # observations after the last trained token
+    batch["obs_mask"] = jnp.asarray(obs)
+  tx = optax.sgd(0.5)
+  update = update_lib.make_update_fn(config, graphdef, tx)
+  lengths = padding.update_lengths(length, 4, 16)
+  bucketed = padding.bucketed_update(update, lengths)
+  opt = tx.init(state.params)
+  p_b, _, m_b = jax.jit(bucketed)(state.params, opt, batch, 0.05)
+  p_1, _, m_1 = jax.jit(update)(state.params, opt, batch, 0.05)
+  assert float(m_b["update_length"]) == 32.0
+  for k in ("loss", "kl", "entropy", "ratio_mean", "grad_norm"):
+    np.testing.assert_allclose(
+        float(m_b[k]), float(m_1[k]), rtol=1e-5, atol=1e-7, err_msg=k
+    )
+  moved = max(
+      float(jnp.abs(a - c).max())
+      for a, c in zip(jax.tree.leaves(p_1), jax.tree.leaves(state.params))
+  )
+  assert moved > 1e-3
+  for a, c in zip(jax.tree.leaves(p_b), jax.tree.leaves(p_1)):
+    np.testing.assert_allclose(
+        np.asarray(a), np.asarray(c), atol=1e-5 * moved / 1e-3
+    )
+  # A trained position in the last bucket selects the whole buffer.
+  batch["mask"] = batch["mask"].at[2, 60].set(True)
+  _, _, m_full = jax.jit(bucketed)(state.params, opt, batch, 0.05)
+  assert float(m_full["update_length"]) == 64.0
+
+
+def test_rl_step_with_buckets_trains_on_a_shorter_buffer():
+  # The one-jit step: same collect (same state and key), so the same reward;
+  # the update ran on a bucket shorter than max_len.
+  config, state, step = _bucket_step(4)
+  _, state1, step1 = _bucket_step(1)
+  s_b, m_b = step(state)
+  s_1, m_1 = step1(state1)
+  lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
+  used = float(m_b["update_length"])
+  assert used in lengths and used < config.max_len, (used, lengths)
+  assert "update_length" not in m_1
+  assert float(m_b["reward"]) == float(m_1["reward"])
+  np.testing.assert_allclose(float(m_b["loss"]), float(m_1["loss"]), atol=1e-6)
+
+
+def test_bucketed_update_compiles_one_branch_per_length():
+  # The compiled step holds a K-way conditional whose branches train on
+  # [*, L_i] token arrays: cost follows the bucket, not the buffer.
+  config, state, step = _bucket_step(4)
+  hlo = step.lower(state).compile().as_text()
+  lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
+  assert len(lengths) == 4
+  assert "conditional" in hlo
+  # Each branch's per-row token array appears (e.g. s32[32,16] for micro-
+  # batches of 32 rows at length 16).
+  rows = config.rl.batch_size // config.rl.num_minibatches
+  for n in lengths[:-1]:
+    assert f"s32[{rows},{n}]" in hlo, n

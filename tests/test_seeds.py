@@ -98,6 +98,16 @@ def test_no_seeds_is_an_error():
     seeds_lib.train_seeds(_tiny(), ())
 
 
+def test_length_buckets_are_refused_under_vmapped_seeds(tmp_path):
+  config = default.get_config("smoke")
+  config.rl.update_length_buckets = 4
+  with pytest.raises(
+      ValueError, match=r"^config\.rl\.update_length_buckets=4: vmapped"
+  ):
+    seeds_lib.train_seeds(config, [0, 1], workdir=str(tmp_path))
+  assert not list(tmp_path.iterdir())  # refused before any work
+
+
 def test_resume_refuses_a_changed_config(vmapped):
   # The check runs before any work, so the finished fixture workdir is enough.
   workdir, _ = vmapped

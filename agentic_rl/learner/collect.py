@@ -17,7 +17,6 @@ from agentic_rl import reward_models
 from agentic_rl import host_rollout
 from agentic_rl import rewards
 from agentic_rl import rollout
-from agentic_rl import sampling
 from agentic_rl import tree_rollout
 from agentic_rl import sharding
 from agentic_rl import types
@@ -430,9 +429,15 @@ def make_collect_fn(
   def reference_stage(ref_params, train_traj, reward, mask):
     """Stage 5: (ref_logp [B, L], reward): the reference model's log-probs and
     the KL-in-reward penalty (`rl.kl_reward_coef` > 0, no gradient, estimated
-    on the behaviour samples)."""
-    ref_logp, _ = sampling.token_logprobs(
-        graphdef, ref_params, train_traj.tokens, temperature
+    on the behaviour samples).
+
+    The reference forward runs over the update's row blocks
+    (`behaviour_forward`: the strided split into num_minibatches *
+    num_microbatches blocks, one block at a time under `lax.map`), so its
+    activations are those of one micro-batch, not of the whole batch.
+    """
+    ref_logp, _ = behaviour_forward(
+        config, graphdef, ref_params, train_traj.tokens
     )
     if rl_cfg.kl_reward_coef > 0:
       reward = losses.kl_penalized_rewards(

@@ -67,6 +67,7 @@ def policy_forward(
     temperature,
     with_values: bool = False,
     targets_bl: jax.Array | None = None,
+    dropout_key: jax.Array | None = None,
 ):
   """Teacher-forced log-probs, entropies and (optionally) values of a batch.
 
@@ -90,6 +91,9 @@ def policy_forward(
       tokens[:, :t]). Used by the shuffled-label placebo of the auxiliary
       next-observation loss (`rl.obs_prediction_placebo`, which changes
       targets at TOOL positions only). None = tokens_bl.
+    dropout_key: PRNG key turning LoRA adapter dropout (`model.lora.dropout`)
+      on for this forward; the RL loss passes one per micro-batch, every other
+      forward (sampling, reference, behaviour) none. None = deterministic.
 
   Returns:
     (logp [B, L] float32, entropy [B, L] float32, values [B, L] float32 or
@@ -100,10 +104,12 @@ def policy_forward(
   """
   if not with_values and targets_bl is None:
     logp, entropy = sampling.token_logprobs(
-        graphdef, params, tokens_bl, temperature
+        graphdef, params, tokens_bl, temperature, dropout_key=dropout_key
     )
     return logp, entropy, None
   model = nnx.merge(graphdef, params)
+  if dropout_key is not None:
+    lora_lib.set_dropout_key(model, dropout_key)
   hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
   targets_bl = tokens_bl if targets_bl is None else targets_bl
   logp, entropy = sampling.chunked_logprob_and_entropy(

@@ -133,6 +133,29 @@ def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
   )
 
 
+def update_is_bucketed(config, env) -> bool:
+  """Whether the one-jit step runs its update on length buckets.
+
+  `rl.update_length_buckets` > 1 compiles the update for that many lengths
+  (`padding.update_lengths`, multiples of `trim_bucket`) and runs the
+  shortest that holds every trained position (`padding.bucketed_update`).
+  Off for host environments (their batches are already trimmed on the host,
+  `padding.host_trim_length`), with `trim_bucket` = 0, and for
+  'seq-mean-token-sum-norm' with `rl.loss_norm_constant` = 0, whose
+  denominator is the buffer length itself.
+  """
+  rl = config.rl
+  return (
+      rl.update_length_buckets > 1
+      and config.trim_bucket > 0
+      and not host_base.is_host(env)
+      and not (
+          rl.loss_agg_mode == "seq-mean-token-sum-norm"
+          and not rl.loss_norm_constant
+      )
+  )
+
+
 def make_rl_step(
     config,
     env,
@@ -158,9 +181,21 @@ def make_rl_step(
       rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params
   )
   update = make_update_fn(config, graphdef, tx)
+  if update_is_bucketed(config, env):
+    update = padding.bucketed_update(
+        update,
+        padding.update_lengths(
+            config.max_len, rl_cfg.update_length_buckets, config.trim_bucket
+        ),
+    )
 
   def step(state: types.TrainState, first_traj=None):
     batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
+    # LoRA adapter dropout's stream (unused without it): stream 6 of the
+    # step's key, apart from collect's streams 1-5.
+    dropout_key = jax.random.fold_in(
+        jax.random.fold_in(state.rng, state.step), 6
+    )
     z_state = None
     if state.log_partition is not None:
       params, opt_state, metrics, z_state = update(
@@ -169,10 +204,15 @@ def make_rl_step(
           batch,
           state.kl_coef,
           (state.log_partition, state.log_partition_opt_state),
+          dropout_key=dropout_key,
       )
     else:
       params, opt_state, metrics = update(
-          state.params, state.opt_state, batch, state.kl_coef
+          state.params,
+          state.opt_state,
+          batch,
+          state.kl_coef,
+          dropout_key=dropout_key,
       )
     if "any_usable" in info:
       # No group with varying outcomes: skip the update (logged), don't crash.

@@ -22,7 +22,13 @@ from agentic_rl.learner.common import StepFn, policy_mask
 from environments.host import base as host_base
 
 
-def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
+def sft_loss(
+    graphdef,
+    params,
+    traj: types.Trajectory,
+    denominator=None,
+    dropout_key=None,
+):
   """Token-mean negative log-likelihood of the POLICY tokens of demonstrations.
 
   Args:
@@ -32,12 +38,16 @@ def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
       batch's POLICY-token count (clamped to >= 1). Gradient accumulation passes
       the whole batch's count so that the micro-batch losses sum to the
       full-batch token mean.
+    dropout_key: PRNG key of the LoRA adapter-dropout masks
+      (`model.lora.dropout` > 0); None = deterministic.
 
   Returns:
     (loss, {"loss", "policy_tokens"}): float32 scalars; policy_tokens is the
     mean POLICY-token count per demonstration.
   """
-  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
+  logp, _ = sampling.token_logprobs(
+      graphdef, params, traj.tokens, 1.0, dropout_key=dropout_key
+  )
   mask = policy_mask(traj)
   if denominator is None:
     nll = losses.token_mean(-logp, mask)
@@ -48,7 +58,11 @@ def sft_loss(graphdef, params, traj: types.Trajectory, denominator=None):
 
 
 def sft_grad(
-    graphdef, params, traj: types.Trajectory, num_microbatches: int = 1
+    graphdef,
+    params,
+    traj: types.Trajectory,
+    num_microbatches: int = 1,
+    dropout_key=None,
 ):
   """(loss, metrics, grads) of `sft_loss` with gradient accumulation.
 
@@ -58,7 +72,8 @@ def sft_grad(
   scanned with `lax.scan`; each block's summed NLL is divided by the whole
   batch's POLICY-token count, so the accumulated loss and gradient equal the
   full-batch token mean (up to float summation order) while only one block's
-  activations are live at a time.
+  activations are live at a time. `dropout_key` (LoRA adapter dropout only):
+  block k draws its masks from fold_in(dropout_key, k); None = none.
 
   Raises:
     ValueError: if num_microbatches does not divide B.
@@ -71,20 +86,27 @@ def sft_grad(
     )
   # With LoRA adapters, only they are differentiated (models/lora.py).
   grad_fn = lora_lib.value_and_grad(
-      lambda p, t, d: sft_loss(graphdef, p, t, d), has_aux=True
+      lambda p, t, d, k: sft_loss(graphdef, p, t, d, k), has_aux=True
+  )
+  block_key = lambda k: (
+      None if dropout_key is None else jax.random.fold_in(dropout_key, k)
   )
   if num_microbatches == 1:
-    (loss, metrics), grads = grad_fn(params, traj, None)
+    (loss, metrics), grads = grad_fn(params, traj, None, block_key(0))
     return loss, metrics, grads
   mask = policy_mask(traj)
   denominator = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
   # Only the fields sft_loss reads are cut into blocks.
   blocks = sharding.split_rows((traj.tokens, traj.role), num_microbatches)
 
-  def micro(acc, block):
+  def micro(acc, xs):
+    block, k = xs
     tokens, role = sharding.constrain_batch(block)
     (loss, m), g = grad_fn(
-        params, traj.replace(tokens=tokens, role=role), denominator
+        params,
+        traj.replace(tokens=tokens, role=role),
+        denominator,
+        block_key(k),
     )
     acc_loss, acc_tokens, acc_g = acc
     return (
@@ -95,7 +117,9 @@ def sft_grad(
 
   zeros = mixed_precision.accumulation_zeros(params)  # f32 for bf16 params
   (loss, tokens, grads), _ = jax.lax.scan(
-      micro, (jnp.float32(0.0), jnp.float32(0.0), zeros), blocks
+      micro,
+      (jnp.float32(0.0), jnp.float32(0.0), zeros),
+      (blocks, jnp.arange(num_microbatches)),
   )
   return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
 
@@ -122,9 +146,20 @@ def make_sft_step(
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
+  lora_cfg = lora_lib.from_config(getattr(config.model, "lora", None))
+  use_dropout = lora_cfg is not None and lora_cfg.dropout > 0
 
   def learn(state: types.TrainState, traj: types.Trajectory):
-    _, metrics, grads = sft_grad(graphdef, state.params, traj, num_microbatches)
+    # LoRA adapter dropout: stream 6 of the step's key (the demonstrations
+    # use stream 0).
+    dropout_key = (
+        jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 6)
+        if use_dropout
+        else None
+    )
+    _, metrics, grads = sft_grad(
+        graphdef, state.params, traj, num_microbatches, dropout_key
+    )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)

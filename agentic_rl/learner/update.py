@@ -55,6 +55,7 @@ def _rl_loss(
     value_denominator=None,
     first_step=None,
     obs_denominator=None,
+    dropout_key=None,
 ):
   """Policy loss on one micro-batch, aggregated with a batch-wide denominator.
 
@@ -88,6 +89,11 @@ def _rl_loss(
   rows' first ratio is 1 - P(banned) (the unmasked policy over the masked
   behaviour), as with `rl.behaviour_logprobs='sampler'`.
 
+  `dropout_key` (LoRA with `model.lora.dropout` > 0): the key of this
+  micro-batch's adapter-dropout masks; only this forward is stochastic (the
+  behaviour, reference and sampling forwards are not), so after the first
+  optimizer step the ratios also carry the dropout noise.
+
   Returns:
     (loss scalar, metrics dict of scalars, each already divided by `denominator`
      for the aggregated terms so micro-batch values sum to batch values;
@@ -102,6 +108,7 @@ def _rl_loss(
       temperature,
       with_values,
       targets_bl=batch.get("obs_targets"),
+      dropout_key=dropout_key,
   )
   mask = batch["mask"]
   beh = batch["behaviour_logp"]
@@ -212,7 +219,8 @@ def _combine_metrics(a: dict, b: dict) -> dict:
 def make_update_fn(
     config, graphdef: nnx.GraphDef, tx: optax.GradientTransformation
 ):
-  """Returns pure `update(params, opt_state, batch, kl_coef[, log_z_state])`.
+  """Returns pure `update(params, opt_state, batch, kl_coef[, log_z_state,
+  dropout_key])`.
 
   `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
   ref_logp, advantage (plus old_values and returns when the value head is
@@ -239,7 +247,10 @@ def make_update_fn(
 
   `log_z_state` (FlowRL only): (log-partition params, their optax state);
   they get the loss gradient too and are updated by
-  `make_log_partition_optimizer`. Returns (params, opt_state, metrics), and
+  `make_log_partition_optimizer`. `dropout_key` (used only when the model has
+  LoRA adapters with `model.lora.dropout` > 0): micro-batch k of optimizer
+  step s draws its adapter-dropout masks from fold_in(fold_in(dropout_key, s),
+  k). Returns (params, opt_state, metrics), and
   with `log_z_state` given (params, opt_state, metrics, log_z_state).
   """
   rl_cfg = config.rl
@@ -261,8 +272,15 @@ def make_update_fn(
         logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"]
     )
 
-  def update(params, opt_state, batch, kl_coef, log_z_state=None):
+  lora_cfg = lora_lib.from_config(getattr(config.model, "lora", None))
+  use_dropout = lora_cfg is not None and lora_cfg.dropout > 0
+
+  def update(
+      params, opt_state, batch, kl_coef, log_z_state=None, dropout_key=None
+  ):
     batch = dict(batch)
+    if not use_dropout:
+      dropout_key = None
     sil = batch.pop("sil", None)
     mb_batch = split(batch, num_mb)
     z_params, z_opt = (None, None) if log_z_state is None else log_z_state
@@ -282,8 +300,13 @@ def make_update_fn(
             jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0
         )
 
+      step_key = (
+          None
+          if dropout_key is None
+          else jax.random.fold_in(dropout_key, step_index)
+      )
       grad_fn = lora_lib.value_and_grad(
-          lambda p, zp, micro_batch: _rl_loss(
+          lambda p, zp, micro_batch, key: _rl_loss(
               graphdef,
               p,
               micro_batch,
@@ -294,14 +317,19 @@ def make_update_fn(
               value_denominator=value_denominator,
               first_step=step_index == 0,
               obs_denominator=obs_denominator,
+              dropout_key=key,
           ),
           argnums=(0, 1),
           has_aux=True,
       )
 
-      def micro(acc, micro_batch):
+      def micro_key(k):
+        return None if step_key is None else jax.random.fold_in(step_key, k)
+
+      def micro(acc, xs):
+        micro_batch, k = xs
         micro_batch = sharding.constrain_batch(micro_batch)
-        (_, m), g = grad_fn(params, z_params, micro_batch)
+        (_, m), g = grad_fn(params, z_params, micro_batch, micro_key(k))
         acc_g, acc_m = acc
         return (
             mixed_precision.accumulate(acc_g, g),
@@ -312,7 +340,10 @@ def make_update_fn(
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
       shapes = jax.eval_shape(
           lambda: grad_fn(
-              params, z_params, jax.tree.map(lambda x: x[0], micro_batches)
+              params,
+              z_params,
+              jax.tree.map(lambda x: x[0], micro_batches),
+              micro_key(0),
           )
       )
       # Gradients of bf16 params are accumulated in float32.
@@ -320,7 +351,9 @@ def make_update_fn(
           mixed_precision.accumulation_zeros(shapes[1]),
           jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[0][1]),
       )
-      ((grads, z_grads), m), _ = jax.lax.scan(micro, zeros, micro_batches)
+      ((grads, z_grads), m), _ = jax.lax.scan(
+          micro, zeros, (micro_batches, jnp.arange(num_micro))
+      )
       if sil is not None:
         # SPEAR self-imitation on replayed episodes, every optimizer step.
         sil_value, sil_grads = lora_lib.value_and_grad(sil_loss)(params, sil)

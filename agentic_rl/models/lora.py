@@ -87,8 +87,9 @@ class LoRAConfig:
     targets: non-empty tuple of names from ALL_TARGETS.
     dropout: probability in [0, 1) of dropping an input feature of the
       adapter branch (x in (x A) B, inverted dropout); 0 = none. Applied only
-      while a key is set (`set_dropout_key`); the trainer sets none yet, so
-      config validation refuses dropout > 0 in training configs.
+      while a key is set (`set_dropout_key`): the SFT and RL loss forwards
+      set one per micro-batch; sampling, reference and behaviour forwards
+      run without.
   """
 
   rank: int = 8
