@@ -775,7 +775,10 @@ def trajectory_rm_outputs(
     num_turns_k: static K (the environment's max_turns).
 
   Returns:
-    {'score': float32 [B], 'potential': float32 [B, K + 1]}.
+    {'score': float32 [B], 'potential': float32 [B, K + 1]}; a PRM adds
+    'step_score': float32 [B, K], sigmoid(s_k) on the turns that happened (the
+    answer turn included) and 0 elsewhere: the continuous per-step scores of
+    `rl.step_reward='prm'`.
   """
   params = jax.lax.stop_gradient(params)
   mask_bl = role_bl != 0  # types.PAD
@@ -801,20 +804,25 @@ def trajectory_rm_outputs(
   if rm.kind == "outcome":
     return {"score": last_b, "potential": jax.nn.sigmoid(state_bk1)}
   logsig_bk = jnp.where(turn_mask_bk, jax.nn.log_sigmoid(s_bk), 0.0)
+  step_bk = jnp.where(turn_mask_bk, jax.nn.sigmoid(s_bk), 0.0)
   b = s_bk.shape[0]
   if rm.aggregation == "log_prod":
     score_b = _logit_from_log_prob(jnp.sum(logsig_bk, axis=1))
     cum_bk1 = jnp.concatenate(
         [jnp.zeros((b, 1)), jnp.cumsum(logsig_bk, axis=1)], 1
     )
-    return {"score": score_b, "potential": jnp.exp(cum_bk1)}
+    return {
+        "score": score_b,
+        "potential": jnp.exp(cum_bk1),
+        "step_score": step_bk,
+    }
   p_bk = jnp.where(turn_mask_bk, jax.nn.sigmoid(s_bk), 1.0)
   p_min_b = jnp.min(p_bk, axis=1)
   score_b = jnp.clip(
       jnp.log(p_min_b) - jnp.log1p(-jnp.minimum(p_min_b, 1 - 1e-7)), -30.0, 30.0
   )
   cum_bk1 = jnp.concatenate([jnp.ones((b, 1)), jax.lax.cummin(p_bk, axis=1)], 1)
-  return {"score": score_b, "potential": cum_bk1}
+  return {"score": score_b, "potential": cum_bk1, "step_score": step_bk}
 
 
 def make_rm_reward_fn(

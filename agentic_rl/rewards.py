@@ -799,7 +799,40 @@ def gated_accumulation(
 # 'valid_call': p_k = 1 for a well-formed tool call that returned a value (env
 # fact 'valid_call_turn' [K]), 0 for any other call; repeats are paid again,
 # so the score is hackable by design (experiments/step_hacking).
-STEP_REWARDS = ("none", "valid_call")
+STEP_REWARDS = ("none", "valid_call", "prm")
+
+
+def masked_quantile(
+    x_bk: jax.Array, mask_bk: jax.Array, q: float | jax.Array
+) -> jax.Array:
+  """The q-quantile of the entries of x where mask is True (linear
+  interpolation between order statistics, numpy's default 'linear' method).
+
+  Used as the Clip threshold eta of `rl.step_reward_clip_quantile`: eta is a
+  quantile of the batch's step scores, so that a fixed share of steps falls
+  below it whatever the PRM's calibration (Gao et al., arXiv:2410.15115, set
+  the Clip threshold from the distribution of PRM rewards).
+
+  Args:
+    x_bk: float array (any shape).
+    mask_bk: bool array of x's shape.
+    q: quantile in [0, 1].
+
+  Returns:
+    float32 scalar; 0.0 when no entry is masked in.
+  """
+  x = jnp.asarray(x_bk, jnp.float32).reshape(-1)
+  m = jnp.asarray(mask_bk, jnp.bool_).reshape(-1)
+  n = jnp.sum(m)
+  # Masked-out entries sort last (+inf); order statistics 0..n-1 are real.
+  srt = jnp.sort(jnp.where(m, x, jnp.inf))
+  pos = jnp.asarray(q, jnp.float32) * jnp.maximum(n - 1, 0).astype(jnp.float32)
+  lo = jnp.floor(pos).astype(jnp.int32)
+  hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+  frac = pos - lo.astype(jnp.float32)
+  v_lo, v_hi = srt[lo], srt[hi]
+  out = v_lo + frac * (v_hi - v_lo)
+  return jnp.where(n > 0, out, 0.0).astype(jnp.float32)
 
 
 def min_form_turn_rewards(

@@ -778,6 +778,7 @@ def _validate_step_reward(config, env_obj) -> None:
   for f in (
       "step_reward_coef",
       "step_reward_clip_eta",
+      "step_reward_clip_quantile",
       "step_reward_gate_threshold",
   ):
     v = rl[f]
@@ -803,6 +804,25 @@ def _validate_step_reward(config, env_obj) -> None:
         rl.step_reward_clip_eta,
         "must be in [0, 1] (step scores are in [0, 1])",
     )
+  q = rl.step_reward_clip_quantile
+  if not 0.0 <= q <= 1.0:
+    _fail("rl.step_reward_clip_quantile", q, "must be in [0, 1] (0 = off)")
+  if q > 0 and transform != "clip":
+    _fail(
+        "rl.step_reward_clip_quantile",
+        q,
+        f"sets the 'clip' threshold; rl.step_reward_transform={transform!r} "
+        "reads no threshold (use 0)",
+    )
+  if kind == "prm":
+    if not rl.reward_model_dir or rl.reward_model_kind != "process":
+      _fail(
+          "rl.step_reward",
+          kind,
+          "scores turns with a frozen process reward model: set "
+          "rl.reward_model_dir to an rm-mode workdir and "
+          "rl.reward_model_kind='process'",
+      )
   if rl.credit != "per_turn":
     _fail(
         "rl.credit",
@@ -829,6 +849,8 @@ def _validate_step_reward(config, env_obj) -> None:
         kind,
         f"host environment {config.env.name!r} has no per-turn call facts",
     )
+  if kind == "prm":
+    return  # scores come from the reward model, not from env facts
   task = jax.tree.map(lambda x: x[0], env_obj.eval_tasks(1, 0))
   facts = jax.eval_shape(lambda t: env_obj.facts(env_obj.reset(t)[0]), task)
   want = (env_obj.max_turns,)

@@ -280,14 +280,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.reward_model_dir = ""
   config.rl.reward_model_kind = "outcome"
   # Per-turn step (process) rewards (rewards.step_turn_rewards; needs
-  # credit 'per_turn'): the step score p_k in [0, 1] ('none' = off, or
-  # 'valid_call'), its transform ('sum', 'clip', 'delta', 'delta_drop', 'min',
-  # 'gated'), coefficient c, the clip transform's eta and the gated
-  # transform's outcome threshold.
+  # credit 'per_turn'): the step score p_k in [0, 1] ('none' = off,
+  # 'valid_call', or 'prm': the frozen process RM's per-turn score on every
+  # turn, answer included), its transform ('sum', 'clip', 'delta',
+  # 'delta_drop', 'min', 'gated'), coefficient c, the clip transform's eta
+  # and the gated transform's outcome threshold.
   config.rl.step_reward = "none"
   config.rl.step_reward_transform = "sum"
   config.rl.step_reward_coef = 0.0
   config.rl.step_reward_clip_eta = 1.0
+  # Clip threshold from the batch: eta = this quantile of the scored step
+  # scores (0 = use step_reward_clip_eta).
+  config.rl.step_reward_clip_quantile = 0.0
   config.rl.step_reward_gate_threshold = 1.0
   # Log RL metrics (and the learning curve's RL points) every this many RL
   # steps; SFT logs every config.log_every_steps.

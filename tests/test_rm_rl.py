@@ -154,6 +154,14 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
     np.testing.assert_allclose(
         out["potential"][1], [1.0, p1, p1, p1], rtol=1e-5
     )
+    # Per-turn step scores (rl.step_reward='prm'): sigmoid(s_k) on the turns
+    # that happened, 0 after.
+    np.testing.assert_allclose(
+        out["step_score"],
+        [[sig[0, 0], sig[0, 1], 0.0], [sig[1, 0], 0.0, 0.0]],
+        rtol=1e-5,
+        atol=1e-7,
+    )
     spec_min = rm.FrozenRewardModel(rgraph, kind, "min")
     out_min = rm.trajectory_rm_outputs(
         spec_min, params, traj.tokens, traj.role, traj.turn, 3
@@ -369,6 +377,32 @@ def test_rl_with_process_rm_as_reward_and_potential_end_to_end(
   config = _rl_config(rm_dir[0], "process", pbrs=True)
   config.rl.rewards = ml_collections.ConfigDict(dict(rm=1.0, format=0.1))
   _check_rl_run(config, str(tmp_path / "rl"), rm_as_reward=True)
+
+
+@pytest.mark.slow
+def test_rl_with_prm_step_rewards_and_a_quantile_clip_end_to_end(
+    rm_dir, tmp_path
+):
+  """Per-turn GRPO with the process RM's continuous per-turn scores as step
+  rewards (`rl.step_reward='prm'`, answer turn scored), Clip with eta = the
+  batch median: every logged step reward is <= 0 and finite."""
+  config = _rl_config(rm_dir[0], "process")
+  config.rl.rewards = ml_collections.ConfigDict(dict(rm=1.0, format=0.1))
+  config.rl.credit = "per_turn"
+  config.rl.step_reward = "prm"
+  config.rl.step_reward_transform = "clip"
+  config.rl.step_reward_coef = 0.5
+  config.rl.step_reward_clip_quantile = 0.5
+  _check_rl_run(config, str(tmp_path / "rl"), rm_as_reward=True)
+  rows = [
+      r
+      for r in metrics_lib.read_metrics(str(tmp_path / "rl"))
+      if r.get("phase") == "rl"
+  ]
+  for r in rows:
+    assert np.isfinite(r["rl/step_reward"]) and r["rl/step_reward"] <= 0.0
+  # The median threshold leaves about half the scored turns below eta.
+  assert any(r["rl/step_reward"] < 0.0 for r in rows)
 
 
 @pytest.mark.slow

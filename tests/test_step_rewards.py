@@ -259,7 +259,27 @@ def test_valid_step_reward_configs_pass():
 @pytest.mark.parametrize(
     "changes, match",
     [
-        ({"step_reward": "prm"}, r"config\.rl\.step_reward='prm': unknown"),
+        (
+            {"step_reward": "learned"},
+            r"config\.rl\.step_reward='learned': unknown",
+        ),
+        (
+            {"step_reward": "prm"},
+            r"config\.rl\.step_reward='prm': scores turns with a frozen "
+            r"process reward model",
+        ),
+        (
+            {"step_reward_clip_quantile": 1.5},
+            r"config\.rl\.step_reward_clip_quantile=1\.5: must be in \[0, 1\]",
+        ),
+        (
+            {
+                "step_reward_transform": "delta",
+                "step_reward_clip_quantile": 0.5,
+            },
+            r"config\.rl\.step_reward_clip_quantile=0\.5: sets the 'clip' "
+            r"threshold",
+        ),
         (
             {"step_reward_transform": "softmin"},
             r"config\.rl\.step_reward_transform='softmin': unknown",
@@ -341,3 +361,63 @@ def test_rl_step_with_step_rewards_runs_and_logs():
   # Sum form: delivered = raw = 0.5 * valid calls per episode.
   assert m["step_reward"] == pytest.approx(m["step_reward_raw"], abs=1e-6)
   assert 1.0 <= m["turns"] <= env.max_turns
+
+
+def test_masked_quantile_matches_numpy():
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    x = rng.random((6, 5))
+    m = rng.random((6, 5)) < 0.5
+    m[0, 0] = True
+    for q in (0.0, 0.1, 0.5, 0.9, 1.0):
+      want = np.quantile(x[m], q)
+      got = float(rewards.masked_quantile(jnp.asarray(x), jnp.asarray(m), q))
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert (
+      float(
+          rewards.masked_quantile(
+              jnp.ones((2, 2)), jnp.zeros((2, 2), bool), 0.5
+          )
+      )
+      == 0.0
+  )
+
+
+class _PrmTraj:
+  """What step_rewards_bk reads: num_turns and the PRM's step scores."""
+
+  def __init__(self, scores, num_turns):
+    self.facts = {"rm_step_score": jnp.asarray(scores, jnp.float32)}
+    self.num_turns = jnp.asarray(num_turns, jnp.int32)
+
+
+def test_prm_step_scores_with_a_quantile_clip_by_hand():
+  # Two episodes, K = 4; row 0 has 3 turns (the 3rd is its answer), row 1 two.
+  # Scored = every turn that happened: 0.9, 0.4, 0.7 | 0.2, 0.8.
+  # eta = median of {0.2, 0.4, 0.7, 0.8, 0.9} = 0.7; clip: c min(p - eta, 0)
+  # with c = 0.5: row 0 -> 0, -0.15, 0, 0; row 1 -> -0.25, 0, 0, 0.
+  traj = _PrmTraj([[0.9, 0.4, 0.7, 0.3], [0.2, 0.8, 0.6, 0.6]], [3, 2])
+  rl = default.get_config().rl
+  rl.update(
+      step_reward="prm",
+      step_reward_transform="clip",
+      step_reward_coef=0.5,
+      step_reward_clip_quantile=0.5,
+  )
+  got = learner.step_rewards_bk(rl, traj, jnp.zeros(2), 4)
+  np.testing.assert_allclose(
+      got, [[0.0, -0.15, 0.0, 0.0], [-0.25, 0.0, 0.0, 0.0]], atol=1e-6
+  )
+  # Fixed eta (quantile 0): eta = 1 -> c (p - 1) on every turn that happened.
+  rl.step_reward_clip_quantile = 0.0
+  got = learner.step_rewards_bk(rl, traj, jnp.zeros(2), 4)
+  np.testing.assert_allclose(
+      got, [[-0.05, -0.3, -0.15, 0.0], [-0.4, -0.1, 0.0, 0.0]], atol=1e-6
+  )
+  # Delta on continuous scores, answer turn scored: c (p_k - p_{k+1}), the
+  # last keeps c p_last: row 0 -> 0.25, -0.15, 0.35.
+  rl.step_reward_transform = "delta"
+  got = learner.step_rewards_bk(rl, traj, jnp.zeros(2), 4)
+  np.testing.assert_allclose(
+      got, [[0.25, -0.15, 0.35, 0.0], [-0.3, 0.4, 0.0, 0.0]], atol=1e-6
+  )

@@ -64,6 +64,7 @@ from agentic_rl.learner.token_credit import (
     pbrs_terminated,
     step_reward_on,
     step_rewards_bk,
+    step_scores_bk,
     token_advantages,
 )
 from agentic_rl.learner.update import (
@@ -109,6 +110,7 @@ __all__ = [
     "sft_loss",
     "step_reward_on",
     "step_rewards_bk",
+    "step_scores_bk",
     "token_advantages",
     "uses_spa",
     "uses_values",

@@ -30,6 +30,7 @@ from agentic_rl.learner.token_credit import (
     gae_token_advantages,
     step_reward_on,
     step_rewards_bk,
+    step_scores_bk,
     token_advantages,
 )
 from agentic_rl.learner.update import uses_values
@@ -252,13 +253,14 @@ def make_collect_fn(
           traj.turn,
           max_turns,
       )
-      traj = traj.replace(
-          facts=dict(
-              traj.facts,
-              rm_score=rm_out["score"],
-              rm_potential=rm_out["potential"],
-          )
+      facts = dict(
+          traj.facts,
+          rm_score=rm_out["score"],
+          rm_potential=rm_out["potential"],
       )
+      if "step_score" in rm_out:  # a PRM: per-turn scores
+        facts["rm_step_score"] = rm_out["step_score"]
+      traj = traj.replace(facts=facts)
     # Reward schedules run on the RL step index (0 at the first RL iteration).
     reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
     if rl_cfg.overlong_soft_cache > 0:
@@ -509,11 +511,9 @@ def make_collect_fn(
       # Step rewards as delivered (per episode sum), and before the transform.
       s_bk = step_rewards_bk(rl_cfg, train_traj, reward, max_turns)
       info["step_reward"] = jnp.mean(jnp.sum(s_bk, axis=1))
-      raw = rl_cfg.step_reward_coef * (
-          train_traj.facts["valid_call_turn"]
-          & train_traj.facts["tool_call_turn"]
-      )
-      info["step_reward_raw"] = jnp.mean(jnp.sum(raw.astype(jnp.float32), 1))
+      p_bk, scored_bk = step_scores_bk(rl_cfg, train_traj, max_turns)
+      raw = rl_cfg.step_reward_coef * jnp.where(scored_bk, p_bk, 0.0)
+      info["step_reward_raw"] = jnp.mean(jnp.sum(raw, 1))
     reward, adv_b, adv_bl = token_advantages(
         rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1
     )

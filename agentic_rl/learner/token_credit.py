@@ -74,6 +74,19 @@ def step_reward_on(rl_cfg) -> bool:
   return rl_cfg.step_reward != "none"
 
 
+def step_scores_bk(
+    rl_cfg, traj: types.Trajectory, max_turns: int
+) -> tuple[jax.Array, jax.Array]:
+  """(p_bk float32 [B, K], scored_bk bool [B, K]): the step scores of
+  `rl.step_reward` and the turns they score (see `step_rewards_bk`)."""
+  turn_mask = jnp.arange(max_turns)[None, :] < traj.num_turns[:, None]
+  if rl_cfg.step_reward == "prm":
+    return traj.facts["rm_step_score"].astype(jnp.float32), turn_mask
+  p_bk = traj.facts["valid_call_turn"].astype(jnp.float32)
+  scored = traj.facts["tool_call_turn"].astype(jnp.bool_) & turn_mask
+  return p_bk, scored
+
+
 def step_rewards_bk(
     rl_cfg, traj: types.Trajectory, reward_b: jax.Array, max_turns: int
 ) -> jax.Array:
@@ -88,13 +101,26 @@ def step_rewards_bk(
   gate of 'gated' reads `reward_b`, the episode's composed outcome reward.
   Added to the per-turn rewards of `rl.credit='per_turn'` before the
   reward-to-go (`token_advantages`).
+
+  'prm': p_k = the frozen process reward model's continuous per-turn score
+  sigmoid(s_k) (fact 'rm_step_score', `reward_models.trajectory_rm_outputs`;
+  needs `rl.reward_model_dir` of kind 'process'), scored on EVERY turn that
+  happened, the answer turn included.
+
+  `rl.step_reward_clip_quantile` = q in (0, 1] ('clip' only): eta is the
+  q-quantile of this batch's scored step scores (`rewards.masked_quantile`)
+  instead of the fixed `rl.step_reward_clip_eta`; 0 = the fixed eta.
   """
   k = max_turns
   turn_mask = jnp.arange(k)[None, :] < traj.num_turns[:, None]
   if not step_reward_on(rl_cfg):
     return jnp.zeros(turn_mask.shape, jnp.float32)
-  p_bk = traj.facts["valid_call_turn"].astype(jnp.float32)
-  scored = traj.facts["tool_call_turn"].astype(jnp.bool_) & turn_mask
+  p_bk, scored = step_scores_bk(rl_cfg, traj, k)
+  eta = rl_cfg.step_reward_clip_eta
+  if rl_cfg.step_reward_clip_quantile > 0:
+    eta = rewards.masked_quantile(
+        p_bk, scored, rl_cfg.step_reward_clip_quantile
+    )
   return rewards.step_turn_rewards(
       p_bk,
       scored,
@@ -102,7 +128,7 @@ def step_rewards_bk(
       reward_b,
       transform=rl_cfg.step_reward_transform,
       coef=rl_cfg.step_reward_coef,
-      eta=rl_cfg.step_reward_clip_eta,
+      eta=eta,
       gate_threshold=rl_cfg.step_reward_gate_threshold,
   )
 
