@@ -468,3 +468,52 @@ def test_master_copy_and_moments_are_sharded_like_the_params():
   for tree in (got.master, got.inner[1][0].mu, got.inner[1][0].nu):
     assert leaves(tree) == leaves(want)
   assert jax.sharding.PartitionSpec("fsdp", "tensor", None) in leaves(want)
+
+
+@pytest.mark.parametrize(
+    "spec, xs, ws",
+    [
+        ("...d,df->...f", (3, 5, 16), (16, 24)),
+        ("btd,dgck->bgctk", (2, 5, 16), (16, 2, 3, 8)),
+        ("bhtk,hkd->btd", (2, 4, 5, 8), (4, 8, 16)),
+    ],
+)
+def test_bf16_matmul_backward_is_the_mixed_precision_one(spec, xs, ws):
+  # transformer.matmul on bf16 operands: the gradient equals the textbook
+  # mixed-precision backward computed by hand in float64 from the bf16
+  # operands and the bf16-rounded cotangent (dx = g w^T, dw = x^T g, each
+  # rounded once to bf16), and every dot of the compiled backward has bf16
+  # operands (the fast-kernel form), none float32.
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=xs), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=ws) * 0.3, jnp.bfloat16)
+  y_shape = jax.eval_shape(lambda: transformer.matmul(x, w, spec)).shape
+  g = jnp.asarray(rng.normal(size=y_shape), jnp.bfloat16)
+
+  def loss(x, w):
+    y = transformer.matmul(x, w, spec)
+    return jnp.sum(y.astype(jnp.float32) * g.astype(jnp.float32))
+
+  dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+  assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
+  # numpy's einsum sums no ellipsis away: name the two leading axes.
+  ins, out = spec.replace("...", "AB").split("->")
+  lhs, rhs = ins.split(",")
+  f64 = lambda a: np.asarray(a.astype(jnp.float32), np.float64)
+  want_dx = np.einsum(f"{out},{rhs}->{lhs}", f64(g), f64(w))
+  want_dw = np.einsum(f"{lhs},{out}->{rhs}", f64(x), f64(g))
+  # One bf16 rounding of a float32-accumulated sum: relative 2^-8.
+  np.testing.assert_allclose(f64(dx), want_dx, rtol=2**-8, atol=1e-6)
+  np.testing.assert_allclose(f64(dw), want_dw, rtol=2**-8, atol=1e-6)
+  hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).as_text()
+  # StableHLO: `stablehlo.dot_general %a, %b, ... : (tensor<..xbf16>,
+  # tensor<..xbf16>) -> tensor<..xf32>`.
+  dots = [l for l in hlo.splitlines() if "stablehlo.dot_general" in l]
+  # The two backward products (the loss is linear in y, so the forward
+  # product is dead code). Plain autodiff of the forward gives float32
+  # operands here (tensor<..xf32>, tensor<..xf32>): this check fails on it.
+  assert len(dots) == 2, hlo
+  for line in dots:
+    operands, result = line.rsplit(": (", 1)[1].split(") -> ")
+    assert operands.count("xbf16>") == 2 and "f32" not in operands, line
+    assert result.strip().endswith("xf32>"), line

@@ -46,6 +46,7 @@ of the parameters in the optimizer state (agentic_rl/mixed_precision.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -311,12 +312,58 @@ def matmul(
     x: activations (float32 or bfloat16); w: weights in the same dtype.
     spec: einsum equation (default: contract x's last axis with w's first).
 
+  Low-precision operands also get a backward pass of the same form
+  (`_low_precision_matmul`: bf16 cotangent products with float32 results),
+  so training reaches the fast kernels too, not only the forward.
+
   Returns:
     The product in x.dtype.
+  """
+  if x.dtype == jnp.float32 and w.dtype == jnp.float32:
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+  return _low_precision_matmul(x, w, spec)
+
+
+def _matmul_grad_specs(spec: str) -> tuple[str, str]:
+  """(dx spec, dw spec) of `einsum(spec, x, w)`: 'out,w->x' and 'x,out->w'."""
+  ins, out = spec.split("->")
+  lhs, rhs = ins.split(",")
+  return f"{out},{rhs}->{lhs}", f"{lhs},{out}->{rhs}"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _low_precision_matmul(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
+  """`matmul` for bfloat16 operands, with a backward pass in the same form.
+
+  Forward: einsum with a float32 result, cast to x.dtype. Backward: the
+  cotangent g (in x.dtype) times w and x, again as low-precision products
+  with float32 results (dx = g w^T, dw = x^T g), cast to the operands'
+  dtypes. Autodiff of the forward alone would give float32-cotangent
+  products, which XLA:CPU runs without its bfloat16 (AMX) kernels; the
+  numbers are those of the usual mixed-precision backward (bf16 operands,
+  float32 accumulation; Micikevicius et al., arXiv:1710.03740).
   """
   return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(
       x.dtype
   )
+
+
+def _low_precision_matmul_fwd(x, w, spec):
+  return _low_precision_matmul(x, w, spec), (x, w)
+
+
+def _low_precision_matmul_bwd(spec, res, g):
+  x, w = res
+  dx_spec, dw_spec = _matmul_grad_specs(spec)
+  g = g.astype(x.dtype)
+  dx = jnp.einsum(dx_spec, g, w, preferred_element_type=jnp.float32)
+  dw = jnp.einsum(dw_spec, x, g, preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_low_precision_matmul.defvjp(
+    _low_precision_matmul_fwd, _low_precision_matmul_bwd
+)
 
 
 def _normal(
