@@ -564,6 +564,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       )
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
+  _validate_update_buckets(config, env_obj)
   validate_rl_reward_model(config)  # learned reward model (rl.reward_model_dir)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
@@ -762,6 +763,34 @@ def _validate_replay_and_dual(config, env_obj) -> None:
     _fail("rl.dual_init", rl.dual_init, "must be >= 0")
 
 
+def _validate_update_buckets(config, env_obj) -> None:
+  """`rl.update_length_buckets` > 1 only where the one-jit step can use it
+  (learner.rl_step.update_is_bucketed): refused rather than silently off."""
+  rl = config.rl
+  k = rl.update_length_buckets
+  if k <= 1:
+    return
+  why = None
+  if getattr(env_obj, "is_host", False):
+    why = (
+        f"host environment {config.env.name!r}: its batches are already "
+        "trimmed on the host (config.trim_bucket); use 1"
+    )
+  elif config.trim_bucket <= 0:
+    why = "the bucket lengths are multiples of config.trim_bucket, which is 0"
+  elif (
+      rl.loss_agg_mode == "seq-mean-token-sum-norm"
+      and not rl.loss_norm_constant
+  ):
+    why = (
+        "rl.loss_agg_mode='seq-mean-token-sum-norm' with "
+        "rl.loss_norm_constant=0 divides by the buffer length itself, which "
+        "a shorter bucket would change: set rl.loss_norm_constant or use 1"
+    )
+  if why:
+    _fail("rl.update_length_buckets", k, why)
+
+
 def _validate_step_reward(config, env_obj) -> None:
   """Per-turn step rewards (`rl.step_reward`, learner.step_rewards_bk)."""
   rl = config.rl
@@ -788,7 +817,17 @@ def _validate_step_reward(config, env_obj) -> None:
         or not math.isfinite(v)
     ):
       _fail(f"rl.{f}", v, "must be a finite number")
+  q = rl.step_reward_clip_quantile
+  if not 0.0 <= q <= 1.0:
+    _fail("rl.step_reward_clip_quantile", q, "must be in [0, 1] (0 = off)")
   if kind == "none":
+    if q > 0:
+      _fail(
+          "rl.step_reward_clip_quantile",
+          q,
+          "rl.step_reward='none', so nothing reads this field; set "
+          "rl.step_reward or leave it at 0",
+      )
     return
   coef = rl.step_reward_coef
   if not coef > 0:
@@ -804,9 +843,6 @@ def _validate_step_reward(config, env_obj) -> None:
         rl.step_reward_clip_eta,
         "must be in [0, 1] (step scores are in [0, 1])",
     )
-  q = rl.step_reward_clip_quantile
-  if not 0.0 <= q <= 1.0:
-    _fail("rl.step_reward_clip_quantile", q, "must be in [0, 1] (0 = off)")
   if q > 0 and transform != "clip":
     _fail(
         "rl.step_reward_clip_quantile",

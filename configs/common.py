@@ -107,9 +107,11 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
   cfg.hf_path = ""
   # Low-rank adapters (agentic_rl/models/lora.py; Hu et al. 2021,
   # arXiv:2106.09685): rank 0 = off (full fine-tuning). With rank r > 0 only
-  # the adapters (and scalar heads) train; the base is frozen, has no optimizer
-  # state, and is the reference model (adapters off); checkpoints hold the
-  # adapters only. e.g. --config.model.lora.rank=8
+  # the adapters (and scalar heads) train; the base is frozen and has no
+  # optimizer state; the reference model is the shared base plus the
+  # reference's own adapters (at RL start a copy of the policy's, so the SFT
+  # policy; no second copy of the base); checkpoints hold the adapters only.
+  # e.g. --config.model.lora.rank=8
   cfg.lora = ml_collections.ConfigDict(
       dict(
           # Adapter rank r; 0 = off (full fine-tuning).
@@ -119,7 +121,8 @@ def model(preset: str = "tiny") -> ml_collections.ConfigDict:
           # Any of 'q', 'k', 'v', 'o', 'gate', 'up', 'down'.
           targets=("q", "k", "v", "o", "gate", "up", "down"),
           # Dropout on the adapter branch's input, in the SFT and RL loss
-          # forwards only (sampling, reference and behaviour run without).
+          # forwards only (sampling, reference and behaviour run without; the
+          # logged rl/kl and ratios then include the dropout noise).
           dropout=0.0,
       )
   )

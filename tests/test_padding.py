@@ -282,3 +282,37 @@ def test_bucketed_update_compiles_one_branch_per_length():
   rows = config.rl.batch_size // config.rl.num_minibatches
   for n in lengths[:-1]:
     assert f"s32[{rows},{n}]" in hlo, n
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (
+            {"rl.loss_agg_mode": "seq-mean-token-sum-norm"},
+            r"^config\.rl\.update_length_buckets=4: rl\.loss_agg_mode="
+            r"'seq-mean-token-sum-norm' with rl\.loss_norm_constant=0",
+        ),
+        (
+            {"trim_bucket": 0},
+            r"^config\.rl\.update_length_buckets=4: the bucket lengths are "
+            r"multiples of config\.trim_bucket, which is 0",
+        ),
+    ],
+)
+def test_inapplicable_length_buckets_are_refused(changes, match):
+  # Rather than silently off (found by a fresh-user test).
+  from agentic_rl import validation  # noqa: PLC0415
+  from configs import default  # noqa: PLC0415
+
+  config = default.get_config("smoke")
+  config.rl.update_length_buckets = 4
+  validation.validate_config(config)  # valid as is
+  for k, v in changes.items():
+    section, _, field = k.rpartition(".")
+    (config[section] if section else config)[field] = v
+  with pytest.raises(validation.ConfigError, match=match):
+    validation.validate_config(config)
+  # With a constant normaliser the bucketed update is exact again.
+  if "rl.loss_agg_mode" in changes:
+    config.rl.loss_norm_constant = 64
+    validation.validate_config(config)

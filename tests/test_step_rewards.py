@@ -329,6 +329,24 @@ def test_environment_without_the_fact_is_rejected():
     validation.validate_config(config)
 
 
+def test_quantile_without_a_step_reward_is_refused():
+  # Nothing would read it (found by a fresh-user test); 0 stays accepted.
+  with pytest.raises(
+      ValueError,
+      match=r"config\.rl\.step_reward_clip_quantile=0\.5: "
+      r"rl\.step_reward='none', so nothing reads this field",
+  ):
+    validation.validate_config(
+        _kv_config(step_reward="none", step_reward_clip_quantile=0.5)
+    )
+  with pytest.raises(
+      ValueError, match=r"step_reward_clip_quantile=1\.5: must be in"
+  ):
+    validation.validate_config(
+        _kv_config(step_reward="none", step_reward_clip_quantile=1.5)
+    )
+
+
 def test_clip_with_zero_coefficient_off_is_accepted():
   # step_reward 'none' ignores the coefficient (old behaviour).
   validation.validate_config(

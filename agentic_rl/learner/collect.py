@@ -29,6 +29,7 @@ from agentic_rl.learner.token_credit import (
     dense_aux_advantages,
     gae_token_advantages,
     step_reward_on,
+    step_clip_eta,
     step_rewards_bk,
     step_scores_bk,
     token_advantages,
@@ -514,6 +515,9 @@ def make_collect_fn(
       p_bk, scored_bk = step_scores_bk(rl_cfg, train_traj, max_turns)
       raw = rl_cfg.step_reward_coef * jnp.where(scored_bk, p_bk, 0.0)
       info["step_reward_raw"] = jnp.mean(jnp.sum(raw, 1))
+      if rl_cfg.step_reward_clip_quantile > 0:
+        # The batch's Clip threshold (a quantile of its step scores).
+        info["step_reward_clip_eta"] = step_clip_eta(rl_cfg, p_bk, scored_bk)
     reward, adv_b, adv_bl = token_advantages(
         rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1
     )

@@ -139,10 +139,11 @@ def update_is_bucketed(config, env) -> bool:
   `rl.update_length_buckets` > 1 compiles the update for that many lengths
   (`padding.update_lengths`, multiples of `trim_bucket`) and runs the
   shortest that holds every trained position (`padding.bucketed_update`).
-  Off for host environments (their batches are already trimmed on the host,
-  `padding.host_trim_length`), with `trim_bucket` = 0, and for
-  'seq-mean-token-sum-norm' with `rl.loss_norm_constant` = 0, whose
-  denominator is the buffer length itself.
+  Validation refuses K > 1 for host environments (their batches are already
+  trimmed on the host, `padding.host_trim_length`), with `trim_bucket` = 0,
+  and for 'seq-mean-token-sum-norm' with `rl.loss_norm_constant` = 0, whose
+  denominator is the buffer length itself; the same conditions are checked
+  here for configs built without validation.
   """
   rl = config.rl
   return (

@@ -87,6 +87,16 @@ def step_scores_bk(
   return p_bk, scored
 
 
+def step_clip_eta(rl_cfg, p_bk: jax.Array, scored_bk: jax.Array):
+  """The 'clip' threshold: `rl.step_reward_clip_eta`, or with
+  `rl.step_reward_clip_quantile` = q > 0 the q-quantile of the batch's scored
+  step scores (`rewards.masked_quantile`, a float32 scalar)."""
+  q = rl_cfg.step_reward_clip_quantile
+  if q > 0:
+    return rewards.masked_quantile(p_bk, scored_bk, q)
+  return rl_cfg.step_reward_clip_eta
+
+
 def step_rewards_bk(
     rl_cfg, traj: types.Trajectory, reward_b: jax.Array, max_turns: int
 ) -> jax.Array:
@@ -116,11 +126,7 @@ def step_rewards_bk(
   if not step_reward_on(rl_cfg):
     return jnp.zeros(turn_mask.shape, jnp.float32)
   p_bk, scored = step_scores_bk(rl_cfg, traj, k)
-  eta = rl_cfg.step_reward_clip_eta
-  if rl_cfg.step_reward_clip_quantile > 0:
-    eta = rewards.masked_quantile(
-        p_bk, scored, rl_cfg.step_reward_clip_quantile
-    )
+  eta = step_clip_eta(rl_cfg, p_bk, scored)
   return rewards.step_turn_rewards(
       p_bk,
       scored,
