@@ -401,6 +401,8 @@ def test_rl_with_prm_step_rewards_and_a_quantile_clip_end_to_end(
   ]
   for r in rows:
     assert np.isfinite(r["rl/step_reward"]) and r["rl/step_reward"] <= 0.0
+    # The batch's threshold: a median of sigmoid scores, in (0, 1).
+    assert 0.0 < r["rl/step_reward_clip_eta"] < 1.0
   # The median threshold leaves about half the scored turns below eta.
   assert any(r["rl/step_reward"] < 0.0 for r in rows)
 
