@@ -103,8 +103,11 @@ def policy_forward(
     ValueError: with_values and the model has no value head.
   """
   if not with_values and targets_bl is None:
+    # The key is passed only when set: without dropout the call is the
+    # plain token_logprobs(graphdef, params, tokens, T).
+    kw = {} if dropout_key is None else {"dropout_key": dropout_key}
     logp, entropy = sampling.token_logprobs(
-        graphdef, params, tokens_bl, temperature, dropout_key=dropout_key
+        graphdef, params, tokens_bl, temperature, **kw
     )
     return logp, entropy, None
   model = nnx.merge(graphdef, params)
