@@ -180,6 +180,19 @@ def room_mixed_groups(config, params) -> float:
   return 1.0 - room_tied_groups(config, params)
 
 
+def room_mixed_hard_groups(config, params) -> float:
+  """Share of the sampled hard-item groups (the 'hard' fact; each group
+  repeats one task) whose episodes differ in correctness: the groups where
+  GRPO can learn what the start does not yet do reliably (call the tool on a
+  hard item). 0 without hard groups. In [0, 1]."""
+  f = sample_groups(config, params)
+  c, hard = f["correct"], f["hard"][:, 0] > 0
+  if not hard.any():
+    return 0.0
+  mixed = ~np.all(c == c[:, :1], axis=1)
+  return float(mixed[hard].mean())
+
+
 def room_tied_groups(config, params) -> float:
   """Share of sampled groups whose episodes all tie on correctness (all right
   or all wrong): GRPO's advantage is zero there, and only there can reward
