@@ -530,6 +530,12 @@ def _base(key: str) -> str:
   return key.split("/", 1)[1] if key.startswith(("rl/", "sft/")) else key
 
 
+# Curve key (base) -> the start row's key measured the way the curve is
+# (sampled at T = 1): a greedy held-out start line under a sampled training
+# curve would show a gap that is only the decoding.
+_CURVE_START = {"accuracy": "sample_accuracy"}
+
+
 def plot_grid(
     title: str,
     rows: Mapping[str, Sequence[Mapping[str, float]]],
@@ -546,7 +552,9 @@ def plot_grid(
   seeds per RL iteration with a 95% t band). Panels of the same metric (a
   held-out key and its 'rl/' / 'sft/' curve) share their y-limits (clipped at 0
   for non-negative metrics and at 1 for shares); the SFT start row's mean, when
-  it has the metric, is drawn as a dashed reference line.
+  it has the metric, is drawn as a dashed reference line (on a curve panel,
+  the start's sampled T = 1 value of `_CURVE_START`, e.g. 'sample_accuracy'
+  under 'rl/accuracy'; no line where the start has no sampled value).
 
   Args:
     title: figure title.
@@ -624,7 +632,14 @@ def plot_grid(
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6)
     if start is not None:
-      v = np.asarray([r.get(_base(k), np.nan) for r in start], np.float64)
+      # Training curves are sampled (T = 1) on training tasks: their start
+      # line is the start's sampled held-out value where one exists
+      # (_CURVE_START), never its greedy one; bar panels use the same key.
+      skey = _base(k) if kind == "bar" else _CURVE_START.get(_base(k), None)
+      v = np.asarray(
+          [r.get(skey, np.nan) if skey else np.nan for r in start],
+          np.float64,
+      )
       if np.all(np.isfinite(v)):
         ax.axhline(
             float(v.mean()), color="0.3", ls="--", lw=0.9, label="_start"

@@ -282,3 +282,33 @@ def test_summary_row_from_results():
   assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
   assert r["wall"] == "10 min" and r["seeds"] == "2" and r["paper"] == "P"
   assert summary.row("x", None, spec)["verdict"] == "not run"
+
+
+def test_curve_start_line_is_the_sampled_start(tmp_path):
+  # The rl/accuracy curve is sampled at T = 1: its start line is the start's
+  # sample_accuracy (0.2), not its greedy accuracy (0.9); the line widens the
+  # panel's limits, so they show which one was drawn.
+  import numpy as np
+  from experiments import harness
+
+  rows = {
+      "SFT (start)": [
+          {"accuracy": 0.9, "sample_accuracy": 0.2, "calls": 1.0},
+          {"accuracy": 0.9, "sample_accuracy": 0.2, "calls": 1.0},
+      ],
+      "a": [{"calls": 1.0}, {"calls": 1.0}],
+  }
+  curves = {"a": {"rl/accuracy": np.array([[0.5, 0.5], [0.6, 0.6]])}}
+  path = str(tmp_path / "p.png")
+  limits = harness.plot_grid(
+      "t", rows, curves, [("calls", "calls")], ["rl/accuracy"], path
+  )
+  lo, hi = limits[1]
+  assert lo < 0.2 < hi < 0.9
+  # Without a sampled start value no start line is drawn: the limits follow
+  # the curve alone.
+  del rows["SFT (start)"][0]["sample_accuracy"]
+  limits = harness.plot_grid(
+      "t", rows, curves, [("calls", "calls")], ["rl/accuracy"], path
+  )
+  assert limits[1][0] > 0.2 and limits[1][1] < 0.9
