@@ -266,6 +266,7 @@ def run_claim(
     spec: stats.ClaimSpec | None = None,
     stem: str = "results",
     stop_without_room: bool = False,
+    room_only: bool = False,
     command: str | None = None,
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
@@ -293,6 +294,10 @@ def run_claim(
     stop_without_room: with a spec whose room metric is below its threshold,
       skip the RL arms (their rows are absent; the verdict is 'untestable at
       this setup'), which saves the RL compute of a claim that cannot decide.
+    room_only: train the start policy and compute the room metric, then stop
+      (no RL arms, whatever the room): a cheap look at whether a setup can
+      decide the claim. The verdict is 'untestable at this setup' when the
+      room is below the threshold, else 'not run (room check only)'.
     command: the command line that produced the run (stored in results.json).
 
   Returns:
@@ -359,11 +364,15 @@ def run_claim(
         f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
         flush=True,
     )
-  skip_rl = stop_without_room and room is not None and not room["ok"]
+  if room_only and room is None:
+    raise ValueError("run_claim: room_only needs a spec with a room_fn")
+  skip_rl = room_only or (
+      stop_without_room and room is not None and not room["ok"]
+  )
   for arm, config in arms.items():
-    key = sft(config)[0]
     if skip_rl:
-      continue
+      continue  # no RL arm, so no other SFT start is needed either
+    key = sft(config)[0]
     arm_dir = os.path.join(root, arm)
     if not os.path.exists(arm_dir):
       # The arm's own config.json is written by train_seeds (not the SFT run's).
@@ -386,7 +395,9 @@ def run_claim(
       ]
     curves[arm] = out["curves"]
   analysis = None
-  if spec is not None:
+  if spec is not None and room_only and room["ok"]:
+    analysis = stats.room_only_analysis(spec, room["value"])
+  elif spec is not None:
     analysis = stats.analyse(
         spec, rows, None if room is None else room["value"]
     )
@@ -400,6 +411,7 @@ def run_claim(
       "analysis": analysis,
       "spec": None if spec is None else spec.to_json(),
       "rl_skipped": bool(skip_rl),
+      "room_only": bool(room_only),
       "wall_total_s": time.time() - t_start,
       "command": command,
   }
@@ -715,6 +727,11 @@ def cli(
       action="store_true",
       help="skip the RL arms when the start policy leaves no room",
   )
+  p.add_argument(
+      "--room_only",
+      action="store_true",
+      help="train the start policy, report the room check, and stop",
+  )
   args = p.parse_args(list(argv))
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
   try:
@@ -744,10 +761,11 @@ def cli(
       root=root,
       out_dir=out_dir,
       stop_without_room=args.stop_without_room,
+      room_only=args.room_only,
       command=command,
       **run_kwargs,
   )
-  if after_run is not None and not args.arms:
+  if after_run is not None and not args.arms and not args.room_only:
     # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)
   return out

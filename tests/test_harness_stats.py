@@ -229,6 +229,77 @@ def test_analyse_untestable_without_rl_rows():
     stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, 0.5)
 
 
+def test_room_only_analysis_and_summary_row():
+  spec = stats.ClaimSpec(
+      "acc", True, "headroom", 0.3, treatment="a", control="b"
+  )
+  a = stats.room_only_analysis(spec, 0.45)
+  assert a["effect"] is None and a["verdict"] == stats.ROOM_ONLY
+  assert a["room"]["ok"] is True and a["room"]["value"] == 0.45
+  text = stats.format_analysis(a)
+  assert "only the room check was run" in text and "0.450" in text
+
+
+def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
+  # train_seeds replaced by a recorder: run_claim trains the control arm's
+  # start only (rl.steps = 0), computes the room, trains no RL arm, and
+  # writes results.json with the room-only verdict.
+  import json  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  calls = []
+
+  def fake_train_seeds(config, seeds, workdir, resume_free=()):
+    calls.append((config.rl.steps, workdir))
+    params = {"w": np.zeros((len(seeds), 2))}
+    return {
+        "params": params,
+        "eval_sft": [{"acc": 0.5}] * len(seeds),
+        "eval_final": [{"acc": 0.5}] * len(seeds),
+        "curves": {},
+    }
+
+  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
+  monkeypatch.setattr(
+      harness,
+      "_with_extra",
+      lambda out, phase, extra, config, seeds: [{"acc": 0.5} for _ in seeds],
+  )
+  cfg = lambda steps: ml_collections.ConfigDict(
+      {"rl": {"steps": steps, "lr": steps}, "sft": {"steps": 3}}
+  )
+  spec = stats.ClaimSpec(
+      "acc",
+      True,
+      "headroom",
+      0.3,
+      treatment="a",
+      control="b",
+      room_fn=lambda config, params: 0.4,
+  )
+  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
+  out = harness.run_claim(
+      "t",
+      {"a": cfg(5), "b": cfg(6)},
+      [0, 1],
+      root=str(tmp_path / "root"),
+      out_dir=str(tmp_path / "out"),
+      metrics=(("acc", "acc"),),
+      curve_keys=(),
+      spec=spec,
+      room_only=True,
+  )
+  assert [c[0] for c in calls] == [0]  # one start policy, no RL arm
+  assert out["analysis"]["verdict"] == stats.ROOM_ONLY
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert saved["room_only"] is True and saved["rl_skipped"] is True
+  assert saved["room"]["value"] == 0.4
+
+
 def test_claimspec_to_json_names_room_fn():
   def my_room(config, params):
     del config, params
