@@ -243,6 +243,18 @@ class ClaimSpec:
     return better if self.prediction == "better" else -better
 
 
+def _analysis_head(spec: ClaimSpec) -> dict:
+  """The spec fields every analysis dict starts with."""
+  return {
+      "primary_metric": spec.primary_metric,
+      "higher_is_better": spec.higher_is_better,
+      "treatment": spec.treatment,
+      "control": spec.control,
+      "prediction": spec.prediction,
+      "equivalence_margin": spec.equivalence_margin,
+  }
+
+
 def analyse(
     spec: ClaimSpec,
     rows: Mapping[str, Sequence[Mapping[str, float]]],
@@ -278,14 +290,7 @@ def analyse(
       "threshold": spec.room_threshold,
       "ok": bool(room_ok),
   }
-  head = {
-      "primary_metric": spec.primary_metric,
-      "higher_is_better": spec.higher_is_better,
-      "treatment": spec.treatment,
-      "control": spec.control,
-      "prediction": spec.prediction,
-      "equivalence_margin": spec.equivalence_margin,
-  }
+  head = _analysis_head(spec)
   missing = [arm for arm in (spec.treatment, spec.control) if arm not in rows]
   if missing and not room_ok:
     return dict(head, effect=None, room=room, verdict=VERDICTS[3])
@@ -320,12 +325,7 @@ def room_only_analysis(spec: ClaimSpec, room_value: float) -> dict:
   """`analyse`'s dict for a run that stopped after a passed room check
   (`harness.run_claim(room_only=True)`): no effect, verdict ROOM_ONLY."""
   return {
-      "primary_metric": spec.primary_metric,
-      "higher_is_better": spec.higher_is_better,
-      "treatment": spec.treatment,
-      "control": spec.control,
-      "prediction": spec.prediction,
-      "equivalence_margin": spec.equivalence_margin,
+      **_analysis_head(spec),
       "effect": None,
       "room": {
           "metric": spec.room_metric,
