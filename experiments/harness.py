@@ -481,7 +481,13 @@ def _write(
         for k, lbl in metrics
     )
     lines.append(f"- {label}: {per}")
-  if meta.get("rl_skipped"):
+  if meta.get("room_only"):
+    lines += [
+        "",
+        "The RL arms were not run: only the start policy and its room check "
+        "(--room_only).",
+    ]
+  elif meta.get("rl_skipped"):
     lines += [
         "",
         "The RL arms were not run: the start policy's room metric is "
@@ -700,14 +706,16 @@ def cli(
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
   committed results stay untouched), --root=DIR (default runs/<folder name>),
   --arms=a,b (a subset of the arms; the spec's arms are always kept),
-  --stop_without_room (skip the RL arms when the room check fails).
+  --stop_without_room (skip the RL arms when the room check fails),
+  --room_only (the start policy and its room check only, written to
+  room_check.md / .json / .png, so a recorded run's results.* stay).
   `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
   (extra tables of the same workdirs, so one command produces every output).
   `prog` is the module run (default experiments.<folder name>), recorded with
   the flags as results.json's command.
 
   Raises:
-    ValueError: malformed --seeds or an unknown arm in --arms.
+    UsageError (a ValueError): malformed --seeds or an unknown arm in --arms.
   """
   import argparse  # pylint: disable=g-import-not-at-top
 
@@ -737,7 +745,7 @@ def cli(
   try:
     seeds = [int(s) for s in seeds_str.split(",") if s.strip()]
   except ValueError as e:
-    raise ValueError(
+    raise UsageError(
         f"--seeds must be comma-separated integers, got {seeds_str!r}"
     ) from e
   root = args.root or os.path.join(
@@ -749,7 +757,7 @@ def cli(
     keep = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in keep if a not in arms]
     if unknown:
-      raise ValueError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
+      raise UsageError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
     spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
@@ -763,12 +771,23 @@ def cli(
       stop_without_room=args.stop_without_room,
       room_only=args.room_only,
       command=command,
+      **({"stem": ROOM_STEM} if args.room_only else {}),
       **run_kwargs,
   )
   if after_run is not None and not args.arms and not args.room_only:
     # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)
   return out
+
+
+class UsageError(ValueError):
+  """A malformed claim-runner flag (`cli`); `claim_main` prints it in one
+  line and exits 2."""
+
+
+# Output stem of a --room_only run (experiments/summary.py reads it when a
+# folder has no decided results.json).
+ROOM_STEM = "room_check"
 
 
 def claim_main(main_file: str, **kwargs) -> dict:
@@ -782,4 +801,8 @@ def claim_main(main_file: str, **kwargs) -> dict:
   prog = f"experiments.{os.path.basename(here)}" + (
       "" if base == "__main__" else f".{base}"
   )
-  return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
+  try:
+    return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
+  except UsageError as e:  # bad flags (--seeds, --arms): one line, exit 2
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -298,6 +298,9 @@ def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
   assert saved["room_only"] is True and saved["rl_skipped"] is True
   assert saved["room"]["value"] == 0.4
+  md = (tmp_path / "out" / "results.md").read_text()
+  assert "only the start policy and its room check (--room_only)" in md
+  assert "--stop_without_room" not in md
 
 
 def test_claimspec_to_json_names_room_fn():
@@ -383,3 +386,65 @@ def test_curve_start_line_is_the_sampled_start(tmp_path):
       "t", rows, curves, [("calls", "calls")], ["rl/accuracy"], path
   )
   assert limits[1][0] > 0.2 and limits[1][1] < 0.9
+
+
+def test_summary_reads_room_check_when_results_are_undecided(tmp_path):
+  # A folder whose results.json predates its spec (no analysis) and which has
+  # a --room_only record: the row shows the room check's verdict; a decided
+  # results.json wins over a room_check.json.
+  import json  # noqa: PLC0415
+
+  from experiments import summary
+
+  spec = stats.ClaimSpec(
+      "acc", True, "headroom", 0.3, treatment="t", control="c", claim="C"
+  )
+  folder = tmp_path / "dark_room"  # a real claim: its SPEC is imported
+  folder.mkdir()
+  (folder / "results.json").write_text(json.dumps({"seeds": [0, 1, 2]}))
+  room = {
+      "spec": spec.to_json(),
+      "room": {"metric": "headroom", "value": 0.1, "threshold": 0.3},
+      "analysis": stats.analyse(spec, {}, 0.1),
+      "seeds": [0, 1, 2],
+      "room_only": True,
+      "wall_total_s": 60.0,
+      "command": "python -m experiments.x --room_only",
+  }
+  (folder / "room_check.json").write_text(json.dumps(room))
+  text = summary.table(claims=("dark_room",), root=str(tmp_path), extra=())
+  assert "untestable at this setup" in text and "room check only" in text
+  decided = dict(
+      room,
+      analysis=stats.analyse(
+          spec,
+          {
+              "t": [{"acc": 1.0}, {"acc": 0.9}],
+              "c": [{"acc": 0.5}, {"acc": 0.4}],
+          },
+          0.5,
+      ),
+      room_only=False,
+  )
+  (folder / "results.json").write_text(json.dumps(decided))
+  text = summary.table(claims=("dark_room",), root=str(tmp_path), extra=())
+  assert "+0.500" in text and "room check only" not in text
+
+
+def test_bad_runner_flags_are_one_line_errors():
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  for flag, want in (
+      ("--arms=bogus", "error: --arms: unknown arm(s) ['bogus']"),
+      ("--seeds=a,b", "error: --seeds must be comma-separated integers"),
+  ):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.dark_room", "--smoke", flag],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith(want), proc.stderr
+    assert "Traceback" not in proc.stderr
