@@ -180,6 +180,19 @@ def room_mixed_groups(config, params) -> float:
   return 1.0 - room_tied_groups(config, params)
 
 
+def room_mixed_hard_groups(config, params) -> float:
+  """Share of the sampled hard-item groups (the 'hard' fact; each group
+  repeats one task) whose episodes differ in correctness: the groups where
+  GRPO can learn what the start does not yet do reliably (call the tool on a
+  hard item). 0 without hard groups. In [0, 1]."""
+  f = sample_groups(config, params)
+  c, hard = f["correct"], f["hard"][:, 0] > 0
+  if not hard.any():
+    return 0.0
+  mixed = ~np.all(c == c[:, :1], axis=1)
+  return float(mixed[hard].mean())
+
+
 def room_tied_groups(config, params) -> float:
   """Share of sampled groups whose episodes all tie on correctness (all right
   or all wrong): GRPO's advantage is zero there, and only there can reward
@@ -253,6 +266,7 @@ def run_claim(
     spec: stats.ClaimSpec | None = None,
     stem: str = "results",
     stop_without_room: bool = False,
+    room_only: bool = False,
     command: str | None = None,
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
@@ -280,6 +294,10 @@ def run_claim(
     stop_without_room: with a spec whose room metric is below its threshold,
       skip the RL arms (their rows are absent; the verdict is 'untestable at
       this setup'), which saves the RL compute of a claim that cannot decide.
+    room_only: train the start policy and compute the room metric, then stop
+      (no RL arms, whatever the room): a cheap look at whether a setup can
+      decide the claim. The verdict is 'untestable at this setup' when the
+      room is below the threshold, else 'not run (room check only)'.
     command: the command line that produced the run (stored in results.json).
 
   Returns:
@@ -346,11 +364,15 @@ def run_claim(
         f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
         flush=True,
     )
-  skip_rl = stop_without_room and room is not None and not room["ok"]
+  if room_only and room is None:
+    raise ValueError("run_claim: room_only needs a spec with a room_fn")
+  skip_rl = room_only or (
+      stop_without_room and room is not None and not room["ok"]
+  )
   for arm, config in arms.items():
-    key = sft(config)[0]
     if skip_rl:
-      continue
+      continue  # no RL arm, so no other SFT start is needed either
+    key = sft(config)[0]
     arm_dir = os.path.join(root, arm)
     if not os.path.exists(arm_dir):
       # The arm's own config.json is written by train_seeds (not the SFT run's).
@@ -373,7 +395,9 @@ def run_claim(
       ]
     curves[arm] = out["curves"]
   analysis = None
-  if spec is not None:
+  if spec is not None and room_only and room["ok"]:
+    analysis = stats.room_only_analysis(spec, room["value"])
+  elif spec is not None:
     analysis = stats.analyse(
         spec, rows, None if room is None else room["value"]
     )
@@ -387,6 +411,7 @@ def run_claim(
       "analysis": analysis,
       "spec": None if spec is None else spec.to_json(),
       "rl_skipped": bool(skip_rl),
+      "room_only": bool(room_only),
       "wall_total_s": time.time() - t_start,
       "command": command,
   }
@@ -456,7 +481,13 @@ def _write(
         for k, lbl in metrics
     )
     lines.append(f"- {label}: {per}")
-  if meta.get("rl_skipped"):
+  if meta.get("room_only"):
+    lines += [
+        "",
+        "The RL arms were not run: only the start policy and its room check "
+        "(--room_only).",
+    ]
+  elif meta.get("rl_skipped"):
     lines += [
         "",
         "The RL arms were not run: the start policy's room metric is "
@@ -517,6 +548,12 @@ def _base(key: str) -> str:
   return key.split("/", 1)[1] if key.startswith(("rl/", "sft/")) else key
 
 
+# Curve key (base) -> the start row's key measured the way the curve is
+# (sampled at T = 1): a greedy held-out start line under a sampled training
+# curve would show a gap that is only the decoding.
+_CURVE_START = {"accuracy": "sample_accuracy"}
+
+
 def plot_grid(
     title: str,
     rows: Mapping[str, Sequence[Mapping[str, float]]],
@@ -533,7 +570,9 @@ def plot_grid(
   seeds per RL iteration with a 95% t band). Panels of the same metric (a
   held-out key and its 'rl/' / 'sft/' curve) share their y-limits (clipped at 0
   for non-negative metrics and at 1 for shares); the SFT start row's mean, when
-  it has the metric, is drawn as a dashed reference line.
+  it has the metric, is drawn as a dashed reference line (on a curve panel,
+  the start's sampled T = 1 value of `_CURVE_START`, e.g. 'sample_accuracy'
+  under 'rl/accuracy'; no line where the start has no sampled value).
 
   Args:
     title: figure title.
@@ -611,7 +650,14 @@ def plot_grid(
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6)
     if start is not None:
-      v = np.asarray([r.get(_base(k), np.nan) for r in start], np.float64)
+      # Training curves are sampled (T = 1) on training tasks: their start
+      # line is the start's sampled held-out value where one exists
+      # (_CURVE_START), never its greedy one; bar panels use the same key.
+      skey = _base(k) if kind == "bar" else _CURVE_START.get(_base(k), None)
+      v = np.asarray(
+          [r.get(skey, np.nan) if skey else np.nan for r in start],
+          np.float64,
+      )
       if np.all(np.isfinite(v)):
         ax.axhline(
             float(v.mean()), color="0.3", ls="--", lw=0.9, label="_start"
@@ -660,14 +706,16 @@ def cli(
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
   committed results stay untouched), --root=DIR (default runs/<folder name>),
   --arms=a,b (a subset of the arms; the spec's arms are always kept),
-  --stop_without_room (skip the RL arms when the room check fails).
+  --stop_without_room (skip the RL arms when the room check fails),
+  --room_only (the start policy and its room check only, written to
+  room_check.md / .json / .png, so a recorded run's results.* stay).
   `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
   (extra tables of the same workdirs, so one command produces every output).
   `prog` is the module run (default experiments.<folder name>), recorded with
   the flags as results.json's command.
 
   Raises:
-    ValueError: malformed --seeds or an unknown arm in --arms.
+    UsageError (a ValueError): malformed --seeds or an unknown arm in --arms.
   """
   import argparse  # pylint: disable=g-import-not-at-top
 
@@ -687,12 +735,17 @@ def cli(
       action="store_true",
       help="skip the RL arms when the start policy leaves no room",
   )
+  p.add_argument(
+      "--room_only",
+      action="store_true",
+      help="train the start policy, report the room check, and stop",
+  )
   args = p.parse_args(list(argv))
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
   try:
     seeds = [int(s) for s in seeds_str.split(",") if s.strip()]
   except ValueError as e:
-    raise ValueError(
+    raise UsageError(
         f"--seeds must be comma-separated integers, got {seeds_str!r}"
     ) from e
   root = args.root or os.path.join(
@@ -704,7 +757,7 @@ def cli(
     keep = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in keep if a not in arms]
     if unknown:
-      raise ValueError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
+      raise UsageError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
     spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
@@ -716,13 +769,25 @@ def cli(
       root=root,
       out_dir=out_dir,
       stop_without_room=args.stop_without_room,
+      room_only=args.room_only,
       command=command,
+      **({"stem": ROOM_STEM} if args.room_only else {}),
       **run_kwargs,
   )
-  if after_run is not None and not args.arms:
+  if after_run is not None and not args.arms and not args.room_only:
     # Extra tables need every arm's workdir: skipped for an --arms subset.
     after_run(root, out_dir, seeds, args.smoke)
   return out
+
+
+class UsageError(ValueError):
+  """A malformed claim-runner flag (`cli`); `claim_main` prints it in one
+  line and exits 2."""
+
+
+# Output stem of a --room_only run (experiments/summary.py reads it when a
+# folder has no decided results.json).
+ROOM_STEM = "room_check"
 
 
 def claim_main(main_file: str, **kwargs) -> dict:
@@ -736,4 +801,8 @@ def claim_main(main_file: str, **kwargs) -> dict:
   prog = f"experiments.{os.path.basename(here)}" + (
       "" if base == "__main__" else f".{base}"
   )
-  return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
+  try:
+    return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
+  except UsageError as e:  # bad flags (--seeds, --arms): one line, exit 2
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -243,6 +243,18 @@ class ClaimSpec:
     return better if self.prediction == "better" else -better
 
 
+def _analysis_head(spec: ClaimSpec) -> dict:
+  """The spec fields every analysis dict starts with."""
+  return {
+      "primary_metric": spec.primary_metric,
+      "higher_is_better": spec.higher_is_better,
+      "treatment": spec.treatment,
+      "control": spec.control,
+      "prediction": spec.prediction,
+      "equivalence_margin": spec.equivalence_margin,
+  }
+
+
 def analyse(
     spec: ClaimSpec,
     rows: Mapping[str, Sequence[Mapping[str, float]]],
@@ -278,14 +290,7 @@ def analyse(
       "threshold": spec.room_threshold,
       "ok": bool(room_ok),
   }
-  head = {
-      "primary_metric": spec.primary_metric,
-      "higher_is_better": spec.higher_is_better,
-      "treatment": spec.treatment,
-      "control": spec.control,
-      "prediction": spec.prediction,
-      "equivalence_margin": spec.equivalence_margin,
-  }
+  head = _analysis_head(spec)
   missing = [arm for arm in (spec.treatment, spec.control) if arm not in rows]
   if missing and not room_ok:
     return dict(head, effect=None, room=room, verdict=VERDICTS[3])
@@ -313,6 +318,25 @@ def analyse(
   )
 
 
+ROOM_ONLY = "not run (room check only)"
+
+
+def room_only_analysis(spec: ClaimSpec, room_value: float) -> dict:
+  """`analyse`'s dict for a run that stopped after a passed room check
+  (`harness.run_claim(room_only=True)`): no effect, verdict ROOM_ONLY."""
+  return {
+      **_analysis_head(spec),
+      "effect": None,
+      "room": {
+          "metric": spec.room_metric,
+          "value": room_value,
+          "threshold": spec.room_threshold,
+          "ok": bool(room_value >= spec.room_threshold),
+      },
+      "verdict": ROOM_ONLY,
+  }
+
+
 def format_analysis(a: dict) -> str:
   """One Markdown paragraph of `analyse`'s result (for results.md)."""
   e, r = a["effect"], a["room"]
@@ -328,10 +352,14 @@ def format_analysis(a: dict) -> str:
       else f", equivalence margin {a['equivalence_margin']:g}"
   )
   if e is None:
+    why = (
+        "only the room check was run (--room_only)"
+        if a["verdict"] == ROOM_ONLY
+        else "the RL arms were skipped because the start policy leaves no room"
+    )
     return (
         f"Primary metric `{a['primary_metric']}`, {a['treatment']} - "
-        f"{a['control']}: not run (the RL arms were skipped because the start "
-        f"policy leaves no room); predicted: {a['prediction']}{margin}. Room "
+        f"{a['control']}: not run ({why}); predicted: {a['prediction']}{margin}. Room "
         f"metric `{r['metric']}` of the start policy: {room}. "
         f"**Verdict: {a['verdict']}.**"
     )

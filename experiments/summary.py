@@ -107,7 +107,9 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     out["effect"] = "n/a"
     out["verdict"] = "not decided (the recorded run predates the declared spec)"
   elif analysis["effect"] is None:
-    out["effect"] = "RL arms skipped"
+    out["effect"] = (
+        "room check only" if results.get("room_only") else "RL arms skipped"
+    )
     out["verdict"] = analysis["verdict"]
   else:
     e = analysis["effect"]
@@ -145,9 +147,17 @@ COLUMNS = (
 )
 
 
+def _load(path: str) -> dict | None:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
-  """The Markdown table of every claim (reads ROOT/<claim>/results.json, and
-  ROOT/<folder>/<stem>.json of the `extra` declared claims)."""
+  """The Markdown table of every claim (reads ROOT/<claim>/results.json, or
+  its room_check.json (a --room_only run) when results.json holds no decided
+  run, and ROOT/<folder>/<stem>.json of the `extra` declared claims)."""
   lines = [
       "| " + " | ".join(lbl for _, lbl in COLUMNS) + " |",
       "|---" * len(COLUMNS) + "|",
@@ -156,11 +166,10 @@ def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
   entries += [e for e in extra if e[0] in claims]
   entries.sort(key=lambda e: list(claims).index(e[0]))
   for name, stem, module in entries:
-    path = os.path.join(root, name, f"{stem}.json")
-    results = None
-    if os.path.exists(path):
-      with open(path) as f:
-        results = json.load(f)
+    results = _load(os.path.join(root, name, f"{stem}.json"))
+    if stem == "results" and (results or {}).get("analysis") is None:
+      # No decided run: a --room_only record (room_check.json), if any.
+      results = _load(os.path.join(root, name, "room_check.json")) or results
     r = row(name, results, _spec(name, module))
     lines.append(
         "| " + " | ".join(r[k].replace("|", "/") for k, _ in COLUMNS) + " |"

@@ -229,6 +229,80 @@ def test_analyse_untestable_without_rl_rows():
     stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, 0.5)
 
 
+def test_room_only_analysis_and_summary_row():
+  spec = stats.ClaimSpec(
+      "acc", True, "headroom", 0.3, treatment="a", control="b"
+  )
+  a = stats.room_only_analysis(spec, 0.45)
+  assert a["effect"] is None and a["verdict"] == stats.ROOM_ONLY
+  assert a["room"]["ok"] is True and a["room"]["value"] == 0.45
+  text = stats.format_analysis(a)
+  assert "only the room check was run" in text and "0.450" in text
+
+
+def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
+  # train_seeds replaced by a recorder: run_claim trains the control arm's
+  # start only (rl.steps = 0), computes the room, trains no RL arm, and
+  # writes results.json with the room-only verdict.
+  import json  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  calls = []
+
+  def fake_train_seeds(config, seeds, workdir, resume_free=()):
+    calls.append((config.rl.steps, workdir))
+    params = {"w": np.zeros((len(seeds), 2))}
+    return {
+        "params": params,
+        "eval_sft": [{"acc": 0.5}] * len(seeds),
+        "eval_final": [{"acc": 0.5}] * len(seeds),
+        "curves": {},
+    }
+
+  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
+  monkeypatch.setattr(
+      harness,
+      "_with_extra",
+      lambda out, phase, extra, config, seeds: [{"acc": 0.5} for _ in seeds],
+  )
+  cfg = lambda steps: ml_collections.ConfigDict(
+      {"rl": {"steps": steps, "lr": steps}, "sft": {"steps": 3}}
+  )
+  spec = stats.ClaimSpec(
+      "acc",
+      True,
+      "headroom",
+      0.3,
+      treatment="a",
+      control="b",
+      room_fn=lambda config, params: 0.4,
+  )
+  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
+  out = harness.run_claim(
+      "t",
+      {"a": cfg(5), "b": cfg(6)},
+      [0, 1],
+      root=str(tmp_path / "root"),
+      out_dir=str(tmp_path / "out"),
+      metrics=(("acc", "acc"),),
+      curve_keys=(),
+      spec=spec,
+      room_only=True,
+  )
+  assert [c[0] for c in calls] == [0]  # one start policy, no RL arm
+  assert out["analysis"]["verdict"] == stats.ROOM_ONLY
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert saved["room_only"] is True and saved["rl_skipped"] is True
+  assert saved["room"]["value"] == 0.4
+  md = (tmp_path / "out" / "results.md").read_text()
+  assert "only the start policy and its room check (--room_only)" in md
+  assert "--stop_without_room" not in md
+
+
 def test_claimspec_to_json_names_room_fn():
   def my_room(config, params):
     del config, params
@@ -282,3 +356,95 @@ def test_summary_row_from_results():
   assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
   assert r["wall"] == "10 min" and r["seeds"] == "2" and r["paper"] == "P"
   assert summary.row("x", None, spec)["verdict"] == "not run"
+
+
+def test_curve_start_line_is_the_sampled_start(tmp_path):
+  # The rl/accuracy curve is sampled at T = 1: its start line is the start's
+  # sample_accuracy (0.2), not its greedy accuracy (0.9); the line widens the
+  # panel's limits, so they show which one was drawn.
+  import numpy as np
+  from experiments import harness
+
+  rows = {
+      "SFT (start)": [
+          {"accuracy": 0.9, "sample_accuracy": 0.2, "calls": 1.0},
+          {"accuracy": 0.9, "sample_accuracy": 0.2, "calls": 1.0},
+      ],
+      "a": [{"calls": 1.0}, {"calls": 1.0}],
+  }
+  curves = {"a": {"rl/accuracy": np.array([[0.5, 0.5], [0.6, 0.6]])}}
+  path = str(tmp_path / "p.png")
+  limits = harness.plot_grid(
+      "t", rows, curves, [("calls", "calls")], ["rl/accuracy"], path
+  )
+  lo, hi = limits[1]
+  assert lo < 0.2 < hi < 0.9
+  # Without a sampled start value no start line is drawn: the limits follow
+  # the curve alone.
+  del rows["SFT (start)"][0]["sample_accuracy"]
+  limits = harness.plot_grid(
+      "t", rows, curves, [("calls", "calls")], ["rl/accuracy"], path
+  )
+  assert limits[1][0] > 0.2 and limits[1][1] < 0.9
+
+
+def test_summary_reads_room_check_when_results_are_undecided(tmp_path):
+  # A folder whose results.json predates its spec (no analysis) and which has
+  # a --room_only record: the row shows the room check's verdict; a decided
+  # results.json wins over a room_check.json.
+  import json  # noqa: PLC0415
+
+  from experiments import summary
+
+  spec = stats.ClaimSpec(
+      "acc", True, "headroom", 0.3, treatment="t", control="c", claim="C"
+  )
+  folder = tmp_path / "dark_room"  # a real claim: its SPEC is imported
+  folder.mkdir()
+  (folder / "results.json").write_text(json.dumps({"seeds": [0, 1, 2]}))
+  room = {
+      "spec": spec.to_json(),
+      "room": {"metric": "headroom", "value": 0.1, "threshold": 0.3},
+      "analysis": stats.analyse(spec, {}, 0.1),
+      "seeds": [0, 1, 2],
+      "room_only": True,
+      "wall_total_s": 60.0,
+      "command": "python -m experiments.x --room_only",
+  }
+  (folder / "room_check.json").write_text(json.dumps(room))
+  text = summary.table(claims=("dark_room",), root=str(tmp_path), extra=())
+  assert "untestable at this setup" in text and "room check only" in text
+  decided = dict(
+      room,
+      analysis=stats.analyse(
+          spec,
+          {
+              "t": [{"acc": 1.0}, {"acc": 0.9}],
+              "c": [{"acc": 0.5}, {"acc": 0.4}],
+          },
+          0.5,
+      ),
+      room_only=False,
+  )
+  (folder / "results.json").write_text(json.dumps(decided))
+  text = summary.table(claims=("dark_room",), root=str(tmp_path), extra=())
+  assert "+0.500" in text and "room check only" not in text
+
+
+def test_bad_runner_flags_are_one_line_errors():
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  for flag, want in (
+      ("--arms=bogus", "error: --arms: unknown arm(s) ['bogus']"),
+      ("--seeds=a,b", "error: --seeds must be comma-separated integers"),
+  ):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.dark_room", "--smoke", flag],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith(want), proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -11,12 +11,12 @@ from experiments.calculator_grpo import config
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy",
     higher_is_better=True,
-    room_metric="share of groups with mixed correctness",
+    room_metric="share of hard-item groups with mixed correctness",
     room_threshold=0.1,
     treatment="GRPO",
     control="SFT (start)",
     prediction="better",
-    room_fn=harness.room_mixed_groups,
+    room_fn=harness.room_mixed_hard_groups,
     claim="GRPO with a correctness reward raises held-out greedy accuracy above "
     "the SFT start",
     paper="GRPO, arXiv:2402.03300",
