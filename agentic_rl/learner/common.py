@@ -60,6 +60,18 @@ def policy_mask(traj: types.Trajectory) -> jax.Array:
   return traj.role == types.POLICY
 
 
+def adapter_dropout_key(config, state: types.TrainState):
+  """The step's LoRA adapter-dropout key, or None without adapter dropout.
+
+  Stream 6 of fold_in(rng, step) (the collect and SFT stages use streams
+  0-5); the SFT and RL updates fold in the optimizer step and micro-batch.
+  """
+  lora_cfg = lora_lib.from_config(getattr(config.model, "lora", None))
+  if lora_cfg is None or not lora_cfg.dropout > 0:
+    return None
+  return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 6)
+
+
 def policy_forward(
     graphdef,
     params,

@@ -17,7 +17,7 @@ from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import transformer
 from agentic_rl.learner.collect import make_collect_fn, make_host_rollout_fn
-from agentic_rl.learner.common import StepFn, d_model
+from agentic_rl.learner.common import StepFn, adapter_dropout_key, d_model
 from agentic_rl.learner.potentials import uses_spa
 from agentic_rl.learner.update import make_log_partition_optimizer, make_update_fn
 from environments.host import base as host_base
@@ -192,11 +192,7 @@ def make_rl_step(
 
   def step(state: types.TrainState, first_traj=None):
     batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
-    # LoRA adapter dropout's stream (unused without it): stream 6 of the
-    # step's key, apart from collect's streams 1-5.
-    dropout_key = jax.random.fold_in(
-        jax.random.fold_in(state.rng, state.step), 6
-    )
+    dropout_key = adapter_dropout_key(config, state)
     z_state = None
     if state.log_partition is not None:
       params, opt_state, metrics, z_state = update(

@@ -18,7 +18,7 @@ from agentic_rl import sampling
 from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
-from agentic_rl.learner.common import StepFn, policy_mask
+from agentic_rl.learner.common import StepFn, adapter_dropout_key, policy_mask
 from environments.host import base as host_base
 
 
@@ -146,19 +146,14 @@ def make_sft_step(
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
-  lora_cfg = lora_lib.from_config(getattr(config.model, "lora", None))
-  use_dropout = lora_cfg is not None and lora_cfg.dropout > 0
 
   def learn(state: types.TrainState, traj: types.Trajectory):
-    # LoRA adapter dropout: stream 6 of the step's key (the demonstrations
-    # use stream 0).
-    dropout_key = (
-        jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 6)
-        if use_dropout
-        else None
-    )
     _, metrics, grads = sft_grad(
-        graphdef, state.params, traj, num_microbatches, dropout_key
+        graphdef,
+        state.params,
+        traj,
+        num_microbatches,
+        adapter_dropout_key(config, state),
     )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
