@@ -107,7 +107,7 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     out["effect"] = "n/a"
     out["verdict"] = "not decided (the recorded run predates the declared spec)"
   elif analysis["effect"] is None:
-    out["effect"] = (
+    out["effect"] = analysis.get("effect_note") or (
         "room check only" if results.get("room_only") else "RL arms skipped"
     )
     out["verdict"] = analysis["verdict"]

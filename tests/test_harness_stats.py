@@ -448,3 +448,55 @@ def test_bad_runner_flags_are_one_line_errors():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith(want), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _bon(orm, prm, random, oracle):
+  """An rm report's best_of_n block (only the fields the runner reads)."""
+  return {
+      "best_of_n": {
+          "orm": {"rank1_accuracy": orm},
+          "prm": {
+              "rank1_accuracy": prm,
+              "random_accuracy": random,
+              "oracle_accuracy": oracle,
+          },
+      }
+  }
+
+
+def test_rm_selection_pairs_the_two_rms_by_seed():
+  from experiments.rm_selection import __main__ as rm_sel
+
+  reports = [
+      _bon(0.40, 0.50, 0.50, 0.90),
+      _bon(0.45, 0.50, 0.50, 0.90),
+      _bon(0.30, 0.50, 0.40, 0.90),
+  ]
+  room, a = rm_sel.analyse([rm_sel.seed_summary(r) for r in reports])
+  # Room: oracle - random per seed 0.4, 0.4, 0.5 -> mean 0.43333.
+  assert room["per_seed"] == pytest.approx([0.4, 0.4, 0.5])
+  assert room["value"] == pytest.approx(1.3 / 3)
+  # Paired diffs PRM - ORM: 0.10, 0.05, 0.20; mean 0.11667, sample std
+  # 0.076376, SE 0.044096, t(2) = 4.303 -> CI [-0.0731, +0.3064].
+  e = a["effect"]
+  assert e["diffs"] == pytest.approx([0.10, 0.05, 0.20])
+  assert e["mean"] == pytest.approx(0.35 / 3)
+  assert e["ci"][0] == pytest.approx(0.35 / 3 - 4.3027 * 0.0440959, abs=1e-4)
+  assert a["verdict"] == "inconclusive"
+  # A consistent gain over 4 seeds is supported.
+  reports.append(_bon(0.35, 0.45, 0.40, 0.90))
+  reports[0] = _bon(0.40, 0.48, 0.50, 0.90)
+  _, a = rm_sel.analyse([rm_sel.seed_summary(r) for r in reports])
+  assert a["effect"]["ci"][0] > 0 and a["verdict"] == "supported"
+
+
+def test_rm_selection_one_seed_or_no_room_forms_no_interval():
+  from experiments.rm_selection import __main__ as rm_sel
+
+  room, a = rm_sel.analyse([rm_sel.seed_summary(_bon(0.4, 0.5, 0.5, 0.9))])
+  assert a["effect"] is None and a["verdict"] == rm_sel.NOT_DECIDED
+  assert room["value"] == pytest.approx(0.4)
+  # Oracle - random 0.1 < threshold 0.2: untestable, even with two seeds.
+  low = [rm_sel.seed_summary(_bon(0.4, 0.5, 0.8, 0.9))] * 2
+  _, a = rm_sel.analyse(low)
+  assert a["verdict"] == "untestable at this setup"

@@ -1,16 +1,26 @@
 """Outcome vs process reward models at best-of-8 selection, on two tasks.
 
-  python -m experiments.rm_selection [--tasks=arithmetic,kv_chain] [--smoke]
-      [--root=DIR]
+  python -m experiments.rm_selection [--tasks=arithmetic,kv_chain]
+      [--seeds=0,1,...] [--smoke] [--root=DIR] [--reanalyse]
 
-Per task, one rm-mode run (agentic_rl/rm_train.py: SFT policy, preference
-pairs, outcome and process RM, held-out pairwise accuracy and best-of-N rank@1)
-in ROOT/<task> (default ROOT runs/rm_selection[_smoke]; a re-run resumes, and a
-workdir holding a different config is refused as in main.py). The run's report
-becomes this folder's results{,_kv}.md / .json / .png (under ROOT with
---smoke): the Markdown table and the plot are rm_train's own, results.json is
-its report plus the commit, the config hash, the seed and the wall time. Nothing
-is copied by hand.
+Per task and seed, one rm-mode run (agentic_rl/rm_train.py: SFT policy,
+preference pairs, outcome and process RM, held-out pairwise accuracy and
+best-of-N rank@1) in ROOT/<task>/seed_<k> (default ROOT runs/rm_selection
+[_smoke]; a re-run resumes, and a workdir holding a different config is refused
+as in main.py). The seed is the config's `seed` (SFT, pair sampling, RM
+initialisation and batches); the best-of-N evaluation tasks are fixed
+(`rm.best_of_n.seed`), so the seeds are paired on the same tasks.
+
+The first seed's report becomes this folder's results{,_kv}.md / .png (under
+ROOT with --smoke): the Markdown table and the plot are rm_train's own.
+results{,_kv}.json is that report plus the commit, the config hash, the seeds,
+the wall time, every seed's best-of-N summary (`per_seed`), the room metric
+(best-of-8 oracle - random accuracy of the SFT policy's samples, mean over
+seeds) and the declared claim's analysis: process - outcome RM rank@1 accuracy
+paired over seeds with a 95% t interval (2 or more seeds; one seed gives no
+interval and no verdict). Nothing is copied by hand. --reanalyse recomputes
+the room metric and the analysis from the stored results{,_kv}.json without
+training (for a results file written before they existed).
 """
 
 from __future__ import annotations
@@ -33,8 +43,8 @@ from experiments import stats
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Declared claim (summary table). Selection can only matter where a task's 8
 # samples mix correct and incorrect ones: the room metric is oracle - random
-# best-of-8 accuracy (in the report). The runner trains one seed per task and
-# keeps no per-task selections, so no paired interval or verdict is formed.
+# best-of-8 accuracy (in the report). The verdict pairs the two RMs' rank@1
+# accuracy by training seed (--seeds); one seed forms no interval.
 SPEC = stats.ClaimSpec(
     primary_metric="best_of_n.prm.rank1_accuracy",
     higher_is_better=True,
@@ -49,53 +59,197 @@ SPEC = stats.ClaimSpec(
     departures=(
         "tiny transformer reward models trained from scratch",
         "synthetic arithmetic and key-value tasks",
-        "one seed, 64 tasks",
+        "64 best-of-8 tasks",
     ),
     positive_control="oracle selection (reported as oracle_accuracy)",
 )
 # task -> (config module, suffix of the output files in this folder).
 TASKS = {"arithmetic": (rm_arithmetic, ""), "kv_chain": (rm_kv_chain, "_kv")}
+# Arm labels of SPEC -> the rm report's best_of_n key.
+ARMS = {SPEC.treatment: "prm", SPEC.control: "orm"}
+NOT_DECIDED = "not decided (one seed: no interval)"
+# results.md: the rm report, then this line, then the per-seed analysis.
+MD_MARKER = "<!-- per-seed analysis: python -m experiments.rm_selection -->"
 
 
-def run_task(task: str, smoke: bool, root: str, out_dir: str) -> dict:
-  """Runs (or resumes) one task's rm-mode run and writes its results files.
+def seed_summary(report: dict) -> dict:
+  """One seed's best-of-N numbers from an rm report.
+
+  Args:
+    report: rm_train.train_and_evaluate_rm's dict (needs 'best_of_n' with
+      'orm' and 'prm' entries holding 'rank1_accuracy', 'random_accuracy',
+      'oracle_accuracy').
 
   Returns:
-    results.json's dict (the rm report plus commit, config_hash, seeds, wall_s).
+    dict with 'orm_rank1', 'prm_rank1', 'random', 'oracle' (accuracies in
+    [0, 1]) and 'room' = oracle - random.
+  """
+  bon = report["best_of_n"]
+  oracle = float(bon["prm"]["oracle_accuracy"])
+  random = float(bon["prm"]["random_accuracy"])
+  return {
+      "orm_rank1": float(bon["orm"]["rank1_accuracy"]),
+      "prm_rank1": float(bon["prm"]["rank1_accuracy"]),
+      "random": random,
+      "oracle": oracle,
+      "room": oracle - random,
+  }
+
+
+def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
+  """The room record and SPEC's analysis from per-seed summaries.
+
+  Args:
+    per_seed: seed_summary dicts, one per seed (same evaluation tasks).
+
+  Returns:
+    (room, analysis): room = {'metric', 'value' (mean over seeds),
+    'threshold', 'per_seed'}; analysis = stats.analyse's dict (2 or more
+    seeds), or the same keys with effect None and verdict NOT_DECIDED (one
+    seed) or 'untestable at this setup' (room below the threshold).
+  """
+  room_value = float(sum(s["room"] for s in per_seed) / len(per_seed))
+  room = {
+      "metric": SPEC.room_metric,
+      "value": room_value,
+      "threshold": SPEC.room_threshold,
+      "per_seed": [s["room"] for s in per_seed],
+  }
+  if len(per_seed) >= 2:
+    rows = {
+        arm: [{SPEC.primary_metric: s[f"{key}_rank1"]} for s in per_seed]
+        for arm, key in ARMS.items()
+    }
+    return room, stats.analyse(SPEC, rows, room_value)
+  if room_value < SPEC.room_threshold:  # 'untestable at this setup'
+    return room, stats.analyse(SPEC, {}, room_value)
+  analysis = stats.room_only_analysis(SPEC, room_value)
+  return room, dict(analysis, verdict=NOT_DECIDED, effect_note="one seed")
+
+
+def _annotate(out: dict) -> dict:
+  """out plus 'spec', 'room', 'analysis' (from out['per_seed'])."""
+  room, analysis = analyse(out["per_seed"])
+  return dict(out, spec=SPEC.to_json(), room=room, analysis=analysis)
+
+
+def run_task(
+    task: str, smoke: bool, root: str, out_dir: str, seeds=(0,)
+) -> dict:
+  """Runs (or resumes) one task's rm-mode runs and writes its results files.
+
+  Args:
+    task: a key of TASKS.
+    smoke: the config's shrunk 'smoke' variant.
+    root: parent of the workdirs ROOT/<task>/seed_<k>.
+    out_dir: where results{suffix}.json / .md / .png go.
+    seeds: training seeds (config.seed), the first one's report is the table.
+
+  Returns:
+    results.json's dict (the first seed's rm report plus commit, config_hash,
+    seeds, wall_s, per_seed, spec, room, analysis).
 
   Raises:
-    validation.ConfigError: the workdir holds a run of a different config.
+    validation.ConfigError: a workdir holds a run of a different config.
   """
   module, suffix = TASKS[task]
-  config = module.get_config("smoke" if smoke else None)
-  workdir = os.path.abspath(os.path.join(root, task))
-  train._check_resume_compatible(config, workdir)  # pylint: disable=protected-access
+  configs = []
+  for seed in seeds:
+    config = module.get_config("smoke" if smoke else None)
+    config.seed = int(seed)
+    workdir = os.path.abspath(os.path.join(root, task, f"seed_{seed}"))
+    # Refuse every changed workdir before any training.
+    train._check_resume_compatible(config, workdir)  # pylint: disable=protected-access
+    configs.append((config, workdir))
   t0 = time.time()
-  report = rm_train.train_and_evaluate_rm(config, workdir)
+  reports = []
+  for config, workdir in configs:
+    reports.append(rm_train.train_and_evaluate_rm(config, workdir))
   wall = time.time() - t0
+  config, workdir = configs[0]
   os.makedirs(out_dir, exist_ok=True)
   out = dict(
-      report,
+      reports[0],
       commit=harness.git_commit(),
       config=config.name,
       config_hash=seeds_lib.config_hash(config),
-      seeds=[int(config.seed)],
+      seeds=[int(s) for s in seeds],
       wall_s=wall,
+      per_seed=[seed_summary(r) for r in reports],
+      command="python -m experiments.rm_selection"
+      + (f" --tasks={task}" if task != "arithmetic" else "")
+      + (f" --seeds={','.join(map(str, seeds))}" if len(seeds) > 1 else ""),
   )
+  out = _annotate(out)
   with open(os.path.join(out_dir, f"results{suffix}.json"), "w") as f:
     json.dump(out, f, indent=2)
   with open(os.path.join(workdir, "rm_report.md")) as f:
     md = f.read()
   md += (
-      f"\nSeed {config.seed}; wall time of this call {wall:.0f} s (0 work when "
-      f"resumed on a finished workdir); commit {out['commit']}; config hash "
-      f"{out['config_hash']}.\n"
+      f"\nSeeds {out['seeds']} (the table: seed {config.seed}); wall time of "
+      f"this call {wall:.0f} s (0 work when resumed on finished workdirs); "
+      f"commit {out['commit']}; config hash {out['config_hash']}.\n\n"
+      + _per_seed_md(out)
   )
   with open(os.path.join(out_dir, f"results{suffix}.md"), "w") as f:
     f.write(md)
   png = os.path.join(workdir, "rm_report.png")
   if os.path.exists(png):
     shutil.copyfile(png, os.path.join(out_dir, f"results{suffix}.png"))
+  return out
+
+
+def _per_seed_md(out: dict) -> str:
+  """Markdown: every seed's best-of-N numbers and the claim's analysis."""
+  lines = [
+      "| seed | outcome RM rank@1 | process RM rank@1 | random pick | "
+      "oracle (pass@N) | room (oracle - random) |",
+      "|---|---|---|---|---|---|",
+  ]
+  for seed, s in zip(out["seeds"], out["per_seed"]):
+    lines.append(
+        f"| {seed} | {s['orm_rank1']:.3f} | {s['prm_rank1']:.3f} | "
+        f"{s['random']:.3f} | {s['oracle']:.3f} | {s['room']:.3f} |"
+    )
+  a = out["analysis"]
+  if a["verdict"] == NOT_DECIDED:
+    tail = (
+        f"Room metric `{SPEC.room_metric}` = {out['room']['value']:.3f} "
+        f"(threshold {SPEC.room_threshold:g}). One training seed forms no "
+        f"interval: **Verdict: {NOT_DECIDED}.** Run with --seeds=0,1,... "
+        "to decide."
+    )
+  else:
+    tail = stats.format_analysis(a)
+  return MD_MARKER + "\n\n" + "\n".join(lines) + "\n\n" + tail + "\n"
+
+
+def reanalyse(out_dir: str, suffix: str) -> dict:
+  """Recomputes per_seed (from the stored report when absent), spec, room and
+  analysis of out_dir/results{suffix}.json and rewrites it, and the per-seed
+  section of results{suffix}.md (after MD_MARKER; the report above it stays).
+
+  Raises:
+    FileNotFoundError: no such results file.
+  """
+  path = os.path.join(out_dir, f"results{suffix}.json")
+  with open(path) as f:
+    out = json.load(f)
+  if "per_seed" not in out:  # written before per_seed existed: one seed,
+    # the config's own (the runner did not change it then)
+    module = TASKS[[t for t, v in TASKS.items() if v[1] == suffix][0]][0]
+    out.setdefault("seeds", [int(module.get_config().seed)])
+    out["per_seed"] = [seed_summary(out)]
+  out = _annotate(out)
+  with open(path, "w") as f:
+    json.dump(out, f, indent=2)
+  md_path = os.path.join(out_dir, f"results{suffix}.md")
+  if os.path.exists(md_path):
+    with open(md_path) as f:
+      md = f.read().split(MD_MARKER)[0].rstrip("\n")
+    md += "\n\n" + _per_seed_md(out)
+    with open(md_path, "w") as f:
+      f.write(md)
   return out
 
 
@@ -109,21 +263,36 @@ def main(argv) -> None:
       default=",".join(TASKS),
       help=f"comma-separated subset of {list(TASKS)}",
   )
+  p.add_argument("--seeds", default="0", help="training seeds (default 0)")
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
   p.add_argument(
       "--root", default=None, help="default runs/rm_selection[_smoke]"
+  )
+  p.add_argument(
+      "--reanalyse",
+      action="store_true",
+      help="recompute room and analysis of the stored results files only",
   )
   args = p.parse_args(argv)
   tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
   for t in tasks:
     if t not in TASKS:
       p.error(f"--tasks: unknown task {t!r}; known: {list(TASKS)}")
+  try:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+  except ValueError:
+    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+  if not seeds or len(set(seeds)) != len(seeds):
+    p.error(f"--seeds must be distinct integers, got {args.seeds!r}")
   root = args.root or os.path.join(
       harness.REPO, "runs", "rm_selection" + ("_smoke" if args.smoke else "")
   )
   out_dir = root if args.smoke else HERE
   for t in tasks:
-    run_task(t, args.smoke, root, out_dir)
+    if args.reanalyse:
+      reanalyse(out_dir, TASKS[t][1])
+    else:
+      run_task(t, args.smoke, root, out_dir, seeds)
 
 
 if __name__ == "__main__":
