@@ -57,6 +57,33 @@ def _sft_key(config: ml_collections.ConfigDict) -> str:
   return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def seeds_tag(seeds: Sequence[int]) -> str:
+  """Short name of a seed list for workdir names: 's0-7' for 0, 1, ..., 7,
+  's0_2_5' otherwise."""
+  seeds = [int(s) for s in seeds]
+  if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+    return f"s{seeds[0]}-{seeds[-1]}"
+  return "s" + "_".join(map(str, seeds))
+
+
+def run_dir(root: str, name: str, seeds: Sequence[int]) -> str:
+  """The workdir of one SFT start or arm (`name`) trained on `seeds`.
+
+  ROOT/NAME_<seeds_tag>, so runs of the same arm on other seed lists (a
+  3-seed room check, then an 8-seed decision run) live side by side instead
+  of the second being refused by the resume check. A workdir ROOT/NAME from
+  before the tag existed is reused when its config.json holds the same seeds.
+  """
+  legacy = os.path.join(root, name)
+  path = os.path.join(legacy, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f).get("seeds")
+    if saved is not None and [int(s) for s in saved] == [int(s) for s in seeds]:
+      return legacy
+  return f"{legacy}_{seeds_tag(seeds)}"
+
+
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
   """Mean and standard error (sample std / sqrt(n); 0 for one value)."""
   v = np.asarray(values, np.float64)
@@ -327,7 +354,7 @@ def run_claim(
     key = _sft_key(config)
     if key in sft_dirs:
       return key, None
-    sft_dir = os.path.join(root, f"sft_{key}")
+    sft_dir = run_dir(root, f"sft_{key}", seeds)
     c = ml_collections.ConfigDict(config.to_dict())
     c.rl.steps = 0
     t0 = time.time()
@@ -373,7 +400,7 @@ def run_claim(
     if skip_rl:
       continue  # no RL arm, so no other SFT start is needed either
     key = sft(config)[0]
-    arm_dir = os.path.join(root, arm)
+    arm_dir = run_dir(root, arm, seeds)
     if not os.path.exists(arm_dir):
       # The arm's own config.json is written by train_seeds (not the SFT run's).
       shutil.copytree(

@@ -195,9 +195,9 @@ def test_dark_room_curves_summary_from_workdirs(tmp_path):
   # last window (it. 2-6): mean(0.1..0.5) = 0.3.
   acc = np.stack([np.arange(6) / 10, np.ones(6)], axis=1)
   for arm in ("outcome", "pred_zscore"):
-    (tmp_path / arm).mkdir()
+    (tmp_path / f"{arm}_s0-1").mkdir()  # harness.run_dir's name for seeds 0, 1
     np.savez(
-        tmp_path / arm / "curves.npz",
+        tmp_path / f"{arm}_s0-1" / "curves.npz",
         **{k: (acc if k == "rl/accuracy" else np.zeros((6, 2))) for k in keys},
     )
   curves_summary.write_summary(
@@ -294,6 +294,7 @@ def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
       room_only=True,
   )
   assert [c[0] for c in calls] == [0]  # one start policy, no RL arm
+  assert calls[0][1] == str(tmp_path / "root" / "sft_k_s0-1")
   assert out["analysis"]["verdict"] == stats.ROOM_ONLY
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
   assert saved["room_only"] is True and saved["rl_skipped"] is True
@@ -500,3 +501,20 @@ def test_rm_selection_one_seed_or_no_room_forms_no_interval():
   low = [rm_sel.seed_summary(_bon(0.4, 0.5, 0.8, 0.9))] * 2
   _, a = rm_sel.analyse(low)
   assert a["verdict"] == "untestable at this setup"
+
+
+def test_run_dir_keeps_seed_lists_apart(tmp_path):
+  from experiments import harness  # noqa: PLC0415
+
+  assert harness.seeds_tag(range(8)) == "s0-7"
+  assert harness.seeds_tag([0, 2, 5]) == "s0_2_5"
+  assert harness.seeds_tag([3]) == "s3"
+  root = str(tmp_path)
+  # No workdir yet: the tagged name.
+  assert harness.run_dir(root, "arm", [0, 1, 2]) == f"{root}/arm_s0-2"
+  # A workdir from before the tag holding seeds 0-2 is reused for 0-2 only;
+  # an 8-seed run gets its own directory instead of a refused resume.
+  (tmp_path / "arm").mkdir()
+  (tmp_path / "arm" / "config.json").write_text('{"seeds": [0, 1, 2]}')
+  assert harness.run_dir(root, "arm", [0, 1, 2]) == f"{root}/arm"
+  assert harness.run_dir(root, "arm", range(8)) == f"{root}/arm_s0-7"

@@ -3,9 +3,9 @@
 Part of `python -m experiments.dark_room` (written after the held-out table);
 alone, on existing workdirs:
 
-    python -m experiments.dark_room.curves_summary --root=runs/dark_room
+    python -m experiments.dark_room.curves_summary --root=runs/dark_room [--seeds=0,...,7]
 
-Reads `<root>/<arm>/curves.npz` (written with every checkpoint by
+Reads `<root>/<arm>_<seeds tag>/curves.npz` (`harness.run_dir`; written with every checkpoint by
 agentic_rl/seeds.py; metrics of the training batches, sampled at T = 1) and
 writes `curves_summary.md` / `.png` (into this folder, or --out_dir): per arm the
 mean +- standard error over seeds (and every seed) of the first and last 5 RL
@@ -37,7 +37,10 @@ def write_summary(root: str, out_dir: str, seeds=None) -> None:
   """
   curves = {}
   for arm in config.ARMS:
-    path = os.path.join(root, arm, "curves.npz")
+    arm_dir = (
+        harness.run_dir(root, arm, seeds) if seeds else os.path.join(root, arm)
+    )
+    path = os.path.join(arm_dir, "curves.npz")
     if os.path.exists(path):
       with np.load(path) as f:
         c = {k: f[k] for k in f.files if k.startswith("rl/")}
@@ -135,8 +138,15 @@ def main():
   p.add_argument(
       "--out_dir", default=os.path.dirname(os.path.abspath(__file__))
   )
+  p.add_argument(
+      "--seeds",
+      default=None,
+      help="the run's seeds, e.g. 0,1,2 (finds <arm>_<seeds tag>; default: "
+      "the untagged <arm> directories)",
+  )
   args = p.parse_args()
-  write_summary(args.root, args.out_dir)
+  seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+  write_summary(args.root, args.out_dir, seeds)
 
 
 if __name__ == "__main__":
