@@ -260,7 +260,9 @@ def check_resume(
       old = json.load(f)
     d = json.loads(saved.to_json_best_effort())
     d.update({k: old[k] for k in resume_free if k in old})
-    checked = ml_collections.ConfigDict(d)
+    # A saved section from before a field existed gets its default, as the
+    # saved config itself does in the comparison.
+    checked = schema.with_defaults(ml_collections.ConfigDict(d))
   train._check_resume_compatible(checked, workdir)  # pylint: disable=protected-access
   return saved
 

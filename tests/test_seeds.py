@@ -1,5 +1,7 @@
 """The vmapped multi-seed trainer reproduces independent single-seed runs."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -146,6 +148,16 @@ def test_check_resume_free_sections(tmp_path):
   c.rl.kl_coef = 0.5  # an arm with other RL settings sharing an SFT-only run
   with pytest.raises(validation.ConfigError, match=r"config\.rl\.kl_coef=0\.5"):
     seeds_lib.check_resume(c, (0, 1), workdir)
+  assert seeds_lib.check_resume(c, (0, 1), workdir, ("rl",)).rl.kl_coef == 0.5
+  # A workdir saved before an rl field existed (here rl.kl_target is
+  # missing from its config.json) resumes: the free section taken from it
+  # gets the field's default, as the saved config does in the comparison
+  # (an 8-seed SFT start written before rl.update_length_buckets existed was
+  # refused for that field before).
+  old = json.loads(saved.to_json_best_effort())
+  del old["rl"]["kl_target"]
+  with open(f"{workdir}/config.json", "w") as f:
+    json.dump(old, f)
   assert seeds_lib.check_resume(c, (0, 1), workdir, ("rl",)).rl.kl_coef == 0.5
   c.sft.learning_rate = 1.0  # ... but its SFT settings must match
   with pytest.raises(
