@@ -235,12 +235,64 @@ def loss_length(batch: dict) -> jax.Array:
   next-observation loss, 'obs_mask'; position t's log-prob reads tokens 0..t
   only, so the columns after this length change no loss, gradient or metric.
   """
-  m = batch["mask"].astype(bool)
-  if "obs_mask" in batch:
-    m = m | batch["obs_mask"].astype(bool)
+  return loss_length_of(batch["mask"], batch.get("obs_mask"))
+
+
+def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
+  """`loss_length` from the masks themselves: 1 + the last position set in
+  mask_bl [B, L] or obs_mask_bl [B, L] (None: not used), int32 scalar."""
+  m = mask_bl.astype(bool)
+  if obs_mask_bl is not None:
+    m = m | obs_mask_bl.astype(bool)
   pos = jnp.arange(m.shape[1], dtype=jnp.int32)
   last = jnp.max(jnp.where(m, pos[None, :], 0))
   return last + 1
+
+
+def bucketed_forward(forward, lengths: tuple, tokens_bl: jax.Array, need):
+  """`forward` run on the shortest of `lengths` that holds `need` columns.
+
+  The behaviour and reference forwards of the one-jit step read only the
+  positions the loss reads (`loss_length`); with the update on a length
+  bucket (`bucketed_update`) they run on the same bucket, so the update's
+  loss forward and the behaviour forward see arrays of equal shape (the
+  first epoch's ratios stay exactly 1).
+
+  Args:
+    forward: tokens [B, n] int32 -> pytree of [B, n] float arrays (None
+      leaves allowed).
+    lengths: increasing static lengths ending at L = tokens_bl.shape[1]
+      (`update_lengths`).
+    tokens_bl: [B, L] int32.
+    need: int32 scalar, the columns that must be computed (`loss_length_of`).
+
+  Returns:
+    forward's pytree with every [B, n] leaf zero-padded back to [B, L]:
+    columns >= n are 0, the others equal `forward(tokens_bl)`'s up to float
+    summation order (causal attention: column t reads tokens 0..t only).
+
+  Raises:
+    ValueError: lengths not ending at L.
+  """
+  full = tokens_bl.shape[1]
+  if lengths[-1] != full:
+    raise ValueError(
+        f"bucketed_forward: lengths={lengths} must end at the token length "
+        f"{full}"
+    )
+  index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
+
+  def branch(n):
+    def go(tokens):
+      out = forward(tokens[:, :n])
+      pad = lambda x: jnp.pad(
+          x, [(0, 0), (0, full - n)] + [(0, 0)] * (x.ndim - 2)
+      )
+      return jax.tree.map(pad, out)
+
+    return go
+
+  return jax.lax.switch(index, [branch(n) for n in lengths], tokens_bl)
 
 
 def trim_batch(batch: dict, new_len: int) -> dict:

@@ -23,6 +23,14 @@ train it (loss mask = POLICY tokens, Gaussian advantages, behaviour and
 reference log-probs = the policy's own), on the whole buffer and with
 `rl.update_length_buckets` = 4 (`padding.bucketed_update`), interleaved,
 N calls each after one compile call; it prints the median seconds per call.
+
+`--time_step=N` times the whole one-jit RL iteration (`learner.make_rl_step`:
+rollout, reference and behaviour forwards, advantages, update) of each config
+with `rl.update_length_buckets` = 1 and = 4, interleaved, N calls each after
+one compile call, from the config's own start (random init; the rollout of an
+untrained policy runs to the turn budget, so this is a long-episode case).
+With 4 buckets the reference and trainer-side behaviour forwards also run on
+the update's bucket (`padding.bucketed_forward`).
 """
 
 from __future__ import annotations
@@ -54,6 +62,52 @@ _SEED = flags.DEFINE_integer("seed", 0, "Task / expert seed.")
 _TIME = flags.DEFINE_integer(
     "time_update", 0, "Calls of the RL update to time per layout (0 = none)."
 )
+
+_TIME_STEP = flags.DEFINE_integer(
+    "time_step",
+    0,
+    "Calls of the one-jit RL step to time with 1 and 4 buckets (0 = none).",
+)
+
+
+def time_step(config, calls: int) -> tuple:
+  """(seconds 1 bucket, seconds 4 buckets, median bucket length): medians of
+  the one-jit RL iteration, interleaved, each arm from the same start."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  from agentic_rl import learner  # pylint: disable=g-import-not-at-top
+  from configs import schema  # pylint: disable=g-import-not-at-top
+
+  arms = {}
+  for k in (1, 4):
+    c = schema.with_defaults(config)
+    c.rl.update_length_buckets = k
+    if not c.trim_bucket:
+      c.trim_bucket = 16
+    env = train.make_env(c)
+    model_cfg = train.make_model_config(c)
+    graphdef, state = train.init_state(c, model_cfg)
+    state = train.start_rl(c, state)
+    step = learner.make_rl_step(
+        c, env, graphdef, learner.make_optimizer(c.rl), model_cfg
+    )
+    arms[k] = [step, state]
+  times = {k: [] for k in arms}
+  used = []
+  for i in range(calls + 1):
+    for k, arm in arms.items():
+      t0 = time.perf_counter()
+      arm[1], m = arm[0](arm[1])
+      jax.block_until_ready(m)
+      if i:
+        times[k].append(time.perf_counter() - t0)
+        if k == 4:
+          used.append(float(m["update_length"]))
+  return (
+      float(np.median(times[1])),
+      float(np.median(times[4])),
+      float(np.median(used)),
+  )
 
 
 def time_update(config, traj: types.Trajectory, calls: int) -> tuple:
@@ -121,7 +175,7 @@ def main(argv):
       "| trained share | real share |"
   )
   print("|---|---|---|---|---|---|---|")
-  timings = []
+  timings, step_timings = [], []
   for name in _CONFIGS.value:
     config = importlib.import_module(f"configs.{name}").get_config(None)
     traj = expert_batch(config, _BATCH.value, _SEED.value)
@@ -144,6 +198,9 @@ def main(argv):
     if _TIME.value:
       whole, bucketed, used = time_update(config, traj, _TIME.value)
       timings.append((name, l, used, whole, bucketed))
+    if _TIME_STEP.value:
+      one, four, used = time_step(config, _TIME_STEP.value)
+      step_timings.append((name, l, used, one, four))
   if timings:
     print()
     print(
@@ -155,6 +212,19 @@ def main(argv):
       print(
           f"| {name} | {l} | {used} | {whole:.3f} | {bucketed:.3f} | "
           f"{whole / bucketed:.2f}x |"
+      )
+
+  if step_timings:
+    print()
+    print(
+        "| config | L | bucket used (median) | RL step s (1 bucket) | "
+        "RL step s (4 buckets) | speed-up |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, l, used, one, four in step_timings:
+      print(
+          f"| {name} | {l} | {used:.0f} | {one:.3f} | {four:.3f} | "
+          f"{one / four:.2f}x |"
       )
 
 

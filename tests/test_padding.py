@@ -269,6 +269,48 @@ def test_rl_step_with_buckets_trains_on_a_shorter_buffer():
   np.testing.assert_allclose(float(m_b["loss"]), float(m_1["loss"]), atol=1e-6)
 
 
+def test_bucketed_forward_by_hand():
+  # A causal "forward" (running sum over columns): on the bucket it equals the
+  # whole-buffer result in every computed column, and the rest is 0.
+  tokens = jnp.arange(2 * 8, dtype=jnp.int32).reshape(2, 8)
+  fwd = lambda t: (jnp.cumsum(t, axis=1).astype(jnp.float32), None)
+  lengths = padding.update_lengths(8, 4, 2)  # (2, 4, 6, 8)
+  assert lengths == (2, 4, 6, 8)
+  full = np.cumsum(np.asarray(tokens), axis=1)
+  for need, n in ((1, 2), (3, 4), (4, 4), (5, 6), (8, 8)):
+    out, none = jax.jit(
+        lambda t, k: padding.bucketed_forward(fwd, lengths, t, k)
+    )(tokens, jnp.int32(need))
+    assert none is None and out.shape == (2, 8)
+    np.testing.assert_array_equal(np.asarray(out)[:, :n], full[:, :n])
+    np.testing.assert_array_equal(np.asarray(out)[:, n:], 0.0)
+  with pytest.raises(ValueError, match="must end at the token length 8"):
+    padding.bucketed_forward(fwd, (2, 4), tokens, 3)
+
+
+def test_rl_step_runs_reference_and_behaviour_forwards_on_the_bucket():
+  # Reference and trainer-side behaviour forwards run on the update's bucket:
+  # the first epoch's ratios stay exactly 1 (the behaviour forward and the
+  # loss forward see arrays of one shape), and the compiled step holds three
+  # K-way conditionals (reference, behaviour, update) whose branches read
+  # [rows, L_i] token blocks.
+  config, state, step = _bucket_step(4)
+  assert config.rl.behaviour_logprobs == "trainer"
+  _, m = step(state)
+  assert float(m["update_length"]) < config.max_len
+  assert float(m["ratio_dev_max_first"]) == 0.0
+  assert float(m["ratio_mean_first"]) == 1.0
+  hlo = step.lower(state).compile().as_text()
+  conditionals = [line for line in hlo.splitlines() if " conditional(" in line]
+  assert len(conditionals) == 3, conditionals
+  lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
+  n_blocks = config.rl.num_minibatches * config.rl.num_microbatches
+  rows = config.rl.batch_size // n_blocks
+  for n in lengths[:-1]:
+    # The behaviour/reference forwards' blocks: [n_blocks, rows, n] tokens.
+    assert f"s32[{n_blocks},{rows},{n}]" in hlo, n
+
+
 def test_bucketed_update_compiles_one_branch_per_length():
   # The compiled step holds a K-way conditional whose branches train on
   # [*, L_i] token arrays: cost follows the bucket, not the buffer.

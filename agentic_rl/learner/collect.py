@@ -12,6 +12,7 @@ from flax import nnx
 from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
+from agentic_rl import padding
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
 from agentic_rl import host_rollout
@@ -149,9 +150,17 @@ def make_collect_fn(
     graphdef: nnx.GraphDef,
     model_config: transformer.TransformerConfig,
     reward_model: reward_models.FrozenRewardModel | None = None,
+    update_lengths: tuple | None = None,
 ):
   """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
   parts, adv_b, info, extras)`.
+
+  `update_lengths`: the length buckets of a bucketed update
+  (`padding.update_lengths`, `rl.update_length_buckets` > 1; None: off). The
+  reference forward and the trainer-side behaviour forward then run on the
+  bucket the update will use (`padding.bucketed_forward`: the shortest that
+  holds the batch's `padding.loss_length`), their columns past it are 0
+  (no loss reads them). The behaviour values of GAE stay full-length.
 
   `first_traj`: the first round's rollout when it was made outside the jitted
   program (host environments, see `make_host_rollout_fn`); None rolls out here.
@@ -429,7 +438,15 @@ def make_collect_fn(
     info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
     return train_traj, reward, mask
 
-  def reference_stage(ref_params, train_traj, reward, mask):
+  def forward_on_bucket(params, tokens_bl, need):
+    """behaviour_forward's log-probs [B, L], on the update's length bucket
+    when `update_lengths` is set (need: `padding.loss_length_of`)."""
+    fwd = lambda t: behaviour_forward(config, graphdef, params, t)[0]
+    if update_lengths is None:
+      return fwd(tokens_bl)
+    return padding.bucketed_forward(fwd, update_lengths, tokens_bl, need)
+
+  def reference_stage(ref_params, train_traj, reward, mask, need):
     """Stage 5: (ref_logp [B, L], reward): the reference model's log-probs and
     the KL-in-reward penalty (`rl.kl_reward_coef` > 0, no gradient, estimated
     on the behaviour samples).
@@ -439,9 +456,7 @@ def make_collect_fn(
     num_microbatches blocks, one block at a time under `lax.map`), so its
     activations are those of one micro-batch, not of the whole batch.
     """
-    ref_logp, _ = behaviour_forward(
-        config, graphdef, ref_params, train_traj.tokens
-    )
+    ref_logp = forward_on_bucket(ref_params, train_traj.tokens, need)
     if rl_cfg.kl_reward_coef > 0:
       reward = losses.kl_penalized_rewards(
           reward,
@@ -453,7 +468,7 @@ def make_collect_fn(
       )
     return ref_logp, reward
 
-  def behaviour_stage(state, traj, train_traj, info, extras):
+  def behaviour_stage(state, traj, train_traj, info, extras, need):
     """Stage 6: (behaviour_logp [B, L], old_values [B, L] or None).
 
     One teacher-forced pass with the sampling parameters, on the update's
@@ -462,9 +477,13 @@ def make_collect_fn(
     """
     if not (trainer_beh or with_values):
       return train_traj.logprob, None
-    trainer_logp, old_values = behaviour_forward(
-        config, graphdef, state.params, train_traj.tokens, with_values
-    )
+    if with_values:  # GAE's V_old: the whole buffer
+      trainer_logp, old_values = behaviour_forward(
+          config, graphdef, state.params, train_traj.tokens, with_values
+      )
+    else:
+      old_values = None
+      trainer_logp = forward_on_bucket(state.params, train_traj.tokens, need)
     if not trainer_beh:
       return train_traj.logprob, old_values
     # Training/inference mismatch: sampler (cached one-token decode) vs
@@ -598,9 +617,18 @@ def make_collect_fn(
     train_traj, reward, mask = replay_stage(
         state, key, traj, reward, mask, info, extras
     )
-    ref_logp, reward = reference_stage(ref_params, train_traj, reward, mask)
+    # The columns the update's loss reads (its length bucket's choice).
+    need = padding.loss_length_of(
+        mask,
+        train_traj.role == types.TOOL
+        if rl_cfg.obs_prediction_coef > 0
+        else None,
+    )
+    ref_logp, reward = reference_stage(
+        ref_params, train_traj, reward, mask, need
+    )
     behaviour_logp, old_values = behaviour_stage(
-        state, traj, train_traj, info, extras
+        state, traj, train_traj, info, extras, need
     )
     reward, adv_b, adv_bl, returns_bl = advantage_stage(
         train_traj, reward, phi_bk1, old_values, info

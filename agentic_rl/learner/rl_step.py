@@ -176,19 +176,22 @@ def make_rl_step(
   """
   rl_cfg = config.rl
   group_size = rl_cfg.group_size
-  collect = make_collect_fn(config, env, graphdef, model_config, reward_model)
+  lengths = None
+  if update_is_bucketed(config, env):
+    lengths = padding.update_lengths(
+        config.max_len, rl_cfg.update_length_buckets, config.trim_bucket
+    )
+  # With buckets, the reference and behaviour forwards run on the update's.
+  collect = make_collect_fn(
+      config, env, graphdef, model_config, reward_model, update_lengths=lengths
+  )
   rm_params = dict(rl_cfg.reward_params or {}).get("rm", {})
   rm_params = dict(
       rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params
   )
   update = make_update_fn(config, graphdef, tx)
-  if update_is_bucketed(config, env):
-    update = padding.bucketed_update(
-        update,
-        padding.update_lengths(
-            config.max_len, rl_cfg.update_length_buckets, config.trim_bucket
-        ),
-    )
+  if lengths is not None:
+    update = padding.bucketed_update(update, lengths)
 
   def step(state: types.TrainState, first_traj=None):
     batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
