@@ -252,11 +252,11 @@ def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
 def bucketed_forward(forward, lengths: tuple, tokens_bl: jax.Array, need):
   """`forward` run on the shortest of `lengths` that holds `need` columns.
 
-  The behaviour and reference forwards of the one-jit step read only the
+  The behaviour and reference forwards of the one-jit step need only the
   positions the loss reads (`loss_length`); with the update on a length
   bucket (`bucketed_update`) they run on the same bucket, so the update's
-  loss forward and the behaviour forward see arrays of equal shape (the
-  first epoch's ratios stay exactly 1).
+  loss forward and the trainer-side behaviour forward see arrays of equal
+  shape (their log-probs then agree bitwise, `behaviour_gap_max_first`).
 
   Args:
     forward: tokens [B, n] int32 -> pytree of [B, n] float arrays (None

@@ -77,8 +77,11 @@ def run_dir(root: str, name: str, seeds: Sequence[int]) -> str:
   legacy = os.path.join(root, name)
   path = os.path.join(legacy, "config.json")
   if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f).get("seeds")
+    try:
+      with open(path) as f:
+        saved = json.load(f).get("seeds")
+    except ValueError:  # unreadable: not reused
+      saved = None
     if saved is not None and [int(s) for s in saved] == [int(s) for s in seeds]:
       return legacy
   return f"{legacy}_{seeds_tag(seeds)}"

@@ -518,3 +518,21 @@ def test_run_dir_keeps_seed_lists_apart(tmp_path):
   (tmp_path / "arm" / "config.json").write_text('{"seeds": [0, 1, 2]}')
   assert harness.run_dir(root, "arm", [0, 1, 2]) == f"{root}/arm"
   assert harness.run_dir(root, "arm", range(8)) == f"{root}/arm_s0-7"
+
+
+def test_legacy_workdirs_with_unreadable_config_are_not_reused(tmp_path):
+  from experiments import harness  # noqa: PLC0415
+  from experiments.rm_selection import __main__ as rm_sel  # noqa: PLC0415
+
+  (tmp_path / "arm").mkdir()
+  (tmp_path / "arm" / "config.json").write_text('{"seeds": [0, 1')  # cut off
+  assert harness.run_dir(str(tmp_path), "arm", [0, 1]).endswith("arm_s0-1")
+  # rm_selection: a single-run workdir ROOT/<task> is reused for its seed.
+  (tmp_path / "arithmetic").mkdir()
+  (tmp_path / "arithmetic" / "config.json").write_text('{"seed": 0}')
+  root = str(tmp_path)
+  assert rm_sel.seed_workdir(root, "arithmetic", 0) == f"{root}/arithmetic"
+  assert rm_sel.seed_workdir(root, "arithmetic", 1) == (
+      f"{root}/arithmetic/seed_1"
+  )
+  assert rm_sel.seed_workdir(root, "kv_chain", 0) == f"{root}/kv_chain/seed_0"

@@ -288,18 +288,62 @@ def test_bucketed_forward_by_hand():
     padding.bucketed_forward(fwd, (2, 4), tokens, 3)
 
 
-def test_rl_step_runs_reference_and_behaviour_forwards_on_the_bucket():
-  # Reference and trainer-side behaviour forwards run on the update's bucket:
-  # the first epoch's ratios stay exactly 1 (the behaviour forward and the
-  # loss forward see arrays of one shape), and the compiled step holds three
-  # K-way conditionals (reference, behaviour, update) whose branches read
-  # [rows, L_i] token blocks.
+def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
+  # make_collect_fn with the update's lengths: reference and trainer-side
+  # behaviour log-probs equal the whole-buffer ones at every trained
+  # position, are 0 from the bucket on (where the whole-buffer reference is
+  # not), and the sampler/trainer mismatch metric stays at float noise when
+  # truncated rows that rl.overlong_mode='mask' drops run past the bucket.
+  from agentic_rl import learner  # noqa: PLC0415
+  from agentic_rl import train  # noqa: PLC0415
+  from configs import default  # noqa: PLC0415
+  from configs import schema  # noqa: PLC0415
+
+  config = schema.with_defaults(default.get_config("smoke"))
+  config.rl.overlong_mode = "mask"
+  train.validation.validate_config(config)
+  env = train.make_env(config)
+  mc = train.make_model_config(config)
+  graphdef, state = train.init_state(config, mc)
+  state = train.start_rl(config, state)
+  _, traj, *_ = jax.jit(learner.make_collect_fn(config, env, graphdef, mc))(
+      state
+  )
+  pm = np.asarray(traj.role) == types.POLICY
+  end = np.where(pm.any(1), pm.shape[1] - np.argmax(pm[:, ::-1], 1), 0)
+  assert (end > 32).any() and (end <= 32).any(), end
+  # Rows whose policy tokens reach past 32: truncated, so the loss drops them.
+  finish = np.asarray(traj.finish).copy()
+  finish[end > 32] = types.TRUNCATED
+  traj = traj.replace(finish=jnp.asarray(finish, traj.finish.dtype))
+  lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
+  out = {}
+  for name, lens in (("whole", None), ("bucketed", lengths)):
+    collect = learner.make_collect_fn(
+        config, env, graphdef, mc, update_lengths=lens
+    )
+    batch, *_, info, _ = jax.jit(collect)(state, traj)
+    out[name] = (jax.tree.map(np.asarray, batch), info)
+  (whole, _), (bucketed, info) = out["whole"], out["bucketed"]
+  mask = whole["mask"]
+  need = int(padding.loss_length_of(jnp.asarray(mask)))
+  n = min(x for x in lengths if x >= need)
+  assert n < config.max_len and not mask[:, need:].any()
+  for k in ("ref_logp", "behaviour_logp"):
+    np.testing.assert_allclose(
+        bucketed[k][mask], whole[k][mask], atol=2e-5, err_msg=k
+    )
+    assert not bucketed[k][:, n:].any(), k
+  assert np.abs(whole["ref_logp"][:, n:]).max() > 0.1
+  # Fresh rows only: float noise between the sampler and the trainer.
+  assert float(info["logp_mismatch_max"]) < 1e-4
+
+
+def test_rl_step_compiles_reference_and_behaviour_forwards_per_bucket():
+  # The compiled step holds three K-way conditionals (reference, behaviour,
+  # update) whose forward branches read [blocks, rows, L_i] token arrays.
   config, state, step = _bucket_step(4)
   assert config.rl.behaviour_logprobs == "trainer"
-  _, m = step(state)
-  assert float(m["update_length"]) < config.max_len
-  assert float(m["ratio_dev_max_first"]) == 0.0
-  assert float(m["ratio_mean_first"]) == 1.0
   hlo = step.lower(state).compile().as_text()
   conditionals = [line for line in hlo.splitlines() if " conditional(" in line]
   assert len(conditionals) == 3, conditionals
@@ -307,7 +351,6 @@ def test_rl_step_runs_reference_and_behaviour_forwards_on_the_bucket():
   n_blocks = config.rl.num_minibatches * config.rl.num_microbatches
   rows = config.rl.batch_size // n_blocks
   for n in lengths[:-1]:
-    # The behaviour/reference forwards' blocks: [n_blocks, rows, n] tokens.
     assert f"s32[{n_blocks},{rows},{n}]" in hlo, n
 
 

@@ -159,8 +159,10 @@ def make_collect_fn(
   (`padding.update_lengths`, `rl.update_length_buckets` > 1; None: off). The
   reference forward and the trainer-side behaviour forward then run on the
   bucket the update will use (`padding.bucketed_forward`: the shortest that
-  holds the batch's `padding.loss_length`), their columns past it are 0
-  (no loss reads them). The behaviour values of GAE stay full-length.
+  holds the batch's `padding.loss_length`); their log-probs (and the
+  dual-path behaviour shift) are 0 from the loss length on, where no loss
+  term reads them, and the sampler/trainer mismatch metrics cover the columns
+  before it only. The behaviour values of GAE stay full-length.
 
   `first_traj`: the first round's rollout when it was made outside the jitted
   program (host environments, see `make_host_rollout_fn`); None rolls out here.
@@ -490,6 +492,13 @@ def make_collect_fn(
     # trainer (full forward) log-probs of the same tokens. Fresh rows only:
     # replay-injected episodes carry an older policy's log-probs.
     pmask = policy_mask(train_traj)
+    if update_lengths is not None:
+      # On a length bucket, the columns from the loss length on are not
+      # computed (no loss reads them; e.g. truncated rows that
+      # rl.overlong_mode='mask' drops may run past it): left out of the
+      # mismatch metric and 0 in the batch.
+      pos = jnp.arange(pmask.shape[1], dtype=jnp.int32)[None, :]
+      pmask = pmask & (pos < need)
     fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
     fresh = pmask & fresh_b[:, None]
     if num_free > 0:

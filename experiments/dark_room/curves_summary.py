@@ -5,7 +5,8 @@ alone, on existing workdirs:
 
     python -m experiments.dark_room.curves_summary --root=runs/dark_room [--seeds=0,...,7]
 
-Reads `<root>/<arm>_<seeds tag>/curves.npz` (`harness.run_dir`; written with every checkpoint by
+Reads `<root>/<arm>_<seeds tag>/curves.npz` (`harness.run_dir` of --seeds;
+without --seeds the untagged `<root>/<arm>` of runs made before the tag; written with every checkpoint by
 agentic_rl/seeds.py; metrics of the training batches, sampled at T = 1) and
 writes `curves_summary.md` / `.png` (into this folder, or --out_dir): per arm the
 mean +- standard error over seeds (and every seed) of the first and last 5 RL

@@ -9,7 +9,7 @@ best-of-N rank@1) in ROOT/<task>/seed_<k> (default ROOT runs/rm_selection
 [_smoke]; a re-run resumes, and a workdir holding a different config is refused
 as in main.py). The seed is the config's `seed` (SFT, pair sampling, RM
 initialisation and batches); the best-of-N evaluation tasks are fixed
-(`rm.best_of_n.seed`), so the seeds are paired on the same tasks.
+(`rm_eval.seed`), so the seeds are paired on the same tasks.
 
 The first seed's report becomes this folder's results{,_kv}.md / .png (under
 ROOT with --smoke): the Markdown table and the plot are rm_train's own.
@@ -122,7 +122,8 @@ def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
     }
     return room, stats.analyse(SPEC, rows, room_value)
   if room_value < SPEC.room_threshold:  # 'untestable at this setup'
-    return room, stats.analyse(SPEC, {}, room_value)
+    analysis = stats.analyse(SPEC, {}, room_value)
+    return room, dict(analysis, effect_note="no room")
   analysis = stats.room_only_analysis(SPEC, room_value)
   return room, dict(analysis, verdict=NOT_DECIDED, effect_note="one seed")
 
@@ -131,6 +132,22 @@ def _annotate(out: dict) -> dict:
   """out plus 'spec', 'room', 'analysis' (from out['per_seed'])."""
   room, analysis = analyse(out["per_seed"])
   return dict(out, spec=SPEC.to_json(), room=room, analysis=analysis)
+
+
+def seed_workdir(root: str, task: str, seed: int) -> str:
+  """ROOT/<task>/seed_<seed>; a workdir ROOT/<task> of the single-seed layout
+  (before --seeds) is reused for the seed its config.json holds."""
+  legacy = os.path.abspath(os.path.join(root, task))
+  path = os.path.join(legacy, "config.json")
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        saved = json.load(f).get("seed")
+    except ValueError:  # unreadable: not reused (the resume check reports it)
+      saved = None
+    if saved is not None and int(saved) == seed:
+      return legacy
+  return os.path.join(legacy, f"seed_{seed}")
 
 
 def run_task(
@@ -157,7 +174,7 @@ def run_task(
   for seed in seeds:
     config = module.get_config("smoke" if smoke else None)
     config.seed = int(seed)
-    workdir = os.path.abspath(os.path.join(root, task, f"seed_{seed}"))
+    workdir = seed_workdir(root, task, int(seed))
     # Refuse every changed workdir before any training.
     train._check_resume_compatible(config, workdir)  # pylint: disable=protected-access
     configs.append((config, workdir))
@@ -178,7 +195,8 @@ def run_task(
       per_seed=[seed_summary(r) for r in reports],
       command="python -m experiments.rm_selection"
       + (f" --tasks={task}" if task != "arithmetic" else "")
-      + (f" --seeds={','.join(map(str, seeds))}" if len(seeds) > 1 else ""),
+      + (f" --seeds={','.join(map(str, seeds))}" if list(seeds) != [0] else "")
+      + (" --smoke" if smoke else ""),
   )
   out = _annotate(out)
   with open(os.path.join(out_dir, f"results{suffix}.json"), "w") as f:
@@ -212,12 +230,17 @@ def _per_seed_md(out: dict) -> str:
         f"{s['random']:.3f} | {s['oracle']:.3f} | {s['room']:.3f} |"
     )
   a = out["analysis"]
-  if a["verdict"] == NOT_DECIDED:
+  if a["effect"] is None:
     tail = (
         f"Room metric `{SPEC.room_metric}` = {out['room']['value']:.3f} "
-        f"(threshold {SPEC.room_threshold:g}). One training seed forms no "
-        f"interval: **Verdict: {NOT_DECIDED}.** Run with --seeds=0,1,... "
-        "to decide."
+        f"(threshold {SPEC.room_threshold:g}). "
+        + (
+            "One training seed forms no interval. Run with --seeds=0,1,... "
+            "to decide."
+            if a["verdict"] == NOT_DECIDED
+            else "Below the threshold: selection cannot matter here."
+        )
+        + f" **Verdict: {a['verdict']}.**"
     )
   else:
     tail = stats.format_analysis(a)
