@@ -5,7 +5,7 @@ Claims: GRPO is robust to moderate outcome-reward flips (flip probability p in
 reward (dithering, ReDit) speeds up early learning because groups whose rewards
 all tie get a non-zero gradient.
 
-Setup: the default arithmetic experiment with a binary reward (correct only, so a
+Setup: the default arithmetic experiment from a weaker start (SFT_STEPS) with a binary reward (correct only, so a
 flip is a clean 0 <-> 1 swap). Arms (`arg`):
   clean       no noise
   flip_0.2    each episode's reward flipped 0 <-> 1 with probability 0.2
@@ -23,6 +23,11 @@ import ml_collections
 from configs import default
 
 ARMS = ("clean", "flip_0.2", "flip_0.4", "dither_0.05")
+# SFT steps of the start policy (default configs/default.py: 300). Setup change
+# of 2026-12-02, chosen from the room metric, not from an outcome: the 8-seed
+# run from the 300-step start had 0.146 tied groups (threshold 0.3: no room),
+# so the claim is tested from a weaker start, where groups fail together.
+SFT_STEPS = 60
 
 
 def get_config(arg: str | None = "clean") -> ml_collections.ConfigDict:
@@ -34,6 +39,8 @@ def get_config(arg: str | None = "clean") -> ml_collections.ConfigDict:
     )
   config = default.get_config("smoke" if size == "smoke" else None)
   config.name = f"reward_noise_{arm}"
+  if size != "smoke":
+    config.sft.steps = SFT_STEPS
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0))
   if arm.startswith("flip_"):
     config.rl.reward_noise = ml_collections.ConfigDict(
