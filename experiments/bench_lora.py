@@ -147,8 +147,14 @@ def run_grpo(
     rank: int,
     overrides: list[str],
     remat: str = "after_cotangent",
+    malloc: str = "default",
 ) -> dict:
   """One LoRA GRPO iteration as main.py runs it; RSS per phase (this process).
+
+  malloc: 'default' (glibc as it comes), 'fixed' (`host_memory.configure()`
+  first: a fixed mmap threshold), 'fixed+release' (also
+  `host_memory.release()` between compiling the learn program and running
+  it; a 'release' phase is reported).
 
   remat='checkpoint' swaps transformer.remat_after_cotangent for plain
   jax.checkpoint (the block remat before it existed), for an A/B comparison.
@@ -163,6 +169,13 @@ def run_grpo(
 
   if remat == "checkpoint":
     transformer.remat_after_cotangent = jax.checkpoint
+  from agentic_rl import host_memory  # noqa: PLC0415
+
+  if malloc not in ("default", "fixed", "fixed+release"):
+    raise ValueError(f"--malloc={malloc!r}: default, fixed or fixed+release")
+  if malloc != "default":
+    host_memory.configure()
+  release = malloc == "fixed+release"
 
   spec = importlib.util.spec_from_file_location("bench_cfg", config_path)
   mod = importlib.util.module_from_spec(spec)
@@ -187,6 +200,7 @@ def run_grpo(
       rank=rank,
       overrides=overrides,
       remat=remat,
+      malloc=malloc,
       batch=config.rl.batch_size,
       length=config.max_len,
       microbatches=config.rl.num_microbatches,
@@ -226,6 +240,10 @@ def run_grpo(
   compiled = learn.lower(state, traj).compile()
   mem = compiled.memory_analysis()
   phases["compile_learn"] = (*_rss_gb(), time.perf_counter() - t0)
+  if release:
+    t0 = time.perf_counter()
+    host_memory.release()
+    phases["release"] = (*_rss_gb(), time.perf_counter() - t0)
   t0 = time.perf_counter()
   state, metrics = compiled(state, traj)
   jax.block_until_ready((state, metrics))
@@ -275,6 +293,12 @@ def main() -> None:
       default="after_cotangent",
       choices=("after_cotangent", "checkpoint"),
   )
+  ap.add_argument(
+      "--grpo_malloc",
+      default="default",
+      choices=("default", "fixed", "fixed+release"),
+      help="glibc malloc handling of the grpo mode (agentic_rl/host_memory.py)",
+  )
   ap.add_argument("--child", default="", help=argparse.SUPPRESS)
   args = ap.parse_args()
   sets = [x for x in args.grpo_set.split(";") if x]
@@ -282,7 +306,13 @@ def main() -> None:
     print(
         "RESULT "
         + json.dumps(
-            run_grpo(args.grpo_config, args.rank, sets, args.grpo_remat)
+            run_grpo(
+                args.grpo_config,
+                args.rank,
+                sets,
+                args.grpo_remat,
+                args.grpo_malloc,
+            )
         ),
         flush=True,
     )
@@ -310,6 +340,7 @@ def main() -> None:
         f"--grpo_config={args.grpo_config}",
         f"--grpo_set={args.grpo_set}",
         f"--grpo_remat={args.grpo_remat}",
+        f"--grpo_malloc={args.grpo_malloc}",
     ]
     out = subprocess.run(
         cmd,

@@ -8,6 +8,7 @@ import optax
 from flax import nnx
 
 from agentic_rl import credit
+from agentic_rl import host_memory
 from agentic_rl import losses
 from agentic_rl import padding
 from agentic_rl import replay as replay_lib
@@ -318,7 +319,9 @@ def make_rl_step(
     # Host environments: the rollout runs in Python between jitted turns; the
     # rest of the iteration is one jitted program.
     rollout_fn = make_host_rollout_fn(config, env, graphdef, model_config)
-    learn_jit = jax.jit(step, donate_argnums=0)  # host envs: one device
+    # Host envs: one device. Each trimmed length compiles once, and the heap
+    # the compiler freed is returned before the program first runs.
+    learn_jit = host_memory.CompileThenRelease(jax.jit(step, donate_argnums=0))
 
     def host_step(state: types.TrainState):
       # Cut the host batch to its longest episode (bucketed) where that leaves
