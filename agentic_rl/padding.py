@@ -249,6 +249,12 @@ def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
   return last + 1
 
 
+def bucket_index(lengths: tuple, need) -> jax.Array:
+  """Index of the shortest of the increasing `lengths` that is >= need
+  (int32 scalar; the `lax.switch` branch of a bucketed program)."""
+  return jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
+
+
 def bucketed_forward(forward, lengths: tuple, tokens_bl: jax.Array, need):
   """`forward` run on the shortest of `lengths` that holds `need` columns.
 
@@ -280,7 +286,7 @@ def bucketed_forward(forward, lengths: tuple, tokens_bl: jax.Array, need):
         f"bucketed_forward: lengths={lengths} must end at the token length "
         f"{full}"
     )
-  index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
+  index = bucket_index(lengths, need)
 
   def branch(n):
     def go(tokens):
@@ -327,8 +333,7 @@ def bucketed_update(update, lengths: tuple):
           f"bucketed_update: lengths={lengths} must end at the batch length "
           f"{full}"
       )
-    need = loss_length(batch)
-    index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
+    index = bucket_index(lengths, loss_length(batch))
 
     def branch(n):
       def go(operands):
