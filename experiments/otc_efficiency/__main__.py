@@ -24,7 +24,7 @@ SPEC = stats.ClaimSpec(
     departures=(
         "tiny transformer from scratch",
         "synthetic arithmetic",
-        "over-calling start made by the SFT expert (calls on 80% of "
+        "over-calling start made by the SFT expert (calls on 50% of "
         "easy items)",
     ),
     positive_control="none run (a perfect direct answerer on easy items would be one)",
