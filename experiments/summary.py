@@ -129,6 +129,9 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
           else ""
       )
   )
+  # --root only places the workdirs (it changes no result); a recorded
+  # machine-local path would point outside the repository.
+  cmd = " ".join(a for a in cmd.split() if not a.startswith("--root="))
   out["command"] = f"`{cmd}`"
   return out
 

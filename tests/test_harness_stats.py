@@ -357,6 +357,14 @@ def test_summary_row_from_results():
   assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
   assert r["wall"] == "10 min" and r["seeds"] == "2" and r["paper"] == "P"
   assert summary.row("x", None, spec)["verdict"] == "not run"
+  # A machine-local --root is left out of the command shown (it only places
+  # the workdirs); every other flag stays.
+  results["command"] = (
+      "python -m experiments.x --seeds=0,1 --root=/tmp/elsewhere/x --arms=c,t"
+  )
+  assert summary.row("x", results, None)["command"] == (
+      "`python -m experiments.x --seeds=0,1 --arms=c,t`"
+  )
 
 
 def test_curve_start_line_is_the_sampled_start(tmp_path):
