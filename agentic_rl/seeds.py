@@ -75,7 +75,10 @@ def train_seeds(
     dict with 'sft' and 'rl': lists (one per seed, in `seeds` order) of the
     held-out metric dicts of `train.evaluate`; 'curves': {metric name:
     float64 [num_steps, S]} of every logged step metric (prefixed 'sft/' or
-    'rl/'); 'wall_s': training wall time of this call in seconds.
+    'rl/'); 'wall_s': training wall time of this call in seconds;
+    'wall_call_s': this call's wall seconds, evaluation included;
+    'wall_total_s': wall seconds of every call on `workdir` (earlier,
+    interrupted ones up to their last checkpoint; `workdir/wall.json`).
 
   Raises:
     ValueError: invalid config (names the field and value), no seeds, or
@@ -85,6 +88,7 @@ def train_seeds(
   """
   if not seeds:
     raise ValueError("train_seeds: seeds must be non-empty")
+  t_call = time.time()
   config = schema.with_defaults(config)  # what the config leaves out
   validation.validate_config(config)
   if config.rl.update_length_buckets > 1:
@@ -101,6 +105,7 @@ def train_seeds(
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(saved.to_json_best_effort(indent=2))
+  wall_log = _WallLog(workdir, t_call)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef, states = None, []
@@ -199,6 +204,7 @@ def train_seeds(
       # Curves are written with each checkpoint (not every step); rows past the
       # restored step are dropped on resume.
       np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
+      wall_log.write()
     if step >= sft_steps and sft_reports is None:
       sft_reports = evaluate_all(
           lora.reference_params(state.params, state.ref_params)
@@ -223,13 +229,52 @@ def train_seeds(
       os.makedirs(d, exist_ok=True)
       with open(os.path.join(d, "eval_report.json"), "w") as f:
         json.dump({"sft": sft_r, "rl": rl_r}, f, indent=2)
+  wall_log.write()
   return {
       "sft": sft_reports,
       "rl": rl_reports,
       "curves": {k: np.stack(v) for k, v in curves.items()},
       "wall_s": wall,
+      "wall_call_s": wall_log.call_s(),
+      "wall_total_s": wall_log.total_s(),
       "params": state.params,
   }
+
+
+class _WallLog:
+  """Wall seconds spent on a workdir by every `train_seeds` call, `wall.json`.
+
+  A run that is interrupted and resumed spends time in several processes; the
+  file keeps one entry per call ({'calls': [seconds, ...]}), the current
+  call's entry rewritten at each checkpoint and at the end, so the total
+  counts the earlier processes up to their last checkpoint (work lost after
+  it is not counted). Without a workdir only the current call is known.
+  """
+
+  def __init__(self, workdir: str | None, t_call: float):
+    self.path = None if workdir is None else os.path.join(workdir, "wall.json")
+    self.t_call = t_call
+    self.earlier: list[float] = []
+    if self.path and os.path.exists(self.path):
+      try:
+        with open(self.path) as f:
+          self.earlier = [float(x) for x in json.load(f)["calls"]]
+      except (OSError, ValueError, KeyError, TypeError):
+        self.earlier = []  # unreadable: start the log again, lose nothing else
+
+  def call_s(self) -> float:
+    return time.time() - self.t_call
+
+  def total_s(self) -> float:
+    return sum(self.earlier) + self.call_s()
+
+  def write(self) -> None:
+    if self.path is None:
+      return
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"calls": [*self.earlier, self.call_s()]}, f)
+    os.replace(tmp, self.path)  # never a half-written file
 
 
 def check_resume(

@@ -332,7 +332,8 @@ def run_claim(
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
-    [steps, S]}}, 'wall_s': {arm: seconds}, 'room': {'metric', 'value',
+    [steps, S]}}, 'wall_s': {arm: seconds, every process's time on the arm's
+    workdir}, 'room': {'metric', 'value',
     'per_seed'} or None, 'analysis': stats.analyse's dict or None}.
 
   Raises:
@@ -352,6 +353,15 @@ def run_claim(
   rows: dict[str, list[dict]] = {}
   curves: dict[str, dict] = {}
   walls: dict[str, float] = {}
+  earlier_s: list[float] = []  # workdirs' wall seconds from earlier processes
+
+  def _wall_of(out, t0):
+    # Every process's time on the workdir (seeds.train_seeds' wall.json), not
+    # only this one's: a resumed run would otherwise report its last leg.
+    if "wall_total_s" not in out:
+      return time.time() - t0
+    earlier_s.append(out["wall_total_s"] - out["wall_call_s"])
+    return out["wall_total_s"]
 
   def sft(config):
     key = _sft_key(config)
@@ -364,7 +374,7 @@ def run_claim(
     # Arms that share this SFT run differ in their RL settings: only the other
     # sections must match the SFT workdir's config.json.
     out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
-    walls[f"sft_{key}"] = time.time() - t0
+    walls[f"sft_{key}"] = _wall_of(out, t0)
     sft_dirs[key] = sft_dir
     if include_sft_row and "SFT (start)" not in rows:
       rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
@@ -409,11 +419,11 @@ def run_claim(
       shutil.copytree(
           sft_dirs[key],
           arm_dir,
-          ignore=shutil.ignore_patterns("seed_*", "config.json"),
+          ignore=shutil.ignore_patterns("seed_*", "config.json", "wall.json"),
       )
     t0 = time.time()
     out = seeds_lib.train_seeds(config, seeds, arm_dir)
-    walls[arm] = time.time() - t0
+    walls[arm] = _wall_of(out, t0)
     rows[arm] = _with_extra(out, "rl", extra_eval, config, seeds)
     for new_key, curve_key, first, last in curve_means:
       c = np.asarray(
@@ -442,7 +452,9 @@ def run_claim(
       "spec": None if spec is None else spec.to_json(),
       "rl_skipped": bool(skip_rl),
       "room_only": bool(room_only),
-      "wall_total_s": time.time() - t_start,
+      # This process plus the earlier processes that trained these
+      # workdirs (interrupted runs resumed here).
+      "wall_total_s": time.time() - t_start + sum(earlier_s),
       "command": command,
   }
   _write(

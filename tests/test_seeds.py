@@ -84,8 +84,16 @@ def test_resume_from_checkpoint_gives_same_result(vmapped, tmp_path):
   workdir = str(tmp_path / "resumed")
   c = _tiny()
   c.rl.steps = 0  # stops at the SFT/RL boundary (checkpointed) ...
-  seeds_lib.train_seeds(c, (0, 3), workdir)
+  first = seeds_lib.train_seeds(c, (0, 3), workdir)
   resumed = seeds_lib.train_seeds(_tiny(), (0, 3), workdir)  # ... and goes on
+  # The wall time of both processes is on record, not only the last leg's.
+  with open(f"{workdir}/wall.json") as f:
+    calls = json.load(f)["calls"]
+  assert calls == pytest.approx(
+      [first["wall_call_s"], resumed["wall_call_s"]], abs=0.05
+  )
+  assert resumed["wall_total_s"] == pytest.approx(sum(calls), abs=0.05)
+  assert resumed["wall_call_s"] >= resumed["wall_s"] > 0
   np.testing.assert_equal(
       resumed["rl"], out["rl"]
   )  # NaN == NaN (e.g. no calls)
