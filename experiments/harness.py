@@ -455,6 +455,7 @@ def run_claim(
       # This process plus the earlier processes that trained these
       # workdirs (interrupted runs resumed here).
       "wall_total_s": time.time() - t_start + sum(earlier_s),
+      "wall_all_processes": True,
       "command": command,
   }
   _write(

@@ -197,6 +197,9 @@ class ClaimSpec:
     positive_control: the arm or check that shows the setup can show the
       effect at all (e.g. a perfect answerer, a coefficient sweep), or ''
       where none exists.
+    positive_control_arm: the arm label of that control where it is an arm of
+      this run (e.g. 'flip_0.4'), so the summary can say whether the recorded
+      run included it; '' otherwise.
   """
 
   primary_metric: str
@@ -212,6 +215,7 @@ class ClaimSpec:
   paper: str = ""
   departures: tuple = ()
   positive_control: str = ""
+  positive_control_arm: str = ""
 
   def __post_init__(self):
     if self.prediction not in PREDICTIONS:

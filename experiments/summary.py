@@ -68,7 +68,15 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
       "departures": "; ".join(spec.get("departures", ())) or "none listed",
   }
   if spec.get("positive_control"):
-    out["departures"] += f" (positive control: {spec['positive_control']})"
+    # The control's arm label: from the recorded spec, else the declared one
+    # (runs recorded before the field existed).
+    pc_arm = spec.get("positive_control_arm") or (
+        getattr(spec_decl, "positive_control_arm", "") if spec_decl else ""
+    )
+    ran = pc_arm in (results or {}).get("rows", {})
+    out["departures"] += f" (positive control: {spec['positive_control']}" + (
+        "; not run in the recorded run)" if pc_arm and not ran else ")"
+    )
   room = (results or {}).get("room")
   if room and room.get("value") is not None:
     ok = room["value"] >= room["threshold"]
@@ -120,15 +128,18 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
   if wall is None:
     w = results.get("wall_s")
     wall = (sum(w.values()) if isinstance(w, dict) else w) if w else None
-  out["wall"] = "n/a" if wall is None else f"{wall / 60:.0f} min"
-  cmd = results.get("command") or (
-      f"python -m experiments.{name}"
-      + (
-          f" --seeds={','.join(map(str, seeds))}"
-          if seeds and len(seeds) > 1
-          else ""
-      )
-  )
+  if wall is None:
+    out["wall"] = "n/a"
+  elif results.get("wall_all_processes"):
+    out["wall"] = f"{wall / 60:.0f} min"
+  else:
+    # Recorded before the harness summed the processes of a resumed run: the
+    # time of the last process only, a lower bound.
+    out["wall"] = f">= {wall / 60:.0f} min (last process)"
+  cmd = results.get("command")
+  if not cmd:
+    out["command"] = "not recorded"
+    return out
   # --root only places the workdirs (it changes no result); a recorded
   # machine-local path would point outside the repository.
   cmd = " ".join(a for a in cmd.split() if not a.startswith("--root="))

@@ -1,6 +1,7 @@
 """Paired statistics, verdict rule and ClaimSpec of experiments/stats.py, checked
 against hand-computed values and a printed Student-t table."""
 
+import dataclasses
 import json
 import math
 
@@ -355,7 +356,13 @@ def test_summary_row_from_results():
   assert r["effect"] == "+0.300 [-0.971, +1.571]"
   assert r["verdict"] == "inconclusive"
   assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
-  assert r["wall"] == "10 min" and r["seeds"] == "2" and r["paper"] == "P"
+  # A run recorded before the harness summed resumed processes: lower bound.
+  assert r["wall"] == ">= 10 min (last process)"
+  assert r["seeds"] == "2" and r["paper"] == "P"
+  assert (
+      summary.row("x", dict(results, wall_all_processes=True), None)["wall"]
+      == "10 min"
+  )
   assert summary.row("x", None, spec)["verdict"] == "not run"
   # A machine-local --root is left out of the command shown (it only places
   # the workdirs); every other flag stays.
@@ -364,6 +371,22 @@ def test_summary_row_from_results():
   )
   assert summary.row("x", results, None)["command"] == (
       "`python -m experiments.x --seeds=0,1 --arms=c,t`"
+  )
+  # No recorded command: said so, not made up.
+  assert summary.row("x", dict(results, command=None), None)["command"] == (
+      "not recorded"
+  )
+  # A positive-control arm missing from the recorded rows is flagged.
+  with_pc = dataclasses.replace(
+      spec, positive_control="z arm (must fail)", positive_control_arm="z"
+  )
+  results["spec"] = with_pc.to_json()
+  assert summary.row("x", results, None)["departures"] == (
+      "d1 (positive control: z arm (must fail); not run in the recorded run)"
+  )
+  results["rows"] = {"t": [], "c": [], "z": []}
+  assert summary.row("x", results, None)["departures"] == (
+      "d1 (positive control: z arm (must fail))"
   )
 
 

@@ -40,6 +40,7 @@ SPEC = stats.ClaimSpec(
     ),
     positive_control="pred_meanonly arm (the same bonus without std scaling "
     "should not collapse)",
+    positive_control_arm="pred_meanonly",
 )
 
 

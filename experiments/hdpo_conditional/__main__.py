@@ -29,6 +29,7 @@ SPEC = stats.ClaimSpec(
     ),
     positive_control="cost_1.2 arm (above the value of a needed call): must "
     "under-call on hard items",
+    positive_control_arm="cost_1.2",
 )
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ SPEC = stats.ClaimSpec(
         "coefficient 0.2",
     ),
     positive_control="progress arm (oracle hop-progress potential)",
+    positive_control_arm="progress",
 )
 
 
