@@ -19,15 +19,16 @@ SPEC = stats.ClaimSpec(
     control="clean",
     prediction="better",
     room_fn=harness.room_tied_groups,
-    claim="reward dithering (small uniform noise) speeds early learning over the "
-    "clean reward; flipped rewards degrade accuracy gracefully",
+    claim="reward dithering (Gaussian noise, sigma 0.05) speeds early learning "
+    "over the clean reward; flipped rewards degrade accuracy gracefully",
     paper="ReDit (reward dithering)",
     departures=(
         "tiny transformer from scratch",
         "synthetic arithmetic",
-        "binary correctness reward, dither width 0.05",
+        "binary correctness reward, Gaussian dither sigma 0.05",
     ),
     positive_control="flip_0.4 arm (heavy noise must lower accuracy)",
+    positive_control_arm="flip_0.4",
 )
 
 if __name__ == "__main__":
