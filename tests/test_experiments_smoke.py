@@ -48,6 +48,9 @@ def test_claim_smoke(name, tmp_path):
     assert len(rows) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
   assert os.path.getsize(os.path.join(root, "results.png")) > 10_000
   assert results["commit"] != "" and set(results["config_hash"]) == set(arms)
+  # Wall time of every process on the workdirs (one process here).
+  assert results["wall_all_processes"] is True
+  assert results["wall_total_s"] >= sum(results["wall_s"].values()) > 0
   if name in WITH_SPEC:
     from experiments import stats
 
