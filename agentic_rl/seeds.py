@@ -77,8 +77,10 @@ def train_seeds(
     float64 [num_steps, S]} of every logged step metric (prefixed 'sft/' or
     'rl/'); 'wall_s': training wall time of this call in seconds;
     'wall_call_s': this call's wall seconds, evaluation included;
-    'wall_total_s': wall seconds of every call on `workdir` (earlier,
-    interrupted ones up to their last checkpoint; `workdir/wall.json`).
+    'wall_total_s': this call's seconds plus those of the earlier calls that
+    trained `workdir` (up to their last checkpoint; `workdir/wall.json`);
+    'wall_complete': False when the workdir held checkpoints without a
+    readable log, so 'wall_total_s' misses earlier training (a lower bound).
 
   Raises:
     ValueError: invalid config (names the field and value), no seeds, or
@@ -128,6 +130,7 @@ def train_seeds(
         save_interval_steps=config.checkpoint.every_steps,
     )
     latest = ckpt.latest_step()
+    wall_log.start(restored=latest is not None)
     if latest is not None:
       if latest >= sft_steps:
         state = start_rl(state)
@@ -183,6 +186,7 @@ def train_seeds(
     )
     curves[k] = curves[k][:keep]
   t0 = time.time()
+  step_at_start = step
   while step < total:
     phase = "sft" if step < sft_steps else "rl"
     state, m = (sft_step if phase == "sft" else rl_step)(state)
@@ -204,7 +208,7 @@ def train_seeds(
       # Curves are written with each checkpoint (not every step); rows past the
       # restored step are dropped on resume.
       np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
-      wall_log.write()
+      wall_log.write(trained=True)
     if step >= sft_steps and sft_reports is None:
       sft_reports = evaluate_all(
           lora.reference_params(state.params, state.ref_params)
@@ -229,7 +233,7 @@ def train_seeds(
       os.makedirs(d, exist_ok=True)
       with open(os.path.join(d, "eval_report.json"), "w") as f:
         json.dump({"sft": sft_r, "rl": rl_r}, f, indent=2)
-  wall_log.write()
+  wall_log.write(trained=step > step_at_start)
   return {
       "sft": sft_reports,
       "rl": rl_reports,
@@ -237,30 +241,50 @@ def train_seeds(
       "wall_s": wall,
       "wall_call_s": wall_log.call_s(),
       "wall_total_s": wall_log.total_s(),
+      "wall_complete": wall_log.complete,
       "params": state.params,
   }
 
 
 class _WallLog:
-  """Wall seconds spent on a workdir by every `train_seeds` call, `wall.json`.
+  """Wall seconds of the `train_seeds` calls that trained a workdir (`wall.json`).
 
-  A run that is interrupted and resumed spends time in several processes; the
-  file keeps one entry per call ({'calls': [seconds, ...]}), the current
-  call's entry rewritten at each checkpoint and at the end, so the total
-  counts the earlier processes up to their last checkpoint (work lost after
-  it is not counted). Without a workdir only the current call is known.
+  A run that is interrupted and resumed trains in several processes; the file
+  keeps one entry per call that trained at least one step ({'calls':
+  [seconds, ...]}), the current call's entry rewritten at each checkpoint
+  and at the end, so the total counts earlier processes up to their last
+  checkpoint (work lost after it is not counted). A call that only
+  re-evaluates a finished workdir adds no entry. Without a workdir only the
+  current call is known.
+
+  `complete` is False when the workdir held checkpoints but no readable log
+  (a run from before the log existed, or a damaged file): the total then
+  misses the earlier training and is a lower bound. Without checkpoints any
+  old log is dropped (the training starts from scratch).
   """
 
   def __init__(self, workdir: str | None, t_call: float):
     self.path = None if workdir is None else os.path.join(workdir, "wall.json")
     self.t_call = t_call
     self.earlier: list[float] = []
-    if self.path and os.path.exists(self.path):
-      try:
-        with open(self.path) as f:
-          self.earlier = [float(x) for x in json.load(f)["calls"]]
-      except (OSError, ValueError, KeyError, TypeError):
-        self.earlier = []  # unreadable: start the log again, lose nothing else
+    self.complete = True
+
+  def start(self, restored: bool) -> None:
+    """Reads the earlier calls' entries if a checkpoint was restored."""
+    if self.path is None:
+      return
+    if not restored:
+      self.earlier = []  # no checkpoint: earlier entries trained nothing kept
+      return
+    try:
+      with open(self.path) as f:
+        calls = [float(x) for x in json.load(f)["calls"]]
+      if not all(np.isfinite(c) and c >= 0 for c in calls):
+        raise ValueError(f"non-finite or negative entry in {calls}")
+      self.earlier = calls
+    except (OSError, ValueError, KeyError, TypeError):
+      # Missing or damaged: the earlier time is unknown, not zero.
+      self.earlier, self.complete = [], False
 
   def call_s(self) -> float:
     return time.time() - self.t_call
@@ -268,12 +292,14 @@ class _WallLog:
   def total_s(self) -> float:
     return sum(self.earlier) + self.call_s()
 
-  def write(self) -> None:
+  def write(self, trained: bool) -> None:
+    """Rewrites the log with this call's entry (none if it trained nothing)."""
     if self.path is None:
       return
+    calls = [*self.earlier, self.call_s()] if trained else self.earlier
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
-      json.dump({"calls": [*self.earlier, self.call_s()]}, f)
+      json.dump({"calls": calls}, f)
     os.replace(tmp, self.path)  # never a half-written file
 
 

@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -353,14 +354,19 @@ def run_claim(
   rows: dict[str, list[dict]] = {}
   curves: dict[str, dict] = {}
   walls: dict[str, float] = {}
-  earlier_s: list[float] = []  # workdirs' wall seconds from earlier processes
+  earlier_s: list[float] = []  # workdirs' training seconds, earlier calls
+  wall_complete: list[bool] = []
 
   def _wall_of(out, t0):
-    # Every process's time on the workdir (seeds.train_seeds' wall.json), not
-    # only this one's: a resumed run would otherwise report its last leg.
+    # The training time behind the workdir (seeds.train_seeds' wall.json: this
+    # call plus the earlier calls that trained it, e.g. an interrupted run
+    # resumed here, or another claim's run that shares the workdir), not only
+    # this process's: a resumed run would otherwise report its last leg.
     if "wall_total_s" not in out:
+      wall_complete.append(False)
       return time.time() - t0
     earlier_s.append(out["wall_total_s"] - out["wall_call_s"])
+    wall_complete.append(bool(out.get("wall_complete", False)))
     return out["wall_total_s"]
 
   def sft(config):
@@ -421,6 +427,11 @@ def run_claim(
           arm_dir,
           ignore=shutil.ignore_patterns("seed_*", "config.json", "wall.json"),
       )
+      # The copied SFT checkpoints' time is the SFT workdir's: the arm's own
+      # log starts empty (a copied checkpoint without a log would otherwise
+      # mark the arm's time as incomplete).
+      with open(os.path.join(arm_dir, "wall.json"), "w") as f:
+        json.dump({"calls": []}, f)
     t0 = time.time()
     out = seeds_lib.train_seeds(config, seeds, arm_dir)
     walls[arm] = _wall_of(out, t0)
@@ -455,7 +466,9 @@ def run_claim(
       # This process plus the earlier processes that trained these
       # workdirs (interrupted runs resumed here).
       "wall_total_s": time.time() - t_start + sum(earlier_s),
-      "wall_all_processes": True,
+      # False when a workdir's earlier training time is unknown (trained
+      # before wall.json existed): wall_total_s is then a lower bound.
+      "wall_all_processes": all(wall_complete),
       "command": command,
   }
   _write(
@@ -551,8 +564,9 @@ def _write(
     ]
   lines += [
       "",
-      "Wall time (s, training incl. compilation, all seeds vmapped): "
-      + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
+      "Wall time (s, all seeds vmapped; per workdir the training, compilation "
+      "and evaluation of this process plus the training of earlier processes "
+      "on it): " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
       "",
       f"Commit {meta['commit']}; config hashes "
       + ", ".join(f"{k} {v}" for k, v in meta["config_hash"].items())
@@ -796,6 +810,13 @@ def cli(
   )
   out_dir = root if args.smoke else here
   arms = dict(arms_fn(args.smoke))
+  spec = run_kwargs.get("spec")
+  pc_arm = getattr(spec, "positive_control_arm", "")
+  if pc_arm and pc_arm not in arms:
+    raise UsageError(
+        f"SPEC.positive_control_arm={pc_arm!r}: not an arm of this claim; "
+        f"known: {list(arms)}"
+    )
   if args.arms:
     keep = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in keep if a not in arms]
@@ -804,7 +825,7 @@ def cli(
     spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
-  command = " ".join([f"python -m {prog}", *argv])
+  command = shlex.join(["python", "-m", prog, *argv])
   out = run_claim(
       title,
       arms,

@@ -20,6 +20,7 @@ import argparse
 import importlib
 import json
 import os
+import shlex
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,9 +74,11 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     pc_arm = spec.get("positive_control_arm") or (
         getattr(spec_decl, "positive_control_arm", "") if spec_decl else ""
     )
-    ran = pc_arm in (results or {}).get("rows", {})
+    missing = (
+        results is not None and pc_arm and pc_arm not in results.get("rows", {})
+    )
     out["departures"] += f" (positive control: {spec['positive_control']}" + (
-        "; not run in the recorded run)" if pc_arm and not ran else ")"
+        "; not run in the recorded run)" if missing else ")"
     )
   room = (results or {}).get("room")
   if room and room.get("value") is not None:
@@ -142,7 +145,7 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     return out
   # --root only places the workdirs (it changes no result); a recorded
   # machine-local path would point outside the repository.
-  cmd = " ".join(a for a in cmd.split() if not a.startswith("--root="))
+  cmd = _without_root(cmd)
   out["command"] = f"`{cmd}`"
   return out
 
@@ -159,6 +162,25 @@ COLUMNS = (
     ("wall", "wall time"),
     ("command", "command"),
 )
+
+
+def _without_root(cmd: str) -> str:
+  """`cmd` without its --root flag (`--root=DIR` or `--root DIR`), quoted
+  as a shell would need it (shlex); unparsable quoting falls back to
+  splitting on whitespace."""
+  try:
+    args = shlex.split(cmd)
+  except ValueError:
+    args = cmd.split()
+  out, skip = [], False
+  for a in args:
+    if skip:
+      skip = False
+    elif a == "--root":
+      skip = True  # drop the flag and its value
+    elif not a.startswith("--root="):
+      out.append(a)
+  return shlex.join(out)
 
 
 def _load(path: str) -> dict | None:

@@ -372,6 +372,13 @@ def test_summary_row_from_results():
   assert summary.row("x", results, None)["command"] == (
       "`python -m experiments.x --seeds=0,1 --arms=c,t`"
   )
+  # --root in its two-word form, and a quoted path with a space.
+  results["command"] = (
+      "python -m experiments.x --root '/tmp/my dir/x' --seeds=0,1 --arms=c,t"
+  )
+  assert summary.row("x", results, None)["command"] == (
+      "`python -m experiments.x --seeds=0,1 --arms=c,t`"
+  )
   # No recorded command: said so, not made up.
   assert summary.row("x", dict(results, command=None), None)["command"] == (
       "not recorded"
@@ -383,6 +390,10 @@ def test_summary_row_from_results():
   results["spec"] = with_pc.to_json()
   assert summary.row("x", results, None)["departures"] == (
       "d1 (positive control: z arm (must fail); not run in the recorded run)"
+  )
+  # Never run: no claim about the recorded run's arms.
+  assert "not run in the recorded run" not in (
+      summary.row("x", None, with_pc)["departures"]
   )
   results["rows"] = {"t": [], "c": [], "z": []}
   assert summary.row("x", results, None)["departures"] == (
@@ -567,3 +578,27 @@ def test_legacy_workdirs_with_unreadable_config_are_not_reused(tmp_path):
       f"{root}/arithmetic/seed_1"
   )
   assert rm_sel.seed_workdir(root, "kv_chain", 0) == f"{root}/kv_chain/seed_0"
+
+
+def test_cli_refuses_a_positive_control_arm_that_is_not_an_arm(tmp_path):
+  from experiments import harness  # noqa: PLC0415
+
+  spec = stats.ClaimSpec(
+      "accuracy",
+      True,
+      "headroom",
+      0.3,
+      treatment="t",
+      control="c",
+      positive_control="z arm",
+      positive_control_arm="zz",  # misspelt: the arms are t, c, z
+  )
+  with pytest.raises(harness.UsageError, match="positive_control_arm='zz'"):
+    harness.cli(
+        ["--root", str(tmp_path)],
+        here=str(tmp_path),
+        title="x",
+        arms_fn=lambda smoke: {"t": None, "c": None, "z": None},
+        spec=spec,
+    )
+  assert not list(tmp_path.iterdir())  # refused before any work

@@ -94,6 +94,21 @@ def test_resume_from_checkpoint_gives_same_result(vmapped, tmp_path):
   )
   assert resumed["wall_total_s"] == pytest.approx(sum(calls), abs=0.05)
   assert resumed["wall_call_s"] >= resumed["wall_s"] > 0
+  assert first["wall_complete"] and resumed["wall_complete"]
+  # A call that only re-evaluates the finished workdir adds no entry.
+  again = seeds_lib.train_seeds(_tiny(), (0, 3), workdir)
+  with open(f"{workdir}/wall.json") as f:
+    assert json.load(f)["calls"] == calls
+  assert again["wall_total_s"] >= sum(calls) and again["wall_complete"]
+  # Checkpoints without a readable log: the earlier time is unknown, and the
+  # total is flagged as a lower bound (a damaged file is not read as 0).
+  with open(f"{workdir}/wall.json", "w") as f:
+    f.write('{"calls": [NaN]}')
+  damaged = seeds_lib.train_seeds(_tiny(), (0, 3), workdir)
+  assert not damaged["wall_complete"]
+  assert damaged["wall_total_s"] == pytest.approx(
+      damaged["wall_call_s"], abs=0.05
+  )
   np.testing.assert_equal(
       resumed["rl"], out["rl"]
   )  # NaN == NaN (e.g. no calls)
