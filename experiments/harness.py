@@ -357,16 +357,13 @@ def run_claim(
   earlier_s: list[float] = []  # workdirs' training seconds, earlier calls
   wall_complete: list[bool] = []
 
-  def _wall_of(out, t0):
+  def _wall_of(out):
     # The training time behind the workdir (seeds.train_seeds' wall.json: this
     # call plus the earlier calls that trained it, e.g. an interrupted run
     # resumed here, or another claim's run that shares the workdir), not only
     # this process's: a resumed run would otherwise report its last leg.
-    if "wall_total_s" not in out:
-      wall_complete.append(False)
-      return time.time() - t0
     earlier_s.append(out["wall_total_s"] - out["wall_call_s"])
-    wall_complete.append(bool(out.get("wall_complete", False)))
+    wall_complete.append(out["wall_complete"])
     return out["wall_total_s"]
 
   def sft(config):
@@ -376,11 +373,10 @@ def run_claim(
     sft_dir = run_dir(root, f"sft_{key}", seeds)
     c = ml_collections.ConfigDict(config.to_dict())
     c.rl.steps = 0
-    t0 = time.time()
     # Arms that share this SFT run differ in their RL settings: only the other
     # sections must match the SFT workdir's config.json.
     out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
-    walls[f"sft_{key}"] = _wall_of(out, t0)
+    walls[f"sft_{key}"] = _wall_of(out)
     sft_dirs[key] = sft_dir
     if include_sft_row and "SFT (start)" not in rows:
       rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
@@ -432,9 +428,8 @@ def run_claim(
       # mark the arm's time as incomplete).
       with open(os.path.join(arm_dir, "wall.json"), "w") as f:
         json.dump({"calls": []}, f)
-    t0 = time.time()
     out = seeds_lib.train_seeds(config, seeds, arm_dir)
-    walls[arm] = _wall_of(out, t0)
+    walls[arm] = _wall_of(out)
     rows[arm] = _with_extra(out, "rl", extra_eval, config, seeds)
     for new_key, curve_key, first, last in curve_means:
       c = np.asarray(
@@ -822,7 +817,6 @@ def cli(
     unknown = [a for a in keep if a not in arms]
     if unknown:
       raise UsageError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
-    spec = run_kwargs.get("spec")
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
   command = shlex.join(["python", "-m", prog, *argv])

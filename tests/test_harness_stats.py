@@ -262,6 +262,10 @@ def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
         "eval_sft": [{"acc": 0.5}] * len(seeds),
         "eval_final": [{"acc": 0.5}] * len(seeds),
         "curves": {},
+        # train_seeds' wall-time keys (read by run_claim).
+        "wall_call_s": 1.0,
+        "wall_total_s": 1.0,
+        "wall_complete": True,
     }
 
   monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
