@@ -180,7 +180,9 @@ _int_piece, _const_piece, _assemble, _parse_uint = (
 )
 
 
-# Ranges [lo, hi) of easy a, easy b, easy op, hard a, hard b.
+# Ranges [lo, hi) of easy a, easy b, easy op, hard a, hard b (the easy operand
+# and operator bounds are the defaults of ArithmeticEnv.easy_max_operand and
+# easy_operators).
 _TASK_LO = np.array([0, 0, 0, 100, 10], np.int32)
 _TASK_HI = np.array([10, 10, 3, 1000, 100], np.int32)
 
@@ -206,7 +208,7 @@ def _nonnegative_ops(xs: jax.Array, ops: jax.Array) -> jax.Array:
   return out.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 4, 5))
+@functools.partial(jax.jit, static_argnums=(1, 4, 5, 6, 7))
 def _make_tasks(
     key: jax.Array,
     n: int,
@@ -214,13 +216,16 @@ def _make_tasks(
     num_hard: jax.Array,
     num_ops: int = 1,
     max_turns: int = 0,
+    easy_max_operand: int = 9,
+    easy_operators: int = 3,
 ) -> ArithmeticTask:
   """Draws n tasks (one PRNG call for the first operation; keeps compile time low).
 
   The first operation (a, op, b) is drawn exactly as in the single-operation
   environment; for num_ops > 1, operations 2..M draw from a key folded off the
-  first one: easy items use digits 0..9 and + - *, hard items 10..99 with + and -
-  (so the value stays below 10**6).
+  first one: easy items use digits 0..easy_max_operand and the first
+  easy_operators of + - * (default 0..9 and all three), hard items 10..99 with +
+  and - (so the value stays below 10**6).
 
   Args:
     key: PRNG key.
@@ -229,6 +234,9 @@ def _make_tasks(
     num_hard: int32 []; if >= 0, exactly the first num_hard items are hard.
     num_ops: static M, operations per task.
     max_turns: static K; > 0 adds per-call noise draws (noise_u, noise_delta).
+    easy_max_operand: static; easy operands are drawn from 0..this (<= 9).
+    easy_operators: static 1..3; easy operators are drawn from the first this
+      many of ADD, SUB, MUL.
 
   Returns:
     ArithmeticTask with fields of shape [n] (xs [n, M + 1], ops [n, M] if M > 1;
@@ -238,7 +246,9 @@ def _make_tasks(
   hard = jnp.where(
       num_hard >= 0, jnp.arange(n) < num_hard, u[0] < hard_fraction
   )
-  lo, hi = jnp.asarray(_TASK_LO)[:, None], jnp.asarray(_TASK_HI)[:, None]
+  task_hi = _TASK_HI.copy()
+  task_hi[:3] = (easy_max_operand + 1, easy_max_operand + 1, easy_operators)
+  lo, hi = jnp.asarray(_TASK_LO)[:, None], jnp.asarray(task_hi)[:, None]
   vals = jnp.minimum(
       lo + jnp.floor(u[1:] * (hi - lo)).astype(jnp.int32), hi - 1
   )
@@ -249,9 +259,9 @@ def _make_tasks(
   answer = _apply_op(a, op, b).astype(jnp.int32)
   if num_ops > 1:
     kx, ko = jax.random.split(jax.random.fold_in(key, 0x6368), 2)
-    easy_x = jax.random.randint(kx, (n, num_ops - 1), 0, 10)
+    easy_x = jax.random.randint(kx, (n, num_ops - 1), 0, easy_max_operand + 1)
     hard_x = jax.random.randint(kx, (n, num_ops - 1), 10, 100)
-    easy_o = jax.random.randint(ko, (n, num_ops - 1), 0, 3)
+    easy_o = jax.random.randint(ko, (n, num_ops - 1), 0, easy_operators)
     hard_o = jax.random.randint(ko, (n, num_ops - 1), 0, 2)
     rest_x = jnp.where(hard[:, None], hard_x, easy_x)
     rest_o = jnp.where(hard[:, None], hard_o, easy_o)
@@ -302,6 +312,11 @@ class ArithmeticEnv:
       (the true result plus a nonzero delta in -9..9); 0 = exact tool.
     expert_wrong_arg_prob: probability, per expert call, that its right operand is
       off by one (a wrong argument).
+    easy_max_operand: easy items' operands are drawn from 0..this (0..9; default
+      9). A smaller range leaves fewer easy facts, so a small policy can learn to
+      answer easy items correctly without the tool.
+    easy_operators: easy items' operators are drawn from the first this many of
+      + - * (1..3; default 3: all three).
   """
 
   max_prompt_len: int = 24
@@ -315,10 +330,21 @@ class ArithmeticEnv:
   num_ops: int = 1
   tool_noise_prob: float = 0.0
   expert_wrong_arg_prob: float = 0.0
+  easy_max_operand: int = 9
+  easy_operators: int = 3
 
   def __post_init__(self):
     if not 1 <= self.num_ops <= 6:
       raise ValueError(f"num_ops must be in 1..6, got {self.num_ops}")
+    if not 0 <= self.easy_max_operand <= 9:
+      raise ValueError(
+          f"easy_max_operand must be in 0..9, got {self.easy_max_operand}"
+      )
+    if not 1 <= self.easy_operators <= 3:
+      raise ValueError(
+          f"easy_operators must be in 1..3 (+, + -, + - *), got "
+          f"{self.easy_operators}"
+      )
     # BOS + "Compute " + (M-1) '(' + 3 digits + op + 2 digits + (M-1) * (")" op
     # 2 digits) + ".\n".
     need = 17 + 5 * (self.num_ops - 1)
@@ -370,6 +396,8 @@ class ArithmeticEnv:
         jnp.int32(-1),
         self.num_ops,
         self._noise_turns,
+        self.easy_max_operand,
+        self.easy_operators,
     )
 
   def eval_tasks(self, n: int, seed: int) -> ArithmeticTask:
@@ -390,6 +418,8 @@ class ArithmeticEnv:
         jnp.int32(n_hard),
         self.num_ops,
         self._noise_turns,
+        self.easy_max_operand,
+        self.easy_operators,
     )
 
   @property

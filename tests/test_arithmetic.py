@@ -604,3 +604,46 @@ def test_chain_and_noise_config_errors():
     ArithmeticEnv(tool_noise_prob=2.0)
   with pytest.raises(ValueError, match="num_ops"):
     ArithmeticEnv(num_ops=0)
+
+
+def test_easy_operand_and_operator_ranges():
+  # Easy items draw operands from 0..easy_max_operand and the first
+  # easy_operators of + - *; hard items keep their ranges; the default draws
+  # are unchanged (same key, same tasks as before the option existed: the
+  # defaults give the same bounds).
+  env = ArithmeticEnv(easy_max_operand=4, easy_operators=1)
+  t = _check_tasks(env.sample_tasks(jax.random.key(0), 2000), 2000)
+  easy = ~t.hard
+  assert set(np.unique(t.a[easy])) == set(range(5))
+  assert set(np.unique(t.b[easy])) == set(range(5))
+  assert set(np.unique(t.op[easy])) == {arithmetic.ADD}
+  np.testing.assert_array_equal(t.answer[easy], t.a[easy] + t.b[easy])
+  assert t.a[t.hard].min() >= 100 and t.b[t.hard].min() >= 10
+  assert set(np.unique(t.op[t.hard])) == {arithmetic.MUL}
+  two = _check_tasks(
+      ArithmeticEnv(easy_operators=2).eval_tasks(400, seed=3), 400
+  )
+  assert set(np.unique(two.op[~two.hard])) == {arithmetic.ADD, arithmetic.SUB}
+  d = jax.device_get(ENV.sample_tasks(jax.random.key(0), 2000))
+  d2 = jax.device_get(
+      ArithmeticEnv(easy_max_operand=9, easy_operators=3).sample_tasks(
+          jax.random.key(0), 2000
+      )
+  )
+  for name in ("a", "b", "op", "answer", "hard"):
+    np.testing.assert_array_equal(getattr(d, name), getattr(d2, name))
+  # Chains: every easy operand of the chain is in range.
+  chain = ArithmeticEnv(
+      num_ops=3, max_turns=5, max_prompt_len=32, easy_max_operand=2
+  ).eval_tasks(64, 0)
+  xs, hard = np.asarray(chain.xs), np.asarray(chain.hard)
+  assert xs[~hard].max() <= 2 and xs[~hard].min() >= 0
+
+
+def test_easy_range_config_errors():
+  with pytest.raises(
+      ValueError, match="easy_max_operand must be in 0..9, got 10"
+  ):
+    ArithmeticEnv(easy_max_operand=10)
+  with pytest.raises(ValueError, match="easy_operators must be in 1..3"):
+    ArithmeticEnv(easy_operators=0)

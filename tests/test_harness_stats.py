@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from experiments import stats
@@ -606,3 +607,25 @@ def test_cli_refuses_a_positive_control_arm_that_is_not_an_arm(tmp_path):
         spec=spec,
     )
   assert not list(tmp_path.iterdir())  # refused before any work
+
+
+def test_room_metrics_on_hand_made_groups(monkeypatch):
+  # Two groups of four episodes. Group 0 (easy): calls [0, 0, 1, 0], correct
+  # [1, 0, 1, 0]; group 1 (hard): calls [1, 0, 1, 1], correct [1, 0, 1, 1].
+  # Easy zero-call episodes: 3, one correct -> direct easy accuracy 1/3 (the
+  # hard group's zero-call episode does not count). Groups with a correct
+  # zero-call episode: group 0 only -> 1/2.
+  from experiments import harness  # pylint: disable=g-import-not-at-top
+
+  facts = {
+      "correct": [[1, 0, 1, 0], [1, 0, 1, 1]],
+      "num_tool_calls": [[0, 0, 1, 0], [1, 0, 1, 1]],
+      "hard": [[0, 0, 0, 0], [1, 1, 1, 1]],
+  }
+  facts = {k: np.asarray(v, float) for k, v in facts.items()}
+  monkeypatch.setattr(harness, "sample_groups", lambda config, params: facts)
+  assert harness.room_direct_easy_accuracy(None, None) == pytest.approx(1 / 3)
+  assert harness.room_correct_zero_call_groups(None, None) == 0.5
+  # No easy episode without a call: no room (0), not a division by zero.
+  facts["num_tool_calls"][0] = 1
+  assert harness.room_direct_easy_accuracy(None, None) == 0.0

@@ -27,6 +27,11 @@ from configs import default
         ("model.head_dim", 7, r"config\.model\.head_dim=7"),
         ("env.hard_fraction", 1.5, r"config\.env\.hard_fraction=1\.5"),
         ("env.name", "chess", r"config\.env\.name='chess'"),
+        (
+            "env.easy_operators",
+            5,
+            r"config\.env\.easy_operators must be in 1\.\.3.*got 5",
+        ),
         ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
         ("rl.pbrs_cutoff", "drop", r"config\.rl\.pbrs_cutoff='drop'"),
     ],

@@ -5,19 +5,24 @@ from experiments import stats
 from experiments.otc_efficiency import config
 
 # Declared before the run: the OTC reward cuts tool calls per episode below the
-# correctness-only arm. OTC pays more for fewer calls only where a group holds a
-# correct episode with fewer calls than the others; the room metric counts groups
-# with a correct zero-call episode (the easy items' direct answers). Below a
-# quarter of the start policy's groups the reward has little to act on.
+# correctness-only arm. The claim is about calls the policy does not need: only
+# where the start answers easy items right without the tool is a call
+# unnecessary. The room metric is the accuracy of the start's sampled direct
+# (zero-call) answers on easy items; the threshold 0.9 asks that they be about
+# as accurate as tool answers (0.95-1.00), the claim's "about equal accuracy".
+# Until the second setup change of 2026-12-02 the room metric was the share of
+# groups holding a correct zero-call episode (threshold 0.25); the README says
+# why it was replaced.
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls",
     higher_is_better=False,
-    room_metric="share of groups holding a correct zero-call episode",
-    room_threshold=0.25,
+    room_metric="accuracy of the start's direct (zero-call) answers on easy "
+    "items",
+    room_threshold=0.9,
     treatment="otc",
     control="correct",
     prediction="better",
-    room_fn=harness.room_correct_zero_call_groups,
+    room_fn=harness.room_direct_easy_accuracy,
     claim="the OTC tool-integrated reward cuts tool calls per episode at about "
     "equal accuracy",
     paper="OTC-PO, arXiv:2504.14870",
@@ -26,6 +31,8 @@ SPEC = stats.ClaimSpec(
         "synthetic arithmetic",
         "over-calling start made by the SFT expert (calls on 50% of "
         "easy items)",
+        "easy items use operands 0..4, not 0..9, so that a 0.9M-param "
+        "model can answer them without the tool",
     ),
     positive_control="none run (a perfect direct answerer on easy items would be one)",
 )
