@@ -5,18 +5,24 @@ from experiments import stats
 from experiments.hdpo_conditional import config
 
 # Declared before the run: HDPO's conditional efficiency should cut easy-item
-# calls below the no-penalty arm. It can only act on groups that hold a correct
-# episode without a call; with fewer than a quarter of the start policy's groups
-# holding one, the setup gives the efficiency channel too little to act on.
+# calls below the no-penalty arm. The claim is about calls the policy does not
+# need: only where the start answers easy items right without the tool is a call
+# unnecessary. The room metric is the accuracy of the start's sampled direct
+# (zero-call) answers on easy items; the threshold 0.9 asks that they be about
+# as accurate as tool answers, the claim's "at equal accuracy". Until the
+# second setup change of 2026-12-02 the room metric was the share of groups
+# holding a correct zero-call episode (threshold 0.25); the README says why it
+# was replaced.
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls_easy",
     higher_is_better=False,
-    room_metric="share of groups holding a correct zero-call episode",
-    room_threshold=0.25,
+    room_metric="accuracy of the start's direct (zero-call) answers on easy "
+    "items",
+    room_threshold=0.9,
     treatment="hdpo",
     control="correct",
     prediction="better",
-    room_fn=harness.room_correct_zero_call_groups,
+    room_fn=harness.room_direct_easy_accuracy,
     claim="conditional efficiency (HDPO) cuts calls on easy items at equal "
     "accuracy; a small additive per-call cost does not, a large one "
     "under-calls on hard items",
@@ -24,8 +30,10 @@ SPEC = stats.ClaimSpec(
     departures=(
         "tiny transformer from scratch",
         "synthetic arithmetic",
-        "additive costs 0.02-1.2 per call; the value of a needed call is "
-        "about 0.6 (easy) to 1 (hard) reward units",
+        "easy items use operands 0..4, not 0..9, so that a 0.9M-param "
+        "model can answer them without the tool",
+        "additive costs 0.02-1.2 per call; the value of a needed call on a "
+        "hard item is about 1 reward unit",
     ),
     positive_control="cost_1.2 arm (above the value of a needed call): must "
     "under-call on hard items",

@@ -7,9 +7,10 @@ causes under-use on items that need the tool; the conditional efficiency advanta
 accuracy advantage) reduces calls where the tool is unnecessary without losing
 accuracy.
 
-Setup: the default arithmetic experiment (easy single-digit items need no tool,
-hard 3x2-digit products do) with an over-calling SFT start: the expert always uses
-the tool on hard items and also on 50% of easy items. Arms (the `arg`):
+Setup: the default arithmetic experiment (easy items with operands 0..4 need no
+tool, hard 3x2-digit products do) with an over-calling SFT start: the expert
+always uses the tool on hard items and also on 50% of easy items. Arms (the
+`arg`):
   correct      correct + 0.1 format (no efficiency term)
   cost_<c>     correct + 0.1 format + tool_cost (-c per call), c in 0.02 / 0.1 /
                0.3 / 1.2; 1.2 exceeds the value of a needed call (calling lifts
@@ -43,6 +44,11 @@ def get_config(arg: str | None = "hdpo") -> ml_collections.ConfigDict:
   config.name = f"hdpo_conditional_{arm}"
   config.env.expert_undercall_prob = 0.0
   config.env.expert_overcall_prob = 0.5
+  # Easy items with operands 0..4 (since the second setup change of
+  # 2026-12-02, shared with experiments/otc_efficiency): with 0..9 the start's
+  # direct answers on easy items were right on only about a quarter of sampled
+  # episodes, so the tool was needed there too (README).
+  config.env.easy_max_operand = 4
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
   if arm.startswith("cost_"):
     config.rl.rewards.tool_cost = 1.0
