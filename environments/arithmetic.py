@@ -1,6 +1,7 @@
 """Arithmetic with a calculator tool: a JAX-native environment (see `base.py`).
 
-Tasks are `a op b`. Easy items (single digits, + - *) can be answered directly; hard
+Tasks are `a op b`. Easy items (single digits, + - *; narrower with
+`easy_max_operand` / `easy_operators`) can be answered directly; hard
 items (3-digit times 2-digit) are meant to be delegated to the calculator tool.
 
 Episode format (byte ids plus tokenizer specials):
@@ -66,8 +67,8 @@ class ArithmeticTask:
   """One task (or a batch with a leading dim n).
 
   Attributes:
-    a: int32; left operand (0..9 easy, 100..999 hard).
-    b: int32; right operand (0..9 easy, 10..99 hard).
+    a: int32; left operand (0..easy_max_operand easy, 100..999 hard).
+    b: int32; right operand (0..easy_max_operand easy, 10..99 hard).
     op: int32; ADD, SUB or MUL (always MUL for hard items).
     answer: int32; the value of the whole expression (negative possible).
     hard: bool; whether the item is a hard (multi-digit product) item.
@@ -336,11 +337,17 @@ class ArithmeticEnv:
   def __post_init__(self):
     if not 1 <= self.num_ops <= 6:
       raise ValueError(f"num_ops must be in 1..6, got {self.num_ops}")
-    if not 0 <= self.easy_max_operand <= 9:
+    if (
+        not isinstance(self.easy_max_operand, int)
+        or not 0 <= self.easy_max_operand <= 9
+    ):
       raise ValueError(
           f"easy_max_operand must be in 0..9, got {self.easy_max_operand}"
       )
-    if not 1 <= self.easy_operators <= 3:
+    if (
+        not isinstance(self.easy_operators, int)
+        or not 1 <= self.easy_operators <= 3
+    ):
       raise ValueError(
           f"easy_operators must be in 1..3 (+, + -, + - *), got "
           f"{self.easy_operators}"

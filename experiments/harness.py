@@ -205,12 +205,13 @@ def room_correct_zero_call_groups(config, params) -> float:
 
 
 def room_direct_easy_accuracy(config, params) -> float:
-  """Accuracy of the start policy's sampled (T = 1) episodes that answer an
-  easy item (the 'hard' fact 0) without a tool call: whether not calling is a
-  real option. When direct answers are mostly wrong, every reward that pays
-  for correctness prefers the call, and an efficiency term cannot change that
-  without paying for wrong answers. 0 when no easy episode skips the tool.
-  In [0, 1]."""
+  """Accuracy of the start policy's sampled (T = 1) easy-item episodes (the
+  'hard' fact 0) that make no tool call: whether not calling is a real
+  option. An episode without a call that never gives a well-formed answer
+  counts as a wrong direct answer. When direct answers are mostly wrong,
+  every reward that pays for correctness prefers the call, and an efficiency
+  term cannot change that without paying for wrong answers. 0 when every
+  easy episode calls the tool. In [0, 1]."""
   f = sample_groups(config, params)
   direct = (f["hard"] == 0) & (f["num_tool_calls"] == 0)
   if not direct.any():

@@ -609,8 +609,7 @@ def test_chain_and_noise_config_errors():
 def test_easy_operand_and_operator_ranges():
   # Easy items draw operands from 0..easy_max_operand and the first
   # easy_operators of + - *; hard items keep their ranges; the default draws
-  # are unchanged (same key, same tasks as before the option existed: the
-  # defaults give the same bounds).
+  # are unchanged.
   env = ArithmeticEnv(easy_max_operand=4, easy_operators=1)
   t = _check_tasks(env.sample_tasks(jax.random.key(0), 2000), 2000)
   easy = ~t.hard
@@ -624,14 +623,25 @@ def test_easy_operand_and_operator_ranges():
       ArithmeticEnv(easy_operators=2).eval_tasks(400, seed=3), 400
   )
   assert set(np.unique(two.op[~two.hard])) == {arithmetic.ADD, arithmetic.SUB}
-  d = jax.device_get(ENV.sample_tasks(jax.random.key(0), 2000))
-  d2 = jax.device_get(
-      ArithmeticEnv(easy_max_operand=9, easy_operators=3).sample_tasks(
-          jax.random.key(0), 2000
+  # Defaults draw the tasks drawn before the options existed (values recorded
+  # from that code; hard answers checked by hand, e.g. 542 * 26 = 14092).
+  d = jax.device_get(ENV.eval_tasks(8, seed=0))
+  assert d.a.tolist() == [542, 590, 471, 575, 6, 5, 8, 9]
+  assert d.b.tolist() == [26, 30, 66, 81, 0, 9, 5, 7]
+  assert d.op.tolist() == [2, 2, 2, 2, 0, 0, 0, 1]
+  assert d.answer.tolist() == [14092, 17700, 31086, 46575, 6, 14, 13, 2]
+  c = jax.device_get(
+      ArithmeticEnv(num_ops=3, max_turns=5, max_prompt_len=32).eval_tasks(
+          4, seed=0
       )
   )
-  for name in ("a", "b", "op", "answer", "hard"):
-    np.testing.assert_array_equal(getattr(d, name), getattr(d2, name))
+  assert c.xs.tolist() == [
+      [850, 12, 97, 71],
+      [753, 96, 46, 99],
+      [3, 9, 3, 6],
+      [6, 0, 6, 3],
+  ]
+  assert c.ops.tolist() == [[2, 1, 0], [2, 0, 1], [2, 2, 0], [2, 0, 2]]
   # Chains: every easy operand of the chain is in range.
   chain = ArithmeticEnv(
       num_ops=3, max_turns=5, max_prompt_len=32, easy_max_operand=2
@@ -647,3 +657,7 @@ def test_easy_range_config_errors():
     ArithmeticEnv(easy_max_operand=10)
   with pytest.raises(ValueError, match="easy_operators must be in 1..3"):
     ArithmeticEnv(easy_operators=0)
+  with pytest.raises(
+      ValueError, match="easy_max_operand must be in 0..9, got 4.5"
+  ):
+    ArithmeticEnv(easy_max_operand=4.5)

@@ -32,13 +32,13 @@ def get_config(arg: str | None = "otc") -> ml_collections.ConfigDict:
   config.name = f"otc_efficiency_{arm}"
   # Over-calling SFT start: never skips the tool on hard items, calls it on half
   # of the easy items (0.8 left the start with 0.130 groups holding a correct
-  # zero-call episode, below the room threshold 0.25).
+  # zero-call episode, below that room metric's threshold 0.25).
   config.env.expert_undercall_prob = 0.0
   config.env.expert_overcall_prob = 0.5
-  # Easy items with operands 0..4 (all three operators): with 0..9 the start
-  # answered easy items directly right on only 0.23-0.26 of sampled episodes
-  # (the tool on 0.95-1.00), so the tool was needed there too; with 0..4 the
-  # direct answers are right on 0.94-0.98 (room metric, README).
+  # Easy items with operands 0..4 (all three operators): with 0..9 the start's
+  # sampled direct (zero-call) answers on easy items were right on only
+  # 0.23-0.26 (2 seeds), so the tool was needed there too; with 0..4 on
+  # 0.94-0.98 (the room metric; README).
   config.env.easy_max_operand = 4
   if arm == "correct":
     config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
