@@ -95,19 +95,22 @@ def call_rewards(cfg, params):
   }
 
 
+METRICS = (
+    ("accuracy", "accuracy"),
+    ("early_accuracy", "RL acc. it. 0-20"),
+    ("tool_calls", "calls/ep"),
+    ("unproductive_calls", "unprod. calls/ep"),
+    ("r_productive", "TRACE r productive"),
+    ("r_unproductive", "TRACE r unproductive"),
+)
+
+
 if __name__ == "__main__":
   harness.claim_main(
       __file__,
       title="TRACE log-ratio turn rewards vs outcome-only (deep key-value chains)",
       arms_fn=config.arms,
-      metrics=(
-          ("accuracy", "accuracy"),
-          ("early_accuracy", "RL acc. it. 0-20"),
-          ("tool_calls", "calls/ep"),
-          ("unproductive_calls", "unprod. calls/ep"),
-          ("r_productive", "TRACE r productive"),
-          ("r_unproductive", "TRACE r unproductive"),
-      ),
+      metrics=METRICS,
       curve_keys=("rl/accuracy", "rl/tool_calls"),
       curve_means=(("early_accuracy", "rl/accuracy", 0, 20),),
       extra_eval=call_rewards,

@@ -12,6 +12,9 @@ model = the SFT checkpoint, per-turn returns (`rl.credit = 'per_turn'`). Arms:
             `rl.pbrs_coef = 0.2` nats -> reward units; `rl.pbrs_cutoff =
             'zero'`: an episode cut off at the turn budget ends with Phi = 0)
   progress  the same + PBRS on the oracle hop-progress potential (control)
+  trace_faithful  the trace arm with `rl.pbrs_cutoff = 'never'`: V(s_T) kept in
+            every return, TRACE's own form (the second declared claim,
+            experiments/trace_credit/faithful.py)
 Measured: final greedy accuracy, mean RL-curve accuracy over the first 20
 iterations (learning speed), and on held-out sampled episodes of each final policy
 the mean TRACE turn reward r_k = V(s_{k+1}) - V(s_k) (under the scored policy as
@@ -27,7 +30,7 @@ import ml_collections
 
 from experiments import kv_deep
 
-ARMS = ("outcome", "trace", "progress")
+ARMS = ("outcome", "trace", "progress", "trace_faithful")
 
 
 def get_config(arg: str | None = "trace") -> ml_collections.ConfigDict:
@@ -41,7 +44,13 @@ def get_config(arg: str | None = "trace") -> ml_collections.ConfigDict:
   config.name = f"trace_credit_{arm}"
   config.rl.credit = "per_turn"
   config.rl.discount = 1.0
-  if arm != "outcome":
+  if arm == "trace_faithful":
+    # TRACE's own form: V(s_T) stays in every return (no ending is terminal),
+    # so the turn rewards sum to V(s_T) - V(s_0), not to -V(s_0).
+    config.rl.pbrs_potential = "trace"
+    config.rl.pbrs_coef = 0.2
+    config.rl.pbrs_cutoff = "never"
+  elif arm != "outcome":
     config.rl.pbrs_potential = arm
     config.rl.pbrs_coef = 0.2 if arm == "trace" else 1.0
     # Running out of turns is a terminal failure: Phi = 0 there, so the shaping
