@@ -207,6 +207,34 @@ def test_chunked_gradient_program_has_no_t_by_t_buffer():
   )
 
 
+def test_chunked_backward_transposes_the_small_operand():
+  # dV_j = P^T dO and dK_j = dS^T Q contract the query rows of a
+  # [B, G, r*bs, bs] probability block with a [B, G, r*bs, Dh] operand;
+  # XLA:CPU makes one of them row-contiguous with a transposed copy before
+  # the product. The backward is written so that the copy is the
+  # [B, G, Dh, r*bs] operand, not the [B, G, bs, r*bs] block (4x more bytes
+  # at bs 256, Dh 64; measured 15-20% of the attention gradient at the
+  # SmolLM2-135M shape, experiments/bench_real.md). Shapes here: B 1 (XLA
+  # drops it), G 3, r 3, bs 32, Dh 8: the two products that contract the
+  # r*bs = 96 query rows must produce [G, Dh, bs] = f32[3,8,32] (the small
+  # operand transposed), not [G, bs, Dh] = f32[3,32,8].
+  b, h, g, t, dh, bs = 1, 9, 3, 64, 8, 32
+  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  args = (spec(b, h, t, dh), spec(b, g, t, dh), spec(b, g, t, dh))
+  mask = attention.SelfMask(jnp.broadcast_to(jnp.arange(t), (b, t)))
+
+  def f(q, k, v):
+    out = attention.self_attention(
+        q, k, v, mask, impl="chunked", block=bs, dtype=jnp.float32
+    )
+    return jnp.sum(out * out)
+
+  text = _compiled(jax.grad(f, (0, 1, 2)), *args).as_text()
+  dots = [l for l in text.splitlines() if " dot(" in l]
+  assert sum("= f32[3,8,32]" in l for l in dots) == 2, dots
+  assert not any("= f32[3,32,8]" in l for l in dots), dots
+
+
 def _tiny(impl, **kw):
   cfg = transformer.TransformerConfig(
       vocab_size=50,
