@@ -188,8 +188,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # TRUNCATED): 'keep' Phi(s_n) in the return (as if the task continued; an
   # episode that never answers collects it), or 'zero' (every ending is
   # terminal: policy-invariant shaping for the budgeted task), or 'never' (no
-  # ending is terminal: Phi(s_n) stays in every return, TRACE's form).
-  # learner.pbrs_terminated.
+  # ending is terminal: the final potential stays in every return, TRACE's
+  # form; for an answered episode that is the potential of the state before
+  # its answer turn). learner.pbrs_terminated, learner.pbrs_final_potential.
   config.rl.pbrs_cutoff = "keep"
   # SPA head: Adam learning rate and full-batch steps per RL iteration.
   config.rl.spa_lr = 1e-2

@@ -815,6 +815,11 @@ def cli(
     raise UsageError(
         f"--seeds must be comma-separated integers, got {seeds_str!r}"
     ) from e
+  if not seeds or len(set(seeds)) != len(seeds):
+    # A repeated seed would pair one run with itself in the verdict.
+    raise UsageError(
+        f"--seeds must name one or more distinct seeds, got {seeds_str!r}"
+    )
   root = args.root or os.path.join(
       REPO, "runs", name + ("_smoke" if args.smoke else "")
   )
@@ -835,6 +840,7 @@ def cli(
     needed = set() if spec is None else {spec.treatment, spec.control}
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
   command = shlex.join(["python", "-m", prog, *argv])
+  stem = run_kwargs.pop("stem", "results")
   out = run_claim(
       title,
       arms,
@@ -844,7 +850,7 @@ def cli(
       stop_without_room=args.stop_without_room,
       room_only=args.room_only,
       command=command,
-      **({"stem": ROOM_STEM} if args.room_only else {}),
+      stem=room_stem(stem) if args.room_only else stem,
       **run_kwargs,
   )
   if after_run is not None and not args.arms and not args.room_only:
@@ -861,6 +867,14 @@ class UsageError(ValueError):
 # Output stem of a --room_only run (experiments/summary.py reads it when a
 # folder has no decided results.json).
 ROOM_STEM = "room_check"
+
+
+def room_stem(stem: str = "results") -> str:
+  """Output stem of a --room_only run of the claim whose results stem is
+  `stem`: 'room_check' for a folder's first claim ('results'), e.g.
+  'results_faithful_room_check' for a further claim, so that one claim's
+  room check never overwrites another's."""
+  return ROOM_STEM if stem == "results" else f"{stem}_{ROOM_STEM}"
 
 
 def claim_main(main_file: str, **kwargs) -> dict:

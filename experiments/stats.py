@@ -372,7 +372,7 @@ def format_analysis(a: dict) -> str:
       f"({'higher' if a['higher_is_better'] else 'lower'} is better), "
       f"{a['treatment']} - {a['control']} paired over {e['n']} seeds: "
       f"{e['mean']:+.3f} [{int(round(100 * e['level']))}% CI {e['ci'][0]:+.3f}, "
-      f"{e['ci'][1]:+.3f}] (t = {e['t']:.3f}, SE {e['se']:.3f}); predicted: "
+      f"{e['ci'][1]:+.3f}] ({int(round(100 * e['level']))}% t multiplier {e['t']:.3f}, SE {e['se']:.3f}); predicted: "
       f"{a['prediction']}{margin}. Room metric `{r['metric']}` of the start "
       f"policy: {room}. **Verdict: {a['verdict']}.**"
   )

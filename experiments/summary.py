@@ -23,6 +23,8 @@ import os
 import shlex
 import sys
 
+from experiments import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLAIMS = (
     "calculator_grpo",
@@ -206,9 +208,13 @@ def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
   entries.sort(key=lambda e: list(claims).index(e[0]))
   for name, stem, module in entries:
     results = _load(os.path.join(root, name, f"{stem}.json"))
-    if stem == "results" and (results or {}).get("analysis") is None:
-      # No decided run: a --room_only record (room_check.json), if any.
-      results = _load(os.path.join(root, name, "room_check.json")) or results
+    if (results or {}).get("analysis") is None:
+      # No decided run: a --room_only record of this claim, if any
+      # (room_check.json for a folder's first claim; harness.room_stem).
+      results = (
+          _load(os.path.join(root, name, f"{harness.room_stem(stem)}.json"))
+          or results
+      )
     r = row(name, results, _spec(name, module))
     lines.append(
         "| " + " | ".join(r[k].replace("|", "/") for k, _ in COLUMNS) + " |"

@@ -629,3 +629,48 @@ def test_room_metrics_on_hand_made_groups(monkeypatch):
   # No easy episode without a call: no room (0), not a division by zero.
   facts["num_tool_calls"][0] = 1
   assert harness.room_direct_easy_accuracy(None, None) == 0.0
+
+
+@pytest.mark.parametrize(
+    "stem,room_only,want",
+    [
+        (None, False, "results"),
+        (None, True, "room_check"),
+        ("results_faithful", False, "results_faithful"),
+        ("results_faithful", True, "results_faithful_room_check"),
+    ],
+)
+def test_cli_output_stem_of_first_and_further_claims(
+    tmp_path, monkeypatch, stem, room_only, want
+):
+  # A further claim of a folder (its runner passes stem=...) with
+  # --room_only gets its own room-check stem; before, cli passed 'stem'
+  # twice (TypeError) and would have overwritten the first claim's file.
+  from experiments import harness  # noqa: PLC0415
+
+  seen = {}
+  monkeypatch.setattr(
+      harness, "run_claim", lambda *a, **kw: seen.update(kw) or {}
+  )
+  kwargs = dict(title="t", arms_fn=lambda smoke: {"a": None, "b": None})
+  if stem:
+    kwargs["stem"] = stem
+  argv = ["--smoke", f"--root={tmp_path}"] + (
+      ["--room_only"] if room_only else []
+  )
+  harness.cli(argv, here=str(tmp_path), prog="experiments.x", **kwargs)
+  assert seen["stem"] == want
+
+
+@pytest.mark.parametrize("seeds", ["0,0", ",", "1,2,1"])
+def test_cli_refuses_empty_or_repeated_seeds(tmp_path, seeds):
+  from experiments import harness  # noqa: PLC0415
+
+  with pytest.raises(harness.UsageError, match="distinct seeds"):
+    harness.cli(
+        [f"--seeds={seeds}", f"--root={tmp_path}"],
+        here=str(tmp_path),
+        prog="experiments.x",
+        title="t",
+        arms_fn=lambda smoke: {"a": None},
+    )

@@ -350,6 +350,45 @@ def test_pbrs_cutoff_never_keeps_final_potential():
   np.testing.assert_allclose(f0, [0.5, -1.0], atol=1e-7)
 
 
+def test_pbrs_cutoff_never_reads_an_answered_episodes_final_state_before_its_answer():
+  """'never': an answered or format-error episode's potential after its last
+  turn is the one before that turn (s_n would hold the policy's own answer),
+  so its answer turn gets no shaping; a cut-off episode keeps Phi(s_n). By
+  hand, Phi = [0.5, 1.0, 0.75, 0.75], two turns: answered -> [0.5, 1.0, 1.0,
+  1.0]; truncated -> unchanged."""
+  rl = default.get_config().rl
+  rl.pbrs_cutoff = "never"
+  phi = jnp.tile(jnp.array([0.5, 1.0, 0.75, 0.75]), (3, 1))
+  traj = fakes.trajectory(
+      role=jnp.full((3, 4), types.POLICY, jnp.int8),
+      turn=jnp.zeros((3, 4), jnp.int32),
+      length=4,
+      num_turns=2,
+      finish=jnp.array([types.ANSWERED, types.FORMAT_ERROR, types.TRUNCATED]),
+  )
+  got = learner.pbrs_final_potential(rl, phi, traj)
+  np.testing.assert_allclose(
+      got,
+      [[0.5, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0], [0.5, 1.0, 0.75, 0.75]],
+  )
+  rl.pbrs_cutoff = "zero"  # other cutoffs: untouched
+  np.testing.assert_array_equal(
+      learner.pbrs_final_potential(rl, phi, traj), phi
+  )
+  # Through the learner (_two_episode_traj, both answered): ep 0 calls then
+  # answers, Phi = [0, 1, 3] -> F = [1, 1 - 1] = [1, 0] (not [1, 2]); ep 1
+  # answers at once, Phi = [0, 2, 2] -> F_0 = 0 (not 2).
+  rl.pbrs_cutoff = "never"
+  rl.pbrs_coef = 1.0
+  two = _two_episode_traj()
+  phi2 = jnp.array([[0.0, 1.0, 3.0], [0.0, 2.0, 2.0]])
+  np.testing.assert_allclose(
+      learner.dense_aux_advantages(rl, two, phi2, 2),
+      [[0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]],
+      atol=1e-6,
+  )
+
+
 def test_pbrs_terminated_rejects_unknown_cutoff():
   rl = default.get_config().rl
   rl.pbrs_cutoff = "drop"

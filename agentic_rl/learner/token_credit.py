@@ -153,10 +153,13 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
             trajectory return is R - Phi(s_0) (discount 1) and PBRS is policy
             invariant for the budgeted task (Ng, Harada & Russell, ICML 1999:
             invariance needs Phi = 0 at every terminal state).
-    'never' no ending is absorbing: Phi(s_n) stays in every return, so the
-            shaped turn rewards of an episode sum to Phi(s_n) - Phi(s_0)
-            (discount 1). TRACE's per-turn reward keeps the value of the
-            final state this way (docs/papers.md, TRACE).
+    'never' no ending is absorbing: the final potential stays in every
+            return, so the shaped turn rewards of an episode sum to
+            Phi(s_final) - Phi(s_0) (discount 1), with s_final the state
+            before the answer turn for answered / format-error episodes
+            (`pbrs_final_potential`) and s_n for cut-off ones. TRACE's
+            per-turn reward keeps the value of the final state this way
+            (docs/papers.md, TRACE).
 
   Args:
     rl_cfg: the `rl` block (`pbrs_cutoff`, default 'keep').
@@ -176,6 +179,46 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
   if cutoff == "never":
     return jnp.zeros(finish_b.shape, jnp.bool_)
   return (finish_b == types.ANSWERED) | (finish_b == types.FORMAT_ERROR)
+
+
+def pbrs_final_potential(
+    rl_cfg, phi_bk1: jax.Array, traj: types.Trajectory
+) -> jax.Array:
+  """Phi with the state after an answer turn read as the state before it,
+  under `rl.pbrs_cutoff='never'`.
+
+  With 'never' nothing zeroes Phi(s_n), so an answered (or format-error)
+  episode would be shaped on its last turn by Phi(s_n) - Phi(s_{n-1}), where
+  s_n holds the policy's own answer; for a potential that scores the gold
+  answer after s_k (the TRACE log-ratio), s_n is a context with two answers,
+  one the reference model never sees. TRACE pays the answer turn the outcome
+  reward and the tool turns V(s_{k+1}) - V(s_k), so the kept terminal value
+  is that of the state before the answer: here Phi(s_k) for k >= n is set to
+  Phi(s_{n-1}) on those episodes (their shaped turn rewards then sum to
+  Phi(s_{n-1}) - Phi(s_0), discount 1). Episodes cut off by the turn budget
+  or the context (no answer turn) keep Phi(s_n). Other cutoffs: unchanged
+  (there Phi(terminal) is 0 for answered endings anyway).
+
+  Args:
+    rl_cfg: the `rl` block (`pbrs_cutoff`).
+    phi_bk1: [B, K + 1] float32 potentials.
+    traj: the batch (`finish` [B], `num_turns` [B] int32).
+
+  Returns:
+    [B, K + 1] float32.
+  """
+  if rl_cfg.pbrs_cutoff != "never":
+    return phi_bk1
+  answered = (traj.finish == types.ANSWERED) | (
+      traj.finish == types.FORMAT_ERROR
+  )
+  k1 = phi_bk1.shape[1]
+  n_b = traj.num_turns.astype(jnp.int32)
+  before = jnp.take_along_axis(
+      phi_bk1, jnp.clip(n_b - 1, 0, k1 - 1)[:, None], axis=1
+  )
+  after = jnp.arange(k1)[None, :] >= n_b[:, None]
+  return jnp.where(answered[:, None] & after, before, phi_bk1)
 
 
 # ---------------------------------------------------------------------------
@@ -391,7 +434,9 @@ def token_advantages(
   'per_turn': the reward is placed at the episode's last turn, PBRS terms
   F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * facts['progress'],
   Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings, and for cut-off ones
-  with `rl.pbrs_cutoff='zero'`; `pbrs_terminated`) are added per turn, the
+  with `rl.pbrs_cutoff='zero'`; `pbrs_terminated`; with 'never' no ending is
+  terminal and an answered episode's final potential is that of the state
+  before its answer, `pbrs_final_potential`) are added per turn, the
   per-turn reward-to-go is normalised against the group's returns at the same turn
   index, and each turn's advantage goes to that turn's POLICY tokens. With
   `rl.step_reward` set, the per-turn step rewards of `step_rewards_bk` are
@@ -423,10 +468,15 @@ def token_advantages(
   pbrs_coef = rl_cfg.pbrs_coef
   phi = None
   if pbrs_coef > 0 and rl_cfg.dense_as != "aux_loss":
-    phi = pbrs_coef * (
-        rewards.finite_or_zero(traj.facts["progress"])
-        if phi_bk1 is None
-        else phi_bk1
+    phi = pbrs_final_potential(
+        rl_cfg,
+        pbrs_coef
+        * (
+            rewards.finite_or_zero(traj.facts["progress"])
+            if phi_bk1 is None
+            else phi_bk1
+        ),
+        traj,
     )
   turn_name = turn_estimator_name(rl_cfg)
   if turn_name is not None:
@@ -476,7 +526,7 @@ def dense_aux_advantages(
   terminated = pbrs_terminated(rl_cfg, traj.finish)
   f_bk = credit.shape_turn_rewards(
       jnp.zeros(turn_mask.shape, jnp.float32),
-      rl_cfg.pbrs_coef * phi_bk1,
+      pbrs_final_potential(rl_cfg, rl_cfg.pbrs_coef * phi_bk1, traj),
       turn_mask,
       rl_cfg.discount,
       terminated,

@@ -13,8 +13,10 @@ model = the SFT checkpoint, per-turn returns (`rl.credit = 'per_turn'`). Arms:
             'zero'`: an episode cut off at the turn budget ends with Phi = 0)
   progress  the same + PBRS on the oracle hop-progress potential (control)
   trace_faithful  the trace arm with `rl.pbrs_cutoff = 'never'`: V(s_T) kept in
-            every return, TRACE's own form (the second declared claim,
-            experiments/trace_credit/faithful.py)
+            every return, TRACE's own form (s_T = the state before the answer
+            turn for answered episodes; learner.pbrs_final_potential); run by
+            the second declared claim, experiments/trace_credit/faithful.py,
+            not by this folder's default runner
 Measured: final greedy accuracy, mean RL-curve accuracy over the first 20
 iterations (learning speed), and on held-out sampled episodes of each final policy
 the mean TRACE turn reward r_k = V(s_{k+1}) - V(s_k) (under the scored policy as
@@ -30,15 +32,18 @@ import ml_collections
 
 from experiments import kv_deep
 
-ARMS = ("outcome", "trace", "progress", "trace_faithful")
+# The first claim's arms (python -m experiments.trace_credit); the second
+# claim's runner (faithful.py) builds 'outcome' and 'trace_faithful'.
+ARMS = ("outcome", "trace", "progress")
+KNOWN_ARMS = ARMS + ("trace_faithful",)
 
 
 def get_config(arg: str | None = "trace") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "trace").partition(",")
-  if arm not in ARMS:
+  if arm not in KNOWN_ARMS:
     raise ValueError(
         f"experiments/trace_credit/config.py: unknown arm {arm!r}; "
-        f"known: {ARMS} (append ',smoke' for the smoke size)"
+        f"known: {KNOWN_ARMS} (append ',smoke' for the smoke size)"
     )
   config = kv_deep.deep_kv_chain(4, 6, smoke=size == "smoke")
   config.name = f"trace_credit_{arm}"

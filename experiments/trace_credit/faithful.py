@@ -33,7 +33,8 @@ SPEC = stats.ClaimSpec(
         "key-value chains d = 4-6",
         "coefficient 0.2",
         "an episode cut off at the turn budget keeps V(s_T) too (no ending is "
-        "terminal)",
+        "terminal); for an answered episode s_T is the state before its "
+        "answer turn",
     ),
     positive_control="progress arm of the first claim (oracle hop-progress "
     "potential); not part of this run",
