@@ -791,7 +791,12 @@ def cli(
   p = argparse.ArgumentParser(prog=f"python -m {prog}", description=title)
   p.add_argument("--seeds", default=None, help=f"default {default_seeds}")
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
-  p.add_argument("--root", default=None, help=f"default runs/{name}[_smoke]")
+  p.add_argument(
+      "--root",
+      default=None,
+      help=f"workdirs (default runs/{name}[_smoke]); results.* are written "
+      "here with --smoke, else into the claim's folder (the recorded run)",
+  )
   p.add_argument(
       "--arms",
       default=None,
