@@ -181,11 +181,9 @@ _int_piece, _const_piece, _assemble, _parse_uint = (
 )
 
 
-# Ranges [lo, hi) of easy a, easy b, easy op, hard a, hard b (the easy operand
-# and operator bounds are the defaults of ArithmeticEnv.easy_max_operand and
-# easy_operators).
+# Lower bounds of easy a, easy b, easy op, hard a, hard b; the upper bounds
+# (exclusive) are the easy range of `_make_tasks` and 1000, 100 for hard items.
 _TASK_LO = np.array([0, 0, 0, 100, 10], np.int32)
-_TASK_HI = np.array([10, 10, 3, 1000, 100], np.int32)
 
 
 def _noise(key: jax.Array, n: int, k: int) -> tuple[jax.Array, jax.Array]:
@@ -247,8 +245,8 @@ def _make_tasks(
   hard = jnp.where(
       num_hard >= 0, jnp.arange(n) < num_hard, u[0] < hard_fraction
   )
-  task_hi = _TASK_HI.copy()
-  task_hi[:3] = (easy_max_operand + 1, easy_max_operand + 1, easy_operators)
+  easy_hi = easy_max_operand + 1
+  task_hi = np.array([easy_hi, easy_hi, easy_operators, 1000, 100], np.int32)
   lo, hi = jnp.asarray(_TASK_LO)[:, None], jnp.asarray(task_hi)[:, None]
   vals = jnp.minimum(
       lo + jnp.floor(u[1:] * (hi - lo)).astype(jnp.int32), hi - 1
@@ -260,7 +258,7 @@ def _make_tasks(
   answer = _apply_op(a, op, b).astype(jnp.int32)
   if num_ops > 1:
     kx, ko = jax.random.split(jax.random.fold_in(key, 0x6368), 2)
-    easy_x = jax.random.randint(kx, (n, num_ops - 1), 0, easy_max_operand + 1)
+    easy_x = jax.random.randint(kx, (n, num_ops - 1), 0, easy_hi)
     hard_x = jax.random.randint(kx, (n, num_ops - 1), 10, 100)
     easy_o = jax.random.randint(ko, (n, num_ops - 1), 0, easy_operators)
     hard_o = jax.random.randint(ko, (n, num_ops - 1), 0, 2)

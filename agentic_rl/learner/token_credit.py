@@ -178,6 +178,11 @@ def pbrs_terminated(rl_cfg, finish_b: jax.Array) -> jax.Array:
     return jnp.ones(finish_b.shape, jnp.bool_)
   if cutoff == "never":
     return jnp.zeros(finish_b.shape, jnp.bool_)
+  return _answer_ending(finish_b)
+
+
+def _answer_ending(finish_b: jax.Array) -> jax.Array:
+  """[B] bool: the episode ended on an answer turn (ANSWERED or FORMAT_ERROR)."""
   return (finish_b == types.ANSWERED) | (finish_b == types.FORMAT_ERROR)
 
 
@@ -209,9 +214,7 @@ def pbrs_final_potential(
   """
   if rl_cfg.pbrs_cutoff != "never":
     return phi_bk1
-  answered = (traj.finish == types.ANSWERED) | (
-      traj.finish == types.FORMAT_ERROR
-  )
+  answered = _answer_ending(traj.finish)
   k1 = phi_bk1.shape[1]
   n_b = traj.num_turns.astype(jnp.int32)
   before = jnp.take_along_axis(

@@ -8,26 +8,20 @@ folder ran the policy-invariant form (Phi = 0 at every ending). Writes
 results_faithful.*.
 """
 
+import dataclasses
+
 from experiments import harness
-from experiments import stats
 from experiments.trace_credit import __main__ as trace_main
 from experiments.trace_credit import config
 
 # Declared before the run: the same primary metric, prediction and room check
 # as the first claim (mean training accuracy over RL iterations 0-19, trace
 # predicted higher; headroom >= 0.3), on the faithful arm.
-SPEC = stats.ClaimSpec(
-    primary_metric="early_accuracy",
-    higher_is_better=True,
-    room_metric="headroom 1 - start sampled accuracy",
-    room_threshold=0.3,
+SPEC = dataclasses.replace(
+    trace_main.SPEC,
     treatment="trace_faithful",
-    control="outcome",
-    prediction="better",
-    room_fn=harness.room_headroom,
     claim="TRACE's turn rewards with V(s_T) kept (the paper's form) learn "
     "faster than outcome-only RL",
-    paper="TRACE",
     departures=(
         "tiny transformer from scratch",
         "key-value chains d = 4-6",
@@ -38,6 +32,7 @@ SPEC = stats.ClaimSpec(
     ),
     positive_control="progress arm of the first claim (oracle hop-progress "
     "potential); not part of this run",
+    positive_control_arm="",
 )
 
 
