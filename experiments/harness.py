@@ -88,6 +88,36 @@ def run_dir(root: str, name: str, seeds: Sequence[int]) -> str:
   return f"{legacy}_{seeds_tag(seeds)}"
 
 
+def strict_json(obj):
+  """`obj` with every non-finite float as None, for strict JSON.
+
+  Python's json writes NaN and Infinity as bare literals that strict parsers
+  (JSON.parse, jq, serde_json) refuse; a metric with no data (tool
+  productivity of an arm that made no calls, accuracy on an empty subset) is
+  NaN. Numpy and 0-d jax scalars become Python numbers; tuples become lists.
+
+  Args:
+    obj: nested dicts / lists / tuples of numbers, strings, bools and None.
+
+  Returns:
+    The same structure with only JSON-representable values.
+  """
+  if isinstance(obj, Mapping):
+    return {k: strict_json(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [strict_json(v) for v in obj]
+  if isinstance(obj, (bool, np.bool_)):
+    return bool(obj)
+  if isinstance(obj, (int, np.integer)):
+    return int(obj)
+  if isinstance(obj, (float, np.floating)) or (
+      hasattr(obj, "shape") and getattr(obj, "shape") == ()
+  ):
+    x = float(obj)
+    return x if math.isfinite(x) else None
+  return obj
+
+
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
   """Mean and standard error (sample std / sqrt(n); 0 for one value)."""
   v = np.asarray(values, np.float64)
@@ -586,7 +616,13 @@ def _write(
   with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(lines))
   with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-    json.dump(dict(meta, rows=rows, wall_s=walls), f, indent=2, default=float)
+    # Strict JSON: a metric with no data (NaN) is written as null.
+    json.dump(
+        strict_json(dict(meta, rows=rows, wall_s=walls)),
+        f,
+        indent=2,
+        allow_nan=False,
+    )
   print("\n".join(lines))
   plot_grid(
       title,

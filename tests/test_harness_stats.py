@@ -246,7 +246,6 @@ def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
   # train_seeds replaced by a recorder: run_claim trains the control arm's
   # start only (rl.steps = 0), computes the room, trains no RL arm, and
   # writes results.json with the room-only verdict.
-  import json  # noqa: PLC0415
 
   import ml_collections  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
@@ -302,7 +301,7 @@ def test_run_claim_room_only_stops_after_the_room_check(tmp_path, monkeypatch):
   assert [c[0] for c in calls] == [0]  # one start policy, no RL arm
   assert calls[0][1] == str(tmp_path / "root" / "sft_k_s0-1")
   assert out["analysis"]["verdict"] == stats.ROOM_ONLY
-  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  saved = _strict_loads((tmp_path / "out" / "results.json").read_text())
   assert saved["room_only"] is True and saved["rl_skipped"] is True
   assert saved["room"]["value"] == 0.4
   md = (tmp_path / "out" / "results.md").read_text()
@@ -674,3 +673,58 @@ def test_cli_refuses_empty_or_repeated_seeds(tmp_path, seeds):
         title="t",
         arms_fn=lambda smoke: {"a": None},
     )
+
+
+def _strict_loads(text):
+  """json.loads that refuses NaN / Infinity literals, as strict parsers do."""
+
+  def refuse(name):
+    raise ValueError(f"non-standard JSON literal {name}")
+
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_strict_json_writes_missing_metrics_as_null():
+  from experiments import harness  # noqa: PLC0415
+
+  obj = {
+      "rows": {
+          "a": {
+              "tool_productivity": float("nan"),
+              "acc": np.float32(0.25),
+              "n": np.int64(3),
+              "ok": np.bool_(True),
+              "ci": (-np.inf, 1.5),
+          }
+      },
+      "note": "x",
+      "none": None,
+  }
+  text = json.dumps(harness.strict_json(obj), allow_nan=False)
+  assert _strict_loads(text) == {
+      "rows": {
+          "a": {
+              "tool_productivity": None,
+              "acc": 0.25,
+              "n": 3,
+              "ok": True,
+              "ci": [None, 1.5],
+          }
+      },
+      "note": "x",
+      "none": None,
+  }
+  with pytest.raises(ValueError, match="NaN"):
+    _strict_loads(json.dumps({"x": float("nan")}))
+
+
+def test_committed_results_files_are_strict_json():
+  import glob  # noqa: PLC0415
+  import os  # noqa: PLC0415
+
+  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments")
+  paths = glob.glob(os.path.join(root, "*", "results*.json"))
+  assert len(paths) >= 12
+  for path in paths:
+    with open(path) as f:
+      _strict_loads(f.read())

@@ -200,7 +200,7 @@ def run_task(
   )
   out = _annotate(out)
   with open(os.path.join(out_dir, f"results{suffix}.json"), "w") as f:
-    json.dump(out, f, indent=2)
+    json.dump(harness.strict_json(out), f, indent=2, allow_nan=False)
   with open(os.path.join(workdir, "rm_report.md")) as f:
     md = f.read()
   md += (
@@ -265,7 +265,7 @@ def reanalyse(out_dir: str, suffix: str) -> dict:
     out["per_seed"] = [seed_summary(out)]
   out = _annotate(out)
   with open(path, "w") as f:
-    json.dump(out, f, indent=2)
+    json.dump(harness.strict_json(out), f, indent=2, allow_nan=False)
   md_path = os.path.join(out_dir, f"results{suffix}.md")
   if os.path.exists(md_path):
     with open(md_path) as f:
