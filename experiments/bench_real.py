@@ -36,8 +36,12 @@ calls after a warm-up call (compilation excluded) kept for each engine:
 
 CPU-seconds (time.process_time: every thread of the process) rather than wall
 time, so that a run on a shared machine is comparable; both engines run with
-`--threads` threads (torch.set_num_threads; XLA through XLA_FLAGS, set before
-jax is imported, unless XLA_FLAGS is already set). Model FLOPs per token:
+`--threads` threads: the process is pinned to the first `--threads` CPUs it
+may use (os.sched_setaffinity, before jax is imported: XLA:CPU sizes its
+thread pool from them), torch.set_num_threads, and XLA_FLAGS
+--xla_cpu_multi_thread_eigen=false at one thread unless XLA_FLAGS is already
+set. Each sampling line prints CPU-s and wall-s, so a CPU-s / wall-s ratio
+above `--threads` would show a thread that escaped. Model FLOPs per token:
 2 N_matmul + 4 layers * heads * head_dim * context (forward) and 3x that for
 forward + backward (PaLM appendix B, Chowdhery et al. 2022, arXiv:2204.02311);
 N_matmul counts every projection and the (tied) LM head, which both engines
@@ -157,11 +161,17 @@ def main(argv):
   threads = _THREADS.value
   if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = (
-        "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-        f"{threads}"
-        if threads == 1
-        else ""
+        "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
     )
+  # XLA:CPU sizes its thread pool from the CPUs the process may run on; the
+  # flag above alone left our engine at ~1.8 CPU-seconds per wall-second
+  # (YNNPACK's kernels and concurrent thunks still ran on two threads). Pinning
+  # the process to `threads` CPUs, before jax is imported, is what makes both
+  # engines run on `threads` threads.
+  allowed = sorted(os.sched_getaffinity(0))
+  if threads > len(allowed):
+    raise ValueError(f"--threads={threads}: only {len(allowed)} CPUs allowed")
+  os.sched_setaffinity(0, allowed[:threads])
   # Imported here so that XLA_FLAGS above applies.
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -189,8 +199,9 @@ def main(argv):
   say(
       f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; jax {jax.__version__}, "
       f"torch {torch.__version__}, transformers {transformers.__version__}; "
-      f"threads per engine {threads}; cpus {os.cpu_count()}; load average at "
-      f"start {os.getloadavg()}"
+      f"threads per engine {threads}; pinned to CPUs "
+      f"{sorted(os.sched_getaffinity(0))} of {os.cpu_count()}; load average "
+      f"at start {os.getloadavg()}"
   )
   peak_reset = _reset_peak()
 
