@@ -266,6 +266,50 @@ def test_gqa_kv_cache_decoding_equals_full_forward():
     np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
 
+def test_tied_row_logits_equal_the_vocab_product_and_keep_the_vd_layout():
+  """Tied LM head of a sampling step ([B, D] rows): the same logits as
+  hidden @ embed^T, computed as embed @ hidden^T in the compiled program
+  (an f32[V, B] product, not f32[B, V]) in float32 and bfloat16 compute."""
+  h = jax.random.normal(jax.random.PRNGKey(0), (3, 16))
+  e = jax.random.normal(jax.random.PRNGKey(1), (40, 16))
+  want = np.asarray(h, np.float64) @ np.asarray(e, np.float64).T
+  got = transformer.tied_row_logits(h, e)
+  assert got.shape == (3, 40) and got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      got, transformer.vocab_logits(h, e.T), rtol=1e-6, atol=1e-6
+  )
+  hb, eb = h.astype(jnp.bfloat16), e.astype(jnp.bfloat16)
+  got_b = transformer.tied_row_logits(hb, eb)
+  assert got_b.dtype == jnp.float32
+  # Same bf16 operands, float32 accumulation on both paths.
+  np.testing.assert_allclose(
+      got_b, transformer.vocab_logits(hb, eb.T), rtol=1e-6, atol=1e-5
+  )
+  if jax.default_backend() == "cpu":  # XLA:CPU keeps plain dot instructions
+    text = jax.jit(transformer.tied_row_logits).lower(h, e).compile().as_text()
+    dots = [l for l in text.splitlines() if " dot(" in l]
+    assert dots and all("f32[40,3]" in l.split("=")[1] for l in dots), dots
+  # Under vmap (vmapped seeds: one embedding per seed) each seed's logits.
+  e2 = jnp.stack([e, 2.0 * e])
+  np.testing.assert_allclose(
+      jax.vmap(transformer.tied_row_logits, in_axes=(None, 0))(h, e2)[1],
+      2.0 * got,
+      rtol=1e-6,
+      atol=1e-6,
+  )
+  # The model takes this path for 2-D input only when the embeddings are tied.
+  cfg = dataclasses.replace(fakes.TINY, tie_embeddings=True)
+  model = _model(cfg, 0)
+  hid = jax.random.normal(jax.random.PRNGKey(2), (2, cfg.d_model))
+  np.testing.assert_allclose(
+      model.logits(hid),
+      model.logits(hid[:, None])[:, 0],
+      rtol=1e-5,
+      atol=1e-5,
+  )
+
+
 def test_llama3_rope_scaling_by_wavelength_band():
   """Llama 3.1 scaling: short wavelengths (< L/high) unchanged, long ones
   (> L/low) divided by the factor, the band between interpolated linearly in
