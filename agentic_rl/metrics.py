@@ -32,6 +32,40 @@ EVAL_REPORT_JSON = "eval_report.json"
 EVAL_REPORT_MD = "eval_report.md"
 
 
+def strict_json(obj: Any) -> Any:
+  """`obj` with only values that strict JSON parsers accept.
+
+  Python's json writes NaN and Infinity as bare literals that strict parsers
+  (JSON.parse, jq, serde_json) refuse, and a metric with no data is NaN here
+  (tool productivity of a policy that made no calls, accuracy on an empty
+  subset). Non-finite floats become None (null); numpy scalars and 0-d
+  numpy / jax arrays become the Python bool, int or float of their dtype;
+  larger arrays become (nested) lists; tuples become lists; mappings keep
+  their keys.
+
+  Args:
+    obj: nested mappings / lists / tuples of numbers, arrays, strings, bools
+      and None.
+
+  Returns:
+    The same structure, JSON-representable with `allow_nan=False`.
+  """
+  if isinstance(obj, Mapping):
+    return {k: strict_json(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [strict_json(v) for v in obj]
+  if isinstance(obj, (bool, np.bool_)):
+    return bool(obj)
+  if isinstance(obj, (int, np.integer)):
+    return int(obj)
+  if isinstance(obj, (float, np.floating)):
+    x = float(obj)
+    return x if math.isfinite(x) else None
+  if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # numpy / jax arrays
+    return strict_json(np.asarray(obj).tolist())
+  return obj
+
+
 def _summary_writer(**kwargs: Any):
   """Returns `tensorboardX.SummaryWriter(**kwargs)`, imported without torch.
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
+from agentic_rl import metrics
 from agentic_rl import train
 from agentic_rl import validation
 from agentic_rl.models import lora
@@ -232,7 +233,12 @@ def train_seeds(
       d = os.path.join(workdir, f"seed_{s}")
       os.makedirs(d, exist_ok=True)
       with open(os.path.join(d, "eval_report.json"), "w") as f:
-        json.dump({"sft": sft_r, "rl": rl_r}, f, indent=2)
+        json.dump(
+            metrics.strict_json({"sft": sft_r, "rl": rl_r}),
+            f,
+            indent=2,
+            allow_nan=False,
+        )
   wall_log.write(trained=step > step_at_start)
   return {
       "sft": sft_reports,

@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from agentic_rl import seeds as seeds_lib
+from agentic_rl.metrics import strict_json
 from experiments import seeds as experiment_seeds
 from experiments import stats
 
@@ -86,36 +87,6 @@ def run_dir(root: str, name: str, seeds: Sequence[int]) -> str:
     if saved is not None and [int(s) for s in saved] == [int(s) for s in seeds]:
       return legacy
   return f"{legacy}_{seeds_tag(seeds)}"
-
-
-def strict_json(obj):
-  """`obj` with every non-finite float as None, for strict JSON.
-
-  Python's json writes NaN and Infinity as bare literals that strict parsers
-  (JSON.parse, jq, serde_json) refuse; a metric with no data (tool
-  productivity of an arm that made no calls, accuracy on an empty subset) is
-  NaN. Numpy and 0-d jax scalars become Python numbers; tuples become lists.
-
-  Args:
-    obj: nested dicts / lists / tuples of numbers, strings, bools and None.
-
-  Returns:
-    The same structure with only JSON-representable values.
-  """
-  if isinstance(obj, Mapping):
-    return {k: strict_json(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [strict_json(v) for v in obj]
-  if isinstance(obj, (bool, np.bool_)):
-    return bool(obj)
-  if isinstance(obj, (int, np.integer)):
-    return int(obj)
-  if isinstance(obj, (float, np.floating)) or (
-      hasattr(obj, "shape") and getattr(obj, "shape") == ()
-  ):
-    x = float(obj)
-    return x if math.isfinite(x) else None
-  return obj
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:

@@ -685,7 +685,9 @@ def _strict_loads(text):
 
 
 def test_strict_json_writes_missing_metrics_as_null():
-  from experiments import harness  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from agentic_rl import metrics  # noqa: PLC0415
 
   obj = {
       "rows": {
@@ -695,12 +697,15 @@ def test_strict_json_writes_missing_metrics_as_null():
               "n": np.int64(3),
               "ok": np.bool_(True),
               "ci": (-np.inf, 1.5),
+              "k": jnp.int32(2),
+              "flag": jnp.array(True),
+              "curve": np.array([0.5, np.nan]),
           }
       },
       "note": "x",
       "none": None,
   }
-  text = json.dumps(harness.strict_json(obj), allow_nan=False)
+  text = json.dumps(metrics.strict_json(obj), allow_nan=False)
   assert _strict_loads(text) == {
       "rows": {
           "a": {
@@ -709,6 +714,9 @@ def test_strict_json_writes_missing_metrics_as_null():
               "n": 3,
               "ok": True,
               "ci": [None, 1.5],
+              "k": 2,
+              "flag": True,
+              "curve": [0.5, None],
           }
       },
       "note": "x",
@@ -718,13 +726,13 @@ def test_strict_json_writes_missing_metrics_as_null():
     _strict_loads(json.dumps({"x": float("nan")}))
 
 
-def test_committed_results_files_are_strict_json():
+def test_committed_experiment_json_files_are_strict_json():
   import glob  # noqa: PLC0415
   import os  # noqa: PLC0415
 
   root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments")
-  paths = glob.glob(os.path.join(root, "*", "results*.json"))
-  assert len(paths) >= 12
+  paths = glob.glob(os.path.join(root, "*", "*.json"))
+  assert len(paths) >= 15
   for path in paths:
     with open(path) as f:
       _strict_loads(f.read())

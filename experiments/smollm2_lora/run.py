@@ -411,10 +411,10 @@ def main(argv=None) -> None:
   res["args"] = vars(args)
   res["wall_seconds"] = walls
   res["plot"] = plot(args.out, seeds)
-  from experiments import harness  # noqa: PLC0415
+  from agentic_rl import metrics  # noqa: PLC0415
 
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump(harness.strict_json(res), f, indent=1, allow_nan=False)
+    json.dump(metrics.strict_json(res), f, indent=1, allow_nan=False)
   text = markdown(res)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(text)
