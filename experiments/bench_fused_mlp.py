@@ -27,10 +27,10 @@ _REPS = flags.DEFINE_integer("reps", 2, "Timed calls of each variant.")
 
 def main(argv):
   del argv
-  os.environ.setdefault(
-      "XLA_FLAGS",
-      "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-  )
+  os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+  # One thread, as bench_real.py: XLA:CPU sizes its pool from the CPUs the
+  # process may use, so the process is pinned before jax is imported.
+  os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top

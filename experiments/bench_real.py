@@ -40,8 +40,9 @@ time, so that a run on a shared machine is comparable; both engines run with
 may use (os.sched_setaffinity, before jax is imported: XLA:CPU sizes its
 thread pool from them), torch.set_num_threads, and XLA_FLAGS
 --xla_cpu_multi_thread_eigen=false at one thread unless XLA_FLAGS is already
-set. Each sampling line prints CPU-s and wall-s, so a CPU-s / wall-s ratio
-above `--threads` would show a thread that escaped. Model FLOPs per token:
+set. Each sampling line prints CPU-s and wall-s: pinned, a surplus thread
+cannot raise CPU-s above `--threads` x wall-s; it would show as wall-s
+growing with no more CPU-s. Model FLOPs per token:
 2 N_matmul + 4 layers * heads * head_dim * context (forward) and 3x that for
 forward + backward (PaLM appendix B, Chowdhery et al. 2022, arXiv:2204.02311);
 N_matmul counts every projection and the (tied) LM head, which both engines
@@ -62,7 +63,9 @@ from absl import app
 from absl import flags
 
 _QUICK = flags.DEFINE_bool("quick", False, "Reduced grid (see QUICK below).")
-_THREADS = flags.DEFINE_integer("threads", 1, "Threads of each engine.")
+_THREADS = flags.DEFINE_integer(
+    "threads", 1, "Threads of each engine.", lower_bound=1
+)
 _BATCHES = flags.DEFINE_list(
     "batches", ["1", "8", "32"], "Sampling batch sizes."
 )
@@ -170,7 +173,9 @@ def main(argv):
   # engines run on `threads` threads.
   allowed = sorted(os.sched_getaffinity(0))
   if threads > len(allowed):
-    raise ValueError(f"--threads={threads}: only {len(allowed)} CPUs allowed")
+    raise app.UsageError(
+        f"--threads={threads}: this process may use only {len(allowed)} CPUs"
+    )
   os.sched_setaffinity(0, allowed[:threads])
   # Imported here so that XLA_FLAGS above applies.
   import jax  # pylint: disable=g-import-not-at-top
