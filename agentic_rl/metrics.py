@@ -66,6 +66,17 @@ def strict_json(obj: Any) -> Any:
   return obj
 
 
+def write_strict_json(path: str, obj: Any, indent: int = 2) -> None:
+  """Writes `strict_json(obj)` to `path` (NaN / Infinity as null).
+
+  Raises:
+    TypeError: a value that is not JSON-representable (e.g. an object).
+  """
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(strict_json(obj), f, indent=indent, allow_nan=False)
+    f.write("\n")
+
+
 def _summary_writer(**kwargs: Any):
   """Returns `tensorboardX.SummaryWriter(**kwargs)`, imported without torch.
 
@@ -627,14 +638,11 @@ def write_eval_report(
   os.makedirs(workdir, exist_ok=True)
   columns, names, values, deltas = _report_rows(reports)
 
-  def _json(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
   payload: dict[str, Any] = {
       "title": title,
       "reports": {
           col: {
-              name: _json(values[r][c])
+              name: values[r][c]
               for r, name in enumerate(names)
               if name in reports[col]
           }
@@ -645,12 +653,10 @@ def write_eval_report(
     payload["delta"] = {
         "from": columns[0],
         "to": columns[-1],
-        "values": {name: _json(d) for name, d in zip(names, deltas)},
+        "values": dict(zip(names, deltas)),
     }
   json_path = os.path.join(workdir, EVAL_REPORT_JSON)
-  with open(json_path, "w", encoding="utf-8") as f:
-    json.dump(payload, f, indent=2)
-    f.write("\n")
+  write_strict_json(json_path, payload)
 
   header, rows = _table(reports)
   lines = [f"# {title}", ""]

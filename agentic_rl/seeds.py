@@ -232,13 +232,9 @@ def train_seeds(
     for s, sft_r, rl_r in zip(seeds, sft_reports, rl_reports):
       d = os.path.join(workdir, f"seed_{s}")
       os.makedirs(d, exist_ok=True)
-      with open(os.path.join(d, "eval_report.json"), "w") as f:
-        json.dump(
-            metrics.strict_json({"sft": sft_r, "rl": rl_r}),
-            f,
-            indent=2,
-            allow_nan=False,
-        )
+      metrics.write_strict_json(
+          os.path.join(d, "eval_report.json"), {"sft": sft_r, "rl": rl_r}
+      )
   wall_log.write(trained=step > step_at_start)
   return {
       "sft": sft_reports,

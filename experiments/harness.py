@@ -40,7 +40,7 @@ import ml_collections
 import numpy as np
 
 from agentic_rl import seeds as seeds_lib
-from agentic_rl.metrics import strict_json
+from agentic_rl.metrics import write_strict_json
 from experiments import seeds as experiment_seeds
 from experiments import stats
 
@@ -586,14 +586,10 @@ def _write(
   ]
   with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
     f.write("\n".join(lines))
-  with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-    # Strict JSON: a metric with no data (NaN) is written as null.
-    json.dump(
-        strict_json(dict(meta, rows=rows, wall_s=walls)),
-        f,
-        indent=2,
-        allow_nan=False,
-    )
+  # Strict JSON: a metric with no data (NaN) is written as null.
+  write_strict_json(
+      os.path.join(out_dir, f"{stem}.json"), dict(meta, rows=rows, wall_s=walls)
+  )
   print("\n".join(lines))
   plot_grid(
       title,

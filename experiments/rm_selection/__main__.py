@@ -32,11 +32,11 @@ import shutil
 import sys
 import time
 
+from agentic_rl import metrics
 from agentic_rl import rm_train
 from agentic_rl import train
 from configs import rm_arithmetic
 from configs import rm_kv_chain
-from agentic_rl import metrics
 from experiments import harness
 from experiments import seeds as seeds_lib
 from experiments import stats
@@ -200,8 +200,7 @@ def run_task(
       + (" --smoke" if smoke else ""),
   )
   out = _annotate(out)
-  with open(os.path.join(out_dir, f"results{suffix}.json"), "w") as f:
-    json.dump(metrics.strict_json(out), f, indent=2, allow_nan=False)
+  metrics.write_strict_json(os.path.join(out_dir, f"results{suffix}.json"), out)
   with open(os.path.join(workdir, "rm_report.md")) as f:
     md = f.read()
   md += (
@@ -265,8 +264,7 @@ def reanalyse(out_dir: str, suffix: str) -> dict:
     out.setdefault("seeds", [int(module.get_config().seed)])
     out["per_seed"] = [seed_summary(out)]
   out = _annotate(out)
-  with open(path, "w") as f:
-    json.dump(metrics.strict_json(out), f, indent=2, allow_nan=False)
+  metrics.write_strict_json(path, out)
   md_path = os.path.join(out_dir, f"results{suffix}.md")
   if os.path.exists(md_path):
     with open(md_path) as f:

@@ -413,8 +413,7 @@ def main(argv=None) -> None:
   res["plot"] = plot(args.out, seeds)
   from agentic_rl import metrics  # noqa: PLC0415
 
-  with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump(metrics.strict_json(res), f, indent=1, allow_nan=False)
+  metrics.write_strict_json(os.path.join(args.out, "results.json"), res, 1)
   text = markdown(res)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(text)
