@@ -1,18 +1,35 @@
 """Host (CPU) memory of the training process: glibc malloc settings.
 
-On a CPU backend every array and every compiler structure lives in the
-process heap, and glibc's malloc keeps memory that has been freed: (1) its
-mmap threshold rises to the size of each large block freed, so later large
-arrays come from the heap, whose freed pages are not returned; (2) the
-compiler's many small allocations stay in the heap after a compile. Both
-show up as resident memory the process no longer uses (measured on a LoRA
-GRPO iteration of SmolLM2-135M: experiments/bench_lora.md).
+On a CPU backend every array of a jitted program (its arguments, outputs and
+the one temporary block XLA allocates per execution) lives in the process
+heap and is allocated and freed again at every step. As glibc comes, large
+blocks are mapped from the kernel (`mmap`) and unmapped when freed, so the
+next step touches fresh pages: one minor page fault per 4 KiB page, with the
+kernel zeroing each page. Measured on the default job (`python main.py`, one
+RL iteration's temporary block is 166 MiB, allocated by an XLA worker thread
+from a per-thread arena, where glibc maps any block over 64 MiB whatever its
+mmap threshold): 20.5 million minor faults and 80 s of system time in a
+3-minute run; with freed memory kept for reuse, 0.33 million and 4 s, and
+the same results (experiments/bench_allocator.py, docs/models.md).
 
-`configure()` fixes the mmap threshold (large arrays are mapped and unmapped
-one by one, so a freed array's pages go back to the system at once) and
-`release()` returns the heap's free pages (`malloc_trim(0)`), e.g. after
-compiling a large program and before running it. Both are no-ops where the C
-library is not glibc. Neither changes any computed value.
+Three policies, chosen by `AGENTIC_RL_HOST_MEMORY` (read once, when the
+package is imported; `apply()` switches later):
+
+  keep    (default) freed memory stays in the process for the next step:
+          one malloc arena for all threads (`M_ARENA_MAX` = 1, so no
+          thread's large block is mapped on its own), no mmapped blocks
+          (`M_MMAP_MAX` = 0), and the heap's top trimmed only past 2 GiB
+          (`M_TRIM_THRESHOLD`). Resident memory stays near the run's peak
+          working set instead of falling between steps.
+  return  large freed arrays leave the process at once (a fixed 128 KiB mmap
+          threshold): lower resident memory between phases, a page fault per
+          page on every reuse. For memory-tight runs (a pretrained model's
+          compile next to its run; `release()` and `CompileThenRelease`).
+  system  glibc as it comes (nothing set).
+
+Where the C library is not glibc (macOS, musl), nothing is set and one line
+says so. Where another allocator is preloaded (`LD_PRELOAD` of jemalloc,
+tcmalloc or mimalloc), it is left alone. No policy changes a computed value.
 """
 
 from __future__ import annotations
@@ -20,11 +37,24 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+import sys
 
-# mallopt parameter number of M_MMAP_THRESHOLD (glibc malloc.h).
+# mallopt parameter numbers (glibc malloc.h).
+_M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 # Blocks at least this large are mmapped (glibc's initial default, 128 KiB).
 MMAP_THRESHOLD_BYTES = 128 * 1024
+# glibc's default cap on mmapped blocks (restored by 'return').
+_DEFAULT_MMAP_MAX = 65536
+# Largest value mallopt takes (a C int): the heap's top is trimmed past it.
+_KEEP_TRIM_THRESHOLD = 2**31 - 1
+
+ENV = "AGENTIC_RL_HOST_MEMORY"
+MODES = ("keep", "return", "system")
+_PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,13 +72,101 @@ def _libc():
   return libc
 
 
+def preloaded_allocator() -> str | None:
+  """Name of an allocator preloaded into this process ('jemalloc',
+  'tcmalloc', 'mimalloc') from `LD_PRELOAD`, or None."""
+  preload = os.environ.get("LD_PRELOAD", "")
+  for name in _PRELOADED:
+    if name in preload:
+      return name
+  return None
+
+
+def mode_from_environment() -> str:
+  """The policy named by `AGENTIC_RL_HOST_MEMORY` ('keep' when unset).
+
+  Raises:
+    ValueError: the variable holds another value (names it and the choices).
+  """
+  mode = os.environ.get(ENV, "keep").strip() or "keep"
+  if mode not in MODES:
+    raise ValueError(
+        f"{ENV}={mode!r}: expected one of {', '.join(MODES)} "
+        "(agentic_rl/host_memory.py)"
+    )
+  return mode
+
+
+def apply(mode: str) -> str:
+  """Sets glibc malloc for `mode` ('keep', 'return' or 'system').
+
+  Args:
+    mode: one of `MODES` (see the module docstring).
+
+  Returns:
+    What took effect: `mode` itself; 'preloaded:<name>' when another
+    allocator is preloaded (nothing set); 'unavailable' when the C library
+    is not glibc (nothing set).
+
+  Raises:
+    ValueError: an unknown mode, or glibc refused a setting.
+  """
+  if mode not in MODES:
+    raise ValueError(f"host memory mode {mode!r}: expected one of {MODES}")
+  other = preloaded_allocator()
+  if other is not None:
+    return f"preloaded:{other}"
+  libc = _libc()
+  if libc is None:
+    return "unavailable"
+  if mode == "keep":
+    settings = (
+        (_M_ARENA_MAX, 1),
+        (_M_MMAP_MAX, 0),
+        (_M_TRIM_THRESHOLD, _KEEP_TRIM_THRESHOLD),
+    )
+  elif mode == "return":
+    settings = (
+        (_M_MMAP_MAX, _DEFAULT_MMAP_MAX),
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_BYTES),
+    )
+  else:
+    return mode
+  for param, value in settings:
+    if not libc.mallopt(param, value):
+      raise ValueError(f"glibc mallopt({param}, {value}) refused")
+  return mode
+
+
+def apply_from_environment() -> str:
+  """`apply(mode_from_environment())`, with one line on stderr where the
+  default 'keep' cannot take effect (not glibc). Called once when the
+  agentic_rl package is imported. Returns what `apply` returned."""
+  mode = mode_from_environment()
+  applied = apply(mode)
+  if applied == "unavailable" and mode == "keep":
+    print(
+        "agentic_rl: the C library is not glibc, so freed arrays go back to "
+        "the system and are faulted in again on reuse (slower steps on CPU); "
+        "preloading jemalloc with MALLOC_CONF=retain:true keeps them "
+        "(docs/models.md, host memory)",
+        file=sys.stderr,
+    )
+  return applied
+
+
 def configure(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
   """Fixes glibc's mmap threshold at `threshold_bytes` (which also turns off
-  its dynamic raising). Returns whether it was set (False: not glibc)."""
+  its dynamic raising) and lets blocks be mapped again. Returns whether it
+  was set (False: not glibc). `apply('return')` is this at 128 KiB."""
   libc = _libc()
   if libc is None:
     return False
-  return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
+  return bool(
+      libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+      and libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes))
+  )
 
 
 def release() -> bool:

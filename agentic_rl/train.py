@@ -35,7 +35,6 @@ from absl import logging
 from flax import nnx
 
 from agentic_rl import checkpoint as checkpoint_lib
-from agentic_rl import host_memory
 from agentic_rl import host_rollout
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
@@ -327,9 +326,6 @@ def train_and_evaluate(
   sharding.maybe_initialize_distributed(config)  # before any backend use
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.mesh)
-  # Large host arrays mapped one by one, so freed ones leave the process
-  # (agentic_rl/host_memory.py; changes no value).
-  host_memory.configure()
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).
   with validation.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)

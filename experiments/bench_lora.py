@@ -151,7 +151,8 @@ def run_grpo(
 ) -> dict:
   """One LoRA GRPO iteration as main.py runs it; RSS per phase (this process).
 
-  malloc: 'default' (glibc as it comes), 'fixed' (`host_memory.configure()`
+  malloc: 'default' (the package's host-memory policy, 'keep' unless
+  AGENTIC_RL_HOST_MEMORY says otherwise), 'fixed' (`host_memory.configure()`
   first: a fixed mmap threshold), 'fixed+release' (also
   `host_memory.release()` between compiling the learn program and running
   it; a 'release' phase is reported).
