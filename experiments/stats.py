@@ -207,8 +207,8 @@ def paired_difference(
   interval is clipped to the range and flagged ('ci_clipped'), 'ci_t' keeps
   the unclipped one. Clipping was chosen over a bootstrap or an inverted
   permutation interval because it keeps the t interval's coverage (it only
-  removes impossible values, so the clipped interval covers the mean
-  whenever the t interval does), never moves an end that is inside the range,
+  removes impossible values, so it covers the true mean difference whenever
+  the t interval does), never moves an end that is inside the range,
   and so never changes whether 0 or a margin m < b - a lies inside it; a
   percentile bootstrap of 8 values is known to under-cover, and an inverted
   sign-flip interval has coverage in steps of 2 / 2^n.
