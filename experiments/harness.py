@@ -7,21 +7,25 @@ environment, SFT settings, context length) share one SFT run: it is trained once
 (rl.steps = 0) and each arm's workdir starts from a copy of its checkpoint, so the
 arms differ only in what the claim varies.
 
-A claim may declare a `stats.ClaimSpec` (primary metric, treatment and control
-arms, prediction, room metric and threshold) before its run: the room metric is
-computed from the shared SFT start policy of every seed (`spec.room_fn`), printed
-and stored, and the paired per-seed effect with its 95% t interval and the
-verdict (`stats.analyse`) go into results.md / results.json; a room below the
-threshold makes the verdict 'untestable at this setup'.
+A claim may declare a `stats.ClaimSpec` (parts, treatment and control arms,
+predictions, room metric and threshold, positive-control check) before its run:
+the room metric is computed from the shared SFT start policy of every seed
+(`spec.room_fn`), printed and stored per seed, and the paired per-seed effects
+with their 95% t intervals, sign-flip p-values and the verdict
+(`stats.analyse`) go into results.md / results.json; a seed whose room is
+below the threshold makes the verdict 'untestable at this setup'.
 
 Outputs in `out_dir`: `results.md` (per metric mean +- standard error over seeds,
 then every seed's value, then the verdict), `results.json` (all numbers, plus the
-commit, every arm's config hash, the seeds, room and analysis), `results.png` (a
-grid of panels: bars per arm with 95% t intervals and the seeds as dots, RL
-learning curves with 95% t bands; panels of one metric share their y-limits and
-show the SFT start level as a dashed line). Workdirs live under `root` and make a
-re-run resume instead of restarting (a changed config is refused,
-agentic_rl/seeds.py).
+commit, the date, every arm's config hash, the seeds, room and analysis, and the
+claim's ledger: one entry per decision run and re-decision, kept across runs),
+`results.png` (a grid of panels: bars per arm with 95% t intervals and the seeds
+as dots, RL learning curves with 95% t bands; panels of one metric share their
+y-limits and show the SFT start level as a dashed line). Workdirs live under
+`root` and make a re-run resume instead of restarting (a changed config is
+refused, agentic_rl/seeds.py). A decision run (`cli` without --smoke) refuses
+a git tree with uncommitted changes other than results files
+(`require_clean_tree`), so its recorded commit is the code that ran.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -104,7 +109,8 @@ def ci_halfwidth(values: Sequence[float], level: float = 0.95) -> float:
 
 def git_commit(repo: str = REPO) -> str:
   """`git rev-parse HEAD` of repo (+ '-dirty' with uncommitted changes to
-  tracked files), or 'unknown' outside a git checkout or without git."""
+  tracked files other than results files, `_RESULTS_FILE`), or 'unknown'
+  outside a git checkout or without git."""
   try:
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"],
@@ -121,10 +127,267 @@ def git_commit(repo: str = REPO) -> str:
         text=True,
         timeout=30,
         check=True,
-    ).stdout.strip()
+    ).stdout
   except (OSError, subprocess.SubprocessError):
     return "unknown"
+  dirty = [
+      line
+      for line in dirty.splitlines()
+      if line.strip()
+      and not _RESULTS_FILE.match(line[3:].split(" -> ")[-1].strip('"'))
+  ]
   return head + ("-dirty" if dirty else "") if head else "unknown"
+
+
+# Files a run writes into a claim folder: allowed to differ from HEAD when a
+# decision run starts (a re-run overwrites them anyway).
+_RESULTS_FILE = re.compile(
+    r"^experiments/[^/]+/(results|room_check)[^/]*\.(json|md|png)$"
+)
+
+
+def dirty_paths(repo: str = REPO) -> list[str] | None:
+  """Paths of `git status --porcelain` (tracked changes and untracked files
+  that git does not ignore) other than results files (`_RESULTS_FILE`), or
+  None outside a git checkout or without git."""
+  try:
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  paths = []
+  for line in out.splitlines():
+    path = line[3:].split(" -> ")[-1].strip('"')
+    if path and not _RESULTS_FILE.match(path):
+      paths.append(path)
+  return paths
+
+
+def require_clean_tree(repo: str = REPO) -> None:
+  """Refuses a decision run from a tree whose code is not its commit.
+
+  Raises:
+    UsageError: uncommitted changes or untracked files besides results files
+      (the first five named), or no git checkout (the run's commit could not
+      be recorded).
+  """
+  paths = dirty_paths(repo)
+  if paths is None:
+    raise UsageError(
+        f"a decision run needs a git checkout to record its commit ({repo} is "
+        "not one); use --smoke for a trial run"
+    )
+  if paths:
+    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+    raise UsageError(
+        "a decision run needs a clean git tree (results files aside): commit "
+        f"or stash {', '.join(paths[:5])}{more}; or use --smoke for a trial "
+        "run"
+    )
+
+
+def _today() -> str:
+  return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def ledger_entry(meta: Mapping, kind: str = "decision run", **extra) -> dict:
+  """One ledger entry from a results.json dict (`meta`): kind, date, commit,
+  spec_hash, seeds, verdict, command and the rules version that decided it."""
+  analysis = meta.get("analysis") or {}
+  spec = meta.get("spec") or {}
+  return {
+      "kind": kind,
+      "date": meta.get("date"),
+      "commit": meta.get("commit"),
+      "spec_hash": stats.spec_hash(spec) if spec else None,
+      "seeds": meta.get("seeds"),
+      "verdict": analysis.get("verdict"),
+      "rules": analysis.get("rules", 1),
+      "command": meta.get("command"),
+      **extra,
+  }
+
+
+def _is_decision(d: Mapping) -> bool:
+  a = d.get("analysis") or {}
+  return (
+      a.get("verdict") in stats.VERDICTS
+      and not d.get("room_only")
+      and len(d.get("seeds") or ()) >= 2
+  )
+
+
+def carry_ledger(path: str, entry: dict) -> list[dict]:
+  """The ledger of the results file at `path` (read before it is
+  overwritten) with `entry` appended. A file from before the ledger existed
+  contributes its own run as the first entry. The last entry is replaced
+  instead when it is the same run (same kind, commit, seeds and spec hash:
+  a re-run that resumed finished workdirs)."""
+  ledger: list[dict] = []
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        prev = json.load(f)
+    except ValueError:
+      prev = {}
+    ledger = list(prev.get("ledger") or [])
+    if not ledger and _is_decision(prev):
+      ledger = [ledger_entry(prev)]
+  same = ("kind", "commit", "seeds", "spec_hash", "rules")
+  if ledger and all(ledger[-1].get(k) == entry.get(k) for k in same):
+    ledger[-1] = entry
+  else:
+    ledger.append(entry)
+  return ledger
+
+
+def ledger_from_git(path: str, repo: str = REPO) -> list[dict]:
+  """The decision runs recorded in every committed version of a results file.
+
+  Walks `git log -- path` oldest first and keeps each version holding a
+  decided analysis (a verdict of stats.VERDICTS, 2 or more seeds, not a room
+  check) of a run not seen before (run commit, seeds and spec hash). A
+  version written before the harness recorded the run's date carries the
+  date of the commit that recorded it ('date_of': 'recording commit').
+
+  Args:
+    path: the results file, absolute or relative to `repo`.
+    repo: the git checkout.
+
+  Returns:
+    Ledger entries (ledger_entry's dicts plus 'recorded_in', the commit that
+    added the version); [] without git or history.
+  """
+  rel = os.path.relpath(os.path.abspath(path), repo)
+  try:
+    log = subprocess.run(
+        ["git", "log", "--reverse", "--format=%H %as", "--", rel],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split("\n")
+  except (OSError, subprocess.SubprocessError):
+    return []
+  ledger, seen = [], set()
+  for line in log:
+    if not line.strip():
+      continue
+    sha, date = line.split()
+    try:
+      text = subprocess.run(
+          ["git", "show", f"{sha}:{rel}"],
+          cwd=repo,
+          capture_output=True,
+          text=True,
+          timeout=60,
+          check=True,
+      ).stdout
+      d = json.loads(text)
+    except (OSError, subprocess.SubprocessError, ValueError):
+      continue
+    if not isinstance(d, dict) or not _is_decision(d):
+      continue
+    entry = ledger_entry(d)
+    key = (entry["commit"], tuple(entry["seeds"]), entry["spec_hash"])
+    if key in seen:
+      continue
+    seen.add(key)
+    if not entry["date"]:
+      entry["date"], entry["date_of"] = date, "recording commit"
+    entry["recorded_in"] = sha[:12]
+    ledger.append(entry)
+  return ledger
+
+
+# results.md: the re-decision section starts at this line.
+REDECIDED_MARKER = (
+    "<!-- re-decided: python -m experiments.summary --redecide -->"
+)
+
+
+def redecide(
+    path: str,
+    spec: stats.ClaimSpec,
+    *,
+    rows: Mapping | None = None,
+    note: str = "",
+    repo: str = REPO,
+) -> dict:
+  """Re-decides a recorded decision run under the current rules and spec.
+
+  Nothing is trained: the analysis is recomputed from the recorded per-seed
+  rows and per-seed room values (stats.analyse), the recorded analysis and
+  spec are kept as 'analysis_as_recorded' / 'spec_as_recorded' (the first
+  time), and the ledger (from git history, `ledger_from_git`, when the file
+  has none) gets a 're-decision' entry pointing at the run whose data it
+  re-uses ('data_of', 1-based). Repeating it replaces that entry. The
+  results.md beside the file gets the new verdict after REDECIDED_MARKER.
+
+  Args:
+    path: a results.json written by run_claim (or a runner like it).
+    spec: the claim's declared ClaimSpec now.
+    rows: arm -> per-seed rows (default: the file's 'rows').
+    note: why the claim was re-decided (stored in the entry).
+    repo: the git checkout (for the ledger).
+
+  Returns:
+    The rewritten results dict.
+
+  Raises:
+    ValueError: the file holds no decided run.
+  """
+  with open(path) as f:
+    res = json.load(f)
+  if not _is_decision(res):
+    raise ValueError(f"redecide: {path} holds no decision run")
+  ledger = list(res.get("ledger") or ledger_from_git(path, repo))
+  if not ledger:
+    ledger = [ledger_entry(res)]
+  runs = [i for i, e in enumerate(ledger) if e["kind"] == "decision run"]
+  analysis = stats.analyse(
+      spec,
+      res["rows"] if rows is None else rows,
+      (res.get("room") or {}).get("per_seed"),
+  )
+  res.setdefault("analysis_as_recorded", res.get("analysis"))
+  res.setdefault("spec_as_recorded", res.get("spec"))
+  res["analysis"] = analysis
+  res["spec"] = spec.to_json()
+  entry = ledger_entry(
+      res,
+      kind="re-decision",
+      date=_today(),
+      data_of=runs[-1] + 1 if runs else None,
+      note=note,
+  )
+  if ledger[-1]["kind"] == "re-decision":
+    ledger[-1] = entry
+  else:
+    ledger.append(entry)
+  res["ledger"] = ledger
+  write_strict_json(path, res)
+  md = os.path.splitext(path)[0] + ".md"
+  if os.path.exists(md):
+    with open(md) as f:
+      text = f.read().split(REDECIDED_MARKER)[0].rstrip("\n")
+    text += (
+        f"\n\n{REDECIDED_MARKER}\n\n## Verdict re-decided on {entry['date']} "
+        f"(rules {stats.RULES}, spec {entry['spec_hash']}; nothing re-run)\n\n"
+        + (f"{note}\n\n" if note else "")
+        + stats.format_analysis(analysis)
+        + "\n"
+    )
+    with open(md, "w") as f:
+      f.write(text)
+  return res
 
 
 def sample_groups(
@@ -414,12 +677,19 @@ def run_claim(
         "arm": room_arm,
         "wall_s": time.time() - t0,
     }
-    room["ok"] = bool(room["value"] >= spec.room_threshold)
+    # Every seed's start must leave room (stats.room_record).
+    checked = stats.room_record(spec, per_seed)
+    room["ok"], room["failing"] = checked["ok"], checked["failing"]
     print(
         f"room check ({spec.room_metric}, start policy of {room_arm}): "
         f"{room['value']:.3f} (per seed {[round(v, 3) for v in per_seed]}; "
-        f"threshold {spec.room_threshold}): "
-        f"{'room' if room['ok'] else 'NO room: untestable at this setup'}",
+        f"threshold {spec.room_threshold}, every seed): "
+        + (
+            "room"
+            if room["ok"]
+            else f"NO room at seeds {[seeds[i] for i in room['failing']]}: "
+            "untestable at this setup"
+        ),
         flush=True,
     )
   if room_only and room is None:
@@ -458,13 +728,15 @@ def run_claim(
     curves[arm] = out["curves"]
   analysis = None
   if spec is not None and room_only and room["ok"]:
-    analysis = stats.room_only_analysis(spec, room["value"])
+    analysis = stats.room_only_analysis(spec, room["per_seed"])
   elif spec is not None:
+    # No room check (no room_fn): no per-seed room values, so no room.
     analysis = stats.analyse(
-        spec, rows, None if room is None else room["value"]
+        spec, rows, None if room is None else room["per_seed"]
     )
   meta = {
       "commit": commit,
+      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_start)),
       "seeds": list(seeds),
       "config_hash": {
           arm: experiment_seeds.config_hash(c) for arm, c in arms.items()
@@ -482,6 +754,10 @@ def run_claim(
       "wall_all_processes": all(wall_complete),
       "command": command,
   }
+  if spec is not None and not room_only:
+    meta["ledger"] = carry_ledger(
+        os.path.join(out_dir, f"{stem}.json"), ledger_entry(meta)
+    )
   _write(
       title,
       rows,
@@ -775,7 +1051,8 @@ def cli(
 
   Flags: --seeds=0,1,2, --smoke (shrunk arms, 2 seeds, outputs under ROOT so the
   committed results stay untouched), --root=DIR (default runs/<folder name>),
-  --arms=a,b (a subset of the arms; the spec's arms are always kept),
+  --arms=a,b (a subset of the arms; the arms of the spec's parts and of its
+  positive-control check are always kept),
   --stop_without_room (skip the RL arms when the room check fails),
   --room_only (the start policy and its room check only, written to
   room_check.md / .json / .png, so a recorded run's results.* stay).
@@ -784,8 +1061,12 @@ def cli(
   `prog` is the module run (default experiments.<folder name>), recorded with
   the flags as results.json's command.
 
+  Without --smoke the run is a decision run and needs a clean git tree
+  (`require_clean_tree`; results files aside).
+
   Raises:
-    UsageError (a ValueError): malformed --seeds or an unknown arm in --arms.
+    UsageError (a ValueError): malformed --seeds, an unknown arm in --arms, a
+    spec arm that is not an arm, or (without --smoke) a dirty git tree.
   """
   import argparse  # pylint: disable=g-import-not-at-top
 
@@ -840,13 +1121,29 @@ def cli(
         f"SPEC.positive_control_arm={pc_arm!r}: not an arm of this claim; "
         f"known: {list(arms)}"
     )
+  # Every arm the verdict needs: the parts' arms and the positive-control
+  # check's (the start row is trained anyway).
+  needed = (
+      []
+      if spec is None or not hasattr(spec, "arms")
+      else [a for a in spec.arms if a != "SFT (start)"]
+  )
+  absent = [a for a in needed if a not in arms]
+  if absent:
+    raise UsageError(
+        f"SPEC names arm(s) {absent} that are not arms of this claim; known: "
+        f"{list(arms)}"
+    )
   if args.arms:
     keep = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in keep if a not in arms]
     if unknown:
       raise UsageError(f"--arms: unknown arm(s) {unknown}; known: {list(arms)}")
-    needed = set() if spec is None else {spec.treatment, spec.control}
+    # The verdict's arms (parts, positive control) are always kept: a
+    # decision run without its positive control cannot contradict the claim.
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
+  if not args.smoke:
+    require_clean_tree()
   command = shlex.join(["python", "-m", prog, *argv])
   stem = run_kwargs.pop("stem", "results")
   out = run_claim(

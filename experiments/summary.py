@@ -1,17 +1,21 @@
 """Summary table of the claim reproductions, generated from their results.json.
 
-  python -m experiments.summary [--write]
+  python -m experiments.summary [--write] [--redecide]
 
 Reads every claim folder's `results.json` (written by its runner) and the
 claim's declared `SPEC` (its `__main__.py`) and prints the Markdown table
 
-  claim | paper | departures | room | primary metric | effect [95% CI] |
-  verdict | seeds | wall time | command
+  claim | paper | departures | room (every seed) | parts | effect [95% CI]
+  per part | sign-flip p | Holm p | positive-control check | verdict |
+  attempts (ledger) | seeds | wall time | command
 
 With --write the table replaces the text between the two marker lines of
-experiments/README.md. Nothing in the table is typed by hand: a claim whose
-results.json predates its declared spec (no 'analysis') shows the spec and
-"not decided" instead of an effect.
+experiments/README.md. With --redecide every recorded decision run is first
+re-decided from its recorded per-seed values under the declared spec and the
+current rules of experiments/stats.py (`redecide_all`; nothing is trained),
+and its ledger gets a 're-decision' entry. Nothing in the table is typed by
+hand: a claim whose results.json predates its declared spec (no 'analysis')
+shows the spec and "not decided" instead of an effect.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import shlex
 import sys
 
 from experiments import harness
+from experiments import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLAIMS = (
@@ -61,23 +66,150 @@ def _fmt(x, digits=3) -> str:
   return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def row(name: str, results: dict | None, spec_decl) -> dict:
-  """One table row (dict of column -> text) from a claim's results.json dict
-  (None: never run) and its declared spec (a stats.ClaimSpec or None)."""
-  spec = (results or {}).get("spec") or (
-      spec_decl.to_json() if spec_decl else {}
+def _room_text(spec: dict, room: dict | None, seeds) -> str:
+  """The room column: mean, the lowest seed, and which seeds lack room
+  (every seed's start must reach the threshold)."""
+  if not room or room.get("value") is None and not room.get("per_seed"):
+    if spec.get("room_metric"):
+      return (
+          f"{spec['room_metric']} (threshold {spec['room_threshold']:g}): "
+          "not computed in the recorded run"
+      )
+    return "not computed"
+  name = spec.get("room_metric", room.get("metric"))
+  thr = room["threshold"]
+  per = room.get("per_seed")
+  if per is None:
+    ok = room["value"] >= thr
+    return (
+        f"{name} = {room['value']:.3f} (threshold {thr:g}; per-seed values "
+        "not recorded, so the per-seed rule cannot be checked: "
+        f"{'room' if ok else 'NO room'} by the mean)"
+    )
+  present = [v for v in per if v is not None]
+  failing = [i for i, v in enumerate(per) if v is None or not v >= thr]
+  seeds = list(seeds or range(len(per)))
+  mean = f"{sum(present) / len(present):.3f}" if present else "n/a"
+  low = f"{min(present):.3f}" if present else "n/a"
+  if failing:
+    bad = ", ".join(
+        f"seed {seeds[i]} "
+        + ("not computed" if per[i] is None else f"{per[i]:.3f}")
+        for i in failing
+    )
+    verdict = f"NO room at {bad}"
+  else:
+    verdict = "room in every seed"
+  return f"{name} = {mean}, lowest seed {low} (threshold {thr:g}: {verdict})"
+
+
+def _part_label(p: dict) -> str:
+  margin = "" if p.get("margin") is None else f" (margin {p['margin']:g})"
+  return (
+      f"`{p['metric']}`, {p.get('treatment')} - {p.get('control')}, "
+      f"predicted {p.get('prediction')}{margin}"
   )
+
+
+def _effect_text(e: dict) -> str:
+  text = f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]"
+  flags = []
+  if e.get("zero_variance"):
+    flags.append("zero variance: every seed's difference equal")
+  if e.get("ci_clipped"):
+    flags.append(
+        f"CI clipped to [-{e['diff_range'][1]:g}, " f"{e['diff_range'][1]:g}]"
+    )
+  return text + (f" ({'; '.join(flags)})" if flags else "")
+
+
+def _p_text(p: float | None, n: int | None) -> str:
+  if p is None:
+    return "n/a"
+  floor = 2.0 / 2.0**n if n else None
+  at_floor = floor is not None and abs(p - floor) < 1e-12
+  return f"{p:.4f}" + (f" (floor 2/2^{n})" if at_floor else "")
+
+
+def _control_text(spec: dict, analysis: dict | None) -> str:
+  """The positive-control column: the declared check and what the decision
+  run showed."""
+  pc = (analysis or {}).get("positive_control")
+  check = spec.get("positive_control_check")
+  if not check:
+    words = spec.get("positive_control") or "none"
+    return f"no check declared ({words}): cannot be contradicted"
+  label = _part_label(
+      dict(
+          check,
+          treatment=check.get("treatment"),
+          control=check.get("control"),
+      )
+  )
+  if pc is None or not pc.get("declared"):
+    return f"{label}: not decided"
+  if pc.get("effect") is None:
+    return f"{label}: not run in the decision run"
+  return (
+      f"{label}: {_effect_text(pc['effect'])}, "
+      f"{'shown' if pc['shown'] else 'NOT shown'}"
+  )
+
+
+def attempts(ledger: list | None, declared_hash: str | None) -> str:
+  """The attempts column from a results.json ledger: decision runs per spec
+  version (versions numbered by first appearance of a spec hash), the
+  re-decisions, and whether the declared spec is a version not yet run."""
+  if not ledger:
+    return "1 run (no ledger recorded)"
+  versions: dict[str, int] = {}
+  for e in ledger:
+    versions.setdefault(e.get("spec_hash"), len(versions) + 1)
+  runs = [e for e in ledger if e.get("kind") == "decision run"]
+  parts = [
+      f"run {i + 1} v{versions[e.get('spec_hash')]} ({e.get('date') or '?'}"
+      f"): {e.get('verdict')}"
+      for i, e in enumerate(runs)
+  ]
+  for e in ledger:
+    if e.get("kind") == "re-decision":
+      parts.append(
+          f"re-decided {e.get('date')} as v{versions[e.get('spec_hash')]} "
+          f"(rules {e.get('rules')}) from run {e.get('data_of')}'s data: "
+          f"{e.get('verdict')}"
+      )
+  head = f"{len(runs)} decision run{'s' if len(runs) != 1 else ''}"
+  tail = ""
+  if declared_hash and declared_hash not in versions:
+    tail = (
+        f"; the declared spec ({declared_hash}) is v{len(versions) + 1}, "
+        "not yet decided"
+    )
+  return head + ": " + "; ".join(parts) + tail
+
+
+def row(name: str, results: dict | None, spec_decl) -> dict:
+  """One table row (dict of column -> text, plus '_p': the claim's sign-flip
+  p-value for the Holm column, or None) from a claim's results.json dict
+  (None: never run) and its declared spec (a stats.ClaimSpec or None). The
+  wording (claim, paper, departures) is the declared spec's where given, so
+  a departure declared after the run shows; the decision fields are the
+  recorded analysis'."""
+  recorded = (results or {}).get("spec") or {}
+  declared = spec_decl.to_json() if spec_decl else {}
+  spec = declared or recorded
   claim = spec.get("claim", "")
   out = {
       "claim": f"[{name}]({name}/)" + (f": {claim}" if claim else ""),
       "paper": spec.get("paper", ""),
       "departures": "; ".join(spec.get("departures", ())) or "none listed",
+      "_p": None,
   }
   if spec.get("positive_control"):
-    # The control's arm label: from the recorded spec, else the declared one
-    # (runs recorded before the field existed).
-    pc_arm = spec.get("positive_control_arm") or (
-        getattr(spec_decl, "positive_control_arm", "") if spec_decl else ""
+    # The control's arm label: from the declared spec, else the recorded
+    # one (runs recorded before the field existed).
+    pc_arm = spec.get("positive_control_arm") or recorded.get(
+        "positive_control_arm", ""
     )
     missing = (
         results is not None and pc_arm and pc_arm not in results.get("rows", {})
@@ -85,22 +217,23 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     out["departures"] += f" (positive control: {spec['positive_control']}" + (
         "; not run in the recorded run)" if missing else ")"
     )
-  room = (results or {}).get("room")
-  if room and room.get("value") is not None:
-    ok = room["value"] >= room["threshold"]
-    out["room"] = (
-        f"{spec.get('room_metric', room.get('metric'))} = "
-        f"{room['value']:.3f} (threshold {room['threshold']:g}: "
-        f"{'room' if ok else 'NO room'})"
+  analysis = (results or {}).get("analysis")
+  room = (
+      (analysis or {}).get("room")
+      if (analysis or {}).get("parts") is not None
+      else None
+  )
+  out["room"] = _room_text(
+      spec, room or (results or {}).get("room"), (results or {}).get("seeds")
+  )
+  parts = (analysis or {}).get("parts")
+  if parts and len(parts) == 1:
+    out["primary"] = _part_label(parts[0])
+  elif parts:
+    out["primary"] = "; ".join(
+        f"part {i + 1}: {_part_label(p)}" for i, p in enumerate(parts)
     )
-  else:
-    out["room"] = (
-        f"{spec['room_metric']} (threshold {spec['room_threshold']:g}): "
-        "not computed in the recorded run"
-        if spec.get("room_metric")
-        else "not computed"
-    )
-  if spec.get("primary_metric"):
+  elif spec.get("primary_metric"):
     out["primary"] = (
         f"`{spec['primary_metric']}`, {spec.get('treatment')} - "
         f"{spec.get('control')}, predicted {spec.get('prediction')}"
@@ -112,13 +245,20 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     )
   else:
     out["primary"] = "none declared"
-  analysis = (results or {}).get("analysis")
+  out["control_check"] = _control_text(spec, analysis)
   seeds = (results or {}).get("seeds")
+  out["p"] = "n/a"
   if results is None:
     out.update(
-        effect="not run", verdict="not run", seeds="", wall="", command=""
+        effect="not run",
+        verdict="not run",
+        attempts="",
+        seeds="",
+        wall="",
+        command="",
     )
     return out
+  out["attempts"] = attempts(results.get("ledger"), declared.get("spec_hash"))
   if analysis is None:
     out["effect"] = "n/a"
     out["verdict"] = "not decided (the recorded run predates the declared spec)"
@@ -128,9 +268,24 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     )
     out["verdict"] = analysis["verdict"]
   else:
-    e = analysis["effect"]
-    out["effect"] = f"{e['mean']:+.3f} [{e['ci'][0]:+.3f}, {e['ci'][1]:+.3f}]"
+    if parts and len(parts) > 1:
+      out["effect"] = "; ".join(
+          f"part {i + 1}: "
+          + (
+              f"not run (arm(s) {', '.join(p.get('missing') or [])} not "
+              "in the decision run)"
+              if p["effect"] is None
+              else f"{_effect_text(p['effect'])} ({p['verdict']})"
+          )
+          for i, p in enumerate(parts)
+      )
+    else:
+      out["effect"] = _effect_text(analysis["effect"])
     out["verdict"] = analysis["verdict"]
+    p = analysis.get("p_claim")
+    out["p"] = _p_text(p, analysis["effect"]["n"])
+    if analysis["verdict"] != stats.UNTESTABLE and p is not None:
+      out["_p"] = p
   out["seeds"] = str(len(seeds)) if seeds else "1"
   wall = results.get("wall_total_s")
   if wall is None:
@@ -159,10 +314,14 @@ COLUMNS = (
     ("claim", "claim"),
     ("paper", "paper"),
     ("departures", "departures"),
-    ("room", "room (start policy)"),
-    ("primary", "primary metric"),
-    ("effect", "effect [95% CI]"),
+    ("room", "room (start policy, every seed)"),
+    ("primary", "parts (metric, arms, prediction)"),
+    ("effect", "effect [95% CI] per part"),
+    ("p", "sign-flip p (claim)"),
+    ("holm", "Holm p"),
+    ("control_check", "positive-control check"),
     ("verdict", "verdict"),
+    ("attempts", "attempts (ledger)"),
     ("seeds", "seeds"),
     ("wall", "wall time"),
     ("command", "command"),
@@ -198,7 +357,14 @@ def _load(path: str) -> dict | None:
 def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
   """The Markdown table of every claim (reads ROOT/<claim>/results.json, or
   its room_check.json (a --room_only run) when results.json holds no decided
-  run, and ROOT/<folder>/<stem>.json of the `extra` declared claims)."""
+  run, and ROOT/<folder>/<stem>.json of the `extra` declared claims).
+
+  The Holm column adjusts, by Holm-Bonferroni (stats.holm), the claim
+  sign-flip p-values ('p_claim': per claim the largest decisive sign-flip p
+  of its parts) of every decided row, i.e. every row with an effect whose
+  verdict is not 'untestable at this setup'; the family size is in the
+  column.
+  """
   lines = [
       "| " + " | ".join(lbl for _, lbl in COLUMNS) + " |",
       "|---" * len(COLUMNS) + "|",
@@ -206,6 +372,7 @@ def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
   entries = [(name, "results", None) for name in claims]
   entries += [e for e in extra if e[0] in claims]
   entries.sort(key=lambda e: list(claims).index(e[0]))
+  rows = []
   for name, stem, module in entries:
     results = _load(os.path.join(root, name, f"{stem}.json"))
     if (results or {}).get("analysis") is None:
@@ -215,11 +382,88 @@ def table(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> str:
           _load(os.path.join(root, name, f"{harness.room_stem(stem)}.json"))
           or results
       )
-    r = row(name, results, _spec(name, module))
+    rows.append(row(name, results, _spec(name, module)))
+  family = [i for i, r in enumerate(rows) if r["_p"] is not None]
+  adjusted = stats.holm([rows[i]["_p"] for i in family]) if family else []
+  for r in rows:
+    r["holm"] = "n/a (not decided)"
+  for i, adj in zip(family, adjusted):
+    rows[i]["holm"] = f"{adj:.3f} (of {len(family)})"
+  for r in rows:
     lines.append(
         "| " + " | ".join(r[k].replace("|", "/") for k, _ in COLUMNS) + " |"
     )
   return "\n".join(lines)
+
+
+# Why each recorded decision run was re-decided (results file -> note).
+REDECIDE_NOTES = {
+    "otc_efficiency/results": (
+        "Compound spec: the claim's 'at about equal accuracy' is a second "
+        "part, accuracy otc - correct equivalent within 0.05 absolute, the "
+        "margin declared from the claim's wording (not tuned to the data); "
+        "decided from the recorded run's per-seed rows under rules 2 "
+        "(every seed's room, sign-flip test)."
+    ),
+    "hdpo_conditional/results": (
+        "Compound spec: easy-item calls hdpo - correct lower; accuracy "
+        "hdpo - correct equivalent within 0.05 absolute ('at equal "
+        "accuracy'); easy-item calls cost_0.02 - correct equivalent within "
+        "0.1 calls per episode ('a small additive cost does not'); hard-item "
+        "calls cost_1.2 - correct lower ('a large one under-calls'), also the "
+        "positive-control check. Margins declared from the claim's wording. "
+        "The recorded run lacks the cost_0.02 arm: that part is not run."
+    ),
+    "trace_credit/results": (
+        "Positive-control check declared (progress - outcome early accuracy "
+        "higher); the recorded run did not train the progress arm, so a "
+        "contradicted part cannot be a contradicted claim."
+    ),
+    "trace_credit/results_faithful": (
+        "Positive-control check declared (progress - outcome early accuracy "
+        "higher); the recorded run did not train the progress arm."
+    ),
+    "reward_noise/results": (
+        "Positive-control check declared from the spec's words (flip_0.4 "
+        "must lower accuracy against clean), decided on the recorded run."
+    ),
+}
+DEFAULT_NOTE = (
+    "Rules 2: every seed's room; the t interval (clipped to the metric's "
+    "range) and the exact sign-flip test must agree; 'contradicted' needs a "
+    "positive control shown in the same run."
+)
+
+
+def redecide_all(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> list:
+  """Re-decides every recorded decision run of `claims` under the declared
+  specs and the current rules (harness.redecide; nothing is trained).
+  Returns [(folder/stem, old verdict, new verdict)]."""
+  entries = [(name, "results", None) for name in claims]
+  entries += [e for e in extra if e[0] in claims]
+  done = []
+  for name, stem, module in entries:
+    path = os.path.join(root, name, f"{stem}.json")
+    results = _load(path)
+    if not results or not harness._is_decision(results):  # pylint: disable=protected-access
+      continue
+    spec = _spec(name, module)
+    rows = None
+    if "rows" not in results:  # rm_selection: one row per seed and RM
+      mod = importlib.import_module(f"experiments.{name}.__main__")
+      rows = mod.rows_of(results["per_seed"])
+    old = (results.get("analysis_as_recorded") or results["analysis"])[
+        "verdict"
+    ]
+    key = f"{name}/{stem}"
+    new = harness.redecide(
+        path,
+        spec,
+        rows=rows,
+        note=REDECIDE_NOTES.get(key, DEFAULT_NOTE),
+    )
+    done.append((key, old, new["analysis"]["verdict"]))
+  return done
 
 
 def write_readme(
@@ -253,7 +497,17 @@ def main(argv) -> None:
       action="store_true",
       help="replace the table in experiments/README.md",
   )
+  p.add_argument(
+      "--redecide",
+      action="store_true",
+      help="re-decide every recorded decision run under the declared specs "
+      "and the current rules first (rewrites results.json / .md; trains "
+      "nothing)",
+  )
   args = p.parse_args(argv)
+  if args.redecide:
+    for key, old, new in redecide_all():
+      print(f"{key}: {old} -> {new}", file=sys.stderr)
   text = table()
   print(text)
   if args.write:

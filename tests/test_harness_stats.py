@@ -53,41 +53,136 @@ def test_paired_difference_errors():
     stats.paired_difference([1.0, float("nan")], [0.0, 0.0])
 
 
+def _effect(ci, n=8):
+  """A paired effect whose n differences all equal the middle of `ci` (all
+  on one side of any bound outside ci: sign-flip p = 2 / 2^n there)."""
+  mid = (ci[0] + ci[1]) / 2
+  return {"ci": list(ci), "diffs": [mid] * n}
+
+
 @pytest.mark.parametrize(
-    "ci,direction,margin,room,expected",
+    "ci,prediction,hib,margin,expected",
     [
-        ((0.1, 0.5), 1, None, True, "supported"),
-        ((0.1, 0.5), "greater", None, True, "supported"),
-        ((-0.5, -0.1), 1, None, True, "contradicted"),
-        ((-0.1, 0.5), 1, None, True, "inconclusive"),
-        ((-0.5, -0.1), -1, None, True, "supported"),
-        ((0.1, 0.5), "less", None, True, "contradicted"),
+        ((0.1, 0.5), "better", True, None, "supported"),
+        ((0.1, 0.5), "higher", False, None, "supported"),
+        ((-0.5, -0.1), "better", True, None, "contradicted"),
+        ((-0.1, 0.5), "better", True, None, "inconclusive"),
+        ((-0.5, -0.1), "better", False, None, "supported"),
+        ((-0.5, -0.1), "lower", True, None, "supported"),
+        ((0.1, 0.5), "worse", True, None, "contradicted"),
         # Directional claim whose effect is bounded inside the margin: no effect.
-        ((-0.01, 0.02), 1, 0.05, True, "contradicted"),
-        ((-0.01, 0.08), 1, 0.05, True, "inconclusive"),
+        ((-0.01, 0.02), "better", True, 0.05, "contradicted"),
+        ((-0.01, 0.08), "better", True, 0.05, "inconclusive"),
         # Parity claims.
-        ((-0.03, 0.04), 0, 0.05, True, "supported"),
-        ((-0.03, 0.06), "equivalent", 0.05, True, "inconclusive"),
-        ((0.06, 0.2), 0, 0.05, True, "contradicted"),
-        ((-0.2, -0.07), 0, 0.05, True, "contradicted"),
-        # No room: untestable whatever the interval.
-        ((0.1, 0.5), 1, None, False, "untestable at this setup"),
-        ((-0.03, 0.04), 0, 0.05, False, "untestable at this setup"),
+        ((-0.03, 0.04), "equivalent", True, 0.05, "supported"),
+        ((-0.03, 0.06), "equivalent", True, 0.05, "inconclusive"),
+        ((0.06, 0.2), "equivalent", True, 0.05, "contradicted"),
+        ((-0.2, -0.07), "equivalent", True, 0.05, "contradicted"),
+        # Non-inferiority: not worse by the margin or more.
+        ((-0.04, 0.3), "noninferior", True, 0.05, "supported"),
+        ((-0.3, 0.04), "noninferior", False, 0.05, "supported"),
+        ((-0.3, -0.06), "noninferior", True, 0.05, "contradicted"),
+        ((-0.06, 0.3), "noninferior", True, 0.05, "inconclusive"),
     ],
 )
-def test_verdict_rule(ci, direction, margin, room, expected):
-  assert stats.verdict(ci, direction, margin, room) == expected
+def test_part_verdict_rule(ci, prediction, hib, margin, expected):
+  out = stats.part_verdict(_effect(ci), prediction, hib, margin)
+  assert out["verdict"] == expected
+  assert 0 < out["p"] <= 1
 
 
-def test_verdict_errors():
+def test_part_verdict_errors():
+  e = _effect((-0.1, 0.1))
   with pytest.raises(ValueError, match="needs a margin"):
-    stats.verdict((-0.1, 0.1), 0)
-  with pytest.raises(ValueError, match="direction=2"):
-    stats.verdict((-0.1, 0.1), 2)
-  with pytest.raises(ValueError, match="effect_ci"):
-    stats.verdict((0.3, 0.1), 1)
-  with pytest.raises(ValueError, match="equivalence_margin=0"):
-    stats.verdict((0.1, 0.3), 1, 0)
+    stats.part_verdict(e, "equivalent")
+  with pytest.raises(ValueError, match="prediction='faster'"):
+    stats.part_verdict(e, "faster")
+  with pytest.raises(ValueError, match="ci="):
+    stats.part_verdict({"ci": [0.3, 0.1], "diffs": [0.2, 0.2]}, "better")
+  with pytest.raises(ValueError, match="margin=0"):
+    stats.part_verdict(e, "better", margin=0)
+
+
+def test_sign_flip_p_by_hand():
+  # [1, 2, 3]: the 8 sign patterns sum to 6, 4, 2, 0, 0, -2, -4, -6; two
+  # reach |6|: p = 2/8.
+  assert stats.sign_flip_p([1.0, 2.0, 3.0]) == 0.25
+  # [2, -1, 3]: sums 4, -2, 6, 0, 0, -6, 2, -4; four reach |4|: p = 4/8.
+  assert stats.sign_flip_p([2.0, -1.0, 3.0]) == 0.5
+  # An observed sum of 0 (or all differences at the null): p = 1.
+  assert stats.sign_flip_p([1.0, -1.0]) == 1.0
+  assert stats.sign_flip_p([1.0, 2.0, 3.0], shift=2.0) == 1.0
+  # The floor 2 / 2^n: every difference on one side.
+  assert stats.sign_flip_p([0.1] * 8) == 2 / 256
+  assert stats.sign_flip_p([-5.0] * 5) == 2 / 32
+  # Shifted null: [1, 2, 3] - 0.5 = [0.5, 1.5, 2.5], still one side.
+  assert stats.sign_flip_p([1.0, 2.0, 3.0], shift=0.5) == 0.25
+  with pytest.raises(ValueError, match="2\\^n"):
+    stats.sign_flip_p([1.0] * (stats.MAX_SIGN_FLIP_N + 1))
+  with pytest.raises(ValueError, match="non-finite"):
+    stats.sign_flip_p([1.0, float("inf")])
+
+
+def test_holm_by_hand():
+  # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04;
+  # the running maximum lifts the last to 0.06.
+  assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx(
+      [0.03, 0.06, 0.06, 0.02]
+  )
+  assert stats.holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+  assert stats.holm([0.2]) == [0.2]
+  assert stats.holm([]) == []
+  with pytest.raises(ValueError, match="\\[0, 1\\]"):
+    stats.holm([0.1, 1.5])
+
+
+def test_t_interval_and_sign_flip_must_agree():
+  # [1, 2, 3, 4, 5]: mean 3, SE sqrt(2.5 / 5) = 0.7071, t_4 = 2.776:
+  # CI [1.037, 4.963] excludes 0, but 5 seeds cannot reach p <= 0.05 (floor
+  # 2/32 = 0.0625): not supported.
+  e = stats.paired_difference([1.0, 2.0, 3.0, 4.0, 5.0], [0.0] * 5)
+  assert e["ci"][0] == pytest.approx(3 - 2.776445 * math.sqrt(0.5), abs=1e-5)
+  assert e["sign_flip_p"] == 2 / 32 == e["sign_flip_floor"]
+  assert stats.part_verdict(e, "better")["verdict"] == "inconclusive"
+  # Zero variance (every difference 0.1): a zero-width interval at 0.1, but
+  # with 4 seeds the sign-flip p is 2/16 = 0.125: not supported either;
+  # with 8 seeds, 2/256: supported.
+  e4 = stats.paired_difference([0.1, 0.6, 0.9, 0.4], [0.0, 0.5, 0.8, 0.3])
+  assert e4["zero_variance"] and e4["se"] == 0.0
+  assert e4["sign_flip_p"] == 2 / 16
+  assert stats.part_verdict(e4, "better")["verdict"] == "inconclusive"
+  e8 = stats.paired_difference([1.0] * 8, [0.0] * 8)
+  assert e8["zero_variance"] and e8["ci"] == [1.0, 1.0]
+  assert stats.part_verdict(e8, "better") == {
+      "verdict": "supported",
+      "p": 2 / 256,
+      "tests": {"0": 2 / 256},
+  }
+
+
+def test_paired_difference_clips_to_the_metric_range():
+  # Accuracies: diffs [-1, -1, 0.8], mean -0.4, sample std sqrt(1.08), SE
+  # 0.6, t_2 = 4.3027: t interval [-2.982, 2.182], clipped to [-1, 1].
+  e = stats.paired_difference(
+      [0.0, 0.0, 0.9], [1.0, 1.0, 0.1], metric_range=(0.0, 1.0)
+  )
+  assert e["se"] == pytest.approx(0.6)
+  half = 4.302653 * 0.6
+  assert e["ci_t"] == pytest.approx([-0.4 - half, -0.4 + half], abs=1e-5)
+  assert e["ci"] == [-1.0, 1.0] and e["ci_clipped"] is True
+  assert e["diff_range"] == [-1.0, 1.0]
+  # An end inside the range is kept; an unbounded range clips nothing.
+  # diffs [-0.9, -0.6, -1.0]: mean -0.8333, SE 0.1202, t interval
+  # [-1.350, -0.316].
+  e = stats.paired_difference(
+      [0.0, 0.3, 0.0], [0.9, 0.9, 1.0], metric_range=(0.0, 1.0)
+  )
+  assert e["ci_t"][0] == pytest.approx(-1.3505, abs=1e-3)
+  assert e["ci"][1] == e["ci_t"][1] and e["ci"][0] == -1.0
+  e = stats.paired_difference(
+      [0.0, 0.0, 9.0], [5.0, 5.0, 1.0], metric_range=(0.0, None)
+  )
+  assert e["ci_clipped"] is False and e["diff_range"] is None
 
 
 def test_claimspec_direction_and_analyse():
@@ -106,7 +201,7 @@ def test_claimspec_direction_and_analyse():
       "hdpo": [{"calls": 0.5}, {"calls": 0.5}, {"calls": 0.4}],
   }
   # diffs [-0.5, -0.4, -0.6]: mean -0.5, SE 0.1 / sqrt(3) = 0.057735.
-  a = stats.analyse(spec, rows, room_value=0.3)
+  a = stats.analyse(spec, rows, [0.3, 0.25, 0.35])
   assert a["effect"]["mean"] == pytest.approx(-0.5)
   assert a["effect"]["se"] == pytest.approx(0.1 / math.sqrt(3))
   assert a["effect"]["ci"][1] == pytest.approx(
@@ -114,15 +209,29 @@ def test_claimspec_direction_and_analyse():
   )
   assert a["room"] == {
       "metric": "zero_call_groups",
-      "value": 0.3,
+      "value": pytest.approx(0.3),
+      "per_seed": [0.3, 0.25, 0.35],
       "threshold": 0.2,
       "ok": True,
+      "failing": [],
   }
-  assert a["verdict"] == "supported"
-  low_room = stats.analyse(spec, rows, room_value=0.1)
-  assert low_room["room"]["ok"] is False
-  assert low_room["verdict"] == "untestable at this setup"
-  text = stats.format_analysis(low_room)
+  # The t interval excludes 0, but 3 seeds cannot reach the sign-flip test's
+  # level (floor 2/8 = 0.25): inconclusive.
+  assert a["effect"]["ci"][1] < 0 and a["p_claim"] == 0.25
+  assert a["verdict"] == "inconclusive"
+  assert a["spec_hash"] == stats.spec_hash(spec.to_json())
+  # Every seed must leave room: one seed below the threshold (mean 0.3 above
+  # it) or one seed without a value is no room; so is no value at all.
+  for per_seed, failing in (
+      ([0.5, 0.3, 0.1], [2]),
+      ([0.5, None, 0.4], [1]),
+      (None, []),
+  ):
+    low_room = stats.analyse(spec, rows, per_seed)
+    assert low_room["room"]["ok"] is False
+    assert low_room["room"]["failing"] == failing
+    assert low_room["verdict"] == "untestable at this setup"
+  text = stats.format_analysis(stats.analyse(spec, rows, [0.5, 0.3, 0.1]))
   assert "-0.500" in text and "NO room" in text and "untestable" in text
 
 
@@ -133,7 +242,22 @@ def test_claimspec_errors():
     stats.ClaimSpec("acc", True, "r", 0.1, prediction="equivalent")
   spec = stats.ClaimSpec("acc", True, "r", 0.1, treatment="a", control="b")
   with pytest.raises(ValueError, match="arm 'a'"):
-    stats.analyse(spec, {"b": [{"acc": 1.0}]}, None)
+    stats.analyse(spec, {"b": [{"acc": 1.0}]}, [0.5])
+  with pytest.raises(ValueError, match="parts\\[0\\].metric='x'"):
+    stats.ClaimSpec("acc", True, "r", 0.1, parts=(stats.Part("x"),))
+  with pytest.raises(ValueError, match="needs a margin"):
+    stats.Part("acc", "noninferior")
+  with pytest.raises(ValueError, match="metric_range"):
+    stats.Part("acc", metric_range=(1.0, 0.0))
+  with pytest.raises(ValueError, match="positive_control_arm 'z'"):
+    stats.ClaimSpec(
+        "acc",
+        True,
+        "r",
+        0.1,
+        positive_control_arm="z",
+        positive_control_check=stats.Part("acc", treatment="y", control="b"),
+    )
 
 
 def test_plot_grid_shares_limits_per_metric(tmp_path):
@@ -218,24 +342,28 @@ def test_analyse_untestable_without_rl_rows():
   spec = stats.ClaimSpec(
       "acc", True, "headroom", 0.3, treatment="a", control="b"
   )
-  a = stats.analyse(spec, {"SFT (start)": [{"acc": 0.9}, {"acc": 0.95}]}, 0.1)
+  a = stats.analyse(
+      spec, {"SFT (start)": [{"acc": 0.9}, {"acc": 0.95}]}, [0.1, 0.1]
+  )
   assert a["effect"] is None and a["verdict"] == "untestable at this setup"
   assert a["room"] == {
       "metric": "headroom",
       "value": 0.1,
+      "per_seed": [0.1, 0.1],
       "threshold": 0.3,
       "ok": False,
+      "failing": [0, 1],
   }
   assert "not run" in stats.format_analysis(a)
   with pytest.raises(ValueError, match="arm 'a'"):
-    stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, 0.5)
+    stats.analyse(spec, {"b": [{"acc": 1.0}, {"acc": 1.0}]}, [0.5, 0.5])
 
 
 def test_room_only_analysis_and_summary_row():
   spec = stats.ClaimSpec(
       "acc", True, "headroom", 0.3, treatment="a", control="b"
   )
-  a = stats.room_only_analysis(spec, 0.45)
+  a = stats.room_only_analysis(spec, [0.45, 0.45])
   assert a["effect"] is None and a["verdict"] == stats.ROOM_ONLY
   assert a["room"]["ok"] is True and a["room"]["value"] == 0.45
   text = stats.format_analysis(a)
@@ -346,7 +474,7 @@ def test_summary_row_from_results():
       departures=("d1",),
   )
   rows = {"t": [{"acc": 0.9}, {"acc": 0.8}], "c": [{"acc": 0.5}, {"acc": 0.6}]}
-  analysis = stats.analyse(spec, rows, 0.4)
+  analysis = stats.analyse(spec, rows, [0.4, 0.4])
   results = {
       "spec": spec.to_json(),
       "room": {"metric": "headroom", "value": 0.4, "threshold": 0.3},
@@ -359,7 +487,16 @@ def test_summary_row_from_results():
   # diffs [0.4, 0.2]: mean 0.3, SE 0.1, t_1 = 12.706 -> CI [-0.971, +1.571].
   assert r["effect"] == "+0.300 [-0.971, +1.571]"
   assert r["verdict"] == "inconclusive"
-  assert r["room"] == "headroom = 0.400 (threshold 0.3: room)"
+  assert r["room"] == (
+      "headroom = 0.400, lowest seed 0.400 (threshold 0.3: room in every seed)"
+  )
+  # diffs [0.4, 0.2]: sign-flip p 2/4, the floor of 2 seeds.
+  assert r["p"] == "0.5000 (floor 2/2^2)" and r["_p"] == 0.5
+  # A run whose room has no per-seed values says so.
+  no_per_seed = dict(results, analysis=None)
+  assert "per-seed values not recorded" in (
+      summary.row("x", no_per_seed, None)["room"]
+  )
   # A run recorded before the harness summed resumed processes: lower bound.
   assert r["wall"] == ">= 10 min (last process)"
   assert r["seeds"] == "2" and r["paper"] == "P"
@@ -452,7 +589,7 @@ def test_summary_reads_room_check_when_results_are_undecided(tmp_path):
   room = {
       "spec": spec.to_json(),
       "room": {"metric": "headroom", "value": 0.1, "threshold": 0.3},
-      "analysis": stats.analyse(spec, {}, 0.1),
+      "analysis": stats.analyse(spec, {}, [0.1, 0.1, 0.1]),
       "seeds": [0, 1, 2],
       "room_only": True,
       "wall_total_s": 60.0,
@@ -469,7 +606,7 @@ def test_summary_reads_room_check_when_results_are_undecided(tmp_path):
               "t": [{"acc": 1.0}, {"acc": 0.9}],
               "c": [{"acc": 0.5}, {"acc": 0.4}],
           },
-          0.5,
+          [0.5, 0.5],
       ),
       room_only=False,
   )
@@ -530,11 +667,17 @@ def test_rm_selection_pairs_the_two_rms_by_seed():
   assert e["mean"] == pytest.approx(0.35 / 3)
   assert e["ci"][0] == pytest.approx(0.35 / 3 - 4.3027 * 0.0440959, abs=1e-4)
   assert a["verdict"] == "inconclusive"
-  # A consistent gain over 4 seeds is supported.
+  # A consistent gain over 4 seeds: its t interval excludes 0, but 4 seeds
+  # cannot reach the sign-flip test's level (floor 2/16 = 0.125):
+  # inconclusive; the same gain over 6 seeds is supported (p = 2/64).
   reports.append(_bon(0.35, 0.45, 0.40, 0.90))
   reports[0] = _bon(0.40, 0.48, 0.50, 0.90)
   _, a = rm_sel.analyse([rm_sel.seed_summary(r) for r in reports])
-  assert a["effect"]["ci"][0] > 0 and a["verdict"] == "supported"
+  assert a["effect"]["ci"][0] > 0 and a["p_claim"] == 2 / 16
+  assert a["verdict"] == "inconclusive"
+  reports += [_bon(0.35, 0.45, 0.40, 0.90), _bon(0.40, 0.49, 0.50, 0.90)]
+  _, a = rm_sel.analyse([rm_sel.seed_summary(r) for r in reports])
+  assert a["p_claim"] == 2 / 64 and a["verdict"] == "supported"
 
 
 def test_rm_selection_one_seed_or_no_room_forms_no_interval():
@@ -736,3 +879,383 @@ def test_committed_experiment_json_files_are_strict_json():
   for path in paths:
     with open(path) as f:
       _strict_loads(f.read())
+
+
+def _compound_spec(check=None):
+  """otc-like compound claim: calls lower, accuracy within 0.05."""
+  return stats.ClaimSpec(
+      "calls",
+      False,
+      "room",
+      0.3,
+      treatment="t",
+      control="c",
+      parts=(
+          stats.Part("calls", "better", higher_is_better=False),
+          stats.Part("acc", "equivalent", margin=0.05, metric_range=(0.0, 1.0)),
+      ),
+      positive_control_arm="" if check is None else check.treatment,
+      positive_control_check=check,
+  )
+
+
+def _rows(acc_shift, n=8):
+  """Control c: 1 call, accuracy 0.9; treatment t: 0 calls, accuracy 0.9 +
+  acc_shift + a small zero-mean wiggle; z: 1 call less than c on 'hard'."""
+  wiggle = [0.01, -0.01, 0.02, -0.02, 0.0, 0.01, -0.01, 0.0][:n]
+  return {
+      "c": [{"calls": 1.0, "acc": 0.9, "hard": 1.0} for _ in range(n)],
+      "t": [{"calls": 0.0, "acc": 0.9 + acc_shift + w} for w in wiggle],
+      "z": [{"calls": 1.0, "acc": 0.5, "hard": 0.0} for _ in range(n)],
+  }
+
+
+def test_compound_claim_needs_every_part_and_a_shown_control():
+  room = [0.5] * 8
+  spec = _compound_spec()
+  # Calls: diffs all -1 (zero variance), sign-flip p 2/256. Accuracy: diffs
+  # = the wiggle, mean 0, inside (-0.05, 0.05); the tests at -0.05 and 0.05
+  # see one sign only: p 2/256 each. Both parts supported.
+  a = stats.analyse(spec, _rows(0.0), room)
+  assert [p["verdict"] for p in a["parts"]] == ["supported", "supported"]
+  assert a["parts"][0]["effect"]["zero_variance"] is True
+  assert a["p_claim"] == 2 / 256 and a["verdict"] == "supported"
+  # Accuracy 0.2 lower: the equivalence part is contradicted; without a
+  # declared positive control the claim is not contradicted.
+  a = stats.analyse(spec, _rows(-0.2), room)
+  assert [p["verdict"] for p in a["parts"]] == ["supported", "contradicted"]
+  assert a["positive_control"] == {"declared": False, "shown": False}
+  assert a["verdict"] == stats.CANNOT_SHOW
+  # With a check whose arm ran and showed its effect: contradicted.
+  check = stats.Part("hard", "lower", treatment="z", control="c")
+  spec = _compound_spec(check)
+  a = stats.analyse(spec, _rows(-0.2), room)
+  assert a["positive_control"]["shown"] is True
+  assert a["verdict"] == "contradicted"
+  # The control arm not in the decision run: cannot show the effect.
+  rows = _rows(-0.2)
+  del rows["z"]
+  a = stats.analyse(spec, rows, room)
+  assert a["positive_control"]["verdict"] == stats.NOT_RUN
+  assert a["verdict"] == stats.CANNOT_SHOW
+  # A control that ran but did not show its effect (z = c): the same.
+  rows["z"] = rows["c"]
+  assert stats.analyse(spec, rows, room)["verdict"] == stats.CANNOT_SHOW
+  # A part whose arm was not run: not supported, no claim p-value.
+  spec3 = dataclasses.replace(
+      spec,
+      parts=spec.parts
+      + (stats.Part("calls", "equivalent", margin=0.1, treatment="small"),),
+  )
+  a = stats.analyse(spec3, _rows(0.0), room)
+  assert a["parts"][2]["verdict"] == stats.NOT_RUN
+  assert a["parts"][2]["missing"] == ["small"]
+  assert a["p_claim"] is None and a["verdict"] == "inconclusive"
+  assert spec3.arms == ["t", "c", "small", "z"]
+  text = stats.format_analysis(a)
+  assert "Part 3" in text and "not run" in text and "zero variance" in text
+
+
+def test_spec_hash_tracks_the_decision_not_the_wording():
+  spec = _compound_spec()
+  h = stats.spec_hash(spec.to_json())
+  assert spec.to_json()["spec_hash"] == h and len(h) == 10
+  # Wording, departures and metric ranges do not change the version ...
+  same = dataclasses.replace(spec, claim="other words", departures=("d",))
+  assert stats.spec_hash(same.to_json()) == h
+  # ... a margin, a room threshold or a control check does.
+  for changed in (
+      dataclasses.replace(spec, room_threshold=0.4),
+      dataclasses.replace(
+          spec,
+          parts=(spec.parts[0], dataclasses.replace(spec.parts[1], margin=0.1)),
+      ),
+      _compound_spec(stats.Part("hard", "lower", treatment="z", control="c")),
+  ):
+    assert stats.spec_hash(changed.to_json()) != h
+  # A spec recorded before parts existed hashes like its one-part form.
+  single = stats.ClaimSpec("acc", True, "r", 0.1, treatment="a", control="b")
+  old = {
+      k: v
+      for k, v in single.to_json().items()
+      if k not in ("parts", "positive_control_check", "metric_range")
+  }
+  assert stats.spec_hash(old) == stats.spec_hash(single.to_json())
+
+
+def test_ledger_carries_runs_and_replaces_a_resumed_one(tmp_path):
+  from experiments import harness  # noqa: PLC0415
+
+  spec = stats.ClaimSpec("acc", True, "r", 0.1, treatment="t", control="c")
+  rows = {"t": [{"acc": 1.0}, {"acc": 0.9}], "c": [{"acc": 0.5}] * 2}
+  legacy = {
+      "commit": "aaa",
+      "seeds": [0, 1],
+      "spec": spec.to_json(),
+      "analysis": stats.analyse(spec, rows, [0.5, 0.5]),
+      "command": "python -m experiments.x",
+      "rows": rows,
+  }
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps(legacy))
+  new = dict(legacy, commit="bbb", date="2026-12-04 10:00 UTC")
+  ledger = harness.carry_ledger(str(path), harness.ledger_entry(new))
+  # The file from before the ledger existed contributes its own run.
+  assert [e["commit"] for e in ledger] == ["aaa", "bbb"]
+  assert ledger[1] == {
+      "kind": "decision run",
+      "date": "2026-12-04 10:00 UTC",
+      "commit": "bbb",
+      "spec_hash": stats.spec_hash(spec.to_json()),
+      "seeds": [0, 1],
+      "verdict": "inconclusive",
+      "rules": stats.RULES,
+      "command": "python -m experiments.x",
+  }
+  path.write_text(json.dumps(dict(new, ledger=ledger)))
+  # The same run again (resumed workdirs): replaced, not appended.
+  again = harness.carry_ledger(str(path), harness.ledger_entry(new))
+  assert [e["commit"] for e in again] == ["aaa", "bbb"]
+
+
+def _git(repo, *args):
+  import subprocess  # noqa: PLC0415
+
+  subprocess.run(
+      ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+      cwd=repo,
+      check=True,
+      capture_output=True,
+  )
+
+
+def test_ledger_from_git_and_redecide(tmp_path):
+  # Three committed versions of a results file: a room check (not a decision
+  # run), a first decision run, the same run re-committed (counted once),
+  # then a second run with another spec. redecide adds one re-decision entry
+  # (replaced, not repeated, when run again) and keeps what was recorded.
+  from experiments import harness  # noqa: PLC0415
+
+  repo = tmp_path
+  _git(repo, "init", "-q")
+  folder = repo / "experiments" / "x"
+  folder.mkdir(parents=True)
+  path = folder / "results.json"
+  spec1 = stats.ClaimSpec("acc", True, "r", 0.1, treatment="t", control="c")
+  spec2 = dataclasses.replace(spec1, room_threshold=0.2)
+  rows = {
+      "t": [{"acc": 1.0}] * 8,
+      "c": [{"acc": 0.5 + 0.01 * i} for i in range(8)],
+  }
+
+  def commit(d, msg):
+    path.write_text(json.dumps(d))
+    (folder / "results.md").write_text("# x\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", msg)
+
+  base = {"seeds": list(range(8)), "rows": rows, "command": "c"}
+  commit(
+      dict(
+          base,
+          room_only=True,
+          spec=spec1.to_json(),
+          analysis=stats.room_only_analysis(spec1, [0.5] * 8),
+          commit="r0",
+      ),
+      "room check",
+  )
+  run1 = dict(
+      base,
+      spec=spec1.to_json(),
+      commit="c1",
+      analysis=stats.analyse(spec1, rows, [0.5] * 8),
+  )
+  commit(run1, "run 1")
+  commit(dict(run1, note="reformatted"), "run 1 again")
+  run2 = dict(
+      base,
+      spec=spec2.to_json(),
+      commit="c2",
+      analysis=stats.analyse(spec2, rows, [0.15] + [0.5] * 7),
+      room={"per_seed": [0.15] + [0.5] * 7},
+  )
+  commit(run2, "run 2")
+  ledger = harness.ledger_from_git(str(path), str(repo))
+  assert [(e["commit"], e["verdict"], e["date_of"]) for e in ledger] == [
+      ("c1", "supported", "recording commit"),
+      ("c2", "untestable at this setup", "recording commit"),
+  ]
+  assert ledger[0]["spec_hash"] != ledger[1]["spec_hash"]
+  for _ in range(2):
+    res = harness.redecide(str(path), spec1, note="why", repo=str(repo))
+  assert [e["kind"] for e in res["ledger"]] == [
+      "decision run",
+      "decision run",
+      "re-decision",
+  ]
+  redo = res["ledger"][-1]
+  assert redo["data_of"] == 2 and redo["commit"] == "c2"
+  assert redo["spec_hash"] == ledger[0]["spec_hash"]
+  # spec1's threshold 0.1: seed 0's 0.15 is room now; diffs 0.5 - 0.01 i
+  # all positive: p 2/256, supported.
+  assert res["analysis"]["verdict"] == "supported"
+  assert res["analysis_as_recorded"]["verdict"] == "untestable at this setup"
+  assert res["spec_as_recorded"]["room_threshold"] == 0.2
+  md = (folder / "results.md").read_text()
+  assert md.count(harness.REDECIDED_MARKER) == 1 and "why" in md
+  assert "**Verdict: supported.**" in md
+  from experiments import summary  # noqa: PLC0415
+
+  text = summary.attempts(res["ledger"], stats.spec_hash(spec2.to_json()))
+  assert text == (
+      "2 decision runs: run 1 v1 (2026-12-04): supported; run 2 v2 "
+      f"({ledger[1]['date']}): untestable at this setup; re-decided "
+      f"{redo['date']} as v1 (rules 2) from run 2's data: supported"
+  ).replace("2026-12-04", ledger[0]["date"], 1)
+  assert "not yet decided" in summary.attempts(res["ledger"], "0123456789")
+
+
+def test_require_clean_tree(tmp_path, monkeypatch):
+  from experiments import harness  # noqa: PLC0415
+
+  repo = tmp_path
+  _git(repo, "init", "-q")
+  (repo / "experiments" / "x").mkdir(parents=True)
+  (repo / "code.py").write_text("a = 1\n")
+  (repo / "experiments" / "x" / "results.json").write_text("{}")
+  _git(repo, "add", "-A")
+  _git(repo, "commit", "-q", "-m", "init")
+  harness.require_clean_tree(str(repo))
+  # Results files may differ (a run rewrites them) ...
+  (repo / "experiments" / "x" / "results.json").write_text('{"a": 1}')
+  (repo / "experiments" / "x" / "room_check.md").write_text("x")
+  harness.require_clean_tree(str(repo))
+  assert not harness.git_commit(str(repo)).endswith("-dirty")
+  # ... code may not, tracked or untracked.
+  (repo / "code.py").write_text("a = 2\n")
+  (repo / "new.py").write_text("b = 1\n")
+  with pytest.raises(harness.UsageError, match="clean git tree.*code.py"):
+    harness.require_clean_tree(str(repo))
+  assert harness.dirty_paths(str(repo)) == ["code.py", "new.py"]
+  with pytest.raises(harness.UsageError, match="git checkout"):
+    harness.require_clean_tree(str(tmp_path / "nowhere"))
+  # cli: a decision run (no --smoke) from a dirty tree is refused before any
+  # work; --smoke is not.
+  monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: ["code.py"])
+  ran = []
+  monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
+  kwargs = dict(
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: {"a": None},
+  )
+  with pytest.raises(harness.UsageError, match="clean git tree"):
+    harness.cli([f"--root={tmp_path}"], **kwargs)
+  assert not ran
+  harness.cli(["--smoke", f"--root={tmp_path}"], **kwargs)
+  assert len(ran) == 1
+
+
+def test_cli_keeps_every_arm_the_verdict_needs(tmp_path, monkeypatch):
+  # --arms=t still trains c (the control), small (a part's arm) and z (the
+  # positive control), not the unrelated arm u.
+  from experiments import harness  # noqa: PLC0415
+
+  seen = {}
+  monkeypatch.setattr(
+      harness, "run_claim", lambda title, arms, *a, **kw: seen.update(arms)
+  )
+  spec = _compound_spec(stats.Part("hard", "lower", treatment="z", control="c"))
+  spec = dataclasses.replace(
+      spec,
+      parts=spec.parts
+      + (stats.Part("calls", "equivalent", margin=0.1, treatment="small"),),
+  )
+  arms = {a: None for a in ("t", "c", "small", "z", "u")}
+  harness.cli(
+      ["--smoke", f"--root={tmp_path}", "--arms=t"],
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: arms,
+      spec=spec,
+  )
+  assert sorted(seen) == ["c", "small", "t", "z"]
+  with pytest.raises(harness.UsageError, match=r"arm\(s\) \['small'\]"):
+    harness.cli(
+        ["--smoke", f"--root={tmp_path}"],
+        here=str(tmp_path),
+        prog="experiments.x",
+        title="t",
+        arms_fn=lambda smoke: {a: None for a in ("t", "c", "z")},
+        spec=spec,
+    )
+
+
+def test_summary_holm_column_over_decided_rows(tmp_path):
+  # Two decided claims with sign-flip p 2/256 and 2/16 and one untestable:
+  # Holm over the two decided ones, 2 x 2/256 = 0.0156 and 0.125.
+  from experiments import summary  # noqa: PLC0415
+
+  spec = stats.ClaimSpec("acc", True, "r", 0.3, treatment="t", control="c")
+
+  def results(n, room):
+    rows = {"t": [{"acc": 1.0}] * n, "c": [{"acc": 0.5}] * n}
+    return {
+        "spec": spec.to_json(),
+        "analysis": stats.analyse(spec, rows, [room] * n),
+        "seeds": list(range(n)),
+        "rows": rows,
+    }
+
+  for name, res in (
+      ("dark_room", results(8, 0.5)),
+      ("reward_noise", results(4, 0.5)),
+      ("length_bias", results(8, 0.1)),
+  ):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "results.json").write_text(json.dumps(res))
+  text = summary.table(
+      claims=("dark_room", "reward_noise", "length_bias"),
+      root=str(tmp_path),
+      extra=(),
+  )
+  lines = text.split("\n")[2:]
+  assert "0.016 (of 2)" in lines[0] and "0.0078 (floor 2/2^8)" in lines[0]
+  assert "0.125 (of 2)" in lines[1]
+  assert "n/a (not decided)" in lines[2] and "untestable" in lines[2]
+
+
+def test_committed_verdicts_follow_the_declared_specs():
+  # Every committed decision of a claim is the declared spec's analysis of
+  # its recorded per-seed rows under the current rules, and its ledger ends
+  # with that decision.
+  import os  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+  from experiments import summary  # noqa: PLC0415
+
+  entries = [(n, "results", None) for n in summary.CLAIMS] + list(summary.EXTRA)
+  checked = 0
+  for name, stem, module in entries:
+    path = os.path.join(summary.HERE, name, f"{stem}.json")
+    with open(path) as f:
+      res = json.load(f)
+    if not harness._is_decision(res):  # pylint: disable=protected-access
+      continue
+    spec = summary._spec(name, module)  # pylint: disable=protected-access
+    rows = res.get("rows")
+    if rows is None:
+      import importlib  # noqa: PLC0415
+
+      rows = importlib.import_module(f"experiments.{name}.__main__").rows_of(
+          res["per_seed"]
+      )
+    fresh = stats.analyse(spec, rows, res["room"]["per_seed"])
+    assert res["analysis"]["verdict"] == fresh["verdict"], name
+    assert res["analysis"]["spec_hash"] == spec.to_json()["spec_hash"], name
+    assert res["ledger"][-1]["verdict"] == fresh["verdict"], name
+    checked += 1
+  assert checked >= 12

@@ -16,6 +16,7 @@ SPEC = stats.ClaimSpec(
     treatment="GRPO",
     control="SFT (start)",
     prediction="better",
+    metric_range=(0.0, 1.0),
     room_fn=harness.room_mixed_hard_groups,
     claim="GRPO with a correctness reward raises held-out greedy accuracy above "
     "the SFT start",

@@ -28,6 +28,7 @@ SPEC = stats.ClaimSpec(
     treatment="pred_zscore",
     control="outcome",
     prediction="worse",
+    metric_range=(0.0, 1.0),
     room_fn=harness.room_all_fail_groups,
     claim="a next-observation-prediction PBRS bonus under z-scored GRPO collapses "
     "success (episodes pinned at the horizon)",

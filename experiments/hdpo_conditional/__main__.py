@@ -13,6 +13,21 @@ from experiments.hdpo_conditional import config
 # second setup change of 2026-12-02 the room metric was the share of groups
 # holding a correct zero-call episode (threshold 0.25); the README says why it
 # was replaced.
+#
+# Compound form (declared 2026-12-04, issue 31; re-decided from the recorded
+# 8-seed run, nothing re-run), one part per clause of the claim:
+#   1. easy-item calls hdpo - correct lower (the primary part);
+#   2. accuracy hdpo - correct equivalent within 0.05 absolute ("at equal
+#      accuracy": a twentieth of the accuracy scale, from the wording, not
+#      the data; the recorded difference, -0.064, had been published in the
+#      README before the margin was declared, and the margin was not moved);
+#   3. easy-item calls cost_0.02 - correct equivalent within 0.1 calls per
+#      episode ("a small additive per-call cost does not" cut them: less than
+#      a tenth of the one call per easy episode of the over-calling start);
+#   4. hard-item calls cost_1.2 - correct lower ("a large one under-calls on
+#      hard items"), also the positive-control check.
+# The recorded run trained correct, hdpo and cost_1.2 only: part 3 needs the
+# cost_0.02 arm of the next decision run (the runner keeps every part's arm).
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls_easy",
     higher_is_better=False,
@@ -38,6 +53,38 @@ SPEC = stats.ClaimSpec(
     positive_control="cost_1.2 arm (above the value of a needed call): must "
     "under-call on hard items",
     positive_control_arm="cost_1.2",
+    parts=(
+        stats.Part(
+            "tool_calls_easy",
+            "better",
+            higher_is_better=False,
+            metric_range=(0.0, None),
+        ),
+        stats.Part(
+            "accuracy", "equivalent", margin=0.05, metric_range=(0.0, 1.0)
+        ),
+        stats.Part(
+            "tool_calls_easy",
+            "equivalent",
+            higher_is_better=False,
+            margin=0.1,
+            treatment="cost_0.02",
+            metric_range=(0.0, None),
+        ),
+        stats.Part(
+            "tool_calls_hard",
+            "lower",
+            treatment="cost_1.2",
+            metric_range=(0.0, None),
+        ),
+    ),
+    positive_control_check=stats.Part(
+        "tool_calls_hard",
+        "lower",
+        treatment="cost_1.2",
+        control="correct",
+        metric_range=(0.0, None),
+    ),
 )
 
 if __name__ == "__main__":

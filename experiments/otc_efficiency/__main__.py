@@ -13,6 +13,14 @@ from experiments.otc_efficiency import config
 # Until the second setup change of 2026-12-02 the room metric was the share of
 # groups holding a correct zero-call episode (threshold 0.25); the README says
 # why it was replaced.
+#
+# Compound form (declared 2026-12-04, issue 31; re-decided from the recorded
+# 8-seed run, nothing re-run): the claim says "at about equal accuracy", so
+# accuracy otc - correct is a second part, equivalent within a margin of 0.05
+# absolute accuracy. The margin comes from the claim's wording ("about
+# equal": a twentieth of the accuracy scale), not from the data; the recorded
+# accuracy difference had been published in the README (-0.053) before the
+# margin was declared, and the margin was not moved after seeing it.
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls",
     higher_is_better=False,
@@ -35,6 +43,17 @@ SPEC = stats.ClaimSpec(
         "model can answer them without the tool",
     ),
     positive_control="none run (a perfect direct answerer on easy items would be one)",
+    parts=(
+        stats.Part(
+            "tool_calls",
+            "better",
+            higher_is_better=False,
+            metric_range=(0.0, None),
+        ),
+        stats.Part(
+            "accuracy", "equivalent", margin=0.05, metric_range=(0.0, 1.0)
+        ),
+    ),
 )
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ SPEC = stats.ClaimSpec(
     treatment="xs_pbrs",
     control="xs_outcome",
     prediction="better",
+    metric_range=(0.0, 1.0),
     room_fn=harness.room_headroom,
     claim="potential-based shaping helps a small model learn faster, and the "
     "gain shrinks as the model grows",

@@ -16,6 +16,7 @@ SPEC = stats.ClaimSpec(
     treatment="tree_a0.5",
     control="grpo",
     prediction="better",
+    metric_range=(0.0, 1.0),
     room_fn=harness.room_headroom,
     claim="tree rollouts with fork-relative advantages beat trajectory-only "
     "GRPO on accuracy and tool calls",

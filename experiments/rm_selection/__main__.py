@@ -54,6 +54,7 @@ SPEC = stats.ClaimSpec(
     treatment="process RM",
     control="outcome RM",
     prediction="better",
+    metric_range=(0.0, 1.0),
     claim="a process reward model selects correct episodes at best-of-8 more "
     "often than an outcome reward model",
     paper="ToolComp",
@@ -97,6 +98,14 @@ def seed_summary(report: dict) -> dict:
   }
 
 
+def rows_of(per_seed: list[dict]) -> dict:
+  """SPEC's arm label -> per-seed rows {primary_metric: rank@1 accuracy}."""
+  return {
+      arm: [{SPEC.primary_metric: s[f"{key}_rank1"]} for s in per_seed]
+      for arm, key in ARMS.items()
+  }
+
+
 def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
   """The room record and SPEC's analysis from per-seed summaries.
 
@@ -107,25 +116,24 @@ def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
     (room, analysis): room = {'metric', 'value' (mean over seeds),
     'threshold', 'per_seed'}; analysis = stats.analyse's dict (2 or more
     seeds), or the same keys with effect None and verdict NOT_DECIDED (one
-    seed) or 'untestable at this setup' (room below the threshold).
+    seed) or 'untestable at this setup' (a seed's room below the threshold).
   """
   room_value = float(sum(s["room"] for s in per_seed) / len(per_seed))
+  room_per_seed = [s["room"] for s in per_seed]
   room = {
       "metric": SPEC.room_metric,
       "value": room_value,
       "threshold": SPEC.room_threshold,
-      "per_seed": [s["room"] for s in per_seed],
+      "per_seed": room_per_seed,
   }
+  # Every seed must leave room (stats.room_record).
+  room_ok = stats.room_record(SPEC, room_per_seed)["ok"]
   if len(per_seed) >= 2:
-    rows = {
-        arm: [{SPEC.primary_metric: s[f"{key}_rank1"]} for s in per_seed]
-        for arm, key in ARMS.items()
-    }
-    return room, stats.analyse(SPEC, rows, room_value)
-  if room_value < SPEC.room_threshold:  # 'untestable at this setup'
-    analysis = stats.analyse(SPEC, {}, room_value)
+    return room, stats.analyse(SPEC, rows_of(per_seed), room_per_seed)
+  if not room_ok:  # 'untestable at this setup'
+    analysis = stats.analyse(SPEC, {}, room_per_seed)
     return room, dict(analysis, effect_note="no room")
-  analysis = stats.room_only_analysis(SPEC, room_value)
+  analysis = stats.room_only_analysis(SPEC, room_per_seed)
   return room, dict(analysis, verdict=NOT_DECIDED, effect_note="one seed")
 
 
@@ -200,7 +208,11 @@ def run_task(
       + (" --smoke" if smoke else ""),
   )
   out = _annotate(out)
-  metrics.write_strict_json(os.path.join(out_dir, f"results{suffix}.json"), out)
+  out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
+  path = os.path.join(out_dir, f"results{suffix}.json")
+  if harness._is_decision(out):  # pylint: disable=protected-access
+    out["ledger"] = harness.carry_ledger(path, harness.ledger_entry(out))
+  metrics.write_strict_json(path, out)
   with open(os.path.join(workdir, "rm_report.md")) as f:
     md = f.read()
   md += (
@@ -309,6 +321,11 @@ def main(argv) -> None:
   root = args.root or os.path.join(
       harness.REPO, "runs", "rm_selection" + ("_smoke" if args.smoke else "")
   )
+  if not args.smoke and not args.reanalyse:
+    try:  # a decision run records the commit that ran
+      harness.require_clean_tree()
+    except harness.UsageError as e:
+      p.error(str(e))
   out_dir = root if args.smoke else HERE
   for t in tasks:
     if args.reanalyse:

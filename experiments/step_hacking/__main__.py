@@ -30,6 +30,7 @@ SPEC = stats.ClaimSpec(
     treatment="sum",
     control="success_only",
     prediction="worse",
+    metric_range=(0.0, 1.0),
     room_fn=harness.room_start_greedy_accuracy,
     claim="a summed process reward is hacked by repeating valid steps; Clip / "
     "Delta / min-form bound it",

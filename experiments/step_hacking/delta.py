@@ -26,7 +26,13 @@ SPEC = stats.ClaimSpec(
     claim="Delta credit on the step reward removes the hack: accuracy as "
     "success-only",
     paper="Clipping/Delta arXiv:2410.15115",
-    departures=step_main.SPEC.departures,
+    departures=step_main.SPEC.departures
+    + (
+        "the delta arm keeps the last call's step reward (the last call "
+        "keeps c p_k); the paper's Delta drops the last step (r_1 - r_T); "
+        "the dropped form is the post-hoc delta_drop arm, not this claim",
+    ),
+    metric_range=(0.0, 1.0),
     positive_control="sum arm (results.md: the same step reward without a "
     "bound collapses)",
 )

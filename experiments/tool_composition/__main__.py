@@ -38,7 +38,12 @@ SPEC = stats.ClaimSpec(
         "ToolRLA answer factor = exact answer correctness (no "
         "partial coverage term)",
         "SFT 300 x 32, RL 30 x 32",
+        "only ToolRLA's arms (additive, multiplicative) are decided; TIER's "
+        "clause (execution reward flat over depth, reference matching "
+        "collapsing past depth 4) is not part of the spec and its arms "
+        "(execution, reference_match) were not in the decision run",
     ),
+    metric_range=(0.0, 1.0),
     positive_control="",
 )
 

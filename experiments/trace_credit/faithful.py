@@ -30,16 +30,19 @@ SPEC = dataclasses.replace(
         "terminal); for an answered episode s_T is the state before its "
         "answer turn",
     ),
-    positive_control="progress arm of the first claim (oracle hop-progress "
-    "potential); not part of this run",
-    positive_control_arm="",
+    positive_control="progress arm (oracle hop-progress potential), shared "
+    "with the first claim's workdirs; not part of the recorded run",
+    positive_control_arm="progress",
 )
 
 
 def arms(smoke: bool):
   suffix = ",smoke" if smoke else ""
+  # progress: the positive control (trace_main.SPEC.positive_control_check),
+  # the same workdir as the first claim's progress arm.
   return {
-      a: config.get_config(a + suffix) for a in ("outcome", "trace_faithful")
+      a: config.get_config(a + suffix)
+      for a in ("outcome", "trace_faithful", "progress")
   }
 
 
