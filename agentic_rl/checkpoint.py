@@ -7,8 +7,15 @@ uint32 PRNG key-data array and an int step). Each checkpoint is a directory
 (`{step}.orbax-checkpoint-tmp*`) and renames it when complete, so a process
 killed mid-save leaves the previous checkpoint intact and `latest_step` never
 reports a partial one. Temporary directories left by a killed process are
-removed when a `Checkpointer` opens the directory (one process writes a
+removed when a `Checkpointer` opens the directory (one run writes a
 checkpoint directory at a time; train.py holds a lock on the workdir).
+
+Several processes (`jax.distributed`): every process saves and restores
+together, as Orbax requires (each writes its own shards of the arrays; the
+directory must be shared by all). Process 0 alone removes partial saves,
+writes the checksum manifests (after Orbax's commit, which waits for every
+process) and moves damaged checkpoints; `latest_intact_step` hands its choice
+to the others.
 
 Checksums. `save` waits until Orbax has committed the step, then writes
 `{step}/_CHECKSUMS.json` (size and SHA-256 of every file of the step directory;
@@ -56,7 +63,10 @@ from typing import Any
 
 from absl import logging
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from agentic_rl import sharding
 
 # Item names inside a step directory: the state pytree (the name Orbax gives a
 # single unnamed item, so older checkpoints read the same) and the data position.
@@ -480,12 +490,50 @@ class Checkpointer:
     without a manifest counts as intact (with a warning) when Orbax's metadata
     files are present.
 
+    In a multi-process run process 0 verifies and moves, and every process
+    takes its answer (a collective: all processes call this together), so
+    all restore the same step, also while process 0 moves damaged ones.
+
     Returns:
       The step, or None if the directory holds no checkpoint at all.
 
     Raises:
       CheckpointError: checkpoints exist but none is intact (none is moved).
     """
+    if jax.process_count() == 1:
+      return self._latest_intact_step()
+    step, status, error = -1, 0, ""
+    if _is_primary():
+      try:
+        found = self._latest_intact_step()
+      except CheckpointError as e:
+        step, error = -2, str(e)
+      else:
+        if found is not None:
+          step = found
+          status = 0 if self.verify(found)[0] == "ok" else 1
+    step, status = (
+        int(x) for x in sharding.from_primary(np.array([step, status]))
+    )
+    if error:
+      raise CheckpointError(error)
+    if step == -2:
+      raise CheckpointError(
+          f"no intact checkpoint in {self.directory} (process 0 names them): "
+          "nothing was changed"
+      )
+    if not _is_primary():
+      with _quiet_orbax_errors():
+        self._manager.reload()  # process 0 may have moved damaged steps
+      if step >= 0:  # process 0 verified it: its files are not hashed again
+        self._status[step] = (
+            ("ok", "")
+            if status == 0
+            else ("unverified", "no checksum manifest (process 0 warned)")
+        )
+    return None if step == -1 else step
+
+  def _latest_intact_step(self) -> int | None:
     self.wait()
     steps = sorted(self._manager.all_steps(), reverse=True)
     damaged = []

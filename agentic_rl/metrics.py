@@ -237,18 +237,29 @@ class MetricsWriter:
   Usable as a context manager; `close` flushes and closes both sinks.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None):
+  def __init__(
+      self,
+      workdir: str,
+      resume_step: int | None = None,
+      enabled: bool = True,
+  ):
     """Opens (creating if needed) the metric sinks under `workdir`.
 
     Args:
       workdir: run directory; created if missing.
       resume_step: if given, drop logged metrics with step > resume_step.
+      enabled: False: a writer that touches no file (`write`, `flush`,
+        `close` do nothing): the other processes of a multi-process run,
+        where process 0 writes the metrics.
 
     Raises:
       OSError: if the directory or files cannot be created.
     """
     self.workdir = os.path.abspath(workdir)
     self.path = os.path.join(self.workdir, METRICS_FILE)
+    self._closed = not enabled
+    if not enabled:
+      return
     os.makedirs(self.workdir, exist_ok=True)
     if resume_step is not None:
       self._truncate(int(resume_step))
@@ -315,6 +326,8 @@ class MetricsWriter:
         named "step" / "phase".
     """
     if self._closed:
+      if not hasattr(self, "_file"):  # enabled=False
+        return
       raise RuntimeError("MetricsWriter is closed.")
     step = int(step)
     record: dict[str, Any] = {"step": step}
@@ -412,6 +425,7 @@ class ProgressBar:
       phase_ends: Sequence[int] = (),
       eval_steps: Sequence[int] = (),
       clock: Callable[[], float] = time.monotonic,
+      disable: bool = False,
   ):
     """Creates the bar.
 
@@ -426,6 +440,8 @@ class ProgressBar:
       eval_steps: steps after which a held-out evaluation runs (each one not
         yet run counts in the ETA; `total` for an evaluation after the bar).
       clock: seconds, monotonic (tests pass a fake one).
+      disable: draw nothing and let `write` print nothing (the other
+        processes of a multi-process run; process 0 shows the bar).
     """
     self._keys = tuple(keys)
     self._ends = tuple(int(e) for e in phase_ends) + (int(total),)
@@ -437,7 +453,9 @@ class ProgressBar:
     self._clock = clock
     self._last = None  # clock at the last update / end of an evaluation
     self._postfix: dict[str, str] = {}
+    self._disable = disable
     self._bar = tqdm.tqdm(
+        disable=disable,
         total=int(total),
         initial=int(initial),
         desc=desc,
@@ -548,8 +566,10 @@ class ProgressBar:
         self._last += end - start
 
   def write(self, message: str) -> None:
-    """Prints a line above the bar without breaking it."""
-    self._bar.write(message, file=sys.stderr)
+    """Prints a line above the bar without breaking it (nothing when the bar
+    is disabled)."""
+    if not self._disable:
+      self._bar.write(message, file=sys.stderr)
 
   def close(self) -> None:
     """Draws the final state and releases the bar."""

@@ -67,6 +67,13 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
     ConfigError (a ValueError) naming the first bad field and its value.
   """
   validation.check_known_fields(config)
+  if config.mesh.distributed:
+    _fail(
+        "mesh.distributed",
+        True,
+        "reward-model training (mode 'rm') runs in one process; multi-process "
+        "runs are mode 'rl' (train.py)",
+    )
   if config.env.name not in environments.REGISTRY:
     _fail(
         "env.name",

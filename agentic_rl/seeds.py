@@ -94,6 +94,12 @@ def train_seeds(
   t_call = time.time()
   config = schema.with_defaults(config)  # what the config leaves out
   validation.validate_config(config)
+  if config.mesh.distributed:
+    raise validation.ConfigError(
+        "config.mesh.distributed=True: train_seeds runs in one process (its "
+        "files are written without a multi-process writer); run the seeds "
+        "one after the other with main.py, or use mesh.distributed=False"
+    )
   if config.rl.update_length_buckets > 1:
     # Under vmap the bucket index differs per seed and lax.switch becomes a
     # select that runs every branch: K times the update, not less.

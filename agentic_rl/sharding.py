@@ -241,6 +241,44 @@ def maybe_initialize_distributed(config) -> bool:
   return True
 
 
+def is_primary() -> bool:
+  """Whether this is process 0 (or the only process): the one that writes the
+  run's files and prints its reports (the multi-controller convention: every
+  process runs the same program, one reports)."""
+  return jax.process_index() == 0
+
+
+def from_primary(value: Any) -> Any:
+  """Process 0's value of a pytree of scalars or small arrays, on every
+  process (`multihost_utils.broadcast_one_to_all`; a collective: every
+  process must call it at the same point). On one process: `value` itself.
+
+  Use it for decisions taken from files (does eval_sft.json exist? which
+  checkpoint is intact?), so that all processes take the same branch, also
+  while process 0 is writing or moving those files.
+  """
+  if jax.process_count() == 1:
+    return value
+  return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(value))
+
+
+def allgather_bytes(data: bytes) -> list[bytes]:
+  """Every process's `data`, in process order (a collective: all processes
+  call it at the same point). On one process: [data].
+
+  Lengths are gathered first, then the bytes padded to the longest.
+  """
+  if jax.process_count() == 1:
+    return [data]
+  lengths = np.asarray(
+      multihost_utils.process_allgather(np.int32(len(data)))
+  ).reshape(-1)
+  buf = np.zeros((max(1, int(lengths.max())),), np.uint8)
+  buf[: len(data)] = np.frombuffer(data, np.uint8)
+  rows = np.asarray(multihost_utils.process_allgather(buf))
+  return [bytes(rows[i, : lengths[i]]) for i in range(len(lengths))]
+
+
 def to_host(tree: Any) -> Any:
   """Host (numpy) copy of a pytree, gathered across processes when needed.
 

@@ -17,6 +17,13 @@ Workdir layout:
                              (only with `eval.initial=True` and `sft.steps > 0`)
   eval_sft.json              held-out evaluation of the SFT checkpoint (the reference)
   eval_report.{json,md}      [initial vs] SFT vs final evaluation, learning_curves.png
+
+Several processes (`config.mesh.distributed`, agentic_rl/launch.py): every
+process runs this same loop on its shards of one global mesh; process 0 alone
+writes the files above (and prints the progress bar and report), every process
+holds its own lock `.lock.<process index>`, and checkpoints are written by all
+processes together (checkpoint.py). Decisions read from files (evaluations
+still to run, the checkpoint to restore) are process 0's, broadcast to all.
 """
 
 from __future__ import annotations
@@ -317,13 +324,17 @@ def train_and_evaluate(
 
   Raises:
     ValueError: invalid config (names the field and value); a workdir that
-      is not writable or is locked by another run (validation.ConfigError).
+      is not writable or is locked by another run; processes of a
+      multi-process run started with different configs
+      (validation.ConfigError).
     checkpoint.CheckpointError: a checkpoint save failed (e.g. a full disk),
       or checkpoints exist but none passes its checksums.
     FloatingPointError: a non-finite loss (names the step and metric).
   """
   config = schema.with_defaults(config)  # what the config leaves out
-  sharding.maybe_initialize_distributed(config)  # before any backend use
+  if sharding.maybe_initialize_distributed(config):  # before any backend use
+    # Every process must run the same experiment (before any work).
+    check_same_config_on_all_processes(config)
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.mesh)
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).
@@ -333,10 +344,16 @@ def train_and_evaluate(
 
 def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   workdir = os.path.abspath(workdir)
+  # Of a multi-process run, process 0 writes the files and prints the
+  # reports; checkpoints are written by all processes together (orbax).
+  primary = sharding.is_primary()
   _check_resume_compatible(config, workdir)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if primary:
+    _write_text(
+        os.path.join(workdir, "config.json"),
+        config.to_json_best_effort(indent=2),
+    )
 
   env = make_env(config)
   model_cfg = make_model_config(config)
@@ -407,19 +424,26 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   initial_eval_path = os.path.join(workdir, "eval_initial.json")
-  if (
-      config.eval.initial
-      and sft_steps > 0
-      and not os.path.exists(initial_eval_path)
-  ):
+  # Which evaluations are still to run: process 0's view of the files, so
+  # that every process runs the same (collective) evaluations.
+  have_initial, have_sft = (
+      bool(x)
+      for x in sharding.from_primary(
+          np.array(
+              [os.path.exists(initial_eval_path), os.path.exists(sft_eval_path)]
+          )
+      )
+  )
+  initial_report = sft_report = None  # evaluations run by this process
+  if config.eval.initial and sft_steps > 0 and not have_initial:
     # The weights before SFT (e.g. an imported checkpoint's zero-shot score);
     # with sft.steps = 0 the SFT evaluation already is this one.
     if start == 0:
       logging.info("evaluating the initial weights on the held-out set...")
-      _write_json(
-          initial_eval_path,
-          evaluate(config, env, graphdef, state.params, model_cfg),
-      )
+      initial_report = evaluate(config, env, graphdef, state.params, model_cfg)
+      if primary:
+        _write_json(initial_eval_path, initial_report)
+      have_initial = True
     else:
       logging.warning(
           "eval.initial: resumed at step %d without %s; the initial "
@@ -429,7 +453,9 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       )
   halt = config.halt_after_step
   keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+  writer = metrics_lib.MetricsWriter(
+      workdir, resume_step=start, enabled=primary
+  )
   bar = metrics_lib.ProgressBar(
       total=total,
       initial=start,
@@ -437,6 +463,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       keys=keys,
       phase_ends=(sft_steps,),
       eval_steps=(sft_steps, total),
+      disable=not primary,
   )
   t0 = time.time()
   try:
@@ -468,14 +495,16 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
           force=step in (sft_steps, total),
           data_position=_data_position(env),
       )
-      if step >= sft_steps and not os.path.exists(sft_eval_path):
+      if step >= sft_steps and not have_sft:
         ckpt.wait()
         bar.write("evaluating the SFT checkpoint on the held-out set...")
         with bar.evaluating():
-          _write_json(
-              sft_eval_path,
-              evaluate(config, env, graphdef, _reference(state), model_cfg),
+          sft_report = evaluate(
+              config, env, graphdef, _reference(state), model_cfg
           )
+        if primary:
+          _write_json(sft_eval_path, sft_report)
+        have_sft = True
       if step == halt:
         ckpt.wait()
         return None
@@ -483,21 +512,26 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
     bar.close()
     writer.close()
     ckpt.wait()
-  if sft_steps == total and not os.path.exists(sft_eval_path):
-    _write_json(
-        sft_eval_path,
-        evaluate(config, env, graphdef, _reference(state), model_cfg),
-    )
+  if sft_steps == total and not have_sft:
+    sft_report = evaluate(config, env, graphdef, _reference(state), model_cfg)
+    if primary:
+      _write_json(sft_eval_path, sft_report)
 
   reports = {}
-  if os.path.exists(initial_eval_path):
+  if initial_report is None and have_initial:  # evaluated by an earlier run
     with open(initial_eval_path) as f:
-      reports["initial"] = json.load(f)
-  with open(sft_eval_path) as f:
-    reports["sft"] = json.load(f)
+      initial_report = json.load(f)
+  if initial_report is not None:
+    reports["initial"] = initial_report
+  if sft_report is None:  # evaluated by an earlier run
+    with open(sft_eval_path) as f:
+      sft_report = json.load(f)
+  reports["sft"] = sft_report
   logging.info("evaluating the final policy on the held-out set...")
   reports["rl"] = evaluate(config, env, graphdef, state.params, model_cfg)
   ckpt.close()
+  if not primary:
+    return reports
   metrics_lib.write_eval_report(
       workdir, reports, title=f"{config.name}: held-out evaluation"
   )
@@ -562,8 +596,9 @@ def _check_lora_base(config, directory: str, params) -> None:
           f"this run's base has sha256={info['sha256']}"
       )
     return
-  os.makedirs(directory, exist_ok=True)
-  _write_json(path, info)
+  if sharding.is_primary():
+    os.makedirs(directory, exist_ok=True)
+    _write_json(path, info)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -595,6 +630,60 @@ _RESUMABLE_CHANGES = (
 )
 
 
+# Fields that differ between the processes of one run: left out when their
+# configs are compared, and on resume.
+_PER_PROCESS = ("mesh.process_id",)
+# Also left out on resume: where this launch's coordinator listens (the
+# launcher picks a free port each time); it changes nothing in the run.
+_PER_LAUNCH = _PER_PROCESS + ("mesh.coordinator_address",)
+
+
+def _comparable(
+    config_json: str, left_out: tuple[str, ...] = _PER_PROCESS
+) -> dict[str, Any]:
+  """Flat {dotted field: value} of a config's JSON, without `left_out`."""
+  flat = _flatten(json.loads(config_json))
+  return {k: v for k, v in flat.items() if k not in left_out}
+
+
+def check_same_config_on_all_processes(config) -> None:
+  """Refuses a multi-process run whose processes were given different configs.
+
+  Every process sends its config (as JSON, without mesh.process_id) to all
+  others (`sharding.allgather_bytes`, a collective right after
+  `jax.distributed.initialize`), and each compares them with process 0's, so
+  every process raises the same error before any work. On one process it
+  does nothing.
+
+  Raises:
+    validation.ConfigError: naming each process whose config differs from
+      process 0's and its first differing fields (this process's and process
+      0's values).
+  """
+  if jax.process_count() == 1:
+    return
+  own = json.dumps(_comparable(config.to_json_best_effort()), sort_keys=True)
+  configs = [json.loads(b) for b in sharding.allgather_bytes(own.encode())]
+  ref, problems = configs[0], []
+  for i, other in enumerate(configs[1:], start=1):
+    diff = sorted(
+        k for k in set(ref) | set(other) if ref.get(k) != other.get(k)
+    )
+    if diff:
+      shown = ", ".join(
+          f"config.{k}={other.get(k)!r} (process 0: {ref.get(k)!r})"
+          for k in diff[:5]
+      )
+      more = f" and {len(diff) - 5} more" if len(diff) > 5 else ""
+      problems.append(f"process {i} has {shown}{more}")
+  if problems:
+    raise validation.ConfigError(
+        f"the {len(configs)} processes of this run were started with different "
+        f"configs: {'; '.join(problems)}. Start every process with the same "
+        "config (only mesh.process_id may differ)"
+    )
+
+
 def _check_resume_compatible(config, workdir: str) -> None:
   """Compares the config with the one saved in an existing workdir.
 
@@ -610,14 +699,15 @@ def _check_resume_compatible(config, workdir: str) -> None:
     return
   with open(path) as f:
     # Fields added to the schema since that run get their defaults.
-    old = _flatten(
-        json.loads(
-            schema.with_defaults(
-                ml_collections.ConfigDict(json.load(f))
-            ).to_json_best_effort()
-        )
+    old = _comparable(
+        schema.with_defaults(
+            ml_collections.ConfigDict(json.load(f))
+        ).to_json_best_effort(),
+        _PER_LAUNCH,
     )
-  new = _flatten(json.loads(config.to_json_best_effort()))
+  # mesh.process_id is left out: process 0 wrote the file, and every process
+  # of a multi-process run reads it.
+  new = _comparable(config.to_json_best_effort(), _PER_LAUNCH)
   diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   refused = [k for k in diff if not k.startswith(_RESUMABLE_CHANGES)]
   if refused:
@@ -636,8 +726,14 @@ def _check_resume_compatible(config, workdir: str) -> None:
     )
 
 
-def _write_json(path: str, obj: Any) -> None:
+def _write_text(path: str, text: str) -> None:
+  """Writes `path` through `path.tmp` and a rename: readers (e.g. the other
+  processes of a run, checking config.json) see the old or the new file."""
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2)
+    f.write(text)
   os.replace(tmp, path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  _write_text(path, json.dumps(obj, indent=2))

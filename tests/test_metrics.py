@@ -167,6 +167,29 @@ def test_progress_bar_non_tty(capsys):
   assert err.count("\n") <= 3  # Not one line per update.
 
 
+def test_disabled_writer_and_bar_touch_nothing(tmp_path, capsys):
+  # The other processes of a multi-process run: process 0 writes and draws.
+  writer = metrics.MetricsWriter(
+      str(tmp_path / "w"), resume_step=3, enabled=False
+  )
+  writer.write(1, {"loss": 1.0})
+  writer.flush()
+  writer.close()
+  writer.write(2, {"loss": 1.0})  # also after close: nothing, no error
+  assert not (tmp_path / "w").exists()
+  bar = metrics.ProgressBar(
+      total=4, initial=0, desc="train", keys=["loss"], disable=True
+  )
+  for s in range(1, 5):
+    bar.update(s, {"loss": 0.5})
+  with bar.evaluating():
+    pass
+  bar.write("evaluating...")
+  bar.close()
+  captured = capsys.readouterr()
+  assert captured.err == "" and captured.out == ""
+
+
 class _Clock:
   """A fake monotonic clock advanced by hand."""
 

@@ -241,6 +241,7 @@ def test_rm_reward_transforms_and_overoptimization_gap():
         ("rm.steps", 0, r"config.rm.steps=0"),
         ("rm.learning_rate", -1.0, r"config.rm.learning_rate=-1.0"),
         ("env.name", "nope", r"config.env.name='nope'"),
+        ("mesh.distributed", True, r"config.mesh.distributed=True: reward"),
     ],
 )
 def test_rm_config_validation_names_field_and_value(field, value, match):

@@ -133,6 +133,16 @@ def test_length_buckets_are_refused_under_vmapped_seeds(tmp_path):
   assert not list(tmp_path.iterdir())  # refused before any work
 
 
+def test_multi_process_runs_are_refused(tmp_path):
+  config = default.get_config("smoke")
+  config.mesh.distributed = True
+  with pytest.raises(
+      ValueError, match=r"^config\.mesh\.distributed=True: train_seeds runs"
+  ):
+    seeds_lib.train_seeds(config, [0, 1], workdir=str(tmp_path))
+  assert not list(tmp_path.iterdir())  # refused before any work
+
+
 def test_resume_refuses_a_changed_config(vmapped):
   # The check runs before any work, so the finished fixture workdir is enough.
   workdir, _ = vmapped

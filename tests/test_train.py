@@ -127,6 +127,31 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   assert steps == [r["step"] for r in metrics_lib.read_metrics(full_dir)]
 
 
+def test_resume_ignores_the_process_id_and_coordinator(tmp_path, caplog):
+  # Process 0 writes config.json; every process of a multi-process run
+  # compares its own config with it, and each launch may pick a new port.
+  config = default.get_config("smoke")
+  config.mesh.update(
+      distributed=True, coordinator_address="127.0.0.1:1", num_processes=2
+  )
+  config.mesh.process_id = 0
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  config.mesh.update(process_id=1, coordinator_address="127.0.0.1:2")
+  with caplog.at_level("WARNING"):
+    train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
+  assert "changed fields" not in caplog.text
+  config.rl.steps += 1  # a resumable change is still reported
+  with caplog.at_level("WARNING"):
+    train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
+  assert "rl.steps" in caplog.text and "process_id" not in caplog.text
+
+
+def test_one_process_has_nothing_to_compare():
+  # The check needs jax.distributed; alone, any config passes (the real
+  # 2-process refusal: tests/test_multiprocess.py).
+  train.check_same_config_on_all_processes(default.get_config("smoke"))
+
+
 def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   config = default.get_config("smoke")
   config.sft.steps, config.rl.steps = 3, 1
