@@ -717,8 +717,10 @@ def test_sft_grad_with_dropout_uses_one_key_per_block():
       jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)
   ):
     if lora.is_trainable_path(path):
+      # Summed in another order than sft_grad's block loop: an entry of
+      # 1.7e-3 differed by 1.6e-6 on an AVX2 EPYC (entries reach 0.16).
       np.testing.assert_allclose(
-          np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6
+          np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-5
       )
   _, _, clean = learner.sft_grad(g, p, Traj(tokens, role), 2)
   assert (

@@ -330,7 +330,12 @@ def test_bucketed_decode_reads_only_the_filled_prefix():
       )
       outs[bucket, poison] = np.asarray(logits)
   np.testing.assert_array_equal(outs[4, True], outs[4, False])
-  np.testing.assert_allclose(outs[4, False], outs[0, False], atol=1e-6, rtol=0)
+  # The two reads reduce over 4 vs 32 cache slots: equal up to float32
+  # summation order (measured up to 1.07e-6 at a logit of 1.9 on an AVX2
+  # EPYC; 1e-6 absolute alone failed there).
+  np.testing.assert_allclose(
+      outs[4, False], outs[0, False], atol=1e-6, rtol=2e-6
+  )
   assert np.isnan(outs[0, True]).all()
 
 
