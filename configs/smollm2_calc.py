@@ -27,7 +27,8 @@ configs/smollm2_common.py):
   :host (the host rollout path), :host_smoke.
 Runtime: :smoke a few minutes (compiles dominate); one step's cost is in
 experiments/smollm2_calc/README.md (python experiments/bench_smollm2_calc.py).
-Expected: not yet measured; no run longer than the smoke was made.
+Expected: not yet measured; no run longer than the smoke was made. The
+imported model's direct answers: hard 0.000, easy 0.545 (200 items each).
 """
 
 from __future__ import annotations
