@@ -461,7 +461,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # The environment's own shapes (dataclass defaults included): the buffer must
   # hold the prompt and at least one full assistant turn.
   try:
-    env_obj = environments.make(config.env)
+    env_obj = environments.make(_env_fields(config))
   except TypeError as e:
     unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
     ctor = environments.REGISTRY[config.env.name]
@@ -483,7 +483,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:  # the environment's own field checks name the field
     raise ConfigError(f"config.env.{e}") from e
   is_host = getattr(env_obj, "is_host", False)
-  _validate_tokenizer(config, is_host)
+  _validate_tokenizer(
+      config, is_host or getattr(env_obj, "takes_hf_tokenizer", False)
+  )
   _validate_data(config, is_host)
   if config.rl.pbrs_coef > 0 and is_host:
     _fail(
@@ -1025,20 +1027,38 @@ def validate_rl_reward_model(config: ml_collections.ConfigDict) -> None:
     read_rm_dir(config)
 
 
-def _validate_tokenizer(config, is_host: bool) -> None:
+def _env_fields(config) -> dict:
+  """config.env as environments.make takes it: with config.tokenizer = 'hf'
+  and a tokenizer.json at config.model.hf_path, plus the checkpoint's
+  tokenizer, as train.make_env builds it (an environment that reads its
+  token ids from the tokenizer needs it to be built at all)."""
+  fields = dict(config.env)
+  path = config.model.hf_path
+  if (
+      config.get("tokenizer") == "hf"
+      and path
+      and os.path.isfile(os.path.join(path, "tokenizer.json"))
+  ):
+    fields["tokenizer"] = tokenizers.HFTokenizer.from_folder(path)
+  return fields
+
+
+def _validate_tokenizer(config, takes_hf: bool) -> None:
   """config.tokenizer: 'byte' (default) or 'hf' (the checkpoint's tokenizer and
-  chat template, from config.model.hf_path; host environments only)."""
+  chat template, from config.model.hf_path; host environments and JAX-native
+  ones that declare `takes_hf_tokenizer` only)."""
   name = config.tokenizer
   if name not in ("byte", "hf"):
     _fail("tokenizer", name, "must be 'byte' or 'hf'")
   if name != "hf":
     return
-  if not is_host:
+  if not takes_hf:
     _fail(
         "tokenizer",
         name,
         f"environment {config.env.name!r} is JAX-native and "
-        "emits byte-tokenizer ids; 'hf' needs a host environment",
+        "emits byte-tokenizer ids; 'hf' needs a host environment (or "
+        "one that reads its ids from the tokenizer, e.g. chat_arithmetic)",
     )
   path = config.model.hf_path
   if not path or not os.path.isfile(os.path.join(path, "tokenizer.json")):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from environments import arithmetic
+from environments import chat_arithmetic
 from environments import clarification
 from environments import kv_chain
 from environments import schema_calls
@@ -27,12 +28,17 @@ def _lazy(module: str, name: str):
 
 BASE_ENVS = {
     "arithmetic": arithmetic.ArithmeticEnv,
+    # JAX-native on an HF chat checkpoint's token ids (config.tokenizer='hf').
+    "chat_arithmetic": chat_arithmetic.ChatArithmeticEnv,
     "kv_chain": kv_chain.KVChainEnv,
     "schema_calls": schema_calls.SchemaCallsEnv,
     "clarification": clarification.ClarificationEnv,
     # Host environments (environments/host/README.md).
     "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
     "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
+    "chat_arithmetic_host": _lazy(
+        "environments.host.chat_arithmetic", "HostChatArithmeticEnv"
+    ),
     "reasoning_gym": _lazy(
         "environments.host.reasoning_gym_env", "ReasoningGymEnv"
     ),

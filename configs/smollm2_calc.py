@@ -1,0 +1,96 @@
+"""GRPO teaches SmolLM2-135M-Instruct (LoRA) to use a calculator tool, on a CPU.
+
+The CPU-sized pretrained twin of configs/default.py: `What is 483*27?` in the
+checkpoint's own ChatML, with a short system prompt that describes the tool;
+the policy answers (`Answer: 13041`) or calls it (`calc(483*27)`), reads the
+result as a `tool` message and answers. Hard items (3-digit x 2-digit
+products) need the tool; easy items (single-digit sums and products) do not
+(the imported model's direct answers: experiments/smollm2_calc/README.md).
+Prompts are 72-75 tokens with the system prompt and the tool's description,
+assistant turns at most 32 tokens, at most 2 turns.
+
+JAX-native on the real tokenizer (environments/chat_arithmetic.py: SmolLM2
+writes every digit as its own token, so the call is parsed and the
+observation written with jnp): the whole GRPO iteration, rollout included, is
+one XLA program. `:host` runs the same task through the host (Python tool)
+path (environments/host/chat_arithmetic.py), turn by turn.
+
+The SFT warm start imitates a deliberately imperfect expert (as
+configs/default.py does): on 65% of episodes it answers hard items directly
+(with the true value, which the model cannot compute) or calls the tool on
+easy ones, so the start leaves room for RL.
+
+Launch (CPU; the checkpoint folder is written on first use,
+configs/smollm2_common.py):
+  python main.py --config=configs/smollm2_calc.py --workdir=runs/smollm2_calc
+  python main.py --config=configs/smollm2_calc.py:smoke --workdir=/tmp/calc
+  :host (the host rollout path), :host_smoke.
+Runtime: :smoke a few minutes (compiles dominate); one step's cost is in
+experiments/smollm2_calc/README.md (python experiments/bench_smollm2_calc.py).
+Expected: not yet measured; no run longer than the smoke was made. The
+imported model's direct answers: hard 0.000, easy 0.545 (200 items each).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import smollm2_common
+
+# Longest prompt (999*99) in SmolLM2 ids, with the default system prompt.
+_PROMPT_LEN = 75
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  config = smollm2_common.base("smollm2_calc")
+  config.env = ml_collections.ConfigDict(
+      dict(
+          # JAX-native, ids from the checkpoint's tokenizer.
+          name="chat_arithmetic",
+          # Prompt ids (the longest prompt is 75; checked by the environment).
+          max_prompt_len=_PROMPT_LEN,
+          # Ids of one assistant turn (a call is 10-16, an answer 5-11).
+          max_action_len=32,
+          # Observation ids (<|im_end|>, tool message, generation prompt).
+          max_obs_len=20,
+          # A call, then the answer.
+          max_turns=2,
+          # Fraction of tasks that are hard (need the tool).
+          hard_fraction=0.5,
+          # Share of demonstrations that misuse the tool (configs/default.py).
+          expert_imperfect_prob=0.65,
+      )
+  )
+  config.max_len = _PROMPT_LEN + 2 * 32 + 20
+  # LoRA rank 8 on all seven projections (experiments/bench_lora.py setting):
+  # the frozen base is the reference, no optimizer state for it.
+  config.model.lora.rank = 8
+  config.model.lora.alpha = 16.0
+  # SFT warm start on the imperfect expert (LoRA learning rate).
+  config.sft = smollm2_common.sft_warm_start(
+      steps=40, batch_size=8, learning_rate=1e-3
+  )
+  config.sft.num_microbatches = 2
+  # GRPO: 4 tasks x 4 samples per step.
+  config.rl.steps = 30
+  config.rl.batch_size = 16
+  config.rl.group_size = 4
+  config.rl.num_microbatches = 2
+  config.rl.learning_rate = 2e-4
+  config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
+  # Held-out: 200 fixed tasks (100 hard, 100 easy), greedy.
+  config.eval.num_tasks = 200
+  config.checkpoint.every_steps = 10
+
+  if arg in ("host", "host_smoke"):
+    config.name = "smollm2_calc_host"
+    config.env.name = "chat_arithmetic_host"
+  if arg in ("smoke", "host_smoke"):
+    config.name += "_smoke"
+    smollm2_common.shrink_for_smoke(config)
+  elif arg not in (None, "host"):
+    raise ValueError(
+        f"configs/smollm2_calc.py: unknown arg {arg!r}; known: 'smoke', "
+        "'host', 'host_smoke'"
+    )
+  return config
