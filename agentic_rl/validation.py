@@ -1035,7 +1035,7 @@ def _env_fields(config) -> dict:
   fields = dict(config.env)
   path = config.model.hf_path
   if (
-      config.get("tokenizer") == "hf"
+      config.tokenizer == "hf"
       and path
       and os.path.isfile(os.path.join(path, "tokenizer.json"))
   ):
