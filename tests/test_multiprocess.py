@@ -29,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -518,13 +519,14 @@ def _host_args(workdir, cache):
   ]
 
 
-def _host_steps(path):
-  """The `step SEED INDEX TURN` lines multiprocess_host_program.py wrote."""
+def _host_steps(path, kind="step"):
+  """The `step SEED INDEX TURN` (or `read` / `reset` `SEED INDEX`) lines
+  multiprocess_host_program.py wrote, without the kind, sorted."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
     return sorted(
-        line.split(maxsplit=1)[1] for line in f if line.startswith("step ")
+        line.split(maxsplit=1)[1] for line in f if line.startswith(kind + " ")
     )
 
 
@@ -591,5 +593,98 @@ def test_host_env_processes_step_only_their_own_rows(tmp_path, cache):
   _assert_close_trees(two["params"], one["params"], 1e-5, 1e-6)
   for row in _metrics(two_dir):
     assert row["rl/grad_norm"] > 1e-3, row
+  _assert_close_metrics(two_dir, one_dir, 1e-4, 1e-6)
+  assert _report(two_dir) == _report(one_dir)
+
+
+_DATA_CONFIG = """
+import ml_collections
+from configs import gsm_tool
+
+
+def get_config(arg=None):
+  config = gsm_tool.get_config("smoke")
+  config.sft.steps = 0
+  config.rl.entropy_coef = 0.01
+  config.data = ml_collections.ConfigDict(
+      dict(source="jsonl", name="toy", data_dir={data_dir!r}, shuffle_seed=5)
+  )
+  return config
+"""
+
+
+@pytest.mark.slow
+def test_data_loader_processes_read_only_their_own_records(tmp_path, cache):
+  """configs/gsm_tool.py:smoke with its tasks from a config.data JSONL set
+  (agentic_rl/datasets/tasks.py), 2 processes x 1 device against 1 process x
+  2 devices: each process reads only the records of its own rows, together
+  exactly the one process's, and the runs end alike (the same position in
+  every checkpoint)."""
+  from agentic_rl import train  # noqa: PLC0415
+  from agentic_rl import data as data_lib  # noqa: PLC0415
+  from configs import gsm_tool  # noqa: PLC0415
+
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  env = train.make_env(gsm_tool.get_config("smoke"))
+  for split, seed in (("train", 0), ("test", 1)):
+    items = env._data(seed)  # noqa: SLF001
+    data_lib.write_jsonl(
+        str(data_dir / f"toy-{split}.jsonl"),
+        [{"entry": items[i], "seed": seed, "index": i} for i in range(20)],
+    )
+  config = tmp_path / "data_config.py"
+  config.write_text(_DATA_CONFIG.format(data_dir=str(data_dir)))
+  args = lambda w: [
+      f"--config={config}",
+      f"--workdir={w}",
+      f"--compilation_cache={cache}",
+  ]
+  two_dir, one_dir = str(tmp_path / "two"), str(tmp_path / "one")
+  two_log, one_log = tmp_path / "log_two", tmp_path / "log_one"
+  two_log.mkdir()
+  one_log.mkdir()
+  r = _launch(
+      [
+          "--num_processes=2",
+          "--devices_per_process=1",
+          "--grace_s=5",
+          f"--program={HOST_PROGRAM}",
+          "--",
+      ]
+      + args(two_dir),
+      timeout=900,
+      env={**os.environ, "HOST_STEP_LOG": str(two_log)},
+  )
+  assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+  r1 = subprocess.run(
+      [sys.executable, HOST_PROGRAM, *args(one_dir)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      env={**launch.child_env(2), "HOST_STEP_LOG": str(one_log)},
+  )
+  assert r1.returncode == 0, r1.stderr[-5000:]
+  reads = [_host_steps(two_log / f"steps.{i}", "read") for i in (0, 1)]
+  one_reads = _host_steps(one_log / "steps.0", "read")
+  # 2 RL iterations of 2 groups of 2 rows (a group per process) and 2 greedy
+  # held-out sets of 4 tasks (2 per process): 1 + 1 + 2 + 2 records each.
+  assert len(reads[0]) == len(reads[1]) == 6, reads
+  assert sorted(reads[0] + reads[1]) == one_reads
+  assert {s.split()[0] for s in one_reads} == {"0", "1"}  # from the files
+  for kind in ("reset", "step"):
+    parts = [_host_steps(two_log / f"steps.{i}", kind) for i in (0, 1)]
+    assert sorted(parts[0] + parts[1]) == _host_steps(one_log / "steps.0", kind)
+  train_reads = [{s for s in part if s.startswith("0 ")} for part in reads]
+  assert len(train_reads[0]) == len(train_reads[1]) == 2
+  assert not train_reads[0] & train_reads[1]
+  with checkpoint_lib.Checkpointer(os.path.join(two_dir, "checkpoints")) as a:
+    with checkpoint_lib.Checkpointer(os.path.join(one_dir, "checkpoints")) as b:
+      for step in (1, 2):
+        assert a.restore_data_position(step) == {"next_index": 2 * step}
+        assert b.restore_data_position(step) == {"next_index": 2 * step}
+  two, one = _saved_state(two_dir, 2), _saved_state(one_dir, 2)
+  _assert_close_trees(two["params"], one["params"], 1e-5, 1e-6)
   _assert_close_metrics(two_dir, one_dir, 1e-4, 1e-6)
   assert _report(two_dir) == _report(one_dir)
