@@ -40,9 +40,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-
 from absl import logging
+from flax import nnx
 
 from agentic_rl import rollout as rollout_lib
 from agentic_rl import sharding

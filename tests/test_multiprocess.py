@@ -11,7 +11,13 @@ config shortened, on 2 processes x 2 devices:
   - only process 0 writes the run's files and prints the report;
   - a process killed mid-run stops the launcher with one line naming it, and
     the same command then resumes to the uninterrupted run's result;
-  - processes started with different configs are refused before any work.
+  - processes started with different configs are refused before any work;
+and, on a host-tool environment (configs/gsm_tool.py:smoke through
+tests/multiprocess_host_program.py, which records every environment reset,
+step and loader read per process), 2 processes x 1 device against 1 x 2:
+  - each process steps only its own rows, and the runs end alike;
+  - with tasks from a config.data JSONL set, each process reads only its own
+    rows' records, and the saved data positions agree.
 """
 
 import io
