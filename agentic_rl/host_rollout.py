@@ -34,14 +34,17 @@ roles (e.g. TEMPLATE for scaffolding) then replace the driver's default PROMPT
 
 from __future__ import annotations
 
+import collections.abc
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 
 from agentic_rl import rollout as rollout_lib
+from agentic_rl import sharding
 from agentic_text import tokenizers
 from agentic_rl import types
 from agentic_rl.models import transformer
@@ -107,6 +110,25 @@ def _pad_rows(
   return out, lens
 
 
+class RepeatedTasks(collections.abc.Sequence):
+  """Each of `tasks` repeated k times in a row (a GRPO group's rows), without
+  touching a task before its row is accessed (tasks may be read lazily,
+  agentic_rl/datasets/tasks.py). Slicing gives a list."""
+
+  def __init__(self, tasks: Sequence[Any], k: int):
+    self._tasks, self._k = tasks, k
+
+  def __len__(self) -> int:
+    return len(self._tasks) * self._k
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(len(self)))]
+    if not -len(self) <= i < len(self):
+      raise IndexError(i)
+    return self._tasks[(i % len(self)) // self._k]
+
+
 def stack_facts(facts: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
   """Stacks per-episode fact dicts into {name: [B, ...] array}.
 
@@ -151,29 +173,44 @@ def rollout(
     temperature: sampling temperature (0 = greedy); traced, so greedy and
       sampled decoding share one compiled program.
 
+  Of a multi-process run (ambient mesh over several processes), each process
+  resets and steps only its own rows `sharding.process_rows(B)` of the
+  batch-sharded global batch (every process passes the same B tasks): it reads
+  its rows of each sampled turn from its own shards and builds the global
+  observations, prompts and flags with `sharding.global_batch`, so the policy
+  decodes the global batch in one program and no process runs another's
+  tools. The facts are then global [B, ...] jax arrays, not numpy. The
+  expert's numpy randomness (graphdef None) is drawn per process, so SFT
+  demonstrations differ from a one-process run's (same distribution).
+
   Returns:
-    Trajectory with [B, L] token arrays (jax) and numpy facts.
+    Trajectory with [B, L] token arrays (jax) and numpy facts (global jax
+    arrays on several processes).
   """
   b = len(tasks)
+  lo, hi = sharding.process_rows(b)
+  split = (lo, hi) != (0, b)  # this process holds part of the batch
+  n = hi - lo
+  to_global = lambda x: jnp.asarray(sharding.global_batch(x, b))
   use_model = graphdef is not None
   tokenizer = env.tokenizer
   fmt = getattr(env, "chat_format", None)
   stop_tokens = rollout_lib.env_stop_tokens(env)  # as the JAX-native rollout
   decode = fmt.decode if fmt is not None else tokenizer.decode
-  resets = [env.reset(t) for t in tasks]
+  resets = [env.reset(t) for t in tasks[lo:hi]]
   host_states = [r[0] for r in resets]
   prompts = [_split(r[1]) for r in resets]
   prompt, prompt_len = _pad_rows([p[0] for p in prompts], env.max_prompt_len)
   state = init_state_jit(
-      jnp.asarray(prompt),
-      jnp.asarray(prompt_len),
+      to_global(prompt),
+      to_global(prompt_len),
       None,
       max_len=max_len,
       graphdef=graphdef,
       params=params,
       model_config=model_config,
   )
-  if any(p[1] is not None for p in prompts):
+  if sharding.any_process(any(p[1] is not None for p in prompts)):
     roles = [
         p[1] if p[1] is not None else np.full(len(p[0]), types.PROMPT, np.int8)
         for p in prompts
@@ -183,19 +220,28 @@ def rollout(
         role=_overlay_roles(
             state.role,
             jnp.zeros((b,), jnp.int32),
-            jnp.asarray(role_pad, jnp.int8),
-            jnp.minimum(jnp.asarray(prompt_len), max_len),
+            to_global(role_pad.astype(np.int8)),
+            jnp.minimum(to_global(prompt_len), max_len),
         )
     )
   temperature = jnp.float32(temperature)
-  expert_rng = None if use_model else numpy_rng(jax.random.fold_in(key, 7))
+  expert_key = jax.random.fold_in(key, 7)
+  if split:  # each process draws for its own rows
+    expert_key = jax.random.fold_in(expert_key, lo)
+  expert_rng = None if use_model else numpy_rng(expert_key)
   a_len, o_len = env.max_action_len, env.max_obs_len
-  tool_exceptions = np.zeros((b,), np.int32)
-  tool_timeouts = np.zeros((b,), np.int32)
+  tool_exceptions = np.zeros((n,), np.int32)
+  tool_timeouts = np.zeros((n,), np.int32)
+  num_steps = 0  # env steps run by this process
   for _ in range(env.max_turns):
-    done = np.asarray(state.done)
-    if done.all():
-      break
+    if split:
+      if bool(jnp.all(state.done)):  # every process's rows
+        break
+      done = sharding.local_rows(state.done, lo, hi)
+    else:
+      done = np.asarray(state.done)
+      if done.all():
+        break
     active = ~done
     key, sub = jax.random.split(key)
     if use_model:
@@ -208,7 +254,7 @@ def rollout(
           temperature=temperature,
           stop_tokens=stop_tokens,
       )
-      action, action_len = np.asarray(action), np.asarray(action_len)
+      action, action_len = sharding.local_rows((action, action_len), lo, hi)
     else:
       rows = [
           env.expert_action(s, expert_rng) if a else np.zeros((0,), np.int32)
@@ -218,9 +264,9 @@ def rollout(
       action_len = np.where(active, action_len, 0).astype(np.int32)
       state = append_jit(
           state,
-          jnp.asarray(action),
-          jnp.asarray(action_len),
-          jnp.asarray(active),
+          to_global(action),
+          to_global(action_len),
+          to_global(active),
           role=types.POLICY,
       )
     idx = np.flatnonzero(active)
@@ -231,11 +277,12 @@ def rollout(
     results, exc, tmo = host_base.guarded_step_batch(
         env, [host_states[i] for i in idx], texts
     )
+    num_steps += len(idx)
     tool_exceptions[idx] += exc
     tool_timeouts[idx] += tmo
-    obs_rows = [np.zeros((0,), np.int32)] * b
-    role_rows = [np.zeros((0,), np.int8)] * b
-    env_done = np.zeros((b,), bool)
+    obs_rows = [np.zeros((0,), np.int32)] * n
+    role_rows = [np.zeros((0,), np.int8)] * n
+    env_done = np.zeros((n,), bool)
     for i, (s, obs_x, d) in zip(idx, results):
       host_states[i] = s
       obs_ids, obs_roles = _split(obs_x)
@@ -258,36 +305,34 @@ def rollout(
     format_error = np.array([bool(f["format_error"]) for f in facts])
     state = end_turn_jit(
         state,
-        jnp.asarray(active),
-        jnp.asarray(env_done),
-        jnp.asarray(answered),
-        jnp.asarray(format_error),
-        jnp.asarray(obs),
-        jnp.asarray(obs_len),
+        to_global(active),
+        to_global(env_done),
+        to_global(answered),
+        to_global(format_error),
+        to_global(obs),
+        to_global(obs_len),
         graphdef=graphdef,
         params=params,
     )
-    if fmt is not None or any(
-        len(r) and (r != types.TOOL).any() for r in role_rows
+    if fmt is not None or sharding.any_process(
+        any(len(r) and (r != types.TOOL).any() for r in role_rows)
     ):
       state = state.replace(
           role=_overlay_roles(
               state.role,
               length_before,
-              jnp.asarray(obs_roles_pad, jnp.int8),
+              to_global(obs_roles_pad.astype(np.int8)),
               state.length - length_before,
           )
       )
   # An environment that did not end its episodes within max_turns: MAX_TURNS.
-  left = ~np.asarray(state.done)
-  finish = np.where(left, types.MAX_TURNS, np.asarray(state.finish)).astype(
-      np.int32
-  )
+  done, finish = sharding.local_rows((state.done, state.finish), lo, hi)
+  finish = np.where(~done, types.MAX_TURNS, finish).astype(np.int32)
   group = (
       np.arange(b, dtype=np.int32)
       if group is None
       else np.asarray(group, np.int32)
-  )
+  )[lo:hi]
   facts = stack_facts([env.facts(s) for s in host_states])
   for name, counts in (
       ("num_tool_exceptions", tool_exceptions),
@@ -296,6 +341,16 @@ def rollout(
     facts[name] = (np.asarray(facts.get(name, 0), np.int32) + counts).astype(
         np.int32
     )
+  if split:
+    logging.info(
+        "host rollout: process %d stepped rows [%d, %d) of %d (%d env steps)",
+        jax.process_index(),
+        lo,
+        hi,
+        b,
+        num_steps,
+    )
+    facts = sharding.global_batch(facts, b)
   return types.Trajectory(
       tokens=state.tokens,
       role=state.role,
@@ -303,7 +358,7 @@ def rollout(
       turn=state.turn,
       length=state.length,
       num_turns=state.num_turns,
-      finish=jnp.asarray(finish),
-      group=jnp.asarray(group),
+      finish=to_global(finish),
+      group=to_global(group),
       facts=facts,
   )

@@ -301,6 +301,98 @@ def to_host(tree: Any) -> Any:
   return jax.tree.map(get, tree)
 
 
+def process_rows(num_rows: int, mesh: Mesh | None = None) -> tuple[int, int]:
+  """The rows [lo, hi) of a [num_rows] batch that this process's devices hold.
+
+  The batch is laid out by `batch_spec` on `mesh` (default: the ambient mesh,
+  `jax.set_mesh`). On one process, without a mesh, or when num_rows does not
+  divide over the batch axes (the batch is then replicated): (0, num_rows).
+  Of a multi-process run, this process's share of a host-side batch: the rows
+  it prepares (tools, data) and hands to `global_batch`.
+
+  Raises:
+    ValueError: this process's rows are not one contiguous range (a mesh
+      whose batch-axis devices interleave processes).
+  """
+  mesh = jax.sharding.get_mesh() if mesh is None else mesh
+  if jax.process_count() == 1 or mesh.empty:
+    return 0, num_rows
+  s = NamedSharding(mesh, batch_spec((num_rows,), mesh))
+  spans = sorted(
+      {
+          idx[0].indices(num_rows)[:2]
+          for idx in s.addressable_devices_indices_map((num_rows,)).values()
+      }
+  )
+  for (_, end), (begin, _) in zip(spans, spans[1:]):
+    if end != begin:
+      raise ValueError(
+          f"process {jax.process_index()} holds rows {spans} of a batch of "
+          f"{num_rows}: not one contiguous range"
+      )
+  return spans[0][0], spans[-1][1]
+
+
+def global_batch(tree: Any, num_rows: int, mesh: Mesh | None = None) -> Any:
+  """Global [num_rows, ...] arrays from this process's rows of each leaf.
+
+  Every process passes its rows `process_rows(num_rows)` (numpy, [hi - lo,
+  ...]); the result is laid out by `batch_spec` over `mesh` (default: the
+  ambient mesh) and made with `jax.make_array_from_process_local_data`, so no
+  row crosses a process boundary. On one process (or without a mesh) the
+  leaves are returned unchanged.
+  """
+  mesh = jax.sharding.get_mesh() if mesh is None else mesh
+  if jax.process_count() == 1 or mesh.empty:
+    return tree
+
+  def make(x):
+    x = np.asarray(x)
+    shape = (num_rows,) + x.shape[1:]
+    return jax.make_array_from_process_local_data(
+        NamedSharding(mesh, batch_spec(shape, mesh)), x, shape
+    )
+
+  return jax.tree.map(make, tree)
+
+
+def local_rows(tree: Any, lo: int, hi: int) -> Any:
+  """Rows [lo, hi) of every [B, ...] leaf, as numpy, read from this process's
+  own shards (no collective; `process_rows` gives this process's range).
+
+  Raises:
+    ValueError: a leaf's addressable shards do not hold all of those rows.
+  """
+
+  def get(x):
+    if getattr(x, "is_fully_addressable", True):
+      return np.asarray(x)[lo:hi]
+    out = np.empty((hi - lo,) + x.shape[1:], x.dtype)
+    filled = np.zeros((hi - lo,), bool)
+    for shard in x.addressable_shards:
+      a, b, _ = shard.index[0].indices(x.shape[0])
+      a2, b2 = max(a, lo), min(b, hi)
+      if a2 < b2:
+        out[a2 - lo : b2 - lo] = np.asarray(shard.data)[a2 - a : b2 - a]
+        filled[a2 - lo : b2 - lo] = True
+    if not filled.all():
+      raise ValueError(
+          f"process {jax.process_index()} does not hold rows [{lo}, {hi}) "
+          f"of an array of shape {x.shape} sharded as {x.sharding}"
+      )
+    return out
+
+  return jax.tree.map(get, tree)
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true on any process (a collective: every process calls
+  it at the same point). On one process: `flag`."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.bool_(flag))))
+
+
 def _sizes(mesh) -> dict[str, int]:
   """Axis sizes of a Mesh, an AbstractMesh or a plain {axis: size} dict."""
   return mesh if isinstance(mesh, dict) else dict(mesh.shape)

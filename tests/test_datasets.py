@@ -294,3 +294,55 @@ def test_unprepared_catalogue_dataset_is_not_downloaded_without_prepare(
     data.read_all(
         dict(source="tfds", name="gsm8k", data_dir=str(tmp_path), prepare=False)
     )
+
+
+def test_loader_tasks_are_read_lazily_and_resume_by_index(tmp_path):
+  """The training stream's tasks are read when a row needs them (a process of
+  a multi-process run reads only its rows' records), in the order of grain's
+  iterator over the same pipeline, and the position is its state."""
+  from types import SimpleNamespace  # noqa: PLC0415
+
+  from agentic_rl import host_rollout  # noqa: PLC0415
+
+  data.write_jsonl(
+      str(tmp_path / "toy-train.jsonl"), [{"i": i} for i in range(10)]
+  )
+  data.write_jsonl(
+      str(tmp_path / "toy-test.jsonl"), [{"i": 100 + i} for i in range(5)]
+  )
+  cfg = dict(source="jsonl", name="toy", data_dir=str(tmp_path), shuffle_seed=3)
+  read = []
+
+  def to_task(record):
+    read.append(record["i"])
+    return record["i"]
+
+  env = SimpleNamespace(is_host=True)
+  stream = data.make_loader(cfg)
+  want = [next(stream)["i"] for _ in range(12)]  # two shuffled epochs
+  assert sorted(want[:10]) == list(range(10)) and want[:10] != list(range(10))
+  wrapped = data_tasks.LoaderTasks(env, cfg, to_task)
+  tasks = wrapped.sample_tasks(None, 4)
+  assert len(tasks) == 4 and read == []
+  # 4 groups of 2 rows; the process holding rows [4, 8) reads 2 records.
+  rows = host_rollout.RepeatedTasks(tasks, 2)
+  assert len(rows) == 8
+  assert rows[4:8] == [want[2], want[2], want[3], want[3]]
+  assert read == [want[2], want[3]] and tasks.num_read == 2
+  assert list(tasks) == want[:4] and rows[-1] == want[3]
+  # The position: records consumed, the same dict as grain's iterator state.
+  it = data.make_loader(cfg)
+  for _ in range(4):
+    next(it)
+  assert wrapped.get_position() == data.get_position(it) == {"next_index": 4}
+  again = data_tasks.LoaderTasks(env, cfg, to_task)
+  again.set_position(wrapped.get_position())
+  assert list(again.sample_tasks(None, 8)) == want[4:12]
+  assert list(wrapped.sample_tasks(None, 8)) == want[4:12]
+  held = wrapped.eval_tasks(3, seed=0)
+  order = np.random.default_rng(0).permutation(5)[:3]
+  assert list(held) == [100 + int(i) for i in order]
+  once = data_tasks.LoaderTasks(env, {**cfg, "num_epochs": 1}, to_task)
+  assert sorted(once.sample_tasks(None, 10)) == list(range(10))
+  with pytest.raises(StopIteration):
+    once.sample_tasks(None, 1)

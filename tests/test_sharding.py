@@ -628,3 +628,19 @@ def test_rl_update_on_2x2x2_mesh_equals_one_device():
   # ~2 min of CPU (two meshes x the jitted update and gradient): slow tier.
   out = _run_8_devices(_COMMON + _INIT + _RL_UPDATE)
   assert "OK rl" in out, out
+
+
+def test_process_share_helpers_on_one_process():
+  """On one process a host-side batch is all this process's: process_rows is
+  every row, global_batch leaves the rows alone, local_rows slices, and
+  any_process is the flag (tests/test_multiprocess.py runs them on 2)."""
+  import numpy as np  # noqa: PLC0415
+
+  mesh = sharding.make_mesh()
+  assert sharding.process_rows(6, mesh) == (0, 6)
+  assert sharding.process_rows(6) == (0, 6)  # no ambient mesh
+  rows = {"x": np.arange(12).reshape(6, 2)}
+  assert sharding.global_batch(rows, 6, mesh) is rows
+  placed = sharding.put_batch(jnp.arange(6), mesh)
+  np.testing.assert_array_equal(sharding.local_rows(placed, 2, 5), [2, 3, 4])
+  assert sharding.any_process(True) and not sharding.any_process(False)

@@ -12,14 +12,23 @@ The training stream's position (`get_position` / `set_position`) is what
 agentic_rl/train.py saves inside each checkpoint and restores on resume, so a
 resumed run trains on exactly the tasks an uninterrupted run would.
 
+Tasks are read lazily: `sample_tasks` and `eval_tasks` return sequences whose
+records are read (by index, from the grain MapDataset) when an element is
+first accessed. Of a multi-process run every process advances the same
+stream position (n records per call, the same on every process), but the host
+driver (agentic_rl/host_rollout.py) touches only the tasks of its own rows, so
+each process reads only its share of the records; the position, the number of
+records consumed ({'next_index': k}, the format of grain's own iterator
+state), is the same on every process and is the one saved in the checkpoint.
+
 Use: `config.data = dict(source="tfds", name="bfcl_single_turn/simple",
 data_dir="~/tensorflow_datasets")` next to `config.env = dict(name="bfcl", ...)`.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+import collections.abc
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -60,6 +69,35 @@ RECORD_TO_TASK: dict[str, Callable[[dict], Any]] = {
 }
 
 
+class LazyTasks(collections.abc.Sequence):
+  """Tasks `to_task(dataset[i])` for i in `indices`, each read and converted
+  on first access (and kept). Slicing gives a list of the selected tasks."""
+
+  def __init__(self, dataset, indices: Sequence[int], to_task):
+    self._dataset = dataset
+    self._indices = indices
+    self._to_task = to_task
+    self._cache: dict[int, Any] = {}
+
+  def __len__(self) -> int:
+    return len(self._indices)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(len(self)))]
+    if not -len(self) <= i < len(self):
+      raise IndexError(i)
+    i %= len(self)
+    if i not in self._cache:
+      self._cache[i] = self._to_task(self._dataset[int(self._indices[i])])
+    return self._cache[i]
+
+  @property
+  def num_read(self) -> int:
+    """How many of the tasks have been read so far."""
+    return len(self._cache)
+
+
 class LoaderTasks:
   """A host environment whose tasks come from `agentic_rl.data.make_loader`."""
 
@@ -91,7 +129,11 @@ class LoaderTasks:
     self._env = env
     self._cfg = cfg
     self._to_task = to_task
-    self._train = data_lib.make_loader(cfg)
+    # The training stream (shuffled, repeated) as a random-access dataset:
+    # record k is the k-th record grain's iterator over it would yield.
+    self._train = data_lib.make_loader_dataset(cfg)
+    self._next = 0  # records consumed: the stream's position
+    self._eval = None
 
   def __getattr__(self, name):
     if name.startswith("_"):  # private names are the wrapper's own
@@ -103,32 +145,47 @@ class LoaderTasks:
     """The wrapped environment."""
     return self._env
 
-  def sample_tasks(self, rng: np.random.Generator, n: int) -> list:
-    """The next n tasks of the training stream (rng unused: the loader's order).
+  def sample_tasks(self, rng: np.random.Generator, n: int) -> LazyTasks:
+    """The next n tasks of the training stream (rng unused: the loader's order),
+    read when accessed (LazyTasks); the position moves on by n.
 
     Raises:
       StopIteration: the stream ended (num_epochs > 0 and all epochs read).
     """
     del rng
-    return [self._to_task(next(self._train)) for _ in range(n)]
+    start = self._next
+    if self._cfg["num_epochs"] and start + n > len(self._train):
+      raise StopIteration(
+          f"config.data: the training stream of {len(self._train)} records "
+          f"({self._cfg['num_epochs']} epochs) ended"
+      )
+    self._next = start + n
+    return LazyTasks(self._train, range(start, start + n), self._to_task)
 
-  @functools.cached_property
-  def _eval_records(self) -> list:
-    return data_lib.read_all({**self._cfg, "split": self._cfg["eval_split"]})
-
-  def eval_tasks(self, n: int, seed: int) -> list:
-    """min(n, size) tasks of the eval split, in a permutation fixed by `seed`."""
-    records = self._eval_records
-    order = np.random.default_rng(seed).permutation(len(records))
-    return [self._to_task(records[i]) for i in order[:n]]
+  def eval_tasks(self, n: int, seed: int) -> LazyTasks:
+    """min(n, size) tasks of the eval split, in a permutation fixed by `seed`
+    (read when accessed)."""
+    if self._eval is None:
+      self._eval = data_lib.make_loader_dataset(
+          {
+              **self._cfg,
+              "split": self._cfg["eval_split"],
+              "shuffle_seed": -1,
+              "num_epochs": 1,
+          }
+      )
+    order = np.random.default_rng(seed).permutation(len(self._eval))
+    return LazyTasks(self._eval, order[:n], self._to_task)
 
   def get_position(self) -> dict:
-    """Position of the training stream (a small JSON-serialisable dict)."""
-    return data_lib.get_position(self._train)
+    """Position of the training stream: {'next_index': records consumed}
+    (the state of grain's iterator over the same dataset)."""
+    return {"next_index": self._next}
 
   def set_position(self, position: dict) -> None:
-    """Moves the training stream to a position from `get_position`."""
-    data_lib.set_position(self._train, position)
+    """Moves the training stream to a position from `get_position` (or from
+    `data.get_position` of an iterator over the same pipeline)."""
+    self._next = int(position["next_index"])
 
 
 def with_loader(env, config) -> Any:

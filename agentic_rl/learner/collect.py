@@ -683,7 +683,8 @@ def make_host_rollout_fn(
     key = jax.random.fold_in(state.rng, state.step)
     task_key, sample_key = jax.random.split(jax.random.fold_in(key, 1))
     tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), num_sampled)
-    tasks = [t for t in tasks for _ in range(group_size)]
+    # Read lazily: a process of a multi-process run touches its rows' only.
+    tasks = host_rollout.RepeatedTasks(tasks, group_size)
     group = np.repeat(np.arange(num_sampled, dtype=np.int32), group_size)
     return host_rollout.rollout(
         env,

@@ -328,7 +328,9 @@ def make_rl_step(
       # the update unchanged (padding.host_trim_length); one compile per bucket.
       traj = rollout_fn(state)
       traj = padding.trim(
-          traj, config.max_len, padding.host_trim_length(config, traj.length)
+          traj,
+          config.max_len,
+          padding.host_trim_length(config, sharding.to_host(traj.length)),
       )
       return learn_jit(state, traj)
 

@@ -179,7 +179,9 @@ def make_sft_step(
       tasks = env.sample_tasks(host_rollout.numpy_rng(task_key), batch_size)
       traj = host_rollout.rollout(env, tasks, expert_key, max_len=max_len)
       traj = padding.trim(
-          traj, max_len, padding.host_trim_length(config, traj.length)
+          traj,
+          max_len,
+          padding.host_trim_length(config, sharding.to_host(traj.length)),
       )
       return learn_jit(state, traj)
 
