@@ -270,6 +270,7 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m agentic_rl.launch",
+      allow_abbrev=False,  # --num_process is a typo, not --num_processes
       description=(
           "Runs N processes of main.py on this machine as one multi-process "
           "JAX run (coordinator on 127.0.0.1). Arguments after -- go to "

@@ -21,7 +21,8 @@ Workdir layout:
 Several processes (`config.mesh.distributed`, agentic_rl/launch.py): every
 process runs this same loop on its shards of one global mesh; process 0 alone
 writes the files above (and prints the progress bar and report), every process
-holds its own lock `.lock.<process index>`, and checkpoints are written by all
+holds its own lock (process 0 `.lock`, as a one-process run, so that the two
+refuse each other; process i `.lock.<i>`), and checkpoints are written by all
 processes together (checkpoint.py). Decisions read from files (evaluations
 still to run, the checkpoint to restore) are process 0's, broadcast to all.
 """

@@ -1034,8 +1034,15 @@ def _env_fields(config) -> dict:
   token ids from the tokenizer needs it to be built at all)."""
   fields = dict(config.env)
   path = config.model.hf_path
+  ctor = environments.REGISTRY.get(config.env.name)
   if (
       config.tokenizer == "hf"
+      # Only an environment that takes it (else _validate_tokenizer names the
+      # problem instead of the constructor's TypeError).
+      and (
+          getattr(ctor, "takes_hf_tokenizer", False)
+          or getattr(ctor, "is_host", False)
+      )
       and path
       and os.path.isfile(os.path.join(path, "tokenizer.json"))
   ):
@@ -1198,9 +1205,12 @@ def check_workdir(workdir: str, create: bool = True) -> str:
 
 
 def _lock_name() -> str:
-  """'.lock', or '.lock.<process index>' in a multi-process run (every
-  process of one run writes the same workdir)."""
-  return ".lock" if jax.process_count() == 1 else f".lock.{jax.process_index()}"
+  """'.lock' for a one-process run and for process 0 of a multi-process run
+  (so that the two refuse each other on one workdir), '.lock.<process index>'
+  for the other processes of a multi-process run (every process of one run
+  writes the same workdir)."""
+  index = jax.process_index()
+  return ".lock" if index == 0 else f".lock.{index}"
 
 
 _HELD_LOCKS: dict[str, int] = {}  # lock path -> nesting depth in this process
@@ -1217,8 +1227,9 @@ def workdir_lock(workdir: str, name: str | None = None):
 
   Args:
     workdir: the run's output folder (created if missing).
-    name: the lock file's name; None: '.lock', or '.lock.<process index>' in a
-      multi-process run (asks jax, which starts its backend).
+    name: the lock file's name; None: '.lock' (one process, or process 0),
+      '.lock.<process index>' for the other processes of a multi-process run
+      (asks jax, which starts its backend).
 
   Yields:
     The lock file's path.

@@ -23,6 +23,8 @@ def _lazy(module: str, name: str):
     return getattr(importlib.import_module(module), name)(**kwargs)
 
   make_env.__name__ = name
+  # Declared without importing the module (validation reads it).
+  make_env.is_host = True
   return make_env
 
 

@@ -307,7 +307,7 @@ def test_only_process_0_writes_files_and_prints(two_process_run):
   names = sorted(os.listdir(workdir))
   assert names == sorted(
       [
-          ".lock.0",
+          ".lock",
           ".lock.1",
           "checkpoints",
           "config.json",
@@ -694,3 +694,43 @@ def test_data_loader_processes_read_only_their_own_records(tmp_path, cache):
   _assert_close_trees(two["params"], one["params"], 1e-5, 1e-6)
   _assert_close_metrics(two_dir, one_dir, 1e-4, 1e-6)
   assert _report(two_dir) == _report(one_dir)
+
+
+def test_process_0_and_a_one_process_run_take_the_same_lock(
+    tmp_path, monkeypatch
+):
+  # A one-process main.py on a workdir that a launcher run is using must be
+  # refused: process 0 locks '.lock', as a one-process run does; the other
+  # processes lock '.lock.<i>'. Here another process holds '.lock' (as a
+  # running one-process main.py would) and process 0's lock is refused.
+  import jax  # noqa: PLC0415
+
+  from agentic_rl import validation  # noqa: PLC0415
+
+  holder = subprocess.Popen(
+      [
+          sys.executable,
+          "-c",
+          "import fcntl, os, sys, time\n"
+          "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+          "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+          "os.write(fd, str(os.getpid()).encode())\n"
+          "print('held', flush=True)\n"
+          "time.sleep(60)\n",
+          str(tmp_path / ".lock"),
+      ],
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    with pytest.raises(validation.ConfigError, match="in use by another run"):
+      with validation.workdir_lock(str(tmp_path)):
+        pass
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with validation.workdir_lock(str(tmp_path)) as path:
+      assert os.path.basename(path) == ".lock.1"
+  finally:
+    holder.kill()
+    holder.wait()
