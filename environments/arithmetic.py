@@ -755,16 +755,7 @@ class ArithmeticEnv:
     task = state.task
     xs, ops = _chain(task)
     m = xs.shape[0] - 1
-    under = (
-        self.expert_undercall_prob
-        if self.expert_undercall_prob >= 0
-        else self.expert_imperfect_prob
-    )
-    over = (
-        self.expert_overcall_prob
-        if self.expert_overcall_prob >= 0
-        else self.expert_imperfect_prob
-    )
+    under, over = common.expert_error_probs(self)
     imperfect = jax.random.uniform(key) < jnp.where(task.hard, under, over)
     started = (state.turn > 0) & (state.num_tool_calls > 0)
     use_tool = (state.turn < m) & (

@@ -649,16 +649,7 @@ class ChatArithmeticEnv:
     """
     t = self.table
     task = state.task
-    under = (
-        self.expert_undercall_prob
-        if self.expert_undercall_prob >= 0
-        else self.expert_imperfect_prob
-    )
-    over = (
-        self.expert_overcall_prob
-        if self.expert_overcall_prob >= 0
-        else self.expert_imperfect_prob
-    )
+    under, over = common.expert_error_probs(self)
     imperfect = jax.random.uniform(key) < jnp.where(task.hard, under, over)
     use_tool = (state.turn == 0) & jnp.logical_xor(task.hard, imperfect)
     value = jnp.where(state.turn == 0, task.answer, state.last_tool_result)

@@ -177,6 +177,18 @@ def progress_update(
   )
 
 
+def expert_error_probs(env) -> tuple[float, float]:
+  """(under-call, over-call) probabilities of an environment's SFT expert:
+  `env.expert_undercall_prob` (answers a hard item directly) and
+  `env.expert_overcall_prob` (calls the tool on an easy item), each replaced
+  by `env.expert_imperfect_prob` where it is negative (unset)."""
+  under, over = env.expert_undercall_prob, env.expert_overcall_prob
+  return (
+      under if under >= 0 else env.expert_imperfect_prob,
+      over if over >= 0 else env.expert_imperfect_prob,
+  )
+
+
 def check_probabilities(obj, fields) -> None:
   """Raises ValueError naming the first of `fields` (attributes of `obj`) that is
   not a probability in [0, 1] (the environments' __post_init__ checks)."""

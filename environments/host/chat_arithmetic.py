@@ -33,6 +33,7 @@ import numpy as np
 
 from agentic_text import chat
 from environments import chat_arithmetic as native
+from environments import common
 
 _CALL_RE = re.compile(
     r"calc\(([0-9]{1,%d})([+*-])([0-9]{1,%d})\)"
@@ -210,16 +211,7 @@ class HostChatArithmeticEnv:
   def expert_action(self, state: _State, rng: np.random.Generator):
     """The native environment's demonstrator, drawn with numpy."""
     task = state.task
-    under = (
-        self.expert_undercall_prob
-        if self.expert_undercall_prob >= 0
-        else self.expert_imperfect_prob
-    )
-    over = (
-        self.expert_overcall_prob
-        if self.expert_overcall_prob >= 0
-        else self.expert_imperfect_prob
-    )
+    under, over = common.expert_error_probs(self)
     imperfect = rng.uniform() < (under if task.hard else over)
     if state.turn == 0 and (task.hard != imperfect):
       text = native.call_text(task.a, task.op, task.b)
