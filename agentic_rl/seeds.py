@@ -230,7 +230,18 @@ def train_seeds(
         if sft_steps
         else state.params
     )
-  rl_reports = evaluate_all(state.params)
+  rl_reports = None
+  if workdir is not None and step_at_start == total:
+    # Nothing trained in this call: the final policy's evaluation, written
+    # when the run finished, is reused instead of recomputed (a resumed
+    # sequence of single-seed runs re-reads its finished seeds at no cost).
+    rl_reports = _stored_rl_reports(workdir, seeds)
+  if rl_reports is None and rl_steps == 0 and sft_steps > 0:
+    # An SFT-only run (a claim's shared start): its final policy is the SFT
+    # policy already evaluated above.
+    rl_reports = sft_reports
+  if rl_reports is None:
+    rl_reports = evaluate_all(state.params)
   if ckpt is not None:
     ckpt.wait()
     ckpt.close()
@@ -252,6 +263,27 @@ def train_seeds(
       "wall_complete": wall_log.complete,
       "params": state.params,
   }
+
+
+def _stored_rl_reports(workdir: str, seeds: Sequence[int]) -> list | None:
+  """Every seed's 'rl' report from `seed_<s>/eval_report.json`, or None when
+  one is missing or unreadable (then the caller evaluates again)."""
+  reports = []
+  for s in seeds:
+    path = os.path.join(workdir, f"seed_{s}", "eval_report.json")
+    try:
+      with open(path) as f:
+        report = json.load(f)["rl"]
+    except (OSError, ValueError, KeyError):
+      return None
+    if not isinstance(report, dict):
+      return None
+    # write_strict_json stored NaN (e.g. accuracy_hard without hard items)
+    # as null: back to NaN, as evaluate returned it.
+    reports.append(
+        {k: float("nan") if v is None else v for k, v in report.items()}
+    )
+  return reports
 
 
 class _WallLog:

@@ -62,6 +62,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
   )
   config.max_len = _PROMPT_LEN + 2 * 32 + 20
+  # Speed at L = 159 (experiments/smollm2_calc/README.md, "Step cost"): no
+  # rematerialisation (saved activations of 4 rows x 159 positions fit; remat
+  # recomputed every block's forward in the backward pass), and the sampler's
+  # log-probs as behaviour log-probs: with one optimizer step per iteration
+  # the ratio is 1 up to the sampler/trainer mismatch, and the trainer-side
+  # behaviour forward was a whole extra pass over the batch.
+  config.model.remat = False
+  config.rl.behaviour_logprobs = "sampler"
   # LoRA rank 8 on all seven projections (experiments/bench_lora.py setting):
   # the frozen base is the reference, no optimizer state for it.
   config.model.lora.rank = 8
@@ -75,11 +83,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.steps = 30
   config.rl.batch_size = 16
   config.rl.group_size = 4
-  config.rl.num_microbatches = 2
+  config.rl.num_microbatches = 4
   config.rl.learning_rate = 2e-4
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
-  # Held-out: 200 fixed tasks (100 hard, 100 easy), greedy.
+  # Held-out: 200 fixed tasks (100 hard, 100 easy), greedy; pass@1 and
+  # pass@2 from 2 samples per task at T = 1 (each pass over the 200 tasks
+  # costs about as much as the greedy one).
   config.eval.num_tasks = 200
+  config.eval.num_samples = 2
+  config.eval.pass_k = (1, 2)
   config.checkpoint.every_steps = 10
 
   if arg in ("host", "host_smoke"):

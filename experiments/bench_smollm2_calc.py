@@ -12,6 +12,10 @@ kind: prompt (positions before the prompt's end), sampled (POLICY), observation
 
 Usage:
   python experiments/bench_smollm2_calc.py [--paths=native,host] [--batch=16]
+      [--set=model.remat=True --set=rl.behaviour_logprobs=trainer]
+
+`--set KEY=VALUE` overrides a config field (repeatable), to measure one
+change at a time against the config's settings.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import os
 import sys
 import time
+from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,10 +61,22 @@ def token_kinds(traj, prompt_len: np.ndarray) -> dict[str, int]:
   }
 
 
-def bench(path: str, batch: int, group: int) -> dict:
+def bench(
+    path: str, batch: int, group: int, overrides: Sequence[str] = ()
+) -> dict:
   config = smollm2_calc.get_config("host" if path == "host" else None)
   config.rl.batch_size, config.rl.group_size = batch, group
   config.sft.steps = 0
+  for item in overrides:  # 'model.remat=False', 'rl.behaviour_logprobs=sampler'
+    key, _, value = item.partition("=")
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    node[leaf] = type(node[leaf])(
+        value not in ("False", "false", "0") if isinstance(node[leaf], bool)
+        else value
+    )
   config = schema.with_defaults(config)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
@@ -68,7 +85,13 @@ def bench(path: str, batch: int, group: int) -> dict:
   rl_step = learner.make_rl_step(
       config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
   )
-  out = {"path": path, "batch": batch, "group": group, "L": config.max_len}
+  out = {
+      "path": path,
+      "batch": batch,
+      "group": group,
+      "L": config.max_len,
+      "overrides": list(overrides),
+  }
   for i in range(2):
     t0 = time.time()
     state, m = rl_step(state)
@@ -112,9 +135,15 @@ def main() -> None:
   parser.add_argument("--paths", default="native,host")
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--group", type=int, default=4)
+  parser.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      help="config override KEY=VALUE (repeatable), e.g. model.remat=False",
+  )
   args = parser.parse_args()
   for path in args.paths.split(","):
-    print(json.dumps(bench(path, args.batch, args.group)), flush=True)
+    print(json.dumps(bench(path, args.batch, args.group, args.set)), flush=True)
 
 
 if __name__ == "__main__":

@@ -542,6 +542,13 @@ def room_start_greedy_accuracy(config, params) -> float:
   return float(c.mean())
 
 
+def room_greedy_headroom(config, params) -> float:
+  """1 - the start policy's greedy (T = 0) accuracy on 128 training tasks
+  (`room_start_greedy_accuracy`): how far the held-out greedy accuracy can
+  rise above the start. In [0, 1]."""
+  return 1.0 - room_start_greedy_accuracy(config, params)
+
+
 def room_length_spread(config, params) -> float:
   """Mean over sampled groups of the standard deviation of the POLICY-token
   count of the group's episodes (tokens): a loss aggregation can favour long or
@@ -578,6 +585,7 @@ def run_claim(
     stop_without_room: bool = False,
     room_only: bool = False,
     command: str | None = None,
+    seeds_per_call: int | None = None,
 ) -> dict:
   """Trains every arm for every seed and writes the claim's table and plot.
 
@@ -609,6 +617,15 @@ def run_claim(
       decide the claim. The verdict is 'untestable at this setup' when the
       room is below the threshold, else 'not run (room check only)'.
     command: the command line that produced the run (stored in results.json).
+    seeds_per_call: None trains all seeds of an arm as one vmapped program;
+      k trains them k at a time, one chunk after the other (each chunk its
+      own SFT and arm workdirs, ROOT/NAME_s<seeds>), for models whose seeds
+      do not fit one program (a pretrained checkpoint: 1). A chunk's start,
+      room value, arms and evaluations are complete and on disk before the
+      next chunk starts, so an interrupted run resumes from the chunks
+      already recorded (their workdirs, `seed_<s>/eval_report.json` and
+      `room_<...>.json`, are read back, not recomputed); after each chunk the
+      per-seed rows so far are written to ROOT/progress.json.
 
   Returns:
     {'rows': {row label: [per-seed metric dicts]}, 'curves': {arm: {key:
@@ -629,12 +646,25 @@ def run_claim(
     )
   room = None
   os.makedirs(root, exist_ok=True)
-  sft_dirs: dict[str, str] = {}
   rows: dict[str, list[dict]] = {}
   curves: dict[str, dict] = {}
   walls: dict[str, float] = {}
   earlier_s: list[float] = []  # workdirs' training seconds, earlier calls
   wall_complete: list[bool] = []
+  room_per_seed: list[float] = []
+  room_s = 0.0
+  room_arm = None
+  if spec is not None and spec.room_fn is not None:
+    # The room check comes first, from the start policy of the control arm (of
+    # the treatment when the control is the SFT start), before any RL.
+    room_arm = spec.control if spec.control in arms else spec.treatment
+  if room_only and room_arm is None:
+    raise ValueError("run_claim: room_only needs a spec with a room_fn")
+  k = len(seeds) if seeds_per_call is None else int(seeds_per_call)
+  if k < 1:
+    raise ValueError(f"run_claim: seeds_per_call={seeds_per_call} must be >= 1")
+  chunks = [list(seeds[i : i + k]) for i in range(0, len(seeds), k)]
+  skip_rl = room_only
 
   def _wall_of(out):
     # The training time behind the workdir (seeds.train_seeds' wall.json: this
@@ -645,45 +675,133 @@ def run_claim(
     wall_complete.append(out["wall_complete"])
     return out["wall_total_s"]
 
-  def sft(config):
-    key = _sft_key(config)
-    if key in sft_dirs:
-      return key, None
-    sft_dir = run_dir(root, f"sft_{key}", seeds)
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.rl.steps = 0
-    # Arms that share this SFT run differ in their RL settings: only the other
-    # sections must match the SFT workdir's config.json.
-    out = seeds_lib.train_seeds(c, seeds, sft_dir, resume_free=("rl",))
-    walls[f"sft_{key}"] = _wall_of(out)
-    sft_dirs[key] = sft_dir
-    if include_sft_row and "SFT (start)" not in rows:
-      rows["SFT (start)"] = _with_extra(out, "sft", extra_eval, config, seeds)
-    return key, out
+  def _add_wall(name, out):
+    walls[name] = walls.get(name, 0.0) + _wall_of(out)
 
-  if spec is not None and spec.room_fn is not None:
-    # The room check comes first, from the start policy of the control arm (of
-    # the treatment when the control is the SFT start), before any RL.
-    room_arm = spec.control if spec.control in arms else spec.treatment
-    out = sft(arms[room_arm])[1]
-    params = seeds_lib.unstack(out["params"], len(seeds))
-    t0 = time.time()
-    per_seed = [float(spec.room_fn(arms[room_arm], p)) for p in params]
+  for chunk in chunks:
+    sft_dirs: dict[str, str] = {}
+    chunk_rows: dict[str, list[dict]] = {}
+
+    def sft(config, chunk=chunk, sft_dirs=sft_dirs, chunk_rows=chunk_rows):
+      key = _sft_key(config)
+      if key in sft_dirs:
+        return key, None
+      sft_dir = run_dir(root, f"sft_{key}", chunk)
+      c = ml_collections.ConfigDict(config.to_dict())
+      c.rl.steps = 0
+      # Arms that share this SFT run differ in their RL settings: only the
+      # other sections must match the SFT workdir's config.json.
+      out = seeds_lib.train_seeds(c, chunk, sft_dir, resume_free=("rl",))
+      _add_wall(f"sft_{key}", out)
+      sft_dirs[key] = sft_dir
+      if include_sft_row and "SFT (start)" not in chunk_rows:
+        chunk_rows["SFT (start)"] = _with_extra(
+            out, "sft", extra_eval, config, chunk
+        )
+      return key, out
+
+    if room_arm is not None:
+      key, out = sft(arms[room_arm])
+      t0 = time.time()
+      per_seed = _room_values(
+          spec, arms[room_arm], out, chunk, sft_dirs[key]
+      )
+      room_s += time.time() - t0
+      room_per_seed += per_seed
+      checked = stats.room_record(spec, per_seed)
+      print(
+          f"room check ({spec.room_metric}, start policy of {room_arm}), "
+          f"seeds {chunk}: {[round(v, 3) for v in per_seed]} (threshold "
+          f"{spec.room_threshold}, every seed): "
+          + (
+              "room"
+              if checked["ok"]
+              else f"NO room at seeds {[chunk[i] for i in checked['failing']]}"
+              ": untestable at this setup"
+          ),
+          flush=True,
+      )
+      if stop_without_room and not checked["ok"]:
+        skip_rl = True  # no RL arm from here on
+    chunk_curves: dict[str, dict] = {}
+    for arm, config in arms.items():
+      if skip_rl:
+        if include_sft_row and "SFT (start)" not in chunk_rows:
+          sft(config)  # the start row of every seed
+        continue  # no RL arm, so no other SFT start is needed either
+      key = sft(config)[0]
+      arm_dir = run_dir(root, arm, chunk)
+      if not os.path.exists(arm_dir):
+        # The arm's own config.json is written by train_seeds (not the SFT
+        # run's).
+        shutil.copytree(
+            sft_dirs[key],
+            arm_dir,
+            ignore=shutil.ignore_patterns(
+                "seed_*", "config.json", "wall.json", "room_*.json"
+            ),
+        )
+        # The copied SFT checkpoints' time is the SFT workdir's: the arm's
+        # own log starts empty (a copied checkpoint without a log would
+        # otherwise mark the arm's time as incomplete).
+        with open(os.path.join(arm_dir, "wall.json"), "w") as f:
+          json.dump({"calls": []}, f)
+      out = seeds_lib.train_seeds(config, chunk, arm_dir)
+      _add_wall(arm, out)
+      chunk_rows[arm] = _with_extra(out, "rl", extra_eval, config, chunk)
+      for new_key, curve_key, first, last in curve_means:
+        c = np.asarray(
+            out["curves"].get(curve_key, np.full((1, len(chunk)), np.nan))
+        )
+        per_seed = c[first:last].mean(0)
+        chunk_rows[arm] = [
+            dict(r, **{new_key: float(v)})
+            for r, v in zip(chunk_rows[arm], per_seed)
+        ]
+      chunk_curves[arm] = out["curves"]
+    for label, reports in chunk_rows.items():
+      rows.setdefault(label, []).extend(reports)
+    for arm, arm_curves in chunk_curves.items():
+      merged = curves.setdefault(arm, {})
+      for name, c in arm_curves.items():
+        merged[name] = (
+            np.asarray(c)
+            if name not in merged
+            else _concat_seed_axis(merged[name], np.asarray(c))
+        )
+    if len(chunks) > 1:
+      write_strict_json(
+          os.path.join(root, "progress.json"),
+          {
+              "seeds_done": list(seeds[: len(next(iter(rows.values())))])
+              if rows
+              else [],
+              "rows": rows,
+              "room_per_seed": room_per_seed,
+          },
+      )
+    if skip_rl and not room_only and len(chunks) > 1:
+      # A seed without room makes the claim untestable at this setup: the
+      # later seeds' starts would cost their SFT runs and change nothing.
+      seeds = [s for c in chunks[: chunks.index(chunk) + 1] for s in c]
+      print(f"no room: stopping after seeds {seeds}", flush=True)
+      break
+  if room_arm is not None:
     room = {
         "metric": spec.room_metric,
-        "value": float(np.mean(per_seed)),
-        "per_seed": per_seed,
+        "value": float(np.mean(room_per_seed)),
+        "per_seed": room_per_seed,
         "threshold": spec.room_threshold,
         "arm": room_arm,
-        "wall_s": time.time() - t0,
+        "wall_s": room_s,
     }
     # Every seed's start must leave room (stats.room_record).
-    checked = stats.room_record(spec, per_seed)
+    checked = stats.room_record(spec, room_per_seed)
     room["ok"], room["failing"] = checked["ok"], checked["failing"]
     print(
         f"room check ({spec.room_metric}, start policy of {room_arm}): "
-        f"{room['value']:.3f} (per seed {[round(v, 3) for v in per_seed]}; "
-        f"threshold {spec.room_threshold}, every seed): "
+        f"{room['value']:.3f} (per seed {[round(v, 3) for v in room_per_seed]}"
+        f"; threshold {spec.room_threshold}, every seed): "
         + (
             "room"
             if room["ok"]
@@ -692,40 +810,6 @@ def run_claim(
         ),
         flush=True,
     )
-  if room_only and room is None:
-    raise ValueError("run_claim: room_only needs a spec with a room_fn")
-  skip_rl = room_only or (
-      stop_without_room and room is not None and not room["ok"]
-  )
-  for arm, config in arms.items():
-    if skip_rl:
-      continue  # no RL arm, so no other SFT start is needed either
-    key = sft(config)[0]
-    arm_dir = run_dir(root, arm, seeds)
-    if not os.path.exists(arm_dir):
-      # The arm's own config.json is written by train_seeds (not the SFT run's).
-      shutil.copytree(
-          sft_dirs[key],
-          arm_dir,
-          ignore=shutil.ignore_patterns("seed_*", "config.json", "wall.json"),
-      )
-      # The copied SFT checkpoints' time is the SFT workdir's: the arm's own
-      # log starts empty (a copied checkpoint without a log would otherwise
-      # mark the arm's time as incomplete).
-      with open(os.path.join(arm_dir, "wall.json"), "w") as f:
-        json.dump({"calls": []}, f)
-    out = seeds_lib.train_seeds(config, seeds, arm_dir)
-    walls[arm] = _wall_of(out)
-    rows[arm] = _with_extra(out, "rl", extra_eval, config, seeds)
-    for new_key, curve_key, first, last in curve_means:
-      c = np.asarray(
-          out["curves"].get(curve_key, np.full((1, len(seeds)), np.nan))
-      )
-      per_seed = c[first:last].mean(0)
-      rows[arm] = [
-          dict(r, **{new_key: float(v)}) for r, v in zip(rows[arm], per_seed)
-      ]
-    curves[arm] = out["curves"]
   analysis = None
   if spec is not None and room_only and room["ok"]:
     analysis = stats.room_only_analysis(spec, room["per_seed"])
@@ -777,6 +861,38 @@ def run_claim(
       "room": room,
       "analysis": analysis,
   }
+
+
+def _room_values(spec, config, out, seeds, sft_dir) -> list[float]:
+  """Per-seed room values of the start policies in `out` (train_seeds' output
+  of the SFT workdir `sft_dir`), read from `sft_dir/room_<fn>.json` when an
+  earlier call recorded them for these seeds, else computed and recorded."""
+  name = re.sub(r"\W", "_", getattr(spec.room_fn, "__name__", "fn"))
+  path = os.path.join(sft_dir, f"room_{name}.json")
+  stored: dict = {}
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        stored = json.load(f)
+    except ValueError:  # unreadable: computed again
+      stored = {}
+  if all(str(s) in stored for s in seeds):
+    return [float(stored[str(s)]) for s in seeds]
+  params = seeds_lib.unstack(out["params"], len(seeds))
+  values = [float(spec.room_fn(config, p)) for p in params]
+  stored.update({str(s): v for s, v in zip(seeds, values)})
+  os.makedirs(sft_dir, exist_ok=True)
+  write_strict_json(path, stored)
+  return values
+
+
+def _concat_seed_axis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """[T1, S1] and [T2, S2] curves -> [max(T1, T2), S1 + S2], NaN-padded."""
+  t = max(a.shape[0], b.shape[0])
+  pad = lambda x: np.concatenate(
+      [x, np.full((t - x.shape[0],) + x.shape[1:], np.nan)], axis=0
+  )
+  return np.concatenate([pad(a.astype(np.float64)), pad(b.astype(np.float64))], axis=1)
 
 
 def _with_extra(out, which, extra_eval, config, seeds):

@@ -44,6 +44,7 @@ CLAIMS = (
     "dark_room",
     "tool_composition",
     "rm_selection",
+    "smollm2_calc",
 )
 # Further declared claims of a folder: (folder, results stem, spec module).
 EXTRA = (

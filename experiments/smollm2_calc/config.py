@@ -1,0 +1,29 @@
+"""Arms of the pretrained decision run (`python -m experiments.smollm2_calc`).
+
+One arm: configs/smollm2_calc.py unchanged (SmolLM2-135M-Instruct, LoRA rank
+8, SFT warm start on the imperfect expert, GRPO), compared with its own SFT
+start per seed. `smoke` shrinks it for CI (configs/smollm2_common.py
+shrink_for_smoke).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import smollm2_calc
+
+ARMS = ("GRPO",)
+
+
+def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
+  arm, _, size = (arg or "GRPO").partition(",")
+  if arm not in ARMS:
+    raise ValueError(
+        f"experiments/smollm2_calc/config.py: unknown arm {arm!r}; known: "
+        f"{ARMS} (append ',smoke' for the smoke size)"
+    )
+  return smollm2_calc.get_config("smoke" if size == "smoke" else None)
+
+
+def arms(smoke: bool) -> dict[str, ml_collections.ConfigDict]:
+  return {a: get_config(a + (",smoke" if smoke else "")) for a in ARMS}
