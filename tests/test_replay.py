@@ -202,3 +202,65 @@ def test_train_state_with_buffer_and_dual_coef_checkpoints(tmp_path):
 def test_init_rejects_empty_capacity():
   with pytest.raises(ValueError, match="capacity=0"):
     replay.init(0, 4)
+
+
+def test_injected_reward_is_never_stored_with_the_fresh_tokens():
+  # The buffer holds task A's success (answer 9 9, reward 1). A fresh group of
+  # task A fails twice (answers 1 1 and 2 2): injection replaces its last row
+  # with the buffered success, and the buffer must keep 9 9 in A's slot. It
+  # used to store the fresh failed row 2 2 with the injected reward 1.
+  from agentic_rl.learner import collect  # noqa: PLC0415
+
+  buf = replay.init(2, 4)
+  ta, ra = _rows([(5, 6)], [(9, 9)])
+  buf = replay.insert(
+      buf,
+      replay.task_keys(ta, ra),
+      ta,
+      ra,
+      jnp.full((1, 4), -0.25),
+      jnp.array([1.0]),
+      jnp.array([True]),
+      jnp.int32(0),
+      _turns(1),
+  )
+  tokens, role = _rows([(5, 6)] * 2, [(1, 1), (2, 2)])
+  traj = types.Trajectory(
+      tokens=tokens,
+      role=role,
+      logprob=jnp.full((2, 4), -1.0),
+      turn=_turns(2),
+      length=jnp.full((2,), 4, jnp.int32),
+      num_turns=jnp.ones((2,), jnp.int32),
+      finish=jnp.zeros((2,), jnp.int32),
+      group=jnp.zeros((2,), jnp.int32),
+      facts={},
+  )
+  train_traj, reward, injected, new_buf = collect.replay_inject_and_store(
+      buf,
+      traj,
+      jnp.array([0.0, 0.0]),
+      jnp.int32(3),
+      group_size=2,
+      success_threshold=1.0,
+      inject=True,
+  )
+  np.testing.assert_array_equal(injected, [False, True])
+  np.testing.assert_array_equal(train_traj.tokens[1], [5, 6, 9, 9])
+  np.testing.assert_allclose(reward, [0.0, 1.0])
+  # Nothing fresh succeeded: the buffer is unchanged.
+  for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(new_buf)):
+    np.testing.assert_array_equal(a, b)
+  # A fresh success of task A does replace the stored one.
+  _, _, _, new_buf = collect.replay_inject_and_store(
+      buf,
+      traj,
+      jnp.array([0.0, 1.0]),
+      jnp.int32(3),
+      group_size=2,
+      success_threshold=1.0,
+      inject=True,
+  )
+  slot = int(np.argmax(np.asarray(new_buf.valid)))
+  np.testing.assert_array_equal(new_buf.tokens[slot], [5, 6, 2, 2])
+  assert int(np.sum(np.asarray(new_buf.valid))) == 1

@@ -144,6 +144,58 @@ def inject_replay(
   )
 
 
+def replay_inject_and_store(
+    buf,
+    traj: types.Trajectory,
+    reward_b: jax.Array,
+    step: jax.Array,
+    *,
+    group_size: int,
+    success_threshold: float,
+    inject: bool,
+):
+  """The replay buffer's part of an iteration: injection, then insertion.
+
+  With `inject`, buffered successes replace the last row of failed groups
+  (`inject_replay`). The buffer then stores this batch's FRESH successes:
+  the sampled episodes with their own rewards, never an injected row's
+  reward paired with the fresh tokens it replaced (that pairing stored a
+  failed episode as a success in its task's slot).
+
+  Args:
+    buf: the `replay.ReplayBuffer`.
+    traj: the fresh batch (B = groups * group_size rows, group-major).
+    reward_b: [B] float32 rewards of the fresh batch.
+    step: int32 scalar, the training step (the buffer's insertion time).
+    group_size: K (static).
+    success_threshold: reward counting as a success.
+    inject: `rl.replay_inject`.
+
+  Returns:
+    (train_traj, reward [B] float32 of train_traj's rows, injected [B] bool,
+     the updated buffer).
+  """
+  train_traj, reward, injected = traj, reward_b, jnp.zeros_like(
+      reward_b, dtype=bool
+  )
+  if inject:
+    train_traj, reward, injected = inject_replay(
+        buf, traj, reward_b, group_size, success_threshold
+    )
+  new_buf = replay_lib.insert(
+      buf,
+      replay_lib.task_keys(traj.tokens, traj.role),
+      traj.tokens,
+      traj.role,
+      traj.logprob,
+      reward_b,
+      reward_b >= success_threshold,
+      step,
+      traj.turn,
+  )
+  return train_traj, reward, injected, new_buf
+
+
 def make_collect_fn(
     config,
     env,
@@ -403,13 +455,18 @@ def make_collect_fn(
     buffer's insertion of this batch (extras['replay'])."""
     if rl_cfg.replay_capacity <= 0:
       return traj, reward, mask
-    train_traj = traj
-    threshold = rl_cfg.replay_success_threshold
+    fresh_reward = reward
     fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
+    train_traj, reward, injected, extras["replay"] = replay_inject_and_store(
+        state.replay,
+        traj,
+        fresh_reward,
+        state.step,
+        group_size=group_size,
+        success_threshold=rl_cfg.replay_success_threshold,
+        inject=bool(rl_cfg.replay_inject),
+    )
     if rl_cfg.replay_inject:
-      train_traj, reward, injected = inject_replay(
-          state.replay, traj, reward, group_size, threshold
-      )
       mask = jnp.where(injected[:, None], train_traj.role == types.POLICY, mask)
       info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
     if rl_cfg.sil_coef > 0:
@@ -421,22 +478,13 @@ def make_collect_fn(
           "tokens": buf.tokens[slots],
           "mask": buf.role[slots] == types.POLICY,
           "return": buf.reward[slots],
+          # The current policy's rewards on the buffered tasks (the fresh
+          # rows, not an injected row's buffered reward).
           "baseline": replay_lib.sil_baselines(
-              buf.key[slots], fresh_keys, reward
+              buf.key[slots], fresh_keys, fresh_reward
           ),
           "valid": buf.valid[slots],
       }
-    extras["replay"] = replay_lib.insert(
-        state.replay,
-        fresh_keys,
-        traj.tokens,
-        traj.role,
-        traj.logprob,
-        reward,
-        reward >= threshold,
-        state.step,
-        traj.turn,
-    )
     info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
     return train_traj, reward, mask
 
