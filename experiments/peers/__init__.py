@@ -1,0 +1,1 @@
+"""Peer engines of experiments/bench_peers.py: workers and shared helpers."""
