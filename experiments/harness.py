@@ -142,7 +142,8 @@ def git_commit(repo: str = REPO) -> str:
 # Files a run writes into a claim folder: allowed to differ from HEAD when a
 # decision run starts (a re-run overwrites them anyway).
 _RESULTS_FILE = re.compile(
-    r"^experiments/[^/]+/(results|room_check)[^/]*\.(json|md|png)$"
+    r"^experiments/[^/]+/((results|room_check)[^/]*\.(json|md|png)"
+    r"|seed_records/[^/]+\.json)$"
 )
 
 
@@ -678,13 +679,52 @@ def run_claim(
   def _add_wall(name, out):
     walls[name] = walls.get(name, 0.0) + _wall_of(out)
 
+  # Sequential seeds keep a record of every finished start and arm in the
+  # claim folder (committed with the results), so that a run continues on
+  # another machine from the seeds already recorded.
+  rec_dir = (
+      None if seeds_per_call is None else os.path.join(out_dir, RECORD_DIR)
+  )
+
+  def _add_recorded_wall(name, rec):
+    walls[name] = walls.get(name, 0.0) + rec["wall_s"]
+    earlier_s.append(rec["wall_s"])
+    wall_complete.append(bool(rec.get("wall_complete", True)))
+
   for chunk in chunks:
+    tag = seeds_tag(chunk)
     sft_dirs: dict[str, str] = {}
+    sft_outs: dict[str, dict | None] = {}
     chunk_rows: dict[str, list[dict]] = {}
 
-    def sft(config, chunk=chunk, sft_dirs=sft_dirs, chunk_rows=chunk_rows):
+    def start_record(config, chunk=chunk, tag=tag):
+      if rec_dir is None:
+        return None
+      return read_record(
+          rec_dir, f"sft_{_sft_key(config)}_{tag}", _start_match(config, chunk)
+      )
+
+    def sft(
+        config,
+        trained=True,
+        chunk=chunk,
+        tag=tag,
+        sft_dirs=sft_dirs,
+        sft_outs=sft_outs,
+        chunk_rows=chunk_rows,
+    ):
+      """(key, train_seeds' output or None): the start of `config`'s arms,
+      trained (or resumed) when `trained`, else its row read from the
+      record when there is one."""
       key = _sft_key(config)
-      if key in sft_dirs:
+      if key in sft_dirs or (key in sft_outs and not trained):
+        return key, sft_outs.get(key)
+      rec = start_record(config)
+      if not trained and rec is not None:
+        if include_sft_row and "SFT (start)" not in chunk_rows:
+          chunk_rows["SFT (start)"] = rec["rows"]
+        _add_recorded_wall(f"sft_{key}", rec)
+        sft_outs[key] = None
         return key, None
       sft_dir = run_dir(root, f"sft_{key}", chunk)
       c = ml_collections.ConfigDict(config.to_dict())
@@ -692,20 +732,44 @@ def run_claim(
       # Arms that share this SFT run differ in their RL settings: only the
       # other sections must match the SFT workdir's config.json.
       out = seeds_lib.train_seeds(c, chunk, sft_dir, resume_free=("rl",))
-      _add_wall(f"sft_{key}", out)
+      if key not in sft_outs:  # a recorded start's time is counted once
+        _add_wall(f"sft_{key}", out)
       sft_dirs[key] = sft_dir
+      sft_outs[key] = out
+      row = _with_extra(out, "sft", extra_eval, config, chunk)
       if include_sft_row and "SFT (start)" not in chunk_rows:
-        chunk_rows["SFT (start)"] = _with_extra(
-            out, "sft", extra_eval, config, chunk
+        chunk_rows["SFT (start)"] = row
+      if rec_dir is not None:
+        write_record(
+            rec_dir,
+            f"sft_{key}_{tag}",
+            {
+                **_start_match(config, chunk),
+                "kind": "start",
+                "rows": row,
+                "room": (rec or {}).get("room", {}),
+                "wall_s": out["wall_total_s"],
+                "wall_complete": out["wall_complete"],
+                "commit": commit,
+            },
         )
       return key, out
 
     if room_arm is not None:
-      key, out = sft(arms[room_arm])
+      config = arms[room_arm]
+      fn = _room_fn_name(spec)
+      rec = start_record(config) if rec_dir is not None else None
       t0 = time.time()
-      per_seed = _room_values(
-          spec, arms[room_arm], out, chunk, sft_dirs[key]
-      )
+      if rec is not None and fn in rec.get("room", {}):
+        sft(config, trained=False)
+        per_seed = [float(v) for v in rec["room"][fn]]
+      else:
+        key, out = sft(config)
+        per_seed = _room_values(spec, config, out, chunk, sft_dirs[key])
+        if rec_dir is not None:
+          rec = start_record(config)
+          rec["room"][fn] = per_seed
+          write_record(rec_dir, f"sft_{key}_{tag}", rec)
       room_s += time.time() - t0
       room_per_seed += per_seed
       checked = stats.room_record(spec, per_seed)
@@ -727,8 +791,30 @@ def run_claim(
     for arm, config in arms.items():
       if skip_rl:
         if include_sft_row and "SFT (start)" not in chunk_rows:
-          sft(config)  # the start row of every seed
+          sft(config, trained=False)  # the start row of every seed
         continue  # no RL arm, so no other SFT start is needed either
+      rec = (
+          None
+          if rec_dir is None
+          else read_record(
+              rec_dir,
+              f"{_safe_name(arm)}_{tag}",
+              {"arm": arm, "seeds": list(chunk), **_arm_match(config)},
+          )
+      )
+      if rec is not None:
+        if include_sft_row and "SFT (start)" not in chunk_rows:
+          sft(config, trained=False)
+        chunk_rows[arm] = rec["rows"]
+        chunk_curves[arm] = {
+            k: np.array(
+                [[np.nan if x is None else x for x in row] for row in v],
+                np.float64,
+            )
+            for k, v in rec["curves"].items()
+        }
+        _add_recorded_wall(arm, rec)
+        continue
       key = sft(config)[0]
       arm_dir = run_dir(root, arm, chunk)
       if not os.path.exists(arm_dir):
@@ -759,6 +845,26 @@ def run_claim(
             for r, v in zip(chunk_rows[arm], per_seed)
         ]
       chunk_curves[arm] = out["curves"]
+      if rec_dir is not None:
+        write_record(
+            rec_dir,
+            f"{_safe_name(arm)}_{tag}",
+            {
+                "arm": arm,
+                "seeds": list(chunk),
+                **_arm_match(config),
+                "kind": "arm",
+                "rows": chunk_rows[arm],
+                "curves": {
+                    k: np.asarray(v, np.float64).tolist()
+                    for k, v in out["curves"].items()
+                    if k.startswith("rl/")
+                },
+                "wall_s": out["wall_total_s"],
+                "wall_complete": out["wall_complete"],
+                "commit": commit,
+            },
+        )
     for label, reports in chunk_rows.items():
       rows.setdefault(label, []).extend(reports)
     for arm, arm_curves in chunk_curves.items():
@@ -863,12 +969,69 @@ def run_claim(
   }
 
 
+# Folder (in a claim's out_dir) of the per-seed records of a sequential run.
+RECORD_DIR = "seed_records"
+
+
+def _safe_name(name: str) -> str:
+  return re.sub(r"[^\w.-]", "_", name)
+
+
+def _room_fn_name(spec) -> str:
+  return _safe_name(getattr(spec.room_fn, "__name__", "fn"))
+
+
+def _start_match(config, seeds) -> dict:
+  """Fields a start record must match: what its SFT run and evaluation
+  depend on (the SFT key's sections and the held-out set)."""
+  return {
+      "sft_key": _sft_key(config),
+      "eval_hash": experiment_seeds.config_hash(
+          ml_collections.ConfigDict({"eval": config.eval.to_dict()})
+      ),
+      "seeds": list(seeds),
+  }
+
+
+def _arm_match(config) -> dict:
+  return {"config_hash": experiment_seeds.config_hash(config)}
+
+
+def read_record(rec_dir: str | None, name: str, match: Mapping) -> dict | None:
+  """The record `rec_dir/name.json` if it exists and holds every (key, value)
+  of `match`, else None (absent, unreadable, or of another config: then the
+  seed is trained again and the record rewritten)."""
+  if rec_dir is None:
+    return None
+  path = os.path.join(rec_dir, f"{name}.json")
+  try:
+    with open(path) as f:
+      rec = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if any(rec.get(k) != v for k, v in match.items()):
+    return None
+  # write_strict_json stored NaN as null.
+  rows = [
+      {k: float("nan") if v is None else v for k, v in r.items()}
+      for r in rec.get("rows", [])
+  ]
+  return dict(rec, rows=rows)
+
+
+def write_record(rec_dir: str, name: str, rec: Mapping) -> None:
+  """Writes a per-seed record (strict JSON; replaced atomically)."""
+  os.makedirs(rec_dir, exist_ok=True)
+  path = os.path.join(rec_dir, f"{name}.json")
+  write_strict_json(path + ".tmp", dict(rec))
+  os.replace(path + ".tmp", path)
+
+
 def _room_values(spec, config, out, seeds, sft_dir) -> list[float]:
   """Per-seed room values of the start policies in `out` (train_seeds' output
   of the SFT workdir `sft_dir`), read from `sft_dir/room_<fn>.json` when an
   earlier call recorded them for these seeds, else computed and recorded."""
-  name = re.sub(r"\W", "_", getattr(spec.room_fn, "__name__", "fn"))
-  path = os.path.join(sft_dir, f"room_{name}.json")
+  path = os.path.join(sft_dir, f"room_{_room_fn_name(spec)}.json")
   stored: dict = {}
   if os.path.exists(path):
     try:

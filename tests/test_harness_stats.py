@@ -1301,7 +1301,9 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
 
   monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
   monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
-  cfg = ml_collections.ConfigDict({"rl": {"steps": 3}, "sft": {"steps": 2}})
+  cfg = ml_collections.ConfigDict(
+      {"rl": {"steps": 3}, "sft": {"steps": 2}, "eval": {"num_tasks": 4}}
+  )
   spec = stats.ClaimSpec(
       "acc",
       True,
@@ -1351,3 +1353,33 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
   # Re-run: the room values are read back, not recomputed.
   harness.run_claim("t", {"GRPO": cfg}, [0, 1, 2], **kw)
   assert room_calls == [0.0, 1.0, 2.0]
+  # On another machine (no workdirs): every seed comes from the records in
+  # the claim folder (out_dir/seed_records), nothing is trained or sampled.
+  import shutil  # noqa: PLC0415
+
+  recs = sorted(p.name for p in (tmp_path / "out" / "seed_records").iterdir())
+  assert recs == [
+      "GRPO_s0.json", "GRPO_s1.json", "GRPO_s2.json",
+      "sft_k_s0.json", "sft_k_s1.json", "sft_k_s2.json",
+  ]
+  shutil.rmtree(tmp_path / "root")
+  calls.clear()
+  again = harness.run_claim("t", {"GRPO": cfg}, [0, 1, 2], **kw)
+  assert calls == [] and room_calls == [0.0, 1.0, 2.0]
+  for label in ("SFT (start)", "GRPO"):
+    assert again["rows"][label] == out["rows"][label]
+  np.testing.assert_array_equal(
+      again["curves"]["GRPO"]["rl/acc"], out["curves"]["GRPO"]["rl/acc"]
+  )
+  assert again["analysis"]["verdict"] == out["analysis"]["verdict"]
+  # A record of another config is not used: seed 1's arm is trained again.
+  cfg2 = ml_collections.ConfigDict(cfg.to_dict())
+  cfg2.rl.lr = 0.5
+  harness.run_claim("t", {"GRPO": cfg2}, [1, 2], **kw)
+  assert calls == [
+      (0, "sft_k_s1", [1]),
+      (3, "GRPO_s1", [1]),
+      (0, "sft_k_s2", [2]),
+      (3, "GRPO_s2", [2]),
+  ]
+  assert room_calls == [0.0, 1.0, 2.0]  # the starts' records still hold

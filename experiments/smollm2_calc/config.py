@@ -13,16 +13,24 @@ import ml_collections
 from configs import smollm2_calc
 
 ARMS = ("GRPO",)
+# Arms of the folder's further claims (same SFT starts and GRPO arm, so a
+# further claim trains only its own arm per seed): 'OTC' (otc.py).
+OTHER_ARMS = ("OTC",)
 
 
 def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
   arm, _, size = (arg or "GRPO").partition(",")
-  if arm not in ARMS:
+  if arm not in ARMS + OTHER_ARMS:
     raise ValueError(
         f"experiments/smollm2_calc/config.py: unknown arm {arm!r}; known: "
-        f"{ARMS} (append ',smoke' for the smoke size)"
+        f"{ARMS + OTHER_ARMS} (append ',smoke' for the smoke size)"
     )
-  return smollm2_calc.get_config("smoke" if size == "smoke" else None)
+  config = smollm2_calc.get_config("smoke" if size == "smoke" else None)
+  if arm == "OTC":
+    # OTC-PO's tool-integrated reward (paper form, c = 1) in place of the
+    # correctness term, plus the same format term (rewards.otc_reward).
+    config.rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
+  return config
 
 
 def arms(smoke: bool) -> dict[str, ml_collections.ConfigDict]:
