@@ -891,6 +891,19 @@ def run_claim(
       # later seeds' starts would cost their SFT runs and change nothing.
       seeds = [s for c in chunks[: chunks.index(chunk) + 1] for s in c]
       print(f"no room: stopping after seeds {seeds}", flush=True)
+      # The RL arms of the earlier seeds (trained before the seed without
+      # room) stay in their records; the table and the verdict show the
+      # run as it stopped: starts and room only, as a vmapped run shows it.
+      partial = [a for a in arms if a in rows]
+      for arm in partial:
+        rows.pop(arm)
+        curves.pop(arm, None)
+      if partial:
+        print(
+            f"RL arms {partial} of the earlier seeds are left out of the "
+            f"table (kept in {rec_dir})",
+            flush=True,
+        )
       break
   if room_arm is not None:
     room = {

@@ -1383,3 +1383,66 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
       (3, "GRPO_s2", [2]),
   ]
   assert room_calls == [0.0, 1.0, 2.0]  # the starts' records still hold
+
+
+def test_run_claim_seeds_per_call_stops_at_the_first_seed_without_room(
+    tmp_path, monkeypatch
+):
+  # stop_without_room with sequential seeds: seed 0 has room and trains its
+  # arm; seed 1 has none, so the run stops there (seed 2 is never started),
+  # the table holds the two starts only and the verdict is untestable.
+  import ml_collections  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  calls = []
+
+  def fake_train_seeds(config, seeds, workdir, resume_free=()):
+    os.makedirs(workdir, exist_ok=True)
+    calls.append((config.rl.steps, os.path.basename(workdir)))
+    return {
+        "params": {"w": np.asarray(seeds, np.float64)[:, None]},
+        "sft": [{"acc": 0.5} for _ in seeds],
+        "rl": [{"acc": 0.9} for _ in seeds],
+        "curves": {"rl/acc": np.zeros((2, len(seeds)))},
+        "wall_call_s": 1.0,
+        "wall_total_s": 1.0,
+        "wall_complete": True,
+    }
+
+  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
+  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
+  cfg = ml_collections.ConfigDict(
+      {"rl": {"steps": 3}, "sft": {"steps": 2}, "eval": {"num_tasks": 4}}
+  )
+  spec = stats.ClaimSpec(
+      "acc",
+      True,
+      "headroom",
+      0.2,
+      treatment="GRPO",
+      control="SFT (start)",
+      prediction="better",
+      metric_range=(0.0, 1.0),
+      room_fn=lambda config, params: 0.5 if float(params["w"][0]) == 0 else 0.0,
+  )
+  out = harness.run_claim(
+      "t",
+      {"GRPO": cfg},
+      [0, 1, 2],
+      root=str(tmp_path / "root"),
+      out_dir=str(tmp_path / "out"),
+      metrics=(("acc", "acc"),),
+      curve_keys=("rl/acc",),
+      spec=spec,
+      seeds_per_call=1,
+      stop_without_room=True,
+  )
+  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0"), (0, "sft_k_s1")]
+  assert list(out["rows"]) == ["SFT (start)"] and len(out["rows"]["SFT (start)"]) == 2
+  assert out["room"]["per_seed"] == [0.5, 0.0] and not out["room"]["ok"]
+  assert out["analysis"]["verdict"] == stats.UNTESTABLE
+  saved = _strict_loads((tmp_path / "out" / "results.json").read_text())
+  assert saved["seeds"] == [0, 1] and saved["rl_skipped"] is True
+  assert (tmp_path / "out" / "seed_records" / "GRPO_s0.json").exists()
