@@ -15,10 +15,10 @@ observation written with jnp): the whole GRPO iteration, rollout included, is
 one XLA program. `:host` runs the same task through the host (Python tool)
 path (environments/host/chat_arithmetic.py), turn by turn.
 
-The SFT warm start imitates a deliberately imperfect expert (as
-configs/default.py does): on 65% of episodes it answers hard items directly
-(with the true value, which the model cannot compute) or calls the tool on
-easy ones, so the start leaves room for RL.
+The SFT warm start imitates a deliberately imperfect expert: it answers 65%
+of hard items directly (with the true value, which the model cannot compute)
+and never calls the tool on easy ones, so the start answers without the tool
+and leaves room for RL.
 
 Launch (CPU; the checkpoint folder is written on first use,
 configs/smollm2_common.py):
@@ -59,6 +59,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           hard_fraction=0.5,
           # Share of demonstrations that misuse the tool (configs/default.py).
           expert_imperfect_prob=0.65,
+          # The misuse is under-calling only: 65% of hard items answered
+          # directly (with the true value, which the model cannot compute),
+          # easy items never sent to the tool. With the symmetric expert
+          # (0.65 both ways, until 2026-12-05) the 40-step SFT start took
+          # one mode for every item: seed 0 never called (greedy 0.445),
+          # seed 1 always called (greedy 1.000, no room);
+          # experiments/smollm2_calc/README.md, setup attempts.
+          expert_undercall_prob=0.65,
+          expert_overcall_prob=0.0,
       )
   )
   config.max_len = _PROMPT_LEN + 2 * 32 + 20

@@ -17,6 +17,11 @@ from experiments.smollm2_calc import config
 # accuracy on 128 training tasks is at most 0.8 (headroom >= 0.2): a start at
 # the ceiling cannot show a gain (a 4-step SFT start called the tool on every
 # item and scored 0.99 greedy, 2026-12-05 timing run).
+#
+# Version 2 (declared 2026-12-05, before its run): the SFT expert under-calls
+# only (configs/smollm2_calc.py). Version 1's run (symmetric expert) stopped
+# at seed 1, whose start called the tool on every item (headroom 0.000):
+# untestable at that setup; results.json's ledger keeps it.
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy",
     higher_is_better=True,
@@ -34,7 +39,8 @@ SPEC = stats.ClaimSpec(
     departures=(
         "SmolLM2-135M-Instruct with LoRA rank 8, not a full fine-tune",
         "synthetic arithmetic with a calculator tool, 2 assistant turns",
-        "SFT on an imperfect scripted expert (65% tool misuse)",
+        "SFT on an imperfect scripted expert (answers 65% of hard items "
+        "without the tool, never calls on easy items)",
         "sampler log-probs as behaviour log-probs (one optimizer step per "
         "iteration)",
     ),
