@@ -798,7 +798,7 @@ def run_claim(
           if rec_dir is None
           else read_record(
               rec_dir,
-              f"{_safe_name(arm)}_{tag}",
+              _arm_record_name(arm, tag, config),
               {"arm": arm, "seeds": list(chunk), **_arm_match(config)},
           )
       )
@@ -848,7 +848,7 @@ def run_claim(
       if rec_dir is not None:
         write_record(
             rec_dir,
-            f"{_safe_name(arm)}_{tag}",
+            _arm_record_name(arm, tag, config),
             {
                 "arm": arm,
                 "seeds": list(chunk),
@@ -1004,6 +1004,12 @@ def _start_match(config, seeds) -> dict:
       ),
       "seeds": list(seeds),
   }
+
+
+def _arm_record_name(arm: str, tag: str, config) -> str:
+  """File stem of an arm's record: arm, seeds and config hash, so records of
+  a changed setup (a new version of the claim) sit beside the old ones."""
+  return f"{_safe_name(arm)}_{tag}_{experiment_seeds.config_hash(config)[:8]}"
 
 
 def _arm_match(config) -> dict:

@@ -1358,8 +1358,9 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
   import shutil  # noqa: PLC0415
 
   recs = sorted(p.name for p in (tmp_path / "out" / "seed_records").iterdir())
+  h = harness.experiment_seeds.config_hash(cfg)[:8]
   assert recs == [
-      "GRPO_s0.json", "GRPO_s1.json", "GRPO_s2.json",
+      f"GRPO_s0_{h}.json", f"GRPO_s1_{h}.json", f"GRPO_s2_{h}.json",
       "sft_k_s0.json", "sft_k_s1.json", "sft_k_s2.json",
   ]
   shutil.rmtree(tmp_path / "root")
@@ -1445,4 +1446,4 @@ def test_run_claim_seeds_per_call_stops_at_the_first_seed_without_room(
   assert out["analysis"]["verdict"] == stats.UNTESTABLE
   saved = _strict_loads((tmp_path / "out" / "results.json").read_text())
   assert saved["seeds"] == [0, 1] and saved["rl_skipped"] is True
-  assert (tmp_path / "out" / "seed_records" / "GRPO_s0.json").exists()
+  assert list((tmp_path / "out" / "seed_records").glob("GRPO_s0_*.json"))
