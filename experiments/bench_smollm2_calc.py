@@ -74,7 +74,8 @@ def bench(
     for name in parents:
       node = node[name]
     node[leaf] = type(node[leaf])(
-        value not in ("False", "false", "0") if isinstance(node[leaf], bool)
+        value not in ("False", "false", "0")
+        if isinstance(node[leaf], bool)
         else value
     )
   config = schema.with_defaults(config)

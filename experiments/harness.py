@@ -956,6 +956,7 @@ def run_claim(
       # before wall.json existed): wall_total_s is then a lower bound.
       "wall_all_processes": all(wall_complete),
       "command": command,
+      "seeds_per_call": seeds_per_call,
   }
   if spec is not None and not room_only:
     meta["ledger"] = carry_ledger(
@@ -1074,7 +1075,9 @@ def _concat_seed_axis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   pad = lambda x: np.concatenate(
       [x, np.full((t - x.shape[0],) + x.shape[1:], np.nan)], axis=0
   )
-  return np.concatenate([pad(a.astype(np.float64)), pad(b.astype(np.float64))], axis=1)
+  return np.concatenate(
+      [pad(a.astype(np.float64)), pad(b.astype(np.float64))], axis=1
+  )
 
 
 def _with_extra(out, which, extra_eval, config, seeds):
@@ -1149,7 +1152,13 @@ def _write(
     ]
   lines += [
       "",
-      "Wall time (s, all seeds vmapped; per workdir the training, compilation "
+      "Wall time (s, "
+      + (
+          "all seeds vmapped"
+          if not meta.get("seeds_per_call")
+          else f"{meta['seeds_per_call']} seed(s) at a time, summed over seeds"
+      )
+      + "; per workdir the training, compilation "
       "and evaluation of this process plus the training of earlier processes "
       "on it): " + ", ".join(f"{k} {v:.0f}" for k, v in walls.items()),
       "",

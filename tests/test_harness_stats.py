@@ -1360,8 +1360,12 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
   recs = sorted(p.name for p in (tmp_path / "out" / "seed_records").iterdir())
   h = harness.experiment_seeds.config_hash(cfg)[:8]
   assert recs == [
-      f"GRPO_s0_{h}.json", f"GRPO_s1_{h}.json", f"GRPO_s2_{h}.json",
-      "sft_k_s0.json", "sft_k_s1.json", "sft_k_s2.json",
+      f"GRPO_s0_{h}.json",
+      f"GRPO_s1_{h}.json",
+      f"GRPO_s2_{h}.json",
+      "sft_k_s0.json",
+      "sft_k_s1.json",
+      "sft_k_s2.json",
   ]
   shutil.rmtree(tmp_path / "root")
   calls.clear()
@@ -1441,7 +1445,10 @@ def test_run_claim_seeds_per_call_stops_at_the_first_seed_without_room(
       stop_without_room=True,
   )
   assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0"), (0, "sft_k_s1")]
-  assert list(out["rows"]) == ["SFT (start)"] and len(out["rows"]["SFT (start)"]) == 2
+  assert (
+      list(out["rows"]) == ["SFT (start)"]
+      and len(out["rows"]["SFT (start)"]) == 2
+  )
   assert out["room"]["per_seed"] == [0.5, 0.0] and not out["room"]["ok"]
   assert out["analysis"]["verdict"] == stats.UNTESTABLE
   saved = _strict_loads((tmp_path / "out" / "results.json").read_text())

@@ -175,8 +175,10 @@ def replay_inject_and_store(
     (train_traj, reward [B] float32 of train_traj's rows, injected [B] bool,
      the updated buffer).
   """
-  train_traj, reward, injected = traj, reward_b, jnp.zeros_like(
-      reward_b, dtype=bool
+  train_traj, reward, injected = (
+      traj,
+      reward_b,
+      jnp.zeros_like(reward_b, dtype=bool),
   )
   if inject:
     train_traj, reward, injected = inject_replay(
@@ -658,6 +660,9 @@ def make_collect_fn(
     ref_params = lora_lib.reference_params(state.params, state.ref_params)
     info, extras = {}, {}
     traj, reward, parts = sample_batch(state, key, first_traj, info)
+    # The environment's reward (rl.rewards composed), before the overlong
+    # policy, shaping, replay, KL-in-reward and the advantage stage change it.
+    info["env_reward"] = jnp.mean(reward)
     reward, mask = loss_mask(traj, reward)
     ctx = PotentialContext(
         rl_cfg=rl_cfg,

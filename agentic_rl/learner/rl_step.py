@@ -267,7 +267,10 @@ def make_rl_step(
     f32 = lambda x: jnp.mean(x.astype(jnp.float32))
     metrics.update(
         {
+            # The reward the advantages were computed from (after every
+            # reassignment; 'env_reward' is the environment's, before them).
             "reward": jnp.mean(reward),
+            "shaped_reward": jnp.mean(reward),
             **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},
             "accuracy": f32(facts["correct"]),
             "tool_calls": f32(facts["num_tool_calls"]),

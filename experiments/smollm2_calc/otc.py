@@ -38,8 +38,10 @@ SPEC = stats.ClaimSpec(
     "calls at about equal accuracy",
     paper="OTC-PO, arXiv:2504.14870",
     departures=grpo_main.SPEC.departures
-    + ("easy items are single-digit sums and products, which the imported "
-    "model answers directly at 0.545 (products often wrong)",),
+    + (
+        "easy items are single-digit sums and products, which the imported "
+        "model answers directly at 0.545 (products often wrong)",
+    ),
     positive_control="none run",
     parts=(
         stats.Part(
