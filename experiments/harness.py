@@ -739,7 +739,9 @@ def run_claim(
       row = _with_extra(out, "sft", extra_eval, config, chunk)
       if include_sft_row and "SFT (start)" not in chunk_rows:
         chunk_rows["SFT (start)"] = row
-      if rec_dir is not None:
+      if rec_dir is not None and rec is None:
+        # Written once, by the process that trained the start: a later
+        # process that only reloads it keeps the record's commit and time.
         write_record(
             rec_dir,
             f"sft_{key}_{tag}",
@@ -747,7 +749,7 @@ def run_claim(
                 **_start_match(config, chunk),
                 "kind": "start",
                 "rows": row,
-                "room": (rec or {}).get("room", {}),
+                "room": {},
                 "wall_s": out["wall_total_s"],
                 "wall_complete": out["wall_complete"],
                 "commit": commit,
