@@ -569,6 +569,33 @@ def room_violation_rate(config, params) -> float:
   return float((f["num_forbidden_calls"][constrained] > 0).mean())
 
 
+def _with_curve_means(
+    rows: Sequence[Mapping], curves: Mapping, curve_means: Sequence[tuple]
+) -> list[dict]:
+  """Per-seed rows with each declared curve mean added.
+
+  Args:
+    rows: one metrics dict per seed, [n].
+    curves: curve key -> [steps, n] array (NaN where a step logged nothing).
+    curve_means: (new key, curve key, first, last): the new key's value for
+      seed i is the mean of curves[curve key][first:last, i] (numpy slice
+      rules; NaN when the curve is missing or the slice empty).
+
+  Returns:
+    New row dicts; a key already in a row is recomputed, not kept.
+  """
+  rows = [dict(r) for r in rows]
+  for new_key, curve_key, first, last in curve_means:
+    c = np.asarray(
+        curves.get(curve_key, np.full((1, len(rows)), np.nan)), np.float64
+    )
+    sl = c[first:last]
+    per_seed = sl.mean(0) if sl.shape[0] else np.full((len(rows),), np.nan)
+    for r, v in zip(rows, per_seed):
+      r[new_key] = float(v)
+  return rows
+
+
 def run_claim(
     title: str,
     arms: Mapping[str, ml_collections.ConfigDict],
@@ -815,6 +842,12 @@ def run_claim(
             )
             for k, v in rec["curves"].items()
         }
+        # A claim that reads another claim's record may declare curve means
+        # that record's rows lack: computed here from its stored curves, by
+        # the same rule as for a fresh run.
+        chunk_rows[arm] = _with_curve_means(
+            chunk_rows[arm], chunk_curves[arm], curve_means
+        )
         _add_recorded_wall(arm, rec)
         continue
       key = sft(config)[0]
@@ -837,15 +870,9 @@ def run_claim(
       out = seeds_lib.train_seeds(config, chunk, arm_dir)
       _add_wall(arm, out)
       chunk_rows[arm] = _with_extra(out, "rl", extra_eval, config, chunk)
-      for new_key, curve_key, first, last in curve_means:
-        c = np.asarray(
-            out["curves"].get(curve_key, np.full((1, len(chunk)), np.nan))
-        )
-        per_seed = c[first:last].mean(0)
-        chunk_rows[arm] = [
-            dict(r, **{new_key: float(v)})
-            for r, v in zip(chunk_rows[arm], per_seed)
-        ]
+      chunk_rows[arm] = _with_curve_means(
+          chunk_rows[arm], out["curves"], curve_means
+      )
       chunk_curves[arm] = out["curves"]
       if rec_dir is not None:
         write_record(

@@ -1377,6 +1377,19 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
       again["curves"]["GRPO"]["rl/acc"], out["curves"]["GRPO"]["rl/acc"]
   )
   assert again["analysis"]["verdict"] == out["analysis"]["verdict"]
+  # A further claim declaring a curve mean the records' rows lack gets it
+  # from the stored curves (steps 1..2 of step + 10 * seed), still with
+  # nothing trained.
+  means = harness.run_claim(
+      "t",
+      {"GRPO": cfg},
+      [0, 1, 2],
+      **kw,
+      curve_means=(("acc_early", "rl/acc", 1, 3),),
+  )
+  assert calls == []
+  assert [r["acc_early"] for r in means["rows"]["GRPO"]] == [1.5, 11.5, 21.5]
+  assert "acc_early" not in again["rows"]["GRPO"][0]
   # A record of another config is not used: seed 1's arm is trained again.
   cfg2 = ml_collections.ConfigDict(cfg.to_dict())
   cfg2.rl.lr = 0.5
@@ -1454,3 +1467,26 @@ def test_run_claim_seeds_per_call_stops_at_the_first_seed_without_room(
   saved = _strict_loads((tmp_path / "out" / "results.json").read_text())
   assert saved["seeds"] == [0, 1] and saved["rl_skipped"] is True
   assert list((tmp_path / "out" / "seed_records").glob("GRPO_s0_*.json"))
+
+
+def test_with_curve_means_by_hand():
+  from experiments import harness  # noqa: PLC0415
+
+  curves = {"rl/acc": np.array([[0.0, 1.0], [0.5, 0.25], [1.0, 0.75]])}
+  rows = [{"a": 1.0, "m": 9.0}, {"a": 2.0}]
+  out = harness._with_curve_means(  # pylint: disable=protected-access
+      rows,
+      curves,
+      (
+          ("m", "rl/acc", 1, None),
+          ("first", "rl/acc", 0, 1),
+          ("gone", "rl/missing", 0, None),
+          ("empty", "rl/acc", 5, 9),
+      ),
+  )
+  # Seed 0: steps 1-2 mean (0.5 + 1.0) / 2; seed 1: (0.25 + 0.75) / 2. A key
+  # already in a row is recomputed; the input rows are not changed.
+  assert [r["m"] for r in out] == [0.75, 0.5]
+  assert [r["first"] for r in out] == [0.0, 1.0]
+  assert all(math.isnan(r["gone"]) and math.isnan(r["empty"]) for r in out)
+  assert rows[0]["m"] == 9.0 and "first" not in rows[1]

@@ -14,8 +14,9 @@ from configs import smollm2_calc
 
 ARMS = ("GRPO",)
 # Arms of the folder's further claims (same SFT starts and GRPO arm, so a
-# further claim trains only its own arm per seed): 'OTC' (otc.py).
-OTHER_ARMS = ("OTC",)
+# further claim trains only its own arm per seed): 'OTC' (otc.py), 'MT-GRPO'
+# (turn_credit.py).
+OTHER_ARMS = ("OTC", "MT-GRPO")
 
 
 def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
@@ -30,6 +31,17 @@ def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
     # OTC-PO's tool-integrated reward (paper form, c = 1) in place of the
     # correctness term, plus the same format term (rewards.otc_reward).
     config.rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
+  if arm == "MT-GRPO":
+    # Turn-level credit (MT-GRPO, arXiv:2505.11821, our form): per-turn
+    # returns normalised per turn index, plus the turn reward 1[the tool's
+    # result is the answer] (the env's 'progress' fact, weight 1) on the call
+    # turn, as PBRS with the final potential kept ('never'; discount 1, the
+    # default): the call turn's return is outcome + 1[result = answer], the
+    # answer turn's the outcome (learner.pbrs_final_potential).
+    config.rl.credit = "per_turn"
+    config.rl.pbrs_potential = "progress"
+    config.rl.pbrs_coef = 1.0
+    config.rl.pbrs_cutoff = "never"
   return config
 
 
