@@ -15,7 +15,7 @@ observation written with jnp): the whole GRPO iteration, rollout included, is
 one XLA program. `:host` runs the same task through the host (Python tool)
 path (environments/host/chat_arithmetic.py), turn by turn.
 
-The SFT warm start imitates a deliberately imperfect expert: it answers 65%
+The SFT warm start imitates a deliberately imperfect expert: it answers 90%
 of hard items directly (with the true value, which the model cannot compute)
 and never calls the tool on easy ones, so the start answers without the tool
 and leaves room for RL.
@@ -57,16 +57,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
           max_turns=2,
           # Fraction of tasks that are hard (need the tool).
           hard_fraction=0.5,
-          # Share of demonstrations that misuse the tool (configs/default.py).
+          # Share of demonstrations that misuse the tool (configs/default.py;
+          # overridden on both kinds of item by the two fields below).
           expert_imperfect_prob=0.65,
-          # The misuse is under-calling only: 65% of hard items answered
+          # The misuse is under-calling only: 90% of hard items answered
           # directly (with the true value, which the model cannot compute),
-          # easy items never sent to the tool. With the symmetric expert
-          # (0.65 both ways, until 2026-12-05) the 40-step SFT start took
-          # one mode for every item: seed 0 never called (greedy 0.445),
-          # seed 1 always called (greedy 1.000, no room);
+          # easy items never sent to the tool. The 40-step SFT start takes
+          # one mode on the hard items, depending on the seed: with the
+          # symmetric expert (0.65 both ways, version 1) seed 1 always
+          # called (greedy 1.000); with 0.65 under-calling only (version 2)
+          # seed 0 never called (greedy 0.505) and seed 1 called on 83% of
+          # hard items (greedy 0.915, headroom 0.117 < 0.2): no room either
+          # time. Version 3 (2026-12-05): 90%, so that calling is a 10%
+          # habit the start is unlikely to take greedily;
           # experiments/smollm2_calc/README.md, setup attempts.
-          expert_undercall_prob=0.65,
+          expert_undercall_prob=0.9,
           expert_overcall_prob=0.0,
       )
   )

@@ -199,7 +199,8 @@ def _today() -> str:
 
 def ledger_entry(meta: Mapping, kind: str = "decision run", **extra) -> dict:
   """One ledger entry from a results.json dict (`meta`): kind, date, commit,
-  spec_hash, seeds, verdict, command and the rules version that decided it."""
+  spec_hash, the arms' config hashes (None in a file from before they were
+  recorded), seeds, verdict, command and the rules version that decided it."""
   analysis = meta.get("analysis") or {}
   spec = meta.get("spec") or {}
   return {
@@ -207,6 +208,7 @@ def ledger_entry(meta: Mapping, kind: str = "decision run", **extra) -> dict:
       "date": meta.get("date"),
       "commit": meta.get("commit"),
       "spec_hash": stats.spec_hash(spec) if spec else None,
+      "config_hash": meta.get("config_hash"),
       "seeds": meta.get("seeds"),
       "verdict": analysis.get("verdict"),
       "rules": analysis.get("rules", 1),
@@ -229,7 +231,8 @@ def carry_ledger(path: str, entry: dict) -> list[dict]:
   overwritten) with `entry` appended. A file from before the ledger existed
   contributes its own run as the first entry. The last entry is replaced
   instead when it is the same run (same kind, commit, seeds and spec hash:
-  a re-run that resumed finished workdirs)."""
+  a re-run that resumed finished workdirs; the arms' config hashes too,
+  where both entries record them)."""
   ledger: list[dict] = []
   if os.path.exists(path):
     try:
@@ -241,7 +244,15 @@ def carry_ledger(path: str, entry: dict) -> list[dict]:
     if not ledger and _is_decision(prev):
       ledger = [ledger_entry(prev)]
   same = ("kind", "commit", "seeds", "spec_hash", "rules")
-  if ledger and all(ledger[-1].get(k) == entry.get(k) for k in same):
+  if (
+      ledger
+      and all(ledger[-1].get(k) == entry.get(k) for k in same)
+      and (
+          ledger[-1].get("config_hash") is None
+          or entry.get("config_hash") is None
+          or ledger[-1]["config_hash"] == entry["config_hash"]
+      )
+  ):
     ledger[-1] = entry
   else:
     ledger.append(entry)

@@ -163,31 +163,43 @@ def _control_text(spec: dict, analysis: dict | None) -> str:
   )
 
 
+def _version(entry: dict) -> tuple:
+  """What makes a ledger entry's claim version: the spec hash (what decides
+  the verdict) and the arms' config hashes (the setup it ran; None where the
+  entry predates their recording)."""
+  return (
+      entry.get("spec_hash"),
+      json.dumps(entry.get("config_hash"), sort_keys=True),
+  )
+
+
 def attempts(ledger: list | None, declared_hash: str | None) -> str:
-  """The attempts column from a results.json ledger: decision runs per spec
-  version (versions numbered by first appearance of a spec hash), the
-  re-decisions, and whether the declared spec is a version not yet run."""
+  """The attempts column from a results.json ledger: decision runs per
+  version of the claim (a version is a spec hash with the arms' config
+  hashes, numbered by first appearance: a changed setup under the same
+  declared spec is a new version), the re-decisions, and whether the
+  declared spec is one not yet run."""
   if not ledger:
     return "1 run (no ledger recorded)"
-  versions: dict[str, int] = {}
+  versions: dict[tuple, int] = {}
   for e in ledger:
-    versions.setdefault(e.get("spec_hash"), len(versions) + 1)
+    versions.setdefault(_version(e), len(versions) + 1)
   runs = [e for e in ledger if e.get("kind") == "decision run"]
   parts = [
-      f"run {i + 1} v{versions[e.get('spec_hash')]} ({e.get('date') or '?'}"
+      f"run {i + 1} v{versions[_version(e)]} ({e.get('date') or '?'}"
       f"): {e.get('verdict')}"
       for i, e in enumerate(runs)
   ]
   for e in ledger:
     if e.get("kind") == "re-decision":
       parts.append(
-          f"re-decided {e.get('date')} as v{versions[e.get('spec_hash')]} "
+          f"re-decided {e.get('date')} as v{versions[_version(e)]} "
           f"(rules {e.get('rules')}) from run {e.get('data_of')}'s data: "
           f"{e.get('verdict')}"
       )
   head = f"{len(runs)} decision run{'s' if len(runs) != 1 else ''}"
   tail = ""
-  if declared_hash and declared_hash not in versions:
+  if declared_hash and declared_hash not in {v[0] for v in versions}:
     tail = (
         f"; the declared spec ({declared_hash}) is v{len(versions) + 1}, "
         "not yet decided"

@@ -1008,6 +1008,7 @@ def test_ledger_carries_runs_and_replaces_a_resumed_one(tmp_path):
       "date": "2026-12-04 10:00 UTC",
       "commit": "bbb",
       "spec_hash": stats.spec_hash(spec.to_json()),
+      "config_hash": None,
       "seeds": [0, 1],
       "verdict": "inconclusive",
       "rules": stats.RULES,
@@ -1017,6 +1018,26 @@ def test_ledger_carries_runs_and_replaces_a_resumed_one(tmp_path):
   # The same run again (resumed workdirs): replaced, not appended.
   again = harness.carry_ledger(str(path), harness.ledger_entry(new))
   assert [e["commit"] for e in again] == ["aaa", "bbb"]
+  # Config hashes: recorded in the entry; a run whose arms ran another
+  # setup is appended, the same setup again replaces it.
+  v2 = dict(new, config_hash={"t": "x1"})
+  path.write_text(json.dumps(dict(v2, ledger=again)))
+  same = harness.carry_ledger(str(path), harness.ledger_entry(v2))
+  assert [e["config_hash"] for e in same] == [None, {"t": "x1"}]
+  path.write_text(json.dumps(dict(v2, ledger=same)))
+  v3 = dict(new, config_hash={"t": "x2"})
+  more = harness.carry_ledger(str(path), harness.ledger_entry(v3))
+  assert [e["config_hash"] for e in more] == [None, {"t": "x1"}, {"t": "x2"}]
+  # The attempts column numbers versions by spec and setup: the same spec
+  # hash under three setups (one unrecorded) is three versions.
+  from experiments import summary  # noqa: PLC0415
+
+  h = stats.spec_hash(spec.to_json())
+  assert summary.attempts(more, h) == (
+      "3 decision runs: run 1 v1 (?): inconclusive; run 2 v2 (2026-12-04 "
+      "10:00 UTC): inconclusive; run 3 v3 (2026-12-04 10:00 UTC): "
+      "inconclusive"
+  )
 
 
 def _git(repo, *args):

@@ -22,6 +22,12 @@ from experiments.smollm2_calc import config
 # only (configs/smollm2_calc.py). Version 1's run (symmetric expert) stopped
 # at seed 1, whose start called the tool on every item (headroom 0.000):
 # untestable at that setup; results.json's ledger keeps it.
+#
+# Version 3 (declared 2026-12-05, before its run): the expert under-calls on
+# 90% of hard items, not 65%. Version 2's run stopped at seed 1, whose start
+# called the tool on 83% of hard items (greedy 0.915, headroom 0.117 < 0.2):
+# untestable at that setup (ledger). Spec, room rule and threshold unchanged;
+# the setup change shows as a new version through the arms' config hashes.
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy",
     higher_is_better=True,
@@ -39,7 +45,7 @@ SPEC = stats.ClaimSpec(
     departures=(
         "SmolLM2-135M-Instruct with LoRA rank 8, not a full fine-tune",
         "synthetic arithmetic with a calculator tool, 2 assistant turns",
-        "SFT on an imperfect scripted expert (answers 65% of hard items "
+        "SFT on an imperfect scripted expert (answers 90% of hard items "
         "without the tool, never calls on easy items)",
         "sampler log-probs as behaviour log-probs (one optimizer step per "
         "iteration)",
