@@ -12,10 +12,10 @@ from experiments import stats
 from experiments.smollm2_calc import __main__ as grpo_main
 from experiments.smollm2_calc import config
 
-# Declared before any OTC run (2026-12-05). GRPO's recorded seed 0 (setup
-# v1) took the policy from no calls to a call on every item (easy items
-# included: 1.00 calls per easy episode) while the start answered easy
-# items directly at 0.88 greedy, so calls on easy items are where a tool-efficiency reward can
+# Declared before any OTC run (2026-12-05). GRPO's recorded seed 0 (setup v1)
+# took the policy from no calls to a call on every item (easy items included:
+# 1.00 calls per easy episode) while the start answered easy items directly at
+# 0.88 greedy, so calls on easy items are where a tool-efficiency reward can
 # act. Parts, paired by seed against the GRPO arm: tool calls per episode
 # lower, and held-out greedy accuracy equivalent within 0.05 (the claim's
 # "about equal accuracy"; the margin of the tiny-model OTC claim). Room, per

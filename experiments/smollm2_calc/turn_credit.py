@@ -41,10 +41,10 @@ from experiments.smollm2_calc import config
 # the start policy before any update, so it is left out), higher; and (2)
 # held-out greedy accuracy after the 30 steps noninferior within 0.05 (the
 # faster learner must not end worse). Supported only if both parts are.
-# Why speed and not final accuracy alone: GRPO's recorded seed 0 (setup
-# v2) reached greedy 1.000 on held-out tasks after 30 steps (its training
-# accuracy was 0.656 over steps 1-10 and 1.00 from step 18), so a
-# final-accuracy gain has no room wherever GRPO reaches the ceiling, while the steps before it are
+# Why speed and not final accuracy alone: GRPO's recorded seed 0 (setup v2)
+# reached greedy 1.000 on held-out tasks after 30 steps (its training accuracy
+# was 0.656 over steps 1-10 and 1.00 from step 18), so a final-accuracy gain has
+# no room wherever GRPO reaches the ceiling, while the steps before it are
 # where credit for the call turn can act. The GRPO arm's records hold its
 # curves, so the harness computes the same curve mean for both arms.
 # Room, per seed, as for the folder's first claim (read back from the start's
