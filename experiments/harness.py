@@ -45,6 +45,7 @@ import ml_collections
 import numpy as np
 
 from agentic_rl import seeds as seeds_lib
+from agentic_rl import validation
 from agentic_rl.metrics import write_strict_json
 from experiments import seeds as experiment_seeds
 from experiments import stats
@@ -863,6 +864,12 @@ def run_claim(
         continue
       key = sft(config)[0]
       arm_dir = run_dir(root, arm, chunk)
+      try:
+        seeds_lib.check_resume(config, chunk, arm_dir)
+      except validation.ConfigError:
+        # The workdir holds this arm under another setup (an earlier version
+        # of the claim): kept as it is, and this config trains beside it.
+        arm_dir = f"{arm_dir}_{experiment_seeds.config_hash(config)[:8]}"
       if not os.path.exists(arm_dir):
         # The arm's own config.json is written by train_seeds (not the SFT
         # run's).

@@ -720,6 +720,11 @@ def _analyse_part(part: Part, rows, level, alpha) -> dict:
     raise ValueError(
         f"analyse: metric {part.metric!r} missing from the per-seed rows"
     ) from e
+  if len(a) < 2:
+    # One seed (a stopped or partial run): no paired interval, no decision.
+    return dict(
+        out, effect=None, verdict="inconclusive", p=None, too_few_seeds=len(a)
+    )
   effect = paired_difference(a, b, level, part.metric_range)
   decided = part_verdict(
       effect, part.prediction, part.higher_is_better, part.margin, alpha
@@ -844,6 +849,11 @@ def _part_text(p: dict) -> str:
       f"`{p['metric']}` {p['treatment']} - {p['control']}, predicted "
       f"{p['prediction']}{margin}"
   )
+  if p.get("too_few_seeds") is not None:
+    return (
+        f"{head}: {p['too_few_seeds']} seed, no paired interval (needs 2 or "
+        f"more): {p['verdict']}"
+    )
   if p.get("effect") is None:
     return f"{head}: not run (arms {p.get('missing')} not in this run)"
   e = p["effect"]
@@ -878,7 +888,9 @@ def format_analysis(a: dict) -> str:
   parts = a.get("parts")
   if parts is None:  # an analysis written under rules 1
     return _format_rules1(a, room)
-  if not parts or all(p.get("effect") is None for p in parts):
+  if not parts or all(
+      p.get("effect") is None and p.get("too_few_seeds") is None for p in parts
+  ):
     why = (
         "only the room check was run (--room_only)"
         if a["verdict"] == ROOM_ONLY

@@ -282,8 +282,15 @@ def row(name: str, results: dict | None, spec_decl) -> dict:
     out["effect"] = "n/a"
     out["verdict"] = "not decided (the recorded run predates the declared spec)"
   elif analysis["effect"] is None:
+    one_seed = any(
+        p.get("too_few_seeds") is not None for p in analysis.get("parts") or ()
+    )
     out["effect"] = analysis.get("effect_note") or (
-        "room check only" if results.get("room_only") else "RL arms skipped"
+        "room check only"
+        if results.get("room_only")
+        else "1 seed: no paired interval"
+        if one_seed
+        else "RL arms skipped"
     )
     out["verdict"] = analysis["verdict"]
   else:

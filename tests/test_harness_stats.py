@@ -1422,6 +1422,23 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
       (3, "GRPO_s2", [2]),
   ]
   assert room_calls == [0.0, 1.0, 2.0]  # the starts' records still hold
+  # An arm workdir left by another setup of the arm (its config.json says
+  # lr 0.5) is kept; the changed setup trains beside it, in a workdir named
+  # by its config hash, instead of failing the resume check after the SFT.
+  from agentic_rl import seeds as real_seeds  # noqa: PLC0415
+
+  stale = tmp_path / "root" / "GRPO_s0"
+  stale.mkdir(parents=True, exist_ok=True)
+  (stale / "config.json").write_text(
+      real_seeds.config_with_seeds(cfg2, [0]).to_json_best_effort()
+  )
+  cfg3 = ml_collections.ConfigDict(cfg.to_dict())
+  cfg3.rl.lr = 0.25
+  calls.clear()
+  harness.run_claim("t", {"GRPO": cfg3}, [0], **kw)
+  h3 = harness.experiment_seeds.config_hash(cfg3)[:8]
+  assert calls == [(0, "sft_k_s0", [0]), (3, f"GRPO_s0_{h3}", [0])]
+  assert (stale / "config.json").exists()
 
 
 def test_run_claim_seeds_per_call_stops_at_the_first_seed_without_room(
@@ -1511,3 +1528,15 @@ def test_with_curve_means_by_hand():
   assert [r["first"] for r in out] == [0.0, 1.0]
   assert all(math.isnan(r["gone"]) and math.isnan(r["empty"]) for r in out)
   assert rows[0]["m"] == 9.0 and "first" not in rows[1]
+
+
+def test_one_seed_analysis_is_inconclusive_without_an_interval():
+  # A run stopped after one seed (or a claim run on one seed) gets a verdict
+  # and a readable paragraph instead of a crash in paired_difference.
+  spec = stats.ClaimSpec("acc", True, "r", 0.1, treatment="t", control="c")
+  a = stats.analyse(spec, {"t": [{"acc": 0.9}], "c": [{"acc": 0.5}]}, [0.5])
+  assert a["verdict"] == "inconclusive" and a["effect"] is None
+  assert a["parts"][0]["too_few_seeds"] == 1 and a["p_claim"] is None
+  text = stats.format_analysis(a)
+  assert "1 seed, no paired interval" in text
+  assert "**Verdict: inconclusive.**" in text
