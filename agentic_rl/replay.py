@@ -22,41 +22,13 @@ Two uses (agentic_rl/learner/):
 from __future__ import annotations
 
 import chex
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from agentic_rl import types
 
 
-@flax.struct.dataclass
-class ReplayBuffer:
-  """S slots of L-token episodes; slot s is used iff valid[s].
-
-  Attributes:
-    key: [S] uint32 task key of the stored episode (`task_keys`).
-    valid: [S] bool.
-    tokens: [S, L] int32 episode tokens.
-    role: [S, L] int8 token roles (types.PROMPT, POLICY, ...).
-    logprob: [S, L] float32 behaviour log-probs recorded when it was sampled.
-    turn: [S, L] int32 turn index of each token (types.Trajectory.turn; -1
-      on prompt and padding), so that an injected episode keeps its own turn
-      structure (per-turn estimators such as GiGPO read it).
-    reward: [S] float32 reward it got.
-    step: [S] int32 training step at which it was stored (-1 when empty).
-  """
-
-  key: jax.Array
-  valid: jax.Array
-  tokens: jax.Array
-  role: jax.Array
-  logprob: jax.Array
-  turn: jax.Array
-  reward: jax.Array
-  step: jax.Array
-
-
-def init(capacity: int, max_len: int) -> ReplayBuffer:
+def init(capacity: int, max_len: int) -> types.ReplayBuffer:
   """Empty buffer of `capacity` slots of `max_len` tokens.
 
   Raises:
@@ -65,7 +37,7 @@ def init(capacity: int, max_len: int) -> ReplayBuffer:
   if capacity < 1 or max_len < 1:
     raise ValueError(f"capacity={capacity} and max_len={max_len} must be >= 1")
   s, l = capacity, max_len
-  return ReplayBuffer(
+  return types.ReplayBuffer(
       key=jnp.zeros((s,), jnp.uint32),
       valid=jnp.zeros((s,), bool),
       tokens=jnp.zeros((s, l), jnp.int32),
@@ -108,7 +80,7 @@ def task_keys(tokens_bl: jax.Array, role_bl: jax.Array) -> jax.Array:
 
 
 def insert(
-    buf: ReplayBuffer,
+    buf: types.ReplayBuffer,
     key_b: jax.Array,
     tokens_bl: jax.Array,
     role_bl: jax.Array,
@@ -117,7 +89,7 @@ def insert(
     success_b: jax.Array,
     step: jax.Array,
     turn_bl: jax.Array,
-) -> ReplayBuffer:
+) -> types.ReplayBuffer:
   """Stores each successful row: in its task's slot if the task is present
   (the newer episode replaces the older), else in an empty slot, else in the
   slot stored longest ago (lowest `step`, then lowest index). Rows are
@@ -174,14 +146,16 @@ def insert(
   return buf
 
 
-def lookup(buf: ReplayBuffer, key_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+def lookup(
+    buf: types.ReplayBuffer, key_b: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """(slot [B] int32, found [B] bool): each key's slot in the buffer."""
   same_bs = buf.valid[None, :] & (buf.key[None, :] == key_b[:, None])
   return jnp.argmax(same_bs, axis=1).astype(jnp.int32), jnp.any(same_bs, axis=1)
 
 
 def inject_into_failed_groups(
-    buf: ReplayBuffer,
+    buf: types.ReplayBuffer,
     tokens_bl: jax.Array,
     role_bl: jax.Array,
     logprob_bl: jax.Array,
@@ -232,7 +206,9 @@ def inject_into_failed_groups(
   )
 
 
-def sample_slots(buf: ReplayBuffer, rng: jax.Array, num: int) -> jax.Array:
+def sample_slots(
+    buf: types.ReplayBuffer, rng: jax.Array, num: int
+) -> jax.Array:
   """[num] int32 slots drawn uniformly (with replacement) among valid ones;
   arbitrary (and to be masked by `buf.valid`) when the buffer is empty."""
   logits = jnp.where(buf.valid, 0.0, -jnp.inf)

@@ -7,12 +7,9 @@ from typing import TYPE_CHECKING, Any
 import flax.struct
 import jax
 
-if TYPE_CHECKING:  # annotations only: these modules import this one
+if TYPE_CHECKING:  # annotations only
   import optax
   from flax import nnx
-
-  from agentic_rl import credit
-  from agentic_rl import replay as replay_lib
 
 # Roles of tokens in a trajectory (int8 values of Trajectory.role), defined
 # with the chat renderer that assigns them. Only POLICY tokens are ever trained.
@@ -63,6 +60,47 @@ class Trajectory:
   facts: Any
 
 
+@flax.struct.dataclass
+class ReplayBuffer:
+  """S slots of L-token episodes; slot s is used iff valid[s].
+
+  Attributes:
+    key: [S] uint32 task key of the stored episode (`replay.task_keys`).
+    valid: [S] bool.
+    tokens: [S, L] int32 episode tokens.
+    role: [S, L] int8 token roles (PROMPT, POLICY, ...).
+    logprob: [S, L] float32 behaviour log-probs recorded when it was sampled.
+    turn: [S, L] int32 turn index of each token (Trajectory.turn; -1
+      on prompt and padding), so that an injected episode keeps its own turn
+      structure (per-turn estimators such as GiGPO read it).
+    reward: [S] float32 reward it got.
+    step: [S] int32 training step at which it was stored (-1 when empty).
+  """
+
+  key: jax.Array
+  valid: jax.Array
+  tokens: jax.Array
+  role: jax.Array
+  logprob: jax.Array
+  turn: jax.Array
+  reward: jax.Array
+  step: jax.Array
+
+
+@flax.struct.dataclass
+class SpaState:
+  """The SPA progress estimator inside `TrainState.spa` (checkpointed).
+
+  Attributes:
+    params: {'weight': [D] float32, 'bias': [] float32}, a linear head on the
+      policy's (stop-gradient) final hidden state at the end of each turn.
+    opt_state: its own optax state (`credit.make_spa_optimizer`).
+  """
+
+  params: Any
+  opt_state: Any
+
+
 # A frozen reward model's parameters (reward_models.init_reward_model):
 # {'trunk': nnx.State of the transformer trunk, 'head': {} or
 #  {'hidden_dd': [D, D] float32, 'bias_d': [D] float32}}.
@@ -91,7 +129,7 @@ class TrainState:
   reward_model (train.py, from `reward_model_loader.load_rl_reward_model`):
 
     field                    type                  feature (config switch)
-    replay                   replay.ReplayBuffer   success replay
+    replay                   ReplayBuffer          success replay
                                                    (rl.replay_capacity > 0)
     dual_coef                float32 []            dual-ascent Lagrange
                                                    multiplier (rl.dual_constraint)
@@ -99,7 +137,7 @@ class TrainState:
                                                    (losses.LogPartition;
                                                    rl.loss_type='flowrl')
     log_partition_opt_state  optax.OptState        its optimizer's state
-    spa                      credit.SpaState       SPA progress head and its
+    spa                      SpaState              SPA progress head and its
                                                    optimizer state
                                                    (rl.pbrs_potential='spa')
     reward_model             RewardModelParams     frozen learned RM, never
@@ -117,9 +155,9 @@ class TrainState:
   opt_state: Any
   rng: jax.Array
   kl_coef: jax.Array
-  replay: replay_lib.ReplayBuffer | None = None
+  replay: ReplayBuffer | None = None
   dual_coef: jax.Array | None = None
   log_partition: nnx.State | None = None
   log_partition_opt_state: optax.OptState | None = None
-  spa: credit.SpaState | None = None
+  spa: SpaState | None = None
   reward_model: RewardModelParams | None = None

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl import credit
+from agentic_rl import types
 from agentic_rl import learner
 from agentic_rl import rollout
 from agentic_text import tokenizers
@@ -182,7 +182,7 @@ def test_rl_step_with_dual_path_groups_and_spa_potential(tmp_path):
   config.rl.pbrs_potential = "spa"
   config.rl.spa_steps = 2
   state, step = _rl_state_and_step(config)
-  assert isinstance(state.spa, credit.SpaState)
+  assert isinstance(state.spa, types.SpaState)
   assert state.spa.params["weight"].shape == (config.model.d_model,)
   state, m = step(state)
   assert all(np.isfinite(float(v)) for v in m.values()), m

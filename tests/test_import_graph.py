@@ -2,8 +2,9 @@
 
 The graph is read from the source with `ast` (no module is imported): every
 `import` and `from ... import` statement anywhere in a file, including those
-inside functions, is an edge, except imports under `if TYPE_CHECKING:`, which
-only a type checker executes. `importlib.import_module` calls are not followed.
+inside functions and under `if TYPE_CHECKING:` (an annotation-only import is
+still a dependency: a cycle through one is a cycle of the design), is an edge.
+`importlib.import_module` calls are not followed.
 Layers, lowest first (docs/design.md, "Layers"): a module may import its own
 layer and the layers below it, never one above.
 """
@@ -58,24 +59,11 @@ def _modules() -> dict[str, str]:
   return mods
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-  return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-      isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-  )
-
-
 def _imports(tree: ast.AST):
-  """Every Import / ImportFrom node outside `if TYPE_CHECKING:` blocks."""
-  stack = [tree]
-  while stack:
-    node = stack.pop()
+  """Every Import / ImportFrom node of the tree, `if TYPE_CHECKING:` included."""
+  for node in ast.walk(tree):
     if isinstance(node, (ast.Import, ast.ImportFrom)):
       yield node
-    for child in ast.iter_child_nodes(node):
-      if isinstance(child, ast.If) and _is_type_checking(child.test):
-        stack.extend(child.orelse)
-        continue
-      stack.append(child)
 
 
 def _owner(name: str, mods) -> str | None:
@@ -198,6 +186,24 @@ def test_the_graph_sees_top_level_function_level_and_relative_imports(graph):
       for deps in graph.values()
       for d in deps
   )
+
+
+def test_imports_under_type_checking_are_edges():
+  # An annotation-only import is a dependency too: a cycle through it would
+  # be hidden if it were skipped (types.py once imported credit and replay
+  # this way, both of which import types).
+  tree = ast.parse(
+      "from typing import TYPE_CHECKING\n"
+      "if TYPE_CHECKING:\n"
+      "  from agentic_rl import replay\n"
+      "else:\n"
+      "  import agentic_rl.credit\n"
+  )
+  names = {
+      n.module if isinstance(n, ast.ImportFrom) else n.names[0].name
+      for n in _imports(tree)
+  }
+  assert names == {"typing", "agentic_rl", "agentic_rl.credit"}
 
 
 def test_checks_catch_a_cycle_and_an_upward_import():

@@ -7,8 +7,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from agentic_rl import credit
-from agentic_rl import replay
 from agentic_rl import train
 from agentic_rl import types
 from configs import default
@@ -26,9 +24,7 @@ _OPTIONAL = (
 def _hints():
   # The annotations (strings: `from __future__ import annotations`) name
   # modules that types.py imports for type checkers only.
-  scope = dict(
-      vars(types), replay_lib=replay, credit=credit, nnx=nnx, optax=optax
-  )
+  scope = dict(vars(types), nnx=nnx, optax=optax)
   return {
       name: eval(types.TrainState.__annotations__[name], scope)  # pylint: disable=eval-used
       for name in _OPTIONAL

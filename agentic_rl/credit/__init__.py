@@ -60,7 +60,6 @@ from agentic_rl.credit.turn_estimators import (
 )
 from agentic_rl.credit.spa import (
     spa_progress_loss,
-    SpaState,
     make_spa_optimizer,
     spa_init,
     spa_turn_features,
@@ -96,7 +95,6 @@ __all__ = [
     "tree_fork_advantages",
     "tree_turn_advantages",
     "spa_progress_loss",
-    "SpaState",
     "make_spa_optimizer",
     "spa_init",
     "spa_turn_features",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import chex
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from agentic_rl import types
 from agentic_rl.credit.potentials import state_ends
 
 # ---------------------------------------------------------------------------
@@ -55,33 +55,19 @@ def spa_progress_loss(
   return jnp.mean(jnp.square(total_b - jnp.asarray(outcome_b, jnp.float32)))
 
 
-@flax.struct.dataclass
-class SpaState:
-  """The SPA progress estimator inside `TrainState.spa` (checkpointed).
-
-  Attributes:
-    params: {'weight': [D] float32, 'bias': [] float32}, a linear head on the
-      policy's (stop-gradient) final hidden state at the end of each turn.
-    opt_state: its own optax state (`make_spa_optimizer`).
-  """
-
-  params: Any
-  opt_state: Any
-
-
 def make_spa_optimizer(learning_rate: float) -> optax.GradientTransformation:
   """Adam (arXiv:1412.6980) at `learning_rate` for the SPA head."""
   return optax.adam(learning_rate)
 
 
-def spa_init(d_model: int, learning_rate: float) -> SpaState:
+def spa_init(d_model: int, learning_rate: float) -> types.SpaState:
   """Zero-initialised SPA head (every contribution, so every potential, is 0
   until the head has been trained), with a fresh optimizer state."""
   params = {
       "weight": jnp.zeros((d_model,), jnp.float32),
       "bias": jnp.zeros((), jnp.float32),
   }
-  return SpaState(
+  return types.SpaState(
       params=params, opt_state=make_spa_optimizer(learning_rate).init(params)
   )
 
@@ -158,14 +144,14 @@ def spa_policy_features(
 
 
 def spa_update(
-    spa: SpaState,
+    spa: types.SpaState,
     feat_bkd: jax.Array,
     turn_mask_bk: jax.Array,
     outcome_b: jax.Array,
     *,
     learning_rate: float,
     num_steps: int = 1,
-) -> tuple[SpaState, jax.Array]:
+) -> tuple[types.SpaState, jax.Array]:
   """`num_steps` full-batch Adam steps on `spa_progress_loss` of the head.
 
   Args:
@@ -177,7 +163,7 @@ def spa_update(
     num_steps: gradient steps (static, >= 1), run with `lax.scan`.
 
   Returns:
-    (new SpaState, float32 loss before the first step).
+    (new types.SpaState, float32 loss before the first step).
   """
   tx = make_spa_optimizer(learning_rate)
   loss_fn = lambda p: spa_progress_loss(
@@ -193,4 +179,4 @@ def spa_update(
   (p, o), losses = jax.lax.scan(
       one, (spa.params, spa.opt_state), None, length=num_steps
   )
-  return SpaState(params=p, opt_state=o), losses[0]
+  return types.SpaState(params=p, opt_state=o), losses[0]

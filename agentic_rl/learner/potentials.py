@@ -37,7 +37,7 @@ class PotentialContext:
     graphdef: the policy's graph.
     params: the sampling parameters of the policy.
     ref_params: the reference model's parameters.
-    spa: the SPA head (`credit.SpaState`) or None.
+    spa: the SPA head (`types.SpaState`) or None.
     max_turns: K (static).
     temperature: the sampling temperature.
     extras: outputs the RL step needs later (e.g. SPA's training inputs);
