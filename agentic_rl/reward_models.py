@@ -30,7 +30,8 @@ arXiv:2401.12187). Use inside RL: `trajectory_rm_outputs` scores a batch of
 episodes in one pass (episode logit for the `rm` reward component of rewards.py,
 and per-state potentials for PBRS); `monitor_metrics` / `overoptimization_gap`
 are the gold-verifier monitor (Gao et al., "Scaling Laws for Reward Model
-Overoptimization", arXiv:2210.10760); `rm_reward` bounds a score offline.
+Overoptimization", arXiv:2210.10760); `rm_score_to_reward` bounds a score
+offline.
 """
 
 from __future__ import annotations
@@ -605,7 +606,7 @@ def average_params(
   )
 
 
-def rm_reward(
+def rm_score_to_reward(
     score_b: jax.Array,
     transform: str = "sigmoid",
     ref: float = 0.0,
@@ -646,7 +647,7 @@ def overoptimization_gap(
   both and their gap during RL.
 
   Args:
-    rm_reward_b: float [B] bounded RM rewards (e.g. from `rm_reward`).
+    rm_reward_b: float [B] bounded RM rewards (e.g. from `rm_score_to_reward`).
     verified_b: float [B] verified rewards (e.g. 1.0 correct / 0.0).
 
   Returns:
@@ -839,11 +840,12 @@ def make_rm_reward_fn(
   """A frozen RM as an RL reward component with the over-optimisation monitor.
 
   The returned pure function maps a types.Trajectory (tokens [B, L], role [B, L],
-  turn [B, L], facts with 'correct' [B]) to (reward float32 [B] = rm_reward of the
-  episode score, monitor dict from `overoptimization_gap` against the verified
-  'correct' fact). Jittable; `params` are closed over (no gradient flows to them).
-  For offline scoring: the RL loop does not use this closure (under jit it would
-  embed the params as constants in the program); it passes the params in
+  turn [B, L], facts with 'correct' [B]) to (reward float32 [B] =
+  `rm_score_to_reward` of the episode score, monitor dict from
+  `overoptimization_gap` against the verified 'correct' fact). Jittable;
+  `params` are closed over (no gradient flows to them). For offline scoring:
+  the RL loop does not use this closure (under jit it would embed the params
+  as constants in the program); it passes the params in
   TrainState.reward_model to `trajectory_rm_outputs` and reads the score through
   the `rm` reward component (rewards.rm_reward).
 
@@ -872,7 +874,7 @@ def make_rm_reward_fn(
     score_b = jax.lax.stop_gradient(
         episode_scores(graphdef, params, episodes, kind, aggregation)
     )
-    r_b = rm_reward(score_b, transform, ref, temperature)
+    r_b = rm_score_to_reward(score_b, transform, ref, temperature)
     verified_b = jnp.asarray(traj.facts["correct"], jnp.float32)
     return r_b, overoptimization_gap(r_b, verified_b)
 

@@ -687,7 +687,8 @@ def saturating_transform(
 # to a reward. Uniform signature of an entry: fn(s_b float32 [B], *, ref,
 # temperature, eta) -> [B] float32; arguments an entry does not use are
 # ignored. Used by the `rm` reward component (`rm_reward`) and by
-# reward_models.rm_reward; config name `rl.reward_params.rm.transform`.
+# reward_models.rm_score_to_reward; config name
+# `rl.reward_params.rm.transform`.
 ScoreTransformFn = Callable[..., jax.Array]
 
 

@@ -22,7 +22,7 @@ from agentic_rl import reward_models
 from agentic_rl import rewards
 from agentic_text import tokenizers
 from agentic_rl.learner import behaviour as learner_behaviour
-from agentic_rl.learner import potentials as learner_potentials
+from agentic_rl.learner import potentials_by_name
 from agentic_rl.learner import token_credit
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
@@ -513,11 +513,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"tree rollouts are JAX-native only; host environment {config.env.name!r}",
     )
   potential = config.rl.pbrs_potential
-  if potential not in learner_potentials.POTENTIALS:
+  if potential not in potentials_by_name.POTENTIALS:
     _fail(
         "rl.pbrs_potential",
         potential,
-        f"unknown; known: {tuple(learner_potentials.POTENTIALS)}",
+        f"unknown; known: {tuple(potentials_by_name.POTENTIALS)}",
     )
   if config.rl.pbrs_cutoff not in ("keep", "zero", "never"):
     _fail(

@@ -212,18 +212,20 @@ def test_ensemble_and_warm_hand_values(reward_model):
   )
 
 
-def test_rm_reward_transforms_and_overoptimization_gap():
+def test_rm_score_to_reward_transforms_and_overoptimization_gap():
   s = jnp.array([0.0, 2.0])
   np.testing.assert_allclose(
-      rm.rm_reward(s, "sigmoid"), [0.5, 1 / (1 + math.exp(-2))], rtol=1e-6
+      rm.rm_score_to_reward(s, "sigmoid"),
+      [0.5, 1 / (1 + math.exp(-2))],
+      rtol=1e-6,
   )
   np.testing.assert_allclose(
-      rm.rm_reward(s, "tanh", ref=1.0, temperature=2.0),
+      rm.rm_score_to_reward(s, "tanh", ref=1.0, temperature=2.0),
       [math.tanh(-0.5), math.tanh(0.5)],
       rtol=1e-6,
   )
   with pytest.raises(ValueError, match="transform"):
-    rm.rm_reward(s, "exp")
+    rm.rm_score_to_reward(s, "exp")
   gap = rm.overoptimization_gap(
       jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0])
   )

@@ -1,7 +1,7 @@
 """Credit assignment: PBRS, potentials, shaped returns, HDPO, SPA.
 
-One module per topic: pbrs.py (shaping), potentials.py (potential arrays,
-state positions), turn_estimators.py (HDPO, GiGPO, PORTool tree),
+One module per topic: pbrs.py (shaping), potential_arrays.py (potential
+arrays, state positions), turn_estimators.py (HDPO, GiGPO, PORTool tree),
 spa.py (learned progress head), likelihood.py (reference log-probs of the
 gold answer), obs_prediction.py (next-observation prediction). The names
 below are re-exported so that `credit.pbrs_shaping` etc. keep working.
@@ -45,7 +45,7 @@ from agentic_rl.credit.pbrs import (
     episode_returns_with_shaping,
     telescoped_episode_returns,
 )
-from agentic_rl.credit.potentials import (
+from agentic_rl.credit.potential_arrays import (
     progress_potential,
     log_ratio_potential,
     success_probability_potential,

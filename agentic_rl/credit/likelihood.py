@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_rl import types
-from agentic_rl.credit.potentials import state_ends
+from agentic_rl.credit.potential_arrays import state_ends
 
 # ---------------------------------------------------------------------------
 # Reference-model log-probs of the gold answer after each turn (TRACE-style

@@ -11,7 +11,7 @@ import optax
 from flax import nnx
 
 from agentic_rl import types
-from agentic_rl.credit.potentials import state_ends
+from agentic_rl.credit.potential_arrays import state_ends
 
 # ---------------------------------------------------------------------------
 # SPA: learned stepwise progress attribution.

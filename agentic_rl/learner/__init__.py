@@ -11,7 +11,8 @@ One module per stage:
   sft.py           SFT loss, gradient accumulation, `make_sft_step`
   collect.py       `make_collect_fn`: rollout -> rewards -> potentials ->
                    reference / behaviour log-probs -> advantages -> batch
-  potentials.py    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
+  potentials_by_name.py
+                   `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token
                    advantages by `rl.advantage_estimator` / `rl.credit`
   behaviour.py     trainer-side behaviour log-probs (`rl.behaviour_logprobs`)
@@ -42,7 +43,7 @@ from agentic_rl.learner.common import (
     policy_forward,
     policy_mask,
 )
-from agentic_rl.learner.potentials import (
+from agentic_rl.learner.potentials_by_name import (
     POTENTIALS,
     uses_spa,
     value_potential,

@@ -25,7 +25,7 @@ from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
-from agentic_rl.learner.potentials import PotentialContext, compute_potential
+from agentic_rl.learner.potentials_by_name import PotentialContext, compute_potential
 from agentic_rl.learner.token_credit import (
     dense_aux_advantages,
     gae_token_advantages,

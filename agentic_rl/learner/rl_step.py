@@ -19,7 +19,7 @@ from agentic_rl import types
 from agentic_rl.models import transformer
 from agentic_rl.learner.collect import make_collect_fn, make_host_rollout_fn
 from agentic_rl.learner.common import StepFn, adapter_dropout_key, d_model
-from agentic_rl.learner.potentials import uses_spa
+from agentic_rl.learner.potentials_by_name import uses_spa
 from agentic_rl.learner.update import make_log_partition_optimizer, make_update_fn
 from environments.host import base as host_base
 

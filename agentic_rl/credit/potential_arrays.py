@@ -3,7 +3,7 @@
 `state_ends` locates each state s_k (the context after k turns) in the token
 buffer; the model-based potentials (value head, SPA, next-observation
 prediction, reference log-probs) read the model there. The learner's table of
-potentials by config name is `agentic_rl.learner.potentials.POTENTIALS`.
+potentials by config name is `agentic_rl.learner.potentials_by_name.POTENTIALS`.
 """
 
 from __future__ import annotations
