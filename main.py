@@ -187,6 +187,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
   from agentic_rl import validation  # pylint: disable=g-import-not-at-top
+  from agentic_rl import workdir_lock  # pylint: disable=g-import-not-at-top
   from configs import schema  # pylint: disable=g-import-not-at-top
 
   logging.get_absl_handler().addFilter(_DropLibraryChatter())
@@ -209,7 +210,7 @@ def main(argv):
         os.path.isdir(workdir) or mode == "rm"
     ) and not config.mesh.distributed
     with (
-        validation.workdir_lock(workdir, name=".lock")
+        workdir_lock.workdir_lock(workdir, name=".lock")
         if early
         else contextlib.nullcontext()
     ):

@@ -52,6 +52,7 @@ from agentic_rl import rollout
 from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl import validation
+from agentic_rl import workdir_lock
 from agentic_rl.models import hf
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -339,7 +340,7 @@ def train_and_evaluate(
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.mesh)
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).
-  with validation.workdir_lock(workdir), jax.set_mesh(mesh):
+  with workdir_lock.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agentic_rl import validation
+from agentic_rl import workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,7 +217,7 @@ def test_help_exits_0_without_importing_torch():
 
 def test_second_run_on_a_locked_workdir_is_refused(tmp_path):
   workdir = str(tmp_path / "run")
-  with validation.workdir_lock(workdir):  # this process plays the first run
+  with workdir_lock.workdir_lock(workdir):  # this process plays the first run
     line = _one_line(
         _main("--config=configs/default.py:smoke", f"--workdir={workdir}")
     )

@@ -39,6 +39,7 @@ LAYERS = (
             "agentic_rl.rm_train",
             "agentic_rl.reward_model_loader",
             "agentic_rl.seeds",
+            "agentic_rl.workdir_lock",
         ),
     ),
     ("entry points", ("main", "experiments")),

@@ -706,6 +706,7 @@ def test_process_0_and_a_one_process_run_take_the_same_lock(
   import jax  # noqa: PLC0415
 
   from agentic_rl import validation  # noqa: PLC0415
+  from agentic_rl import workdir_lock  # noqa: PLC0415
 
   holder = subprocess.Popen(
       [
@@ -726,10 +727,10 @@ def test_process_0_and_a_one_process_run_take_the_same_lock(
     assert holder.stdout.readline().strip() == "held"
     monkeypatch.setattr(jax, "process_index", lambda: 0)
     with pytest.raises(validation.ConfigError, match="in use by another run"):
-      with validation.workdir_lock(str(tmp_path)):
+      with workdir_lock.workdir_lock(str(tmp_path)):
         pass
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    with validation.workdir_lock(str(tmp_path)) as path:
+    with workdir_lock.workdir_lock(str(tmp_path)) as path:
       assert os.path.basename(path) == ".lock.1"
   finally:
     holder.kill()
