@@ -1,8 +1,8 @@
 """Fine-grained tool-call reward components over per-call environment facts.
 
 Two families, as functions `fn(traj, **params) -> [B] float32` registered in
-`rewards.REWARD_COMPONENTS` (so `rl.rewards.<name>` and `rl.reward_params.<name>`
-work as for every other component). They read the per-turn call facts of
+`rewards.components.REWARD_COMPONENTS` (so `rl.rewards.<name>` and
+`rl.reward_params.<name>` work as for every other component). They read the per-turn call facts of
 environments/schema_calls.py (all [B, K]; a turn that is not a tool call has all
 of them False / 0 and tool_call_turn False):
 

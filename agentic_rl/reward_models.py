@@ -27,11 +27,11 @@ Robust variants: an ensemble of members (mean or min of their scores; Coste et a
 "Reward Model Ensembles Help Mitigate Overoptimization", arXiv:2310.02743) and WARM
 weight averaging of fine-tunes from one initialisation (Rame et al.,
 arXiv:2401.12187). Use inside RL: `trajectory_rm_outputs` scores a batch of
-episodes in one pass (episode logit for the `rm` reward component of rewards.py,
-and per-state potentials for PBRS); `monitor_metrics` / `overoptimization_gap`
-are the gold-verifier monitor (Gao et al., "Scaling Laws for Reward Model
-Overoptimization", arXiv:2210.10760); `rm_score_to_reward` bounds a score
-offline.
+episodes in one pass (episode logit for the `rm` reward component of
+rewards/components.py, and per-state potentials for PBRS); `monitor_metrics` /
+`overoptimization_gap` are the gold-verifier monitor (Gao et al., "Scaling Laws
+for Reward Model Overoptimization", arXiv:2210.10760); `rm_score_to_reward`
+bounds a score offline.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from agentic_rl import rewards
+from agentic_rl.rewards import transforms
 from agentic_rl.models import transformer
 
 KINDS = ("outcome", "process")
 PRM_AGGREGATIONS = ("log_prod", "min")
 ENSEMBLE_REDUCTIONS = ("mean", "min")
-# The bounded score transforms (one table: rewards.SCORE_TRANSFORMS).
-BOUNDED_TRANSFORMS = rewards.RM_TRANSFORMS
+# The bounded score transforms (one table: transforms.SCORE_TRANSFORMS).
+BOUNDED_TRANSFORMS = transforms.RM_TRANSFORMS
 
 
 # ---------------------------------------------------------------------------
@@ -615,14 +615,14 @@ def rm_score_to_reward(
 ) -> jax.Array:
   """A learned-RM score as a bounded reward component.
 
-  One table of transforms for every learned score: `rewards.SCORE_TRANSFORMS`
-  through `rewards.bounded_score` ('sigmoid': sigma((r - ref) / T) in (0, 1),
+  One table of transforms for every learned score: `transforms.SCORE_TRANSFORMS`
+  through `transforms.bounded_score` ('sigmoid': sigma((r - ref) / T) in (0, 1),
   PAR; 'tanh': tanh((r - ref) / T) in (-1, 1); 'clip': min(r - eta, 0);
   'none': r).
 
   Args:
     score_b: float [B] RM scores.
-    transform: a key of `rewards.SCORE_TRANSFORMS`.
+    transform: a key of `transforms.SCORE_TRANSFORMS`.
     ref, temperature: centre and scale (> 0).
     eta: threshold of 'clip'.
 
@@ -632,7 +632,7 @@ def rm_score_to_reward(
   Raises:
     ValueError: unknown transform.
   """
-  return rewards.bounded_score(
+  return transforms.bounded_score(
       transform, score_b, ref=ref, temperature=temperature, eta=eta
   )
 
@@ -847,7 +847,7 @@ def make_rm_reward_fn(
   the RL loop does not use this closure (under jit it would embed the params
   as constants in the program); it passes the params in
   TrainState.reward_model to `trajectory_rm_outputs` and reads the score through
-  the `rm` reward component (rewards.rm_reward).
+  the `rm` reward component (rewards.components.rm_reward).
 
   Raises:
     ValueError: unknown kind or transform.

@@ -17,7 +17,9 @@ import ml_collections
 from agentic_rl import batch_policies
 from agentic_rl import losses
 from agentic_rl import reward_models
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import factory
+from agentic_rl.rewards import step_rewards
 from agentic_text import tokenizers
 from agentic_rl.learner import behaviour as learner_behaviour
 from agentic_rl.learner import potentials_by_name
@@ -393,11 +395,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if rl.scale_by_std and not rl.adv_eps > 0:
     _fail("rl.adv_eps", rl.adv_eps, "must be > 0 when rl.scale_by_std")
   for name, w in dict(rl.rewards).items():
-    if name not in rewards.REWARD_COMPONENTS:
+    if name not in components.REWARD_COMPONENTS:
       _fail(
           f"rl.rewards.{name}",
           w,
-          f"unknown reward name {name!r}; known: {sorted(rewards.REWARD_COMPONENTS)}",
+          f"unknown reward name {name!r}; known: {sorted(components.REWARD_COMPONENTS)}",
       )
   if not dict(rl.rewards):
     _fail(
@@ -408,7 +410,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   # Builds the reward function once: unknown params, compositions, schedules and
   # noise settings raise ValueError here, before any work.
   try:
-    rewards.reward_fn_from_config(config.rl)
+    factory.reward_fn_from_config(config.rl)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   for phase in ("sft", "rl"):
@@ -795,14 +797,16 @@ def _validate_step_reward(config, env_obj) -> None:
   """Per-turn step rewards (`rl.step_reward`, learner.step_rewards_bk)."""
   rl = config.rl
   kind = rl.step_reward
-  if kind not in rewards.STEP_REWARDS:
-    _fail("rl.step_reward", kind, f"unknown; known: {rewards.STEP_REWARDS}")
+  if kind not in step_rewards.STEP_REWARDS:
+    _fail(
+        "rl.step_reward", kind, f"unknown; known: {step_rewards.STEP_REWARDS}"
+    )
   transform = rl.step_reward_transform
-  if transform not in rewards.STEP_REWARD_TRANSFORMS:
+  if transform not in step_rewards.STEP_REWARD_TRANSFORMS:
     _fail(
         "rl.step_reward_transform",
         transform,
-        f"unknown; known: {rewards.STEP_REWARD_TRANSFORMS}",
+        f"unknown; known: {step_rewards.STEP_REWARD_TRANSFORMS}",
     )
   for f in (
       "step_reward_coef",

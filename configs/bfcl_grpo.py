@@ -71,7 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.rl.batch_size = 32
   config.rl.group_size = 8
   config.rl.num_minibatches = 1
-  # BFCL verdict + partial credit per field + format (agentic_rl/rewards.py).
+  # BFCL verdict + partial credit per field + format (agentic_rl/rewards/components.py).
   config.rl.rewards = ml_collections.ConfigDict(
       dict(correct=1.0, call_score=0.5, format=0.1)
   )

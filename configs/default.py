@@ -262,9 +262,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # width L_cache of the linear zone below overlong_soft_max.
   config.rl.overlong_soft_cache = 0
   config.rl.overlong_soft_max = 32
-  # Reward components (agentic_rl/rewards.py) and their weights.
+  # Reward components (agentic_rl/rewards/components.py) and their weights.
   config.rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
-  # Per-component parameters, e.g. dict(otc=dict(c=1.0)) (rewards.REWARD_PARAM_DEFAULTS).
+  # Per-component parameters, e.g. dict(otc=dict(c=1.0))
+  # (rewards.components.REWARD_PARAM_DEFAULTS).
   config.rl.reward_params = ml_collections.ConfigDict()
   # 'sum' (weighted), 'product' (ToolRLA, components in [0, 1]) or 'gdpo'
   # (per-component group normalisation before the weighted sum).
@@ -280,8 +281,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'outcome' (Bradley-Terry ORM) or 'process' (per-turn PRM).
   config.rl.reward_model_dir = ""
   config.rl.reward_model_kind = "outcome"
-  # Per-turn step (process) rewards (rewards.step_turn_rewards; needs
-  # credit 'per_turn'): the step score p_k in [0, 1] ('none' = off,
+  # Per-turn step (process) rewards (rewards.step_rewards.step_turn_rewards;
+  # needs credit 'per_turn'): the step score p_k in [0, 1] ('none' = off,
   # 'valid_call', or 'prm': the frozen process RM's per-turn score on every
   # turn, answer included), its transform ('sum', 'clip', 'delta',
   # 'delta_drop', 'min', 'gated'), coefficient c, the clip transform's eta

@@ -7,7 +7,7 @@ episodes sampled normally and 2 sampled with the `<call>` token masked
 acc(with tools) - acc(without) (logged as rl/dual_path_*, and against the
 environment's `tool_necessary` label), and the `dual_path_efficiency` reward
 charges calls in proportion to how often the task is solved without tools
-(agentic_rl/rewards.py). The claim to check (AKBE / EAPO, docs/papers.md: "tool-free
+(agentic_rl/rewards/components.py). The claim to check (AKBE / EAPO, docs/papers.md: "tool-free
 rollouts in the group: calls fall only on items that don't need tools"): tool
 calls on easy items fall below the default run's (which calls the tool on every
 item), while hard-item accuracy holds.

@@ -79,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Likelihood reward log p_ref(gold | context), e.g. 0.1 (0 = off).
   rl.likelihood_coef = 0.0
 
-  # --- Rewards (agentic_rl/rewards.py) ------------------------------------------
+  # --- Rewards (agentic_rl/rewards/) -------------------------------------------
   # Components and weights: correct, format, otc, tool_cost, failed_call_penalty,
   # gated_relative_efficiency, tool_bonus, dual_path_efficiency (needs
   # rl.dual_path_tool_free > 0), toolrl, tier, call_score. E.g. OTC instead of

@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     # The RM replaces the verifier: reward = rm + 0.1 format.
     rl.rewards = ml_collections.ConfigDict(dict(rm=1.0, format=0.1))
-    # Bounded RM reward (rewards.rm_reward): 'sigmoid' sigma((s - ref) / T),
+    # Bounded RM reward (rewards.components.rm_reward): 'sigmoid' sigma((s - ref) / T),
     # 'tanh', 'clip' min(s - eta, 0) or 'none'.
     rl.reward_params = ml_collections.ConfigDict(
         dict(rm=dict(transform="sigmoid", ref=0.0, temperature=1.0))

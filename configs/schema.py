@@ -30,7 +30,7 @@ import ml_collections
 MODES = ("rl", "rm")
 # Blocks whose keys are checked by their owner, not against the schema:
 # environment fields (the environment's dataclass), loader fields
-# (data.validate_data_config), reward names and parameters (rewards.py) and
+# (data.validate_data_config), reward names and parameters (rewards/components.py) and
 # rm-mode negative types (rm_train.validate_rm_config).
 OPEN_BLOCKS = (
     "env",

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from agentic_rl import call_rewards as cr
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import factory
 from tests import fakes
 
 # Three episodes, K = 3 turns:
@@ -74,11 +75,11 @@ def test_registered_and_jittable_through_make_reward_fn():
       "call_name",
       "call_param_names",
       "call_param_values",
-  } <= set(rewards.REWARD_COMPONENTS)
-  assert rewards.REWARD_PARAM_DEFAULTS["tier"] == dict(
+  } <= set(components.REWARD_COMPONENTS)
+  assert components.REWARD_PARAM_DEFAULTS["tier"] == dict(
       w_format=1.0, w_schema=1.0, w_exec=1.0, w_answer=1.0
   )
-  fn = rewards.make_reward_fn({"toolrl": 1.0, "tier": 0.5})
+  fn = factory.make_reward_fn({"toolrl": 1.0, "tier": 0.5})
   total, comps = jax.jit(lambda t: fn(t))(TRAJ)[:2]
   np.testing.assert_allclose(
       total,

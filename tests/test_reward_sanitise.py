@@ -1,4 +1,4 @@
-"""Rewards never turn non-finite facts into NaN rewards (agentic_rl/rewards.py).
+"""Rewards never turn non-finite facts into NaN rewards (agentic_rl/rewards/).
 
 Documented values, checked here by hand: a NaN / +-inf float fact reads as 0
 (`sanitize_facts`: no credit for call_score, the neutral logit for rm_score);
@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl import rewards
+from agentic_rl.rewards import composition
+from agentic_rl.rewards import factory
+from agentic_rl.rewards import sanitize
 from agentic_rl import types
 from tests import fakes
 
@@ -40,7 +42,7 @@ def test_call_score_nan_and_inf_read_as_zero_sum_composition():
       call_score=jnp.array([0.5, NAN, INF, 1.0], jnp.float32),
       correct=jnp.array([True, False, True, False]),
   )
-  fn = rewards.make_reward_fn({"call_score": 2.0, "correct": 1.0})
+  fn = factory.make_reward_fn({"call_score": 2.0, "correct": 1.0})
   for f in (fn, jax.jit(fn)):
     total, parts = f(traj)
     # 2 * [0.5, 0, 0, 1] + [1, 0, 1, 0]
@@ -52,7 +54,7 @@ def test_call_score_nan_and_inf_read_as_zero_sum_composition():
 
 def test_rm_score_nan_reads_as_the_neutral_logit():
   traj = _traj([0, 0, 0], rm_score=jnp.array([2.0, NAN, -INF], jnp.float32))
-  total, _ = rewards.make_reward_fn({"rm": 1.0})(traj)  # sigmoid((s - 0) / 1)
+  total, _ = factory.make_reward_fn({"rm": 1.0})(traj)  # sigmoid((s - 0) / 1)
   np.testing.assert_allclose(
       np.asarray(total), [1 / (1 + math.exp(-2.0)), 0.5, 0.5], rtol=1e-6
   )
@@ -61,7 +63,9 @@ def test_rm_score_nan_reads_as_the_neutral_logit():
 def test_gdpo_group_with_a_nan_row_keeps_its_other_rows_finite():
   part = jnp.array([1.0, 2.0, NAN, 0.0, 1.0, 2.0], jnp.float32)
   group = jnp.array([0, 0, 0, 1, 1, 1], jnp.int32)
-  z = rewards.compose({"a": part}, {"a": 1.0}, "gdpo", group_b=group, eps=1e-6)
+  z = composition.compose(
+      {"a": part}, {"a": 1.0}, "gdpo", group_b=group, eps=1e-6
+  )
   # Group 0 without the NaN row: mean 1.5, population std 0.5 -> z = -+1/(0.5+eps);
   # the NaN row gets 0. Group 1: mean 1, std sqrt(2/3).
   s = math.sqrt(2.0 / 3.0)
@@ -77,7 +81,7 @@ def test_gdpo_group_with_a_nan_row_keeps_its_other_rows_finite():
   # Through make_reward_fn the NaN fact reads as 0 first: group 0 is [1, 2, 0],
   # mean 1, std sqrt(2/3).
   traj = _traj(group, call_score=part)
-  total, _ = rewards.make_reward_fn({"call_score": 1.0}, composition="gdpo")(
+  total, _ = factory.make_reward_fn({"call_score": 1.0}, composition="gdpo")(
       traj
   )
   np.testing.assert_allclose(
@@ -92,14 +96,14 @@ def test_compose_sum_and_product_count_non_finite_values_as_zero():
   b = jnp.array([INF, 1.0], jnp.float32)
   np.testing.assert_allclose(
       np.asarray(
-          rewards.compose({"a": a, "b": b}, {"a": 1.0, "b": 2.0}, "sum")
+          composition.compose({"a": a, "b": b}, {"a": 1.0, "b": 2.0}, "sum")
       ),
       [1.0, 2.0],
   )
   c = jnp.array([0.5, 1.0], jnp.float32)
   np.testing.assert_allclose(
       np.asarray(
-          rewards.compose({"a": a, "c": c}, {"a": 1.0, "c": 1.0}, "product")
+          composition.compose({"a": a, "c": c}, {"a": 1.0, "c": 1.0}, "product")
       ),
       [0.5, 0.0],
   )
@@ -113,9 +117,9 @@ def test_nonfinite_fact_counts_and_sanitize_facts():
       "num_tool_calls": np.array([1, 2, 3], np.int32),
   }
   np.testing.assert_array_equal(
-      np.asarray(rewards.nonfinite_fact_counts(facts)), [3, 0, 2]
+      np.asarray(sanitize.nonfinite_fact_counts(facts)), [3, 0, 2]
   )
-  clean = rewards.sanitize_facts(facts)
+  clean = sanitize.sanitize_facts(facts)
   np.testing.assert_array_equal(
       np.asarray(clean["call_score"]), [0.0, 1.0, 0.0]
   )
@@ -125,7 +129,7 @@ def test_nonfinite_fact_counts_and_sanitize_facts():
   assert clean["correct"] is facts["correct"]
   assert clean["progress"].dtype == jnp.float32
   np.testing.assert_array_equal(
-      np.asarray(rewards.nonfinite_fact_counts({"correct": facts["correct"]})),
+      np.asarray(sanitize.nonfinite_fact_counts({"correct": facts["correct"]})),
       [0, 0, 0],
   )
 

@@ -1,5 +1,5 @@
 """Reward components, transforms, noise, composition and schedules against
-hand-computed values (agentic_rl/rewards.py)."""
+hand-computed values (agentic_rl/rewards/)."""
 
 import math
 
@@ -8,7 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import composition
+from agentic_rl.rewards import dual_ascent
+from agentic_rl.rewards import factory
+from agentic_rl.rewards import noise
+from agentic_rl.rewards import schedules
+from agentic_rl.rewards import transforms
 from agentic_rl import types
 from tests import fakes
 
@@ -63,7 +69,7 @@ def test_otc_paper_form_n_star_0_and_2_interleaved_groups():
   ]
   g, c, m, want = zip(*rows)
   traj = make_traj(c, m, g)
-  r = rewards.otc_reward(traj)
+  r = components.otc_reward(traj)
   assert r.dtype == jnp.float32 and r.shape == (12,)
   close(r, want)
   close(
@@ -82,12 +88,12 @@ def test_otc_paper_form_n_star_0_and_2_interleaved_groups():
   )
   # Row order does not matter: reverse the batch, same per-row values.
   rev = jax.tree.map(lambda x: x[::-1], traj)
-  close(rewards.otc_reward(rev), want[::-1])
+  close(components.otc_reward(rev), want[::-1])
 
 
 def test_otc_tool_score_shape_and_inverse_form():
   n2 = jnp.full((7,), 2)
-  s = rewards.otc_tool_score(jnp.arange(7), n2)
+  s = components.otc_tool_score(jnp.arange(7), n2)
   # m = 0..6 with n* = 2: sin(pi g / 4), g = 4m / (m + 2).
   close(
       s,
@@ -104,7 +110,7 @@ def test_otc_tool_score_shape_and_inverse_form():
   )
   assert np.all(np.diff(np.asarray(s)[2:]) < 0)  # decreasing above n*
   assert np.all(np.diff(np.asarray(s)[:3]) > 0)  # increasing below n*
-  inv = rewards.otc_tool_score(
+  inv = components.otc_tool_score(
       jnp.array([2, 3, 5, 0, 1]),
       jnp.array([2, 2, 2, 0, 0]),
       form="inverse",
@@ -112,17 +118,17 @@ def test_otc_tool_score_shape_and_inverse_form():
   )
   close(inv, [1.0, 0.5, 0.25, 1.0, 0.5])
   with pytest.raises(ValueError, match="form"):
-    rewards.otc_tool_score(n2, n2, form="bogus")
+    components.otc_tool_score(n2, n2, form="bogus")
 
 
 def test_tool_cost_and_failed_call_penalty():
   traj = make_traj([1, 0, 1], [0, 1, 3], [0, 0, 1], errors=[0, 2, 1])
-  close(rewards.tool_cost_reward(traj), [0.0, -0.1, -0.3])
-  close(rewards.tool_cost_reward(traj, c=0.5), [0.0, -0.5, -1.5])
-  close(rewards.failed_call_penalty_reward(traj), [0.0, -0.2, -0.1])
-  close(rewards.failed_call_penalty_reward(traj, c=1.0), [0.0, -2.0, -1.0])
-  close(rewards.tool_bonus_reward(traj, b=0.3), [0.0, 0.3, 0.3])
-  close(rewards.tool_bonus_reward(traj), [0.0, 1.0, 1.0])
+  close(components.tool_cost_reward(traj), [0.0, -0.1, -0.3])
+  close(components.tool_cost_reward(traj, c=0.5), [0.0, -0.5, -1.5])
+  close(components.failed_call_penalty_reward(traj), [0.0, -0.2, -0.1])
+  close(components.failed_call_penalty_reward(traj, c=1.0), [0.0, -2.0, -1.0])
+  close(components.tool_bonus_reward(traj, b=0.3), [0.0, 0.3, 0.3])
+  close(components.tool_bonus_reward(traj), [0.0, 1.0, 1.0])
 
 
 def test_gated_relative_efficiency_some_correct():
@@ -140,9 +146,9 @@ def test_gated_relative_efficiency_some_correct():
   ]
   g, c, m, want = zip(*rows)
   traj = make_traj(c, m, g)
-  close(rewards.gated_relative_efficiency_reward(traj), want)
+  close(components.gated_relative_efficiency_reward(traj), want)
   close(
-      rewards.gated_relative_efficiency_reward(traj, lam=0.5),
+      components.gated_relative_efficiency_reward(traj, lam=0.5),
       0.5 * np.asarray(want),
   )
 
@@ -154,7 +160,7 @@ def test_gated_relative_efficiency_some_correct():
 
 def test_clip_transform():
   close(
-      rewards.clip_transform(jnp.array([[0.2, 0.7, 0.5]]), 0.5),
+      transforms.clip_transform(jnp.array([[0.2, 0.7, 0.5]]), 0.5),
       [[-0.3, 0.0, 0.0]],
   )
 
@@ -164,34 +170,36 @@ def test_delta_transform_telescopes():
       [[1.0, 2.0, 4.0, 9.0], [3.0, 5.0, 0.0, 0.0], [1.0, 7.0, 2.0, 3.0]]
   )
   m = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1, 1]], bool)
-  d = rewards.delta_transform(r, m)
+  d = transforms.delta_transform(r, m)
   # Row 2 has a hole: turn 1 is skipped, turn 0 pairs with turn 2.
   close(
       d, [[-1.0, -2.0, 4.0, 0.0], [-2.0, 5.0, 0.0, 0.0], [-1.0, 0.0, -1.0, 3.0]]
   )
   close(jnp.sum(d, axis=1), [1.0, 3.0, 1.0])  # = r at the first valid turn
-  close(rewards.delta_transform(r[0], m[0]), [-1.0, -2.0, 4.0, 0.0])
+  close(transforms.delta_transform(r[0], m[0]), [-1.0, -2.0, 4.0, 0.0])
 
 
 def test_min_form_values():
   r = jnp.array([[0.5, 0.2, 0.9, 0.1], [0.3, 0.8, 0.6, 0.7]])
   m = jnp.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
   close(
-      rewards.min_form_values(r, m),
+      transforms.min_form_values(r, m),
       [[0.2, 0.2, 0.9, 0.0], [0.3, 0.6, 0.6, 0.7]],
   )
 
 
 def test_saturating_transform():
   close(
-      rewards.saturating_transform(jnp.array([0.0, 1.0, -1.0])),
+      transforms.saturating_transform(jnp.array([0.0, 1.0, -1.0])),
       [0.5, 0.7310586, 0.2689414],
   )
-  close(rewards.saturating_transform(jnp.array([2.0]), 1.0, 2.0), [0.62245933])
+  close(
+      transforms.saturating_transform(jnp.array([2.0]), 1.0, 2.0), [0.62245933]
+  )
 
 
 def test_gated_accumulation_above_and_below_threshold():
-  out = rewards.gated_accumulation(
+  out = transforms.gated_accumulation(
       jnp.array([1.0, 0.0, 0.5]),
       jnp.array([[0.1, 0.2, 0.3], [0.1, 0.1, 0.1], [1.0, 1.0, 1.0]]),
       jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool),
@@ -209,22 +217,22 @@ def test_gated_accumulation_above_and_below_threshold():
 def test_flip_rewards():
   key = jax.random.PRNGKey(0)
   r = jnp.array([0.0, 1.0, 1.0, 0.0])
-  np.testing.assert_array_equal(rewards.flip_rewards(key, r, 0.0), r)
-  np.testing.assert_array_equal(rewards.flip_rewards(key, r, 1.0), 1.0 - r)
+  np.testing.assert_array_equal(noise.flip_rewards(key, r, 0.0), r)
+  np.testing.assert_array_equal(noise.flip_rewards(key, r, 1.0), 1.0 - r)
   pm = jnp.array([-1.0, 1.0])
   np.testing.assert_array_equal(
-      rewards.flip_rewards(key, pm, 1.0, low=-1.0, high=1.0), [1.0, -1.0]
+      noise.flip_rewards(key, pm, 1.0, low=-1.0, high=1.0), [1.0, -1.0]
   )
   big = jnp.zeros((8000,))
-  frac = float(jnp.mean(rewards.flip_rewards(key, big, 0.5)))
+  frac = float(jnp.mean(noise.flip_rewards(key, big, 0.5)))
   assert 0.47 < frac < 0.53
 
 
 def test_dither_rewards():
   key = jax.random.PRNGKey(1)
   r = jnp.full((20000,), 2.0)
-  np.testing.assert_array_equal(rewards.dither_rewards(key, r, 0.0), r)
-  x = np.asarray(rewards.dither_rewards(key, r, 0.5))
+  np.testing.assert_array_equal(noise.dither_rewards(key, r, 0.0), r)
+  x = np.asarray(noise.dither_rewards(key, r, 0.5))
   assert abs(x.mean() - 2.0) < 0.02
   assert abs(x.std() - 0.5) < 0.02
 
@@ -240,25 +248,27 @@ def test_compose_sum_and_product():
       "b": jnp.array([0.5, 0.5, 0.0, 1.0]),
   }
   close(
-      rewards.compose(parts, {"a": 1.0, "b": -2.0}, "sum"),
+      composition.compose(parts, {"a": 1.0, "b": -2.0}, "sum"),
       [0.0, -1.0, 1.0, -1.0],
   )
   close(
-      rewards.compose(parts, {"a": 1.0, "b": 1.0}, "product"),
+      composition.compose(parts, {"a": 1.0, "b": 1.0}, "product"),
       [0.5, 0.0, 0.0, 1.0],
   )
   close(
-      rewards.compose(parts, {"a": 3.0, "b": 0.0}, "product"),
+      composition.compose(parts, {"a": 3.0, "b": 0.0}, "product"),
       [1.0, 0.0, 1.0, 1.0],
   )  # weight 0 drops b; other weights ignored
   # A traced weight of 0 also drops the component.
-  f = jax.jit(lambda w: rewards.compose(parts, {"a": 1.0, "b": w}, "product"))
+  f = jax.jit(
+      lambda w: composition.compose(parts, {"a": 1.0, "b": w}, "product")
+  )
   close(f(0.0), [1.0, 0.0, 1.0, 1.0])
   close(f(1.0), [0.5, 0.0, 0.0, 1.0])
   with pytest.raises(ValueError, match="composition"):
-    rewards.compose(parts, {"a": 1.0}, "max")
+    composition.compose(parts, {"a": 1.0}, "max")
   with pytest.raises(ValueError, match="group_b"):
-    rewards.compose(parts, {"a": 1.0}, "gdpo")
+    composition.compose(parts, {"a": 1.0}, "gdpo")
 
 
 def test_compose_gdpo_hand_table_and_constant_component():
@@ -271,11 +281,11 @@ def test_compose_gdpo_hand_table_and_constant_component():
       "b": jnp.array([2.0, 1.0, 0.0, 3.0]),
       "c": jnp.array([3.0, 3.0, 3.0, 3.0]),
   }
-  out = rewards.compose(parts, {"a": 1.0, "b": 0.5, "c": 7.0}, "gdpo", g)
+  out = composition.compose(parts, {"a": 1.0, "b": 0.5, "c": 7.0}, "gdpo", g)
   close(out, [1.5, -0.5, -1.5, 0.5], rtol=1e-5)
-  only_c = rewards.compose(parts, {"c": 7.0}, "gdpo", g)
+  only_c = composition.compose(parts, {"c": 7.0}, "gdpo", g)
   np.testing.assert_array_equal(only_c, np.zeros(4, np.float32))
-  only_a = rewards.compose(parts, {"a": 1.0}, "gdpo", g)
+  only_a = composition.compose(parts, {"a": 1.0}, "gdpo", g)
   assert float(only_a[1]) == 0.0 and float(only_a[3]) == 0.0
 
 
@@ -290,30 +300,30 @@ def test_schedules():
   const = {"kind": "constant", "value": 0.3}
   steps = jnp.array([0, 2, 5, 10, 20])
   close(
-      jax.vmap(lambda s: rewards.schedule_value(lin, s))(steps),
+      jax.vmap(lambda s: schedules.schedule_value(lin, s))(steps),
       [1.0, 0.8, 0.5, 0.0, 0.0],
   )
   close(
-      jax.vmap(lambda s: rewards.schedule_value(cos, s))(steps),
+      jax.vmap(lambda s: schedules.schedule_value(cos, s))(steps),
       [1.0, 0.5 * (1 + math.cos(0.2 * math.pi)), 0.5, 0.0, 0.0],
       atol=1e-6,
   )
-  close(rewards.schedule_value(const, 123), 0.3)
+  close(schedules.schedule_value(const, 123), 0.3)
   up = {"kind": "linear", "start": 0.0, "end": 2.0, "steps": 4}
-  close(jax.jit(lambda s: rewards.schedule_value(up, s))(jnp.int32(1)), 0.5)
+  close(jax.jit(lambda s: schedules.schedule_value(up, s))(jnp.int32(1)), 0.5)
   with pytest.raises(ValueError, match="kind"):
-    rewards.schedule_value({"kind": "exp", "start": 1.0}, 0)
+    schedules.schedule_value({"kind": "exp", "start": 1.0}, 0)
   with pytest.raises(ValueError, match="keys"):
-    rewards.schedule_value({"kind": "linear", "start": 1.0, "end": 0.0}, 0)
+    schedules.schedule_value({"kind": "linear", "start": 1.0, "end": 0.0}, 0)
 
 
 def test_dual_ascent_update():
   # Constraint violated (3 > 2): lam grows; slack (1 < 2): lam shrinks.
-  close(rewards.dual_ascent_update(1.0, 3.0, 2.0, 0.5), 1.5)
-  close(rewards.dual_ascent_update(1.0, 1.0, 2.0, 0.5), 0.5)
+  close(dual_ascent.dual_ascent_update(1.0, 3.0, 2.0, 0.5), 1.5)
+  close(dual_ascent.dual_ascent_update(1.0, 1.0, 2.0, 0.5), 0.5)
   # Projection onto [lam_min, inf).
-  close(rewards.dual_ascent_update(0.2, 0.0, 2.0, 0.5), 0.0)
-  close(rewards.dual_ascent_update(0.2, 0.0, 2.0, 0.5, lam_min=0.1), 0.1)
+  close(dual_ascent.dual_ascent_update(0.2, 0.0, 2.0, 0.5), 0.0)
+  close(dual_ascent.dual_ascent_update(0.2, 0.0, 2.0, 0.5, lam_min=0.1), 0.1)
 
 
 # ---------------------------------------------------------------------------
@@ -329,7 +339,7 @@ def test_make_reward_fn_backward_compatible():
       errors=[0, 0, 0, 1],
       finish=[A, A, types.MAX_TURNS, A],
   )
-  fn = rewards.make_reward_fn({"correct": 1.0, "format": 0.1})
+  fn = factory.make_reward_fn({"correct": 1.0, "format": 0.1})
   total, parts = fn(traj)
   close(parts["correct"], [1.0, 0.0, 1.0, 1.0])
   close(parts["format"], [1.0, 1.0, 0.0, 0.0])
@@ -341,7 +351,7 @@ def test_make_reward_fn_backward_compatible():
 
 
 def test_make_reward_fn_errors():
-  mk = rewards.make_reward_fn
+  mk = factory.make_reward_fn
   with pytest.raises(ValueError, match="'nope'"):
     mk({"nope": 1.0})
   with pytest.raises(ValueError, match="at least one"):
@@ -375,7 +385,7 @@ def test_make_reward_fn_scheduled_jit_and_noise():
   traj = make_traj([1, 1, 0, 0], [1, 2, 0, 3], [0, 0, 0, 1])
   otc = [1.0, math.sin(4 / 3 * math.pi / 2), 0.0, 0.0]  # g(2, 1) = 4/3
   bonus = [0.5, 0.5, 0.0, 0.5]
-  fn = rewards.make_reward_fn(
+  fn = factory.make_reward_fn(
       {"correct": 1.0, "otc": 0.5, "tool_bonus": 123.0},
       params={"tool_bonus": {"b": 0.5}},
       schedules={
@@ -405,11 +415,11 @@ def test_make_reward_fn_scheduled_jit_and_noise():
   assert jitted._cache_size() == 1
 
   # Noise: flip_p = 1 with a binary 'correct' reward flips every row.
-  noisy = rewards.make_reward_fn({"correct": 1.0}, noise={"flip_p": 1.0})
+  noisy = factory.make_reward_fn({"correct": 1.0}, noise={"flip_p": 1.0})
   out, _ = jax.jit(noisy)(traj, 0, jax.random.PRNGKey(0))
   np.testing.assert_array_equal(out, [0.0, 0.0, 1.0, 1.0])
   # GDPO through the factory: correct in group 0 = (1, 1, 0) -> z-scores.
-  gd = rewards.make_reward_fn({"correct": 1.0}, composition="gdpo")
+  gd = factory.make_reward_fn({"correct": 1.0}, composition="gdpo")
   z, _ = gd(traj)
   s = math.sqrt(2.0 / 9.0)
   close(z, [1 / 3 / s, 1 / 3 / s, -2 / 3 / s, 0.0], rtol=1e-5)
@@ -463,7 +473,7 @@ def _dual_traj(perm):
 
 def test_tool_necessity_stats_hand_values():
   traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
-  st = rewards.tool_necessity_stats(
+  st = components.tool_necessity_stats(
       traj.facts["correct"],
       traj.facts["num_tool_calls"],
       traj.facts["tool_free"],
@@ -485,7 +495,7 @@ def test_tool_necessity_stats_hand_values():
 
 
 def test_dual_path_efficiency_reward_hand_values_any_row_order():
-  fn = jax.jit(rewards.dual_path_efficiency_reward)
+  fn = jax.jit(components.dual_path_efficiency_reward)
   for perm in (
       range(len(_DUAL_ROWS)),
       np.random.default_rng(0).permutation(len(_DUAL_ROWS)),
@@ -494,7 +504,7 @@ def test_dual_path_efficiency_reward_hand_values_any_row_order():
     close(fn(traj), want, rtol=1e-6, atol=1e-7)
   # Other weights: c = 1, b = 0 leaves only the acc_n-weighted call cost.
   traj, _ = _dual_traj(range(len(_DUAL_ROWS)))
-  got = rewards.dual_path_efficiency_reward(traj, c=1.0, b=0.0)
+  got = components.dual_path_efficiency_reward(traj, c=1.0, b=0.0)
   cost = {0: -0.5, 3: -1.0}
   want = [
       0.0 if r[1] or r[0] not in cost else cost[r[0]] * r[3] for r in _DUAL_ROWS
@@ -502,12 +512,12 @@ def test_dual_path_efficiency_reward_hand_values_any_row_order():
   close(got, want)
   # Without the fact (no tool-free episode anywhere) the component is 0.
   plain = make_traj([True, False], [1, 2], [0, 0])
-  close(rewards.dual_path_efficiency_reward(plain), [0.0, 0.0])
+  close(components.dual_path_efficiency_reward(plain), [0.0, 0.0])
 
 
 def test_dual_path_efficiency_through_make_reward_fn():
   traj, want = _dual_traj(range(len(_DUAL_ROWS)))
-  fn = rewards.make_reward_fn(
+  fn = factory.make_reward_fn(
       {"correct": 1.0, "dual_path_efficiency": 2.0},
       params={"dual_path_efficiency": {"c": 0.1, "b": 0.5}},
   )
@@ -520,7 +530,7 @@ def test_dual_path_efficiency_through_make_reward_fn():
       atol=1e-6,
   )
   with pytest.raises(ValueError, match="unknown param 'lam'"):
-    rewards.make_reward_fn(
+    factory.make_reward_fn(
         {"dual_path_efficiency": 1.0},
         params={"dual_path_efficiency": {"lam": 1.0}},
     )
@@ -538,21 +548,21 @@ def test_components_and_compositions_under_jit_and_vmap():
 
   def all_parts(traj):
     parts = {
-        "otc": rewards.otc_reward(traj),
-        "gre": rewards.gated_relative_efficiency_reward(traj),
-        "dual": rewards.dual_path_efficiency_reward(traj),
-        "correct": rewards.correct_reward(traj),
+        "otc": components.otc_reward(traj),
+        "gre": components.gated_relative_efficiency_reward(traj),
+        "dual": components.dual_path_efficiency_reward(traj),
+        "correct": components.correct_reward(traj),
     }
-    parts["product"] = rewards.compose(
+    parts["product"] = composition.compose(
         {"a": parts["correct"], "b": parts["otc"]},
         {"a": 1.0, "b": 1.0},
         "product",
     )
-    parts["gdpo"] = rewards.compose(
+    parts["gdpo"] = composition.compose(
         parts, {"otc": 1.0, "gre": 0.5}, "gdpo", group_b=traj.group
     )
     steps = jnp.ones((traj.group.shape[0], 2)) * 0.1
-    parts["gra"] = rewards.gated_accumulation(
+    parts["gra"] = transforms.gated_accumulation(
         parts["correct"], steps, jnp.ones_like(steps, bool), 1.0
     )
     return parts
@@ -575,8 +585,8 @@ def test_call_score_reward_reads_the_fact():
   traj = traj.replace(
       facts={**traj.facts, "call_score": jnp.array([1.0, 0.25, 0.0])}
   )
-  r = rewards.call_score_reward(traj)
+  r = components.call_score_reward(traj)
   assert r.dtype == jnp.float32
   close(r, [1.0, 0.25, 0.0])
-  total, _ = rewards.make_reward_fn({"call_score": 2.0, "correct": 1.0})(traj)
+  total, _ = factory.make_reward_fn({"call_score": 2.0, "correct": 1.0})(traj)
   close(total, [3.0, 0.5, 1.0])

@@ -16,7 +16,8 @@ from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import reward_models as rm
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import factory
 from agentic_rl import reward_model_loader
 from agentic_rl import rm_train
 from agentic_rl import train
@@ -186,28 +187,28 @@ def test_rm_reward_component_transforms_hand_values():
       }
   )
   np.testing.assert_allclose(
-      rewards.rm_reward(traj),
+      components.rm_reward(traj),
       [1 / (1 + math.exp(-2)), 1 / (1 + math.e)],
       rtol=1e-6,
   )
   np.testing.assert_allclose(
-      rewards.rm_reward(traj, transform="sigmoid", ref=1.0, temperature=2.0),
+      components.rm_reward(traj, transform="sigmoid", ref=1.0, temperature=2.0),
       [1 / (1 + math.exp(-0.5)), 1 / (1 + math.e)],
       rtol=1e-6,
   )
   np.testing.assert_allclose(
-      rewards.rm_reward(traj, transform="tanh"),
+      components.rm_reward(traj, transform="tanh"),
       [math.tanh(2.0), math.tanh(-1.0)],
       rtol=1e-6,
   )
   # clip: min(s - eta, 0) with eta = 0.5 -> [0, -1.5].
   np.testing.assert_allclose(
-      rewards.rm_reward(traj, transform="clip", eta=0.5), [0.0, -1.5]
+      components.rm_reward(traj, transform="clip", eta=0.5), [0.0, -1.5]
   )
   np.testing.assert_allclose(
-      rewards.rm_reward(traj, transform="none"), [2.0, -1.0]
+      components.rm_reward(traj, transform="none"), [2.0, -1.0]
   )
-  fn = rewards.make_reward_fn(
+  fn = factory.make_reward_fn(
       {"rm": 1.0, "correct": 0.5},
       params={"rm": {"transform": "clip", "eta": 0.5}},
   )
@@ -215,9 +216,9 @@ def test_rm_reward_component_transforms_hand_values():
   np.testing.assert_allclose(total, [0.5, -1.5])
   np.testing.assert_allclose(parts["rm"], [0.0, -1.5])
   with pytest.raises(ValueError, match="transform"):
-    rewards.make_reward_fn({"rm": 1.0}, params={"rm": {"transform": "exp"}})
+    factory.make_reward_fn({"rm": 1.0}, params={"rm": {"transform": "exp"}})
   with pytest.raises(ValueError, match="temperature"):
-    rewards.make_reward_fn({"rm": 1.0}, params={"rm": {"temperature": 0.0}})
+    factory.make_reward_fn({"rm": 1.0}, params={"rm": {"temperature": 0.0}})
 
 
 def test_monitor_metrics_hand_values():

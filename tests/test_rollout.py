@@ -97,12 +97,12 @@ def test_format_error_finish():
 
 
 def test_truncated_episode_never_gets_the_correct_reward():
-  from agentic_rl import rewards
+  from agentic_rl.rewards import factory
 
   env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
   traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=28)
   assert int(traj.finish[0]) == types.TRUNCATED
-  reward, parts = rewards.make_reward_fn({"correct": 1.0, "format": 0.1})(traj)
+  reward, parts = factory.make_reward_fn({"correct": 1.0, "format": 0.1})(traj)
   assert float(reward[0]) == 0.0 and float(parts["correct"][0]) == 0.0
 
 

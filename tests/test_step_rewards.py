@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from agentic_rl import learner
-from agentic_rl import rewards
+from agentic_rl.rewards import step_rewards
+from agentic_rl.rewards import transforms
 from agentic_rl import types
 from agentic_rl import validation
 from configs import default
@@ -64,10 +65,10 @@ def _arrays():
   return p, scored, mask, outcome
 
 
-@pytest.mark.parametrize("transform", rewards.STEP_REWARD_TRANSFORMS)
+@pytest.mark.parametrize("transform", step_rewards.STEP_REWARD_TRANSFORMS)
 def test_step_turn_rewards_hand_values(transform):
   p, scored, mask, outcome = _arrays()
-  out = rewards.step_turn_rewards(
+  out = step_rewards.step_turn_rewards(
       p,
       scored,
       mask,
@@ -84,11 +85,11 @@ def test_episode_totals_match_the_bounds_and_gated_accumulation():
   p, scored, mask, outcome = _arrays()
   tot = {
       t: np.asarray(
-          rewards.step_turn_rewards(
+          step_rewards.step_turn_rewards(
               p, scored, mask, outcome, transform=t, coef=C
           ).sum(1)
       )
-      for t in rewards.STEP_REWARD_TRANSFORMS
+      for t in step_rewards.STEP_REWARD_TRANSFORMS
   }
   # Clip: <= 0; Delta: c * p(first call) = c; min-form: c * min over all calls.
   np.testing.assert_allclose(tot["clip"], [-0.5, 0])
@@ -96,30 +97,35 @@ def test_episode_totals_match_the_bounds_and_gated_accumulation():
   # Delta with the last step dropped: c * (p_first - p_last) = 0 for both.
   np.testing.assert_allclose(tot["delta_drop"], [0, 0])
   np.testing.assert_allclose(tot["min"], [0, 0.5])
-  # Gated, summed per episode = G-RA's R - o (rewards.gated_accumulation).
-  ref = rewards.gated_accumulation(outcome, C * p * scored, mask, 1.0) - outcome
+  # Gated, summed per episode = G-RA's R - o (transforms.gated_accumulation).
+  ref = (
+      transforms.gated_accumulation(outcome, C * p * scored, mask, 1.0)
+      - outcome
+  )
   np.testing.assert_allclose(tot["gated"], ref)
 
 
 def test_min_form_turn_rewards_reward_to_go_is_min_form_values():
-  # Every valid turn scored: the reward-to-go equals rewards.min_form_values.
+  # Every valid turn scored: the reward-to-go equals transforms.min_form_values.
   r = jnp.array([[0.3, 0.9, 0.5, 0.7], [0.8, 0.2, 0.6, 0.0]])
   mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)
-  out = rewards.min_form_turn_rewards(r, mask, mask)
+  out = step_rewards.min_form_turn_rewards(r, mask, mask)
   rtg = np.cumsum(np.asarray(out)[:, ::-1], 1)[:, ::-1]
-  np.testing.assert_allclose(rtg, rewards.min_form_values(r, mask), atol=1e-7)
+  np.testing.assert_allclose(
+      rtg, transforms.min_form_values(r, mask), atol=1e-7
+  )
   np.testing.assert_allclose(rtg[0], [0.3, 0.5, 0.5, 0.7], atol=1e-7)
   np.testing.assert_allclose(rtg[1], [0.2, 0.2, 0.6, 0], atol=1e-7)
 
 
-@pytest.mark.parametrize("transform", rewards.STEP_REWARD_TRANSFORMS)
+@pytest.mark.parametrize("transform", step_rewards.STEP_REWARD_TRANSFORMS)
 def test_a_repeated_valid_call_pays_only_under_sum_and_gated(transform):
   """One more repeated valid call before the answer: the return at turn 0
   rises by c under the unbounded forms and not at all under clip/delta/min."""
   p = jnp.array([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], jnp.float32)
   scored = p.astype(bool)
   mask = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], bool)
-  out = rewards.step_turn_rewards(
+  out = step_rewards.step_turn_rewards(
       p, scored, mask, jnp.ones(2), transform=transform, coef=C
   )
   gain = float(out[1].sum() - out[0].sum())
@@ -148,7 +154,7 @@ def test_return_of_calling_vs_answering_at_the_same_turn(
   scored = jnp.array([[1, 0, 0], [1, 1, 0]], bool)
   mask = jnp.array([[1, 1, 0], [1, 1, 1]], bool)
   out = np.asarray(
-      rewards.step_turn_rewards(
+      step_rewards.step_turn_rewards(
           p, scored, mask, jnp.ones(2), transform=transform, coef=C
       )
   )
@@ -203,7 +209,7 @@ def _rl(transform):
 
 
 @pytest.mark.parametrize(
-    "transform", ("none",) + rewards.STEP_REWARD_TRANSFORMS
+    "transform", ("none",) + step_rewards.STEP_REWARD_TRANSFORMS
 )
 def test_token_advantages_per_turn_hand_values(transform):
   """Through learner.token_advantages: turn 0 and turn 1 are shared by A and B
@@ -252,7 +258,7 @@ def _kv_config(**rl):
 
 
 def test_valid_step_reward_configs_pass():
-  for t in rewards.STEP_REWARD_TRANSFORMS:
+  for t in step_rewards.STEP_REWARD_TRANSFORMS:
     validation.validate_config(_kv_config(step_reward_transform=t))
 
 
@@ -389,11 +395,13 @@ def test_masked_quantile_matches_numpy():
     m[0, 0] = True
     for q in (0.0, 0.1, 0.5, 0.9, 1.0):
       want = np.quantile(x[m], q)
-      got = float(rewards.masked_quantile(jnp.asarray(x), jnp.asarray(m), q))
+      got = float(
+          step_rewards.masked_quantile(jnp.asarray(x), jnp.asarray(m), q)
+      )
       np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   assert (
       float(
-          rewards.masked_quantile(
+          step_rewards.masked_quantile(
               jnp.ones((2, 2)), jnp.zeros((2, 2), bool), 0.5
           )
       )

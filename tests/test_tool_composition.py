@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from agentic_rl import call_rewards as cr
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import factory
 from agentic_text import tokenizers as tk
 from environments import schema_calls as sc
 from tests import fakes
@@ -188,8 +189,8 @@ TOOLRLA = {
 
 
 def test_multiplicative_vs_additive(constraint_eps):
-  mult = rewards.make_reward_fn(TOOLRLA, composition="product")
-  add = rewards.make_reward_fn(TOOLRLA, composition="sum")
+  mult = factory.make_reward_fn(TOOLRLA, composition="product")
+  add = factory.make_reward_fn(TOOLRLA, composition="sum")
   # f s p c: 1, 1*1*1*0 = 0, 1*0*0*1 = 0, 1*1*0.75*1 = 0.75.
   np.testing.assert_allclose(
       jax.jit(mult)(constraint_eps)[0], [1.0, 0.0, 0.0, 0.75], rtol=1e-6
@@ -201,23 +202,23 @@ def test_multiplicative_vs_additive(constraint_eps):
 
 
 def test_registered_defaults():
-  assert rewards.REWARD_PARAM_DEFAULTS["ref_match"] == dict(
+  assert components.REWARD_PARAM_DEFAULTS["ref_match"] == dict(
       w_format=1.0, w_match=1.0, w_answer=1.0, exact=False
   )
   for name in ("call_format", "call_params", "call_constraint"):
-    assert rewards.REWARD_PARAM_DEFAULTS[name] == {}
+    assert components.REWARD_PARAM_DEFAULTS[name] == {}
 
 
 def test_bad_keys_raise():
   with pytest.raises(ValueError, match="ref_match: exact must be a bool"):
-    rewards.make_reward_fn(
+    factory.make_reward_fn(
         {"ref_match": 1.0}, params={"ref_match": {"exact": 1}}
     )
   with pytest.raises(
       ValueError,
       match="unknown param 'w' of reward component " "'call_constraint'",
   ):
-    rewards.make_reward_fn(
+    factory.make_reward_fn(
         {"call_constraint": 1.0}, params={"call_constraint": {"w": 1.0}}
     )
   with pytest.raises(ValueError, match="expert_violation_prob"):

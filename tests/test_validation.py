@@ -241,7 +241,7 @@ def test_optional_fields_and_open_blocks_are_accepted():
   config.mode = "rl"
   config.tokenizer = "byte"
   config.rl.step_reward = "none"
-  config.rl.rewards.tool_bonus = 0.1  # reward names: checked by rewards.py
+  config.rl.rewards.tool_bonus = 0.1  # reward names: rewards/components.py
   validation.validate_config(config)
 
 

@@ -16,7 +16,7 @@ from agentic_rl import padding
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
 from agentic_rl import host_rollout
-from agentic_rl import rewards
+from agentic_rl.rewards import factory
 from agentic_rl import rollout
 from agentic_rl import tree_rollout
 from agentic_rl import sharding
@@ -260,7 +260,7 @@ def make_collect_fn(
   num_tasks = rl_cfg.batch_size // group_size
   max_turns = env.max_turns
   temperature = rl_cfg.temperature
-  reward_fn = rewards.reward_fn_from_config(config.rl)
+  reward_fn = factory.reward_fn_from_config(config.rl)
   sft_steps = config.sft.steps
   over = rl_cfg.dynamic_sampling_oversample
   tree_branching = tuple(rl_cfg.tree_branching)

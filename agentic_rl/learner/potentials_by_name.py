@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import credit
-from agentic_rl import rewards
+from agentic_rl.rewards import sanitize
 from agentic_rl import sampling
 from agentic_text import tokenizers
 from agentic_rl import types
@@ -118,8 +118,8 @@ def value_potential(
 
 def progress_potential(ctx: PotentialContext) -> jax.Array:
   """'progress': the environment's fact 'progress' [B, K + 1] (a non-finite
-  entry reads as 0; `rewards.finite_or_zero`)."""
-  return rewards.finite_or_zero(ctx.traj.facts["progress"])
+  entry reads as 0; `sanitize.finite_or_zero`)."""
+  return sanitize.finite_or_zero(ctx.traj.facts["progress"])
 
 
 def trace_potential(ctx: PotentialContext) -> jax.Array:
@@ -157,7 +157,7 @@ def rm_potential(ctx: PotentialContext) -> jax.Array:
   """'rm': the frozen learned reward model's per-state potential, env fact
   'rm_potential' [B, K + 1] written by the collect stage
   (`reward_models.trajectory_rm_outputs`); a non-finite entry reads as 0."""
-  return rewards.finite_or_zero(ctx.traj.facts["rm_potential"])
+  return sanitize.finite_or_zero(ctx.traj.facts["rm_potential"])
 
 
 def obs_prediction_potential(ctx: PotentialContext) -> jax.Array:

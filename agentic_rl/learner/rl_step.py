@@ -13,7 +13,9 @@ from agentic_rl import losses
 from agentic_rl import padding
 from agentic_rl import replay as replay_lib
 from agentic_rl import reward_models
-from agentic_rl import rewards
+from agentic_rl.rewards import components
+from agentic_rl.rewards import dual_ascent
+from agentic_rl.rewards import sanitize
 from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import transformer
@@ -62,7 +64,7 @@ def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
 def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
   """Tool-necessity metrics of a dual-path batch (facts['tool_free'] set).
 
-  Per group (`rewards.tool_necessity_stats`): acc_t (tool-enabled accuracy),
+  Per group (`components.tool_necessity_stats`): acc_t (tool-enabled accuracy),
   acc_n (tool-free accuracy), necessity = acc_t - acc_n. Logged: the two
   accuracies over their episodes, the mean necessity over groups, the share
   of groups where tools are needed (acc_n = 0 < acc_t) or unneeded
@@ -76,7 +78,7 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
   free = facts["tool_free"]
   correct = facts["correct"].astype(bool)
   calls = facts["num_tool_calls"].astype(jnp.float32)
-  st = rewards.tool_necessity_stats(
+  st = components.tool_necessity_stats(
       correct, calls.astype(jnp.int32), free, traj.group
   )
   f32 = lambda x: x.astype(jnp.float32)
@@ -118,7 +120,7 @@ def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
 
   'max' (E[g] <= target): lam' = max(0, lam + lr (observed - target));
   'min' (E[g] >= target): lam' = max(0, lam + lr (target - observed))
-  (`rewards.dual_ascent_update`; RCPO, arXiv:1805.11074).
+  (`dual_ascent.dual_ascent_update`; RCPO, arXiv:1805.11074).
 
   Args:
     rl_cfg: the `rl` config block (dual_sense, dual_target, dual_lr).
@@ -129,7 +131,7 @@ def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
     float32 scalar.
   """
   sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
-  return rewards.dual_ascent_update(
+  return dual_ascent.dual_ascent_update(
       lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr
   )
 
@@ -290,7 +292,7 @@ def make_rl_step(
       if f"num_{name}" in facts:
         metrics[name] = jnp.sum(facts[f"num_{name}"]).astype(jnp.float32)
     metrics["reward_nonfinite_inputs"] = jnp.sum(
-        rewards.nonfinite_fact_counts(facts)
+        sanitize.nonfinite_fact_counts(facts)
     ).astype(jnp.float32)
     # Episode length in turns and repeated calls (step-reward hacking).
     metrics["turns"] = f32(traj.num_turns)
@@ -299,7 +301,9 @@ def make_rl_step(
     if reward_model is not None:
       # Gold-verifier over-optimisation monitor (Gao et al., arXiv:2210.10760).
       rm_r = (
-          parts["rm"] if "rm" in parts else rewards.rm_reward(traj, **rm_params)
+          parts["rm"]
+          if "rm" in parts
+          else components.rm_reward(traj, **rm_params)
       )
       metrics.update(reward_models.monitor_metrics(rm_r, facts["correct"]))
       metrics["rm_score"] = jnp.mean(facts["rm_score"])

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from agentic_rl import advantages
 from agentic_rl import credit
-from agentic_rl import rewards
+from agentic_rl.rewards import sanitize
+from agentic_rl.rewards import step_rewards
 from agentic_rl import types
 
 
@@ -90,10 +91,10 @@ def step_scores_bk(
 def step_clip_eta(rl_cfg, p_bk: jax.Array, scored_bk: jax.Array):
   """The 'clip' threshold: `rl.step_reward_clip_eta`, or with
   `rl.step_reward_clip_quantile` = q > 0 the q-quantile of the batch's scored
-  step scores (`rewards.masked_quantile`, a float32 scalar)."""
+  step scores (`step_rewards.masked_quantile`, a float32 scalar)."""
   q = rl_cfg.step_reward_clip_quantile
   if q > 0:
-    return rewards.masked_quantile(p_bk, scored_bk, q)
+    return step_rewards.masked_quantile(p_bk, scored_bk, q)
   return rl_cfg.step_reward_clip_eta
 
 
@@ -106,7 +107,7 @@ def step_rewards_bk(
   well-formed call that returned a value; repeats are paid again) on the
   tool-call turns (fact 'tool_call_turn'); transformed by
   `rl.step_reward_transform` ('sum', 'clip', 'delta', 'min', 'gated') and
-  scaled by `rl.step_reward_coef` (rewards.step_turn_rewards; Clipping /
+  scaled by `rl.step_reward_coef` (step_rewards.step_turn_rewards; Clipping /
   Delta arXiv:2410.15115, PURE arXiv:2504.15275, G-RA docs/papers.md). The
   gate of 'gated' reads `reward_b`, the episode's composed outcome reward.
   Added to the per-turn rewards of `rl.credit='per_turn'` before the
@@ -118,7 +119,7 @@ def step_rewards_bk(
   happened, the answer turn included.
 
   `rl.step_reward_clip_quantile` = q in (0, 1] ('clip' only): eta is the
-  q-quantile of this batch's scored step scores (`rewards.masked_quantile`)
+  q-quantile of this batch's scored step scores (`step_rewards.masked_quantile`)
   instead of the fixed `rl.step_reward_clip_eta`; 0 = the fixed eta.
   """
   k = max_turns
@@ -127,7 +128,7 @@ def step_rewards_bk(
     return jnp.zeros(turn_mask.shape, jnp.float32)
   p_bk, scored = step_scores_bk(rl_cfg, traj, k)
   eta = step_clip_eta(rl_cfg, p_bk, scored)
-  return rewards.step_turn_rewards(
+  return step_rewards.step_turn_rewards(
       p_bk,
       scored,
       turn_mask,
@@ -475,7 +476,7 @@ def token_advantages(
         rl_cfg,
         pbrs_coef
         * (
-            rewards.finite_or_zero(traj.facts["progress"])
+            sanitize.finite_or_zero(traj.facts["progress"])
             if phi_bk1 is None
             else phi_bk1
         ),

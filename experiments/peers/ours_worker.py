@@ -47,7 +47,7 @@ class BenchEnv:
   turn of exactly `max_action_len` tokens (no stop tokens: `stop_tokens` is
   empty); the turn ends the episode. Facts: 'call_score' = the share of the
   turn's tokens with an even id (common.text_reward's count; the reward,
-  rewards.call_score_reward), 'correct' = any such token, and the protocol's required facts (answered,
+  rewards.components.call_score_reward), 'correct' = any such token, and the protocol's required facts (answered,
   no format error, no tool calls).
   """
 

@@ -29,7 +29,7 @@ def get_config(arg: str | None = "GRPO") -> ml_collections.ConfigDict:
   config = smollm2_calc.get_config("smoke" if size == "smoke" else None)
   if arm == "OTC":
     # OTC-PO's tool-integrated reward (paper form, c = 1) in place of the
-    # correctness term, plus the same format term (rewards.otc_reward).
+    # correctness term, plus the same format term (rewards.components.otc_reward).
     config.rl.rewards = ml_collections.ConfigDict(dict(otc=1.0, format=0.1))
   if arm == "MT-GRPO":
     # Turn-level credit (MT-GRPO, arXiv:2505.11821, our form): per-turn

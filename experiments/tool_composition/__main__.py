@@ -105,13 +105,13 @@ def depth_eval(cfg, params):
 
 def _arm_reward_fns():
   """Arm name -> (reward_fn, maximum reward) built from the arms' own configs."""
-  from agentic_rl import rewards  # pylint: disable=g-import-not-at-top
+  from agentic_rl.rewards import factory  # pylint: disable=g-import-not-at-top
 
   out = {}
   for arm in config.ARMS:
     c = config.get_config(arm)
     out[arm] = (
-        rewards.reward_fn_from_config(c.rl),
+        factory.reward_fn_from_config(c.rl),
         1.0 if arm in ("additive", "multiplicative") else 4.0,
     )
   return out
