@@ -1,7 +1,7 @@
 """GRPO on BFCL single-turn function calling (simple + multiple), host environment.
 
 Task: a BFCL question with its function signatures in the prompt
-(environments/host/bfcl.py); the policy answers in one turn with the call(s), in
+(environments/host/bfcl/single_turn.py); the policy answers in one turn with the call(s), in
 any format the parser accepts (`<call>f(a=1)</call>` with the byte tokenizer,
 `<tool_call>{json}</tool_call>` with an HF chat tokenizer). Reward: BFCL's verdict
 (`correct`, our checker, 100% agreement with BFCL's AST checker on the shipped
@@ -41,7 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # e.g. --config.model.hf_path=DIR --config.tokenizer=hf --config.sft.steps=0.
   config.tokenizer = "byte"
 
-  # Environment: environments/host/bfcl.py (host: rollout via host_rollout.py).
+  # Environment: environments/host/bfcl/ (host: rollout via host_rollout.py).
   config.env = ml_collections.ConfigDict(
       dict(
           name="bfcl",

@@ -1,6 +1,6 @@
 """GRPO on BFCL function calling with SmolLM2-135M-Instruct (4-bit dequantised).
 
-Task: BFCL single-turn 'simple' + 'multiple' (environments/host/bfcl.py), data
+Task: BFCL single-turn 'simple' + 'multiple' (environments/host/bfcl/), data
 from the installed `bfcl-eval` wheel. The prompt is the checkpoint's ChatML
 template: a system message with the tools as JSON schemas in <tools> tags and
 the call format (SmolLM2-Instruct's function-calling prompt), then the
@@ -59,7 +59,7 @@ from configs import smollm2_common
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = smollm2_common.base("smollm2_bfcl")
-  # Environment: environments/host/bfcl.py (chat format with the HF tokenizer).
+  # Environment: environments/host/bfcl/ (chat format with the HF tokenizer).
   config.env = ml_collections.ConfigDict(
       dict(
           name="bfcl",

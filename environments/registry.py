@@ -36,8 +36,10 @@ BASE_ENVS = {
     "schema_calls": schema_calls.SchemaCallsEnv,
     "clarification": clarification.ClarificationEnv,
     # Host environments (environments/host/README.md).
-    "bfcl": _lazy("environments.host.bfcl", "BFCLEnv"),
-    "bfcl_multi_turn": _lazy("environments.host.bfcl", "BFCLMultiTurnEnv"),
+    "bfcl": _lazy("environments.host.bfcl.single_turn", "BFCLEnv"),
+    "bfcl_multi_turn": _lazy(
+        "environments.host.bfcl.multi_turn", "BFCLMultiTurnEnv"
+    ),
     "chat_arithmetic_host": _lazy(
         "environments.host.chat_arithmetic", "HostChatArithmeticEnv"
     ),

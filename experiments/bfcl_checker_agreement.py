@@ -10,7 +10,7 @@ parameter, omissible ones left out) and four perturbations of it:
                    possible-answer list (type-preserving where possible);
   missing_call:    the last call dropped.
 
-Each answer is judged by environments/host/bfcl.check_calls and by
+Each answer is judged by environments/host/bfcl/checker.py check_calls and by
 bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker (imported from the
 installed wheel; its import of the model registry, which needs every API
 client, is replaced by a stub that maps our model name to a config without
@@ -28,7 +28,8 @@ import json
 import sys
 import types as pytypes
 
-from environments.host import bfcl
+from environments.host.bfcl import checker as bfcl_checker
+from environments.host.bfcl import data as bfcl_data
 from environments.host import parsers
 
 MODEL = "agentic-rl-checker"
@@ -89,7 +90,7 @@ def _bad_value(value, possible):
 
 def perturbations(gt, functions=()):
   """(kind, calls) pairs: the gold answer and its four perturbations."""
-  gold = bfcl.gold_calls(gt, functions)
+  gold = bfcl_checker.gold_calls(gt, functions)
   out = [("gold", gold)]
   first = gold[0]
   out.append(
@@ -117,11 +118,11 @@ def to_bfcl_output(calls):
   return [{c.name: copy.deepcopy(c.arguments)} for c in calls]
 
 
-def run(limit: int | None = None, categories=bfcl.SINGLE_TURN) -> dict:
+def run(limit: int | None = None, categories=bfcl_data.SINGLE_TURN) -> dict:
   ast_checker, language = load_bfcl_ast_checker()
   report = {}
   for cat in categories:
-    tasks = bfcl.load_category(cat)[:limit]
+    tasks = bfcl_data.load_category(cat)[:limit]
     stats = {}
     for task in tasks:
       for kind, calls in perturbations(task.ground_truth, task.functions):
@@ -136,7 +137,7 @@ def run(limit: int | None = None, categories=bfcl.SINGLE_TURN) -> dict:
           )["valid"]
         except Exception:  # noqa: BLE001 -- BFCL's checker crashing is a reject
           theirs = False
-        ours = bfcl.check_calls(
+        ours = bfcl_checker.check_calls(
             task.functions, calls, task.ground_truth, cat
         ).valid
         s = stats.setdefault(

@@ -1,4 +1,4 @@
-"""Tests of environments/host/bfcl.py: the call checker (hand cases and agreement
+"""Tests of environments/host/bfcl/: the call checker (hand cases and agreement
 with BFCL's own AST checker on a sample), and both BFCL host environments."""
 
 import os
@@ -12,21 +12,26 @@ from hypothesis import strategies as st
 pytest.importorskip("bfcl_eval")
 
 from agentic_text import tokenizers as tok  # noqa: E402
-from environments.host import bfcl  # noqa: E402
+from environments.host.bfcl import checker as bfcl_checker  # noqa: E402
+from environments.host.bfcl import data as bfcl_data  # noqa: E402
+from environments.host.bfcl import multi_turn as bfcl_multi_turn  # noqa: E402
+from environments.host.bfcl import single_turn as bfcl_single_turn  # noqa: E402
 from environments.host.parsers import ToolCall  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import bfcl_checker_agreement as agreement  # noqa: E402
 
-TRI = bfcl.load_category("simple")[
+TRI = bfcl_data.load_category("simple")[
     0
 ]  # calculate_triangle_area(base, height, unit?)
 BYTES = tok.ByteTokenizer()
 
 
 def test_data_is_read_from_the_installed_wheel():
-  assert os.path.isdir(bfcl.data_dir())
-  assert [len(bfcl.load_category(c)) for c in bfcl.CATEGORY_FILES] == [
+  assert os.path.isdir(bfcl_data.data_dir())
+  assert [
+      len(bfcl_data.load_category(c)) for c in bfcl_data.CATEGORY_FILES
+  ] == [
       400,
       200,
       200,
@@ -47,7 +52,7 @@ def test_data_is_read_from_the_installed_wheel():
 
 def test_checker_hand_cases():
   f, gt = TRI.functions, TRI.ground_truth
-  ok = bfcl.check_calls(
+  ok = bfcl_checker.check_calls(
       f,
       [ToolCall("calculate_triangle_area", {"base": 10, "height": 5})],
       gt,
@@ -55,7 +60,7 @@ def test_checker_hand_cases():
   )
   assert ok.valid and ok.score == 1.0 and ok.error is None
   # BFCL string standardisation: case, spaces and punctuation are ignored.
-  ok2 = bfcl.check_calls(
+  ok2 = bfcl_checker.check_calls(
       f,
       [
           ToolCall(
@@ -68,7 +73,7 @@ def test_checker_hand_cases():
   )
   assert ok2.valid
   # One wrong value of 3 parameter fields (unit omitted, allowed): (1 + 2) / (1 + 3).
-  bad = bfcl.check_calls(
+  bad = bfcl_checker.check_calls(
       f,
       [ToolCall("calculate_triangle_area", {"base": 10, "height": 6})],
       gt,
@@ -77,14 +82,14 @@ def test_checker_hand_cases():
   assert not bad.valid and bad.score == pytest.approx(0.75)
   assert bad.error == "wrong value for 'height'"
   # bool is not an integer (exact types, as BFCL).
-  assert not bfcl.check_calls(
+  assert not bfcl_checker.check_calls(
       f,
       [ToolCall("calculate_triangle_area", {"base": True, "height": 5})],
       gt,
       "simple",
   ).valid
   # Unexpected parameter: 4 fields, 3 right -> (1 + 3) / (1 + 4).
-  extra = bfcl.check_calls(
+  extra = bfcl_checker.check_calls(
       f,
       [
           ToolCall(
@@ -98,42 +103,49 @@ def test_checker_hand_cases():
   assert not extra.valid and extra.score == pytest.approx(0.8)
   # Wrong function: 0; two calls for one gold: verdict False, score halved.
   assert (
-      bfcl.check_calls(f, [ToolCall("area", {"base": 10})], gt, "simple").score
+      bfcl_checker.check_calls(
+          f, [ToolCall("area", {"base": 10})], gt, "simple"
+      ).score
       == 0.0
   )
-  two = bfcl.check_calls(
+  two = bfcl_checker.check_calls(
       f,
       [ToolCall("calculate_triangle_area", {"base": 10, "height": 5})] * 2,
       gt,
       "simple",
   )
   assert not two.valid and two.score == pytest.approx(0.5)
-  assert not bfcl.check_calls(f, [], gt, "simple").valid
+  assert not bfcl_checker.check_calls(f, [], gt, "simple").valid
 
 
 def test_value_rules():
-  assert bfcl.value_ok({"type": "float"}, 3, [3.0])  # int -> float promotion
-  assert not bfcl.value_ok({"type": "integer"}, 3.0, [3])
-  assert bfcl.value_ok(
+  # int -> float promotion
+  assert bfcl_checker.value_ok({"type": "float"}, 3, [3.0])
+  assert not bfcl_checker.value_ok({"type": "integer"}, 3.0, [3])
+  assert bfcl_checker.value_ok(
       {"type": "tuple", "items": {"type": "integer"}}, (1, 2), [[1, 2]]
   )
-  assert bfcl.value_ok(
+  assert bfcl_checker.value_ok(
       {"type": "array", "items": {"type": "string"}},
       ["New York"],
       [["new york"]],
   )
-  assert bfcl.value_ok({"type": "dict"}, {"a": 1}, [{"a": [1], "b": ["", 2]}])
-  assert not bfcl.value_ok({"type": "dict"}, {"a": 1}, [{"a": [1], "b": [2]}])
+  assert bfcl_checker.value_ok(
+      {"type": "dict"}, {"a": 1}, [{"a": [1], "b": ["", 2]}]
+  )
+  assert not bfcl_checker.value_ok(
+      {"type": "dict"}, {"a": 1}, [{"a": [1], "b": [2]}]
+  )
 
 
 def test_parallel_calls_match_in_any_order():
-  task = bfcl.load_category("parallel")[0]
-  gold = bfcl.gold_calls(task.ground_truth, task.functions)
+  task = bfcl_data.load_category("parallel")[0]
+  gold = bfcl_checker.gold_calls(task.ground_truth, task.functions)
   assert len(gold) >= 2
-  assert bfcl.check_calls(
+  assert bfcl_checker.check_calls(
       task.functions, gold[::-1], task.ground_truth, "parallel"
   ).valid
-  assert not bfcl.check_calls(
+  assert not bfcl_checker.check_calls(
       task.functions, gold[:1], task.ground_truth, "parallel"
   ).valid
 
@@ -159,7 +171,9 @@ def test_agreement_with_bfcl_ast_checker_on_a_sample():
 
 @pytest.fixture(scope="module")
 def env():
-  return bfcl.BFCLEnv(categories=("simple", "parallel"), max_action_len=512)
+  return bfcl_single_turn.BFCLEnv(
+      categories=("simple", "parallel"), max_action_len=512
+  )
 
 
 def test_single_turn_env_expert_and_malformed(env):
@@ -207,10 +221,10 @@ def test_random_actions_never_raise(env, text):
 
 
 def test_multi_turn_expert_is_correct_and_noop_is_not():
-  env = bfcl.BFCLMultiTurnEnv(
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(
       max_turns=20, max_action_len=1024, max_obs_len=512
   )
-  task = bfcl.load_category("multi_turn_base")[0]
+  task = bfcl_data.load_category("multi_turn_base")[0]
   s, _ = env.reset(task)
   done, turns = False, 0
   while not done:
@@ -230,8 +244,8 @@ def test_multi_turn_expert_is_correct_and_noop_is_not():
 
 
 def test_multi_turn_bad_calls_are_observations():
-  env = bfcl.BFCLMultiTurnEnv(max_turns=4)
-  task = bfcl.load_category("multi_turn_base")[0]
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_turns=4)
+  task = bfcl_data.load_category("multi_turn_base")[0]
   s, _ = env.reset(task)
   s, obs, done = env.step(s, "<call>rm_rf(path='/')</call>")
   assert not done and "unknown function" in BYTES.decode(obs)
@@ -262,8 +276,8 @@ def test_multi_turn_bad_calls_are_observations():
     )
 )
 def test_multi_turn_random_turns_never_raise(texts):
-  env = bfcl.BFCLMultiTurnEnv(max_turns=5, max_obs_len=64)
-  s, _ = env.reset(bfcl.load_category("multi_turn_base")[1])
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_turns=5, max_obs_len=64)
+  s, _ = env.reset(bfcl_data.load_category("multi_turn_base")[1])
   for t in texts:
     s, obs, done = env.step(s, t)
     assert obs.dtype == np.int32 and len(obs) <= 64

@@ -18,7 +18,8 @@ from agentic_rl import checkpoint as checkpoint_lib  # noqa: E402
 from agentic_rl import data  # noqa: E402
 from agentic_rl.datasets import reasoning_gym_tasks  # noqa: E402
 from agentic_rl.datasets import tasks as data_tasks  # noqa: E402
-from environments.host import bfcl  # noqa: E402
+from environments.host.bfcl import data as bfcl_data  # noqa: E402
+from environments.host.bfcl import single_turn as bfcl_single_turn  # noqa: E402
 from environments.host import reasoning_gym_env  # noqa: E402
 
 BFCL = "bfcl_single_turn/simple_first12"
@@ -37,7 +38,7 @@ def data_dir(tmp_path_factory):
 
 def _raw_bfcl(n):
   """The first n entries of the bfcl-eval files, read directly (independent of the builder)."""
-  root = bfcl.data_dir()
+  root = bfcl_data.data_dir()
   with open(os.path.join(root, "BFCL_v4_simple_python.json")) as f:
     entries = [json.loads(line) for line in f][:n]
   with open(
@@ -175,13 +176,13 @@ def test_checkpoint_without_position_and_old_layout(tmp_path):
 
 
 def test_loader_tasks_adapter_bfcl(data_dir, tmp_path):
-  env = bfcl.BFCLEnv(categories=("simple",))
+  env = bfcl_single_turn.BFCLEnv(categories=("simple",))
   cfg = dict(
       source="tfds", name=BFCL, split="train", data_dir=data_dir, shuffle_seed=1
   )
   wrapped = data_tasks.LoaderTasks(env, cfg, data_tasks.bfcl_task)
   assert wrapped.is_host and wrapped.max_turns == env.max_turns  # delegated
-  by_id = {t.id: t for t in bfcl.load_category("simple")}
+  by_id = {t.id: t for t in bfcl_data.load_category("simple")}
   got = wrapped.sample_tasks(np.random.default_rng(0), 4)
   assert all(
       t == by_id[t.id] for t in got
@@ -235,7 +236,7 @@ def test_adapter_refuses_bad_use():
         dict(source="jsonl", name="x", data_dir="/x"),
         data_tasks.bfcl_task,
     )
-  env = bfcl.BFCLEnv()
+  env = bfcl_single_turn.BFCLEnv()
   with pytest.raises(ValueError, match="config.data.batch_size=2"):
     data_tasks.LoaderTasks(
         env,

@@ -340,9 +340,11 @@ def test_reasoning_gym_chat_step_parses_calls_and_answers(tok):
 
 def test_bfcl_chat_prompt_and_call_formats(tok, fmt):
   pytest.importorskip("bfcl_eval")
-  from environments.host import bfcl
+  from environments.host import parsers
+  from environments.host.bfcl import checker as bfcl_checker
+  from environments.host.bfcl import single_turn as bfcl_single_turn
 
-  env = bfcl.BFCLEnv(
+  env = bfcl_single_turn.BFCLEnv(
       categories=("simple",),
       max_prompt_len=1024,
       max_action_len=96,
@@ -358,13 +360,13 @@ def test_bfcl_chat_prompt_and_call_formats(tok, fmt):
       f"<|im_start|>user\n{task.questions[0]}<|im_end|>\n"
       "<|im_start|>assistant\n"
   )
-  gold = bfcl.gold_calls(task.ground_truth, task.functions)
+  gold = bfcl_checker.gold_calls(task.ground_truth, task.functions)
   hermes = (
       "<tool_call>"
       + json.dumps([{"name": c.name, "arguments": c.arguments} for c in gold])
       + "</tool_call>"
   )
-  python = "[" + ", ".join(map(bfcl.parsers.format_call_python, gold)) + "]"
+  python = "[" + ", ".join(map(parsers.format_call_python, gold)) + "]"
   for action in (hermes, python):
     s, _, done = env.step(state, action)
     assert done and env.facts(s)["correct"] and not env.facts(s)["format_error"]
@@ -379,9 +381,9 @@ def test_bfcl_chat_prompt_and_call_formats(tok, fmt):
 
 def test_bfcl_multi_turn_chat_observations(tok, fmt):
   pytest.importorskip("bfcl_eval")
-  from environments.host import bfcl
+  from environments.host.bfcl import multi_turn as bfcl_multi_turn
 
-  env = bfcl.BFCLMultiTurnEnv(
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(
       max_prompt_len=4096, max_action_len=512, max_obs_len=64, tokenizer=tok
   )
   task = env.eval_tasks(1, 0)[0]

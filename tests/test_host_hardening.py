@@ -233,14 +233,18 @@ def test_driver_adds_to_the_environments_own_counts():
 
 bfcl_eval = pytest.importorskip("bfcl_eval")
 mpmath = pytest.importorskip("mpmath")
-from environments.host import bfcl  # noqa: E402
+from environments.host.bfcl import checker as bfcl_checker  # noqa: E402
+from environments.host.bfcl import data as bfcl_data  # noqa: E402
+from environments.host.bfcl import execution as bfcl_execution  # noqa: E402
+from environments.host.bfcl import multi_turn as bfcl_multi_turn  # noqa: E402
+from environments.host.bfcl import single_turn as bfcl_single_turn  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def math_task():
   return next(
       t
-      for t in bfcl.load_category("multi_turn_base")
+      for t in bfcl_data.load_category("multi_turn_base")
       if "MathAPI" in t.involved_classes
   )
 
@@ -253,7 +257,7 @@ def _step(env, task, text):
 
 
 def test_power_over_the_digit_limit_is_a_tool_error(math_task):
-  env = bfcl.BFCLMultiTurnEnv(max_obs_len=128)
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_obs_len=128)
   s, obs, done, _ = _step(
       env, math_task, "<call>power(base=10, exponent=5000)</call>"
   )
@@ -286,11 +290,11 @@ def test_power_over_the_digit_limit_is_a_tool_error(math_task):
   assert "is above 2**65536" in obs and secs < 2.0
   big = "9" * 4000  # an exponent too large for a float
   call = parsers.ToolCall("power", {"base": 3, "exponent": int(big)})
-  assert "is above 2**65536" in bfcl.check_call_arguments(call)
+  assert "is above 2**65536" in bfcl_execution.check_call_arguments(call)
   # The bound is |result| <= 2**65536: 2**65537 and 3**41349 (log2 = 41349 *
   # 1.58496 = 65536.6) are refused; 2**65536, (-2)**65536 and 3**41348
   # (log2 = 65535.03) are computed.
-  check = bfcl.check_call_arguments
+  check = bfcl_execution.check_call_arguments
   assert check(parsers.ToolCall("power", {"base": 2, "exponent": 65537}))
   assert (
       check(parsers.ToolCall("power", {"base": 2, "exponent": 65536})) is None
@@ -305,7 +309,7 @@ def test_power_over_the_digit_limit_is_a_tool_error(math_task):
 
 
 def test_huge_precision_is_refused_within_seconds(math_task):
-  env = bfcl.BFCLMultiTurnEnv(max_obs_len=64)
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_obs_len=64)
   for text in (
       "<call>square_root(number=2, precision=1000000)</call>",
       "<call>logarithm(value=2, base=10, precision=3000000)</call>",
@@ -320,7 +324,7 @@ def test_huge_precision_is_refused_within_seconds(math_task):
 
 
 def test_precision_50_leaves_this_threads_numeric_state_alone(math_task):
-  env = bfcl.BFCLMultiTurnEnv(max_obs_len=128)
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_obs_len=128)
   ctx_prec, dps = decimal.getcontext().prec, mpmath.mp.dps
   s, obs, _, _ = _step(
       env, math_task, "<call>square_root(number=2, precision=50)</call>"
@@ -335,24 +339,24 @@ def test_precision_50_leaves_this_threads_numeric_state_alone(math_task):
   assert decimal.getcontext().prec == ctx_prec and mpmath.mp.dps == dps
   # Also when run on this very thread (no worker): the isolation is the
   # save/restore itself, not the thread.
-  api = bfcl.make_instances(math_task)["MathAPI"]
+  api = bfcl_execution.make_instances(math_task)["MathAPI"]
   call = parsers.ToolCall("square_root", {"number": 2, "precision": 50})
-  text, ok = bfcl._run_isolated(api.square_root, call, 1.0)  # noqa: SLF001
+  text, ok = bfcl_execution._run_isolated(api.square_root, call, 1.0)  # noqa: SLF001
   assert ok and "1.41421356237309504880168872420969807856967187537" in text
   call = parsers.ToolCall(
       "logarithm", {"value": 2, "base": 10, "precision": 60}
   )
-  assert bfcl._run_isolated(api.logarithm, call, 1.0)[1]  # noqa: SLF001
+  assert bfcl_execution._run_isolated(api.logarithm, call, 1.0)[1]  # noqa: SLF001
   assert decimal.getcontext().prec == ctx_prec and mpmath.mp.dps == dps
 
 
 def test_a_hanging_tool_times_out_and_ends_the_episode(math_task, monkeypatch):
   release = threading.Event()
-  cls = type(bfcl.make_instances(math_task)["MathAPI"])
+  cls = type(bfcl_execution.make_instances(math_task)["MathAPI"])
   monkeypatch.setattr(
       cls, "mean", lambda self, numbers: release.wait(30), raising=True
   )
-  env = bfcl.BFCLMultiTurnEnv(max_obs_len=128, tool_timeout_s=0.3)
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_obs_len=128, tool_timeout_s=0.3)
   s, obs, done, secs = _step(
       env, math_task, "<call>[mean(numbers=[1]), add(a=1, b=2)]</call>"
   )
@@ -368,7 +372,7 @@ def test_a_hanging_tool_times_out_and_ends_the_episode(math_task, monkeypatch):
 
 
 def test_tool_results_are_cut_to_max_result_chars(math_task):
-  env = bfcl.BFCLMultiTurnEnv(max_obs_len=4096, max_result_chars=40)
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_obs_len=4096, max_result_chars=40)
   s, obs, _, _ = _step(
       env, math_task, "<call>power(base=10, exponent=1000)</call>"
   )
@@ -377,9 +381,9 @@ def test_tool_results_are_cut_to_max_result_chars(math_task):
 
 def test_bad_limits_are_refused():
   with pytest.raises(ValueError, match="tool_timeout_s"):
-    bfcl.BFCLMultiTurnEnv(tool_timeout_s=0)
+    bfcl_multi_turn.BFCLMultiTurnEnv(tool_timeout_s=0)
   with pytest.raises(ValueError, match="max_result_chars"):
-    bfcl.BFCLMultiTurnEnv(max_result_chars=0)
+    bfcl_multi_turn.BFCLMultiTurnEnv(max_result_chars=0)
 
 
 # ---------------------------------------------------------------------------
@@ -387,11 +391,11 @@ def test_bad_limits_are_refused():
 
 
 def test_single_turn_accounting_on_hand_built_episodes():
-  env = bfcl.BFCLEnv(categories=("parallel",))
-  task = bfcl.load_category("parallel")[0]
+  env = bfcl_single_turn.BFCLEnv(categories=("parallel",))
+  task = bfcl_data.load_category("parallel")[0]
   n_gold = len(task.ground_truth)
   state, _ = env.reset(task)
-  gold = bfcl.gold_calls(task.ground_truth, task.functions)
+  gold = bfcl_checker.gold_calls(task.ground_truth, task.functions)
   text = "[" + ", ".join(parsers.format_call_python(c) for c in gold) + "]"
   f = env.facts(env.step(state, text)[0])
   assert (f["num_tool_calls"], f["num_tool_errors"]) == (n_gold, 0) and f[
@@ -411,8 +415,8 @@ def test_single_turn_accounting_on_hand_built_episodes():
 
 
 def test_multi_turn_accounting_on_a_hand_built_episode():
-  env = bfcl.BFCLMultiTurnEnv(max_turns=10)
-  task = bfcl.load_category("multi_turn_base")[0]
+  env = bfcl_multi_turn.BFCLMultiTurnEnv(max_turns=10)
+  task = bfcl_data.load_category("multi_turn_base")[0]
   s, _ = env.reset(task)
   for text in (
       "<call>cd(folder=</call>",  # malformed: 1 call, 1 error
@@ -427,10 +431,10 @@ def test_multi_turn_accounting_on_a_hand_built_episode():
 
 def test_random_episodes_never_have_more_errors_than_calls():
   rng = np.random.default_rng(0)
-  single = bfcl.BFCLEnv()
-  multi = bfcl.BFCLMultiTurnEnv(max_turns=3, max_obs_len=32)
-  st_task = bfcl.load_category("simple")[0]
-  mt_task = bfcl.load_category("multi_turn_base")[0]
+  single = bfcl_single_turn.BFCLEnv()
+  multi = bfcl_multi_turn.BFCLMultiTurnEnv(max_turns=3, max_obs_len=32)
+  st_task = bfcl_data.load_category("simple")[0]
+  mt_task = bfcl_data.load_category("multi_turn_base")[0]
   pieces = [
       "<call>",
       "</call>",

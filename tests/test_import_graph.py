@@ -177,7 +177,7 @@ def test_the_graph_sees_top_level_function_level_and_relative_imports(graph):
   # Every project module is a node and nothing outside the project is one.
   assert {
       "agentic_text.chat",
-      "environments.host.bfcl",
+      "environments.host.bfcl.checker",
       "agentic_rl.learner",
       "configs.default",
       "main",

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from environments.host import bfcl
+from environments.host.bfcl import multi_turn as bfcl_multi_turn
 from environments.host import parsers
 from environments.host import reasoning_gym_env as rg
 
@@ -48,7 +48,7 @@ ADVERSARIAL = {
     "rg chat code: ```python + spaces": (rg._chat_code_of, "```python  "),  # noqa: SLF001
     "rg chat code: ```py + newline": (rg._chat_code_of, "```py\n"),  # noqa: SLF001
     "bfcl: unclosed <tool_call> + </call": (
-        bfcl.first_call_payload,
+        bfcl_multi_turn.first_call_payload,
         "<tool_call></call",
     ),
 }
@@ -149,9 +149,9 @@ def test_scanners_equal_the_regexes_they_replace_on_random_text():
     assert rg.call_block(t) == _group(_OLD["rg_call"].match(t)), repr(t)
     assert rg.answer_block(t) == _group(_OLD["answer"].search(t)), repr(t)
     assert rg.python_fence(t) == _group(_OLD["py_fence"].search(t)), repr(t)
-    assert bfcl.first_call_payload(t) == _group(_OLD["first"].search(t)), repr(
-        t
-    )
+    assert bfcl_multi_turn.first_call_payload(t) == _group(
+        _OLD["first"].search(t)
+    ), repr(t)
 
 
 def test_scanners_on_hand_written_cases():
@@ -172,6 +172,6 @@ def test_scanners_on_hand_written_cases():
       rg.python_fence("```python print(2)```") is None
   )  # no newline after the tag
   assert (
-      bfcl.first_call_payload("x <tool_call>[f(1)]</call> <call>g()")
+      bfcl_multi_turn.first_call_payload("x <tool_call>[f(1)]</call> <call>g()")
       == "[f(1)]"
   )

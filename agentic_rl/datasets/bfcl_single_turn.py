@@ -2,12 +2,12 @@
 
 Source: `bfcl_eval/data/BFCL_v4_<category>.json` and its `possible_answer/` file
 (Patil et al., "The Berkeley Function Calling Leaderboard", ICML 2025), read
-through `environments.host.bfcl.load_category`; nothing is downloaded.
+through `environments.host.bfcl.data.load_category`; nothing is downloaded.
 
 Configs: `simple`, `multiple`, `parallel`, `parallel_multiple` (every entry), and
 `<category>_first<N>` (the first N entries of the file; tiny subsets for tests).
 Splits: entry i (file order) is in `test` if i % 5 == 0, else in `train` (the
-same held-out rule as `environments.host.bfcl.BFCLEnv`, eval_every=5). Each split
+same held-out rule as `environments.host.bfcl.single_turn.BFCLEnv`, eval_every=5). Each split
 keeps file order.
 
 Record (after `agentic_rl.data` decoding): id (str), category (str), questions
@@ -45,11 +45,11 @@ def source_records(
   Raises:
     ValueError: unknown category. ImportError: bfcl-eval not installed.
   """
-  from environments.host import bfcl
+  from environments.host.bfcl import data as bfcl_data
 
   if category not in CATEGORIES:
     raise ValueError(f"BFCL category {category!r}: must be one of {CATEGORIES}")
-  tasks = bfcl.load_category(category)
+  tasks = bfcl_data.load_category(category)
   if max_examples > 0:
     tasks = tasks[:max_examples]
   out = {"train": [], "test": []}

@@ -36,10 +36,10 @@ from agentic_rl import data as data_lib
 
 
 def bfcl_task(record: dict):
-  """A `bfcl_single_turn` record -> environments.host.bfcl.BFCLTask."""
-  from environments.host import bfcl
+  """A `bfcl_single_turn` record -> environments.host.bfcl.data.BFCLTask."""
+  from environments.host.bfcl import data as bfcl_data
 
-  return bfcl.BFCLTask(
+  return bfcl_data.BFCLTask(
       id=record["id"],
       category=record["category"],
       questions=tuple(record["questions"]),

@@ -295,7 +295,7 @@ def call_score_reward(traj: types.Trajectory) -> jax.Array:
   """Fine-grained function-call credit R_i = facts['call_score'] in [0, 1].
 
   Partial credit per call field (function name, each parameter's value), from
-  host function-calling environments (environments/host/bfcl.py).
+  host function-calling environments (environments/host/bfcl/).
 
   Returns:
     [B] float32.

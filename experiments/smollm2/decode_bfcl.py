@@ -16,7 +16,7 @@ import argparse
 
 from agentic_text import tokenizers as tk
 from agentic_rl.models import gguf
-from environments.host import bfcl
+from environments.host.bfcl import single_turn as bfcl_single_turn
 from environments.host import parsers
 
 
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
 
   folder = gguf.smollm2_hf_folder()
   tokenizer = tk.HFTokenizer.from_folder(folder)
-  env = bfcl.BFCLEnv(
+  env = bfcl_single_turn.BFCLEnv(
       categories=("simple", "multiple"),
       max_prompt_len=384,
       max_action_len=args.max_new_tokens,
