@@ -41,7 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl import reward_models
+from agentic_rl.reward_models import model as rm_model
+from agentic_rl.reward_models import training as rm_training
 from agentic_rl import rollout
 from agentic_text import tokenizers as tok
 from agentic_rl import types
@@ -436,7 +437,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------
-# Batches for reward_models.
+# Batches for the reward models (reward_models.model, reward_models.training).
 # ---------------------------------------------------------------------------
 
 
@@ -461,10 +462,8 @@ def episodes_to_batch(records: Sequence[dict], max_len: int, num_turns_k: int):
     mask[i, :n] = True
     labels[i, : len(r["turn_labels"])] = r["turn_labels"][:num_turns_k]
     score[i] = float(r["correct"])
-  boundary, tmask = reward_models.turn_boundaries(
-      jnp.asarray(turn), num_turns_k
-  )
-  return reward_models.EpisodeBatch(
+  boundary, tmask = rm_model.turn_boundaries(jnp.asarray(turn), num_turns_k)
+  return rm_model.EpisodeBatch(
       tokens=tokens,
       mask=mask,
       boundary=np.asarray(boundary),
@@ -478,7 +477,7 @@ def pairs_to_batch(
     pairs: Sequence[dict], max_len: int, num_turns_k: int, margin: float = 0.0
 ):
   """PairBatch (numpy) from pair records; margin float32 [B] filled with `margin`."""
-  return reward_models.PairBatch(
+  return rm_training.PairBatch(
       chosen=episodes_to_batch(
           [p["chosen"] for p in pairs], max_len, num_turns_k
       ),
@@ -493,10 +492,10 @@ def trajectory_to_batch(traj, num_turns_k: int):
   """EpisodeBatch (numpy) of a host Trajectory (e.g. policy samples)."""
   labels = turn_labels(traj.facts, traj.num_turns)
   mask = np.asarray(traj.role) != types.PAD
-  boundary, tmask = reward_models.turn_boundaries(
+  boundary, tmask = rm_model.turn_boundaries(
       jnp.asarray(traj.turn), num_turns_k
   )
-  return reward_models.EpisodeBatch(
+  return rm_model.EpisodeBatch(
       tokens=np.asarray(traj.tokens, np.int32),
       mask=mask,
       boundary=np.asarray(boundary),

@@ -27,7 +27,8 @@ from flax import nnx
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
-from agentic_rl import reward_models
+from agentic_rl.reward_models import frozen as rm_frozen
+from agentic_rl.reward_models import model as rm_model
 from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import lora as lora_lib
@@ -68,11 +69,9 @@ def init_rm_state(
       rng=jax.random.fold_in(root, 1),
       kl_coef=jnp.float32(0.0),
   )
-  rm_cfg = reward_models.RewardModelConfig(model_cfg, config.rm.head_layers)
-  rgraph, orm = reward_models.init_reward_model(
-      rm_cfg, jax.random.fold_in(root, 2)
-  )
-  _, prm = reward_models.init_reward_model(rm_cfg, jax.random.fold_in(root, 3))
+  rm_cfg = rm_model.RewardModelConfig(model_cfg, config.rm.head_layers)
+  rgraph, orm = rm_model.init_reward_model(rm_cfg, jax.random.fold_in(root, 2))
+  _, prm = rm_model.init_reward_model(rm_cfg, jax.random.fold_in(root, 3))
   tx = learner.make_optimizer(config.rm)
   state = {
       "step": jnp.int32(0),
@@ -87,7 +86,7 @@ def init_rm_state(
 
 def load_rl_reward_model(
     config: ml_collections.ConfigDict,
-) -> tuple[reward_models.FrozenRewardModel, dict[str, Any]]:
+) -> tuple[rm_frozen.FrozenRewardModel, dict[str, Any]]:
   """Loads the `rl.reward_model_kind` RM of `rl.reward_model_dir`, frozen.
 
   Returns:
@@ -120,7 +119,7 @@ def load_rl_reward_model(
   finally:
     ckpt.close()
   params = state["orm" if kind == "outcome" else "prm"]
-  spec = reward_models.FrozenRewardModel(
+  spec = rm_frozen.FrozenRewardModel(
       holder["rgraph"], kind, rm_config.rm.get("prm_aggregation", "log_prod")
   )
   logging.info(

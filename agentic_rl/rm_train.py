@@ -45,7 +45,8 @@ from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import preference_data
 from agentic_rl import reward_model_loader
-from agentic_rl import reward_models
+from agentic_rl.reward_models import model as rm_model
+from agentic_rl.reward_models import training as rm_training
 from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl import validation
@@ -122,11 +123,11 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   rm = config.rm
   if rm.head_layers not in (1, 2):
     _fail("rm.head_layers", rm.head_layers, "must be 1 or 2")
-  if rm.prm_aggregation not in reward_models.PRM_AGGREGATIONS:
+  if rm.prm_aggregation not in rm_model.PRM_AGGREGATIONS:
     _fail(
         "rm.prm_aggregation",
         rm.prm_aggregation,
-        f"must be one of {reward_models.PRM_AGGREGATIONS}",
+        f"must be one of {rm_model.PRM_AGGREGATIONS}",
     )
   for f in (
       "learning_rate",
@@ -229,11 +230,9 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
       "num_pairs": {"train": len(train), "test": len(test)}
   }
   scorers = {
-      "orm": (reward_models.make_score_fn(rgraph, "outcome"), state["orm"]),
+      "orm": (rm_model.make_score_fn(rgraph, "outcome"), state["orm"]),
       "prm": (
-          reward_models.make_score_fn(
-              rgraph, "process", config.rm.prm_aggregation
-          ),
+          rm_model.make_score_fn(rgraph, "process", config.rm.prm_aggregation),
           state["prm"],
       ),
   }
@@ -276,7 +275,7 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
     s_tn = _score_all(fn, params, eb, bs).reshape(ec.num_tasks, ec.num_samples)
     res = {
         kk: float(v)
-        for kk, v in reward_models.best_of_n(s_tn, correct_tn).items()
+        for kk, v in rm_training.best_of_n(s_tn, correct_tn).items()
     }
     pick = np.argmax(s_tn, axis=1)
     res["rank1_tool_calls"] = float(
@@ -284,7 +283,7 @@ def evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg) -> dict:
     )
     for sub, m in (("hard", hard), ("easy", ~hard)):
       if m.any():
-        sub_res = reward_models.best_of_n(s_tn[m], correct_tn[m])
+        sub_res = rm_training.best_of_n(s_tn[m], correct_tn[m])
         for key in ("rank1_accuracy", "random_accuracy", "oracle_accuracy"):
           res[f"{key}_{sub}"] = float(sub_res[key])
         pk = pick[m][:, None]
@@ -464,8 +463,8 @@ def train_and_evaluate_rm(
       aggregation=config.rm.prm_aggregation,
   )
   steps = {
-      "orm": reward_models.make_train_step(rgraph, tx, kind="outcome", **kw),
-      "prm": reward_models.make_train_step(rgraph, tx, kind="process", **kw),
+      "orm": rm_training.make_train_step(rgraph, tx, kind="outcome", **kw),
+      "prm": rm_training.make_train_step(rgraph, tx, kind="process", **kw),
   }
   pairs = _pairs(config, env, workdir)
   train_pairs = [p for p in pairs if p["split"] == "train"]
@@ -557,10 +556,10 @@ def _init_from_policy(state: dict) -> dict:
       state,
       orm=dict(
           state["orm"],
-          trunk=reward_models.copy_trunk(state["orm"]["trunk"], pol),
+          trunk=rm_model.copy_trunk(state["orm"]["trunk"], pol),
       ),
       prm=dict(
           state["prm"],
-          trunk=reward_models.copy_trunk(state["prm"]["trunk"], pol),
+          trunk=rm_model.copy_trunk(state["prm"]["trunk"], pol),
       ),
   )

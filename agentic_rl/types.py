@@ -101,7 +101,7 @@ class SpaState:
   opt_state: Any
 
 
-# A frozen reward model's parameters (reward_models.init_reward_model):
+# A frozen reward model's parameters (reward_models.model.init_reward_model):
 # {'trunk': nnx.State of the transformer trunk, 'head': {} or
 #  {'hidden_dd': [D, D] float32, 'bias_d': [D] float32}}.
 RewardModelParams = dict[str, Any]

@@ -16,7 +16,7 @@ import ml_collections
 
 from agentic_rl import batch_policies
 from agentic_rl import losses
-from agentic_rl import reward_models
+from agentic_rl.reward_models import model as rm_model
 from agentic_rl.rewards import components
 from agentic_rl.rewards import factory
 from agentic_rl.rewards import step_rewards
@@ -932,8 +932,8 @@ def read_rm_dir(
   """
   path = config.rl.reward_model_dir
   kind = config.rl.reward_model_kind
-  if kind not in reward_models.KINDS:
-    _fail("rl.reward_model_kind", kind, f"must be one of {reward_models.KINDS}")
+  if kind not in rm_model.KINDS:
+    _fail("rl.reward_model_kind", kind, f"must be one of {rm_model.KINDS}")
   if not isinstance(path, str) or not os.path.isdir(path):
     _fail(
         "rl.reward_model_dir",

@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.reward_model_kind = "outcome"
   if "pbrs" in args:
     # Verified reward, RM as the potential Phi(s_k) in [0, 1] of PBRS
-    # (reward_models.trajectory_rm_outputs), acting through per-turn returns.
+    # (reward_models.frozen.trajectory_rm_outputs), acting through per-turn returns.
     rl.rewards = ml_collections.ConfigDict(dict(correct=1.0, format=0.1))
     rl.reward_model_kind = "process"
     rl.pbrs_potential = "rm"

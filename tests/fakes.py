@@ -370,22 +370,23 @@ def toy_pairs(n=8, l=6, k=2):
 
   Turns are [-1, -1, 0, 0, 1, 1] (l = 6) at horizon k >= 2; turn labels are 1
   for turn 0, the episode's label (chosen 1, rejected 0) for turn 1 and 0 for
-  turns >= 2; scores are the labels; margins 0. Returns a reward_models.PairBatch
+  turns >= 2; scores are the labels; margins 0. Returns a reward_models.training.PairBatch
   of numpy arrays.
   """
-  from agentic_rl import reward_models as rm  # pylint: disable=g-import-not-at-top
+  from agentic_rl.reward_models import model as rm_model  # pylint: disable=g-import-not-at-top
+  from agentic_rl.reward_models import training as rm_training  # pylint: disable=g-import-not-at-top
 
   rng = np.random.default_rng(0)
   body = rng.integers(0, 50, (n, l)).astype(np.int32)
   chosen, rejected = body.copy(), body.copy()
   chosen[:, -1], rejected[:, -1] = 65, 66
   turn = np.array([[-1, -1, 0, 0, 1, 1]] * n, np.int32)
-  boundary, tmask = rm.turn_boundaries(jnp.asarray(turn), k)
+  boundary, tmask = rm_model.turn_boundaries(jnp.asarray(turn), k)
 
   def ep(tokens, last_label):
     labels = np.zeros((n, k), np.float32)
     labels[:, 0], labels[:, 1] = 1.0, last_label
-    return rm.EpisodeBatch(
+    return rm_model.EpisodeBatch(
         tokens=tokens,
         mask=np.ones((n, l), bool),
         boundary=np.asarray(boundary),
@@ -394,7 +395,7 @@ def toy_pairs(n=8, l=6, k=2):
         score=np.full((n,), last_label, np.float32),
     )
 
-  return rm.PairBatch(
+  return rm_training.PairBatch(
       chosen=ep(chosen, 1.0),
       rejected=ep(rejected, 0.0),
       margin=np.zeros((n,), np.float32),

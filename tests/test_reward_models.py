@@ -11,7 +11,10 @@ import pytest
 from flax import nnx
 
 from agentic_rl import learner
-from agentic_rl import reward_models as rm
+from agentic_rl.reward_models import ensembles as rm_ensembles
+from agentic_rl.reward_models import frozen as rm_frozen
+from agentic_rl.reward_models import model as rm_model
+from agentic_rl.reward_models import training as rm_training
 from agentic_rl import rm_train
 from agentic_rl import validation
 from agentic_rl.models import transformer
@@ -31,14 +34,14 @@ TINY1 = transformer.TransformerConfig(
 
 def test_bradley_terry_hand_values():
   # log(1 + e^-2) = 0.126928; swapped log(1 + e^2) = 2.126928; difference 0: log 2.
-  got = rm.bradley_terry_loss(
+  got = rm_training.bradley_terry_loss(
       jnp.array([2.0, 0.0, 0.7]), jnp.array([0.0, 2.0, 0.7])
   )
   np.testing.assert_allclose(
       got, [0.1269280, 2.1269280, math.log(2)], rtol=1e-5
   )
   # Margin m shifts the difference: (1, 0, m=1) -> log 2; (2, 0, m=0.5) -> log(1+e^-1.5).
-  got = rm.bradley_terry_loss(
+  got = rm_training.bradley_terry_loss(
       jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0]), jnp.array([1.0, 0.5])
   )
   np.testing.assert_allclose(
@@ -48,11 +51,13 @@ def test_bradley_terry_hand_values():
 
 def test_regression_and_process_bce_hand_values():
   np.testing.assert_allclose(
-      rm.regression_loss(jnp.array([1.5, -1.0]), jnp.array([1.0, 1.0])),
+      rm_training.regression_loss(
+          jnp.array([1.5, -1.0]), jnp.array([1.0, 1.0])
+      ),
       [0.25, 4.0],
   )
   # BCE(0, y=1) = log 2; BCE(2, y=0) = log(1 + e^2); the masked entry is ignored.
-  got = rm.process_bce_loss(
+  got = rm_training.process_bce_loss(
       jnp.array([[0.0, 2.0, 9.0]]),
       jnp.array([[1.0, 0.0, 0.0]]),
       jnp.array([[True, True, False]]),
@@ -63,22 +68,22 @@ def test_regression_and_process_bce_hand_values():
   logits = jnp.array([[0.0, 0.0, 5.0], [math.log(3), 0.0, 0.0]])
   mask = jnp.array([[True, True, False], [True, False, False]])
   np.testing.assert_allclose(
-      rm.prm_episode_score(logits, mask, "log_prod"),
+      rm_model.prm_episode_score(logits, mask, "log_prod"),
       [2 * math.log(0.5), math.log(0.75)],
       rtol=1e-5,
   )
   np.testing.assert_allclose(
-      rm.prm_episode_score(logits, mask, "min"), [0.5, 0.75], rtol=1e-5
+      rm_model.prm_episode_score(logits, mask, "min"), [0.5, 0.75], rtol=1e-5
   )
   with pytest.raises(ValueError, match="aggregation"):
-    rm.prm_episode_score(logits, mask, "max")
+    rm_model.prm_episode_score(logits, mask, "max")
 
 
 def test_turn_boundaries_last_token_of_each_turn():
   turn = jnp.array(
       [[-1, -1, 0, 0, 0, 1, 1, -1], [-1, 0, 0, -1, -1, -1, -1, -1]]
   )
-  idx, mask = rm.turn_boundaries(turn, 3)
+  idx, mask = rm_model.turn_boundaries(turn, 3)
   np.testing.assert_array_equal(idx, [[4, 6, 0], [2, 0, 0]])
   np.testing.assert_array_equal(
       mask, [[True, True, False], [True, False, False]]
@@ -87,8 +92,8 @@ def test_turn_boundaries_last_token_of_each_turn():
 
 @pytest.fixture(scope="module")
 def reward_model():
-  graphdef, params = rm.init_reward_model(
-      rm.RewardModelConfig(TINY1), jax.random.key(0)
+  graphdef, params = rm_model.init_reward_model(
+      rm_model.RewardModelConfig(TINY1), jax.random.key(0)
   )
   trunk = nnx.merge(graphdef, params["trunk"])
   trunk.reward_head_d[...] = jax.random.normal(jax.random.key(1), (16,))
@@ -102,12 +107,14 @@ def test_score_read_at_last_real_token_whatever_the_padding(reward_model):
   graphdef, params = reward_model
   seq = jnp.array([257, 72, 105, 33, 258], jnp.int32)
   junk = jnp.array([7, 99, 200], jnp.int32)
-  alone = rm.outcome_scores(graphdef, params, seq[None], jnp.ones((1, 5), bool))
+  alone = rm_model.outcome_scores(
+      graphdef, params, seq[None], jnp.ones((1, 5), bool)
+  )
   tokens = jnp.stack(
       [jnp.concatenate([seq, junk]), jnp.concatenate([junk, seq])]
   )
   mask = jnp.stack([jnp.arange(8) < 5, jnp.arange(8) >= 3])
-  both = jax.jit(lambda p, t, m: rm.outcome_scores(graphdef, p, t, m))(
+  both = jax.jit(lambda p, t, m: rm_model.outcome_scores(graphdef, p, t, m))(
       params, tokens, mask
   )
   np.testing.assert_allclose(both, [alone[0], alone[0]], rtol=1e-5, atol=1e-5)
@@ -115,7 +122,7 @@ def test_score_read_at_last_real_token_whatever_the_padding(reward_model):
   np.testing.assert_allclose(
       model.reward(tokens, mask), both, rtol=1e-5, atol=1e-5
   )
-  s_bk = rm.boundary_logits(
+  s_bk = rm_model.boundary_logits(
       graphdef, params, tokens, mask, jnp.array([[2, 4], [5, 7]])
   )
   np.testing.assert_allclose(s_bk[:, 1], both, rtol=1e-5, atol=1e-5)
@@ -125,8 +132,8 @@ def test_score_read_at_last_real_token_whatever_the_padding(reward_model):
 def test_init_from_policy_copies_trunk_and_zero_head():
   pol = transformer.Transformer(TINY1, nnx.Rngs(params=jax.random.key(7)))
   _, pparams = nnx.split(pol)
-  graphdef, params = rm.init_reward_model(
-      rm.RewardModelConfig(TINY1, head_layers=2),
+  graphdef, params = rm_model.init_reward_model(
+      rm_model.RewardModelConfig(TINY1, head_layers=2),
       jax.random.key(0),
       trunk_params=pparams,
   )
@@ -134,7 +141,7 @@ def test_init_from_policy_copies_trunk_and_zero_head():
       params["trunk"]["embed_vd"].get_value(), pparams["embed_vd"].get_value()
   )
   assert params["head"]["hidden_dd"].shape == (16, 16)
-  s = rm.outcome_scores(
+  s = rm_model.outcome_scores(
       graphdef, params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), bool)
   )
   np.testing.assert_array_equal(s, [0.0, 0.0])  # reward_head_d starts at 0
@@ -142,8 +149,8 @@ def test_init_from_policy_copies_trunk_and_zero_head():
 
 @pytest.mark.parametrize("kind,reg", [("outcome", 0.5), ("process", 0.0)])
 def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
-  graphdef, params = rm.init_reward_model(
-      rm.RewardModelConfig(TINY1), jax.random.key(3)
+  graphdef, params = rm_model.init_reward_model(
+      rm_model.RewardModelConfig(TINY1), jax.random.key(3)
   )
   cfg = ml_collections.ConfigDict(
       dict(
@@ -154,7 +161,9 @@ def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
       )
   )
   tx = learner.make_optimizer(cfg)
-  step = rm.make_train_step(graphdef, tx, kind=kind, regression_coef=reg)
+  step = rm_training.make_train_step(
+      graphdef, tx, kind=kind, regression_coef=reg
+  )
   batch = fakes.toy_pairs()
   opt = tx.init(params)
   losses = []
@@ -172,13 +181,13 @@ def test_train_step_lowers_loss_on_separable_toy_set(kind, reg):
 def test_best_of_n_hand_values():
   score = jnp.array([[0.1, 0.9, 0.3], [2.0, 1.0, 0.0]])
   correct = jnp.array([[False, True, False], [False, False, True]])
-  got = rm.best_of_n(score, correct)
+  got = rm_training.best_of_n(score, correct)
   np.testing.assert_allclose(got["rank1_accuracy"], 0.5)
   np.testing.assert_allclose(got["random_accuracy"], 2 / 6, rtol=1e-6)
   np.testing.assert_allclose(got["oracle_accuracy"], 1.0)
   np.testing.assert_allclose(got["rank1_regret"], 0.5)
   np.testing.assert_allclose(
-      rm.pairwise_accuracy(
+      rm_training.pairwise_accuracy(
           jnp.array([1.0, 0.0, 2.0]), jnp.array([0.0, 0.0, 3.0])
       ),
       0.5,
@@ -187,25 +196,31 @@ def test_best_of_n_hand_values():
 
 def test_ensemble_and_warm_hand_values(reward_model):
   s = jnp.array([[1.0, -2.0], [3.0, 0.0]])
-  np.testing.assert_allclose(rm.ensemble_reduce(s, "mean"), [2.0, -1.0])
-  np.testing.assert_allclose(rm.ensemble_reduce(s, "min"), [1.0, -2.0])
+  np.testing.assert_allclose(
+      rm_ensembles.ensemble_reduce(s, "mean"), [2.0, -1.0]
+  )
+  np.testing.assert_allclose(
+      rm_ensembles.ensemble_reduce(s, "min"), [1.0, -2.0]
+  )
   with pytest.raises(ValueError, match="reduction"):
-    rm.ensemble_reduce(s, "max")
+    rm_ensembles.ensemble_reduce(s, "max")
   a = {"w": jnp.array([1.0, 2.0]), "b": jnp.array(0.0)}
   b = {"w": jnp.array([3.0, 6.0]), "b": jnp.array(4.0)}
-  avg = rm.average_params([a, b])
+  avg = rm_ensembles.average_params([a, b])
   np.testing.assert_allclose(avg["w"], [2.0, 4.0])
   np.testing.assert_allclose(avg["b"], 2.0)
-  w = rm.average_params([a, b], weights=[3, 1])
+  w = rm_ensembles.average_params([a, b], weights=[3, 1])
   np.testing.assert_allclose(w["w"], [1.5, 3.0])
   with pytest.raises(ValueError, match="weights"):
-    rm.average_params([a, b], weights=[1.0])
+    rm_ensembles.average_params([a, b], weights=[1.0])
   # An ensemble of two identical members scores like one member.
   graphdef, params = reward_model
-  fn = lambda p, t: rm.outcome_scores(graphdef, p, t, jnp.ones(t.shape, bool))
+  fn = lambda p, t: rm_model.outcome_scores(
+      graphdef, p, t, jnp.ones(t.shape, bool)
+  )
   t = jnp.array([[257, 50, 51, 258]], jnp.int32)
   np.testing.assert_allclose(
-      rm.ensemble_scores(fn, [params, params], t, "min"),
+      rm_ensembles.ensemble_scores(fn, [params, params], t, "min"),
       fn(params, t),
       rtol=1e-5,
       atol=1e-6,
@@ -215,18 +230,18 @@ def test_ensemble_and_warm_hand_values(reward_model):
 def test_rm_score_to_reward_transforms_and_overoptimization_gap():
   s = jnp.array([0.0, 2.0])
   np.testing.assert_allclose(
-      rm.rm_score_to_reward(s, "sigmoid"),
+      rm_frozen.rm_score_to_reward(s, "sigmoid"),
       [0.5, 1 / (1 + math.exp(-2))],
       rtol=1e-6,
   )
   np.testing.assert_allclose(
-      rm.rm_score_to_reward(s, "tanh", ref=1.0, temperature=2.0),
+      rm_frozen.rm_score_to_reward(s, "tanh", ref=1.0, temperature=2.0),
       [math.tanh(-0.5), math.tanh(0.5)],
       rtol=1e-6,
   )
   with pytest.raises(ValueError, match="transform"):
-    rm.rm_score_to_reward(s, "exp")
-  gap = rm.overoptimization_gap(
+    rm_frozen.rm_score_to_reward(s, "exp")
+  gap = rm_frozen.overoptimization_gap(
       jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0])
   )
   np.testing.assert_allclose(gap["rm_reward"], 0.625, rtol=1e-6)
@@ -324,12 +339,16 @@ def test_rm_reward_fn_on_a_trajectory_matches_scores_and_monitor(reward_model):
       group=jnp.array([0, 0]),
       facts={"correct": jnp.array([True, False])},
   )
-  fn = rm.make_rm_reward_fn(
+  fn = rm_frozen.make_rm_reward_fn(
       graphdef, params, num_turns_k=2, transform="sigmoid"
   )
   r, mon = jax.jit(fn)(traj)
-  want = jax.nn.sigmoid(rm.outcome_scores(graphdef, params, tokens, role != 0))
+  want = jax.nn.sigmoid(
+      rm_model.outcome_scores(graphdef, params, tokens, role != 0)
+  )
   np.testing.assert_allclose(r, want, rtol=1e-5)
   np.testing.assert_allclose(mon["gap"], float(want.mean()) - 0.5, rtol=1e-5)
   with pytest.raises(ValueError, match="transform"):
-    rm.make_rm_reward_fn(graphdef, params, num_turns_k=2, transform="exp")
+    rm_frozen.make_rm_reward_fn(
+        graphdef, params, num_turns_k=2, transform="exp"
+    )

@@ -15,7 +15,9 @@ import pytest
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
 from agentic_rl import metrics as metrics_lib
-from agentic_rl import reward_models as rm
+from agentic_rl.reward_models import frozen as rm_frozen
+from agentic_rl.reward_models import model as rm_model
+from agentic_rl.reward_models import training as rm_training
 from agentic_rl.rewards import components
 from agentic_rl.rewards import factory
 from agentic_rl import reward_model_loader
@@ -60,7 +62,7 @@ def rm_dir(tmp_path_factory):
   tx = learner.make_optimizer(config.rm)
   batch = fakes.toy_pairs(k=3)
   for name, kind in (("orm", "outcome"), ("prm", "process")):
-    step = rm.make_train_step(rgraph, tx, kind=kind)
+    step = rm_training.make_train_step(rgraph, tx, kind=kind)
     for _ in range(config.rm.steps):
       params, opt, _ = step(state[name], state[f"{name}_opt"], batch)
       state = dict(state, **{name: params, f"{name}_opt": opt})
@@ -107,9 +109,9 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
   _, rgraph, state = rm_dir
   params = state["orm" if kind == "outcome" else "prm"]
   traj = _traj()
-  spec = rm.FrozenRewardModel(rgraph, kind, "log_prod")
+  spec = rm_frozen.FrozenRewardModel(rgraph, kind, "log_prod")
   out = jax.jit(
-      lambda p: rm.trajectory_rm_outputs(
+      lambda p: rm_frozen.trajectory_rm_outputs(
           spec, p, traj.tokens, traj.role, traj.turn, 3
       )
   )(params)
@@ -122,7 +124,7 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
     # it masked out as padding), all in one batch.
     rows = np.concatenate([np.arange(2), np.repeat(np.arange(2), 4)])
     lens = np.concatenate([[9, 5], np.asarray(ends).reshape(-1)])
-    got = rm.outcome_scores(
+    got = rm_model.outcome_scores(
         rgraph,
         params,
         traj.tokens[rows],
@@ -136,9 +138,9 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
         atol=1e-6,
     )
   else:
-    boundary, tmask = rm.turn_boundaries(traj.turn, 3)
+    boundary, tmask = rm_model.turn_boundaries(traj.turn, 3)
     s = np.asarray(
-        rm.boundary_logits(rgraph, params, traj.tokens, mask, boundary)
+        rm_model.boundary_logits(rgraph, params, traj.tokens, mask, boundary)
     )
     sig = 1 / (1 + np.exp(-s.astype(np.float64)))
     p0 = sig[0, 0] * sig[0, 1]  # two turns
@@ -163,8 +165,8 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
         rtol=1e-5,
         atol=1e-7,
     )
-    spec_min = rm.FrozenRewardModel(rgraph, kind, "min")
-    out_min = rm.trajectory_rm_outputs(
+    spec_min = rm_frozen.FrozenRewardModel(rgraph, kind, "min")
+    out_min = rm_frozen.trajectory_rm_outputs(
         spec_min, params, traj.tokens, traj.role, traj.turn, 3
     )
     m0 = min(sig[0, 0], sig[0, 1])
@@ -224,7 +226,7 @@ def test_rm_reward_component_transforms_hand_values():
 def test_monitor_metrics_hand_values():
   # r = [.9, .8, .2, .6], v = [1, 0, 0, 0]: means .625 / .25, gap .375;
   # centred sums: cov .275, var_r .2875, var_v .75 -> corr .275 / sqrt(.215625).
-  m = rm.monitor_metrics(
+  m = rm_frozen.monitor_metrics(
       jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1.0, 0.0, 0.0, 0.0])
   )
   np.testing.assert_allclose(m["rm_reward"], 0.625, rtol=1e-6)
@@ -235,9 +237,9 @@ def test_monitor_metrics_hand_values():
   )
   np.testing.assert_allclose(m["rm_false_positive_rate"], 2 / 3, rtol=1e-6)
   # Perfectly anti-correlated -> -1; a constant side -> 0 (not NaN).
-  m = rm.monitor_metrics(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]))
+  m = rm_frozen.monitor_metrics(jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]))
   np.testing.assert_allclose(m["rm_verified_corr"], -1.0, rtol=1e-6)
-  m = rm.monitor_metrics(jnp.array([0.3, 0.3]), jnp.array([1.0, 0.0]))
+  m = rm_frozen.monitor_metrics(jnp.array([0.3, 0.3]), jnp.array([1.0, 0.0]))
   assert float(m["rm_verified_corr"]) == 0.0
 
 

@@ -14,7 +14,7 @@ from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import padding
 from agentic_rl import replay as replay_lib
-from agentic_rl import reward_models
+from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
 from agentic_rl.rewards import factory
 from agentic_rl import rollout
@@ -203,7 +203,7 @@ def make_collect_fn(
     env,
     graphdef: nnx.GraphDef,
     model_config: transformer.TransformerConfig,
-    reward_model: reward_models.FrozenRewardModel | None = None,
+    reward_model: rm_frozen.FrozenRewardModel | None = None,
     update_lengths: tuple | None = None,
 ):
   """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
@@ -223,7 +223,7 @@ def make_collect_fn(
 
   `reward_model` (with its params in `state.reward_model`, set when
   `rl.reward_model_dir` is): every rollout round is scored by the frozen RM in
-  one batched pass (reward_models.trajectory_rm_outputs), stored as env facts
+  one batched pass (rm_frozen.trajectory_rm_outputs), stored as env facts
   'rm_score' [B] (read by the `rm` reward component) and 'rm_potential'
   [B, K + 1] (the PBRS potential when `rl.pbrs_potential` is 'rm').
 
@@ -311,7 +311,7 @@ def make_collect_fn(
       )
     if reward_model is not None:
       # Frozen learned RM: episode score and per-state potentials, one pass.
-      rm_out = reward_models.trajectory_rm_outputs(
+      rm_out = rm_frozen.trajectory_rm_outputs(
           reward_model,
           state.reward_model,
           traj.tokens,

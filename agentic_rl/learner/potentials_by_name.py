@@ -156,7 +156,8 @@ def spa_potential(ctx: PotentialContext) -> jax.Array:
 def rm_potential(ctx: PotentialContext) -> jax.Array:
   """'rm': the frozen learned reward model's per-state potential, env fact
   'rm_potential' [B, K + 1] written by the collect stage
-  (`reward_models.trajectory_rm_outputs`); a non-finite entry reads as 0."""
+  (`reward_models.frozen.trajectory_rm_outputs`); a non-finite entry reads as 0.
+  """
   return sanitize.finite_or_zero(ctx.traj.facts["rm_potential"])
 
 

@@ -12,7 +12,7 @@ from agentic_rl import host_memory
 from agentic_rl import losses
 from agentic_rl import padding
 from agentic_rl import replay as replay_lib
-from agentic_rl import reward_models
+from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import components
 from agentic_rl.rewards import dual_ascent
 from agentic_rl.rewards import sanitize
@@ -167,13 +167,13 @@ def make_rl_step(
     tx: optax.GradientTransformation,
     model_config: transformer.TransformerConfig,
     state_sharding=None,
-    reward_model: reward_models.FrozenRewardModel | None = None,
+    reward_model: rm_frozen.FrozenRewardModel | None = None,
 ) -> StepFn:
   """One GRPO iteration (collect + update) as a single jitted program.
 
   `state_sharding`: as in `make_sft_step`. `reward_model`: the frozen learned
   RM (params in `state.reward_model`; see `make_collect_fn`); its
-  over-optimisation monitor (`reward_models.monitor_metrics`: rm_reward,
+  over-optimisation monitor (`rm_frozen.monitor_metrics`: rm_reward,
   verified_reward, rm_gap, rm_verified_corr, rm_false_positive_rate, plus the
   mean raw rm_score) is added to the metrics of every iteration.
   """
@@ -305,7 +305,7 @@ def make_rl_step(
           if "rm" in parts
           else components.rm_reward(traj, **rm_params)
       )
-      metrics.update(reward_models.monitor_metrics(rm_r, facts["correct"]))
+      metrics.update(rm_frozen.monitor_metrics(rm_r, facts["correct"]))
       metrics["rm_score"] = jnp.mean(facts["rm_score"])
     state = state.replace(
         step=state.step + 1,

@@ -114,7 +114,7 @@ def step_rewards_bk(
   reward-to-go (`token_advantages`).
 
   'prm': p_k = the frozen process reward model's continuous per-turn score
-  sigmoid(s_k) (fact 'rm_step_score', `reward_models.trajectory_rm_outputs`;
+  sigmoid(s_k) (fact 'rm_step_score', `reward_models.frozen.trajectory_rm_outputs`;
   needs `rl.reward_model_dir` of kind 'process'), scored on EVERY turn that
   happened, the answer turn included.
 

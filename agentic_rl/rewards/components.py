@@ -438,7 +438,7 @@ def rm_reward(
   """A frozen learned reward model's episode score s, bounded.
 
   s = facts['rm_score'], the RM's episode logit written by the learner when
-  `rl.reward_model_dir` is set (reward_models.trajectory_rm_outputs: the ORM
+  `rl.reward_model_dir` is set (reward_models.frozen.trajectory_rm_outputs: the ORM
   score, or logit(P) of a process RM), mapped by the
   `transforms.SCORE_TRANSFORMS` entry `transform` ('sigmoid', 'tanh', 'clip' or
   'none'; see `transforms.bounded_score`).

@@ -134,7 +134,7 @@ def saturating_transform(
 # to a reward. Uniform signature of an entry: fn(s_b float32 [B], *, ref,
 # temperature, eta) -> [B] float32; arguments an entry does not use are
 # ignored. Used by the `rm` reward component (`components.rm_reward`) and by
-# reward_models.rm_score_to_reward; config name
+# reward_models.frozen.rm_score_to_reward; config name
 # `rl.reward_params.rm.transform`.
 ScoreTransformFn = Callable[..., jax.Array]
 
