@@ -1,0 +1,201 @@
+"""Typed containers of one RL iteration's collect stages.
+
+`Rollout` is what the stages of `make_collect_fn` know about the batch: the
+sampling stages set its required fields, every later stage sets the optional
+field(s) named in its comment (None until then). `LearnerBatch` is what the
+update reads, `SilSample` and `SpaInputs` are the batches of the
+self-imitation loss and of the SPA head, and `StageContext` holds the
+per-iteration inputs every stage may read (keys, parameters, feature states).
+
+Shapes: B rows (episodes), L tokens, K = env.max_turns turns, S replayed
+episodes, D the model width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping
+
+import flax.struct
+import jax
+
+if TYPE_CHECKING:  # annotations only
+  from agentic_rl import types
+
+
+@flax.struct.dataclass
+class SilSample:
+  """Replayed episodes for the self-imitation loss (SPEAR / SIL).
+
+  Attributes:
+    tokens: [S, L] int32 episode tokens of the sampled buffer slots.
+    mask: [S, L] bool, their POLICY tokens.
+    returns: [S] float32 reward each episode got when it was stored.
+    baseline: [S] float32 the current policy's baseline on its task
+      (`replay.sil_baselines`).
+    valid: [S] bool, whether the sampled slot holds an episode.
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  returns: jax.Array
+  baseline: jax.Array
+  valid: jax.Array
+
+  def as_dict(self) -> dict[str, jax.Array]:
+    """The learner batch's 'sil' dict (keys tokens, mask, return, baseline,
+    valid), as `make_update_fn` reads it."""
+    return {
+        "tokens": self.tokens,
+        "mask": self.mask,
+        "return": self.returns,
+        "baseline": self.baseline,
+        "valid": self.valid,
+    }
+
+
+@flax.struct.dataclass
+class SpaInputs:
+  """The SPA head's training batch (`credit.spa_update`).
+
+  Attributes:
+    features: [B, K, D] float32 stop-gradient hidden states at the turn ends.
+    turn_mask: [B, K] bool, the turns each episode took.
+    outcome: [B] float32 episode outcome (facts 'correct').
+  """
+
+  features: jax.Array
+  turn_mask: jax.Array
+  outcome: jax.Array
+
+
+@flax.struct.dataclass
+class Rollout:
+  """What the stages of one RL iteration know about the batch.
+
+  The required fields are set by the sampling stages; every optional field is
+  None until the stage named in its comment sets it. `reward` is rewritten
+  by several stages, in this order: environment reward, soft overlong
+  penalty, overlong mode, likelihood reward, dual penalty, replay injection,
+  KL-in-reward, telescoped PBRS (inside the advantage estimator).
+
+  Attributes:
+    traj: the fresh batch (rollout, frozen-RM facts, dynamic sampling).
+    reward: [B] float32, the running reward.
+    parts: {name: [B] float32} the reward's components (`rl.rewards`).
+    info: {name: [] array} scalar metrics added by the stages.
+    mask: [B, L] bool loss mask (policy mask, overlong, replay injection).
+    any_usable: [] bool, dynamic sampling found a group with varying
+      outcomes (the RL step skips the update otherwise).
+    gold_logp: [B, K + 1] float32 reference log-probs of the gold answer.
+    obs_prob: [B, L] float32 policy probability of each token.
+    obs_hit: [B, L] bool, each token is the policy's arg-max prediction.
+    phi: [B, K + 1] float32 unscaled PBRS potential.
+    spa_inputs: the SPA head's training batch (potential 'spa').
+    aux_advantage: [B, L] float32 dense auxiliary advantages.
+    dual_observed: [] float32 batch mean of the constrained fact.
+    train_traj: the trained rows (traj with replay injections; else traj).
+    injected: [B] bool, rows replaced by a replayed episode.
+    replay: the replay buffer after this batch's insertion.
+    sil: the self-imitation batch.
+    loss_length: [] int32 columns the update's loss reads.
+    ref_logp: [B, L] float32 reference log-probs.
+    behaviour_logp: [B, L] float32 behaviour log-probs.
+    behaviour_shift: [B, L] float32 masked-sampling log-prob shift.
+    old_values: [B, L] float32 behaviour values V_old.
+    adv_b: [B] float32 episode-level advantages.
+    advantage: [B, L] float32 per-token advantages.
+    returns: [B, L] float32 value targets.
+  """
+
+  traj: types.Trajectory
+  reward: jax.Array
+  parts: dict[str, jax.Array]
+  info: dict[str, jax.Array]
+  mask: jax.Array | None = None
+  any_usable: jax.Array | None = None
+  gold_logp: jax.Array | None = None
+  obs_prob: jax.Array | None = None
+  obs_hit: jax.Array | None = None
+  phi: jax.Array | None = None
+  spa_inputs: SpaInputs | None = None
+  aux_advantage: jax.Array | None = None
+  dual_observed: jax.Array | None = None
+  train_traj: types.Trajectory | None = None
+  injected: jax.Array | None = None
+  replay: types.ReplayBuffer | None = None
+  sil: SilSample | None = None
+  loss_length: jax.Array | None = None
+  ref_logp: jax.Array | None = None
+  behaviour_logp: jax.Array | None = None
+  behaviour_shift: jax.Array | None = None
+  old_values: jax.Array | None = None
+  adv_b: jax.Array | None = None
+  advantage: jax.Array | None = None
+  returns: jax.Array | None = None
+
+  def with_info(self, **metrics: jax.Array) -> Rollout:
+    """A copy whose `info` also holds `metrics` (a later value of a name
+    replaces the earlier one)."""
+    return self.replace(info={**self.info, **metrics})
+
+
+@flax.struct.dataclass
+class LearnerBatch:
+  """What the update reads: [B, L] arrays, optional ones None when unused.
+
+  Attributes:
+    tokens: [B, L] int32 trained rows.
+    mask: [B, L] bool loss mask.
+    behaviour_logp: [B, L] float32 behaviour log-probs.
+    ref_logp: [B, L] float32 reference log-probs.
+    advantage: [B, L] float32 per-token advantages.
+    old_values: [B, L] float32 V_old (value head).
+    returns: [B, L] float32 value targets (value head).
+    reward_hat: [B] float32 FlowRL's episode-level reward.
+    prompt_embedding: [B, D] float32 FlowRL's log-partition input.
+    behaviour_shift: [B, L] float32 masked-sampling log-prob shift.
+    aux_advantage: [B, L] float32 dense auxiliary advantages.
+    obs_mask: [B, L] bool next-observation prediction targets (TOOL tokens).
+    obs_targets: [B, L] int32 permuted targets (placebo).
+    sil: the self-imitation batch (not split into minibatches).
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  behaviour_logp: jax.Array
+  ref_logp: jax.Array
+  advantage: jax.Array
+  old_values: jax.Array | None = None
+  returns: jax.Array | None = None
+  reward_hat: jax.Array | None = None
+  prompt_embedding: jax.Array | None = None
+  behaviour_shift: jax.Array | None = None
+  aux_advantage: jax.Array | None = None
+  obs_mask: jax.Array | None = None
+  obs_targets: jax.Array | None = None
+  sil: SilSample | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+  """Per-iteration inputs of the stages, built once by collect (traced).
+
+  Attributes:
+    key: PRNG key fold_in(state.rng, state.step); stages derive their own
+      keys from it by fold_in with fixed indices.
+    step: [] int32 training step (state.step).
+    params: the sampling parameters of the policy.
+    ref_params: the full reference parameters (with LoRA: the policy's base
+      plus the reference adapters).
+    reward_model: the frozen reward model's parameters, or None.
+    features: read-only feature states by name (e.g. 'replay', 'dual',
+      'spa'); a feature that is off is absent.
+  """
+
+  key: jax.Array
+  step: jax.Array
+  params: Any
+  ref_params: Any
+  reward_model: Any | None = None
+  features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
