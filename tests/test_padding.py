@@ -306,9 +306,10 @@ def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
   mc = train.make_model_config(config)
   graphdef, state = train.init_state(config, mc)
   state = train.start_rl(config, state)
-  _, traj, *_ = jax.jit(learner.make_collect_fn(config, env, graphdef, mc))(
+  _, rollout = jax.jit(learner.make_collect_fn(config, env, graphdef, mc))(
       state
   )
+  traj = rollout.traj
   pm = np.asarray(traj.role) == types.POLICY
   end = np.where(pm.any(1), pm.shape[1] - np.argmax(pm[:, ::-1], 1), 0)
   assert (end > 32).any() and (end <= 32).any(), end
@@ -322,8 +323,8 @@ def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
     collect = learner.make_collect_fn(
         config, env, graphdef, mc, update_lengths=lens
     )
-    batch, *_, info, _ = jax.jit(collect)(state, traj)
-    out[name] = (jax.tree.map(np.asarray, batch), info)
+    batch, rollout = jax.jit(collect)(state, traj)
+    out[name] = (jax.tree.map(np.asarray, batch), rollout.info)
   (whole, _), (bucketed, info) = out["whole"], out["bucketed"]
   mask = whole["mask"]
   need = int(padding.loss_length_of(jnp.asarray(mask)))

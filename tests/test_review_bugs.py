@@ -338,7 +338,8 @@ def test_dual_path_trainer_behaviour_matches_the_sampler():
   graphdef, state = train.init_state(config, model_cfg)
   state = train.start_rl(config, state)
   collect = jax.jit(learner.make_collect_fn(config, env, graphdef, model_cfg))
-  batch, traj, *_, info, _ = collect(state)
+  batch, rollout = collect(state)
+  traj, info = rollout.traj, rollout.info
   free = np.asarray(traj.facts["tool_free"])[:, None] & (
       np.asarray(traj.role) == types.POLICY
   )

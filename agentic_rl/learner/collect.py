@@ -23,6 +23,7 @@ from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
+from agentic_rl.learner.batch import Rollout, SilSample, SpaInputs
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext, compute_potential
@@ -206,8 +207,13 @@ def make_collect_fn(
     reward_model: rm_frozen.FrozenRewardModel | None = None,
     update_lengths: tuple | None = None,
 ):
-  """Returns pure `collect(state, first_traj=None) -> (batch, traj, reward,
-  parts, adv_b, info, extras)`.
+  """Returns pure `collect(state, first_traj=None) -> (batch, rollout)`.
+
+  `batch`: the learner batch of `make_update_fn` (a dict of [B, L] arrays).
+  `rollout`: the iteration's `batch.Rollout` after the last stage: the fresh
+  trajectory, the final reward (after every reassignment), its parts, the
+  episode advantages, the metrics in `info`, and the values the RL step
+  needs after the update (any_usable, dual_observed, spa_inputs, replay).
 
   `update_lengths`: the length buckets of a bucketed update
   (`padding.update_lengths`, `rl.update_length_buckets` > 1; None: off). The
@@ -345,8 +351,8 @@ def make_collect_fn(
     )
     return metric.reshape(-1, group_size)
 
-  def sample_batch(state, key, first_traj, info):
-    """Stage 1: (traj, reward [B], parts) of num_tasks groups.
+  def sample_batch(state, key, first_traj) -> Rollout:
+    """Stage 1: the Rollout (traj, reward [B], parts) of num_tasks groups.
 
     DAPO dynamic sampling (`rl.dynamic_sampling_oversample` > 1): keep the
     first num_tasks groups whose metric varies; with retries, roll out fresh
@@ -362,7 +368,7 @@ def make_collect_fn(
         traj=first_traj,
     )
     if over <= 1:
-      return traj, reward, parts
+      return Rollout(traj=traj, reward=reward, parts=parts, info={})
     keep, usable = batch_policies.select_groups(
         ds_metric_gk(traj, reward), num_tasks
     )
@@ -398,23 +404,37 @@ def make_collect_fn(
     traj = traj.replace(
         group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
     )
-    info["usable_groups"] = filled.astype(jnp.float32) / num_tasks
-    info["dynamic_sampling_rounds"] = rounds.astype(jnp.float32)
-    info["any_usable"] = filled > 0
-    return traj, reward, parts
+    info = {
+        "usable_groups": filled.astype(jnp.float32) / num_tasks,
+        "dynamic_sampling_rounds": rounds.astype(jnp.float32),
+    }
+    return Rollout(
+        traj=traj,
+        reward=reward,
+        parts=parts,
+        info=info,
+        any_usable=filled > 0,
+    )
 
-  def loss_mask(traj, reward):
-    """Stage 2: (reward [B], mask [B, L] bool) after the overlong policy."""
+  def loss_mask(r: Rollout) -> Rollout:
+    """Stage 2: sets mask [B, L] bool and rewrites reward [B] (overlong)."""
+    traj = r.traj
     mask = policy_mask(traj)
     if num_free > 0 and not rl_cfg.dual_path_train_tool_free:
       # Tool-free episodes only measure tool necessity: no loss on them.
       mask = mask & ~traj.facts["tool_free"][:, None]
-    return batch_policies.apply_overlong(
-        reward, mask, traj.finish, rl_cfg.overlong_mode, rl_cfg.overlong_reward
+    reward, mask = batch_policies.apply_overlong(
+        r.reward,
+        mask,
+        traj.finish,
+        rl_cfg.overlong_mode,
+        rl_cfg.overlong_reward,
     )
+    return r.replace(reward=reward, mask=mask)
 
-  def shaping_terms(ctx, reward, info, extras, dual_coef):
-    """Stage 3: (reward [B], phi_bk1 [B, K + 1] or None).
+  def shaping_terms(r: Rollout, ctx, dual_coef) -> Rollout:
+    """Stage 3: rewrites reward [B]; sets phi [B, K + 1] (None without
+    PBRS), spa_inputs, aux_advantage, dual_observed and info entries.
 
     The likelihood reward (`rl.likelihood_coef`), the PBRS potential
     (`potentials.compute_potential`), the dark-room diagnostics (logged when
@@ -424,6 +444,7 @@ def make_collect_fn(
     (`rl.dual_constraint`).
     """
     traj = ctx.traj
+    reward, info = r.reward, {}
     if rl_cfg.likelihood_coef > 0:
       lik = credit.likelihood_reward(
           ctx.gold_logprobs(), traj.num_turns, traj.finish
@@ -431,35 +452,47 @@ def make_collect_fn(
       reward = reward + rl_cfg.likelihood_coef * lik
       info["likelihood"] = jnp.mean(lik)
     phi_bk1 = compute_potential(ctx)
+    spa_inputs = None
+    if "spa" in ctx.extras:
+      spa_inputs = SpaInputs(*ctx.extras["spa"])
     if (
         rl_cfg.obs_prediction_coef > 0
         or rl_cfg.log_obs_prediction
         or (rl_cfg.pbrs_potential == "obs_prediction" and rl_cfg.pbrs_coef > 0)
     ):
       info.update(obs_prediction_info(*ctx.observation_scores(), traj))
+    aux_advantage = None
     if rl_cfg.dense_as == "aux_loss" and rl_cfg.pbrs_coef > 0:
-      extras["aux_advantage"] = dense_aux_advantages(
-          rl_cfg, traj, phi_bk1, max_turns
-      )
+      aux_advantage = dense_aux_advantages(rl_cfg, traj, phi_bk1, max_turns)
+    dual_observed = None
     if rl_cfg.dual_constraint:
       # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
       # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
       dual_sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
       g_b = traj.facts[rl_cfg.dual_constraint].astype(jnp.float32)
       reward = reward - dual_sign * dual_coef * g_b
-      extras["dual_observed"] = jnp.mean(g_b)
-    return reward, phi_bk1
+      dual_observed = jnp.mean(g_b)
+    return r.replace(
+        reward=reward,
+        phi=phi_bk1,
+        spa_inputs=spa_inputs,
+        aux_advantage=aux_advantage,
+        dual_observed=dual_observed,
+    ).with_info(**info)
 
-  def replay_stage(state, key, traj, reward, mask, info, extras):
-    """Stage 4: (train_traj, reward, mask) with the replay buffer
-    (`rl.replay_capacity` > 0): injection of buffered successes into failed
-    groups (`rl.replay_inject`), SIL samples (`rl.sil_coef`), and the
-    buffer's insertion of this batch (extras['replay'])."""
+  def replay_stage(state, key, r: Rollout) -> Rollout:
+    """Stage 4: sets train_traj (traj without the replay buffer) and, with
+    the buffer (`rl.replay_capacity` > 0), rewrites reward and mask
+    (injection of buffered successes into failed groups, `rl.replay_inject`)
+    and sets injected, sil (SIL samples, `rl.sil_coef`) and replay (the
+    buffer after this batch's insertion)."""
+    traj, mask = r.traj, r.mask
     if rl_cfg.replay_capacity <= 0:
-      return traj, reward, mask
-    fresh_reward = reward
+      return r.replace(train_traj=traj)
+    info = {}
+    fresh_reward = r.reward
     fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
-    train_traj, reward, injected, extras["replay"] = replay_inject_and_store(
+    train_traj, reward, injected, new_buf = replay_inject_and_store(
         state.replay,
         traj,
         fresh_reward,
@@ -471,24 +504,32 @@ def make_collect_fn(
     if rl_cfg.replay_inject:
       mask = jnp.where(injected[:, None], train_traj.role == types.POLICY, mask)
       info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
+    sil = None
     if rl_cfg.sil_coef > 0:
       buf = state.replay
       slots = replay_lib.sample_slots(
           buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size
       )
-      extras["sil"] = {
-          "tokens": buf.tokens[slots],
-          "mask": buf.role[slots] == types.POLICY,
-          "return": buf.reward[slots],
+      sil = SilSample(
+          tokens=buf.tokens[slots],
+          mask=buf.role[slots] == types.POLICY,
+          returns=buf.reward[slots],
           # The current policy's rewards on the buffered tasks (the fresh
           # rows, not an injected row's buffered reward).
-          "baseline": replay_lib.sil_baselines(
+          baseline=replay_lib.sil_baselines(
               buf.key[slots], fresh_keys, fresh_reward
           ),
-          "valid": buf.valid[slots],
-      }
-    info["replay_size"] = jnp.sum(extras["replay"].valid.astype(jnp.float32))
-    return train_traj, reward, mask
+          valid=buf.valid[slots],
+      )
+    info["replay_size"] = jnp.sum(new_buf.valid.astype(jnp.float32))
+    return r.replace(
+        train_traj=train_traj,
+        reward=reward,
+        mask=mask,
+        injected=injected,
+        replay=new_buf,
+        sil=sil,
+    ).with_info(**info)
 
   def forward_on_bucket(params, tokens_bl, need):
     """behaviour_forward's log-probs [B, L], on the update's length bucket
@@ -498,37 +539,40 @@ def make_collect_fn(
       return fwd(tokens_bl)
     return padding.bucketed_forward(fwd, update_lengths, tokens_bl, need)
 
-  def reference_stage(ref_params, train_traj, reward, mask, need):
-    """Stage 5: (ref_logp [B, L], reward): the reference model's log-probs and
-    the KL-in-reward penalty (`rl.kl_reward_coef` > 0, no gradient, estimated
-    on the behaviour samples).
+  def reference_stage(ref_params, r: Rollout) -> Rollout:
+    """Stage 5: sets ref_logp [B, L], the reference model's log-probs, and
+    rewrites reward with the KL-in-reward penalty (`rl.kl_reward_coef` > 0,
+    no gradient, estimated on the behaviour samples).
 
     The reference forward runs over the update's row blocks
     (`behaviour_forward`: the strided split into num_minibatches *
     num_microbatches blocks, one block at a time under `lax.map`), so its
     activations are those of one micro-batch, not of the whole batch.
     """
-    ref_logp = forward_on_bucket(ref_params, train_traj.tokens, need)
+    train_traj, reward = r.train_traj, r.reward
+    ref_logp = forward_on_bucket(ref_params, train_traj.tokens, r.loss_length)
     if rl_cfg.kl_reward_coef > 0:
       reward = losses.kl_penalized_rewards(
           reward,
           train_traj.logprob,
           ref_logp,
-          mask,
+          r.mask,
           rl_cfg.kl_reward_coef,
           estimator=rl_cfg.kl_estimator,
       )
-    return ref_logp, reward
+    return r.replace(ref_logp=ref_logp, reward=reward)
 
-  def behaviour_stage(state, traj, train_traj, info, extras, need):
-    """Stage 6: (behaviour_logp [B, L], old_values [B, L] or None).
+  def behaviour_stage(state, r: Rollout) -> Rollout:
+    """Stage 6: sets behaviour_logp [B, L], old_values [B, L] (None without
+    a value head), behaviour_shift (dual path) and the mismatch info.
 
     One teacher-forced pass with the sampling parameters, on the update's
     micro-batch shapes (`behaviour_forward`): trainer-side behaviour
     log-probs (`rl.behaviour_logprobs='trainer'`) and behaviour values.
     """
+    traj, train_traj, need = r.traj, r.train_traj, r.loss_length
     if not (trainer_beh or with_values):
-      return train_traj.logprob, None
+      return r.replace(behaviour_logp=train_traj.logprob)
     if with_values:  # GAE's V_old: the whole buffer
       trainer_logp, old_values = behaviour_forward(
           config, graphdef, state.params, train_traj.tokens, with_values
@@ -537,7 +581,7 @@ def make_collect_fn(
       old_values = None
       trainer_logp = forward_on_bucket(state.params, train_traj.tokens, need)
     if not trainer_beh:
-      return train_traj.logprob, old_values
+      return r.replace(behaviour_logp=train_traj.logprob, old_values=old_values)
     # Training/inference mismatch: sampler (cached one-token decode) vs
     # trainer (full forward) log-probs of the same tokens. Fresh rows only:
     # replay-injected episodes carry an older policy's log-probs.
@@ -551,6 +595,7 @@ def make_collect_fn(
       pmask = pmask & (pos < need)
     fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
     fresh = pmask & fresh_b[:, None]
+    behaviour_shift = None
     if num_free > 0:
       # Dual-path tool-free rows were sampled with the tool-call tokens
       # masked: their behaviour log-probs are the masked distribution's.
@@ -563,16 +608,22 @@ def make_collect_fn(
           traj.facts["tool_free"] & fresh_b,
           rollout.tool_call_tokens(env),
       )
-      extras["behaviour_shift"] = jnp.where(pmask, shift, 0.0)
+      behaviour_shift = jnp.where(pmask, shift, 0.0)
     gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
+    info = {}
     info["logp_mismatch_max"] = jnp.max(gap)
     info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
         jnp.sum(fresh), 1
     ).astype(jnp.float32)
-    return jnp.where(pmask, trainer_logp, 0.0), old_values
+    return r.replace(
+        behaviour_logp=jnp.where(pmask, trainer_logp, 0.0),
+        old_values=old_values,
+        behaviour_shift=behaviour_shift,
+    ).with_info(**info)
 
-  def advantage_stage(train_traj, reward, phi_bk1, old_values, info):
-    """Stage 7: (reward, adv_b [B], adv_bl [B, L], returns_bl or None).
+  def advantage_stage(r: Rollout) -> Rollout:
+    """Stage 7: rewrites reward (telescoped PBRS); sets adv_b [B], advantage
+    [B, L] and returns [B, L] (None without a value head).
 
     'gae': PPO with GAE from the value head (arXiv:1707.06347,
     arXiv:1506.02438). Otherwise `token_advantages` (the estimator tables),
@@ -580,11 +631,13 @@ def make_collect_fn(
     1) of the reward before shaping, so the potential never regresses on its
     own shaping terms.
     """
+    train_traj, reward, old_values = r.train_traj, r.reward, r.old_values
     if rl_cfg.advantage_estimator == "gae":
       adv_b, adv_bl, returns_bl = gae_token_advantages(
           rl_cfg, reward, policy_mask(train_traj), old_values
       )
-      return reward, adv_b, adv_bl, returns_bl
+      return r.replace(adv_b=adv_b, advantage=adv_bl, returns=returns_bl)
+    info = {}
     unshaped = reward
     if step_reward_on(rl_cfg):
       # Step rewards as delivered (per episode sum), and before the transform.
@@ -597,52 +650,43 @@ def make_collect_fn(
         # The batch's Clip threshold (a quantile of its step scores).
         info["step_reward_clip_eta"] = step_clip_eta(rl_cfg, p_bk, scored_bk)
     reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, train_traj, max_turns, phi_bk1=phi_bk1
+        rl_cfg, reward, train_traj, max_turns, phi_bk1=r.phi
     )
     returns_bl = None
     if with_values:
       _, _, returns_bl = gae_token_advantages(
           rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0
       )
-    return reward, adv_b, adv_bl, returns_bl
+    return r.replace(
+        reward=reward, adv_b=adv_b, advantage=adv_bl, returns=returns_bl
+    ).with_info(**info)
 
-  def pack_batch(
-      state,
-      key,
-      train_traj,
-      mask,
-      behaviour_logp,
-      ref_logp,
-      adv_b,
-      adv_bl,
-      old_values,
-      returns_bl,
-      extras,
-  ):
+  def pack_batch(state, key, r: Rollout) -> dict:
     """Stage 8: the learner batch of `make_update_fn` ([B, L] arrays)."""
+    train_traj, mask = r.train_traj, r.mask
     batch = {
         "tokens": train_traj.tokens,
         "mask": mask,
-        "behaviour_logp": behaviour_logp,
-        "ref_logp": ref_logp,
-        "advantage": adv_bl,
+        "behaviour_logp": r.behaviour_logp,
+        "ref_logp": r.ref_logp,
+        "advantage": r.advantage,
     }
-    if returns_bl is not None:
-      batch["old_values"] = old_values
-      batch["returns"] = returns_bl
+    if r.returns is not None:
+      batch["old_values"] = r.old_values
+      batch["returns"] = r.returns
     if rl_cfg.loss_type == "flowrl":
       # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
       # the log-partition network's input.
-      batch["reward_hat"] = adv_b
+      batch["reward_hat"] = r.adv_b
       batch["prompt_embedding"] = prompt_embedding(
           graphdef, state.params, train_traj
       )
-    if "sil" in extras:
-      batch["sil"] = extras.pop("sil")
-    if "behaviour_shift" in extras:
-      batch["behaviour_shift"] = extras.pop("behaviour_shift")
-    if "aux_advantage" in extras:
-      batch["aux_advantage"] = jnp.where(mask, extras.pop("aux_advantage"), 0.0)
+    if r.sil is not None:
+      batch["sil"] = r.sil.as_dict()
+    if r.behaviour_shift is not None:
+      batch["behaviour_shift"] = r.behaviour_shift
+    if r.aux_advantage is not None:
+      batch["aux_advantage"] = jnp.where(mask, r.aux_advantage, 0.0)
     if rl_cfg.obs_prediction_coef > 0:
       # Auxiliary next-observation CE on the TOOL tokens; the placebo
       # (`rl.obs_prediction_placebo`) permutes its labels across the batch.
@@ -658,57 +702,36 @@ def make_collect_fn(
     key = jax.random.fold_in(state.rng, state.step)
     # With LoRA: the policy's frozen base plus the reference's adapters.
     ref_params = lora_lib.reference_params(state.params, state.ref_params)
-    info, extras = {}, {}
-    traj, reward, parts = sample_batch(state, key, first_traj, info)
+    r = sample_batch(state, key, first_traj)
     # The environment's reward (rl.rewards composed), before the overlong
     # policy, shaping, replay, KL-in-reward and the advantage stage change it.
-    info["env_reward"] = jnp.mean(reward)
-    reward, mask = loss_mask(traj, reward)
+    r = r.with_info(env_reward=jnp.mean(r.reward))
+    r = loss_mask(r)
     ctx = PotentialContext(
         rl_cfg=rl_cfg,
-        traj=traj,
+        traj=r.traj,
         graphdef=graphdef,
         params=state.params,
         ref_params=ref_params,
         spa=state.spa,
         max_turns=max_turns,
         temperature=temperature,
-        extras=extras,
     )
-    reward, phi_bk1 = shaping_terms(ctx, reward, info, extras, state.dual_coef)
-    train_traj, reward, mask = replay_stage(
-        state, key, traj, reward, mask, info, extras
-    )
+    r = shaping_terms(r, ctx, state.dual_coef)
+    r = replay_stage(state, key, r)
     # The columns the update's loss reads (its length bucket's choice).
     need = padding.loss_length_of(
-        mask,
-        train_traj.role == types.TOOL
+        r.mask,
+        r.train_traj.role == types.TOOL
         if rl_cfg.obs_prediction_coef > 0
         else None,
     )
-    ref_logp, reward = reference_stage(
-        ref_params, train_traj, reward, mask, need
-    )
-    behaviour_logp, old_values = behaviour_stage(
-        state, traj, train_traj, info, extras, need
-    )
-    reward, adv_b, adv_bl, returns_bl = advantage_stage(
-        train_traj, reward, phi_bk1, old_values, info
-    )
-    batch = pack_batch(
-        state,
-        key,
-        train_traj,
-        mask,
-        behaviour_logp,
-        ref_logp,
-        adv_b,
-        adv_bl,
-        old_values,
-        returns_bl,
-        extras,
-    )
-    return batch, traj, reward, parts, adv_b, info, extras
+    r = r.replace(loss_length=need)
+    r = reference_stage(ref_params, r)
+    r = behaviour_stage(state, r)
+    r = advantage_stage(r)
+    batch = pack_batch(state, key, r)
+    return batch, r
 
   return collect
 

@@ -197,7 +197,8 @@ def make_rl_step(
     update = padding.bucketed_update(update, lengths)
 
   def step(state: types.TrainState, first_traj=None):
-    batch, traj, reward, parts, adv_b, info, extras = collect(state, first_traj)
+    batch, r = collect(state, first_traj)
+    traj, reward, parts, adv_b = r.traj, r.reward, r.parts, r.adv_b
     dropout_key = adapter_dropout_key(config, state)
     z_state = None
     if state.log_partition is not None:
@@ -217,9 +218,9 @@ def make_rl_step(
           state.kl_coef,
           dropout_key=dropout_key,
       )
-    if "any_usable" in info:
+    if r.any_usable is not None:
       # No group with varying outcomes: skip the update (logged), don't crash.
-      skip = ~info.pop("any_usable")
+      skip = ~r.any_usable
       params, opt_state, z_state = jax.tree.map(
           lambda old, new: jnp.where(skip, old, new),
           (
@@ -232,7 +233,7 @@ def make_rl_step(
           (params, opt_state, z_state),
       )
       metrics["skipped_update"] = skip.astype(jnp.float32)
-    metrics.update(info)
+    metrics.update(r.info)
     kl_coef = state.kl_coef
     if rl_cfg.kl_target > 0:
       kl_coef = losses.adaptive_kl_update(
@@ -244,20 +245,17 @@ def make_rl_step(
       )
     metrics["kl_coef"] = state.kl_coef
     dual_coef = state.dual_coef
-    if "dual_observed" in extras:
+    if r.dual_observed is not None:
       metrics["dual_coef"] = state.dual_coef
-      metrics["dual_observed"] = extras["dual_observed"]
-      dual_coef = dual_coef_update(
-          rl_cfg, state.dual_coef, extras["dual_observed"]
-      )
+      metrics["dual_observed"] = r.dual_observed
+      dual_coef = dual_coef_update(rl_cfg, state.dual_coef, r.dual_observed)
     spa = state.spa
-    if "spa" in extras:
-      feat, turn_mask, outcome = extras["spa"]
+    if r.spa_inputs is not None:
       spa, metrics["spa_loss"] = credit.spa_update(
           spa,
-          feat,
-          turn_mask,
-          outcome,
+          r.spa_inputs.features,
+          r.spa_inputs.turn_mask,
+          r.spa_inputs.outcome,
           learning_rate=rl_cfg.spa_lr,
           num_steps=rl_cfg.spa_steps,
       )
@@ -312,7 +310,7 @@ def make_rl_step(
         params=params,
         opt_state=opt_state,
         kl_coef=kl_coef,
-        replay=extras.get("replay", state.replay),
+        replay=state.replay if r.replay is None else r.replay,
         dual_coef=dual_coef,
         spa=spa,
     )
