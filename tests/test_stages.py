@@ -8,8 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl import rollout
+from agentic_rl import tree_rollout
 from agentic_rl import types
+from agentic_rl.reward_models import frozen as rm_frozen
+from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
+from agentic_rl.learner.stages import sample as sample_stages
 
 
 def _traj(
@@ -130,3 +135,191 @@ def test_stage_context_is_frozen():
   assert ctx.reward_model is None and dict(ctx.features) == {}
   with pytest.raises(dataclasses.FrozenInstanceError):
     ctx.step = jnp.int32(4)  # type: ignore[misc]
+
+
+# ------------------------------------------------------- stages/sample.py
+
+
+class _TaskEnv:
+  """sample_tasks only: task i of a draw is {'id': i + 10 * draw}."""
+
+  max_turns = 2
+
+  def __init__(self):
+    self.keys = []
+
+  def sample_tasks(self, key, n):
+    self.keys.append(key)
+    return {"id": jnp.arange(n, dtype=jnp.int32) + 10 * (len(self.keys) - 1)}
+
+
+def test_rollout_round_repeats_tasks_into_groups(monkeypatch):
+  seen = {}
+
+  def fake_rollout(env, tasks, key, **kw):
+    seen.update(tasks=tasks, key=key, **kw)
+    return "traj"
+
+  monkeypatch.setattr(rollout, "rollout", fake_rollout)
+  env = _TaskEnv()
+  round_key = jax.random.key(7)
+  out = sample_stages.rollout_round(
+      round_key,
+      "params",
+      env=env,
+      graphdef="graphdef",
+      model_config="mc",
+      num_groups=2,
+      group_size=3,
+      max_len=16,
+      temperature=0.5,
+      num_tool_free=1,
+  )
+  assert out == "traj"
+  task_key, sample_key = jax.random.split(round_key)
+  np.testing.assert_array_equal(
+      jax.random.key_data(env.keys[0]), jax.random.key_data(task_key)
+  )
+  np.testing.assert_array_equal(
+      jax.random.key_data(seen["key"]), jax.random.key_data(sample_key)
+  )
+  np.testing.assert_array_equal(seen["tasks"]["id"], [0, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(seen["group"], [0, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(
+      seen["tool_free"], [False, False, True, False, False, True]
+  )
+  assert seen["max_len"] == 16 and seen["temperature"] == 0.5
+  assert seen["params"] == "params" and seen["graphdef"] == "graphdef"
+
+
+def test_rollout_round_without_tool_free_rows_passes_none(monkeypatch):
+  seen = {}
+  monkeypatch.setattr(
+      rollout, "rollout", lambda env, tasks, key, **kw: seen.update(kw)
+  )
+  sample_stages.rollout_round(
+      jax.random.key(0),
+      None,
+      env=_TaskEnv(),
+      graphdef=None,
+      model_config=None,
+      num_groups=1,
+      group_size=2,
+      max_len=8,
+      temperature=1.0,
+  )
+  assert seen["tool_free"] is None
+
+
+def test_rollout_round_tree_samples_one_task_per_group(monkeypatch):
+  seen = {}
+
+  def fake_tree(env, tasks, key, **kw):
+    seen.update(tasks=tasks, **kw)
+    return "tree"
+
+  monkeypatch.setattr(tree_rollout, "tree_rollout", fake_tree)
+  out = sample_stages.rollout_round(
+      jax.random.key(0),
+      None,
+      env=_TaskEnv(),
+      graphdef=None,
+      model_config=None,
+      num_groups=2,
+      group_size=4,
+      max_len=8,
+      temperature=1.0,
+      tree_branching=(2, 2),
+  )
+  assert out == "tree"
+  np.testing.assert_array_equal(seen["tasks"]["id"], [0, 1])
+  assert seen["branching"] == (2, 2)
+
+
+@pytest.mark.parametrize("prm", [False, True])
+def test_rm_score_writes_the_reward_model_facts(monkeypatch, prm):
+  traj = _traj([[1, 2, 3, 0]], [[P, A, A, _]], facts={"correct": jnp.ones(1)})
+  out = {"score": jnp.asarray([0.5]), "potential": jnp.asarray([[0.1, 0.2]])}
+  if prm:
+    out["step_score"] = jnp.asarray([[0.3]])
+  calls = []
+
+  def fake(rm, params, tokens, role, turn, k):
+    calls.append((rm, params, k))
+    return out
+
+  monkeypatch.setattr(rm_frozen, "trajectory_rm_outputs", fake)
+  scored = sample_stages.rm_score(
+      traj, "rm_params", reward_model="rm", max_turns=1
+  )
+  assert calls == [("rm", "rm_params", 1)]
+  assert set(scored.facts) == {"correct", "rm_score", "rm_potential"} | (
+      {"rm_step_score"} if prm else set()
+  )
+  np.testing.assert_array_equal(scored.facts["rm_score"], [0.5])
+  assert scored.facts["rm_potential"] is out["potential"]
+  assert set(traj.facts) == {"correct"}  # the input is unchanged
+
+
+def test_env_reward_runs_the_reward_on_the_rl_step():
+  traj = _traj(
+      [[1, 2], [1, 3]],
+      [[P, A], [P, A]],
+      facts={"correct": jnp.asarray([1.0, 0.0])},
+  )
+  steps = []
+
+  def reward_fn(t, step, key):
+    steps.append(int(step))
+    return t.facts["correct"] * 2.0, {"correct": t.facts["correct"]}
+
+  r = sample_stages.env_reward(
+      traj, jnp.int32(7), jax.random.key(0), reward_fn=reward_fn, sft_steps=5
+  )
+  assert steps == [2]
+  assert r.traj is traj and r.info == {} and r.mask is None
+  np.testing.assert_array_equal(r.reward, [2.0, 0.0])
+  np.testing.assert_array_equal(r.parts["correct"], [1.0, 0.0])
+
+
+def test_env_reward_with_the_config_reward_fn():
+  traj = _traj(
+      [[1, 2], [1, 3]],
+      [[P, A], [P, A]],
+      facts={"correct": jnp.asarray([True, False])},
+  )
+  r = sample_stages.env_reward(
+      traj,
+      jnp.int32(0),
+      None,
+      reward_fn=reward_factory.make_reward_fn({"correct": 1.0}),
+      sft_steps=0,
+  )
+  np.testing.assert_array_equal(r.reward, [1.0, 0.0])
+  assert r.reward.dtype == jnp.float32
+
+
+def test_soft_overlong_penalty_on_policy_token_counts():
+  # POLICY tokens per row: 2, 3, 5; L_max = 4, L_cache = 2: soft zone (2, 4].
+  traj = _traj(
+      [[0] * 6] * 3,
+      [
+          [P, A, A, _, _, _],
+          [P, A, T, A, A, _],
+          [P, A, A, A, A, A],
+      ],
+  )
+  r = batch_lib.Rollout(
+      traj=traj, reward=jnp.asarray([1.0, 1.0, 0.0]), parts={}, info={}
+  )
+  out = sample_stages.soft_overlong_penalty(r, soft_max=4, cache=2)
+  np.testing.assert_allclose(out.reward, [1.0, 0.5, -1.0])
+  with pytest.raises(ValueError, match="cache_len"):
+    sample_stages.soft_overlong_penalty(r, soft_max=4, cache=0)
+
+
+def test_dual_path_tool_free_rows():
+  np.testing.assert_array_equal(
+      sample_stages.dual_path_tool_free(6, 3, 2), [False, True, True] * 2
+  )
+  assert sample_stages.dual_path_tool_free(6, 3, 0) is None

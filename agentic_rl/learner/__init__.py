@@ -11,6 +11,10 @@ One module per stage:
   sft.py           SFT loss, gradient accumulation, `make_sft_step`
   collect.py       `make_collect_fn`: rollout -> rewards -> potentials ->
                    reference / behaviour log-probs -> advantages -> batch
+  batch.py         `Rollout`, `LearnerBatch`, ...: the typed batch the
+                   collect stages read and write
+  stages/          the collect stages as top-level functions (sample.py:
+                   rollout round, RM scores, env reward, soft overlong)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token

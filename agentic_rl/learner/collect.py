@@ -18,8 +18,6 @@ from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
 from agentic_rl.rewards import factory
 from agentic_rl import rollout
-from agentic_rl import tree_rollout
-from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -27,6 +25,8 @@ from agentic_rl.learner.batch import Rollout, SilSample, SpaInputs
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext, compute_potential
+from agentic_rl.learner.stages import sample as sample_stages
+from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
 from agentic_rl.learner.token_credit import (
     dense_aux_advantages,
     gae_token_advantages,
@@ -83,15 +83,6 @@ def obs_prediction_info(
       "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
       "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
   }
-
-
-def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
-  """[num_rows] bool: the last `num_free` rows of every contiguous group of
-  `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
-  EAPO, docs/papers.md); None when num_free is 0."""
-  if num_free <= 0:
-    return None
-  return (jnp.arange(num_rows) % group_size) >= group_size - num_free
 
 
 def inject_replay(
@@ -274,74 +265,46 @@ def make_collect_fn(
   with_values = uses_values(rl_cfg)
   trainer_beh = rl_cfg.behaviour_logprobs == "trainer"
 
-  def sample_round(state, round_key, noise_key, num_groups, traj=None):
+  def sample_round(
+      state, round_key, noise_key, num_groups, traj=None
+  ) -> Rollout:
     """Rolls out num_groups groups of group_size episodes and scores them.
 
     `traj`: the round's trajectory when it was rolled out outside this program
     (host environments: `make_host_rollout_fn` with the same keys).
     """
-    task_key, sample_key = jax.random.split(round_key)
-    if traj is None and tree_branching:
-      tasks = env.sample_tasks(task_key, num_groups)
-      # PORTool tree: each group is one task's tree of group_size leaves.
-      traj = tree_rollout.tree_rollout(
-          env,
-          tasks,
-          sample_key,
-          max_len=config.max_len,
-          branching=tree_branching,
+    if traj is None:
+      traj = sample_stages.rollout_round(
+          round_key,
+          state.params,
+          env=env,
           graphdef=graphdef,
-          params=state.params,
           model_config=model_config,
-          temperature=temperature,
-      )
-    elif traj is None:
-      tasks = env.sample_tasks(task_key, num_groups)
-      tasks = sharding.constrain_batch(
-          jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
-      )
-      group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
-      traj = rollout.rollout(
-          env,
-          tasks,
-          sample_key,
+          num_groups=num_groups,
+          group_size=group_size,
           max_len=config.max_len,
-          group=group,
-          graphdef=graphdef,
-          params=state.params,
-          model_config=model_config,
           temperature=temperature,
-          tool_free=dual_path_tool_free(
-              num_groups * group_size, group_size, num_free
-          ),
+          tree_branching=tree_branching,
+          num_tool_free=num_free,
       )
     if reward_model is not None:
       # Frozen learned RM: episode score and per-state potentials, one pass.
-      rm_out = rm_frozen.trajectory_rm_outputs(
-          reward_model,
+      traj = sample_stages.rm_score(
+          traj,
           state.reward_model,
-          traj.tokens,
-          traj.role,
-          traj.turn,
-          max_turns,
+          reward_model=reward_model,
+          max_turns=max_turns,
       )
-      facts = dict(
-          traj.facts,
-          rm_score=rm_out["score"],
-          rm_potential=rm_out["potential"],
-      )
-      if "step_score" in rm_out:  # a PRM: per-turn scores
-        facts["rm_step_score"] = rm_out["step_score"]
-      traj = traj.replace(facts=facts)
-    # Reward schedules run on the RL step index (0 at the first RL iteration).
-    reward, parts = reward_fn(traj, state.step - sft_steps, noise_key)
+    r = sample_stages.env_reward(
+        traj, state.step, noise_key, reward_fn=reward_fn, sft_steps=sft_steps
+    )
     if rl_cfg.overlong_soft_cache > 0:
-      reward = reward + batch_policies.soft_overlong_penalty(
-          jnp.sum(policy_mask(traj), axis=1),
-          rl_cfg.overlong_soft_max,
-          rl_cfg.overlong_soft_cache,
+      r = sample_stages.soft_overlong_penalty(
+          r,
+          soft_max=rl_cfg.overlong_soft_max,
+          cache=rl_cfg.overlong_soft_cache,
       )
-    return traj, reward, parts
+    return r
 
   def ds_metric_gk(traj, reward):
     metric = (
@@ -360,7 +323,7 @@ def make_collect_fn(
     more rounds, stopping once the batch is full).
     """
     num_sampled = num_tasks * over
-    traj, reward, parts = sample_round(
+    first = sample_round(
         state,
         jax.random.fold_in(key, 1),
         jax.random.fold_in(key, 2),
@@ -368,7 +331,8 @@ def make_collect_fn(
         traj=first_traj,
     )
     if over <= 1:
-      return Rollout(traj=traj, reward=reward, parts=parts, info={})
+      return first
+    traj, reward, parts = first.traj, first.reward, first.parts
     keep, usable = batch_policies.select_groups(
         ds_metric_gk(traj, reward), num_tasks
     )
@@ -392,6 +356,7 @@ def make_collect_fn(
             jax.random.fold_in(round_key, 2),
             num_sampled,
         )
+        new = (new.traj, new.reward, new.parts)
         kept, filled = batch_policies.refill_groups(
             kept, filled, new, ds_metric_gk(new[0], new[1]), group_size
         )

@@ -1,0 +1,10 @@
+"""The stages of one RL iteration's collect step as top-level functions.
+
+Each stage reads arrays, scalars and a typed batch (`types.Trajectory` or
+`learner.batch.Rollout`) and returns the typed batch with the fields it sets;
+its static settings are keyword-only arguments. `learner.collect`'s
+`make_collect_fn` runs them in order:
+
+  sample.py   rollout round, frozen-RM scores, environment reward, soft
+              overlong penalty
+"""

@@ -1,0 +1,199 @@
+"""Sampling stages: one rollout round and its per-round scoring.
+
+A round is `rollout_round` (or a trajectory rolled out on the host), then
+`rm_score` (with a frozen reward model), `env_reward` and
+`soft_overlong_penalty` (`rl.overlong_soft_cache` > 0). The collect step runs
+one round, and dynamic sampling re-runs rounds on fresh keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentic_rl import batch_policies
+from agentic_rl import rollout
+from agentic_rl import sharding
+from agentic_rl import tree_rollout
+from agentic_rl import types
+from agentic_rl.reward_models import frozen as rm_frozen
+from agentic_rl.learner.batch import Rollout
+from agentic_rl.learner.common import policy_mask
+
+
+def dual_path_tool_free(num_rows: int, group_size: int, num_free: int):
+  """[num_rows] bool: the last `num_free` rows of every contiguous group of
+  `group_size` are sampled with tool calls disabled (dual-path groups, AKBE /
+  EAPO, docs/papers.md); None when num_free is 0."""
+  if num_free <= 0:
+    return None
+  return (jnp.arange(num_rows) % group_size) >= group_size - num_free
+
+
+def rollout_round(
+    round_key: jax.Array,
+    params: Any,
+    *,
+    env,
+    graphdef: nnx.GraphDef,
+    model_config,
+    num_groups: int,
+    group_size: int,
+    max_len: int,
+    temperature: float,
+    tree_branching: tuple[int, ...] = (),
+    num_tool_free: int = 0,
+) -> types.Trajectory:
+  """Rolls out `num_groups` groups of `group_size` episodes with the policy.
+
+  `round_key` is split into a task key (`env.sample_tasks`) and a sampling
+  key. Without `tree_branching`, each task is repeated `group_size` times
+  contiguously (group = task index, `rollout.rollout`), the last
+  `num_tool_free` rows of each group sampled with tool calls disabled
+  (`dual_path_tool_free`); with it, each group is one task's PORTool tree of
+  `group_size` leaves (`tree_rollout.tree_rollout`).
+
+  Args:
+    round_key: PRNG key of the round.
+    params: the policy's sampling parameters.
+    env: the JAX-native environment.
+    graphdef, model_config: the policy's graph and config.
+    num_groups: tasks sampled (static).
+    group_size: episodes per task (static).
+    max_len: tokens per episode L (static).
+    temperature: sampling temperature.
+    tree_branching: the tree's branching factors; () rolls out flat groups.
+    num_tool_free: dual-path tool-free rows per group (0: off).
+
+  Returns:
+    The Trajectory of B = num_groups * group_size rows, group-major.
+  """
+  task_key, sample_key = jax.random.split(round_key)
+  if tree_branching:
+    tasks = env.sample_tasks(task_key, num_groups)
+    # PORTool tree: each group is one task's tree of group_size leaves.
+    return tree_rollout.tree_rollout(
+        env,
+        tasks,
+        sample_key,
+        max_len=max_len,
+        branching=tree_branching,
+        graphdef=graphdef,
+        params=params,
+        model_config=model_config,
+        temperature=temperature,
+    )
+  tasks = env.sample_tasks(task_key, num_groups)
+  tasks = sharding.constrain_batch(
+      jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), tasks)
+  )
+  group = jnp.repeat(jnp.arange(num_groups, dtype=jnp.int32), group_size)
+  return rollout.rollout(
+      env,
+      tasks,
+      sample_key,
+      max_len=max_len,
+      group=group,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_config,
+      temperature=temperature,
+      tool_free=dual_path_tool_free(
+          num_groups * group_size, group_size, num_tool_free
+      ),
+  )
+
+
+def rm_score(
+    traj: types.Trajectory,
+    rm_params: Any,
+    *,
+    reward_model: rm_frozen.FrozenRewardModel,
+    max_turns: int,
+) -> types.Trajectory:
+  """Scores a round with the frozen learned reward model, in one pass.
+
+  Args:
+    traj: the round's trajectory ([B, L] tokens, role, turn).
+    rm_params: the reward model's parameters (`TrainState.reward_model`).
+    reward_model: the frozen reward model
+      (`reward_models.frozen.trajectory_rm_outputs`).
+    max_turns: K (static).
+
+  Returns:
+    traj with facts 'rm_score' [B] float32 (read by the `rm` reward
+    component), 'rm_potential' [B, K + 1] float32 (the PBRS potential 'rm')
+    and, for a process reward model, 'rm_step_score' [B, K] float32.
+  """
+  rm_out = rm_frozen.trajectory_rm_outputs(
+      reward_model,
+      rm_params,
+      traj.tokens,
+      traj.role,
+      traj.turn,
+      max_turns,
+  )
+  facts = dict(
+      traj.facts,
+      rm_score=rm_out["score"],
+      rm_potential=rm_out["potential"],
+  )
+  if "step_score" in rm_out:  # a PRM: per-turn scores
+    facts["rm_step_score"] = rm_out["step_score"]
+  return traj.replace(facts=facts)
+
+
+def env_reward(
+    traj: types.Trajectory,
+    step: jax.Array,
+    noise_key: jax.Array,
+    *,
+    reward_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
+    sft_steps: int,
+) -> Rollout:
+  """The environment's reward of a round: a new Rollout.
+
+  Reward schedules run on the RL step index, step - sft_steps (0 at the first
+  RL iteration).
+
+  Args:
+    traj: the round's trajectory (facts read by the reward components).
+    step: [] int32 training step (`TrainState.step`).
+    noise_key: PRNG key of the reward noise (`rl.reward_noise`).
+    reward_fn: `rewards.factory.reward_fn_from_config(config.rl)`.
+    sft_steps: `sft.steps`.
+
+  Returns:
+    Rollout(traj, reward [B] float32, parts {name: [B] float32}, info {}).
+  """
+  reward, parts = reward_fn(traj, step - sft_steps, noise_key)
+  return Rollout(traj=traj, reward=reward, parts=parts, info={})
+
+
+def soft_overlong_penalty(r: Rollout, *, soft_max: int, cache: int) -> Rollout:
+  """DAPO's soft overlong punishment added to the reward, per round.
+
+  The penalty (`batch_policies.soft_overlong_penalty`) reads each episode's
+  POLICY token count; it is applied to every round before dynamic sampling
+  selects groups.
+
+  Args:
+    r: the round's Rollout (traj, reward [B] float32).
+    soft_max: `rl.overlong_soft_max`, L_max.
+    cache: `rl.overlong_soft_cache`, L_cache (> 0).
+
+  Returns:
+    r with reward + penalty ([B] float32, penalty in [-1, 0]).
+
+  Raises:
+    ValueError: cache outside (0, soft_max].
+  """
+  return r.replace(
+      reward=r.reward
+      + batch_policies.soft_overlong_penalty(
+          jnp.sum(policy_mask(r.traj), axis=1), soft_max, cache
+      )
+  )
