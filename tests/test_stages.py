@@ -323,3 +323,127 @@ def test_dual_path_tool_free_rows():
       sample_stages.dual_path_tool_free(6, 3, 2), [False, True, True] * 2
   )
   assert sample_stages.dual_path_tool_free(6, 3, 0) is None
+
+
+def _round(tokens_b, reward_b, rollout_key, noise_key):
+  """A hand-made round: row i holds token tokens_b[i]; facts record keys."""
+  b = len(reward_b)
+  reward = jnp.asarray(reward_b, jnp.float32)
+  traj = _traj(
+      jnp.asarray(tokens_b, jnp.int32)[:, None],
+      [[A]] * b,
+      group=np.zeros(b, np.int32),
+      facts={
+          "correct": reward > 0,
+          "rollout_key": jnp.broadcast_to(rollout_key, (b, 2)),
+          "noise_key": jnp.broadcast_to(noise_key, (b, 2)),
+      },
+  )
+  return batch_lib.Rollout(
+      traj=traj, reward=reward, parts={"correct": reward}, info={}
+  )
+
+
+def test_group_metric_by_reward_or_correct():
+  r = _round(
+      [0, 1, 2, 3], [1.0, 0.5, 0.0, 0.0], *[jnp.zeros(2, jnp.uint32)] * 2
+  )
+  np.testing.assert_array_equal(
+      sample_stages.group_metric(
+          r.traj, r.reward, metric="reward", group_size=2
+      ),
+      [[1.0, 0.5], [0.0, 0.0]],
+  )
+  m = sample_stages.group_metric(
+      r.traj, r.reward, metric="correct", group_size=2
+  )
+  assert m.dtype == jnp.float32
+  np.testing.assert_array_equal(m, [[1.0, 1.0], [0.0, 0.0]])
+
+
+def test_dynamic_sampling_refills_from_a_retry_round_on_its_keys():
+  key = jax.random.PRNGKey(3)
+  zero = jnp.zeros(2, jnp.uint32)
+  # Round 1, 4 groups of 2: only group 2 varies.
+  first = _round(range(8), [1, 1, 0, 0, 1, 0, 0, 0], zero, zero)
+
+  def round_fn(rollout_key, noise_key):  # groups 1 and 2 vary
+    return _round(
+        range(100, 108), [0, 0, 1, 0, 0, 1, 1, 1], rollout_key, noise_key
+    )
+
+  out = sample_stages.dynamic_sampling(
+      first,
+      key,
+      round_fn,
+      num_tasks=2,
+      group_size=2,
+      metric="reward",
+      max_retries=3,
+  )
+  # Slot 0: round 1's group 2; slot 1: the retry's first varied group (1).
+  np.testing.assert_array_equal(out.traj.tokens[:, 0], [4, 5, 102, 103])
+  np.testing.assert_array_equal(out.reward, [1.0, 0.0, 1.0, 0.0])
+  np.testing.assert_array_equal(out.parts["correct"], [1.0, 0.0, 1.0, 0.0])
+  np.testing.assert_array_equal(out.traj.group, [0, 0, 1, 1])
+  k1 = jax.random.fold_in(jax.random.fold_in(key, 3), 1)
+  for name, i in (("rollout_key", 1), ("noise_key", 2)):
+    np.testing.assert_array_equal(
+        out.traj.facts[name][2], jax.random.fold_in(k1, i)
+    )
+  assert bool(out.any_usable)
+  assert float(out.info["usable_groups"]) == 1.0
+  assert float(out.info["dynamic_sampling_rounds"]) == 2.0
+
+
+def test_dynamic_sampling_without_varied_groups_stops_at_max_retries():
+  zero = jnp.zeros(2, jnp.uint32)
+  first = _round(range(6), [1, 1, 0, 0, 1, 1], zero, zero)
+  calls = []
+
+  def round_fn(rollout_key, noise_key):
+    calls.append(1)  # traced once (the while_loop body)
+    return _round(range(6), [0.0] * 6, rollout_key, noise_key)
+
+  out = sample_stages.dynamic_sampling(
+      first,
+      jax.random.PRNGKey(0),
+      round_fn,
+      num_tasks=2,
+      group_size=2,
+      metric="correct",
+      max_retries=2,
+  )
+  assert len(calls) == 1
+  assert not bool(out.any_usable)
+  assert float(out.info["usable_groups"]) == 0.0
+  assert float(out.info["dynamic_sampling_rounds"]) == 3.0
+  # Constant fillers: round 1's groups 0 and 1, in order.
+  np.testing.assert_array_equal(out.traj.tokens[:, 0], [0, 1, 2, 3])
+
+
+def test_dynamic_sampling_without_retries_selects_round_one():
+  zero = jnp.zeros(2, jnp.uint32)
+  first = _round(range(6), [0, 0, 0, 1, 1, 0], zero, zero)
+  out = sample_stages.dynamic_sampling(
+      first,
+      jax.random.PRNGKey(0),
+      None,
+      num_tasks=2,
+      group_size=2,
+      metric="reward",
+      max_retries=0,
+  )
+  np.testing.assert_array_equal(out.traj.tokens[:, 0], [2, 3, 4, 5])
+  assert float(out.info["dynamic_sampling_rounds"]) == 1.0
+  assert float(out.info["usable_groups"]) == 1.0
+  with pytest.raises(ValueError, match="num_keep"):
+    sample_stages.dynamic_sampling(
+        first,
+        jax.random.PRNGKey(0),
+        None,
+        num_tasks=4,
+        group_size=2,
+        metric="reward",
+        max_retries=0,
+    )

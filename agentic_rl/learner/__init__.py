@@ -14,7 +14,8 @@ One module per stage:
   batch.py         `Rollout`, `LearnerBatch`, ...: the typed batch the
                    collect stages read and write
   stages/          the collect stages as top-level functions (sample.py:
-                   rollout round, RM scores, env reward, soft overlong)
+                   rollout round, RM scores, env reward, soft overlong,
+                   dynamic sampling)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token

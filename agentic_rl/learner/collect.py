@@ -306,21 +306,14 @@ def make_collect_fn(
       )
     return r
 
-  def ds_metric_gk(traj, reward):
-    metric = (
-        reward
-        if rl_cfg.dynamic_sampling_metric == "reward"
-        else traj.facts["correct"].astype(jnp.float32)
-    )
-    return metric.reshape(-1, group_size)
-
   def sample_batch(state, key, first_traj) -> Rollout:
     """Stage 1: the Rollout (traj, reward [B], parts) of num_tasks groups.
 
-    DAPO dynamic sampling (`rl.dynamic_sampling_oversample` > 1): keep the
-    first num_tasks groups whose metric varies; with retries, roll out fresh
-    groups into the remaining slots (at most `rl.dynamic_sampling_max_retries`
-    more rounds, stopping once the batch is full).
+    DAPO dynamic sampling (`rl.dynamic_sampling_oversample` > 1,
+    `stages.sample.dynamic_sampling`): keep the first num_tasks groups whose
+    metric varies; with retries, roll out fresh groups into the remaining
+    slots (at most `rl.dynamic_sampling_max_retries` more rounds, stopping
+    once the batch is full).
     """
     num_sampled = num_tasks * over
     first = sample_round(
@@ -332,53 +325,16 @@ def make_collect_fn(
     )
     if over <= 1:
       return first
-    traj, reward, parts = first.traj, first.reward, first.parts
-    keep, usable = batch_policies.select_groups(
-        ds_metric_gk(traj, reward), num_tasks
-    )
-    kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
-    filled = jnp.sum(usable.astype(jnp.int32))
-    rounds = jnp.int32(1)
-    max_retries = rl_cfg.dynamic_sampling_max_retries
-    if max_retries > 0:
-      retry_key = jax.random.fold_in(key, 3)
-
-      def retry_cond(carry):
-        _, filled, r = carry
-        return (filled < num_tasks) & (r <= max_retries)
-
-      def retry_body(carry):
-        kept, filled, r = carry
-        round_key = jax.random.fold_in(retry_key, r)
-        new = sample_round(
-            state,
-            jax.random.fold_in(round_key, 1),
-            jax.random.fold_in(round_key, 2),
-            num_sampled,
-        )
-        new = (new.traj, new.reward, new.parts)
-        kept, filled = batch_policies.refill_groups(
-            kept, filled, new, ds_metric_gk(new[0], new[1]), group_size
-        )
-        return kept, filled, r + 1
-
-      kept, filled, rounds = jax.lax.while_loop(
-          retry_cond, retry_body, (kept, filled, rounds)
-      )
-    traj, reward, parts = kept
-    traj = traj.replace(
-        group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
-    )
-    info = {
-        "usable_groups": filled.astype(jnp.float32) / num_tasks,
-        "dynamic_sampling_rounds": rounds.astype(jnp.float32),
-    }
-    return Rollout(
-        traj=traj,
-        reward=reward,
-        parts=parts,
-        info=info,
-        any_usable=filled > 0,
+    return sample_stages.dynamic_sampling(
+        first,
+        key,
+        lambda round_key, noise_key: sample_round(
+            state, round_key, noise_key, num_sampled
+        ),
+        num_tasks=num_tasks,
+        group_size=group_size,
+        metric=rl_cfg.dynamic_sampling_metric,
+        max_retries=rl_cfg.dynamic_sampling_max_retries,
     )
 
   def loss_mask(r: Rollout) -> Rollout:

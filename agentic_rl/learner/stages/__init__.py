@@ -6,5 +6,5 @@ its static settings are keyword-only arguments. `learner.collect`'s
 `make_collect_fn` runs them in order:
 
   sample.py   rollout round, frozen-RM scores, environment reward, soft
-              overlong penalty
+              overlong penalty, DAPO dynamic sampling
 """

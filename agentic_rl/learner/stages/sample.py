@@ -3,7 +3,8 @@
 A round is `rollout_round` (or a trajectory rolled out on the host), then
 `rm_score` (with a frozen reward model), `env_reward` and
 `soft_overlong_penalty` (`rl.overlong_soft_cache` > 0). The collect step runs
-one round, and dynamic sampling re-runs rounds on fresh keys.
+one round; `dynamic_sampling` keeps its groups whose outcome varies and
+re-runs rounds on fresh keys to fill the batch.
 """
 
 from __future__ import annotations
@@ -196,4 +197,117 @@ def soft_overlong_penalty(r: Rollout, *, soft_max: int, cache: int) -> Rollout:
       + batch_policies.soft_overlong_penalty(
           jnp.sum(policy_mask(r.traj), axis=1), soft_max, cache
       )
+  )
+
+
+def group_metric(
+    traj: types.Trajectory,
+    reward: jax.Array,
+    *,
+    metric: str,
+    group_size: int,
+) -> jax.Array:
+  """[G, group_size] float32 per-episode metric of dynamic sampling.
+
+  Args:
+    traj: the round's trajectory (facts 'correct' for metric 'correct').
+    reward: [B] float32 the round's reward.
+    metric: `rl.dynamic_sampling_metric`: 'reward', else the facts
+      'correct' as float32.
+    group_size: K (static); B = G * K rows, group-major.
+  """
+  metric_b = (
+      reward
+      if metric == "reward"
+      else traj.facts["correct"].astype(jnp.float32)
+  )
+  return metric_b.reshape(-1, group_size)
+
+
+def dynamic_sampling(
+    r: Rollout,
+    key: jax.Array,
+    round_fn: Callable[[jax.Array, jax.Array], Rollout],
+    *,
+    num_tasks: int,
+    group_size: int,
+    metric: str,
+    max_retries: int,
+) -> Rollout:
+  """DAPO dynamic sampling: keep num_tasks groups whose metric varies.
+
+  Keeps the first num_tasks groups of the oversampled round `r` whose
+  `group_metric` is not constant (`batch_policies.select_groups`; constant
+  groups fill the rest). With `max_retries` > 0, fresh rounds fill the
+  remaining slots (`batch_policies.refill_groups`) until the batch is full,
+  at most max_retries more rounds: retry round i (1, 2, ...) runs
+  round_fn(fold_in(k_i, 1), fold_in(k_i, 2)) with k_i = fold_in(fold_in(key,
+  3), i). The kept rows' groups are renumbered 0 .. num_tasks - 1.
+
+  Args:
+    r: the first round's Rollout (traj, reward [B] float32, parts) of
+      G >= num_tasks groups of group_size rows, group-major.
+    key: the iteration's PRNG key, fold_in(rng, step).
+    round_fn: (rollout_key, noise_key) -> Rollout of a fresh round with
+      the first round's shapes (traced inside a while_loop).
+    num_tasks: groups kept (static).
+    group_size: K (static).
+    metric: `rl.dynamic_sampling_metric` ('reward' or 'correct').
+    max_retries: `rl.dynamic_sampling_max_retries` (static).
+
+  Returns:
+    Rollout of num_tasks * group_size rows with any_usable ([] bool: at least
+    one kept group varies) and info usable_groups (share of kept groups that
+    vary) and dynamic_sampling_rounds (rounds run), float32 scalars.
+
+  Raises:
+    ValueError: num_tasks > G.
+  """
+  traj, reward, parts = r.traj, r.reward, r.parts
+  metric_gk = lambda t, rew: group_metric(
+      t, rew, metric=metric, group_size=group_size
+  )
+  keep, usable = batch_policies.select_groups(
+      metric_gk(traj, reward), num_tasks
+  )
+  kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
+  filled = jnp.sum(usable.astype(jnp.int32))
+  rounds = jnp.int32(1)
+  if max_retries > 0:
+    retry_key = jax.random.fold_in(key, 3)
+
+    def retry_cond(carry):
+      _, filled, i = carry
+      return (filled < num_tasks) & (i <= max_retries)
+
+    def retry_body(carry):
+      kept, filled, i = carry
+      round_key = jax.random.fold_in(retry_key, i)
+      new = round_fn(
+          jax.random.fold_in(round_key, 1),
+          jax.random.fold_in(round_key, 2),
+      )
+      new = (new.traj, new.reward, new.parts)
+      kept, filled = batch_policies.refill_groups(
+          kept, filled, new, metric_gk(new[0], new[1]), group_size
+      )
+      return kept, filled, i + 1
+
+    kept, filled, rounds = jax.lax.while_loop(
+        retry_cond, retry_body, (kept, filled, rounds)
+    )
+  traj, reward, parts = kept
+  traj = traj.replace(
+      group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
+  )
+  info = {
+      "usable_groups": filled.astype(jnp.float32) / num_tasks,
+      "dynamic_sampling_rounds": rounds.astype(jnp.float32),
+  }
+  return Rollout(
+      traj=traj,
+      reward=reward,
+      parts=parts,
+      info={**r.info, **info},
+      any_usable=filled > 0,
   )
