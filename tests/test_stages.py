@@ -15,6 +15,7 @@ from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
 from agentic_rl.learner.stages import sample as sample_stages
+from agentic_rl.learner.stages import shaping as shaping_stages
 
 
 def _traj(
@@ -447,3 +448,56 @@ def test_dynamic_sampling_without_retries_selects_round_one():
         metric="reward",
         max_retries=0,
     )
+
+
+# ------------------------------------------------------ stages/shaping.py
+
+
+def _masked_rollout(finish=None, reward=(1.0, 0.5, 0.25)):
+  traj = _traj(
+      [[1, 2, 3, 4]] * 3,
+      [[P, A, T, A], [P, A, A, _], [P, A, A, A]],
+      finish=finish,
+      facts={"tool_free": jnp.asarray([False, True, False])},
+  )
+  return batch_lib.Rollout(
+      traj=traj, reward=jnp.asarray(reward, jnp.float32), parts={}, info={}
+  )
+
+
+def test_policy_mask_marks_policy_tokens():
+  r = shaping_stages.policy_mask(_masked_rollout(), exclude_tool_free=False)
+  np.testing.assert_array_equal(
+      r.mask,
+      [[0, 1, 0, 1], [0, 1, 1, 0], [0, 1, 1, 1]],
+  )
+  assert r.mask.dtype == jnp.bool_
+
+
+def test_policy_mask_excludes_tool_free_rows():
+  r = shaping_stages.policy_mask(_masked_rollout(), exclude_tool_free=True)
+  np.testing.assert_array_equal(
+      r.mask,
+      [[0, 1, 0, 1], [0, 0, 0, 0], [0, 1, 1, 1]],
+  )
+
+
+@pytest.mark.parametrize(
+    "mode, reward, mask_row2",
+    [
+        ("none", [1.0, 0.5, 0.25], [0, 1, 1, 1]),
+        ("mask", [1.0, 0.5, 0.25], [0, 0, 0, 0]),
+        ("reward", [1.0, 0.5, -2.0], [0, 1, 1, 1]),
+    ],
+)
+def test_overlong_modes_on_the_truncated_row(mode, reward, mask_row2):
+  finish = [types.ANSWERED, types.MAX_TURNS, types.TRUNCATED]
+  r = shaping_stages.policy_mask(
+      _masked_rollout(finish), exclude_tool_free=False
+  )
+  out = shaping_stages.overlong(r, mode=mode, overlong_reward=-2.0)
+  np.testing.assert_array_equal(out.reward, reward)
+  np.testing.assert_array_equal(out.mask[2], mask_row2)
+  np.testing.assert_array_equal(out.mask[:2], r.mask[:2])
+  with pytest.raises(ValueError, match="unknown"):
+    shaping_stages.overlong(r, mode="drop", overlong_reward=0.0)

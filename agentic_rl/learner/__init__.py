@@ -15,7 +15,7 @@ One module per stage:
                    collect stages read and write
   stages/          the collect stages as top-level functions (sample.py:
                    rollout round, RM scores, env reward, soft overlong,
-                   dynamic sampling)
+                   dynamic sampling; shaping.py: loss mask, overlong)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token

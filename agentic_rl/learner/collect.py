@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentic_rl import batch_policies
 from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import padding
@@ -26,6 +25,7 @@ from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_log
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext, compute_potential
 from agentic_rl.learner.stages import sample as sample_stages
+from agentic_rl.learner.stages import shaping as shaping_stages
 from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
 from agentic_rl.learner.token_credit import (
     dense_aux_advantages,
@@ -233,7 +233,8 @@ def make_collect_fn(
 
     1. `sample_batch`       rollout round(s), frozen-RM scores, rewards, DAPO
                             dynamic sampling (`rl.dynamic_sampling_*`)
-    2. `loss_mask`          POLICY mask, dual-path tool-free rows, overlong
+    2. `policy_mask`,       POLICY mask, dual-path tool-free rows, overlong
+       `overlong`           (stages.shaping)
     3. `shaping_terms`      likelihood reward, the PBRS potential
                             (`potentials.POTENTIALS`), dark-room diagnostics,
                             dense auxiliary advantages, dual-ascent penalty
@@ -336,22 +337,6 @@ def make_collect_fn(
         metric=rl_cfg.dynamic_sampling_metric,
         max_retries=rl_cfg.dynamic_sampling_max_retries,
     )
-
-  def loss_mask(r: Rollout) -> Rollout:
-    """Stage 2: sets mask [B, L] bool and rewrites reward [B] (overlong)."""
-    traj = r.traj
-    mask = policy_mask(traj)
-    if num_free > 0 and not rl_cfg.dual_path_train_tool_free:
-      # Tool-free episodes only measure tool necessity: no loss on them.
-      mask = mask & ~traj.facts["tool_free"][:, None]
-    reward, mask = batch_policies.apply_overlong(
-        r.reward,
-        mask,
-        traj.finish,
-        rl_cfg.overlong_mode,
-        rl_cfg.overlong_reward,
-    )
-    return r.replace(reward=reward, mask=mask)
 
   def shaping_terms(r: Rollout, ctx, dual_coef) -> Rollout:
     """Stage 3: rewrites reward [B]; sets phi [B, K + 1] (None without
@@ -627,7 +612,16 @@ def make_collect_fn(
     # The environment's reward (rl.rewards composed), before the overlong
     # policy, shaping, replay, KL-in-reward and the advantage stage change it.
     r = r.with_info(env_reward=jnp.mean(r.reward))
-    r = loss_mask(r)
+    # Stage 2: the loss mask and the overlong policy.
+    r = shaping_stages.policy_mask(
+        r,
+        exclude_tool_free=num_free > 0 and not rl_cfg.dual_path_train_tool_free,
+    )
+    r = shaping_stages.overlong(
+        r,
+        mode=rl_cfg.overlong_mode,
+        overlong_reward=rl_cfg.overlong_reward,
+    )
     ctx = PotentialContext(
         rl_cfg=rl_cfg,
         traj=r.traj,
