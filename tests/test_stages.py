@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl import credit
 from agentic_rl import rollout
+from agentic_rl import sampling
 from agentic_rl import tree_rollout
 from agentic_rl import types
 from agentic_rl.reward_models import frozen as rm_frozen
@@ -501,3 +503,91 @@ def test_overlong_modes_on_the_truncated_row(mode, reward, mask_row2):
   np.testing.assert_array_equal(out.mask[:2], r.mask[:2])
   with pytest.raises(ValueError, match="unknown"):
     shaping_stages.overlong(r, mode="drop", overlong_reward=0.0)
+
+
+def test_gold_logprobs_scores_the_gold_answer_with_the_reference(monkeypatch):
+  # Every token log-prob -0.5: each state's score is -0.5 * gold length.
+  seen = []
+
+  def fake_logprobs(graphdef, params, tokens, temperature):
+    seen.append((graphdef, params, temperature))
+    return jnp.full(tokens.shape, -0.5, jnp.float32), None
+
+  monkeypatch.setattr(sampling, "token_logprobs", fake_logprobs)
+  traj = _traj(
+      [[1, 2, 3, 4]] * 2,
+      [[P, A, T, A]] * 2,
+      facts={
+          "gold_answer": jnp.asarray([[7, 8, 9], [7, 0, 0]], jnp.int32),
+          "gold_answer_len": jnp.asarray([3, 1], jnp.int32),
+      },
+  )
+  r = batch_lib.Rollout(traj=traj, reward=jnp.zeros(2), parts={}, info={})
+  out = shaping_stages.gold_logprobs(
+      r, "ref", graphdef="g", temperature=0.7, max_turns=2
+  )
+  assert seen == [("g", "ref", 0.7)]
+  assert out.gold_logp.shape == (2, 3) and out.gold_logp.dtype == jnp.float32
+  np.testing.assert_allclose(out.gold_logp, [[-1.5] * 3, [-0.5] * 3])
+
+
+def test_likelihood_reward_reads_the_final_context():
+  # ANSWERED: the state before the answering turn (num_turns - 1); else
+  # the state after the last turn (num_turns).
+  traj = _traj(
+      [[1, 2]] * 3,
+      [[P, A]] * 3,
+      finish=[types.ANSWERED, types.MAX_TURNS, types.TRUNCATED],
+  ).replace(num_turns=jnp.asarray([2, 1, 2], jnp.int32))
+  gold = jnp.asarray(
+      [[-3.0, -2.0, -1.0], [-6.0, -5.0, -4.0], [-9.0, -8.0, -7.0]]
+  )
+  r = batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.asarray([1.0, 0.0, 0.5]),
+      parts={},
+      info={"env_reward": jnp.float32(0.5)},
+      gold_logp=gold,
+  )
+  out = shaping_stages.likelihood_reward(r, coef=0.5)
+  # lik = [-2, -5, -7]
+  np.testing.assert_allclose(out.reward, [0.0, -2.5, -3.0])
+  np.testing.assert_allclose(out.info["likelihood"], -14.0 / 3, rtol=1e-6)
+  assert set(out.info) == {"env_reward", "likelihood"}
+
+
+def test_observation_scores_sets_both_fields(monkeypatch):
+  seen = []
+
+  def fake(graphdef, params, tokens, temperature):
+    seen.append((graphdef, params, temperature))
+    return tokens * 0.25, tokens > 2
+
+  monkeypatch.setattr(credit, "observation_prediction_scores", fake)
+  r = _rollout()
+  out = shaping_stages.observation_scores(
+      r, "params", graphdef="g", temperature=0.9
+  )
+  assert seen == [("g", "params", 0.9)]
+  np.testing.assert_allclose(out.obs_prob, r.traj.tokens * 0.25)
+  np.testing.assert_array_equal(out.obs_hit, r.traj.tokens > 2)
+
+
+def test_potential_context_reads_the_precomputed_passes():
+  from agentic_rl.learner import potentials_by_name  # noqa: PLC0415
+
+  gold, obs = jnp.ones((2, 3)), (jnp.ones((2, 4)), jnp.ones((2, 4), bool))
+  ctx = potentials_by_name.PotentialContext(
+      rl_cfg=None,
+      traj=_rollout().traj,
+      graphdef=None,  # a computed pass would fail without a model
+      params=None,
+      ref_params=None,
+      spa=None,
+      max_turns=2,
+      temperature=1.0,
+      gold_logp=gold,
+      obs_scores=obs,
+  )
+  assert ctx.gold_logprobs() is gold
+  assert ctx.observation_scores() is obs

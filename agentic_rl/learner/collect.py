@@ -265,6 +265,17 @@ def make_collect_fn(
   num_free = rl_cfg.dual_path_tool_free  # dual-path tool-free rows per group
   with_values = uses_values(rl_cfg)
   trainer_beh = rl_cfg.behaviour_logprobs == "trainer"
+  # The shared passes of the shaping terms, and who reads them.
+  pbrs = rl_cfg.pbrs_coef > 0
+  needs_gold = rl_cfg.likelihood_coef > 0 or (
+      pbrs and rl_cfg.pbrs_potential == "trace"
+  )
+  potential_reads_obs = pbrs and rl_cfg.pbrs_potential == "obs_prediction"
+  log_obs_prediction = (
+      rl_cfg.obs_prediction_coef > 0
+      or rl_cfg.log_obs_prediction
+      or potential_reads_obs
+  )
 
   def sample_round(
       state, round_key, noise_key, num_groups, traj=None
@@ -338,35 +349,57 @@ def make_collect_fn(
         max_retries=rl_cfg.dynamic_sampling_max_retries,
     )
 
-  def shaping_terms(r: Rollout, ctx, dual_coef) -> Rollout:
-    """Stage 3: rewrites reward [B]; sets phi [B, K + 1] (None without
-    PBRS), spa_inputs, aux_advantage, dual_observed and info entries.
+  def shaping_terms(r: Rollout, state, ref_params) -> Rollout:
+    """Stage 3: rewrites reward [B]; sets gold_logp / obs_prob / obs_hit
+    (the shared passes, when read), phi [B, K + 1] (None without PBRS),
+    spa_inputs, aux_advantage, dual_observed and info entries.
 
     The likelihood reward (`rl.likelihood_coef`), the PBRS potential
     (`potentials.compute_potential`), the dark-room diagnostics (logged when
     next-observation prediction is used in any way or
     `rl.log_obs_prediction`), the dense auxiliary advantages
     (`rl.dense_as='aux_loss'`) and the dual-ascent penalty
-    (`rl.dual_constraint`).
+    (`rl.dual_constraint`). Each shared pass runs once, just before its
+    first reader.
     """
-    traj = ctx.traj
-    reward, info = r.reward, {}
-    if rl_cfg.likelihood_coef > 0:
-      lik = credit.likelihood_reward(
-          ctx.gold_logprobs(), traj.num_turns, traj.finish
+    if needs_gold:
+      r = shaping_stages.gold_logprobs(
+          r,
+          ref_params,
+          graphdef=graphdef,
+          temperature=temperature,
+          max_turns=max_turns,
       )
-      reward = reward + rl_cfg.likelihood_coef * lik
-      info["likelihood"] = jnp.mean(lik)
+    if rl_cfg.likelihood_coef > 0:
+      r = shaping_stages.likelihood_reward(r, coef=rl_cfg.likelihood_coef)
+    if potential_reads_obs:
+      r = shaping_stages.observation_scores(
+          r, state.params, graphdef=graphdef, temperature=temperature
+      )
+    ctx = PotentialContext(
+        rl_cfg=rl_cfg,
+        traj=r.traj,
+        graphdef=graphdef,
+        params=state.params,
+        ref_params=ref_params,
+        spa=state.spa,
+        max_turns=max_turns,
+        temperature=temperature,
+        gold_logp=r.gold_logp,
+        obs_scores=None if r.obs_prob is None else (r.obs_prob, r.obs_hit),
+    )
+    traj = r.traj
+    reward, info = r.reward, {}
     phi_bk1 = compute_potential(ctx)
     spa_inputs = None
     if "spa" in ctx.extras:
       spa_inputs = SpaInputs(*ctx.extras["spa"])
-    if (
-        rl_cfg.obs_prediction_coef > 0
-        or rl_cfg.log_obs_prediction
-        or (rl_cfg.pbrs_potential == "obs_prediction" and rl_cfg.pbrs_coef > 0)
-    ):
-      info.update(obs_prediction_info(*ctx.observation_scores(), traj))
+    if log_obs_prediction:
+      if r.obs_prob is None:
+        r = shaping_stages.observation_scores(
+            r, state.params, graphdef=graphdef, temperature=temperature
+        )
+      info.update(obs_prediction_info(r.obs_prob, r.obs_hit, traj))
     aux_advantage = None
     if rl_cfg.dense_as == "aux_loss" and rl_cfg.pbrs_coef > 0:
       aux_advantage = dense_aux_advantages(rl_cfg, traj, phi_bk1, max_turns)
@@ -376,7 +409,7 @@ def make_collect_fn(
       # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
       dual_sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
       g_b = traj.facts[rl_cfg.dual_constraint].astype(jnp.float32)
-      reward = reward - dual_sign * dual_coef * g_b
+      reward = reward - dual_sign * state.dual_coef * g_b
       dual_observed = jnp.mean(g_b)
     return r.replace(
         reward=reward,
@@ -622,17 +655,7 @@ def make_collect_fn(
         mode=rl_cfg.overlong_mode,
         overlong_reward=rl_cfg.overlong_reward,
     )
-    ctx = PotentialContext(
-        rl_cfg=rl_cfg,
-        traj=r.traj,
-        graphdef=graphdef,
-        params=state.params,
-        ref_params=ref_params,
-        spa=state.spa,
-        max_turns=max_turns,
-        temperature=temperature,
-    )
-    r = shaping_terms(r, ctx, state.dual_coef)
+    r = shaping_terms(r, state, ref_params)
     r = replay_stage(state, key, r)
     # The columns the update's loss reads (its length bucket's choice).
     need = padding.loss_length_of(

@@ -40,6 +40,11 @@ class PotentialContext:
     spa: the SPA head (`types.SpaState`) or None.
     max_turns: K (static).
     temperature: the sampling temperature.
+    gold_logp: [B, K + 1] float32 gold-answer log-probs when the collect
+      stage computed them (`stages.shaping.gold_logprobs`); None computes
+      them on first use.
+    obs_scores: (prob_bl, hit_bl) when the collect stage computed them
+      (`stages.shaping.observation_scores`); None computes them on first use.
     extras: outputs the RL step needs later (e.g. SPA's training inputs);
       an entry may add keys.
   """
@@ -52,6 +57,8 @@ class PotentialContext:
   spa: Any
   max_turns: int
   temperature: float
+  gold_logp: jax.Array | None = None
+  obs_scores: tuple[jax.Array, jax.Array] | None = None
   extras: dict = dataclasses.field(default_factory=dict)
   _cache: dict = dataclasses.field(default_factory=dict)
 
@@ -59,20 +66,15 @@ class PotentialContext:
     """[B, K + 1] float32 log p_ref(gold answer | s_k), one batched pass of the
     reference model (`credit.gold_answer_logprobs`); computed once per batch
     (shared by the 'trace' potential and the likelihood reward)."""
+    if self.gold_logp is not None:
+      return self.gold_logp
     if "gold" not in self._cache:
-      t = self.traj
-      self._cache["gold"] = credit.gold_answer_logprobs(
-          lambda x: sampling.token_logprobs(
-              self.graphdef, self.ref_params, x, self.temperature
-          )[0],
-          t.tokens,
-          t.role,
-          t.turn,
-          t.facts["gold_answer"],
-          t.facts["gold_answer_len"],
-          num_turns=self.max_turns,
-          answer_prefix=(tokenizers.ANSWER,),
-          pad_id=tokenizers.PAD,
+      self._cache["gold"] = reference_gold_logprobs(
+          self.graphdef,
+          self.ref_params,
+          self.traj,
+          self.temperature,
+          self.max_turns,
       )
     return self._cache["gold"]
 
@@ -80,6 +82,8 @@ class PotentialContext:
     """(prob_bl, hit_bl) [B, L] of `credit.observation_prediction_scores` under
     the sampling policy; computed once per batch (shared by the
     'obs_prediction' potential and the dark-room diagnostics)."""
+    if self.obs_scores is not None:
+      return self.obs_scores
     if "obs" not in self._cache:
       self._cache["obs"] = credit.observation_prediction_scores(
           self.graphdef, self.params, self.traj.tokens, self.temperature
@@ -88,6 +92,48 @@ class PotentialContext:
 
 
 PotentialFn = Callable[[PotentialContext], jax.Array]
+
+
+def reference_gold_logprobs(
+    graphdef: nnx.GraphDef,
+    ref_params,
+    traj: types.Trajectory,
+    temperature: float,
+    max_turns: int,
+) -> jax.Array:
+  """[B, K + 1] float32 log p_ref(gold answer | s_k), k = 0 .. K.
+
+  One batched teacher-forced pass of the reference model
+  (`credit.gold_answer_logprobs`, `sampling.token_logprobs` at
+  `temperature`) over the gold answer appended, after the answer tag, to
+  the context after each turn.
+
+  Args:
+    graphdef, ref_params: the reference model.
+    traj: the batch ([B, L] tokens, role, turn; facts 'gold_answer' [B, A]
+      int32 and 'gold_answer_len' [B] int32).
+    temperature: the sampling temperature.
+    max_turns: K (static).
+
+  Raises:
+    KeyError: the facts lack 'gold_answer' or 'gold_answer_len'.
+  """
+  t = traj
+
+  def logprob_fn(x):
+    return sampling.token_logprobs(graphdef, ref_params, x, temperature)[0]
+
+  return credit.gold_answer_logprobs(
+      logprob_fn,
+      t.tokens,
+      t.role,
+      t.turn,
+      t.facts["gold_answer"],
+      t.facts["gold_answer_len"],
+      num_turns=max_turns,
+      answer_prefix=(tokenizers.ANSWER,),
+      pad_id=tokenizers.PAD,
+  )
 
 
 def value_potential(

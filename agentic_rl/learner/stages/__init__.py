@@ -8,5 +8,6 @@ its static settings are keyword-only arguments. `learner.collect`'s
   sample.py   rollout round, frozen-RM scores, environment reward, soft
               overlong penalty, DAPO dynamic sampling
   shaping.py  loss mask (POLICY tokens, dual-path tool-free rows), overlong
-              policy
+              policy, the gold-answer and observation passes, likelihood
+              reward
 """

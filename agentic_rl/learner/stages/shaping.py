@@ -1,13 +1,23 @@
 """Loss mask and reward shaping stages.
 
 `policy_mask` sets the loss mask, `overlong` applies `rl.overlong_mode` to
-the mask or the reward.
+the mask or the reward. `gold_logprobs` and `observation_scores` are the
+shared model passes of the shaping terms (each computed once per batch,
+just before its first reader); `likelihood_reward` adds the reference
+model's log-likelihood of the gold answer to the reward.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
 from agentic_rl import batch_policies
+from agentic_rl import credit
 from agentic_rl.learner import common
+from agentic_rl.learner import potentials_by_name
 from agentic_rl.learner.batch import Rollout
 
 
@@ -62,3 +72,87 @@ def overlong(r: Rollout, *, mode: str, overlong_reward: float) -> Rollout:
       overlong_reward,
   )
   return r.replace(reward=reward, mask=mask)
+
+
+def gold_logprobs(
+    r: Rollout,
+    ref_params: Any,
+    *,
+    graphdef: nnx.GraphDef,
+    temperature: float,
+    max_turns: int,
+) -> Rollout:
+  """Sets gold_logp: the reference model's log-probs of the gold answer.
+
+  One batched pass (`potentials_by_name.reference_gold_logprobs`), read by
+  the likelihood reward and the 'trace' potential.
+
+  Args:
+    r: Rollout with traj (facts 'gold_answer' [B, A] int32,
+      'gold_answer_len' [B] int32).
+    ref_params: the full reference parameters.
+    graphdef: the policy's (and reference's) graph.
+    temperature: the sampling temperature.
+    max_turns: K (static).
+
+  Returns:
+    r with gold_logp [B, K + 1] float32 (log p_ref(y* | s_k), k = 0 .. K).
+
+  Raises:
+    KeyError: the facts lack the gold answer.
+  """
+  return r.replace(
+      gold_logp=potentials_by_name.reference_gold_logprobs(
+          graphdef, ref_params, r.traj, temperature, max_turns
+      )
+  )
+
+
+def likelihood_reward(r: Rollout, *, coef: float) -> Rollout:
+  """Adds coef * log p_ref(gold answer | final context) to the reward.
+
+  The final context is the state before the answering turn for ANSWERED
+  episodes, after the last turn otherwise (`credit.likelihood_reward`).
+
+  Args:
+    r: Rollout with traj (num_turns, finish [B] int32), reward [B] float32
+      and gold_logp [B, K + 1] float32 (`gold_logprobs`).
+    coef: `rl.likelihood_coef`.
+
+  Returns:
+    r with reward + coef * lik [B] float32 and info 'likelihood' (mean lik).
+  """
+  traj = r.traj
+  lik = credit.likelihood_reward(r.gold_logp, traj.num_turns, traj.finish)
+  return r.replace(reward=r.reward + coef * lik).with_info(
+      likelihood=jnp.mean(lik)
+  )
+
+
+def observation_scores(
+    r: Rollout,
+    params: Any,
+    *,
+    graphdef: nnx.GraphDef,
+    temperature: float,
+) -> Rollout:
+  """Sets obs_prob / obs_hit: the policy's next-token prediction scores.
+
+  One teacher-forced pass of the sampling policy
+  (`credit.observation_prediction_scores`), read by the 'obs_prediction'
+  potential and the dark-room diagnostics.
+
+  Args:
+    r: Rollout with traj (tokens [B, L] int32).
+    params: the sampling parameters.
+    graphdef: the policy's graph.
+    temperature: the sampling temperature.
+
+  Returns:
+    r with obs_prob [B, L] float32 (p(token_t | tokens before t)) and obs_hit
+    [B, L] bool (the token is the arg-max prediction).
+  """
+  prob_bl, hit_bl = credit.observation_prediction_scores(
+      graphdef, params, r.traj.tokens, temperature
+  )
+  return r.replace(obs_prob=prob_bl, obs_hit=hit_bl)
