@@ -573,21 +573,123 @@ def test_observation_scores_sets_both_fields(monkeypatch):
   np.testing.assert_array_equal(out.obs_hit, r.traj.tokens > 2)
 
 
-def test_potential_context_reads_the_precomputed_passes():
+def _potential_ctx():
   from agentic_rl.learner import potentials_by_name  # noqa: PLC0415
 
-  gold, obs = jnp.ones((2, 3)), (jnp.ones((2, 4)), jnp.ones((2, 4), bool))
-  ctx = potentials_by_name.PotentialContext(
-      rl_cfg=None,
-      traj=_rollout().traj,
-      graphdef=None,  # a computed pass would fail without a model
-      params=None,
-      ref_params=None,
-      spa=None,
-      max_turns=2,
-      temperature=1.0,
-      gold_logp=gold,
-      obs_scores=obs,
+  return potentials_by_name.PotentialContext(
+      graphdef=None, params=None, spa=None, max_turns=2
   )
-  assert ctx.gold_logprobs() is gold
-  assert ctx.observation_scores() is obs
+
+
+def test_potential_progress_and_rm_read_facts():
+  facts = {
+      "progress": jnp.asarray([[0.0, 0.5, jnp.nan]]),
+      "rm_potential": jnp.asarray([[0.25, jnp.inf, 1.0]]),
+  }
+  r = batch_lib.Rollout(
+      traj=_traj([[1, 2]], [[P, A]], facts=facts),
+      reward=jnp.zeros(1),
+      parts={},
+      info={},
+  )
+  out = shaping_stages.potential(r, _potential_ctx(), name="progress")
+  np.testing.assert_array_equal(out.phi, [[0.0, 0.5, 0.0]])
+  out = shaping_stages.potential(r, _potential_ctx(), name="rm")
+  np.testing.assert_array_equal(out.phi, [[0.25, 0.0, 1.0]])
+  assert out.spa_inputs is None
+  with pytest.raises(ValueError, match="unknown"):
+    shaping_stages.potential(r, _potential_ctx(), name="nope")
+
+
+def test_potential_trace_is_the_log_ratio_of_gold_logp():
+  r = _rollout(gold_logp=jnp.asarray([[-3.0, -2.0, -0.5], [-1.0, -1.0, -4.0]]))
+  out = shaping_stages.potential(r, _potential_ctx(), name="trace")
+  np.testing.assert_allclose(out.phi, [[0.0, 1.0, 2.5], [0.0, 0.0, -3.0]])
+
+
+def test_potential_obs_prediction_means_the_observation_scores():
+  # Row 0: one TOOL token (turn 0) scored 0.5; row 1: no observation.
+  traj = _traj([[1, 2, 3, 4]] * 2, [[P, A, T, A], [P, A, A, _]])
+  traj = traj.replace(turn=jnp.asarray([[-1, 0, 0, 1], [-1, 0, 0, -1]]))
+  r = batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.zeros(2),
+      parts={},
+      info={},
+      obs_prob=jnp.asarray([[0.9, 0.8, 0.5, 0.7]] * 2),
+  )
+  out = shaping_stages.potential(r, _potential_ctx(), name="obs_prediction")
+  np.testing.assert_allclose(out.phi, [[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]])
+
+
+def test_potential_spa_sets_its_training_inputs(monkeypatch):
+  from agentic_rl.learner import potentials_by_name  # noqa: PLC0415
+
+  monkeypatch.setattr(
+      credit,
+      "spa_policy_features",
+      lambda graphdef, params, tokens, role, turn, k: jnp.ones(
+          (tokens.shape[0], k, 3)
+      ),
+  )
+  spa = credit.spa_init(3, 0.1)  # zero head: every contribution 0
+  ctx = potentials_by_name.PotentialContext(
+      graphdef=None, params=None, spa=spa, max_turns=2
+  )
+  traj = _traj(
+      [[1, 2]] * 2, [[P, A]] * 2, facts={"correct": jnp.asarray([True, False])}
+  ).replace(num_turns=jnp.asarray([1, 2], jnp.int32))
+  r = batch_lib.Rollout(traj=traj, reward=jnp.zeros(2), parts={}, info={})
+  out = shaping_stages.potential(r, ctx, name="spa")
+  np.testing.assert_array_equal(out.phi, np.zeros((2, 3)))
+  np.testing.assert_array_equal(out.spa_inputs.features, np.ones((2, 2, 3)))
+  np.testing.assert_array_equal(
+      out.spa_inputs.turn_mask, [[True, False], [True, True]]
+  )
+  np.testing.assert_array_equal(out.spa_inputs.outcome, [1.0, 0.0])
+  assert out.spa_inputs.outcome.dtype == jnp.float32
+
+
+def test_obs_prediction_diagnostics_by_hand():
+  traj = _traj(
+      [[1, 2, 3, 4]] * 2,
+      [[P, T, A, T], [P, A, T, A]],
+      finish=[types.ANSWERED, types.MAX_TURNS],
+  )
+  r = batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.zeros(2),
+      parts={},
+      info={"x": jnp.float32(1.0)},
+      obs_prob=jnp.asarray([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]),
+      obs_hit=jnp.asarray([[0, 1, 0, 0], [1, 1, 1, 1]], bool),
+  )
+  out = shaping_stages.obs_prediction_diagnostics(r)
+  # TOOL tokens: 0.2 (hit), 0.4, 0.7 (hit).
+  np.testing.assert_allclose(out.info["obs_pred_prob"], 1.3 / 3, rtol=1e-6)
+  np.testing.assert_allclose(out.info["obs_pred_acc"], 2 / 3, rtol=1e-6)
+  np.testing.assert_allclose(out.info["horizon_rate"], 0.5)
+  assert float(out.info["x"]) == 1.0
+
+
+def test_dense_aux_advantage_gives_turn_tokens_their_shaping_reward():
+  import types as pytypes  # noqa: PLC0415
+
+  rl_cfg = pytypes.SimpleNamespace(
+      pbrs_coef=2.0, discount=1.0, pbrs_cutoff="keep"
+  )
+  # One turn; row 0 answered (terminal: Phi(s_1) = 0), row 1 cut off
+  # at the turn budget (Phi(s_1) kept).
+  traj = _traj(
+      [[1, 2, 3, 4]] * 2,
+      [[P, A, A, _]] * 2,
+      finish=[types.ANSWERED, types.MAX_TURNS],
+  )
+  r = _rollout().replace(
+      traj=traj, phi=jnp.asarray([[0.25, 0.5, 0.0], [0.25, 0.5, 0.0]])
+  )
+  out = shaping_stages.dense_aux_advantage(r, rl_cfg=rl_cfg, max_turns=2)
+  # F_0 = 2 * (Phi(s_1) - Phi(s_0)): row 0: 2 * (0 - 0.25); row 1: 2 * 0.25.
+  np.testing.assert_allclose(
+      out.aux_advantage, [[0.0, -0.5, -0.5, 0.0], [0.0, 0.5, 0.5, 0.0]]
+  )

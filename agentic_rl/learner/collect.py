@@ -20,15 +20,15 @@ from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
-from agentic_rl.learner.batch import Rollout, SilSample, SpaInputs
+from agentic_rl.learner.batch import Rollout, SilSample
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
-from agentic_rl.learner.potentials_by_name import PotentialContext, compute_potential
+from agentic_rl.learner.potentials_by_name import PotentialContext
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
 from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
+from agentic_rl.learner.stages.shaping import obs_prediction_info  # noqa: F401
 from agentic_rl.learner.token_credit import (
-    dense_aux_advantages,
     gae_token_advantages,
     step_reward_on,
     step_clip_eta,
@@ -56,33 +56,6 @@ def prompt_embedding(
       hidden_bld.astype(jnp.float32), traj.role == types.PROMPT
   )
   return jax.lax.stop_gradient(pooled)
-
-
-def obs_prediction_info(
-    prob_bl: jax.Array, hit_bl: jax.Array, traj: types.Trajectory
-) -> dict[str, jax.Array]:
-  """Dark-room diagnostics of a batch (docs/papers.md), float32 scalars.
-
-  Args:
-    prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
-      batch (probability of each token under the policy; arg-max hit).
-    traj: the batch (role, finish, num_turns).
-
-  Returns:
-    obs_pred_prob: mean probability of the observation (TOOL) tokens;
-    obs_pred_acc: share of TOOL tokens that are the arg-max prediction (both
-    over all TOOL tokens of the batch, 0 without any); horizon_rate: share of
-    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED). Mean
-    assistant turns per episode are logged in every run as 'turns'.
-  """
-  obs = traj.role == types.TOOL
-  n = jnp.maximum(jnp.sum(obs.astype(jnp.float32)), 1.0)
-  horizon = (traj.finish == types.MAX_TURNS) | (traj.finish == types.TRUNCATED)
-  return {
-      "obs_pred_prob": jnp.sum(jnp.where(obs, prob_bl, 0.0)) / n,
-      "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
-      "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
-  }
 
 
 def inject_replay(
@@ -236,7 +209,7 @@ def make_collect_fn(
     2. `policy_mask`,       POLICY mask, dual-path tool-free rows, overlong
        `overlong`           (stages.shaping)
     3. `shaping_terms`      likelihood reward, the PBRS potential
-                            (`potentials.POTENTIALS`), dark-room diagnostics,
+                            (`potentials_by_name.POTENTIALS`), dark-room diagnostics,
                             dense auxiliary advantages, dual-ascent penalty
     4. `replay_stage`       replay insertion / injection, SIL samples
     5. `reference_stage`    reference log-probs, KL-in-reward
@@ -355,7 +328,7 @@ def make_collect_fn(
     spa_inputs, aux_advantage, dual_observed and info entries.
 
     The likelihood reward (`rl.likelihood_coef`), the PBRS potential
-    (`potentials.compute_potential`), the dark-room diagnostics (logged when
+    (`stages.shaping.potential`), the dark-room diagnostics (logged when
     next-observation prediction is used in any way or
     `rl.log_obs_prediction`), the dense auxiliary advantages
     (`rl.dense_as='aux_loss'`) and the dual-ascent penalty
@@ -376,33 +349,29 @@ def make_collect_fn(
       r = shaping_stages.observation_scores(
           r, state.params, graphdef=graphdef, temperature=temperature
       )
-    ctx = PotentialContext(
-        rl_cfg=rl_cfg,
-        traj=r.traj,
-        graphdef=graphdef,
-        params=state.params,
-        ref_params=ref_params,
-        spa=state.spa,
-        max_turns=max_turns,
-        temperature=temperature,
-        gold_logp=r.gold_logp,
-        obs_scores=None if r.obs_prob is None else (r.obs_prob, r.obs_hit),
-    )
-    traj = r.traj
-    reward, info = r.reward, {}
-    phi_bk1 = compute_potential(ctx)
-    spa_inputs = None
-    if "spa" in ctx.extras:
-      spa_inputs = SpaInputs(*ctx.extras["spa"])
+    if pbrs:
+      r = shaping_stages.potential(
+          r,
+          PotentialContext(
+              graphdef=graphdef,
+              params=state.params,
+              spa=state.spa,
+              max_turns=max_turns,
+          ),
+          name=rl_cfg.pbrs_potential,
+      )
     if log_obs_prediction:
       if r.obs_prob is None:
         r = shaping_stages.observation_scores(
             r, state.params, graphdef=graphdef, temperature=temperature
         )
-      info.update(obs_prediction_info(r.obs_prob, r.obs_hit, traj))
-    aux_advantage = None
-    if rl_cfg.dense_as == "aux_loss" and rl_cfg.pbrs_coef > 0:
-      aux_advantage = dense_aux_advantages(rl_cfg, traj, phi_bk1, max_turns)
+      r = shaping_stages.obs_prediction_diagnostics(r)
+    if rl_cfg.dense_as == "aux_loss" and pbrs:
+      r = shaping_stages.dense_aux_advantage(
+          r, rl_cfg=rl_cfg, max_turns=max_turns
+      )
+    traj = r.traj
+    reward, info = r.reward, {}
     dual_observed = None
     if rl_cfg.dual_constraint:
       # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
@@ -411,13 +380,9 @@ def make_collect_fn(
       g_b = traj.facts[rl_cfg.dual_constraint].astype(jnp.float32)
       reward = reward - dual_sign * state.dual_coef * g_b
       dual_observed = jnp.mean(g_b)
-    return r.replace(
-        reward=reward,
-        phi=phi_bk1,
-        spa_inputs=spa_inputs,
-        aux_advantage=aux_advantage,
-        dual_observed=dual_observed,
-    ).with_info(**info)
+    return r.replace(reward=reward, dual_observed=dual_observed).with_info(
+        **info
+    )
 
   def replay_stage(state, key, r: Rollout) -> Rollout:
     """Stage 4: sets train_traj (traj without the replay buffer) and, with

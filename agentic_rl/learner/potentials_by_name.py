@@ -1,14 +1,16 @@
 """PBRS potentials Phi(s_k) [B, K + 1] by name (`rl.pbrs_potential`).
 
-`POTENTIALS` maps each name to a function `fn(ctx: PotentialContext) ->
-[B, K + 1] float32`, the unscaled potential of the states s_0 .. s_K (s_k =
-the context after k turns, `credit.state_ends`); the learner multiplies it by
-`rl.pbrs_coef` and shapes the rewards with it (`credit.shape_turn_rewards`,
-Ng, Harada & Russell, ICML 1999). A potential that needs model calls reads
-them from the context (the policy and its parameters, the reference
-parameters, the SPA head, shared cached passes). Adding a potential = one
-function here + one `POTENTIALS` entry; validation reads the valid names
-from the table.
+`POTENTIALS` maps each name to a function `fn(r: Rollout, ctx:
+PotentialContext) -> Rollout` that sets `r.phi`, the unscaled potential
+[B, K + 1] float32 of the states s_0 .. s_K (s_k = the context after k
+turns, `credit.state_ends`); the learner multiplies it by `rl.pbrs_coef` and
+shapes the rewards with it (`credit.shape_turn_rewards`, Ng, Harada &
+Russell, ICML 1999). A potential reads the batch and the shared passes from
+the Rollout (`gold_logp`, `obs_prob`: set by the collect stages before it)
+and the policy, its sampling parameters, the SPA head and K from the
+context; one that hands something to the RL step sets its Rollout field
+(SPA: `spa_inputs`). Adding a potential = one function here + one
+`POTENTIALS` entry; validation reads the valid names from the table.
 """
 
 from __future__ import annotations
@@ -25,73 +27,27 @@ from agentic_rl.rewards import sanitize
 from agentic_rl import sampling
 from agentic_text import tokenizers
 from agentic_rl import types
+from agentic_rl.learner.batch import Rollout, SpaInputs
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PotentialContext:
-  """Everything a potential may read, built once per batch by the collect stage.
+  """The model-side inputs of a potential, built once per batch by collect.
 
   Attributes:
-    rl_cfg: the `rl` config block.
-    traj: the batch's trajectory ([B, L] tokens, role, turn; facts).
     graphdef: the policy's graph.
     params: the sampling parameters of the policy.
-    ref_params: the reference model's parameters.
     spa: the SPA head (`types.SpaState`) or None.
     max_turns: K (static).
-    temperature: the sampling temperature.
-    gold_logp: [B, K + 1] float32 gold-answer log-probs when the collect
-      stage computed them (`stages.shaping.gold_logprobs`); None computes
-      them on first use.
-    obs_scores: (prob_bl, hit_bl) when the collect stage computed them
-      (`stages.shaping.observation_scores`); None computes them on first use.
-    extras: outputs the RL step needs later (e.g. SPA's training inputs);
-      an entry may add keys.
   """
 
-  rl_cfg: Any
-  traj: types.Trajectory
   graphdef: nnx.GraphDef
   params: Any
-  ref_params: Any
   spa: Any
   max_turns: int
-  temperature: float
-  gold_logp: jax.Array | None = None
-  obs_scores: tuple[jax.Array, jax.Array] | None = None
-  extras: dict = dataclasses.field(default_factory=dict)
-  _cache: dict = dataclasses.field(default_factory=dict)
-
-  def gold_logprobs(self) -> jax.Array:
-    """[B, K + 1] float32 log p_ref(gold answer | s_k), one batched pass of the
-    reference model (`credit.gold_answer_logprobs`); computed once per batch
-    (shared by the 'trace' potential and the likelihood reward)."""
-    if self.gold_logp is not None:
-      return self.gold_logp
-    if "gold" not in self._cache:
-      self._cache["gold"] = reference_gold_logprobs(
-          self.graphdef,
-          self.ref_params,
-          self.traj,
-          self.temperature,
-          self.max_turns,
-      )
-    return self._cache["gold"]
-
-  def observation_scores(self) -> tuple[jax.Array, jax.Array]:
-    """(prob_bl, hit_bl) [B, L] of `credit.observation_prediction_scores` under
-    the sampling policy; computed once per batch (shared by the
-    'obs_prediction' potential and the dark-room diagnostics)."""
-    if self.obs_scores is not None:
-      return self.obs_scores
-    if "obs" not in self._cache:
-      self._cache["obs"] = credit.observation_prediction_scores(
-          self.graphdef, self.params, self.traj.tokens, self.temperature
-      )
-    return self._cache["obs"]
 
 
-PotentialFn = Callable[[PotentialContext], jax.Array]
+PotentialFn = Callable[[Rollout, PotentialContext], Rollout]
 
 
 def reference_gold_logprobs(
@@ -162,32 +118,37 @@ def value_potential(
   return jax.lax.stop_gradient(jnp.take_along_axis(v_bl, idx, axis=1))
 
 
-def progress_potential(ctx: PotentialContext) -> jax.Array:
+def progress_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'progress': the environment's fact 'progress' [B, K + 1] (a non-finite
   entry reads as 0; `sanitize.finite_or_zero`)."""
-  return sanitize.finite_or_zero(ctx.traj.facts["progress"])
+  del ctx
+  return r.replace(phi=sanitize.finite_or_zero(r.traj.facts["progress"]))
 
 
-def trace_potential(ctx: PotentialContext) -> jax.Array:
+def trace_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'trace': log p_ref(y* | s_k) - log p_ref(y* | s_0), the reference model's
   log-ratio of the gold answer (`credit.log_ratio_potential`; TRACE-style,
-  inferred form). Needs env facts 'gold_answer', 'gold_answer_len'."""
-  return credit.log_ratio_potential(ctx.gold_logprobs())
+  inferred form). Reads r.gold_logp (`stages.shaping.gold_logprobs`; env
+  facts 'gold_answer', 'gold_answer_len')."""
+  del ctx
+  return r.replace(phi=credit.log_ratio_potential(r.gold_logp))
 
 
-def value_head_potential(ctx: PotentialContext) -> jax.Array:
+def value_head_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'value': V(s_k) of the policy's value head with the sampling parameters
   (`value_potential`); the head is trained on Monte-Carlo returns."""
-  return value_potential(ctx.graphdef, ctx.params, ctx.traj, ctx.max_turns)
+  return r.replace(
+      phi=value_potential(ctx.graphdef, ctx.params, r.traj, ctx.max_turns)
+  )
 
 
-def spa_potential(ctx: PotentialContext) -> jax.Array:
+def spa_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'spa': Phi(s_k) = sum_{j<k} c_j of the learned SPA head on the policy's
   stop-gradient hidden states at the turn ends (SPA-RL, arXiv:2505.20732,
-  inferred form; `credit.spa_potential`). Adds extras['spa'] = (features
+  inferred form; `credit.spa_potential`). Also sets r.spa_inputs (features
   [B, K, D], turn mask [B, K], outcome [B]): the head is trained on this batch
   by the RL step."""
-  t, k = ctx.traj, ctx.max_turns
+  t, k = r.traj, ctx.max_turns
   feat = credit.spa_policy_features(
       ctx.graphdef, ctx.params, t.tokens, t.role, t.turn, k
   )
@@ -195,25 +156,32 @@ def spa_potential(ctx: PotentialContext) -> jax.Array:
   phi = credit.spa_potential(
       credit.spa_contributions(ctx.spa.params, feat), turn_mask
   )
-  ctx.extras["spa"] = (feat, turn_mask, t.facts["correct"].astype(jnp.float32))
-  return phi
+  spa_inputs = SpaInputs(
+      features=feat,
+      turn_mask=turn_mask,
+      outcome=t.facts["correct"].astype(jnp.float32),
+  )
+  return r.replace(phi=phi, spa_inputs=spa_inputs)
 
 
-def rm_potential(ctx: PotentialContext) -> jax.Array:
+def rm_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'rm': the frozen learned reward model's per-state potential, env fact
   'rm_potential' [B, K + 1] written by the collect stage
   (`reward_models.frozen.trajectory_rm_outputs`); a non-finite entry reads as 0.
   """
-  return sanitize.finite_or_zero(ctx.traj.facts["rm_potential"])
+  del ctx
+  return r.replace(phi=sanitize.finite_or_zero(r.traj.facts["rm_potential"]))
 
 
-def obs_prediction_potential(ctx: PotentialContext) -> jax.Array:
+def obs_prediction_potential(r: Rollout, ctx: PotentialContext) -> Rollout:
   """'obs_prediction': the sampling policy's mean probability of the
   observation (TOOL) tokens in s_k (`credit.observation_prediction_potential`;
-  the "dark room" study)."""
-  prob_bl, _ = ctx.observation_scores()
-  return credit.observation_prediction_potential(
-      prob_bl, ctx.traj.role, ctx.traj.turn, ctx.max_turns
+  the "dark room" study). Reads r.obs_prob
+  (`stages.shaping.observation_scores`)."""
+  return r.replace(
+      phi=credit.observation_prediction_potential(
+          r.obs_prob, r.traj.role, r.traj.turn, ctx.max_turns
+      )
   )
 
 
@@ -236,20 +204,3 @@ def uses_spa(rl_cfg) -> bool:
   """True when PBRS uses the learned SPA potential (`rl.pbrs_potential='spa'`
   with `rl.pbrs_coef` > 0): the head lives in `TrainState.spa`."""
   return rl_cfg.pbrs_potential == "spa" and pbrs_on(rl_cfg)
-
-
-def compute_potential(ctx: PotentialContext) -> jax.Array | None:
-  """[B, K + 1] float32 unscaled potential of `rl.pbrs_potential` from
-  `POTENTIALS`, or None when PBRS is off (`rl.pbrs_coef` = 0).
-
-  Raises:
-    ValueError: unknown `rl.pbrs_potential` (validation catches it first).
-  """
-  if not pbrs_on(ctx.rl_cfg):
-    return None
-  name = ctx.rl_cfg.pbrs_potential
-  if name not in POTENTIALS:
-    raise ValueError(
-        f"rl.pbrs_potential={name!r}: unknown; known: " f"{tuple(POTENTIALS)}"
-    )
-  return POTENTIALS[name](ctx)

@@ -9,5 +9,6 @@ its static settings are keyword-only arguments. `learner.collect`'s
               overlong penalty, DAPO dynamic sampling
   shaping.py  loss mask (POLICY tokens, dual-path tool-free rows), overlong
               policy, the gold-answer and observation passes, likelihood
-              reward
+              reward, PBRS potential, dark-room diagnostics, dense
+              auxiliary advantages
 """

@@ -4,20 +4,26 @@
 the mask or the reward. `gold_logprobs` and `observation_scores` are the
 shared model passes of the shaping terms (each computed once per batch,
 just before its first reader); `likelihood_reward` adds the reference
-model's log-likelihood of the gold answer to the reward.
+model's log-likelihood of the gold answer to the reward; `potential` sets
+the PBRS potential (`potentials_by_name.POTENTIALS`); `obs_prediction_diagnostics`
+logs the dark-room metrics; `dense_aux_advantage` sets the dense auxiliary
+advantages of `rl.dense_as='aux_loss'`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import batch_policies
 from agentic_rl import credit
+from agentic_rl import types
 from agentic_rl.learner import common
 from agentic_rl.learner import potentials_by_name
+from agentic_rl.learner import token_credit
 from agentic_rl.learner.batch import Rollout
 
 
@@ -156,3 +162,90 @@ def observation_scores(
       graphdef, params, r.traj.tokens, temperature
   )
   return r.replace(obs_prob=prob_bl, obs_hit=hit_bl)
+
+
+def potential(
+    r: Rollout, ctx: potentials_by_name.PotentialContext, *, name: str
+) -> Rollout:
+  """Sets phi: the unscaled PBRS potential `rl.pbrs_potential` = name.
+
+  Args:
+    r: Rollout with traj and the shared passes the potential reads
+      (gold_logp for 'trace', obs_prob for 'obs_prediction').
+    ctx: the policy, its sampling parameters, the SPA head and K.
+    name: a key of `potentials_by_name.POTENTIALS`.
+
+  Returns:
+    r with phi [B, K + 1] float32 (and spa_inputs for 'spa').
+
+  Raises:
+    ValueError: unknown name (validation catches it first).
+  """
+  if name not in potentials_by_name.POTENTIALS:
+    raise ValueError(
+        f"rl.pbrs_potential={name!r}: unknown; known: "
+        f"{tuple(potentials_by_name.POTENTIALS)}"
+    )
+  return potentials_by_name.POTENTIALS[name](r, ctx)
+
+
+def obs_prediction_info(
+    prob_bl: jax.Array, hit_bl: jax.Array, traj: types.Trajectory
+) -> dict[str, jax.Array]:
+  """Dark-room diagnostics of a batch (docs/papers.md), float32 scalars.
+
+  Args:
+    prob_bl, hit_bl: [B, L] `credit.observation_prediction_scores` of the
+      batch (probability of each token under the policy; arg-max hit).
+    traj: the batch (role, finish, num_turns).
+
+  Returns:
+    obs_pred_prob: mean probability of the observation (TOOL) tokens;
+    obs_pred_acc: share of TOOL tokens that are the arg-max prediction (both
+    over all TOOL tokens of the batch, 0 without any); horizon_rate: share of
+    episodes cut off at the horizon (finish MAX_TURNS or TRUNCATED). Mean
+    assistant turns per episode are logged in every run as 'turns'.
+  """
+  obs = traj.role == types.TOOL
+  n = jnp.maximum(jnp.sum(obs.astype(jnp.float32)), 1.0)
+  horizon = (traj.finish == types.MAX_TURNS) | (traj.finish == types.TRUNCATED)
+  return {
+      "obs_pred_prob": jnp.sum(jnp.where(obs, prob_bl, 0.0)) / n,
+      "obs_pred_acc": jnp.sum((obs & hit_bl).astype(jnp.float32)) / n,
+      "horizon_rate": jnp.mean(horizon.astype(jnp.float32)),
+  }
+
+
+def obs_prediction_diagnostics(r: Rollout) -> Rollout:
+  """Adds the dark-room diagnostics (`obs_prediction_info`) to r.info.
+
+  Args:
+    r: Rollout with traj, obs_prob [B, L] float32 and obs_hit [B, L] bool
+      (`observation_scores`).
+
+  Returns:
+    r with info obs_pred_prob, obs_pred_acc, horizon_rate (float32 scalars).
+  """
+  return r.with_info(**obs_prediction_info(r.obs_prob, r.obs_hit, r.traj))
+
+
+def dense_aux_advantage(r: Rollout, *, rl_cfg, max_turns: int) -> Rollout:
+  """Sets aux_advantage: the per-token dense credit of `rl.dense_as='aux_loss'`.
+
+  Turn k's POLICY tokens get its shaping reward F_k (`token_credit.
+  dense_aux_advantages`; Phi = rl.pbrs_coef * phi).
+
+  Args:
+    r: Rollout with traj and phi [B, K + 1] float32.
+    rl_cfg: the `rl` block (pbrs_coef, discount and the PBRS terminal
+      settings).
+    max_turns: K (static).
+
+  Returns:
+    r with aux_advantage [B, L] float32.
+  """
+  return r.replace(
+      aux_advantage=token_credit.dense_aux_advantages(
+          rl_cfg, r.traj, r.phi, max_turns
+      )
+  )
