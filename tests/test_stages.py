@@ -693,3 +693,25 @@ def test_dense_aux_advantage_gives_turn_tokens_their_shaping_reward():
   np.testing.assert_allclose(
       out.aux_advantage, [[0.0, -0.5, -0.5, 0.0], [0.0, 0.5, 0.5, 0.0]]
   )
+
+
+@pytest.mark.parametrize(
+    "sense, reward", [("max", [0.0, 0.5, 1.0]), ("min", [2.0, 1.5, 1.0])]
+)
+def test_dual_penalty_by_sense(sense, reward):
+  traj = _traj(
+      [[1, 2]] * 3,
+      [[P, A]] * 3,
+      facts={"num_tool_calls": jnp.asarray([2, 1, 0], jnp.int32)},
+  )
+  r = batch_lib.Rollout(
+      traj=traj, reward=jnp.ones(3, jnp.float32), parts={}, info={}
+  )
+  out = shaping_stages.dual_penalty(
+      r, jnp.float32(0.5), fact="num_tool_calls", sense=sense
+  )
+  np.testing.assert_array_equal(out.reward, reward)
+  assert out.reward.dtype == jnp.float32
+  np.testing.assert_allclose(out.dual_observed, 1.0)
+  with pytest.raises(KeyError):
+    shaping_stages.dual_penalty(r, jnp.float32(0.5), fact="x", sense=sense)

@@ -16,7 +16,8 @@ One module per stage:
   stages/          the collect stages as top-level functions (sample.py:
                    rollout round, RM scores, env reward, soft overlong,
                    dynamic sampling; shaping.py: loss mask, overlong,
-                   shared passes, likelihood reward, potential, dense aux)
+                   shared passes, likelihood reward, potential, dense aux,
+                   dual penalty)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token

@@ -370,19 +370,14 @@ def make_collect_fn(
       r = shaping_stages.dense_aux_advantage(
           r, rl_cfg=rl_cfg, max_turns=max_turns
       )
-    traj = r.traj
-    reward, info = r.reward, {}
-    dual_observed = None
     if rl_cfg.dual_constraint:
-      # Lagrangian reward R - lam * g ('max': E[g] <= target) or R + lam * g
-      # ('min': E[g] >= target); lam adapts by dual ascent (make_rl_step).
-      dual_sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
-      g_b = traj.facts[rl_cfg.dual_constraint].astype(jnp.float32)
-      reward = reward - dual_sign * state.dual_coef * g_b
-      dual_observed = jnp.mean(g_b)
-    return r.replace(reward=reward, dual_observed=dual_observed).with_info(
-        **info
-    )
+      r = shaping_stages.dual_penalty(
+          r,
+          state.dual_coef,
+          fact=rl_cfg.dual_constraint,
+          sense=rl_cfg.dual_sense,
+      )
+    return r
 
   def replay_stage(state, key, r: Rollout) -> Rollout:
     """Stage 4: sets train_traj (traj without the replay buffer) and, with

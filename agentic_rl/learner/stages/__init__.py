@@ -10,5 +10,5 @@ its static settings are keyword-only arguments. `learner.collect`'s
   shaping.py  loss mask (POLICY tokens, dual-path tool-free rows), overlong
               policy, the gold-answer and observation passes, likelihood
               reward, PBRS potential, dark-room diagnostics, dense
-              auxiliary advantages
+              auxiliary advantages, dual-ascent penalty
 """

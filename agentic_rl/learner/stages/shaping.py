@@ -7,7 +7,8 @@ just before its first reader); `likelihood_reward` adds the reference
 model's log-likelihood of the gold answer to the reward; `potential` sets
 the PBRS potential (`potentials_by_name.POTENTIALS`); `obs_prediction_diagnostics`
 logs the dark-room metrics; `dense_aux_advantage` sets the dense auxiliary
-advantages of `rl.dense_as='aux_loss'`.
+advantages of `rl.dense_as='aux_loss'`; `dual_penalty` adds the
+dual-ascent constraint term to the reward.
 """
 
 from __future__ import annotations
@@ -248,4 +249,34 @@ def dense_aux_advantage(r: Rollout, *, rl_cfg, max_turns: int) -> Rollout:
       aux_advantage=token_credit.dense_aux_advantages(
           rl_cfg, r.traj, r.phi, max_turns
       )
+  )
+
+
+def dual_penalty(
+    r: Rollout, dual_coef: jax.Array, *, fact: str, sense: str
+) -> Rollout:
+  """The Lagrangian reward of a constrained fact g (`rl.dual_constraint`).
+
+  R - lam * g for sense 'max' (E[g] <= target), R + lam * g for 'min'
+  (E[g] >= target); lam adapts by dual ascent in the RL step (RCPO,
+  arXiv:1805.11074).
+
+  Args:
+    r: Rollout with traj (facts[fact] [B], any numeric dtype) and reward
+      [B] float32.
+    dual_coef: [] float32 multiplier lam (`TrainState.dual_coef`).
+    fact: `rl.dual_constraint`, the name of the constrained fact.
+    sense: `rl.dual_sense`: 'max' (an upper bound), else a lower bound.
+
+  Returns:
+    r with reward [B] float32 and dual_observed ([] float32, mean g).
+
+  Raises:
+    KeyError: the facts lack `fact`.
+  """
+  dual_sign = 1.0 if sense == "max" else -1.0
+  g_b = r.traj.facts[fact].astype(jnp.float32)
+  return r.replace(
+      reward=r.reward - dual_sign * dual_coef * g_b,
+      dual_observed=jnp.mean(g_b),
   )
