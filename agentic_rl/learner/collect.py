@@ -205,12 +205,16 @@ def make_collect_fn(
   The pipeline, one named stage each (all inside one jitted program):
 
     1. `sample_batch`       rollout round(s), frozen-RM scores, rewards, DAPO
-                            dynamic sampling (`rl.dynamic_sampling_*`)
+                            dynamic sampling (`rl.dynamic_sampling_*`;
+                            the functions of `stages.sample`)
     2. `policy_mask`,       POLICY mask, dual-path tool-free rows, overlong
-       `overlong`           (stages.shaping)
-    3. `shaping_terms`      likelihood reward, the PBRS potential
-                            (`potentials_by_name.POTENTIALS`), dark-room diagnostics,
-                            dense auxiliary advantages, dual-ascent penalty
+       `overlong`           (`stages.shaping`)
+    3. `shaping_terms`      gold-answer / observation passes, likelihood
+                            reward, the PBRS potential
+                            (`potentials_by_name.POTENTIALS`), dark-room
+                            diagnostics, dense auxiliary advantages,
+                            dual-ascent penalty
+                            (the functions of `stages.shaping`)
     4. `replay_stage`       replay insertion / injection, SIL samples
     5. `reference_stage`    reference log-probs, KL-in-reward
     6. `behaviour_stage`    trainer-side behaviour log-probs and values V_old
