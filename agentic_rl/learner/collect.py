@@ -74,7 +74,7 @@ def inject_replay(
   row's (validation rules out the switches that read them).
 
   Args:
-    buf: the `replay.ReplayBuffer`.
+    buf: the `types.ReplayBuffer`.
     traj: the fresh batch (B = groups * group_size rows, group-major).
     reward_b: [B] float32 rewards of the fresh batch.
     group_size: K (static).
@@ -128,7 +128,7 @@ def replay_inject_and_store(
   failed episode as a success in its task's slot).
 
   Args:
-    buf: the `replay.ReplayBuffer`.
+    buf: the `types.ReplayBuffer`.
     traj: the fresh batch (B = groups * group_size rows, group-major).
     reward_b: [B] float32 rewards of the fresh batch.
     step: int32 scalar, the training step (the buffer's insertion time).

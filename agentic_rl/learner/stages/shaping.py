@@ -5,10 +5,11 @@ the mask or the reward. `gold_logprobs` and `observation_scores` are the
 shared model passes of the shaping terms (each computed once per batch,
 just before its first reader); `likelihood_reward` adds the reference
 model's log-likelihood of the gold answer to the reward; `potential` sets
-the PBRS potential (`potentials_by_name.POTENTIALS`); `obs_prediction_diagnostics`
-logs the dark-room metrics; `dense_aux_advantage` sets the dense auxiliary
-advantages of `rl.dense_as='aux_loss'`; `dual_penalty` adds the
-dual-ascent constraint term to the reward.
+the PBRS potential (`potentials_by_name.POTENTIALS`);
+`obs_prediction_diagnostics` logs the dark-room metrics;
+`dense_aux_advantage` sets the dense auxiliary advantages of
+`rl.dense_as='aux_loss'`; `dual_penalty` adds the dual-ascent constraint
+term to the reward.
 """
 
 from __future__ import annotations
