@@ -209,7 +209,8 @@ def test_injected_reward_is_never_stored_with_the_fresh_tokens():
   # task A fails twice (answers 1 1 and 2 2): injection replaces its last row
   # with the buffered success, and the buffer must keep 9 9 in A's slot. It
   # used to store the fresh failed row 2 2 with the injected reward 1.
-  from agentic_rl.learner import collect  # noqa: PLC0415
+  from agentic_rl.learner import batch as batch_lib  # noqa: PLC0415
+  from agentic_rl.learner.stages import replay as replay_stages  # noqa: PLC0415
 
   buf = replay.init(2, 4)
   ta, ra = _rows([(5, 6)], [(9, 9)])
@@ -236,14 +237,16 @@ def test_injected_reward_is_never_stored_with_the_fresh_tokens():
       group=jnp.zeros((2,), jnp.int32),
       facts={},
   )
-  train_traj, reward, injected, new_buf = collect.replay_inject_and_store(
-      buf,
-      traj,
-      jnp.array([0.0, 0.0]),
-      jnp.int32(3),
-      group_size=2,
-      success_threshold=1.0,
-      inject=True,
+
+  def inject_and_store(reward):
+    r = batch_lib.Rollout(traj=traj, reward=reward, parts={}, info={})
+    r = replay_stages.replay_fresh(r)
+    r = replay_stages.replay_inject(r, buf, group_size=2, success_threshold=1.0)
+    r = replay_stages.replay_store(r, buf, jnp.int32(3), success_threshold=1.0)
+    return r.train_traj, r.reward, r.injected, r.replay
+
+  train_traj, reward, injected, new_buf = inject_and_store(
+      jnp.array([0.0, 0.0])
   )
   np.testing.assert_array_equal(injected, [False, True])
   np.testing.assert_array_equal(train_traj.tokens[1], [5, 6, 9, 9])
@@ -252,15 +255,7 @@ def test_injected_reward_is_never_stored_with_the_fresh_tokens():
   for a, b in zip(jax.tree.leaves(buf), jax.tree.leaves(new_buf)):
     np.testing.assert_array_equal(a, b)
   # A fresh success of task A does replace the stored one.
-  _, _, _, new_buf = collect.replay_inject_and_store(
-      buf,
-      traj,
-      jnp.array([0.0, 1.0]),
-      jnp.int32(3),
-      group_size=2,
-      success_threshold=1.0,
-      inject=True,
-  )
+  _, _, _, new_buf = inject_and_store(jnp.array([0.0, 1.0]))
   slot = int(np.argmax(np.asarray(new_buf.valid)))
   np.testing.assert_array_equal(new_buf.tokens[slot], [5, 6, 2, 2])
   assert int(np.sum(np.asarray(new_buf.valid))) == 1

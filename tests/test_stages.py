@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import credit
+from agentic_rl import replay
 from agentic_rl import rollout
 from agentic_rl import sampling
 from agentic_rl import tree_rollout
@@ -16,6 +17,7 @@ from agentic_rl import types
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
+from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
 
@@ -715,3 +717,118 @@ def test_dual_penalty_by_sense(sense, reward):
   np.testing.assert_allclose(out.dual_observed, 1.0)
   with pytest.raises(KeyError):
     shaping_stages.dual_penalty(r, jnp.float32(0.5), fact="x", sense=sense)
+
+
+# ------------------------------------------------------- stages/replay.py
+
+
+def _buffer_with_task_a():
+  """A 2-slot buffer holding task A's (prompt 5 6) success 9 9, reward 1."""
+  buf = replay.init(2, 4)
+  t = _traj([[5, 6, 9, 9]], [[P, P, A, A]])
+  return replay.insert(
+      buf,
+      replay.task_keys(t.tokens, t.role),
+      t.tokens,
+      t.role,
+      jnp.full((1, 4), -0.25),
+      jnp.asarray([1.0]),
+      jnp.asarray([True]),
+      jnp.int32(0),
+      t.turn,
+  )
+
+
+def _replay_rollout(reward):
+  """One group of 2 of task A (answers 1 1, 2 2), then one of task B (7 8)."""
+  traj = _traj(
+      [[5, 6, 1, 1], [5, 6, 2, 2], [7, 8, 3, 0], [7, 8, 4, 4]],
+      [[P, P, A, A], [P, P, A, A], [P, P, A, _], [P, P, A, A]],
+      group=[0, 0, 1, 1],
+      logprob=[[0.0, 0.0, -1.0, -1.0]] * 4,
+  )
+  return batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.asarray(reward, jnp.float32),
+      parts={},
+      info={},
+      mask=traj.role == A,
+  )
+
+
+def test_train_rows_are_the_fresh_batch():
+  r = replay_stages.train_rows(_rollout())
+  assert r.train_traj is r.traj
+  assert r.fresh_reward is None and r.replay is None
+
+
+def test_replay_fresh_keys_the_tasks_by_prompt():
+  r = replay_stages.replay_fresh(_replay_rollout([0.0, 0.0, 1.0, 0.0]))
+  assert r.train_traj is r.traj and r.fresh_reward is r.reward
+  keys = np.asarray(r.fresh_keys)
+  assert r.fresh_keys.dtype == jnp.uint32 and keys.shape == (4,)
+  assert keys[0] == keys[1] and keys[2] == keys[3] and keys[0] != keys[2]
+  np.testing.assert_array_equal(
+      keys, replay.task_keys(r.traj.tokens, r.traj.role)
+  )
+
+
+def test_replay_inject_and_mask_replace_the_failed_groups_last_row():
+  # Group 0 (task A) fails and A is buffered: its row 1 becomes 5 6 9 9 with
+  # the stored reward and log-probs. Group 1 (task B) has a success.
+  buf = _buffer_with_task_a()
+  r = replay_stages.replay_fresh(_replay_rollout([0.0, 0.0, 1.0, 0.0]))
+  r = replay_stages.replay_inject(r, buf, group_size=2, success_threshold=1.0)
+  np.testing.assert_array_equal(r.injected, [False, True, False, False])
+  np.testing.assert_array_equal(r.train_traj.tokens[1], [5, 6, 9, 9])
+  np.testing.assert_array_equal(r.train_traj.logprob[1], [-0.25] * 4)
+  np.testing.assert_array_equal(r.train_traj.num_turns, [1, 1, 1, 1])
+  np.testing.assert_array_equal(r.reward, [0.0, 1.0, 1.0, 0.0])
+  np.testing.assert_array_equal(r.fresh_reward, [0.0, 0.0, 1.0, 0.0])
+  np.testing.assert_array_equal(r.traj.tokens[1], [5, 6, 2, 2])
+  # The injected row trains on its own POLICY tokens; row 2's pad stays out.
+  r = r.replace(mask=r.mask.at[1].set(False))
+  out = replay_stages.injected_mask(r)
+  np.testing.assert_array_equal(out.mask[1], [False, False, True, True])
+  np.testing.assert_array_equal(out.mask[2], [False, False, True, False])
+  assert float(out.info["replay_injected"]) == 1.0
+
+
+def test_replay_store_keeps_the_fresh_rewards():
+  buf = _buffer_with_task_a()
+  r = replay_stages.replay_fresh(_replay_rollout([0.0, 0.0, 1.0, 0.0]))
+  r = replay_stages.replay_inject(r, buf, group_size=2, success_threshold=1.0)
+  out = replay_stages.replay_store(r, buf, jnp.int32(7), success_threshold=1.0)
+  # Only task B's fresh success (row 2) is new; A's slot keeps 9 9 (the
+  # injected reward 1 is not paired with the fresh tokens 2 2).
+  new = out.replay
+  np.testing.assert_array_equal(new.valid, [True, True])
+  np.testing.assert_array_equal(new.tokens, [[5, 6, 9, 9], [7, 8, 3, 0]])
+  np.testing.assert_array_equal(new.reward, [1.0, 1.0])
+  np.testing.assert_array_equal(new.step, [0, 7])
+  sized = replay_stages.replay_size(out)
+  assert float(sized.info["replay_size"]) == 2.0
+  with pytest.raises(ValueError, match="replay_fresh"):
+    replay_stages.replay_store(
+        _replay_rollout([0.0] * 4), buf, jnp.int32(7), success_threshold=1.0
+    )
+
+
+def test_sil_sample_draws_valid_slots_with_fresh_baselines():
+  buf = _buffer_with_task_a()
+  # Fresh rewards of task A's rows 0.5 and 0 (baseline 0.25).
+  r = replay_stages.replay_fresh(_replay_rollout([0.5, 0.0, 1.0, 1.0]))
+  r = replay_stages.replay_inject(r, buf, group_size=2, success_threshold=1.0)
+  key = jax.random.key(3)
+  out = replay_stages.sil_sample(r, buf, key, batch_size=3)
+  sil = out.sil
+  # One valid slot (0): every draw takes it.
+  np.testing.assert_array_equal(
+      replay.sample_slots(buf, jax.random.fold_in(key, 4), 3), [0, 0, 0]
+  )
+  np.testing.assert_array_equal(sil.tokens, [[5, 6, 9, 9]] * 3)
+  np.testing.assert_array_equal(sil.mask, [[False, False, True, True]] * 3)
+  np.testing.assert_array_equal(sil.returns, [1.0] * 3)
+  np.testing.assert_allclose(sil.baseline, [0.25] * 3)
+  np.testing.assert_array_equal(sil.valid, [True] * 3)
+  assert sil.tokens.dtype == jnp.int32 and sil.mask.dtype == jnp.bool_

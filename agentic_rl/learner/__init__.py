@@ -17,7 +17,8 @@ One module per stage:
                    rollout round, RM scores, env reward, soft overlong,
                    dynamic sampling; shaping.py: loss mask, overlong,
                    shared passes, likelihood reward, potential, dense aux,
-                   dual penalty)
+                   dual penalty; replay.py: replay injection / insertion,
+                   SIL samples)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token
@@ -38,7 +39,6 @@ from agentic_rl.learner.behaviour import (
 )
 from agentic_rl.learner.collect import (
     dual_path_tool_free,
-    inject_replay,
     make_collect_fn,
     make_host_rollout_fn,
     obs_prediction_info,
@@ -62,6 +62,7 @@ from agentic_rl.learner.rl_step import (
     make_rl_step,
 )
 from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
+from agentic_rl.learner.stages.replay import inject_replay
 from agentic_rl.learner.token_credit import (
     ADVANTAGE_ESTIMATORS,
     EPISODE_ESTIMATORS,

@@ -94,6 +94,8 @@ class Rollout:
     spa_inputs: the SPA head's training batch (potential 'spa').
     aux_advantage: [B, L] float32 dense auxiliary advantages.
     dual_observed: [] float32 batch mean of the constrained fact.
+    fresh_reward: [B] float32 the fresh rows' reward before replay injection.
+    fresh_keys: [B] uint32 task keys of the fresh rows.
     train_traj: the trained rows (traj with replay injections; else traj).
     injected: [B] bool, rows replaced by a replayed episode.
     replay: the replay buffer after this batch's insertion.
@@ -121,6 +123,8 @@ class Rollout:
   spa_inputs: SpaInputs | None = None
   aux_advantage: jax.Array | None = None
   dual_observed: jax.Array | None = None
+  fresh_reward: jax.Array | None = None
+  fresh_keys: jax.Array | None = None
   train_traj: types.Trajectory | None = None
   injected: jax.Array | None = None
   replay: types.ReplayBuffer | None = None

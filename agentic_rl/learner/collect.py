@@ -12,7 +12,6 @@ from flax import nnx
 from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import padding
-from agentic_rl import replay as replay_lib
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
 from agentic_rl.rewards import factory
@@ -20,10 +19,11 @@ from agentic_rl import rollout
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
-from agentic_rl.learner.batch import Rollout, SilSample
+from agentic_rl.learner.batch import Rollout
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext
+from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
 from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
@@ -56,111 +56,6 @@ def prompt_embedding(
       hidden_bld.astype(jnp.float32), traj.role == types.PROMPT
   )
   return jax.lax.stop_gradient(pooled)
-
-
-def inject_replay(
-    buf,
-    traj: types.Trajectory,
-    reward_b: jax.Array,
-    group_size: int,
-    success_threshold: float,
-):
-  """`rl.replay_inject`: buffered successes replace the last row of failed groups.
-
-  The injected rows take the buffered episode's tokens, roles, behaviour
-  log-probs, turn indices and reward (`replay.inject_into_failed_groups`),
-  and num_turns = 1 + its largest turn index, so per-turn estimators (GiGPO)
-  see the injected episode's own turns. Facts and finish stay the replaced
-  row's (validation rules out the switches that read them).
-
-  Args:
-    buf: the `types.ReplayBuffer`.
-    traj: the fresh batch (B = groups * group_size rows, group-major).
-    reward_b: [B] float32 rewards of the fresh batch.
-    group_size: K (static).
-    success_threshold: reward counting as a success.
-
-  Returns:
-    (train_traj, reward [B] float32, injected [B] bool).
-  """
-  tokens, role, logprob, turn, reward, injected = (
-      replay_lib.inject_into_failed_groups(
-          buf,
-          traj.tokens,
-          traj.role,
-          traj.logprob,
-          traj.turn,
-          reward_b,
-          group_size,
-          success_threshold,
-      )
-  )
-  num_turns = jnp.where(injected, jnp.max(turn, axis=1) + 1, traj.num_turns)
-  return (
-      traj.replace(
-          tokens=tokens,
-          role=role,
-          logprob=logprob,
-          turn=turn,
-          num_turns=num_turns.astype(traj.num_turns.dtype),
-      ),
-      reward,
-      injected,
-  )
-
-
-def replay_inject_and_store(
-    buf,
-    traj: types.Trajectory,
-    reward_b: jax.Array,
-    step: jax.Array,
-    *,
-    group_size: int,
-    success_threshold: float,
-    inject: bool,
-):
-  """The replay buffer's part of an iteration: injection, then insertion.
-
-  With `inject`, buffered successes replace the last row of failed groups
-  (`inject_replay`). The buffer then stores this batch's FRESH successes:
-  the sampled episodes with their own rewards, never an injected row's
-  reward paired with the fresh tokens it replaced (that pairing stored a
-  failed episode as a success in its task's slot).
-
-  Args:
-    buf: the `types.ReplayBuffer`.
-    traj: the fresh batch (B = groups * group_size rows, group-major).
-    reward_b: [B] float32 rewards of the fresh batch.
-    step: int32 scalar, the training step (the buffer's insertion time).
-    group_size: K (static).
-    success_threshold: reward counting as a success.
-    inject: `rl.replay_inject`.
-
-  Returns:
-    (train_traj, reward [B] float32 of train_traj's rows, injected [B] bool,
-     the updated buffer).
-  """
-  train_traj, reward, injected = (
-      traj,
-      reward_b,
-      jnp.zeros_like(reward_b, dtype=bool),
-  )
-  if inject:
-    train_traj, reward, injected = inject_replay(
-        buf, traj, reward_b, group_size, success_threshold
-    )
-  new_buf = replay_lib.insert(
-      buf,
-      replay_lib.task_keys(traj.tokens, traj.role),
-      traj.tokens,
-      traj.role,
-      traj.logprob,
-      reward_b,
-      reward_b >= success_threshold,
-      step,
-      traj.turn,
-  )
-  return train_traj, reward, injected, new_buf
 
 
 def make_collect_fn(
@@ -388,51 +283,31 @@ def make_collect_fn(
     the buffer (`rl.replay_capacity` > 0), rewrites reward and mask
     (injection of buffered successes into failed groups, `rl.replay_inject`)
     and sets injected, sil (SIL samples, `rl.sil_coef`) and replay (the
-    buffer after this batch's insertion)."""
-    traj, mask = r.traj, r.mask
+    buffer after this batch's insertion): the functions of
+    `stages.replay`."""
     if rl_cfg.replay_capacity <= 0:
-      return r.replace(train_traj=traj)
-    info = {}
-    fresh_reward = r.reward
-    fresh_keys = replay_lib.task_keys(traj.tokens, traj.role)
-    train_traj, reward, injected, new_buf = replay_inject_and_store(
+      return replay_stages.train_rows(r)
+    r = replay_stages.replay_fresh(r)
+    if rl_cfg.replay_inject:
+      r = replay_stages.replay_inject(
+          r,
+          state.replay,
+          group_size=group_size,
+          success_threshold=rl_cfg.replay_success_threshold,
+      )
+    r = replay_stages.replay_store(
+        r,
         state.replay,
-        traj,
-        fresh_reward,
         state.step,
-        group_size=group_size,
         success_threshold=rl_cfg.replay_success_threshold,
-        inject=bool(rl_cfg.replay_inject),
     )
     if rl_cfg.replay_inject:
-      mask = jnp.where(injected[:, None], train_traj.role == types.POLICY, mask)
-      info["replay_injected"] = jnp.sum(injected.astype(jnp.float32))
-    sil = None
+      r = replay_stages.injected_mask(r)
     if rl_cfg.sil_coef > 0:
-      buf = state.replay
-      slots = replay_lib.sample_slots(
-          buf, jax.random.fold_in(key, 4), rl_cfg.sil_batch_size
+      r = replay_stages.sil_sample(
+          r, state.replay, key, batch_size=rl_cfg.sil_batch_size
       )
-      sil = SilSample(
-          tokens=buf.tokens[slots],
-          mask=buf.role[slots] == types.POLICY,
-          returns=buf.reward[slots],
-          # The current policy's rewards on the buffered tasks (the fresh
-          # rows, not an injected row's buffered reward).
-          baseline=replay_lib.sil_baselines(
-              buf.key[slots], fresh_keys, fresh_reward
-          ),
-          valid=buf.valid[slots],
-      )
-    info["replay_size"] = jnp.sum(new_buf.valid.astype(jnp.float32))
-    return r.replace(
-        train_traj=train_traj,
-        reward=reward,
-        mask=mask,
-        injected=injected,
-        replay=new_buf,
-        sil=sil,
-    ).with_info(**info)
+    return replay_stages.replay_size(r)
 
   def forward_on_bucket(params, tokens_bl, need):
     """behaviour_forward's log-probs [B, L], on the update's length bucket

@@ -11,4 +11,7 @@ its static settings are keyword-only arguments. `learner.collect`'s
               policy, the gold-answer and observation passes, likelihood
               reward, PBRS potential, dark-room diagnostics, dense
               auxiliary advantages, dual-ascent penalty
+  replay.py   replay buffer: fresh-batch keys, injection into failed
+              groups, insertion of the fresh successes, the injected rows'
+              mask, SIL samples, the buffer size metric
 """
