@@ -17,6 +17,8 @@ from agentic_rl import types
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
+from agentic_rl.learner import behaviour
+from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
@@ -832,3 +834,69 @@ def test_sil_sample_draws_valid_slots_with_fresh_baselines():
   np.testing.assert_allclose(sil.baseline, [0.25] * 3)
   np.testing.assert_array_equal(sil.valid, [True] * 3)
   assert sil.tokens.dtype == jnp.int32 and sil.mask.dtype == jnp.bool_
+
+
+# ------------------------------------------------------ stages/logprobs.py
+
+
+def _fwd_config(num_minibatches=1, num_microbatches=1):
+  import types as pytypes  # noqa: PLC0415
+
+  return pytypes.SimpleNamespace(
+      rl=pytypes.SimpleNamespace(
+          num_minibatches=num_minibatches,
+          num_microbatches=num_microbatches,
+          temperature=1.0,
+      )
+  )
+
+
+@pytest.mark.parametrize("with_obs, want", [(False, 3), (True, 4)])
+def test_loss_length_reads_the_mask_and_the_tool_tokens(with_obs, want):
+  # Row 1's TOOL token at column 3 is a loss target with next-observation
+  # prediction only; the masks' last set column is 2.
+  r = _rollout(mask=jnp.asarray([[0, 1, 1, 0], [0, 1, 0, 0]], bool))
+  r = r.replace(train_traj=r.traj.replace(role=r.traj.role.at[1, 3].set(T)))
+  out = logprob_stages.loss_length(r, with_obs=with_obs)
+  assert int(out.loss_length) == want
+  assert out.loss_length.dtype == jnp.int32
+
+
+def test_reference_logprobs_run_the_forward_with_the_reference(monkeypatch):
+  seen = []
+
+  def fake_forward(config, graphdef, params, tokens_bl, with_values=False):
+    seen.append((graphdef, params, tokens_bl.shape))
+    return -0.5 * tokens_bl.astype(jnp.float32), None
+
+  monkeypatch.setattr(behaviour, "behaviour_forward", fake_forward)
+  r = _rollout()
+  r = r.replace(train_traj=r.traj, loss_length=jnp.int32(2))
+  out = logprob_stages.reference_logprobs(
+      r, "ref", config=_fwd_config(), graphdef="g", update_lengths=None
+  )
+  assert seen == [("g", "ref", (2, 4))]
+  np.testing.assert_allclose(out.ref_logp, -0.5 * np.asarray(r.traj.tokens))
+  # On a length bucket: the shortest of (2, 4) holding 2 columns; the
+  # columns from it on are 0.
+  out = logprob_stages.reference_logprobs(
+      r, "ref", config=_fwd_config(), graphdef="g", update_lengths=(2, 4)
+  )
+  want = -0.5 * np.asarray(r.traj.tokens, np.float32)
+  want[:, 2:] = 0.0
+  np.testing.assert_allclose(out.ref_logp, want)
+
+
+def test_kl_in_reward_k1_sums_the_masked_log_ratio():
+  r = _rollout(
+      mask=jnp.asarray([[0, 1, 1, 0], [0, 1, 0, 1]], bool),
+      ref_logp=jnp.full((2, 4), -1.0),
+  )
+  logp = jnp.asarray([[0.0, -0.5, -2.0, 9.0], [0.0, -1.0, 9.0, -3.0]])
+  r = r.replace(train_traj=r.traj.replace(logprob=logp))
+  out = logprob_stages.kl_in_reward(r, coef=0.5, estimator="k1")
+  # k1 = logp - ref_logp on the mask: row 0: 0.5 - 1.0; row 1: 0 - 2.
+  np.testing.assert_allclose(out.reward, [1.0 + 0.25, 0.0 + 1.0])
+  assert out.reward.dtype == jnp.float32
+  with pytest.raises(ValueError, match="estimator"):
+    logprob_stages.kl_in_reward(r, coef=0.5, estimator="k9")

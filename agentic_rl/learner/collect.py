@@ -11,7 +11,6 @@ from flax import nnx
 
 from agentic_rl import credit
 from agentic_rl import losses
-from agentic_rl import padding
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
 from agentic_rl.rewards import factory
@@ -23,6 +22,7 @@ from agentic_rl.learner.batch import Rollout
 from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext
+from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
@@ -111,7 +111,10 @@ def make_collect_fn(
                             dual-ascent penalty
                             (the functions of `stages.shaping`)
     4. `replay_stage`       replay insertion / injection, SIL samples
-    5. `reference_stage`    reference log-probs, KL-in-reward
+                            (the functions of `stages.replay`)
+    5. `loss_length`,       the loss length, reference log-probs,
+       `reference_logprobs`, KL-in-reward (`stages.logprobs`)
+       `kl_in_reward`
     6. `behaviour_stage`    trainer-side behaviour log-probs and values V_old
     7. `advantage_stage`    GAE or `token_advantages` (the estimator tables)
     8. `pack_batch`         the learner batch (FlowRL, SIL, aux and
@@ -311,34 +314,15 @@ def make_collect_fn(
 
   def forward_on_bucket(params, tokens_bl, need):
     """behaviour_forward's log-probs [B, L], on the update's length bucket
-    when `update_lengths` is set (need: `padding.loss_length_of`)."""
-    fwd = lambda t: behaviour_forward(config, graphdef, params, t)[0]
-    if update_lengths is None:
-      return fwd(tokens_bl)
-    return padding.bucketed_forward(fwd, update_lengths, tokens_bl, need)
-
-  def reference_stage(ref_params, r: Rollout) -> Rollout:
-    """Stage 5: sets ref_logp [B, L], the reference model's log-probs, and
-    rewrites reward with the KL-in-reward penalty (`rl.kl_reward_coef` > 0,
-    no gradient, estimated on the behaviour samples).
-
-    The reference forward runs over the update's row blocks
-    (`behaviour_forward`: the strided split into num_minibatches *
-    num_microbatches blocks, one block at a time under `lax.map`), so its
-    activations are those of one micro-batch, not of the whole batch.
-    """
-    train_traj, reward = r.train_traj, r.reward
-    ref_logp = forward_on_bucket(ref_params, train_traj.tokens, r.loss_length)
-    if rl_cfg.kl_reward_coef > 0:
-      reward = losses.kl_penalized_rewards(
-          reward,
-          train_traj.logprob,
-          ref_logp,
-          r.mask,
-          rl_cfg.kl_reward_coef,
-          estimator=rl_cfg.kl_estimator,
-      )
-    return r.replace(ref_logp=ref_logp, reward=reward)
+    when `update_lengths` is set (`stages.logprobs.forward_on_bucket`)."""
+    return logprob_stages.forward_on_bucket(
+        params,
+        tokens_bl,
+        need,
+        config=config,
+        graphdef=graphdef,
+        update_lengths=update_lengths,
+    )
 
   def behaviour_stage(state, r: Rollout) -> Rollout:
     """Stage 6: sets behaviour_logp [B, L], old_values [B, L] (None without
@@ -497,14 +481,20 @@ def make_collect_fn(
     r = shaping_terms(r, state, ref_params)
     r = replay_stage(state, key, r)
     # The columns the update's loss reads (its length bucket's choice).
-    need = padding.loss_length_of(
-        r.mask,
-        r.train_traj.role == types.TOOL
-        if rl_cfg.obs_prediction_coef > 0
-        else None,
+    r = logprob_stages.loss_length(r, with_obs=rl_cfg.obs_prediction_coef > 0)
+    # Stage 5: the reference log-probs and the KL-in-reward penalty (no
+    # gradient, estimated on the behaviour samples).
+    r = logprob_stages.reference_logprobs(
+        r,
+        ref_params,
+        config=config,
+        graphdef=graphdef,
+        update_lengths=update_lengths,
     )
-    r = r.replace(loss_length=need)
-    r = reference_stage(ref_params, r)
+    if rl_cfg.kl_reward_coef > 0:
+      r = logprob_stages.kl_in_reward(
+          r, coef=rl_cfg.kl_reward_coef, estimator=rl_cfg.kl_estimator
+      )
     r = behaviour_stage(state, r)
     r = advantage_stage(r)
     batch = pack_batch(state, key, r)
