@@ -900,3 +900,141 @@ def test_kl_in_reward_k1_sums_the_masked_log_ratio():
   assert out.reward.dtype == jnp.float32
   with pytest.raises(ValueError, match="estimator"):
     logprob_stages.kl_in_reward(r, coef=0.5, estimator="k9")
+
+
+def test_sampler_behaviour_is_the_sampled_logprob():
+  r = _rollout()
+  r = r.replace(train_traj=r.traj)
+  out = logprob_stages.sampler_behaviour(r)
+  assert out.behaviour_logp is r.traj.logprob and out.old_values is None
+
+
+def test_behaviour_values_reads_the_value_head(monkeypatch):
+  seen = []
+
+  def fake_forward(config, graphdef, params, tokens_bl, with_values=False):
+    seen.append(with_values)
+    return jnp.zeros(tokens_bl.shape), 0.25 * tokens_bl.astype(jnp.float32)
+
+  monkeypatch.setattr(behaviour, "behaviour_forward", fake_forward)
+  r = _rollout()
+  r = r.replace(train_traj=r.traj)
+  out = logprob_stages.behaviour_values(
+      r, "params", config=_fwd_config(), graphdef="g"
+  )
+  assert seen == [True]
+  np.testing.assert_allclose(out.old_values, 0.25 * np.asarray(r.traj.tokens))
+  assert out.behaviour_logp is None
+
+
+def _behaviour_rollout():
+  # Row 0 fresh (POLICY at 1, 2), row 1 replaced by a replayed episode.
+  traj = _traj(
+      [[1, 2, 3, 0], [1, 4, 5, 6]],
+      [[P, A, A, _], [P, A, T, A]],
+      logprob=[[0.0, -1.0, -2.0, 0.0], [0.0, -1.0, 0.0, -1.0]],
+      facts={"tool_free": jnp.asarray([True, True])},
+  )
+  train = traj.replace(tokens=traj.tokens.at[1, 3].set(7))
+  return batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.zeros(2),
+      parts={},
+      info={},
+      train_traj=train,
+      loss_length=jnp.int32(4),
+  )
+
+
+def test_trainer_behaviour_masks_and_measures_the_fresh_rows(monkeypatch):
+  # Trainer log-probs -0.5 * token (the sampler recorded -1 and -2).
+  def fake_forward(config, graphdef, params, tokens_bl, with_values=False):
+    logp = jnp.where(tokens_bl > 0, -0.5, 0.0) * tokens_bl
+    return logp, (jnp.ones(tokens_bl.shape) if with_values else None)
+
+  monkeypatch.setattr(behaviour, "behaviour_forward", fake_forward)
+  r = _behaviour_rollout()
+  out = logprob_stages.trainer_behaviour(
+      r,
+      "params",
+      config=_fwd_config(),
+      graphdef="g",
+      update_lengths=None,
+      with_values=False,
+  )
+  # Trainer log-probs -0.5 * token on POLICY tokens, 0 elsewhere.
+  np.testing.assert_allclose(
+      out.behaviour_logp, [[0.0, -1.0, -1.5, 0.0], [0.0, -2.0, 0.0, -3.5]]
+  )
+  assert out.old_values is None and out.behaviour_shift is None
+  # Fresh row 0 only: |-1 - -1| = 0, |-2 - -1.5| = 0.5.
+  np.testing.assert_allclose(out.info["logp_mismatch_max"], 0.5)
+  np.testing.assert_allclose(out.info["logp_mismatch_mean"], 0.25)
+  out = logprob_stages.trainer_behaviour(
+      r,
+      "params",
+      config=_fwd_config(),
+      graphdef="g",
+      update_lengths=None,
+      with_values=True,
+  )
+  np.testing.assert_array_equal(out.old_values, np.ones((2, 4)))
+
+
+def test_trainer_behaviour_on_a_bucket_drops_the_late_columns(monkeypatch):
+  monkeypatch.setattr(
+      behaviour,
+      "behaviour_forward",
+      lambda config, graphdef, params, t, with_values=False: (
+          -0.5 * t.astype(jnp.float32),
+          None,
+      ),
+  )
+  r = _behaviour_rollout().replace(loss_length=jnp.int32(2))
+  out = logprob_stages.trainer_behaviour(
+      r,
+      "params",
+      config=_fwd_config(),
+      graphdef="g",
+      update_lengths=(2, 4),
+      with_values=False,
+  )
+  np.testing.assert_allclose(
+      out.behaviour_logp, [[0.0, -1.0, 0.0, 0.0], [0.0, -2.0, 0.0, 0.0]]
+  )
+  # Row 0, column 1 only: |-1 - -1| = 0.
+  np.testing.assert_allclose(out.info["logp_mismatch_max"], 0.0)
+
+
+def test_trainer_behaviour_masked_rows_of_the_dual_path(monkeypatch):
+  monkeypatch.setattr(
+      behaviour,
+      "behaviour_forward",
+      lambda config, graphdef, params, t, with_values=False: (
+          jnp.full(t.shape, -1.0),
+          None,
+      ),
+  )
+  seen = []
+
+  def fake_masked(config, graphdef, params, tokens, logp, rows, banned):
+    seen.append((np.asarray(rows).tolist(), banned))
+    shift = jnp.where(rows[:, None], 0.25, 0.0) * jnp.ones(tokens.shape)
+    return logp + shift, shift
+
+  monkeypatch.setattr(behaviour, "masked_behaviour_logprobs", fake_masked)
+  out = logprob_stages.trainer_behaviour(
+      _behaviour_rollout(),
+      "params",
+      config=_fwd_config(),
+      graphdef="g",
+      update_lengths=None,
+      with_values=False,
+      banned_tokens=(9,),
+  )
+  # Only the fresh tool-free row 0 is re-scored under the mask.
+  assert seen == [([True, False], (9,))]
+  np.testing.assert_allclose(
+      out.behaviour_shift, [[0.0, 0.25, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]]
+  )
+  np.testing.assert_allclose(out.behaviour_logp[0], [0.0, -0.75, -0.75, 0.0])

@@ -19,7 +19,6 @@ from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from agentic_rl.learner.batch import Rollout
-from agentic_rl.learner.behaviour import behaviour_forward, masked_behaviour_logprobs
 from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext
 from agentic_rl.learner.stages import logprobs as logprob_stages
@@ -115,7 +114,8 @@ def make_collect_fn(
     5. `loss_length`,       the loss length, reference log-probs,
        `reference_logprobs`, KL-in-reward (`stages.logprobs`)
        `kl_in_reward`
-    6. `behaviour_stage`    trainer-side behaviour log-probs and values V_old
+    6. `trainer_behaviour`  trainer-side behaviour log-probs and values V_old
+       (or `sampler_behaviour`, `behaviour_values`; `stages.logprobs`)
     7. `advantage_stage`    GAE or `token_advantages` (the estimator tables)
     8. `pack_batch`         the learner batch (FlowRL, SIL, aux and
                             next-observation-prediction keys)
@@ -312,77 +312,6 @@ def make_collect_fn(
       )
     return replay_stages.replay_size(r)
 
-  def forward_on_bucket(params, tokens_bl, need):
-    """behaviour_forward's log-probs [B, L], on the update's length bucket
-    when `update_lengths` is set (`stages.logprobs.forward_on_bucket`)."""
-    return logprob_stages.forward_on_bucket(
-        params,
-        tokens_bl,
-        need,
-        config=config,
-        graphdef=graphdef,
-        update_lengths=update_lengths,
-    )
-
-  def behaviour_stage(state, r: Rollout) -> Rollout:
-    """Stage 6: sets behaviour_logp [B, L], old_values [B, L] (None without
-    a value head), behaviour_shift (dual path) and the mismatch info.
-
-    One teacher-forced pass with the sampling parameters, on the update's
-    micro-batch shapes (`behaviour_forward`): trainer-side behaviour
-    log-probs (`rl.behaviour_logprobs='trainer'`) and behaviour values.
-    """
-    traj, train_traj, need = r.traj, r.train_traj, r.loss_length
-    if not (trainer_beh or with_values):
-      return r.replace(behaviour_logp=train_traj.logprob)
-    if with_values:  # GAE's V_old: the whole buffer
-      trainer_logp, old_values = behaviour_forward(
-          config, graphdef, state.params, train_traj.tokens, with_values
-      )
-    else:
-      old_values = None
-      trainer_logp = forward_on_bucket(state.params, train_traj.tokens, need)
-    if not trainer_beh:
-      return r.replace(behaviour_logp=train_traj.logprob, old_values=old_values)
-    # Training/inference mismatch: sampler (cached one-token decode) vs
-    # trainer (full forward) log-probs of the same tokens. Fresh rows only:
-    # replay-injected episodes carry an older policy's log-probs.
-    pmask = policy_mask(train_traj)
-    if update_lengths is not None:
-      # On a length bucket, the columns from the loss length on are not
-      # computed (no loss reads them; e.g. truncated rows that
-      # rl.overlong_mode='mask' drops may run past it): left out of the
-      # mismatch metric and 0 in the batch.
-      pos = jnp.arange(pmask.shape[1], dtype=jnp.int32)[None, :]
-      pmask = pmask & (pos < need)
-    fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
-    fresh = pmask & fresh_b[:, None]
-    behaviour_shift = None
-    if num_free > 0:
-      # Dual-path tool-free rows were sampled with the tool-call tokens
-      # masked: their behaviour log-probs are the masked distribution's.
-      trainer_logp, shift = masked_behaviour_logprobs(
-          config,
-          graphdef,
-          state.params,
-          train_traj.tokens,
-          trainer_logp,
-          traj.facts["tool_free"] & fresh_b,
-          rollout.tool_call_tokens(env),
-      )
-      behaviour_shift = jnp.where(pmask, shift, 0.0)
-    gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
-    info = {}
-    info["logp_mismatch_max"] = jnp.max(gap)
-    info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
-        jnp.sum(fresh), 1
-    ).astype(jnp.float32)
-    return r.replace(
-        behaviour_logp=jnp.where(pmask, trainer_logp, 0.0),
-        old_values=old_values,
-        behaviour_shift=behaviour_shift,
-    ).with_info(**info)
-
   def advantage_stage(r: Rollout) -> Rollout:
     """Stage 7: rewrites reward (telescoped PBRS); sets adv_b [B], advantage
     [B, L] and returns [B, L] (None without a value head).
@@ -495,7 +424,23 @@ def make_collect_fn(
       r = logprob_stages.kl_in_reward(
           r, coef=rl_cfg.kl_reward_coef, estimator=rl_cfg.kl_estimator
       )
-    r = behaviour_stage(state, r)
+    # Stage 6: the behaviour log-probs of the importance ratio (and V_old).
+    if trainer_beh:
+      r = logprob_stages.trainer_behaviour(
+          r,
+          state.params,
+          config=config,
+          graphdef=graphdef,
+          update_lengths=update_lengths,
+          with_values=with_values,
+          banned_tokens=rollout.tool_call_tokens(env) if num_free > 0 else None,
+      )
+    else:
+      r = logprob_stages.sampler_behaviour(r)
+      if with_values:
+        r = logprob_stages.behaviour_values(
+            r, state.params, config=config, graphdef=graphdef
+        )
     r = advantage_stage(r)
     batch = pack_batch(state, key, r)
     return batch, r

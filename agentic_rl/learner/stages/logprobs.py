@@ -1,10 +1,15 @@
-"""Log-prob stages: the loss length, the reference log-probs and the
-KL-in-reward penalty.
+"""Log-prob stages: the loss length, the reference and behaviour log-probs,
+the KL-in-reward penalty and the behaviour values.
 
 After the replay stages the collect step sets `loss_length` (the columns the
 update's loss reads), then `reference_logprobs` (one teacher-forced pass of
 the reference model over the trained rows, on the update's micro-batch
 blocks and length bucket) and, with `rl.kl_reward_coef` > 0, `kl_in_reward`.
+The behaviour log-probs of the importance ratio are the sampler's
+(`sampler_behaviour`, with `behaviour_values` for a value head) or the
+trainer's (`trainer_behaviour`, `rl.behaviour_logprobs='trainer'`: one pass
+with the sampling parameters, the sampler/trainer mismatch metrics and the
+dual-path masked distribution).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from agentic_rl import losses
@@ -19,6 +25,7 @@ from agentic_rl import padding
 from agentic_rl import types
 from agentic_rl.learner import behaviour
 from agentic_rl.learner.batch import Rollout
+from agentic_rl.learner.common import policy_mask
 
 
 def forward_on_bucket(
@@ -139,3 +146,140 @@ def kl_in_reward(r: Rollout, *, coef: float, estimator: str) -> Rollout:
       estimator=estimator,
   )
   return r.replace(reward=reward)
+
+
+def sampler_behaviour(r: Rollout) -> Rollout:
+  """Sets behaviour_logp: the sampler's log-probs of the trained rows
+  (`rl.behaviour_logprobs='sampler'`; replay-injected rows keep the stored
+  episode's).
+
+  Args:
+    r: Rollout with train_traj (logprob [B, L] float32).
+
+  Returns:
+    r with behaviour_logp ([B, L] float32, the same array).
+  """
+  return r.replace(behaviour_logp=r.train_traj.logprob)
+
+
+def behaviour_values(
+    r: Rollout, params: Any, *, config, graphdef: nnx.GraphDef
+) -> Rollout:
+  """Sets old_values: the value head's behaviour values V_old.
+
+  One teacher-forced pass with the sampling parameters over the whole length
+  (`behaviour.behaviour_forward` with values; its log-probs are not used).
+
+  Args:
+    r: Rollout with train_traj (tokens [B, L] int32).
+    params: the sampling parameters (with a value head).
+    config: experiment config (see `forward_on_bucket`).
+    graphdef: the policy's graph.
+
+  Returns:
+    r with old_values ([B, L] float32).
+  """
+  _, old_values = behaviour.behaviour_forward(
+      config, graphdef, params, r.train_traj.tokens, True
+  )
+  return r.replace(old_values=old_values)
+
+
+def trainer_behaviour(
+    r: Rollout,
+    params: Any,
+    *,
+    config,
+    graphdef: nnx.GraphDef,
+    update_lengths: tuple | None,
+    with_values: bool,
+    banned_tokens: tuple[int, ...] | None = None,
+) -> Rollout:
+  """`rl.behaviour_logprobs='trainer'`: the behaviour log-probs recomputed by
+  the trainer, with the sampler/trainer mismatch metrics.
+
+  One teacher-forced pass with the sampling parameters on the update's
+  micro-batch shapes (`behaviour.behaviour_forward`): with a value head over
+  the whole length (also V_old), else on the update's length bucket. The
+  mismatch (sampler: cached one-token decode; trainer: full forward) is
+  measured on the FRESH rows' POLICY tokens (replay-injected rows carry an
+  older policy's log-probs), before the loss length on a bucket. With
+  `banned_tokens` (dual path), the fresh tool-free rows were sampled with
+  those tokens masked: their log-probs are the masked distribution's
+  (`behaviour.masked_behaviour_logprobs`).
+
+  Args:
+    r: Rollout with traj (the fresh rows; facts 'tool_free' [B] bool with
+      banned_tokens), train_traj (tokens [B, L] int32, logprob [B, L]
+      float32, role) and loss_length ([] int32).
+    params: the sampling parameters.
+    config: experiment config (see `forward_on_bucket`).
+    graphdef: the policy's graph.
+    update_lengths: the update's length buckets, or None.
+    with_values: the update trains a value head (`update.uses_values`).
+    banned_tokens: `rollout.tool_call_tokens(env)` with dual-path tool-free
+      rows (`rl.dual_path_tool_free` > 0), else None.
+
+  Returns:
+    r with behaviour_logp ([B, L] float32, 0 off the POLICY tokens and from
+    the loss length on a bucket), old_values ([B, L] float32 or None),
+    behaviour_shift ([B, L] float32 log-prob shift of the masked rows, or
+    None without banned_tokens) and info logp_mismatch_max,
+    logp_mismatch_mean ([] float32).
+
+  Raises:
+    KeyError: banned_tokens without the facts 'tool_free'.
+  """
+  traj, train_traj, need = r.traj, r.train_traj, r.loss_length
+  if with_values:  # GAE's V_old: the whole buffer
+    trainer_logp, old_values = behaviour.behaviour_forward(
+        config, graphdef, params, train_traj.tokens, with_values
+    )
+  else:
+    old_values = None
+    trainer_logp = forward_on_bucket(
+        params,
+        train_traj.tokens,
+        need,
+        config=config,
+        graphdef=graphdef,
+        update_lengths=update_lengths,
+    )
+  # Training/inference mismatch: sampler (cached one-token decode) vs
+  # trainer (full forward) log-probs of the same tokens. Fresh rows only:
+  # replay-injected episodes carry an older policy's log-probs.
+  pmask = policy_mask(train_traj)
+  if update_lengths is not None:
+    # On a length bucket, the columns from the loss length on are not
+    # computed (no loss reads them; e.g. truncated rows that
+    # rl.overlong_mode='mask' drops may run past it): left out of the
+    # mismatch metric and 0 in the batch.
+    pos = jnp.arange(pmask.shape[1], dtype=jnp.int32)[None, :]
+    pmask = pmask & (pos < need)
+  fresh_b = jnp.all(train_traj.tokens == traj.tokens, axis=1)
+  fresh = pmask & fresh_b[:, None]
+  behaviour_shift = None
+  if banned_tokens is not None:
+    # Dual-path tool-free rows were sampled with the tool-call tokens
+    # masked: their behaviour log-probs are the masked distribution's.
+    trainer_logp, shift = behaviour.masked_behaviour_logprobs(
+        config,
+        graphdef,
+        params,
+        train_traj.tokens,
+        trainer_logp,
+        traj.facts["tool_free"] & fresh_b,
+        banned_tokens,
+    )
+    behaviour_shift = jnp.where(pmask, shift, 0.0)
+  gap = jnp.where(fresh, jnp.abs(train_traj.logprob - trainer_logp), 0.0)
+  info = {}
+  info["logp_mismatch_max"] = jnp.max(gap)
+  info["logp_mismatch_mean"] = jnp.sum(gap) / jnp.maximum(
+      jnp.sum(fresh), 1
+  ).astype(jnp.float32)
+  return r.replace(
+      behaviour_logp=jnp.where(pmask, trainer_logp, 0.0),
+      old_values=old_values,
+      behaviour_shift=behaviour_shift,
+  ).with_info(**info)
