@@ -18,6 +18,7 @@ from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
 from agentic_rl.learner import behaviour
+from agentic_rl.learner.stages import advantages as advantage_stages
 from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
@@ -1038,3 +1039,116 @@ def test_trainer_behaviour_masked_rows_of_the_dual_path(monkeypatch):
       out.behaviour_shift, [[0.0, 0.25, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]]
   )
   np.testing.assert_allclose(out.behaviour_logp[0], [0.0, -0.75, -0.75, 0.0])
+
+
+# ---------------------------------------------------- stages/advantages.py
+
+
+def _smoke_rl(**overrides):
+  from configs import default  # noqa: PLC0415
+
+  rl = default.get_config("smoke").rl
+  for name, value in overrides.items():
+    setattr(rl, name, value)
+  return rl
+
+
+def _advantage_rollout(reward, **kw):
+  # One group of two one-turn episodes with POLICY tokens at columns 1, 2.
+  traj = _traj([[1, 2, 3, 0]] * 2, [[P, A, A, _]] * 2, group=[0, 0])
+  return batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.asarray(reward, jnp.float32),
+      parts={},
+      info={},
+      train_traj=traj,
+      **kw,
+  )
+
+
+def test_gae_advantages_with_zero_values_are_the_returns():
+  # discount 1, lambda 1, V_old = 0: every POLICY token's advantage and
+  # return is the episode reward.
+  rl = _smoke_rl(advantage_estimator="gae", gae_lambda=1.0, discount=1.0)
+  r = _advantage_rollout([1.0, -0.5], old_values=jnp.zeros((2, 4)))
+  out = advantage_stages.gae_advantages(r, rl_cfg=rl)
+  want = [[0.0, 1.0, 1.0, 0.0], [0.0, -0.5, -0.5, 0.0]]
+  np.testing.assert_allclose(out.advantage, want)
+  np.testing.assert_allclose(out.returns, want)
+  np.testing.assert_allclose(out.adv_b, [1.0, -0.5])
+  assert out.reward is r.reward
+
+
+def test_advantages_grpo_on_one_group():
+  # Rewards 1 and 0: mean 0.5, std 0.5 (ddof 0): advantages +-1 (eps 1e-6).
+  rl = _smoke_rl(advantage_estimator="grpo", pbrs_coef=0.0)
+  out = advantage_stages.advantages(
+      _advantage_rollout([1.0, 0.0]),
+      rl_cfg=rl,
+      max_turns=1,
+      value_targets=False,
+  )
+  np.testing.assert_allclose(out.adv_b, [1.0, -1.0], rtol=1e-5)
+  np.testing.assert_allclose(
+      out.advantage,
+      [[0.0, 1.0, 1.0, 0.0], [0.0, -1.0, -1.0, 0.0]],
+      rtol=1e-5,
+  )
+  np.testing.assert_array_equal(out.reward, [1.0, 0.0])
+  assert out.returns is None
+
+
+def test_advantages_value_targets_read_the_unshaped_reward():
+  # PBRS, Phi = 0.5 * phi; one turn, ANSWERED (Phi(s_1) = 0, terminal): the
+  # telescoped return is R + Phi(s_1) - Phi(s_0) = R - 0.5; the value
+  # targets (lambda = 1, V_old = 0) stay the unshaped R.
+  rl = _smoke_rl(
+      advantage_estimator="grpo", pbrs_coef=0.5, gae_lambda=0.95, discount=1.0
+  )
+  r = _advantage_rollout(
+      [1.0, 0.0],
+      phi=jnp.asarray([[1.0, 2.0]] * 2),
+      old_values=jnp.zeros((2, 4)),
+  )
+  out = advantage_stages.advantages(
+      r, rl_cfg=rl, max_turns=1, value_targets=True
+  )
+  np.testing.assert_allclose(out.reward, [0.5, -0.5])
+  np.testing.assert_allclose(
+      out.returns, [[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+  )
+
+
+def test_step_reward_diagnostics_valid_call_sum():
+  # K = 2; row 0 took 2 turns, row 1 one. Scored: tool-call turns taken.
+  rl = _smoke_rl(
+      step_reward="valid_call",
+      step_reward_transform="sum",
+      step_reward_coef=0.5,
+      step_reward_clip_quantile=0.0,
+  )
+  facts = {
+      "valid_call_turn": jnp.asarray([[1.0, 0.0], [1.0, 1.0]]),
+      "tool_call_turn": jnp.asarray([[True, True], [True, True]]),
+  }
+  traj = _traj([[1, 2]] * 2, [[P, A]] * 2, facts=facts).replace(
+      num_turns=jnp.asarray([2, 1], jnp.int32)
+  )
+  r = batch_lib.Rollout(
+      traj=traj,
+      reward=jnp.ones(2),
+      parts={},
+      info={"x": jnp.float32(1.0)},
+      train_traj=traj,
+  )
+  out = advantage_stages.step_reward_diagnostics(r, rl_cfg=rl, max_turns=2)
+  # Per episode: row 0 0.5 * (1 + 0), row 1 0.5 * 1 (turn 1 not taken).
+  np.testing.assert_allclose(out.info["step_reward_raw"], 0.5)
+  np.testing.assert_allclose(out.info["step_reward"], 0.5)
+  assert set(out.info) == {"x", "step_reward", "step_reward_raw"}
+  with pytest.raises(KeyError):
+    advantage_stages.step_reward_diagnostics(
+        r.replace(train_traj=_traj([[1, 2]] * 2, [[P, A]] * 2)),
+        rl_cfg=rl,
+        max_turns=2,
+    )

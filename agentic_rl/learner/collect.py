@@ -19,22 +19,15 @@ from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
 from agentic_rl.learner.batch import Rollout
-from agentic_rl.learner.common import policy_mask
 from agentic_rl.learner.potentials_by_name import PotentialContext
+from agentic_rl.learner.stages import advantages as advantage_stages
 from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
 from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
 from agentic_rl.learner.stages.shaping import obs_prediction_info  # noqa: F401
-from agentic_rl.learner.token_credit import (
-    gae_token_advantages,
-    step_reward_on,
-    step_clip_eta,
-    step_rewards_bk,
-    step_scores_bk,
-    token_advantages,
-)
+from agentic_rl.learner.token_credit import step_reward_on
 from agentic_rl.learner.update import uses_values
 
 
@@ -116,7 +109,8 @@ def make_collect_fn(
        `kl_in_reward`
     6. `trainer_behaviour`  trainer-side behaviour log-probs and values V_old
        (or `sampler_behaviour`, `behaviour_values`; `stages.logprobs`)
-    7. `advantage_stage`    GAE or `token_advantages` (the estimator tables)
+    7. `advantages`         GAE or `token_advantages` (the estimator tables),
+                            step-reward diagnostics (`stages.advantages`)
     8. `pack_batch`         the learner batch (FlowRL, SIL, aux and
                             next-observation-prediction keys)
 
@@ -312,46 +306,6 @@ def make_collect_fn(
       )
     return replay_stages.replay_size(r)
 
-  def advantage_stage(r: Rollout) -> Rollout:
-    """Stage 7: rewrites reward (telescoped PBRS); sets adv_b [B], advantage
-    [B, L] and returns [B, L] (None without a value head).
-
-    'gae': PPO with GAE from the value head (arXiv:1707.06347,
-    arXiv:1506.02438). Otherwise `token_advantages` (the estimator tables),
-    and with a value-head potential the head's Monte-Carlo targets (lambda =
-    1) of the reward before shaping, so the potential never regresses on its
-    own shaping terms.
-    """
-    train_traj, reward, old_values = r.train_traj, r.reward, r.old_values
-    if rl_cfg.advantage_estimator == "gae":
-      adv_b, adv_bl, returns_bl = gae_token_advantages(
-          rl_cfg, reward, policy_mask(train_traj), old_values
-      )
-      return r.replace(adv_b=adv_b, advantage=adv_bl, returns=returns_bl)
-    info = {}
-    unshaped = reward
-    if step_reward_on(rl_cfg):
-      # Step rewards as delivered (per episode sum), and before the transform.
-      s_bk = step_rewards_bk(rl_cfg, train_traj, reward, max_turns)
-      info["step_reward"] = jnp.mean(jnp.sum(s_bk, axis=1))
-      p_bk, scored_bk = step_scores_bk(rl_cfg, train_traj, max_turns)
-      raw = rl_cfg.step_reward_coef * jnp.where(scored_bk, p_bk, 0.0)
-      info["step_reward_raw"] = jnp.mean(jnp.sum(raw, 1))
-      if rl_cfg.step_reward_clip_quantile > 0:
-        # The batch's Clip threshold (a quantile of its step scores).
-        info["step_reward_clip_eta"] = step_clip_eta(rl_cfg, p_bk, scored_bk)
-    reward, adv_b, adv_bl = token_advantages(
-        rl_cfg, reward, train_traj, max_turns, phi_bk1=r.phi
-    )
-    returns_bl = None
-    if with_values:
-      _, _, returns_bl = gae_token_advantages(
-          rl_cfg, unshaped, policy_mask(train_traj), old_values, lambda_=1.0
-      )
-    return r.replace(
-        reward=reward, adv_b=adv_b, advantage=adv_bl, returns=returns_bl
-    ).with_info(**info)
-
   def pack_batch(state, key, r: Rollout) -> dict:
     """Stage 8: the learner batch of `make_update_fn` ([B, L] arrays)."""
     train_traj, mask = r.train_traj, r.mask
@@ -441,7 +395,17 @@ def make_collect_fn(
         r = logprob_stages.behaviour_values(
             r, state.params, config=config, graphdef=graphdef
         )
-    r = advantage_stage(r)
+    # Stage 7: the advantages ('gae', or the estimator tables).
+    if rl_cfg.advantage_estimator == "gae":
+      r = advantage_stages.gae_advantages(r, rl_cfg=rl_cfg)
+    else:
+      if step_reward_on(rl_cfg):
+        r = advantage_stages.step_reward_diagnostics(
+            r, rl_cfg=rl_cfg, max_turns=max_turns
+        )
+      r = advantage_stages.advantages(
+          r, rl_cfg=rl_cfg, max_turns=max_turns, value_targets=with_values
+      )
     batch = pack_batch(state, key, r)
     return batch, r
 
