@@ -179,8 +179,8 @@ def metrics(
   }
 
 
-# The learner batch's token-aligned [B, L] entries (learner/collect.py
-# pack_batch); 'sil' (its own episodes) and per-row entries stay whole.
+# The learner batch's token-aligned [B, L] entries (learner/stages/pack.py
+# pack); 'sil' (its own episodes) and per-row entries stay whole.
 SEQUENCE_KEYS = (
     "tokens",
     "mask",

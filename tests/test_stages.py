@@ -20,6 +20,7 @@ from agentic_rl.learner import batch as batch_lib
 from agentic_rl.learner import behaviour
 from agentic_rl.learner.stages import advantages as advantage_stages
 from agentic_rl.learner.stages import logprobs as logprob_stages
+from agentic_rl.learner.stages import pack as pack_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
@@ -1152,3 +1153,93 @@ def test_step_reward_diagnostics_valid_call_sum():
         rl_cfg=rl,
         max_turns=2,
     )
+
+
+# ---------------------------------------------------------- stages/pack.py
+
+
+def _packed_rollout(**kw):
+  r = _rollout(
+      mask=jnp.asarray([[0, 1, 1, 0], [0, 1, 0, 1]], bool),
+      behaviour_logp=jnp.full((2, 4), -1.0),
+      ref_logp=jnp.full((2, 4), -2.0),
+      advantage=jnp.full((2, 4), 0.5),
+      adv_b=jnp.asarray([0.5, -0.5]),
+      **kw,
+  )
+  return r.replace(train_traj=r.traj)
+
+
+def test_pack_the_required_keys_only():
+  r = _packed_rollout()
+  batch = pack_stages.pack(
+      r,
+      "params",
+      jax.random.key(0),
+      graphdef="g",
+      flowrl=False,
+      obs_prediction=False,
+      placebo=False,
+  )
+  assert set(batch) == {
+      "tokens",
+      "mask",
+      "behaviour_logp",
+      "ref_logp",
+      "advantage",
+  }
+  assert batch["tokens"] is r.train_traj.tokens and batch["mask"] is r.mask
+  assert batch["advantage"] is r.advantage
+
+
+def test_pack_optional_keys(monkeypatch):
+  seen = []
+
+  def fake_embedding(graphdef, params, traj):
+    seen.append((graphdef, params))
+    return jnp.ones((traj.tokens.shape[0], 3))
+
+  monkeypatch.setattr(pack_stages, "prompt_embedding", fake_embedding)
+  sil = batch_lib.SilSample(
+      tokens=jnp.zeros((1, 4), jnp.int32),
+      mask=jnp.ones((1, 4), bool),
+      returns=jnp.asarray([1.0]),
+      baseline=jnp.asarray([0.25]),
+      valid=jnp.asarray([True]),
+  )
+  r = _packed_rollout(
+      old_values=jnp.zeros((2, 4)),
+      returns=jnp.ones((2, 4)),
+      sil=sil,
+      behaviour_shift=jnp.full((2, 4), 0.1),
+      aux_advantage=jnp.full((2, 4), 3.0),
+  )
+  key = jax.random.key(7)
+  batch = pack_stages.pack(
+      r,
+      "params",
+      key,
+      graphdef="g",
+      flowrl=True,
+      obs_prediction=True,
+      placebo=True,
+  )
+  assert seen == [("g", "params")]
+  np.testing.assert_array_equal(batch["reward_hat"], [0.5, -0.5])
+  assert batch["prompt_embedding"].shape == (2, 3)
+  assert batch["returns"] is r.returns and batch["old_values"] is r.old_values
+  assert set(batch["sil"]) == {"tokens", "mask", "return", "baseline", "valid"}
+  assert batch["behaviour_shift"] is r.behaviour_shift
+  np.testing.assert_array_equal(
+      batch["aux_advantage"], [[0.0, 3.0, 3.0, 0.0], [0.0, 3.0, 0.0, 3.0]]
+  )
+  # Row 1's only TOOL token (column 2) is the observation target.
+  np.testing.assert_array_equal(
+      batch["obs_mask"], [[False] * 4, [False, False, True, False]]
+  )
+  np.testing.assert_array_equal(
+      batch["obs_targets"],
+      credit.shuffle_observation_targets(
+          r.traj.tokens, batch["obs_mask"], jax.random.fold_in(key, 5)
+      ),
+  )

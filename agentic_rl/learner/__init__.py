@@ -18,7 +18,9 @@ One module per stage:
                    dynamic sampling; shaping.py: loss mask, overlong,
                    shared passes, likelihood reward, potential, dense aux,
                    dual penalty; replay.py: replay injection / insertion,
-                   SIL samples)
+                   SIL samples; logprobs.py: loss length, reference and
+                   behaviour log-probs, KL-in-reward; advantages.py: GAE or
+                   the estimator tables; pack.py: the learner batch)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token
@@ -42,7 +44,6 @@ from agentic_rl.learner.collect import (
     make_collect_fn,
     make_host_rollout_fn,
     obs_prediction_info,
-    prompt_embedding,
 )
 from agentic_rl.learner.common import (
     StepFn,
@@ -62,6 +63,7 @@ from agentic_rl.learner.rl_step import (
     make_rl_step,
 )
 from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
+from agentic_rl.learner.stages.pack import prompt_embedding
 from agentic_rl.learner.stages.replay import inject_replay
 from agentic_rl.learner.token_credit import (
     ADVANTAGE_ESTIMATORS,

@@ -9,8 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentic_rl import credit
-from agentic_rl import losses
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
 from agentic_rl.rewards import factory
@@ -22,6 +20,7 @@ from agentic_rl.learner.batch import Rollout
 from agentic_rl.learner.potentials_by_name import PotentialContext
 from agentic_rl.learner.stages import advantages as advantage_stages
 from agentic_rl.learner.stages import logprobs as logprob_stages
+from agentic_rl.learner.stages import pack as pack_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
@@ -29,25 +28,6 @@ from agentic_rl.learner.stages.sample import dual_path_tool_free  # noqa: F401
 from agentic_rl.learner.stages.shaping import obs_prediction_info  # noqa: F401
 from agentic_rl.learner.token_credit import step_reward_on
 from agentic_rl.learner.update import uses_values
-
-
-def prompt_embedding(
-    graphdef: nnx.GraphDef, params, traj: types.Trajectory
-) -> jax.Array:
-  """[B, D] float32 mean of the policy's final hidden states over PROMPT tokens.
-
-  The input of FlowRL's log-partition network (arXiv:2509.15207 feeds the
-  policy's prompt hidden states to it); computed once per batch with the
-  parameters that sampled it and treated as a constant feature
-  (stop_gradient: the log Z loss does not train the policy's trunk; the
-  authors' code lets that gradient through, our choice differs).
-  """
-  model = nnx.merge(graphdef, params)
-  hidden_bld, _ = model.hidden_states(traj.tokens)
-  pooled = losses.masked_mean_pool(
-      hidden_bld.astype(jnp.float32), traj.role == types.PROMPT
-  )
-  return jax.lax.stop_gradient(pooled)
 
 
 def make_collect_fn(
@@ -111,8 +91,9 @@ def make_collect_fn(
        (or `sampler_behaviour`, `behaviour_values`; `stages.logprobs`)
     7. `advantages`         GAE or `token_advantages` (the estimator tables),
                             step-reward diagnostics (`stages.advantages`)
-    8. `pack_batch`         the learner batch (FlowRL, SIL, aux and
-                            next-observation-prediction keys)
+    8. `pack`               the learner batch (FlowRL, SIL, aux and
+                            next-observation-prediction keys;
+                            `stages.pack`)
 
   Also once per batch, before the update and with the sampling parameters:
   trainer-side behaviour log-probs (`rl.behaviour_logprobs='trainer'`, with
@@ -306,43 +287,6 @@ def make_collect_fn(
       )
     return replay_stages.replay_size(r)
 
-  def pack_batch(state, key, r: Rollout) -> dict:
-    """Stage 8: the learner batch of `make_update_fn` ([B, L] arrays)."""
-    train_traj, mask = r.train_traj, r.mask
-    batch = {
-        "tokens": train_traj.tokens,
-        "mask": mask,
-        "behaviour_logp": r.behaviour_logp,
-        "ref_logp": r.ref_logp,
-        "advantage": r.advantage,
-    }
-    if r.returns is not None:
-      batch["old_values"] = r.old_values
-      batch["returns"] = r.returns
-    if rl_cfg.loss_type == "flowrl":
-      # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
-      # the log-partition network's input.
-      batch["reward_hat"] = r.adv_b
-      batch["prompt_embedding"] = prompt_embedding(
-          graphdef, state.params, train_traj
-      )
-    if r.sil is not None:
-      batch["sil"] = r.sil.as_dict()
-    if r.behaviour_shift is not None:
-      batch["behaviour_shift"] = r.behaviour_shift
-    if r.aux_advantage is not None:
-      batch["aux_advantage"] = jnp.where(mask, r.aux_advantage, 0.0)
-    if rl_cfg.obs_prediction_coef > 0:
-      # Auxiliary next-observation CE on the TOOL tokens; the placebo
-      # (`rl.obs_prediction_placebo`) permutes its labels across the batch.
-      obs_mask = train_traj.role == types.TOOL
-      batch["obs_mask"] = obs_mask
-      if rl_cfg.obs_prediction_placebo:
-        batch["obs_targets"] = credit.shuffle_observation_targets(
-            train_traj.tokens, obs_mask, jax.random.fold_in(key, 5)
-        )
-    return batch
-
   def collect(state: types.TrainState, first_traj=None):
     key = jax.random.fold_in(state.rng, state.step)
     # With LoRA: the policy's frozen base plus the reference's adapters.
@@ -406,7 +350,16 @@ def make_collect_fn(
       r = advantage_stages.advantages(
           r, rl_cfg=rl_cfg, max_turns=max_turns, value_targets=with_values
       )
-    batch = pack_batch(state, key, r)
+    # Stage 8: the learner batch.
+    batch = pack_stages.pack(
+        r,
+        state.params,
+        key,
+        graphdef=graphdef,
+        flowrl=rl_cfg.loss_type == "flowrl",
+        obs_prediction=rl_cfg.obs_prediction_coef > 0,
+        placebo=bool(rl_cfg.obs_prediction_placebo),
+    )
     return batch, r
 
   return collect

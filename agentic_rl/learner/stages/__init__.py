@@ -14,4 +14,11 @@ its static settings are keyword-only arguments. `learner.collect`'s
   replay.py   replay buffer: fresh-batch keys, injection into failed
               groups, insertion of the fresh successes, the injected rows'
               mask, SIL samples, the buffer size metric
+  logprobs.py loss length, reference log-probs, KL-in-reward, behaviour
+              log-probs (sampler or trainer, with the mismatch metrics and
+              the dual-path masked distribution), behaviour values
+  advantages.py
+              GAE, or the estimator tables with the step-reward
+              diagnostics and the value head's targets
+  pack.py     the learner batch of `make_update_fn`
 """
