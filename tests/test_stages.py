@@ -19,6 +19,7 @@ from agentic_rl.rewards import factory as reward_factory
 from agentic_rl.learner import batch as batch_lib
 from agentic_rl.learner import behaviour
 from agentic_rl.learner.stages import advantages as advantage_stages
+from agentic_rl.learner.stages import build as build_stages_lib
 from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import pack as pack_stages
 from agentic_rl.learner.stages import replay as replay_stages
@@ -1243,3 +1244,114 @@ def test_pack_optional_keys(monkeypatch):
           r.traj.tokens, batch["obs_mask"], jax.random.fold_in(key, 5)
       ),
   )
+
+
+# --------------------------------------------------------- stages/build.py
+
+
+def _stage_names(**rl_overrides):
+  import types as pytypes  # noqa: PLC0415
+
+  from configs import default  # noqa: PLC0415
+
+  config = default.get_config("smoke")
+  for name, value in rl_overrides.items():
+    setattr(config.rl, name, value)
+  env = pytypes.SimpleNamespace(max_turns=2)
+  stages = build_stages_lib.build_stages(config, env, None, None)
+  return [s.__name__ for s in stages]
+
+
+_TAIL = ["loss_length", "reference_logprobs", "trainer_behaviour", "advantages"]
+
+
+def test_build_stages_default_grpo():
+  assert _stage_names() == [
+      "sample",
+      "env_reward_info",
+      "policy_mask",
+      "overlong",
+      "train_rows",
+      *_TAIL,
+  ]
+
+
+def test_build_stages_orders_the_shared_passes_before_their_readers():
+  # The gold pass before the likelihood reward (and the 'trace' potential);
+  # the observation pass before the dark-room diagnostics.
+  names = _stage_names(
+      likelihood_coef=0.1,
+      pbrs_coef=0.5,
+      pbrs_potential="trace",
+      log_obs_prediction=True,
+      dual_constraint="num_tool_calls",
+  )
+  assert names[4:11] == [
+      "gold_logprobs",
+      "likelihood_reward",
+      "potential",
+      "observation_scores",
+      "obs_prediction_diagnostics",
+      "dual_penalty",
+      "train_rows",
+  ]
+  # An 'obs_prediction' potential reads the observation pass: it runs
+  # before the potential, once.
+  names = _stage_names(pbrs_coef=0.5, pbrs_potential="obs_prediction")
+  assert names[4:8] == [
+      "observation_scores",
+      "potential",
+      "obs_prediction_diagnostics",
+      "train_rows",
+  ]
+
+
+def test_build_stages_replay_and_trainer_behaviour():
+  names = _stage_names(
+      replay_capacity=8,
+      replay_inject=True,
+      sil_coef=0.1,
+      behaviour_logprobs="trainer",
+      kl_reward_coef=0.01,
+  )
+  assert names[4:] == [
+      "replay_fresh",
+      "replay_inject",
+      "replay_store",
+      "injected_mask",
+      "sil_sample",
+      "replay_size",
+      "loss_length",
+      "reference_logprobs",
+      "kl_in_reward",
+      "trainer_behaviour",
+      "advantages",
+  ]
+  names = _stage_names(replay_capacity=8)
+  assert names[4:7] == ["replay_fresh", "replay_store", "replay_size"]
+
+
+def test_build_stages_gae_and_step_rewards():
+  names = _stage_names(advantage_estimator="gae", behaviour_logprobs="sampler")
+  assert names[-3:] == [
+      "sampler_behaviour",
+      "behaviour_values",
+      "gae_advantages",
+  ]
+  names = _stage_names(step_reward="valid_call", step_reward_coef=0.1)
+  assert names[-2:] == ["step_reward_diagnostics", "advantages"]
+
+
+def test_chain_runs_the_stages_in_order():
+  calls = []
+
+  def stage(name):
+    def fn(r, ctx):
+      calls.append((name, r, ctx))
+      return f"{r}>{name}"
+
+    return fn
+
+  run = build_stages_lib.chain(stage("a"), stage("b"))
+  assert run(None, "ctx") == "None>a>b"
+  assert calls == [("a", None, "ctx"), ("b", "None>a", "ctx")]

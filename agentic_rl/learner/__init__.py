@@ -20,7 +20,8 @@ One module per stage:
                    dual penalty; replay.py: replay injection / insertion,
                    SIL samples; logprobs.py: loss length, reference and
                    behaviour log-probs, KL-in-reward; advantages.py: GAE or
-                   the estimator tables; pack.py: the learner batch)
+                   the estimator tables; pack.py: the learner batch;
+                   build.py: the stage list of a config, `chain`)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
   token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token

@@ -195,6 +195,8 @@ class StageContext:
     reward_model: the frozen reward model's parameters, or None.
     features: read-only feature states by name (e.g. 'replay', 'dual',
       'spa'); a feature that is off is absent.
+    first_traj: the first round's trajectory when it was rolled out outside
+      the jitted program (host environments), else None.
   """
 
   key: jax.Array
@@ -203,3 +205,4 @@ class StageContext:
   ref_params: Any
   reward_model: Any | None = None
   features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  first_traj: types.Trajectory | None = None

@@ -2,8 +2,10 @@
 
 Each stage reads arrays, scalars and a typed batch (`types.Trajectory` or
 `learner.batch.Rollout`) and returns the typed batch with the fields it sets;
-its static settings are keyword-only arguments. `learner.collect`'s
-`make_collect_fn` runs them in order:
+its static settings are keyword-only arguments. `build.build_stages` lists
+the stages of a config once (binding their arguments from the iteration's
+`StageContext` and the config) and `build.chain` runs them; `learner.collect`'s
+`make_collect_fn` builds the context, runs the chain and packs the batch:
 
   sample.py   rollout round, frozen-RM scores, environment reward, soft
               overlong penalty, DAPO dynamic sampling
@@ -21,4 +23,5 @@ its static settings are keyword-only arguments. `learner.collect`'s
               GAE, or the estimator tables with the step-reward
               diagnostics and the value head's targets
   pack.py     the learner batch of `make_update_fn`
+  build.py    `build_stages` (the stage list of a config) and `chain`
 """

@@ -311,3 +311,17 @@ def dynamic_sampling(
       info={**r.info, **info},
       any_usable=filled > 0,
   )
+
+
+def env_reward_info(r: Rollout) -> Rollout:
+  """Adds the environment's reward to r.info, before the overlong policy,
+  shaping, replay, KL-in-reward and the advantages change it.
+
+  Args:
+    r: the sampled Rollout (reward [B] float32: `rl.rewards` composed, with
+      the soft overlong penalty).
+
+  Returns:
+    r with info env_reward ([] float32, the batch mean).
+  """
+  return r.with_info(env_reward=jnp.mean(r.reward))
