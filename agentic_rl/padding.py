@@ -27,11 +27,15 @@ packing would reach.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only
+  from agentic_rl.learner.batch import LearnerBatch
 
 
 def bucket_length(length_b: Any, *, bucket: int, max_len: int) -> int:
@@ -97,7 +101,7 @@ def trim(tree: Any, full_len: int, new_len: int) -> Any:
   """Cuts axis 1 of every [B, full_len, ...] leaf of a pytree to new_len.
 
   Works on a `types.Trajectory` (tokens, role, logprob, turn) and on the
-  learner's batch dict alike; leaves of other shapes ([B], per-turn [B, K]
+  learner's batch alike; leaves of other shapes ([B], per-turn [B, K]
   with K != full_len, scalars) are returned unchanged.
 
   Args:
@@ -179,8 +183,8 @@ def metrics(
   }
 
 
-# The learner batch's token-aligned [B, L] entries (learner/stages/pack.py
-# pack); 'sil' (its own episodes) and per-row entries stay whole.
+# The learner batch's token-aligned [B, L] fields (learner/batch.py
+# LearnerBatch); 'sil' (its own episodes) and per-row fields stay whole.
 SEQUENCE_KEYS = (
     "tokens",
     "mask",
@@ -228,14 +232,15 @@ def update_lengths(max_len: int, buckets: int, multiple: int = 16) -> tuple:
   return tuple(out)
 
 
-def loss_length(batch: dict) -> jax.Array:
+def loss_length(batch: LearnerBatch) -> jax.Array:
   """1 + the last position any loss reads: int32 scalar in [1, L].
 
   The loss terms are masked by 'mask' (POLICY tokens) and, for the auxiliary
   next-observation loss, 'obs_mask'; position t's log-prob reads tokens 0..t
   only, so the columns after this length change no loss, gradient or metric.
+  `batch`: a `learner.batch.LearnerBatch`.
   """
-  return loss_length_of(batch["mask"], batch.get("obs_mask"))
+  return loss_length_of(batch.mask, batch.obs_mask)
 
 
 def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
@@ -301,11 +306,24 @@ def bucketed_forward(forward, lengths: tuple, tokens_bl: jax.Array, need):
   return jax.lax.switch(index, [branch(n) for n in lengths], tokens_bl)
 
 
-def trim_batch(batch: dict, new_len: int) -> dict:
-  """The learner batch with its SEQUENCE_KEYS entries cut to [B, new_len]."""
-  return {
-      k: (v[:, :new_len] if k in SEQUENCE_KEYS else v) for k, v in batch.items()
+def trim_batch(batch: LearnerBatch, new_len: int) -> LearnerBatch:
+  """The learner batch with its SEQUENCE_KEYS fields cut to [B, new_len].
+
+  Args:
+    batch: a `learner.batch.LearnerBatch` of [B, L] arrays (None: unused).
+    new_len: 1 <= new_len <= L.
+
+  Returns:
+    The batch with every set SEQUENCE_KEYS field [B, new_len]; the others
+    (per-row reward_hat, prompt_embedding, the sil batch) unchanged. The cuts
+    are made in sorted field order, the batch's leaf order.
+  """
+  cut = {
+      k: getattr(batch, k)[:, :new_len]
+      for k in sorted(SEQUENCE_KEYS)
+      if getattr(batch, k) is not None
   }
+  return dataclasses.replace(batch, **cut)
 
 
 def bucketed_update(update, lengths: tuple):
@@ -327,7 +345,7 @@ def bucketed_update(update, lengths: tuple):
   def run(
       params, opt_state, batch, kl_coef, log_z_state=None, dropout_key=None
   ):
-    full = batch["tokens"].shape[1]
+    full = batch.tokens.shape[1]
     if lengths[-1] != full:
       raise ValueError(
           f"bucketed_update: lengths={lengths} must end at the batch length "

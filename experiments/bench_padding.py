@@ -125,13 +125,13 @@ def time_update(config, traj: types.Trajectory, calls: int) -> tuple:
   tx = learner.make_optimizer(config.rl)
   b, l = traj.tokens.shape
   own, _ = sampling.token_logprobs(graphdef, state.params, traj.tokens, 1.0)
-  batch = {
-      "tokens": traj.tokens,
-      "mask": traj.role == types.POLICY,
-      "behaviour_logp": own,
-      "ref_logp": own,
-      "advantage": jax.random.normal(jax.random.PRNGKey(0), (b, l)),
-  }
+  batch = learner.LearnerBatch(
+      tokens=traj.tokens,
+      mask=traj.role == types.POLICY,
+      behaviour_logp=own,
+      ref_logp=own,
+      advantage=jax.random.normal(jax.random.PRNGKey(0), (b, l)),
+  )
   update = learner.make_update_fn(config, graphdef, tx)
   lengths = padding.update_lengths(l, 4, config.trim_bucket or 16)
   fns = {

@@ -223,13 +223,13 @@ def _loss_batch(graphdef, params):
   mask = role == X
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   return (
-      {
-          "tokens": tokens,
-          "mask": mask,
-          "behaviour_logp": jnp.where(mask, logp, 0.0),
-          "ref_logp": jnp.where(mask, logp, 0.0),
-          "advantage": jnp.where(mask, 0.5, 0.0),
-      },
+      learner.LearnerBatch(
+          tokens=tokens,
+          mask=mask,
+          behaviour_logp=jnp.where(mask, logp, 0.0),
+          ref_logp=jnp.where(mask, logp, 0.0),
+          advantage=jnp.where(mask, 0.5, 0.0),
+      ),
       role == T,
       logp,
   )
@@ -240,14 +240,14 @@ def test_aux_loss_adds_coef_times_observation_ce_true_and_placebo(policy):
   batch, obs, logp = _loss_batch(graphdef, params)
   rl = default.get_config("smoke").rl
   rl.obs_prediction_coef = 0.25
-  den = batch["mask"].sum()
+  den = batch.mask.sum()
   l0, m0 = learner._rl_loss(
       graphdef, params, batch, rl, kl_coef=0.0, denominator=den
   )
   l1, m1 = learner._rl_loss(
       graphdef,
       params,
-      {**batch, "obs_mask": obs},
+      batch.replace(obs_mask=obs),
       rl,
       kl_coef=0.0,
       denominator=den,
@@ -260,19 +260,19 @@ def test_aux_loss_adds_coef_times_observation_ce_true_and_placebo(policy):
   # Placebo labels: the CE scores the given targets in the true context;
   # the policy terms (POLICY targets unchanged) stay as they were.
   targets = credit.shuffle_observation_targets(
-      batch["tokens"], obs, jax.random.PRNGKey(3)
+      batch.tokens, obs, jax.random.PRNGKey(3)
   )
   l2, m2 = learner._rl_loss(
       graphdef,
       params,
-      {**batch, "obs_mask": obs, "obs_targets": targets},
+      batch.replace(obs_mask=obs, obs_targets=targets),
       rl,
       kl_coef=0.0,
       denominator=den,
       obs_denominator=8.0,
   )
   model = nnx.merge(graphdef, params)
-  hidden, _ = model.hidden_states(batch["tokens"][:, :-1])
+  hidden, _ = model.hidden_states(batch.tokens[:, :-1])
   logp_v = jax.nn.log_softmax(model.logits(hidden), -1)
   lp_t = jnp.take_along_axis(logp_v, targets[:, 1:, None], -1)[..., 0]
   ce_placebo = -float(jnp.sum(jnp.where(obs[:, 1:], lp_t, 0.0))) / 8.0

@@ -30,13 +30,13 @@ def _batch(graphdef, params, b=8, l=10, seed=0):
   mask = role == types.POLICY
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   adv = jax.random.normal(k3, (b,))
-  return {
-      "tokens": tokens,
-      "mask": mask,
-      "behaviour_logp": jnp.where(mask, logp, 0.0),
-      "ref_logp": jnp.where(mask, logp - 0.1, 0.0),
-      "advantage": jnp.where(mask, adv[:, None], 0.0),
-  }
+  return learner.LearnerBatch(
+      tokens=tokens,
+      mask=mask,
+      behaviour_logp=jnp.where(mask, logp, 0.0),
+      ref_logp=jnp.where(mask, logp - 0.1, 0.0),
+      advantage=jnp.where(mask, adv[:, None], 0.0),
+  )
 
 
 def _config(**rl):
@@ -451,15 +451,15 @@ def test_aux_loss_term_adds_its_surrogate_to_the_loss():
   graphdef, params, _ = fakes.tiny_policy(2)
   batch = _batch(graphdef, params, seed=2)
   config = _config(num_minibatches=1, kl_coef=0.0)
-  aux = jnp.where(batch["mask"], 0.3, 0.0)
-  den = batch["mask"].sum()
+  aux = jnp.where(batch.mask, 0.3, 0.0)
+  den = batch.mask.sum()
   l0, m0 = learner._rl_loss(
       graphdef, params, batch, config.rl, kl_coef=0.0, denominator=den
   )
   l1, m1 = learner._rl_loss(
       graphdef,
       params,
-      {**batch, "aux_advantage": aux},
+      batch.replace(aux_advantage=aux),
       config.rl,
       kl_coef=0.0,
       denominator=den,
@@ -535,7 +535,7 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
   'sampler' keeps the batch's log-probs (here offset by 1e-3) in the ratio."""
   graphdef, params, _ = fakes.tiny_policy(1)
   batch = _batch(graphdef, params, seed=1)
-  mask = batch["mask"]
+  mask = batch.mask
   # Epoch 0 runs at the warmup's learning rate 0, so epochs 0 and 1 both see
   # the behaviour parameters; epoch 2 sees updated ones.
   for mode in ("trainer", "sampler"):
@@ -546,7 +546,7 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
         behaviour_logprobs=mode,
     )
     logp, values = learner.behaviour_forward(
-        config, graphdef, params, batch["tokens"]
+        config, graphdef, params, batch.tokens
     )
     assert values is None
     beh = jnp.where(mask, logp, 0.0)
@@ -557,7 +557,7 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
     new_params, _, m = update(
         params,
         tx.init(params),
-        {**batch, "behaviour_logp": beh},
+        batch.replace(behaviour_logp=beh),
         jnp.float32(0.0),
     )
     if mode == "trainer":
@@ -593,17 +593,16 @@ def test_value_loss_decreases_over_a_few_steps_on_a_toy_batch():
       num_minibatches=1, kl_coef=0.0, value_clip=0.2, value_coef=1.0
   )
   config.rl.learning_rate = 3e-2
-  mask = batch["mask"]
+  mask = batch.mask
   _, old_values = learner.behaviour_forward(
-      config, graphdef, params, batch["tokens"], with_values=True
+      config, graphdef, params, batch.tokens, with_values=True
   )
   np.testing.assert_array_equal(old_values, 0.0)  # head initialised at 0
-  batch = {
-      **batch,
-      "advantage": jnp.zeros_like(batch["advantage"]),
-      "old_values": old_values,
-      "returns": jnp.where(mask, 1.0, 0.0),
-  }
+  batch = batch.replace(
+      advantage=jnp.zeros_like(batch.advantage),
+      old_values=old_values,
+      returns=jnp.where(mask, 1.0, 0.0),
+  )
   tx = learner.make_optimizer(config.rl)
   update = jax.jit(learner.make_update_fn(config, graphdef, tx))
   opt_state = tx.init(params)
@@ -780,10 +779,8 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
 
 def _sft_traj(batch, seed=0):
   """A Trajectory around _batch's tokens and roles (other fields unused by SFT)."""
-  role = jnp.where(batch["mask"], types.POLICY, types.PROMPT)
-  return fakes.trajectory(
-      tokens=batch["tokens"], role=role, num_turns=0, finish=0
-  )
+  role = jnp.where(batch.mask, types.POLICY, types.PROMPT)
+  return fakes.trajectory(tokens=batch.tokens, role=role, num_turns=0, finish=0)
 
 
 def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():

@@ -599,13 +599,13 @@ def test_rl_update_draws_one_dropout_mask_per_micro_batch():
   v = config.model.vocab_size
   tokens = jnp.asarray(rng.integers(3, v, (b, length)), jnp.int32)
   mask = jnp.asarray(rng.random((b, length)) < 0.6)
-  batch = {
-      "tokens": tokens,
-      "mask": mask,
-      "behaviour_logp": jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
-      "ref_logp": jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
-      "advantage": jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
-  }
+  batch = learner.LearnerBatch(
+      tokens=tokens,
+      mask=mask,
+      behaviour_logp=jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
+      ref_logp=jnp.asarray(-rng.random((b, length)) * 3, jnp.float32),
+      advantage=jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
+  )
   config.rl.ppo_epochs = 1
   config.rl.behaviour_logprobs = "sampler"
   tx = optax.sgd(1.0)  # updates = -grads: the gradient is read off the step
@@ -618,7 +618,7 @@ def test_rl_update_draws_one_dropout_mask_per_micro_batch():
   mb = sharding.split_rows(batch, 2)
   mb0 = jax.tree.map(lambda x: x[0], mb)
   den = update_lib.losses.aggregation_denominator(
-      mb0["mask"], config.rl.loss_agg_mode
+      mb0.mask, config.rl.loss_agg_mode
   )
   micro = sharding.split_rows(mb0, 2)
 
@@ -653,7 +653,7 @@ def test_rl_update_draws_one_dropout_mask_per_micro_batch():
   config.rl.num_minibatches = 1
   config.rl.num_microbatches = 2
   upd1 = jax.jit(update_lib.make_update_fn(config, graphdef, tx))
-  mb_batch = {k: x[0] for k, x in mb.items()}
+  mb_batch = jax.tree.map(lambda x: x[0], mb)
   new1, _, _ = upd1(params, opt, mb_batch, 0.0, dropout_key=key)
   want = [a + c for a, c in zip(leaves(g[0]), leaves(g[1]))]
   for got, w in zip(first_step(new1), want):

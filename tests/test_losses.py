@@ -47,16 +47,17 @@ def test_token_mean_loss_of_known_batch():
   )
   mask = jnp.array([[False, True, True, False], [False, True, False, False]])
   logp = jnp.log(jnp.array([[0.9, 0.5, 0.25, 0.3], [0.9, 0.8, 0.1, 0.1]]))
-  batch = {
-      "mask": mask,
-      "behaviour_logp": jnp.log(
+  batch = learner.LearnerBatch(
+      tokens=jnp.zeros((2, 4), jnp.int32),
+      mask=mask,
+      behaviour_logp=jnp.log(
           jnp.array([[0.1, 0.5, 0.5, 0.1], [0.1, 0.4, 0.1, 0.1]])
       ),
-      "ref_logp": jnp.log(
+      ref_logp=jnp.log(
           jnp.array([[0.2, 0.25, 0.25, 0.7], [0.2, 0.8, 0.7, 0.7]])
       ),
-      "advantage": jnp.array([[0.0, 1.0, 1.0, 0.0], [0.0, -2.0, 0.0, 0.0]]),
-  }
+      advantage=jnp.array([[0.0, 1.0, 1.0, 0.0], [0.0, -2.0, 0.0, 0.0]]),
+  )
   # Token (0,1): ratio 1, A=1 -> pg -1; k3 with d = ln(0.25/0.5): 0.5 - ln 0.5 - 1.
   # Token (0,2): ratio 0.5, A=1 -> -min(0.5, 0.8) = -0.5; k3: d = 0 -> 0.
   # Token (1,1): ratio 2, A=-2 -> -min(-4, -2.4) = 4; k3: d = 0 -> 0.
@@ -70,7 +71,6 @@ def test_token_mean_loss_of_known_batch():
   orig = learner.sampling.token_logprobs
   learner.sampling.token_logprobs = fake_token_logprobs
   try:
-    batch["tokens"] = jnp.zeros((2, 4), jnp.int32)
     loss, metrics = learner._rl_loss(
         None, None, batch, rl, kl_coef=0.5, denominator=None
     )

@@ -53,15 +53,15 @@ def _rl_batch(graphdef, params, b=8, l=10, seed=0):
   from agentic_rl import sampling
 
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
-  return {
-      "tokens": tokens,
-      "mask": mask,
-      "behaviour_logp": jnp.where(
+  return learner.LearnerBatch(
+      tokens=tokens,
+      mask=mask,
+      behaviour_logp=jnp.where(
           mask, logp + 0.2 * jax.random.normal(k[2], (b, l)), 0.0
       ),
-      "ref_logp": jnp.where(mask, logp - 0.1, 0.0),
-      "advantage": jnp.where(mask, jax.random.normal(k[3], (b,))[:, None], 0.0),
-  }
+      ref_logp=jnp.where(mask, logp - 0.1, 0.0),
+      advantage=jnp.where(mask, jax.random.normal(k[3], (b,))[:, None], 0.0),
+  )
 
 
 def test_minibatch_j_is_rows_j_mod_m_in_sequence():
@@ -154,7 +154,7 @@ _ROWS = textwrap.dedent("""
     assert {s.data.shape for s in parts.addressable_shards} == {(4, 2, 3)}
     np.testing.assert_array_equal(parts[1, :3], [[3, 4, 5], [15, 16, 17], [27, 28, 29]])
 
-    batch = sharding.put_batch(dict(
+    batch = sharding.put_batch(learner.LearnerBatch(
         tokens=jnp.zeros((B, L), jnp.int32), mask=jnp.ones((B, L), bool),
         behaviour_logp=jnp.zeros((B, L)), ref_logp=jnp.zeros((B, L)),
         advantage=jnp.zeros((B, L))), mesh)
@@ -166,12 +166,12 @@ _ROWS = textwrap.dedent("""
         got = rows(jax.jit(learner.make_update_fn(cfg, GRAPHDEF, tx)).lower(
             params, opt, batch, jnp.float32(0.0)).compile())
         beh = rows(jax.jit(lambda p, t: learner.behaviour_forward(
-            cfg, GRAPHDEF, p, t)).lower(params, batch["tokens"]).compile())
+            cfg, GRAPHDEF, p, t)).lower(params, batch.tokens).compile())
       assert set(got) == {2} and got[2] > 20, (mb, micro, got)
       assert set(beh) == {2} and beh[2] > 5, (mb, micro, beh)
       print("OK rows update", mb, micro, got, beh)
     role = jnp.full((B, L), types.POLICY, jnp.int8)
-    traj = types.Trajectory(tokens=batch["tokens"], role=sharding.put_batch(role, mesh),
+    traj = types.Trajectory(tokens=batch.tokens, role=sharding.put_batch(role, mesh),
                             logprob=None, turn=None, length=None, num_turns=None,
                             finish=None, group=None, facts=None)
     with jax.set_mesh(mesh):
@@ -195,9 +195,9 @@ _EQUAL = textwrap.dedent("""
     mask = jax.random.bernoulli(ks[1], 0.6, (B, L)).at[:, 0].set(False)
     logp0, _ = jax.jit(lambda p, t: sampling.token_logprobs(GRAPHDEF, p, t, 1.0))(
         STATE.params, tokens)
-    host = jax.device_get(dict(tokens=tokens, mask=mask, behaviour_logp=logp0,
-                               ref_logp=logp0 - 0.1,
-                               advantage=jax.random.normal(ks[2], (B, L))))
+    host = jax.device_get(learner.LearnerBatch(
+        tokens=tokens, mask=mask, behaviour_logp=logp0, ref_logp=logp0 - 0.1,
+        advantage=jax.random.normal(ks[2], (B, L))))
     tx = learner.make_optimizer(cfg.rl)
     update = learner.make_update_fn(cfg, GRAPHDEF, tx)
 

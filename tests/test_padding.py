@@ -10,6 +10,7 @@ from agentic_rl import padding
 from agentic_rl import sampling
 from agentic_text import tokenizers
 from agentic_rl import types
+from agentic_rl.learner.batch import LearnerBatch, SilSample
 from agentic_rl.models import transformer
 
 
@@ -153,21 +154,33 @@ def test_loss_length_and_trim_batch():
   mask = np.zeros((3, 10), bool)
   mask[0, 2:4] = True
   mask[2, 6] = True
-  batch = {
-      "tokens": jnp.arange(30).reshape(3, 10),
-      "mask": jnp.asarray(mask),
-      "reward_hat": jnp.ones(3),
-      "prompt_embedding": jnp.ones((3, 10)),  # [B, D] with D == L: kept
-      "sil": {"tokens": jnp.ones((2, 10))},
-  }
+  zeros = jnp.zeros((3, 10))
+  batch = LearnerBatch(
+      tokens=jnp.arange(30).reshape(3, 10),
+      mask=jnp.asarray(mask),
+      behaviour_logp=zeros,
+      ref_logp=zeros,
+      advantage=zeros,
+      reward_hat=jnp.ones(3),
+      prompt_embedding=jnp.ones((3, 10)),  # [B, D] with D == L: kept
+      sil=SilSample(
+          tokens=jnp.ones((2, 10), jnp.int32),
+          mask=jnp.ones((2, 10), bool),
+          returns=jnp.ones(2),
+          baseline=jnp.zeros(2),
+          valid=jnp.ones(2, bool),
+      ),
+  )
   assert int(padding.loss_length(batch)) == 7
   obs = np.zeros((3, 10), bool)
   obs[1, 8] = True  # an observation the auxiliary loss reads
-  assert int(padding.loss_length({**batch, "obs_mask": jnp.asarray(obs)})) == 9
+  with_obs = batch.replace(obs_mask=jnp.asarray(obs))
+  assert int(padding.loss_length(with_obs)) == 9
   cut = padding.trim_batch(batch, 7)
-  assert cut["tokens"].shape == (3, 7) and cut["mask"].shape == (3, 7)
-  assert cut["prompt_embedding"].shape == (3, 10)
-  assert cut["sil"]["tokens"].shape == (2, 10)
+  assert cut.tokens.shape == (3, 7) and cut.mask.shape == (3, 7)
+  assert cut.advantage.shape == (3, 7) and cut.obs_mask is None
+  assert cut.prompt_embedding.shape == (3, 10)
+  assert cut.sil.tokens.shape == (2, 10)
 
 
 def _bucket_step(buckets, **rl):
@@ -216,17 +229,17 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   # Behaviour and reference log-probs near the policy's own (ratios ~ 1).
   own, _ = sampling.token_logprobs(graphdef, state.params, tokens, 1.0)
   noise = lambda: jnp.asarray(rng.normal(0, 0.05, (b, length)), jnp.float32)
-  batch = {
-      "tokens": tokens,
-      "mask": jnp.asarray(mask),
-      "behaviour_logp": own + noise(),
-      "ref_logp": own + noise(),
-      "advantage": jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
-  }
+  batch = LearnerBatch(
+      tokens=tokens,
+      mask=jnp.asarray(mask),
+      behaviour_logp=own + noise(),
+      ref_logp=own + noise(),
+      advantage=jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
+  )
   if rl.get("obs_prediction_coef"):
     obs = np.zeros((b, length), bool)
     obs[1, 22:26] = True  # observations after the last trained token
-    batch["obs_mask"] = jnp.asarray(obs)
+    batch = batch.replace(obs_mask=jnp.asarray(obs))
   tx = optax.sgd(0.5)
   update = update_lib.make_update_fn(config, graphdef, tx)
   lengths = padding.update_lengths(length, 4, 16)
@@ -249,7 +262,7 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
         np.asarray(a), np.asarray(c), atol=1e-5 * moved / 1e-3
     )
   # A trained position in the last bucket selects the whole buffer.
-  batch["mask"] = batch["mask"].at[2, 60].set(True)
+  batch = batch.replace(mask=batch.mask.at[2, 60].set(True))
   _, _, m_full = jax.jit(bucketed)(state.params, opt, batch, 0.05)
   assert float(m_full["update_length"]) == 64.0
 
@@ -326,16 +339,19 @@ def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
     batch, rollout = jax.jit(collect)(state, traj)
     out[name] = (jax.tree.map(np.asarray, batch), rollout.info)
   (whole, _), (bucketed, info) = out["whole"], out["bucketed"]
-  mask = whole["mask"]
+  mask = whole.mask
   need = int(padding.loss_length_of(jnp.asarray(mask)))
   n = min(x for x in lengths if x >= need)
   assert n < config.max_len and not mask[:, need:].any()
   for k in ("ref_logp", "behaviour_logp"):
     np.testing.assert_allclose(
-        bucketed[k][mask], whole[k][mask], atol=2e-5, err_msg=k
+        getattr(bucketed, k)[mask],
+        getattr(whole, k)[mask],
+        atol=2e-5,
+        err_msg=k,
     )
-    assert not bucketed[k][:, n:].any(), k
-  assert np.abs(whole["ref_logp"][:, n:]).max() > 0.1
+    assert not getattr(bucketed, k)[:, n:].any(), k
+  assert np.abs(whole.ref_logp[:, n:]).max() > 0.1
   # Fresh rows only: float noise between the sampler and the trainer.
   assert float(info["logp_mismatch_max"]) < 1e-4
 

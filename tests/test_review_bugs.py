@@ -298,14 +298,14 @@ def test_first_step_ratio_of_masked_rows_is_one_minus_banned_mass():
   mask = jnp.broadcast_to(mask, (2, 6))
   logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
   shift = jnp.where(jnp.array([[True], [False]]) & mask, 0.05, 0.0)
-  batch = {
-      "tokens": tokens,
-      "mask": mask,
-      "behaviour_logp": jnp.where(mask, logp + shift, 0.0),
-      "ref_logp": jnp.where(mask, logp, 0.0),
-      "advantage": jnp.where(mask, 1.0, 0.0),
-      "behaviour_shift": shift,
-  }
+  batch = learner.LearnerBatch(
+      tokens=tokens,
+      mask=mask,
+      behaviour_logp=jnp.where(mask, logp + shift, 0.0),
+      ref_logp=jnp.where(mask, logp, 0.0),
+      advantage=jnp.where(mask, 1.0, 0.0),
+      behaviour_shift=shift,
+  )
   den = losses.aggregation_denominator(mask, rl.loss_agg_mode)
   _, m = learner._rl_loss(
       graphdef,
@@ -344,7 +344,7 @@ def test_dual_path_trainer_behaviour_matches_the_sampler():
       np.asarray(traj.role) == types.POLICY
   )
   assert free.sum() > 0
-  beh = np.asarray(batch["behaviour_logp"])
+  beh = np.asarray(batch.behaviour_logp)
   np.testing.assert_allclose(
       beh[free], np.asarray(traj.logprob)[free], atol=1e-4
   )
@@ -355,5 +355,5 @@ def test_dual_path_trainer_behaviour_matches_the_sampler():
   gap = beh[free] - np.asarray(unmasked)[free]
   assert np.all(gap > 0)  # -log(1 - P(<call>)) > 0 on every masked token
   np.testing.assert_allclose(
-      np.asarray(batch["behaviour_shift"])[free], gap, atol=1e-5
+      np.asarray(batch.behaviour_shift)[free], gap, atol=1e-5
   )

@@ -452,10 +452,11 @@ _NORMALISER = textwrap.dedent("""
     adv[2, 3] = -3.0
     beh, _ = jax.jit(lambda p, t: sampling.token_logprobs(graphdef, p, t, 1.0))(
         state.params, tokens)
-    batch = dict(tokens=tokens, mask=jnp.asarray(mask), behaviour_logp=beh,
-                 ref_logp=beh, advantage=jnp.asarray(adv))
+    batch = learner.LearnerBatch(
+        tokens=tokens, mask=jnp.asarray(mask), behaviour_logp=beh,
+        ref_logp=beh, advantage=jnp.asarray(adv))
     batch = sharding.put_batch(jax.device_get(batch), mesh)
-    shard_rows = [s.index[0] for s in batch["mask"].addressable_shards]
+    shard_rows = [s.index[0] for s in batch.mask.addressable_shards]
     assert shard_rows == [slice(0, 2), slice(2, 4)], shard_rows
     update = jax.jit(learner.make_update_fn(cfg, graphdef,
                                             learner.make_optimizer(cfg.rl)))
@@ -557,7 +558,7 @@ _RL_UPDATE = textwrap.dedent("""
     mask = jax.random.bernoulli(ks[1], 0.6, (B, LEN)).at[:, 0].set(False)
     logp0, _ = jax.jit(lambda p, t: sampling.token_logprobs(GRAPHDEF, p, t, 1.0))(
         REF_STATE.params, tokens)
-    RL_BATCH = jax.device_get(dict(
+    RL_BATCH = jax.device_get(learner.LearnerBatch(
         tokens=tokens, mask=mask,
         # Behaviour log-probs off the current policy, so ratios leave the clip range.
         behaviour_logp=logp0 + 0.3 * jax.random.normal(ks[2], (B, LEN)),
@@ -571,7 +572,7 @@ _RL_UPDATE = textwrap.dedent("""
                               sharding.tree_shardings(REF_STATE.params, mesh))
       opt_state = jax.jit(tx.init)(params)
       batch = sharding.put_batch(RL_BATCH, mesh)
-      den = jnp.float32(np.sum(RL_BATCH["mask"]))
+      den = jnp.float32(np.sum(RL_BATCH.mask))
       grad = jax.jit(jax.grad(lambda p, b: learner._rl_loss(
           GRAPHDEF, p, b, cfg.rl, kl_coef=0.05, denominator=den)[0]))(params, batch)
       update = jax.jit(learner.make_update_fn(cfg, GRAPHDEF, tx))

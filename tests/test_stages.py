@@ -108,7 +108,9 @@ def test_rollout_passes_through_jit():
   assert out.mask is None
 
 
-def test_sil_sample_as_dict_uses_the_update_keys():
+def test_sil_sample_and_learner_batch_flatten_in_sorted_name_order():
+  # The leaf order of the dicts they replaced (jax flattens dicts by key):
+  # the lowered update keeps its op order.
   s = batch_lib.SilSample(
       tokens=jnp.zeros((1, 3), jnp.int32),
       mask=jnp.ones((1, 3), bool),
@@ -116,9 +118,28 @@ def test_sil_sample_as_dict_uses_the_update_keys():
       baseline=jnp.asarray([0.25]),
       valid=jnp.asarray([True]),
   )
-  d = s.as_dict()
-  assert set(d) == {"tokens", "mask", "return", "baseline", "valid"}
-  assert d["return"] is s.returns and d["baseline"] is s.baseline
+  paths = [p[0].name for p, _ in jax.tree_util.tree_flatten_with_path(s)[0]]
+  assert paths == ["baseline", "mask", "returns", "tokens", "valid"]
+  assert s.replace(returns=jnp.asarray([2.0])).returns[0] == 2.0
+  z = jnp.zeros((1, 3))
+  lb = batch_lib.LearnerBatch(
+      tokens=z, mask=z, behaviour_logp=z, ref_logp=z, advantage=z, sil=s
+  )
+  names = [p[0].name for p, _ in jax.tree_util.tree_flatten_with_path(lb)[0]]
+  assert names == [
+      "advantage",
+      "behaviour_logp",
+      "mask",
+      "ref_logp",
+      "sil",
+      "sil",
+      "sil",
+      "sil",
+      "sil",
+      "tokens",
+  ]
+  back = jax.tree.unflatten(jax.tree.structure(lb), jax.tree.leaves(lb))
+  assert back.sil.returns is s.returns and back.obs_mask is None
 
 
 def test_learner_batch_and_spa_inputs_build():
@@ -1182,15 +1203,15 @@ def test_pack_the_required_keys_only():
       obs_prediction=False,
       placebo=False,
   )
-  assert set(batch) == {
-      "tokens",
-      "mask",
-      "behaviour_logp",
-      "ref_logp",
-      "advantage",
-  }
-  assert batch["tokens"] is r.train_traj.tokens and batch["mask"] is r.mask
-  assert batch["advantage"] is r.advantage
+  assert isinstance(batch, batch_lib.LearnerBatch)
+  unset = [
+      f.name
+      for f in dataclasses.fields(batch)
+      if getattr(batch, f.name) is None
+  ]
+  assert len(unset) == 9 and "tokens" not in unset
+  assert batch.tokens is r.train_traj.tokens and batch.mask is r.mask
+  assert batch.advantage is r.advantage
 
 
 def test_pack_optional_keys(monkeypatch):
@@ -1226,22 +1247,22 @@ def test_pack_optional_keys(monkeypatch):
       placebo=True,
   )
   assert seen == [("g", "params")]
-  np.testing.assert_array_equal(batch["reward_hat"], [0.5, -0.5])
-  assert batch["prompt_embedding"].shape == (2, 3)
-  assert batch["returns"] is r.returns and batch["old_values"] is r.old_values
-  assert set(batch["sil"]) == {"tokens", "mask", "return", "baseline", "valid"}
-  assert batch["behaviour_shift"] is r.behaviour_shift
+  np.testing.assert_array_equal(batch.reward_hat, [0.5, -0.5])
+  assert batch.prompt_embedding.shape == (2, 3)
+  assert batch.returns is r.returns and batch.old_values is r.old_values
+  assert batch.sil is sil
+  assert batch.behaviour_shift is r.behaviour_shift
   np.testing.assert_array_equal(
-      batch["aux_advantage"], [[0.0, 3.0, 3.0, 0.0], [0.0, 3.0, 0.0, 3.0]]
+      batch.aux_advantage, [[0.0, 3.0, 3.0, 0.0], [0.0, 3.0, 0.0, 3.0]]
   )
   # Row 1's only TOOL token (column 2) is the observation target.
   np.testing.assert_array_equal(
-      batch["obs_mask"], [[False] * 4, [False, False, True, False]]
+      batch.obs_mask, [[False] * 4, [False, False, True, False]]
   )
   np.testing.assert_array_equal(
-      batch["obs_targets"],
+      batch.obs_targets,
       credit.shuffle_observation_targets(
-          r.traj.tokens, batch["obs_mask"], jax.random.fold_in(key, 5)
+          r.traj.tokens, batch.obs_mask, jax.random.fold_in(key, 5)
       ),
   )
 

@@ -57,6 +57,7 @@ from agentic_rl.learner.potentials_by_name import (
     uses_spa,
     value_potential,
 )
+from agentic_rl.learner.batch import LearnerBatch
 from agentic_rl.learner.rl_step import (
     dual_coef_update,
     dual_path_metrics,
@@ -92,6 +93,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "BEHAVIOUR_LOGPROBS",
     "EPISODE_ESTIMATORS",
+    "LearnerBatch",
     "POTENTIALS",
     "StepFn",
     "TURN_ESTIMATORS",

@@ -23,9 +23,30 @@ if TYPE_CHECKING:  # annotations only
   from agentic_rl import types
 
 
-@flax.struct.dataclass
+def _name_sorted_pytree(cls):
+  """Registers the frozen dataclass `cls` as a pytree whose leaves flatten in
+  sorted field-name order (not declaration order), and gives it `replace`.
+
+  `LearnerBatch` and `SilSample` replace dicts, which JAX flattens by sorted
+  key: the split into minibatches (`jax.tree.map`), the `lax.scan` and
+  `lax.switch` operands and the trimmed buckets then keep the dicts' leaf
+  order, so the lowered program is the same as with the dicts. A field that is None is an
+  empty subtree (as an absent key was).
+  """
+  names = sorted(f.name for f in dataclasses.fields(cls))
+  cls.replace = lambda self, **changes: dataclasses.replace(self, **changes)
+  return jax.tree_util.register_dataclass(
+      cls, data_fields=names, meta_fields=[]
+  )
+
+
+@_name_sorted_pytree
+@dataclasses.dataclass(frozen=True)
 class SilSample:
   """Replayed episodes for the self-imitation loss (SPEAR / SIL).
+
+  A pytree whose leaves flatten in sorted field-name order (baseline, mask,
+  returns, tokens, valid: the order of the dict it replaced).
 
   Attributes:
     tokens: [S, L] int32 episode tokens of the sampled buffer slots.
@@ -41,17 +62,6 @@ class SilSample:
   returns: jax.Array
   baseline: jax.Array
   valid: jax.Array
-
-  def as_dict(self) -> dict[str, jax.Array]:
-    """The learner batch's 'sil' dict (keys tokens, mask, return, baseline,
-    valid), as `make_update_fn` reads it."""
-    return {
-        "tokens": self.tokens,
-        "mask": self.mask,
-        "return": self.returns,
-        "baseline": self.baseline,
-        "valid": self.valid,
-    }
 
 
 @flax.struct.dataclass
@@ -144,9 +154,15 @@ class Rollout:
     return self.replace(info={**self.info, **metrics})
 
 
-@flax.struct.dataclass
+@_name_sorted_pytree
+@dataclasses.dataclass(frozen=True)
 class LearnerBatch:
   """What the update reads: [B, L] arrays, optional ones None when unused.
+
+  Built by `stages.pack.pack`, read by `make_update_fn`. The fields are
+  declared in the order pack sets them; the pytree flattens them in sorted
+  name order (the order of the dict this replaced, whose leaf order drives
+  the op order of the minibatch split and of `padding.trim_batch`).
 
   Attributes:
     tokens: [B, L] int32 trained rows.

@@ -30,7 +30,7 @@ def make_collect_fn(
 ):
   """Returns pure `collect(state, first_traj=None) -> (batch, rollout)`.
 
-  `batch`: the learner batch of `make_update_fn` (a dict of [B, L] arrays).
+  `batch`: the learner batch of `make_update_fn` (a `batch.LearnerBatch`).
   `rollout`: the iteration's `batch.Rollout` after the last stage: the fresh
   trajectory, the final reward (after every reassignment), its parts, the
   episode advantages, the metrics in `info`, and the values the RL step

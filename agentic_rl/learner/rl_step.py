@@ -277,9 +277,9 @@ def make_rl_step(
             "tool_errors": f32(facts["num_tool_errors"]),
             "format_error_rate": f32(traj.finish == types.FORMAT_ERROR),
             "truncated_rate": f32(traj.finish == types.TRUNCATED),
-            "policy_tokens": f32(jnp.sum(batch["mask"], axis=1)),
+            "policy_tokens": f32(jnp.sum(batch.mask, axis=1)),
             # Trained (loss-mask) tokens and non-pad tokens / all B * L tokens.
-            **padding.metrics(batch["mask"], traj.length),
+            **padding.metrics(batch.mask, traj.length),
             "adv_abs_mean": jnp.mean(jnp.abs(adv_b)),
             "zero_variance_groups": f32(is_const),
         }

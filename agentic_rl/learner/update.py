@@ -18,6 +18,7 @@ from agentic_rl import mixed_precision
 from agentic_rl import sampling
 from agentic_rl import sharding
 from agentic_rl.models import lora as lora_lib
+from agentic_rl.learner.batch import LearnerBatch
 from agentic_rl.learner.common import policy_forward
 
 
@@ -46,7 +47,7 @@ def make_log_partition_optimizer(rl_cfg) -> optax.GradientTransformation:
 def _rl_loss(
     graphdef,
     params,
-    batch,
+    batch: LearnerBatch,
     rl_cfg,
     *,
     kl_coef,
@@ -63,16 +64,17 @@ def _rl_loss(
   [+ value_coef * value_loss], each aggregated by `rl.loss_agg_mode` over
   POLICY tokens with `denominator` computed over the whole optimizer batch
   (losses.aggregation_denominator), so summing the micro-batch losses gives
-  exactly the full-batch loss. The value loss (present when the batch holds
-  'old_values' and 'returns': GAE or the value potential) is token-mean with
-  `value_denominator`, the optimizer batch's POLICY-token count.
+  exactly the full-batch loss. The value loss (present when the batch's
+  old_values and returns are set: GAE or the value potential) is token-mean
+  with `value_denominator`, the optimizer batch's POLICY-token count.
   The policy term is the `losses.POLICY_LOSSES` entry of `rl.loss_type`;
-  'flowrl' (`losses.flowrl_loss`) gets log Z from `log_z_params` (a `losses.LogPartition` state) applied to
-  the batch's 'prompt_embedding'; its gradient flows to `log_z_params` too.
-  With 'obs_mask' in the batch (`rl.obs_prediction_coef` > 0) the loss adds
+  'flowrl' (`losses.flowrl_loss`) gets log Z from `log_z_params` (a
+  `losses.LogPartition` state) applied to the batch's prompt_embedding; its
+  gradient flows to `log_z_params` too. With the batch's obs_mask set
+  (`rl.obs_prediction_coef` > 0) the loss adds
   obs_prediction_coef * the next-observation cross-entropy over TOOL tokens
   (`credit.observation_prediction_loss`, divided by `obs_denominator`, the
-  optimizer batch's TOOL-token count), on 'obs_targets' when present (the
+  optimizer batch's TOOL-token count), on obs_targets when set (the
   shuffled placebo labels) and on the observations themselves otherwise.
 
   `first_step` (traced bool, `rl.behaviour_logprobs='trainer'` only): True on
@@ -83,7 +85,7 @@ def _rl_loss(
   only to ~5e-7 inside one fused jitted iteration; their gap is logged as
   'behaviour_gap_max'); the gradient is unchanged (rho A grad logp with
   rho = 1). Later steps use the batch's behaviour log-probs. With
-  'behaviour_shift' in the batch (dual-path tool-free rows, see
+  the batch's behaviour_shift set (dual-path tool-free rows, see
   `masked_behaviour_logprobs`) the first step's behaviour log-prob is
   stop_gradient(logp) + shift, the masked distribution's log-prob, so those
   rows' first ratio is 1 - P(banned) (the unmasked policy over the masked
@@ -100,36 +102,36 @@ def _rl_loss(
      keys ending in '_max' are maxima, to be combined with max).
   """
   temperature = rl_cfg.temperature
-  with_values = "returns" in batch
+  with_values = batch.returns is not None
   logp, entropy, values = policy_forward(
       graphdef,
       params,
-      batch["tokens"],
+      batch.tokens,
       temperature,
       with_values,
-      targets_bl=batch.get("obs_targets"),
+      targets_bl=batch.obs_targets,
       dropout_key=dropout_key,
   )
-  mask = batch["mask"]
-  beh = batch["behaviour_logp"]
+  mask = batch.mask
+  beh = batch.behaviour_logp
   own = jax.lax.stop_gradient(logp)
-  if "behaviour_shift" in batch:
+  if batch.behaviour_shift is not None:
     # Dual-path tool-free rows were sampled from the masked distribution:
     # its log-prob is this forward's plus -log(1 - P(banned)).
-    own = own + batch["behaviour_shift"]
+    own = own + batch.behaviour_shift
   beh_gap_max = jnp.max(jnp.where(mask, jnp.abs(own - beh), 0.0))
   if first_step is not None and rl_cfg.behaviour_logprobs == "trainer":
     beh = jnp.where(first_step, own, beh)
-  adv = batch["advantage"]
+  adv = batch.advantage
   loss_type = rl_cfg.loss_type
   if loss_type not in losses.POLICY_LOSSES:
     raise ValueError(
         f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}"
     )
   log_z_b = None
-  if "prompt_embedding" in batch:
+  if batch.prompt_embedding is not None:
     # FlowRL's log Z_phi(x) on the pooled prompt embedding.
-    emb = batch["prompt_embedding"]
+    emb = batch.prompt_embedding
     z_graphdef = log_partition_graphdef(
         emb.shape[-1], rl_cfg.flowrl_log_z_hidden
     )
@@ -140,9 +142,9 @@ def _rl_loss(
           behaviour_logp=beh,
           advantage=adv,
           mask=mask,
-          ref_logp=batch["ref_logp"],
+          ref_logp=batch.ref_logp,
           denominator=denominator,
-          reward_hat=batch.get("reward_hat"),
+          reward_hat=batch.reward_hat,
           log_z=log_z_b,
       ),
       rl_cfg,
@@ -151,7 +153,7 @@ def _rl_loss(
   agg = lambda x: losses.aggregate(
       x, mask, rl_cfg.loss_agg_mode, norm_constant=norm, denominator=denominator
   )
-  kl = losses.kl_estimate(rl_cfg.kl_estimator, logp, batch["ref_logp"])
+  kl = losses.kl_estimate(rl_cfg.kl_estimator, logp, batch.ref_logp)
   pg_loss, kl_mean, ent_mean = agg(pg), agg(kl), agg(entropy)
   extra = {}
   if seq_loss is not None:
@@ -168,25 +170,25 @@ def _rl_loss(
     clip = rl_cfg.value_clip
     v_loss = losses.value_loss(
         values,
-        batch["old_values"],
-        batch["returns"],
+        batch.old_values,
+        batch.returns,
         mask,
         clip if clip > 0 else jnp.inf,
         denominator=value_denominator,
     )
     extra["value_loss"] = v_loss
     loss = loss + rl_cfg.value_coef * v_loss
-  if "aux_advantage" in batch:
+  if batch.aux_advantage is not None:
     # Dense signal as an auxiliary loss (rl.dense_as='aux_loss').
     aux_pg, _ = losses.clipped_surrogate(
-        logp, beh, batch["aux_advantage"], rl_cfg.clip_low, rl_cfg.clip_high
+        logp, beh, batch.aux_advantage, rl_cfg.clip_low, rl_cfg.clip_high
     )
     extra["aux_loss"] = agg(aux_pg)
     loss = loss + extra["aux_loss"]
-  if "obs_mask" in batch:
+  if batch.obs_mask is not None:
     # Next-observation prediction as an auxiliary CE (docs/papers.md).
     extra["obs_pred_loss"] = credit.observation_prediction_loss(
-        logp, batch["obs_mask"], obs_denominator
+        logp, batch.obs_mask, obs_denominator
     )
     loss = loss + rl_cfg.obs_prediction_coef * extra["obs_pred_loss"]
   f32 = lambda x: x.astype(jnp.float32)
@@ -222,11 +224,12 @@ def make_update_fn(
   """Returns pure `update(params, opt_state, batch, kl_coef[, log_z_state,
   dropout_key])`.
 
-  `batch` holds [B, L] arrays: tokens, mask (POLICY tokens), behaviour_logp,
-  ref_logp, advantage (plus old_values and returns when the value head is
-  trained, prompt_embedding [B, D] and reward_hat [B] for FlowRL). It is
-  split into `rl.num_minibatches` minibatches by a strided split (row i in
-  minibatch i % num_minibatches, `sharding.split_rows`: on a device mesh every
+  `batch` is a `batch.LearnerBatch` (`stages.pack.pack`) of [B, L] arrays:
+  tokens, mask (POLICY tokens), behaviour_logp, ref_logp, advantage (plus
+  old_values and returns when the value head is trained, prompt_embedding
+  [B, D] and reward_hat [B] for FlowRL; a field that is off is None; its
+  `sil` batch is not split). It is split into `rl.num_minibatches`
+  minibatches by a strided split (row i in minibatch i % num_minibatches, `sharding.split_rows`: on a device mesh every
   minibatch keeps each device's share of the rows; with group-major rows each
   minibatch holds an equal share of every group), swept `rl.ppo_epochs` times
   with `lax.scan`, one optimizer step per minibatch. Each minibatch is further
@@ -242,7 +245,7 @@ def make_update_fn(
   on the same micro-batch shapes) and, on the first optimizer step, from the
   loss's own forward (see `_rl_loss`): the first step's ratios are exactly 1
   (`ratio_dev_max_first == 0`; tests/test_learner.py), except on dual-path
-  tool-free rows (batch key 'behaviour_shift'), whose masked behaviour gives
+  tool-free rows (batch field behaviour_shift), whose masked behaviour gives
   ratio 1 - P(banned tokens).
 
   `log_z_state` (FlowRL only): (log-partition params, their optax state);
@@ -266,10 +269,10 @@ def make_update_fn(
 
   def sil_loss(p, sil):
     logp, _ = sampling.token_logprobs(
-        graphdef, p, sil["tokens"], rl_cfg.temperature
+        graphdef, p, sil.tokens, rl_cfg.temperature
     )
     return losses.self_imitation_loss(
-        logp, sil["mask"], sil["return"], sil["baseline"], sil["valid"]
+        logp, sil.mask, sil.returns, sil.baseline, sil.valid
     )
 
   lora_cfg = lora_lib.from_config(getattr(config.model, "lora", None))
@@ -278,10 +281,10 @@ def make_update_fn(
   def update(
       params, opt_state, batch, kl_coef, log_z_state=None, dropout_key=None
   ):
-    batch = dict(batch)
     if not use_dropout:
       dropout_key = None
-    sil = batch.pop("sil", None)
+    # The SIL batch is not split into minibatches.
+    sil, batch = batch.sil, batch.replace(sil=None)
     mb_batch = split(batch, num_mb)
     z_params, z_opt = (None, None) if log_z_state is None else log_z_state
 
@@ -289,15 +292,13 @@ def make_update_fn(
       params, opt_state, z_params, z_opt, step_index = carry
       mb = sharding.constrain_batch(xs)
       denominator = losses.aggregation_denominator(
-          mb["mask"], rl_cfg.loss_agg_mode, norm_constant=norm
+          mb.mask, rl_cfg.loss_agg_mode, norm_constant=norm
       )
-      value_denominator = losses.aggregation_denominator(
-          mb["mask"], "token-mean"
-      )
+      value_denominator = losses.aggregation_denominator(mb.mask, "token-mean")
       obs_denominator = None
-      if "obs_mask" in mb:
+      if mb.obs_mask is not None:
         obs_denominator = jnp.maximum(
-            jnp.sum(mb["obs_mask"].astype(jnp.float32)), 1.0
+            jnp.sum(mb.obs_mask.astype(jnp.float32)), 1.0
         )
 
       step_key = (

@@ -11,7 +11,7 @@ from flax import nnx
 from agentic_rl import credit
 from agentic_rl import losses
 from agentic_rl import types
-from agentic_rl.learner.batch import Rollout
+from agentic_rl.learner.batch import LearnerBatch, Rollout
 
 
 def prompt_embedding(
@@ -42,8 +42,8 @@ def pack(
     flowrl: bool,
     obs_prediction: bool,
     placebo: bool,
-) -> dict[str, Any]:
-  """The learner batch of `make_update_fn`: a dict of [B, L] arrays.
+) -> LearnerBatch:
+  """The learner batch of `make_update_fn`.
 
   Args:
     r: the Rollout after the advantage stage: train_traj, mask [B, L] bool,
@@ -53,51 +53,48 @@ def pack(
     key: the iteration's PRNG key, fold_in(state.rng, state.step); the
       placebo labels use fold_in(key, 5).
     graphdef: the policy's graph.
-    flowrl: `rl.loss_type == 'flowrl'`: adds reward_hat [B] (the
+    flowrl: `rl.loss_type == 'flowrl'`: sets reward_hat [B] (the
       episode-level advantage adv_b) and prompt_embedding [B, D] (the
       log-partition network's input).
-    obs_prediction: `rl.obs_prediction_coef` > 0: adds obs_mask [B, L] bool
+    obs_prediction: `rl.obs_prediction_coef` > 0: sets obs_mask [B, L] bool
       (the TOOL tokens of the auxiliary next-observation loss).
-    placebo: `rl.obs_prediction_placebo` (with obs_prediction): adds
+    placebo: `rl.obs_prediction_placebo` (with obs_prediction): sets
       obs_targets [B, L] int32, the observation labels permuted across the
       batch (`credit.shuffle_observation_targets`).
 
   Returns:
-    {'tokens', 'mask', 'behaviour_logp', 'ref_logp', 'advantage'} plus, when
-    set: 'old_values' and 'returns' (value head), 'reward_hat' and
-    'prompt_embedding' (FlowRL), 'sil' (`SilSample.as_dict`),
-    'behaviour_shift', 'aux_advantage' (0 off the mask), 'obs_mask',
-    'obs_targets'.
+    A `LearnerBatch`: tokens [B, L] int32, mask, behaviour_logp, ref_logp,
+    advantage, plus, when set: old_values and returns (value head),
+    reward_hat and prompt_embedding (FlowRL), sil, behaviour_shift,
+    aux_advantage (0 off the mask), obs_mask, obs_targets; the others None.
   """
   train_traj, mask = r.train_traj, r.mask
-  batch = {
-      "tokens": train_traj.tokens,
-      "mask": mask,
-      "behaviour_logp": r.behaviour_logp,
-      "ref_logp": r.ref_logp,
-      "advantage": r.advantage,
-  }
+  values = {}
   if r.returns is not None:
-    batch["old_values"] = r.old_values
-    batch["returns"] = r.returns
+    values = {"old_values": r.old_values, "returns": r.returns}
   if flowrl:
     # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
     # the log-partition network's input.
-    batch["reward_hat"] = r.adv_b
-    batch["prompt_embedding"] = prompt_embedding(graphdef, params, train_traj)
-  if r.sil is not None:
-    batch["sil"] = r.sil.as_dict()
-  if r.behaviour_shift is not None:
-    batch["behaviour_shift"] = r.behaviour_shift
+    values["reward_hat"] = r.adv_b
+    values["prompt_embedding"] = prompt_embedding(graphdef, params, train_traj)
   if r.aux_advantage is not None:
-    batch["aux_advantage"] = jnp.where(mask, r.aux_advantage, 0.0)
+    values["aux_advantage"] = jnp.where(mask, r.aux_advantage, 0.0)
   if obs_prediction:
     # Auxiliary next-observation CE on the TOOL tokens; the placebo
     # (`rl.obs_prediction_placebo`) permutes its labels across the batch.
     obs_mask = train_traj.role == types.TOOL
-    batch["obs_mask"] = obs_mask
+    values["obs_mask"] = obs_mask
     if placebo:
-      batch["obs_targets"] = credit.shuffle_observation_targets(
+      values["obs_targets"] = credit.shuffle_observation_targets(
           train_traj.tokens, obs_mask, jax.random.fold_in(key, 5)
       )
-  return batch
+  return LearnerBatch(
+      tokens=train_traj.tokens,
+      mask=mask,
+      behaviour_logp=r.behaviour_logp,
+      ref_logp=r.ref_logp,
+      advantage=r.advantage,
+      sil=r.sil,
+      behaviour_shift=r.behaviour_shift,
+      **values,
+  )
