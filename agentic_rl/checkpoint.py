@@ -65,6 +65,7 @@ from absl import logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from agentic_rl import sharding
 
@@ -614,6 +615,23 @@ class Checkpointer:
     return self._read(step, {_STATE: ocp.args.StandardRestore(state_like)})[
         _STATE
     ]
+
+  def saved_tree(self, step: int) -> Any:
+    """The structure of the state saved as checkpoint `step`, read from its
+    metadata (no array is read): nested dicts (and lists) keyed as the saved
+    pytree's paths (a dataclass field or dict key by its name), with Orbax's
+    value metadata as leaves. Lets a caller pick the target layout of
+    `restore` (e.g. `learner.restore_train_state` for older layouts).
+
+    Raises:
+      FileNotFoundError: there is no checkpoint `step`.
+    """
+    path = os.path.join(self._step_dir(step), _STATE)
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"No checkpoint for step {step} in {path}.")
+    with _quiet_orbax_errors():
+      meta = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+    return getattr(meta, "tree", meta)
 
   def _read(self, step: int, items: dict) -> Any:
     status, why = self.verify(step)

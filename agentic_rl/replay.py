@@ -1,10 +1,10 @@
 """Per-task replay buffer of successful episodes (RAPO / SPEAR style).
 
-A fixed-capacity pytree of arrays (static shapes, checkpointable as part of
-`TrainState.replay`), holding at most one episode per task: the latest
-successful episode seen for that task. Tasks are identified by a hash of their
-prompt tokens (`task_keys`), so the buffer works for any environment whose
-prompt determines the task.
+A fixed-capacity pytree of arrays (static shapes, checkpointable as
+`TrainState.features['replay']`), holding at most one episode per task: the
+latest successful episode seen for that task. Tasks are identified by a hash
+of their prompt tokens (`task_keys`), so the buffer works for any environment
+whose prompt determines the task.
 
 Two uses (agentic_rl/learner/):
 

@@ -67,7 +67,7 @@ def init_rm_state(
       ref_params=jax.tree.map(jnp.copy, pparams),
       opt_state=learner.make_optimizer(config.sft).init(pparams),
       rng=jax.random.fold_in(root, 1),
-      kl_coef=jnp.float32(0.0),
+      features=types.FeatureStates(kl=jnp.float32(0.0)),
   )
   rm_cfg = rm_model.RewardModelConfig(model_cfg, config.rm.head_layers)
   rgraph, orm = rm_model.init_reward_model(rm_cfg, jax.random.fold_in(root, 2))
@@ -110,7 +110,7 @@ def load_rl_reward_model(
   like = jax.eval_shape(init)
   ckpt = checkpoint_lib.Checkpointer(os.path.join(path, "checkpoints"))
   try:
-    state = ckpt.restore(like, step=step)
+    state = learner.restore_train_state(ckpt, like, step=step)
   except (ValueError, KeyError, TypeError) as e:
     raise validation.ConfigError(
         f"config.rl.reward_model_dir={path!r}: checkpoint {step} does not "

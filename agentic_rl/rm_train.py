@@ -447,7 +447,7 @@ def train_and_evaluate_rm(
     with open(report_path) as f:
       return json.load(f)
   if start is not None:
-    state = ckpt.restore(state, step=start)
+    state = learner.restore_train_state(ckpt, state, step=start)
     logging.info("resumed from step %d in %s", start, workdir)
   start = int(state["step"])
   if start == 0 and s_steps == 0 and config.rm.init_from_sft:

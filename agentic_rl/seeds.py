@@ -141,7 +141,7 @@ def train_seeds(
     if latest is not None:
       if latest >= sft_steps:
         state = start_rl(state)
-      state = ckpt.restore(state, step=latest)
+      state = learner.restore_train_state(ckpt, state, step=latest)
   if int(state.step[0]) == 0 and sft_steps == 0:
     state = start_rl(state)
 

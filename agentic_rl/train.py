@@ -155,7 +155,9 @@ def init_state(
         ref_params=lora_lib.reference_state(params),
         opt_state=tx.init(params),
         rng=jax.random.fold_in(root, 1),
-        kl_coef=jnp.float32(config.rl.kl_coef),
+        # The 'kl' feature (learner/features.py) has its state from the
+        # start; the RL phase's others are added by `start_rl`.
+        features=types.FeatureStates(kl=jnp.float32(config.rl.kl_coef)),
     )
 
   if mesh.size == 1 or hf_path:
@@ -190,7 +192,8 @@ def _rl_transition(config):
 
 def start_rl(config, state: types.TrainState) -> types.TrainState:
   """Phase transition: freeze the SFT policy as reference, fresh RL optimizer
-  (plus the optional replay buffer / dual coefficient of `learner.init_rl_extras`).
+  (plus the RL features' states, `learner.init_rl_extras`: replay buffer,
+  dual coefficient, FlowRL log Z, SPA head, as the config enables them).
 
   Runs jitted with output shardings from the partition rules on the mesh the
   state lives on, so the new optimizer state is created sharded.
@@ -561,10 +564,12 @@ def _restore(
     ckpt, state: types.TrainState, step: int, model_cfg
 ) -> types.TrainState:
   """Restores checkpoint `step` into `state`'s structure; with LoRA the saved
-  adapters are put back onto `state`'s (freshly built, fingerprinted) base."""
+  adapters are put back onto `state`'s (freshly built, fingerprinted) base.
+  Checkpoints of the layout before `TrainState.features` restore too
+  (`learner.restore_train_state`)."""
   if model_cfg.lora is None:
-    return ckpt.restore(state, step=step)
-  restored = ckpt.restore(_to_save(state), step=step)
+    return learner.restore_train_state(ckpt, state, step=step)
+  restored = learner.restore_train_state(ckpt, _to_save(state), step=step)
   return restored.replace(
       params=lora_lib.with_trainable(state.params, restored.params)
   )

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import Any, Iterator, Mapping
 
 import flax.struct
 import jax
-
-if TYPE_CHECKING:  # annotations only
-  import optax
-  from flax import nnx
 
 # Roles of tokens in a trajectory (int8 values of Trajectory.role), defined
 # with the chat renderer that assigns them. Only POLICY tokens are ever trained.
@@ -89,7 +86,7 @@ class ReplayBuffer:
 
 @flax.struct.dataclass
 class SpaState:
-  """The SPA progress estimator inside `TrainState.spa` (checkpointed).
+  """The SPA progress estimator in `TrainState.features['spa']`.
 
   Attributes:
     params: {'weight': [D] float32, 'bias': [] float32}, a linear head on the
@@ -108,6 +105,80 @@ RewardModelParams = dict[str, Any]
 
 
 @flax.struct.dataclass
+class LogPartitionState:
+  """FlowRL's learned log Z_phi(x) inside `TrainState.features['flowrl']`.
+
+  Attributes:
+    params: nnx.State of `losses.LogPartition` (the log Z network on the
+      pooled prompt embedding).
+    opt_state: its own optax state (`make_log_partition_optimizer`).
+  """
+
+  params: Any
+  opt_state: Any
+
+
+# The order in which `FeatureStates` flattens its states (hence the order of
+# the RL step's arguments and of a checkpoint's leaves); names not listed
+# follow, sorted. It is the order of the TrainState fields the states had
+# before they moved into `TrainState.features` (kl_coef, replay, dual_coef,
+# log_partition + log_partition_opt_state, spa), so the jitted step's
+# signature is unchanged.
+FEATURE_ORDER = ("kl", "replay", "dual", "flowrl", "spa")
+
+
+def _feature_rank(name: str) -> tuple[int, str]:
+  if name in FEATURE_ORDER:
+    return FEATURE_ORDER.index(name), ""
+  return len(FEATURE_ORDER), name
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class FeatureStates(Mapping[str, Any]):
+  """The states of the stateful features, by name (`TrainState.features`).
+
+  An immutable mapping (a feature that is off is absent) and a pytree whose
+  children are the states in `FEATURE_ORDER` (key paths DictKey(name), as a
+  dict's; checkpoints store them under features/<name>/...). `learner.features`
+  defines each feature's (init, update) pair.
+  """
+
+  __slots__ = ("_states",)
+
+  def __init__(self, states: Mapping[str, Any] | None = None, **more: Any):
+    merged = {**(states or {}), **more}
+    ordered = {k: merged[k] for k in sorted(merged, key=_feature_rank)}
+    object.__setattr__(self, "_states", ordered)
+
+  def __getitem__(self, name: str) -> Any:
+    return self._states[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._states)
+
+  def __len__(self) -> int:
+    return len(self._states)
+
+  def __repr__(self) -> str:
+    return f"FeatureStates({self._states!r})"
+
+  def __setattr__(self, name, value):
+    raise AttributeError("FeatureStates is immutable; use .replace")
+
+  def replace(self, **states: Any) -> FeatureStates:
+    """A copy with `states` set (added or replaced)."""
+    return FeatureStates(self._states, **states)
+
+  def tree_flatten_with_keys(self):
+    children = [(jax.tree_util.DictKey(k), v) for k, v in self._states.items()]
+    return children, tuple(self._states)
+
+  @classmethod
+  def tree_unflatten(cls, names, children) -> FeatureStates:
+    return cls(dict(zip(names, children)))
+
+
+@flax.struct.dataclass
 class TrainState:
   """Everything needed to resume a run exactly.
 
@@ -120,33 +191,33 @@ class TrainState:
       penalty; equal to params during SFT.
     opt_state: optax state of the current phase's optimizer.
     rng: uint32 [2] base PRNG key data; per-step keys are fold_in(rng, step).
-    kl_coef: float32 scalar; the KL-in-loss coefficient (constant unless an
-      adaptive KL target is set).
+    features: the states of the stateful features (`FeatureStates`, defined
+      by `learner.features`: each an (init, update) pair). A feature that is
+      off has no state, so states and checkpoints of runs without it keep
+      their structure. 'kl' exists from the start (`train.init_state`); the
+      others are created at the start of the RL phase
+      (`learner.init_rl_extras`):
 
-  Optional per-feature parts: None (an empty pytree) unless the feature is on,
-  so states and checkpoints of runs without it keep their structure. Each is
-  created at the start of the RL phase by `learner.init_rl_extras`, except
-  reward_model (train.py, from `reward_model_loader.load_rl_reward_model`):
+        name     type                 feature (config switch)
+        kl       float32 []           the KL-in-loss coefficient (constant
+                                      unless rl.kl_target > 0: adaptive KL)
+        replay   ReplayBuffer         success replay (rl.replay_capacity > 0)
+        dual     float32 []           dual-ascent Lagrange multiplier
+                                      (rl.dual_constraint)
+        flowrl   LogPartitionState    FlowRL's learned log Z_phi(x) and its
+                                      optimizer state (rl.loss_type='flowrl')
+        spa      SpaState             SPA progress head and its optimizer
+                                      state (rl.pbrs_potential='spa')
 
-    field                    type                  feature (config switch)
-    replay                   ReplayBuffer          success replay
-                                                   (rl.replay_capacity > 0)
-    dual_coef                float32 []            dual-ascent Lagrange
-                                                   multiplier (rl.dual_constraint)
-    log_partition            nnx.State             FlowRL's learned log Z_phi(x)
-                                                   (losses.LogPartition;
-                                                   rl.loss_type='flowrl')
-    log_partition_opt_state  optax.OptState        its optimizer's state
-    spa                      SpaState              SPA progress head and its
-                                                   optimizer state
-                                                   (rl.pbrs_potential='spa')
-    reward_model             RewardModelParams     frozen learned RM, never
-                                                   updated, scored inside the
-                                                   RL step like ref_params
-                                                   (rl.reward_model_dir)
+      Checkpoints written before the states moved here (fields kl_coef,
+      replay, dual_coef, log_partition, log_partition_opt_state, spa) restore
+      through `learner.features.restore_train_state`.
+    reward_model: the frozen learned RM (`RewardModelParams`), never updated,
+      scored inside the RL step like ref_params (rl.reward_model_dir; set by
+      train.py from `reward_model_loader.load_rl_reward_model`), or None.
 
   The policy's value head (GAE, `rl.advantage_estimator='gae'`) is part of
-  `params` (TransformerConfig.value_head), not a field of its own.
+  `params` (TransformerConfig.value_head), not a feature of its own.
   """
 
   step: jax.Array
@@ -154,10 +225,5 @@ class TrainState:
   ref_params: Any
   opt_state: Any
   rng: jax.Array
-  kl_coef: jax.Array
-  replay: ReplayBuffer | None = None
-  dual_coef: jax.Array | None = None
-  log_partition: nnx.State | None = None
-  log_partition_opt_state: optax.OptState | None = None
-  spa: SpaState | None = None
+  features: FeatureStates = dataclasses.field(default_factory=FeatureStates)
   reward_model: RewardModelParams | None = None

@@ -182,7 +182,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # tokens seen so far; see obs_prediction_coef below);
   # or 'spa' (SPA, docs/papers.md: Phi(s_k) = sum_{j<k} c_j of a linear head on
   # the policy's stop-gradient hidden state after each turn, trained in the
-  # same RL step so that sum_k c_k regresses 1[correct]; TrainState.spa).
+  # same RL step so that sum_k c_k regresses 1[correct];
+  # TrainState.features['spa']).
   config.rl.pbrs_potential = "progress"
   # PBRS at episodes cut off by the turn budget or the context (MAX_TURNS,
   # TRUNCATED): 'keep' Phi(s_n) in the return (as if the task continued; an

@@ -56,7 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.pbrs_coef = 0.0
   # Potential: "progress" | "trace" (reference log-prob of the gold answer) |
   # "value" (value head V(s_k); needs config.model.value_head = True) |
-  # "spa" (learned per-turn contributions summed so far; TrainState.spa) |
+  # "spa" (learned per-turn contributions summed so far;
+  # TrainState.features['spa']) |
   # "obs_prediction" (the policy's mean probability of the observation tokens
   # seen so far: next-observation prediction, docs/papers.md).
   rl.pbrs_potential = "progress"

@@ -2,10 +2,11 @@
 
 SPA (Wang et al., "SPA-RL", arXiv:2505.20732): a progress estimator whose
 per-turn contributions are trained to sum to the outcome. Here a linear head on
-the policy's stop-gradient hidden state at the end of each turn (TrainState.spa,
-trained in every RL step) gives the contributions c_k; their running sum is the
-PBRS potential Phi(s_k) (rl.pbrs_potential='spa'), delivered through per-turn
-returns, where it acts as a state baseline (docs/rewards_and_credit.md). Compare with
+the policy's stop-gradient hidden state at the end of each turn
+(TrainState.features['spa'], trained in every RL step) gives the
+contributions c_k; their running sum is the PBRS potential Phi(s_k)
+(rl.pbrs_potential='spa'), delivered through per-turn returns, where it acts
+as a state baseline (docs/rewards_and_credit.md). Compare with
 configs/kv_chain.py (outcome only) and with rl.pbrs_potential='progress' (the
 oracle hops-resolved potential) as in experiments/pica_model_size.
 

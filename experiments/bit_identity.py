@@ -490,7 +490,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "spa_kv",
         "configs/spa_kv_chain.py: the SPA potential and its head in "
-        "TrainState.spa (init, read, trained every step)",
+        "TrainState.features['spa'] (init, read, trained every step)",
         _rl("spa_kv_chain"),
     ),
     # -- Batch features and stateful features --

@@ -182,8 +182,9 @@ def test_rl_step_with_dual_path_groups_and_spa_potential(tmp_path):
   config.rl.pbrs_potential = "spa"
   config.rl.spa_steps = 2
   state, step = _rl_state_and_step(config)
-  assert isinstance(state.spa, types.SpaState)
-  assert state.spa.params["weight"].shape == (config.model.d_model,)
+  spa = state.features["spa"]
+  assert isinstance(spa, types.SpaState)
+  assert spa.params["weight"].shape == (config.model.d_model,)
   state, m = step(state)
   assert all(np.isfinite(float(v)) for v in m.values()), m
   assert {
@@ -199,7 +200,10 @@ def test_rl_step_with_dual_path_groups_and_spa_potential(tmp_path):
   ckpt.save(1, state, force=True)
   ckpt.wait()
   restored = ckpt.restore(state, step=1)
-  for a, b in zip(jax.tree.leaves(state.spa), jax.tree.leaves(restored.spa)):
+  for a, b in zip(
+      jax.tree.leaves(state.features["spa"]),
+      jax.tree.leaves(restored.features["spa"]),
+  ):
     np.testing.assert_array_equal(a, b)
 
 

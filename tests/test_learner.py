@@ -227,7 +227,8 @@ def test_dynamic_sampling_retries_then_skips_update_without_usable_group():
 @pytest.mark.slow  # 20-60 s of training: slow tier keeps the default tier short
 def test_rl_steps_with_replay_injection_and_self_imitation():
   """Two GRPO iterations with the replay buffer on: successes are stored
-  (then checkpointable in TrainState.replay), SIL runs on buffered episodes."""
+  (then checkpointable in TrainState.features['replay']), SIL runs on buffered episodes.
+  """
   config = default.get_config("smoke")
   config.rl.replay_capacity = 8
   config.rl.replay_inject = True
@@ -235,13 +236,15 @@ def test_rl_steps_with_replay_injection_and_self_imitation():
   config.rl.sil_coef = 0.1
   config.rl.sil_batch_size = 2
   state, step = _rl_state_and_step(config)
-  assert state.replay.tokens.shape == (8, config.max_len)
+  assert state.features["replay"].tokens.shape == (8, config.max_len)
   for _ in range(2):
     state, m = step(state)
     assert all(np.isfinite(float(v)) for v in m.values()), m
   assert {"replay_size", "replay_injected", "sil_loss"} <= set(m)
   # Buffer size = distinct tasks with a success so far (<= capacity).
-  assert float(m["replay_size"]) == float(jnp.sum(state.replay.valid))
+  assert float(m["replay_size"]) == float(
+      jnp.sum(state.features["replay"].valid)
+  )
   assert 0 <= float(m["replay_size"]) <= 8
 
 
@@ -252,13 +255,13 @@ def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
   config.rl.dual_lr = 0.5
   config.rl.dual_init = 0.1
   state, step = _rl_state_and_step(config)
-  assert float(state.dual_coef) == pytest.approx(0.1)
+  assert float(state.features["dual"]) == pytest.approx(0.1)
   state, m = step(state)
   calls = float(m["dual_observed"])
   assert calls == pytest.approx(float(m["tool_calls"]))
   assert float(m["dual_coef"]) == pytest.approx(0.1)
   # lam' = max(0, 0.1 + 0.5 * (calls - 0.25)).
-  assert float(state.dual_coef) == pytest.approx(
+  assert float(state.features["dual"]) == pytest.approx(
       max(0.0, 0.1 + 0.5 * (calls - 0.25)), abs=1e-6
   )
   # 'min' sense: the multiplier grows when the fact is below its target.
@@ -707,14 +710,16 @@ def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
   config.rl.flowrl_log_z_hidden = 8
   config.rl.flowrl_log_z_lr = 1e-2
   state, step = _rl_state_and_step(config)
-  z0 = jax.tree.map(np.asarray, state.log_partition)
+  z0 = jax.tree.map(np.asarray, state.features["flowrl"].params)
   for _ in range(2):
     state, m = step(state)
     _assert_finite(m)
   assert "log_z" in m
   changed = [
       not np.allclose(a, b)
-      for a, b in zip(jax.tree.leaves(z0), jax.tree.leaves(state.log_partition))
+      for a, b in zip(
+          jax.tree.leaves(z0), jax.tree.leaves(state.features["flowrl"].params)
+      )
   ]
   assert any(changed)
   # Checkpointed with the state and restored into a fresh RL-phase state.
@@ -729,10 +734,8 @@ def test_flowrl_smoke_runs_log_partition_learns_and_checkpoints(tmp_path):
   restored = ckpt.restore(fresh, step=int(state.step))
   ckpt.close()
   for a, b in zip(
-      jax.tree.leaves((state.log_partition, state.log_partition_opt_state)),
-      jax.tree.leaves(
-          (restored.log_partition, restored.log_partition_opt_state)
-      ),
+      jax.tree.leaves(state.features["flowrl"]),
+      jax.tree.leaves(restored.features["flowrl"]),
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -771,8 +774,8 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
       assert any(
           not np.allclose(a, b)
           for a, b in zip(
-              jax.tree.leaves(first.log_partition),
-              jax.tree.leaves(last.log_partition),
+              jax.tree.leaves(first.features["flowrl"].params),
+              jax.tree.leaves(last.features["flowrl"].params),
           )
       )
 

@@ -177,25 +177,29 @@ def test_train_state_with_buffer_and_dual_coef_checkpoints(tmp_path):
       ref_params={"w": jnp.zeros(3)},
       opt_state={"m": jnp.zeros(3)},
       rng=jnp.zeros(2, jnp.uint32),
-      kl_coef=jnp.float32(0.01),
   )
-  state = types.TrainState(**base, replay=buf, dual_coef=jnp.float32(0.3))
-  plain = types.TrainState(**base)  # extras default to None
-  assert plain.replay is None and plain.dual_coef is None
+  kl = types.FeatureStates(kl=jnp.float32(0.01))
+  state = types.TrainState(
+      **base, features=kl.replace(replay=buf, dual=jnp.float32(0.3))
+  )
+  plain = types.TrainState(**base, features=kl)  # no replay, no dual
+  assert set(plain.features) == {"kl"}
   with checkpoint.Checkpointer(str(tmp_path / "a")) as ck:
     ck.save(7, state, force=True)
     ck.wait()
     like = types.TrainState(
-        **base, replay=replay.init(2, 4), dual_coef=jnp.float32(0.0)
+        **base,
+        features=kl.replace(replay=replay.init(2, 4), dual=jnp.float32(0.0)),
     )
     got = ck.restore(like)
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
     np.testing.assert_array_equal(a, b)
+  assert isinstance(got.features["replay"], types.ReplayBuffer)
   with checkpoint.Checkpointer(str(tmp_path / "b")) as ck:
     ck.save(7, plain, force=True)
     ck.wait()
     got = ck.restore(plain)
-  assert got.replay is None and got.dual_coef is None
+  assert set(got.features) == {"kl"}
   assert len(jax.tree.leaves(got)) == len(jax.tree.leaves(plain))
 
 

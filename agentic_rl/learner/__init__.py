@@ -29,7 +29,11 @@ One module per stage:
   behaviour.py     trainer-side behaviour log-probs (`rl.behaviour_logprobs`)
   update.py        the RL loss (policy loss from `losses.POLICY_LOSSES`) and
                    the PPO epochs, `make_update_fn`
-  rl_step.py       `make_rl_step`: collect + update + state bookkeeping
+  features.py      stateful features as (init, update) pairs whose states
+                   live in `TrainState.features` (adaptive KL, replay
+                   buffer, dual ascent, FlowRL log Z, SPA head); the
+                   checkpoint shim of the older layout
+  rl_step.py       `make_rl_step`: collect + update + the features' updates
 
 The names below are re-exported so that `learner.make_rl_step` etc. work.
 """
@@ -58,12 +62,14 @@ from agentic_rl.learner.potentials_by_name import (
     value_potential,
 )
 from agentic_rl.learner.batch import LearnerBatch
-from agentic_rl.learner.rl_step import (
+from agentic_rl.learner.features import (
+    Feature,
+    build_features,
     dual_coef_update,
-    dual_path_metrics,
     init_rl_extras,
-    make_rl_step,
+    restore_train_state,
 )
+from agentic_rl.learner.rl_step import dual_path_metrics, make_rl_step
 from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
 from agentic_rl.learner.stages.pack import prompt_embedding
 from agentic_rl.learner.stages.replay import inject_replay
@@ -93,12 +99,14 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "BEHAVIOUR_LOGPROBS",
     "EPISODE_ESTIMATORS",
+    "Feature",
     "LearnerBatch",
     "POTENTIALS",
     "StepFn",
     "TURN_ESTIMATORS",
     "_rl_loss",
     "behaviour_forward",
+    "build_features",
     "dense_aux_advantages",
     "dual_coef_update",
     "dual_path_metrics",
@@ -122,6 +130,7 @@ __all__ = [
     "policy_forward",
     "policy_mask",
     "prompt_embedding",
+    "restore_train_state",
     "sft_grad",
     "sft_loss",
     "step_reward_on",

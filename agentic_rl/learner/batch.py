@@ -209,8 +209,9 @@ class StageContext:
     ref_params: the full reference parameters (with LoRA: the policy's base
       plus the reference adapters).
     reward_model: the frozen reward model's parameters, or None.
-    features: read-only feature states by name (e.g. 'replay', 'dual',
-      'spa'); a feature that is off is absent.
+    features: read-only feature states by name (`TrainState.features`:
+      'kl', 'replay', 'dual', 'flowrl', 'spa'; `learner.features`); a
+      feature that is off is absent.
     first_traj: the first round's trajectory when it was rolled out outside
       the jitted program (host environments), else None.
   """

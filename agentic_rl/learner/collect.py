@@ -105,22 +105,13 @@ def make_collect_fn(
     key = jax.random.fold_in(state.rng, state.step)
     # With LoRA: the policy's frozen base plus the reference's adapters.
     ref_params = lora_lib.reference_params(state.params, state.ref_params)
-    features = {
-        name: value
-        for name, value in (
-            ("replay", state.replay),
-            ("dual", state.dual_coef),
-            ("spa", state.spa),
-        )
-        if value is not None
-    }
     ctx = StageContext(
         key=key,
         step=state.step,
         params=state.params,
         ref_params=ref_params,
         reward_model=state.reward_model,
-        features=features,
+        features=state.features,
         first_traj=first_traj,
     )
     r = run(None, ctx)

@@ -202,5 +202,5 @@ def pbrs_on(rl_cfg) -> bool:
 
 def uses_spa(rl_cfg) -> bool:
   """True when PBRS uses the learned SPA potential (`rl.pbrs_potential='spa'`
-  with `rl.pbrs_coef` > 0): the head lives in `TrainState.spa`."""
+  with `rl.pbrs_coef` > 0): the head lives in `TrainState.features['spa']`."""
   return rl_cfg.pbrs_potential == "spa" and pbrs_on(rl_cfg)

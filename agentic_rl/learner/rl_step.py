@@ -7,58 +7,19 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from agentic_rl import credit
 from agentic_rl import host_memory
-from agentic_rl import losses
 from agentic_rl import padding
-from agentic_rl import replay as replay_lib
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl.rewards import components
-from agentic_rl.rewards import dual_ascent
 from agentic_rl.rewards import sanitize
 from agentic_rl import sharding
 from agentic_rl import types
 from agentic_rl.models import transformer
 from agentic_rl.learner.collect import make_collect_fn, make_host_rollout_fn
-from agentic_rl.learner.common import StepFn, adapter_dropout_key, d_model
-from agentic_rl.learner.potentials_by_name import uses_spa
-from agentic_rl.learner.update import make_log_partition_optimizer, make_update_fn
+from agentic_rl.learner.common import StepFn, adapter_dropout_key
+from agentic_rl.learner import features as features_lib
+from agentic_rl.learner.update import make_update_fn
 from environments.host import base as host_base
-
-
-def init_rl_extras(config, state: types.TrainState) -> types.TrainState:
-  """Adds the optional RL-phase state: the replay buffer (`rl.replay_capacity`
-  > 0), the dual-ascent multiplier (`rl.dual_constraint` set, starting at
-  `rl.dual_init`) and FlowRL's log-partition parameters with their optimizer
-  state (`rl.loss_type='flowrl'`). Without these switches the state is returned unchanged
-  (fields stay None), so checkpoints of such runs keep their structure."""
-  rl_cfg = config.rl
-  if rl_cfg.replay_capacity > 0 and state.replay is None:
-    state = state.replace(
-        replay=replay_lib.init(rl_cfg.replay_capacity, config.max_len)
-    )
-  if rl_cfg.dual_constraint and state.dual_coef is None:
-    state = state.replace(dual_coef=jnp.float32(rl_cfg.dual_init))
-  if rl_cfg.loss_type == "flowrl" and state.log_partition is None:
-    # FlowRL's learned log Z_phi(x) on the pooled prompt embedding [D]; its
-    # output layer starts at 0 (log Z = 0), the hidden layer is drawn from
-    # fold_in(rng, -1) so the policy's keys are untouched.
-    d = jax.tree.leaves(state.params["embed_vd"])[0].shape[1]
-    model = losses.LogPartition(
-        d,
-        rl_cfg.flowrl_log_z_hidden,
-        rngs=nnx.Rngs(params=jax.random.fold_in(state.rng, 2**31 - 1)),
-    )
-    z = nnx.state(model)
-    state = state.replace(
-        log_partition=z,
-        log_partition_opt_state=make_log_partition_optimizer(rl_cfg).init(z),
-    )
-  if uses_spa(rl_cfg) and state.spa is None:
-    state = state.replace(
-        spa=credit.spa_init(d_model(state.params), rl_cfg.spa_lr)
-    )
-  return state
 
 
 def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
@@ -113,27 +74,6 @@ def dual_path_metrics(traj: types.Trajectory) -> dict[str, jax.Array]:
       # Exactly 0 when the logit mask works (a health check).
       "dual_path_calls_tool_free": mean_where(calls, free),
   }
-
-
-def dual_coef_update(rl_cfg, lam: jax.Array, observed: jax.Array) -> jax.Array:
-  """One projected dual-ascent step on the constraint multiplier.
-
-  'max' (E[g] <= target): lam' = max(0, lam + lr (observed - target));
-  'min' (E[g] >= target): lam' = max(0, lam + lr (target - observed))
-  (`dual_ascent.dual_ascent_update`; RCPO, arXiv:1805.11074).
-
-  Args:
-    rl_cfg: the `rl` config block (dual_sense, dual_target, dual_lr).
-    lam: float32 scalar multiplier.
-    observed: float32 scalar, the batch mean of the constrained fact.
-
-  Returns:
-    float32 scalar.
-  """
-  sign = 1.0 if rl_cfg.dual_sense == "max" else -1.0
-  return dual_ascent.dual_ascent_update(
-      lam, sign * observed, sign * rl_cfg.dual_target, rl_cfg.dual_lr
-  )
 
 
 def update_is_bucketed(config, env) -> bool:
@@ -193,6 +133,7 @@ def make_rl_step(
       rm_params.to_dict() if hasattr(rm_params, "to_dict") else rm_params
   )
   update = make_update_fn(config, graphdef, tx)
+  features = features_lib.build_features(config)
   if lengths is not None:
     update = padding.bucketed_update(update, lengths)
 
@@ -200,65 +141,39 @@ def make_rl_step(
     batch, r = collect(state, first_traj)
     traj, reward, parts, adv_b = r.traj, r.reward, r.parts, r.adv_b
     dropout_key = adapter_dropout_key(config, state)
-    z_state = None
-    if state.log_partition is not None:
-      params, opt_state, metrics, z_state = update(
-          state.params,
-          state.opt_state,
-          batch,
-          state.kl_coef,
-          (state.log_partition, state.log_partition_opt_state),
-          dropout_key=dropout_key,
-      )
-    else:
-      params, opt_state, metrics = update(
-          state.params,
-          state.opt_state,
-          batch,
-          state.kl_coef,
-          dropout_key=dropout_key,
-      )
+    # FlowRL's log Z is trained by the loss (learner/features.py): the update
+    # advances it with the policy; None without FlowRL.
+    z_state = state.features.get("flowrl")
+    out = update(
+        state.params,
+        state.opt_state,
+        batch,
+        state.features["kl"],
+        z_state,
+        dropout_key=dropout_key,
+    )
+    params, opt_state, metrics = out[:3]
+    if z_state is not None:
+      z_state = out[3]
     if r.any_usable is not None:
       # No group with varying outcomes: skip the update (logged), don't crash.
       skip = ~r.any_usable
       params, opt_state, z_state = jax.tree.map(
           lambda old, new: jnp.where(skip, old, new),
-          (
-              state.params,
-              state.opt_state,
-              None
-              if z_state is None
-              else (state.log_partition, state.log_partition_opt_state),
-          ),
+          (state.params, state.opt_state, state.features.get("flowrl")),
           (params, opt_state, z_state),
       )
       metrics["skipped_update"] = skip.astype(jnp.float32)
     metrics.update(r.info)
-    kl_coef = state.kl_coef
-    if rl_cfg.kl_target > 0:
-      kl_coef = losses.adaptive_kl_update(
-          kl_coef,
-          metrics["kl"],
-          rl_cfg.kl_target,
-          rl_cfg.kl_horizon,
-          rl_cfg.batch_size,
-      )
-    metrics["kl_coef"] = state.kl_coef
-    dual_coef = state.dual_coef
-    if r.dual_observed is not None:
-      metrics["dual_coef"] = state.dual_coef
-      metrics["dual_observed"] = r.dual_observed
-      dual_coef = dual_coef_update(rl_cfg, state.dual_coef, r.dual_observed)
-    spa = state.spa
-    if r.spa_inputs is not None:
-      spa, metrics["spa_loss"] = credit.spa_update(
-          spa,
-          r.spa_inputs.features,
-          r.spa_inputs.turn_mask,
-          r.spa_inputs.outcome,
-          learning_rate=rl_cfg.spa_lr,
-          num_steps=rl_cfg.spa_steps,
-      )
+    states = state.features
+    if z_state is not None:
+      states = states.replace(flowrl=z_state)
+    # Every stateful feature's post-update step (adaptive KL, replay buffer,
+    # dual ascent, SPA head), in `types.FEATURE_ORDER`.
+    states, feature_metrics = features_lib.update_states(
+        features, states, r, metrics
+    )
+    metrics.update(feature_metrics)
     facts = traj.facts
     if "tool_free" in facts:
       metrics.update(dual_path_metrics(traj))
@@ -309,15 +224,8 @@ def make_rl_step(
         step=state.step + 1,
         params=params,
         opt_state=opt_state,
-        kl_coef=kl_coef,
-        replay=state.replay if r.replay is None else r.replay,
-        dual_coef=dual_coef,
-        spa=spa,
+        features=states,
     )
-    if z_state is not None:
-      state = state.replace(
-          log_partition=z_state[0], log_partition_opt_state=z_state[1]
-      )
     return state, metrics
 
   if host_base.is_host(env):

@@ -17,6 +17,7 @@ from agentic_rl import losses
 from agentic_rl import mixed_precision
 from agentic_rl import sampling
 from agentic_rl import sharding
+from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.learner.batch import LearnerBatch
 from agentic_rl.learner.common import policy_forward
@@ -248,13 +249,14 @@ def make_update_fn(
   tool-free rows (batch field behaviour_shift), whose masked behaviour gives
   ratio 1 - P(banned tokens).
 
-  `log_z_state` (FlowRL only): (log-partition params, their optax state);
-  they get the loss gradient too and are updated by
-  `make_log_partition_optimizer`. `dropout_key` (used only when the model has
-  LoRA adapters with `model.lora.dropout` > 0): micro-batch k of optimizer
-  step s draws its adapter-dropout masks from fold_in(fold_in(dropout_key, s),
-  k). Returns (params, opt_state, metrics), and
-  with `log_z_state` given (params, opt_state, metrics, log_z_state).
+  `log_z_state` (FlowRL only): a `types.LogPartitionState` (log-partition
+  params, their optax state; `TrainState.features['flowrl']`); they get the
+  loss gradient too and are updated by `make_log_partition_optimizer`.
+  `dropout_key` (used only when the model has LoRA adapters with
+  `model.lora.dropout` > 0): micro-batch k of optimizer step s draws its
+  adapter-dropout masks from fold_in(fold_in(dropout_key, s), k). Returns
+  (params, opt_state, metrics), and with `log_z_state` given (params,
+  opt_state, metrics, the new LogPartitionState).
   """
   rl_cfg = config.rl
   num_mb = rl_cfg.num_minibatches
@@ -286,7 +288,11 @@ def make_update_fn(
     # The SIL batch is not split into minibatches.
     sil, batch = batch.sil, batch.replace(sil=None)
     mb_batch = split(batch, num_mb)
-    z_params, z_opt = (None, None) if log_z_state is None else log_z_state
+    z_params, z_opt = (
+        (None, None)
+        if log_z_state is None
+        else (log_z_state.params, log_z_state.opt_state)
+    )
 
     def mb_update(carry, xs):
       params, opt_state, z_params, z_opt, step_index = carry
@@ -386,6 +392,11 @@ def make_update_fn(
     metrics["behaviour_gap_max_first"] = m["behaviour_gap_max"][0, 0]
     if log_z_state is None:
       return params, opt_state, metrics
-    return params, opt_state, metrics, (z_params, z_opt)
+    return (
+        params,
+        opt_state,
+        metrics,
+        types.LogPartitionState(params=z_params, opt_state=z_opt),
+    )
 
   return update

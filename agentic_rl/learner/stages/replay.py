@@ -8,8 +8,8 @@ successes go into the buffer), `injected_mask` (`rl.replay_inject`: the
 injected rows' loss mask), `sil_sample` (`rl.sil_coef` > 0: SPEAR
 self-imitation episodes from the buffer as it was before this batch) and
 `replay_size` (a metric). Without a buffer, `train_rows` only sets the
-trained rows. Every stage reads the buffer `TrainState.replay` of the start
-of the iteration; `replay_store` returns the new one.
+trained rows. Every stage reads the buffer `TrainState.features['replay']`
+of the start of the iteration; `replay_store` returns the new one.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def replay_inject(
   Args:
     r: Rollout with traj (the fresh batch, B = groups * group_size rows,
       group-major), reward [B] float32 and train_traj (`replay_fresh`).
-    buf: the buffer at the start of the iteration (`TrainState.replay`).
+    buf: the buffer at the start of the iteration
+      (`TrainState.features['replay']`).
     group_size: `rl.group_size` (static).
     success_threshold: `rl.replay_success_threshold`.
 
@@ -151,7 +152,8 @@ def replay_store(
   Args:
     r: Rollout with traj (tokens, role, logprob, turn [B, L]) and
       fresh_reward [B] float32 (`replay_fresh`).
-    buf: the buffer at the start of the iteration (`TrainState.replay`).
+    buf: the buffer at the start of the iteration
+      (`TrainState.features['replay']`).
     step: [] int32 training step (the insertion time).
     success_threshold: `rl.replay_success_threshold`: a fresh row with
       fresh_reward >= it is stored.
@@ -212,7 +214,8 @@ def sil_sample(
   Args:
     r: Rollout with fresh_keys [B] uint32 and fresh_reward [B] float32
       (`replay_fresh`).
-    buf: the buffer at the start of the iteration (`TrainState.replay`).
+    buf: the buffer at the start of the iteration
+      (`TrainState.features['replay']`).
     key: the iteration's PRNG key, fold_in(state.rng, state.step).
     batch_size: `rl.sil_batch_size`, S (static).
 

@@ -265,7 +265,7 @@ def dual_penalty(
   Args:
     r: Rollout with traj (facts[fact] [B], any numeric dtype) and reward
       [B] float32.
-    dual_coef: [] float32 multiplier lam (`TrainState.dual_coef`).
+    dual_coef: [] float32 multiplier lam (`TrainState.features['dual']`).
     fact: `rl.dual_constraint`, the name of the constrained fact.
     sense: `rl.dual_sense`: 'max' (an upper bound), else a lower bound.
 
