@@ -542,7 +542,16 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   metrics_lib.plot_learning_curves(
       workdir,
-      keys=("sft/loss", "rl/reward", "rl/accuracy", "rl/tool_calls", "rl/kl"),
+      # The environment's reward and the shaped one the advantages used
+      # (rl/reward is an alias of rl/shaped_reward, kept for older runs).
+      keys=(
+          "sft/loss",
+          "rl/env_reward",
+          "rl/shaped_reward",
+          "rl/accuracy",
+          "rl/tool_calls",
+          "rl/kl",
+      ),
       held_out=metrics_lib.held_out_points(
           reports, {"initial": 0, "sft": sft_steps, "rl": total}
       ),

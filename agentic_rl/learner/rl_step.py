@@ -183,7 +183,8 @@ def make_rl_step(
     metrics.update(
         {
             # The reward the advantages were computed from (after every
-            # reassignment; 'env_reward' is the environment's, before them).
+            # reassignment; 'env_reward' is the environment's, before them);
+            # 'reward' is its old name, kept for earlier runs' records.
             "reward": jnp.mean(reward),
             "shaped_reward": jnp.mean(reward),
             **{f"reward_{k}": jnp.mean(v) for k, v in parts.items()},

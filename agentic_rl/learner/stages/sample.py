@@ -314,8 +314,13 @@ def dynamic_sampling(
 
 
 def env_reward_info(r: Rollout) -> Rollout:
-  """Adds the environment's reward to r.info, before the overlong policy,
-  shaping, replay, KL-in-reward and the advantages change it.
+  """Adds the environment's reward to r.info (logged rl/env_reward), before
+  the overlong policy, shaping, replay, KL-in-reward and the advantages
+  change it (rl/shaped_reward, alias rl/reward, is the reward after them).
+
+  It does include DAPO's soft overlong penalty (`rl.overlong_soft_cache` >
+  0), which `soft_overlong_penalty` adds to every round before dynamic
+  sampling selects the groups.
 
   Args:
     r: the sampled Rollout (reward [B] float32: `rl.rewards` composed, with
