@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from agentic_rl import credit
+from agentic_rl import estimators
 from agentic_rl import learner
 from agentic_rl import sampling
 from agentic_rl import types
@@ -626,13 +627,24 @@ def test_gae_token_advantages_reward_at_last_policy_token():
   P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
   role = jnp.array([[P, Q, Q, T, T, Q, D]], jnp.int8)
   values = jnp.array([[9.0, 0.5, 0.2, 9.0, 9.0, 0.8, 9.0]])
-  adv_b, adv, ret = learner.gae_token_advantages(
-      rl, jnp.array([1.0]), role == types.POLICY, values
+  adv_b, adv, ret = estimators.gae_token_advantages(
+      jnp.array([1.0]),
+      role == types.POLICY,
+      values,
+      discount=rl.discount,
+      lambda_=rl.gae_lambda,
   )
   # As tests/test_advantages.py::test_token_gae_hand_values_with_observations.
   np.testing.assert_allclose(adv, [[0, -0.0455, 0.61, 0, 0, 0.2, 0]], atol=1e-6)
   np.testing.assert_allclose(ret, [[0, 0.4545, 0.81, 0, 0, 1.0, 0]], atol=1e-6)
   np.testing.assert_allclose(adv_b, [(-0.0455 + 0.61 + 0.2) / 3], atol=1e-6)
+  # Through the config adapter: the token-level entry 'gae' of the table.
+  rl.advantage_estimator = "gae"
+  via_config = learner.token_level_advantages(
+      rl, jnp.array([1.0]), role == types.POLICY, values
+  )
+  for got, want in zip(via_config, (adv_b, adv, ret)):
+    np.testing.assert_array_equal(got, want)
 
 
 def _assert_finite(m):
