@@ -321,12 +321,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         rl.loss_agg_mode,
         f"unknown; known: {losses.AGG_MODES}",
     )
-  if rl.loss_type == "gspo" and rl.loss_agg_mode != "seq-mean-token-mean":
+  policy_loss = losses.POLICY_LOSSES[rl.loss_type]
+  if (
+      policy_loss.sequence_level
+      and rl.loss_agg_mode != losses.SEQUENCE_AGG_MODE
+  ):
+    token_level = [
+        n for n, e in losses.POLICY_LOSSES.items() if not e.sequence_level
+    ]
     _fail(
         "rl.loss_agg_mode",
         rl.loss_agg_mode,
-        "rl.loss_type='gspo' is a sequence-level objective: use "
-        "'seq-mean-token-mean' (or loss_type='gspo_token')",
+        f"rl.loss_type={rl.loss_type!r} is a sequence-level objective: use "
+        f"{losses.SEQUENCE_AGG_MODE!r} (or a loss_type of {token_level})",
     )
   if rl.kl_estimator not in losses.KL_ESTIMATORS:
     _fail(
@@ -619,14 +626,7 @@ def _validate_policy_optimisation(config) -> None:
       _fail("rl.value_coef", rl.value_coef, "must be > 0")
     if not rl.value_clip >= 0:
       _fail("rl.value_clip", rl.value_clip, "must be >= 0 (0 = unclipped)")
-  if rl.loss_type == "flowrl":
-    if rl.loss_agg_mode != "seq-mean-token-mean":
-      _fail(
-          "rl.loss_agg_mode",
-          rl.loss_agg_mode,
-          "rl.loss_type='flowrl' is a sequence-level objective: use "
-          "'seq-mean-token-mean'",
-      )
+  if losses.POLICY_LOSSES[rl.loss_type].episode_reward:
     selected = token_credit.estimator_name(rl)
     if estimators.ESTIMATORS[selected].level != "episode":
       episode = [
@@ -637,10 +637,11 @@ def _validate_policy_optimisation(config) -> None:
       _fail(
           "rl.loss_type",
           rl.loss_type,
-          "FlowRL takes one normalised reward per episode: use credit "
+          "takes one normalised reward per episode: use credit "
           f"'trajectory', an episode-level advantage_estimator ({episode}) "
           f"and no tree_branching (the config selects {selected!r})",
       )
+  if rl.loss_type == "flowrl":  # its own settings
     if not rl.flowrl_beta > 0:
       _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
     if not rl.flowrl_clip >= 0:

@@ -12,6 +12,7 @@ from flax import nnx
 from agentic_rl import credit
 from agentic_rl import estimators
 from agentic_rl import learner
+from agentic_rl import losses
 from agentic_rl import sampling
 from agentic_rl import types
 from configs import default
@@ -77,10 +78,13 @@ def test_microbatch_accumulation_equals_full_batch(mode):
 @pytest.mark.parametrize(
     "loss_type,mode",
     [
-        ("ppo", "token-mean"),
-        ("cispo", "token-mean"),
-        ("gspo", "seq-mean-token-mean"),
-        ("gspo_token", "token-mean"),
+        (
+            name,
+            losses.SEQUENCE_AGG_MODE if loss.sequence_level else "token-mean",
+        )
+        for name, loss in losses.POLICY_LOSSES.items()
+        # FlowRL's log Z head: test_flowrl.py.
+        if not loss.episode_reward
     ],
 )
 def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
