@@ -24,18 +24,18 @@ config selects, the arrays and settings it passes) and config validation
 (`validation.py`, the compatibility rules) both read this table; a new
 estimator is one array function and one entry here.
 
-| name                  | level   | selected by              | A                |
-|-----------------------|---------|--------------------------|------------------|
-| grpo                  | episode | rl.advantage_estimator   | arXiv:2402.03300 |
-| drgrpo                | episode | rl.advantage_estimator   | arXiv:2503.20783 |
-| rloo                  | episode | rl.advantage_estimator   | arXiv:2402.14740 |
-| reinforce_pp          | episode | rl.advantage_estimator   | arXiv:2501.03262 |
-| reinforce_pp_baseline | episode | rl.advantage_estimator   | arXiv:2501.03262 |
-| hdpo                  | episode | rl.advantage_estimator   | docs/papers.md   |
-| gigpo                 | turn    | rl.advantage_estimator   | arXiv:2505.10978 |
-| gae                   | token   | rl.advantage_estimator   | arXiv:1506.02438 |
-| per_turn              | turn    | rl.credit='per_turn'     | arXiv:2402.03300 |
-| tree                  | turn    | rl.tree_branching        | arXiv:2510.26020 |
+| name                  | level   | selected by            | source           |
+|-----------------------|---------|------------------------|------------------|
+| grpo                  | episode | rl.advantage_estimator | arXiv:2402.03300 |
+| drgrpo                | episode | rl.advantage_estimator | arXiv:2503.20783 |
+| rloo                  | episode | rl.advantage_estimator | arXiv:2402.14740 |
+| reinforce_pp          | episode | rl.advantage_estimator | arXiv:2501.03262 |
+| reinforce_pp_baseline | episode | rl.advantage_estimator | arXiv:2501.03262 |
+| hdpo                  | episode | rl.advantage_estimator | docs/papers.md   |
+| gigpo                 | turn    | rl.advantage_estimator | arXiv:2505.10978 |
+| gae                   | token   | rl.advantage_estimator | arXiv:1506.02438 |
+| per_turn              | turn    | rl.credit='per_turn'   | arXiv:2402.03300 |
+| tree                  | turn    | rl.tree_branching      | arXiv:2510.26020 |
 """
 
 from __future__ import annotations
