@@ -15,7 +15,8 @@ Every estimator that divides by a standard deviation returns exactly 0 for a
 group (or batch) whose valid rewards are all equal, whatever eps is, and is
 finite (values and gradients) for rewards float32 cannot represent exactly.
 
-Estimators (episode level, see `ESTIMATORS` / `compute_advantages`):
+Estimators (episode level; the estimator table, with each entry's needs, is
+`estimators.ESTIMATORS`):
 
 | name                  | A_i                                              |
 |-----------------------|--------------------------------------------------|
@@ -28,7 +29,7 @@ Estimators (episode level, see `ESTIMATORS` / `compute_advantages`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 import functools
 from typing import NamedTuple
 
@@ -345,104 +346,6 @@ def reinforce_pp_baseline_advantages(
   batch = _group_stats(c_b, zeros_b, valid, std_ddof)
   adv_b = c_b / (batch.std_b + eps)
   return jnp.where(batch.zero_b, 0.0, adv_b).astype(jnp.float32)
-
-
-# ---------------------------------------------------------------------------
-# Dispatcher for the episode-level estimators.
-# ---------------------------------------------------------------------------
-
-# Uniform signature: fn(rewards_b, group_b, *, scale_by_std, eps, std_ddof,
-# valid_b) -> [B]. Arguments an estimator does not use are ignored:
-# drgrpo uses none of scale_by_std/eps/std_ddof (it is mean-centred by
-# definition); reinforce_pp ignores group_b and scale_by_std, and
-# reinforce_pp_baseline ignores scale_by_std (both always normalise).
-EstimatorFn = Callable[..., jax.Array]
-
-ESTIMATORS: dict[str, EstimatorFn] = {
-    "grpo": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
-        grpo_advantages(
-            r,
-            g,
-            scale_by_std=scale_by_std,
-            eps=eps,
-            std_ddof=std_ddof,
-            valid_b=valid_b,
-        )
-    ),
-    "drgrpo": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
-        drgrpo_advantages(r, g, valid_b=valid_b)
-    ),
-    "rloo": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
-        rloo_advantages(
-            r,
-            g,
-            scale_by_std=scale_by_std,
-            eps=eps,
-            std_ddof=std_ddof,
-            valid_b=valid_b,
-        )
-    ),
-    "reinforce_pp": lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
-        reinforce_pp_advantages(r, valid_b, eps=eps, std_ddof=std_ddof)
-    ),
-    "reinforce_pp_baseline": (
-        lambda r, g, *, scale_by_std, eps, std_ddof, valid_b: (
-            reinforce_pp_baseline_advantages(
-                r, g, valid_b, eps=eps, std_ddof=std_ddof
-            )
-        )
-    ),
-}
-
-
-def compute_advantages(
-    name: str,
-    rewards_b: jax.Array,
-    group_b: jax.Array,
-    *,
-    scale_by_std: bool,
-    eps: float,
-    std_ddof: int = 0,
-    valid_b: jax.Array | None = None,
-) -> jax.Array:
-  """Episode-level advantages by estimator name (see `ESTIMATORS`).
-
-  'grpo': (r - mean_g) / (std_g + eps) (arXiv:2402.03300);
-  'drgrpo': r - mean_g (arXiv:2503.20783);
-  'rloo': G/(G-1) (r - mean_g) [/ (std_g + eps)] (arXiv:2402.14740);
-  'reinforce_pp': (r - mean_batch) / (std_batch + eps) (arXiv:2501.03262);
-  'reinforce_pp_baseline': c / (std_batch(c) + eps), c = r - mean_g
-  (arXiv:2501.03262). Arguments an estimator does not use are ignored (see the
-  comment on `ESTIMATORS`). `name` must be a Python str (static under jit).
-
-  Args:
-    name: estimator name, a key of `ESTIMATORS`.
-    rewards_b: [B] float rewards.
-    group_b: [B] int group ids in [0, B).
-    scale_by_std: divide by the group std (grpo, rloo).
-    eps: added to the std.
-    std_ddof: delta degrees of freedom of the std, a Python int >= 0.
-    valid_b: optional [B] bool mask of rows to use.
-
-  Returns:
-    [B] float32 advantages.
-
-  Raises:
-    ValueError: if `name` is not a known estimator (the message names it and
-      the known ones), or std_ddof is invalid.
-  """
-  if name not in ESTIMATORS:
-    raise ValueError(
-        f"Unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}."
-    )
-  return ESTIMATORS[name](
-      rewards_b,
-      group_b,
-      scale_by_std=scale_by_std,
-      eps=eps,
-      std_ddof=std_ddof,
-      valid_b=valid_b,
-  )
 
 
 # ---------------------------------------------------------------------------

@@ -9,8 +9,10 @@ unaggregated; `aggregate` (or `token_mean`) reduces them. An entropy bonus is
 function of its own.
 
 `POLICY_LOSSES` is the table of policy-loss types by `rl.loss_type` (the
-learner looks them up there); config validation uses `LOSS_TYPES` (its keys),
-`AGG_MODES` and `KL_ESTIMATORS`.
+learner looks them up there): `PolicyLoss` entries, each the loss function and
+what it needs declared (sequence-level aggregation, one reward per episode).
+Config validation reads the names (`LOSS_TYPES`, its keys) and those needs
+from it, and uses `AGG_MODES` and `KL_ESTIMATORS`.
 """
 
 from __future__ import annotations
@@ -906,12 +908,35 @@ def _flowrl_policy_loss(x: PolicyLossInputs, rl_cfg):
   return jnp.zeros_like(x.logp), ratio, flow
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "ppo": _ppo_policy_loss,
-    "gspo": _gspo_policy_loss,
-    "gspo_token": _gspo_policy_loss,
-    "cispo": _cispo_policy_loss,
-    "flowrl": _flowrl_policy_loss,
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+  """One policy-loss type of `POLICY_LOSSES`: its function and its needs.
+
+  Attributes:
+    fn: the `PolicyLossFn`.
+    sequence_level: a sequence-level objective: its loss is defined with
+      `rl.loss_agg_mode` 'seq-mean-token-mean' only (`SEQUENCE_AGG_MODE`).
+    episode_reward: reads one normalised reward per episode
+      (`PolicyLossInputs.reward_hat`) and FlowRL's log Z: the batch carries
+      reward_hat, and the config's estimator must be episode level.
+  """
+
+  fn: PolicyLossFn
+  sequence_level: bool = False
+  episode_reward: bool = False
+
+
+# The aggregation a sequence-level loss needs (`PolicyLoss.sequence_level`).
+SEQUENCE_AGG_MODE = "seq-mean-token-mean"
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo": PolicyLoss(_ppo_policy_loss),
+    "gspo": PolicyLoss(_gspo_policy_loss, sequence_level=True),
+    "gspo_token": PolicyLoss(_gspo_policy_loss),
+    "cispo": PolicyLoss(_cispo_policy_loss),
+    "flowrl": PolicyLoss(
+        _flowrl_policy_loss, sequence_level=True, episode_reward=True
+    ),
 }
 # Policy-loss types, for config validation (`rl.loss_type`).
 LOSS_TYPES = tuple(POLICY_LOSSES)

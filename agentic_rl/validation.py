@@ -15,6 +15,7 @@ import jax
 import ml_collections
 
 from agentic_rl import batch_policies
+from agentic_rl import estimators
 from agentic_rl import losses
 from agentic_rl.reward_models import model as rm_model
 from agentic_rl.rewards import components
@@ -135,6 +136,34 @@ def _positive_int(config, field: str, allow_zero: bool = False):
   return value
 
 
+def _check_replacing_entry(rl, field: str, value) -> None:
+  """The estimator entry that `field` selects instead of
+  `rl.advantage_estimator` (`estimators.entry_for`) runs with the needs it
+  declares: rl.credit 'trajectory', an advantage_estimator of its
+  base_estimators, no PBRS unless it takes the potential, no replay
+  injection when it needs the sampled rows."""
+  name = estimators.entry_for(field)
+  entry = estimators.ESTIMATORS[name]
+  need = ["credit 'trajectory'"]
+  need.append(f"advantage_estimator one of {list(entry.base_estimators)}")
+  if not entry.takes_potential:
+    need.append("pbrs_coef 0")
+  if entry.needs_sampled_rows:
+    need.append("replay_inject False")
+  if (
+      rl.credit != "trajectory"
+      or rl.advantage_estimator not in entry.base_estimators
+      or (rl.pbrs_coef > 0 and not entry.takes_potential)
+      or (rl.replay_inject and entry.needs_sampled_rows)
+  ):
+    _fail(
+        field,
+        value,
+        f"the estimator {name!r} replaces rl.advantage_estimator: use "
+        + ", ".join(need),
+    )
+
+
 def _validate_data(config, is_host: bool) -> None:
   """config.data (optional): the task loader of a host environment (agentic_rl/data.py)."""
   block = config.data
@@ -242,7 +271,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         rl.num_microbatches,
         f"must divide the minibatch size ({mb_rows} episodes)",
     )
-  known_estimators = list(token_credit.ADVANTAGE_ESTIMATORS)
+  known_estimators = list(estimators.selected_by("rl.advantage_estimator"))
   if rl.advantage_estimator not in known_estimators:
     _fail(
         "rl.advantage_estimator",
@@ -266,23 +295,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       )
     if not 0.0 <= rl.tree_alpha <= 1.0:
       _fail("rl.tree_alpha", rl.tree_alpha, "must be in [0, 1]")
-    if (
-        rl.credit != "trajectory"
-        or rl.advantage_estimator != "grpo"
-        or rl.pbrs_coef > 0
-        or rl.replay_inject
-    ):
-      _fail(
-          "rl.tree_branching",
-          tuple(tree),
-          "tree advantages replace the estimator: use credit 'trajectory', "
-          "advantage_estimator 'grpo', pbrs_coef 0, replay_inject False",
-      )
-  if rl.advantage_estimator == "gigpo" and rl.pbrs_coef > 0:
+    _check_replacing_entry(rl, "rl.tree_branching", tuple(tree))
+  selected = token_credit.estimator_name(rl)
+  entry = estimators.ESTIMATORS[selected]
+  if rl.pbrs_coef > 0 and not entry.takes_potential:
     _fail(
         "rl.pbrs_coef",
         rl.pbrs_coef,
-        "advantage_estimator 'gigpo' uses unshaped step returns: set 0",
+        f"estimator {selected!r} ({entry.selected_by}) takes the unshaped "
+        "reward (its table entry declares takes_potential=False): set 0",
     )
   if not rl.gigpo_step_weight >= 0:
     _fail("rl.gigpo_step_weight", rl.gigpo_step_weight, "must be >= 0")
@@ -300,12 +321,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         rl.loss_agg_mode,
         f"unknown; known: {losses.AGG_MODES}",
     )
-  if rl.loss_type == "gspo" and rl.loss_agg_mode != "seq-mean-token-mean":
+  policy_loss = losses.POLICY_LOSSES[rl.loss_type]
+  if (
+      policy_loss.sequence_level
+      and rl.loss_agg_mode != losses.SEQUENCE_AGG_MODE
+  ):
+    token_level = [
+        n for n, e in losses.POLICY_LOSSES.items() if not e.sequence_level
+    ]
     _fail(
         "rl.loss_agg_mode",
         rl.loss_agg_mode,
-        "rl.loss_type='gspo' is a sequence-level objective: use "
-        "'seq-mean-token-mean' (or loss_type='gspo_token')",
+        f"rl.loss_type={rl.loss_type!r} is a sequence-level objective: use "
+        f"{losses.SEQUENCE_AGG_MODE!r} (or a loss_type of {token_level})",
     )
   if rl.kl_estimator not in losses.KL_ESTIMATORS:
     _fail(
@@ -362,22 +390,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   credit_mode = rl.credit
   if credit_mode not in ("trajectory", "per_turn"):
     _fail("rl.credit", credit_mode, "must be 'trajectory' or 'per_turn'")
-  if credit_mode == "per_turn" and rl.advantage_estimator not in (
-      "grpo",
-      "drgrpo",
-  ):
-    _fail(
-        "rl.advantage_estimator",
-        rl.advantage_estimator,
-        "rl.credit='per_turn' uses per-turn GRPO: choose 'grpo' or 'drgrpo' "
-        "(scale_by_std=False)",
-    )
-  if credit_mode == "per_turn" and rl.advantage_estimator == "drgrpo":
-    _fail(
-        "rl.advantage_estimator",
-        rl.advantage_estimator,
-        "with rl.credit='per_turn' use 'grpo' and rl.scale_by_std=False",
-    )
+  if credit_mode == "per_turn":
+    per_turn = estimators.entry_for("rl.credit")
+    base = estimators.ESTIMATORS[per_turn].base_estimators
+    if rl.advantage_estimator not in base:
+      _fail(
+          "rl.advantage_estimator",
+          rl.advantage_estimator,
+          f"rl.credit='per_turn' runs the estimator {per_turn!r} on the "
+          f"per-turn returns, with advantage_estimator one of {list(base)} "
+          "(rl.scale_by_std=False for the mean-centred form)",
+      )
   if not 0.0 <= rl.discount <= 1.0:
     _fail("rl.discount", rl.discount, "must be in [0, 1]")
   if not rl.pbrs_coef >= 0:
@@ -584,55 +607,41 @@ def _validate_policy_optimisation(config) -> None:
   if beh not in learner_behaviour.BEHAVIOUR_LOGPROBS:
     _fail("rl.behaviour_logprobs", beh, "must be 'trainer' or 'sampler'")
   value_potential = rl.pbrs_potential == "value" and rl.pbrs_coef > 0
-  gae = rl.advantage_estimator == "gae"
-  if (gae or value_potential) and not config.model.value_head:
+  # rl.credit and rl.pbrs_coef with such an estimator: validate_config
+  # (base_estimators of the per-turn entry, takes_potential).
+  value_estimator = estimators.ESTIMATORS[
+      rl.advantage_estimator
+  ].needs_value_head
+  if (value_estimator or value_potential) and not config.model.value_head:
     field, value = (
-        ("rl.advantage_estimator", "gae")
-        if gae
+        ("rl.advantage_estimator", rl.advantage_estimator)
+        if value_estimator
         else ("rl.pbrs_potential", "value")
     )
     _fail(field, value, "needs a value head: set model.value_head=True")
-  if gae:
-    if rl.credit != "trajectory":
-      _fail(
-          "rl.credit",
-          rl.credit,
-          "advantage_estimator 'gae' gives per-token "
-          "advantages itself: use 'trajectory'",
-      )
-    if rl.pbrs_coef > 0:
-      _fail(
-          "rl.pbrs_coef",
-          rl.pbrs_coef,
-          "advantage_estimator 'gae' takes the unshaped reward: set 0",
-      )
-  if gae or value_potential:
+  if value_estimator or value_potential:
     if not 0.0 <= rl.gae_lambda <= 1.0:
       _fail("rl.gae_lambda", rl.gae_lambda, "must be in [0, 1]")
     if not rl.value_coef > 0:
       _fail("rl.value_coef", rl.value_coef, "must be > 0")
     if not rl.value_clip >= 0:
       _fail("rl.value_clip", rl.value_clip, "must be >= 0 (0 = unclipped)")
-  if rl.loss_type == "flowrl":
-    if rl.loss_agg_mode != "seq-mean-token-mean":
-      _fail(
-          "rl.loss_agg_mode",
-          rl.loss_agg_mode,
-          "rl.loss_type='flowrl' is a sequence-level objective: use "
-          "'seq-mean-token-mean'",
-      )
-    if (
-        rl.credit != "trajectory"
-        or rl.advantage_estimator in ("gae", "gigpo")
-        or tuple(rl.tree_branching)
-    ):
+  if losses.POLICY_LOSSES[rl.loss_type].episode_reward:
+    selected = token_credit.estimator_name(rl)
+    if estimators.ESTIMATORS[selected].level != "episode":
+      episode = [
+          n
+          for n in estimators.selected_by("rl.advantage_estimator")
+          if estimators.ESTIMATORS[n].level == "episode"
+      ]
       _fail(
           "rl.loss_type",
           rl.loss_type,
-          "FlowRL takes one normalised reward per episode: use credit "
-          "'trajectory', an episode-level advantage_estimator (not 'gae' or "
-          "'gigpo') and no tree_branching",
+          "takes one normalised reward per episode: use credit "
+          f"'trajectory', an episode-level advantage_estimator ({episode}) "
+          f"and no tree_branching (the config selects {selected!r})",
       )
+  if rl.loss_type == "flowrl":  # its own settings
     if not rl.flowrl_beta > 0:
       _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
     if not rl.flowrl_clip >= 0:
@@ -739,12 +748,19 @@ def _validate_replay_and_dual(config, env_obj) -> None:
   if inject:
     if rl.credit != "trajectory":
       _fail("rl.replay_inject", inject, "needs rl.credit='trajectory'")
-    if rl.advantage_estimator == "hdpo" or rl.pbrs_coef > 0 or dual:
+    facts = estimators.ESTIMATORS[rl.advantage_estimator].reads_facts
+    if facts or rl.pbrs_coef > 0 or dual:
+      readers = {
+          n: list(e.reads_facts)
+          for n, e in estimators.ESTIMATORS.items()
+          if e.reads_facts
+      }
       _fail(
           "rl.replay_inject",
           inject,
-          "replayed episodes carry no env facts: not with "
-          "advantage_estimator 'hdpo', pbrs_coef > 0 or dual_constraint",
+          "replayed episodes carry no env facts: not with pbrs_coef > 0, "
+          f"dual_constraint or an advantage_estimator that reads facts "
+          f"({readers})",
       )
   if not dual:
     return
@@ -869,12 +885,17 @@ def _validate_step_reward(config, env_obj) -> None:
         rl.credit,
         f"rl.step_reward={kind!r} is delivered per turn: use rl.credit='per_turn'",
     )
-  if tuple(rl.tree_branching) or rl.advantage_estimator != "grpo":
+  selected = token_credit.estimator_name(rl)
+  if not estimators.ESTIMATORS[selected].takes_turn_rewards:
+    takers = [
+        n for n, e in estimators.ESTIMATORS.items() if e.takes_turn_rewards
+    ]
     _fail(
         "rl.advantage_estimator",
         rl.advantage_estimator,
-        f"rl.step_reward={kind!r} needs per-turn GRPO: advantage_estimator "
-        "'grpo' and no tree_branching",
+        f"rl.step_reward={kind!r} is added to the per-turn rewards, which "
+        f"only the estimators {takers} take (the config selects "
+        f"{selected!r}): see their base_estimators, and no tree_branching",
     )
   if transform in ("delta", "delta_drop", "min") and rl.discount != 1.0:
     _fail(

@@ -95,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # channel (fewer tool calls) among the correct episodes of each group.
   # 'gae': PPO with GAE from the policy's value head (needs
   # model.value_head=True; values of the state before each POLICY token,
-  # observation tokens add no discount step; learner.gae_token_advantages).
+  # observation tokens add no discount step; estimators.gae_token_advantages).
   config.rl.advantage_estimator = "grpo"
   # GAE lambda (arXiv:1506.02438), value-loss coefficient, and the PPO value
   # clip range in return units (0 = unclipped); used by 'gae' and by the

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from agentic_rl import advantages
+from agentic_rl import estimators
 from agentic_rl import types
 
 
@@ -355,25 +356,39 @@ def test_broadcast_turn_to_tokens_token_by_token():
 
 
 # ---------------------------------------------------------------------------
-# Dispatcher.
+# The episode-level entries of the estimator table (estimators.ESTIMATORS).
 # ---------------------------------------------------------------------------
 
 
-def test_dispatcher_names_and_unknown_name():
-  assert set(advantages.ESTIMATORS) == {
+def _group_relative():
+  """{name: entry} of the table's entries on (reward_b[, group_b]) alone."""
+  return {
+      name: e
+      for name, e in estimators.ESTIMATORS.items()
+      if e.level == "episode" and set(e.inputs) <= {"reward_b", "group_b"}
+  }
+
+
+def _call(entry, r, g, **settings):
+  """entry.fn on its declared arrays and the settings it declares."""
+  arrays = {"reward_b": r, "group_b": g}
+  return entry.fn(
+      *[arrays[k] for k in entry.inputs],
+      **{k: v for k, v in settings.items() if k in entry.settings},
+  )
+
+
+def test_table_names_of_the_group_relative_estimators():
+  assert set(_group_relative()) == {
       "grpo",
       "drgrpo",
       "rloo",
       "reinforce_pp",
       "reinforce_pp_baseline",
   }
-  with pytest.raises(ValueError, match="'ppo'.*grpo"):
-    advantages.compute_advantages(
-        "ppo", jnp.ones(2), jnp.zeros(2, jnp.int32), scale_by_std=True, eps=1e-6
-    )
 
 
-def test_dispatcher_hand_values_and_jit_equals_eager():
+def test_table_hand_values_and_jit_equals_eager():
   r = jnp.array([1.0, 0.0, 0.0, 0.0])
   g = jnp.zeros(4, jnp.int32)
   s = math.sqrt(0.1875)
@@ -384,21 +399,17 @@ def test_dispatcher_hand_values_and_jit_equals_eager():
       "reinforce_pp": [0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s],
       "reinforce_pp_baseline": [0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s],
   }
+  assert set(expected) == set(_group_relative())
   r2 = jnp.array([0.2, 1.0, 0.7, 0.7, -3.0, 0.5])
   g2 = jnp.array([1, 0, 1, 0, 2, 2])
-  for name, want in expected.items():
+  for name, entry in _group_relative().items():
+    want = expected[name]
     scale = name == "grpo"
-    fn = functools.partial(
-        advantages.compute_advantages, name, scale_by_std=scale, eps=0.0
-    )
+    fn = functools.partial(_call, entry, scale_by_std=scale, eps=0.0)
     np.testing.assert_allclose(fn(r, g), want, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(fn)(r, g), want, rtol=1e-6)
     fn2 = functools.partial(
-        advantages.compute_advantages,
-        name,
-        scale_by_std=True,
-        eps=1e-6,
-        std_ddof=1,
+        _call, entry, scale_by_std=True, eps=1e-6, std_ddof=1
     )
     np.testing.assert_allclose(
         jax.jit(fn2)(r2, g2), fn2(r2, g2), rtol=1e-5, atol=1e-6

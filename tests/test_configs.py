@@ -2,44 +2,55 @@
 
 import pytest
 
+from agentic_rl import estimators
+from agentic_rl import learner
+from agentic_rl import losses
 from agentic_rl import validation
 from configs import default
 from configs import forkme
 
-SWITCHES = [
-    ("advantage_estimator", v)
-    for v in ("grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-] + [
-    ("loss_type", "ppo"),
-    ("loss_type", "cispo"),
-    ("loss_type", "gspo_token"),
-    ("loss_agg_mode", "seq-mean-token-mean"),
-    ("loss_agg_mode", "seq-mean-token-sum-norm"),
-    ("kl_estimator", "k1"),
-    ("kl_estimator", "k2"),
-    ("dual_clip", 3.0),
-    ("kl_target", 0.05),
-    ("kl_reward_coef", 0.01),
-    ("entropy_coef", 1e-3),
-    ("std_ddof", 1),
-    ("num_microbatches", 2),
-    ("advantage_estimator", "hdpo"),
-    ("reward_composition", "product"),
-    ("reward_composition", "gdpo"),
-    ("reward_noise", {"flip_p": 0.1}),
-    ("dynamic_sampling_oversample", 2),
-    ("dynamic_sampling_metric", "correct"),
-    ("overlong_mode", "mask"),
-    ("overlong_mode", "reward"),
-    ("overlong_soft_cache", 8),
-    ("credit", "per_turn"),
-    ("pbrs_coef", 0.5),
-    ("discount", 0.9),
-    ("advantage_estimator", "gigpo"),
-    ("gigpo_step_weight", 0.5),
-    ("behaviour_logprobs", "sampler"),
-    ("behaviour_logprobs", "trainer"),
-]
+# Every rl.advantage_estimator of the table that needs no model change (the
+# value-head ones: VALUE_HEAD_SWITCHES and test_every_estimator_entry_*).
+SWITCHES = (
+    [
+        ("advantage_estimator", name)
+        for name in estimators.selected_by("rl.advantage_estimator")
+        if not estimators.ESTIMATORS[name].needs_value_head
+    ]
+    + [
+        # Every token-level policy loss (the sequence-level ones:
+        # test_sequence_level_losses_require_sequence_mean).
+        ("loss_type", name)
+        for name, loss in losses.POLICY_LOSSES.items()
+        if not loss.sequence_level
+    ]
+    + [
+        ("loss_agg_mode", "seq-mean-token-mean"),
+        ("loss_agg_mode", "seq-mean-token-sum-norm"),
+        ("kl_estimator", "k1"),
+        ("kl_estimator", "k2"),
+        ("dual_clip", 3.0),
+        ("kl_target", 0.05),
+        ("kl_reward_coef", 0.01),
+        ("entropy_coef", 1e-3),
+        ("std_ddof", 1),
+        ("num_microbatches", 2),
+        ("reward_composition", "product"),
+        ("reward_composition", "gdpo"),
+        ("reward_noise", {"flip_p": 0.1}),
+        ("dynamic_sampling_oversample", 2),
+        ("dynamic_sampling_metric", "correct"),
+        ("overlong_mode", "mask"),
+        ("overlong_mode", "reward"),
+        ("overlong_soft_cache", 8),
+        ("credit", "per_turn"),
+        ("pbrs_coef", 0.5),
+        ("discount", 0.9),
+        ("gigpo_step_weight", 0.5),
+        ("behaviour_logprobs", "sampler"),
+        ("behaviour_logprobs", "trainer"),
+    ]
+)
 
 
 @pytest.mark.parametrize("arg", [None, "smoke"])
@@ -55,9 +66,27 @@ def test_each_switch_validates(field, value):
   validation.validate_config(config)
 
 
-def test_gspo_requires_sequence_mean():
+def test_policy_loss_needs_of_the_table():
+  needs = {
+      name: (loss.sequence_level, loss.episode_reward)
+      for name, loss in losses.POLICY_LOSSES.items()
+  }
+  assert needs == {
+      "ppo": (False, False),
+      "gspo": (True, False),
+      "gspo_token": (False, False),
+      "cispo": (False, False),
+      "flowrl": (True, True),
+  }
+
+
+@pytest.mark.parametrize(
+    "loss_type",
+    [n for n, loss in losses.POLICY_LOSSES.items() if loss.sequence_level],
+)
+def test_sequence_level_losses_require_sequence_mean(loss_type):
   config = forkme.get_config()
-  config.rl.loss_type = "gspo"
+  config.rl.loss_type = loss_type
   with pytest.raises(ValueError, match="rl.loss_agg_mode='token-mean'"):
     validation.validate_config(config)
   config.rl.loss_agg_mode = "seq-mean-token-mean"
@@ -251,3 +280,107 @@ def test_bad_value_head_switches_name_the_field(values, field):
   config.rl.update(values)
   with pytest.raises(ValueError, match=f"config.rl.{field}="):
     validation.validate_config(config)
+
+
+# ---------------------------------------------------------------------------
+# The estimator table's declared needs, read by validation.
+# ---------------------------------------------------------------------------
+
+
+def test_advantage_estimator_names_of_the_table():
+  assert estimators.selected_by("rl.advantage_estimator") == (
+      "grpo",
+      "drgrpo",
+      "rloo",
+      "reinforce_pp",
+      "reinforce_pp_baseline",
+      "hdpo",
+      "gigpo",
+      "gae",
+  )
+  assert estimators.selected_by("rl.credit") == ("per_turn",)
+  assert estimators.selected_by("rl.tree_branching") == ("tree",)
+
+
+def _select(config, name):
+  """Sets the config fields that select table entry `name`, with its needs
+  met (value head, base estimator); returns the field that selects it."""
+  entry = estimators.ESTIMATORS[name]
+  rl = config.rl
+  if entry.selected_by == "rl.advantage_estimator":
+    rl.advantage_estimator = name
+  else:
+    rl.advantage_estimator = entry.base_estimators[0]
+    if entry.selected_by == "rl.credit":
+      rl.credit = "per_turn"
+    else:
+      rl.tree_branching = (2, 4)
+  config.model.value_head = entry.needs_value_head
+  assert learner.estimator_name(rl) == name
+  return entry.selected_by
+
+
+@pytest.mark.parametrize("name", list(estimators.ESTIMATORS))
+def test_every_estimator_entry_validates_with_its_needs_met(name):
+  config = forkme.get_config()
+  _select(config, name)
+  validation.validate_config(config)
+  settings = learner.estimator_settings(estimators.ESTIMATORS[name], config.rl)
+  assert set(settings) == set(estimators.ESTIMATORS[name].settings)
+
+
+@pytest.mark.parametrize("name", list(estimators.ESTIMATORS))
+def test_every_estimator_entry_refuses_what_it_cannot_take(name):
+  entry = estimators.ESTIMATORS[name]
+  refused = []
+  if entry.needs_value_head:
+    refused.append(({"value_head": False}, "rl.advantage_estimator"))
+  if not entry.takes_potential:
+    field = "rl.pbrs_coef"
+    if entry.selected_by != "rl.advantage_estimator":
+      field = entry.selected_by
+    refused.append(({"pbrs_coef": 0.5}, field))
+  if entry.reads_facts or entry.needs_sampled_rows:
+    field = "rl.replay_inject"
+    if entry.needs_sampled_rows:
+      field = entry.selected_by
+    refused.append(({"replay_capacity": 8, "replay_inject": True}, field))
+  if entry.level != "episode":
+    for loss_type, loss in losses.POLICY_LOSSES.items():
+      if loss.episode_reward:
+        agg = "seq-mean-token-mean" if loss.sequence_level else "token-mean"
+        refused.append(
+            ({"loss_type": loss_type, "loss_agg_mode": agg}, "rl.loss_type")
+        )
+  for values, field in refused:
+    config = forkme.get_config()
+    _select(config, name)
+    if "value_head" in values:
+      config.model.value_head = values["value_head"]
+    else:
+      config.rl.update(values)
+    with pytest.raises(ValueError, match=f"config.{field}="):
+      validation.validate_config(config)
+
+
+@pytest.mark.parametrize(
+    "field", ["rl.credit", "rl.tree_branching"], ids=["credit", "tree"]
+)
+def test_replacing_entries_refuse_other_estimators(field):
+  """An entry selected by rl.credit / rl.tree_branching runs only with an
+  rl.advantage_estimator of its base_estimators."""
+  entry = estimators.ESTIMATORS[estimators.entry_for(field)]
+  named = {"rl.credit": "rl.advantage_estimator"}.get(field, field)
+  others = [
+      n
+      for n in estimators.selected_by("rl.advantage_estimator")
+      if n not in entry.base_estimators
+  ]
+  assert others
+  for other in others:
+    config = forkme.get_config()
+    _select(config, estimators.entry_for(field))
+    config.rl.advantage_estimator = other
+    config.model.value_head = estimators.ESTIMATORS[other].needs_value_head
+    with pytest.raises(ValueError, match=f"config.{named}="):
+      validation.validate_config(config)

@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 from agentic_rl import credit
+from agentic_rl import estimators
 from agentic_rl import learner
+from agentic_rl import losses
 from agentic_rl import sampling
 from agentic_rl import types
 from configs import default
@@ -76,10 +78,13 @@ def test_microbatch_accumulation_equals_full_batch(mode):
 @pytest.mark.parametrize(
     "loss_type,mode",
     [
-        ("ppo", "token-mean"),
-        ("cispo", "token-mean"),
-        ("gspo", "seq-mean-token-mean"),
-        ("gspo_token", "token-mean"),
+        (
+            name,
+            losses.SEQUENCE_AGG_MODE if loss.sequence_level else "token-mean",
+        )
+        for name, loss in losses.POLICY_LOSSES.items()
+        # FlowRL's log Z head: test_flowrl.py.
+        if not loss.episode_reward
     ],
 )
 def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
@@ -628,13 +633,24 @@ def test_gae_token_advantages_reward_at_last_policy_token():
   P, Q, T, D = types.PROMPT, types.POLICY, types.TOOL, types.PAD
   role = jnp.array([[P, Q, Q, T, T, Q, D]], jnp.int8)
   values = jnp.array([[9.0, 0.5, 0.2, 9.0, 9.0, 0.8, 9.0]])
-  adv_b, adv, ret = learner.gae_token_advantages(
-      rl, jnp.array([1.0]), role == types.POLICY, values
+  adv_b, adv, ret = estimators.gae_token_advantages(
+      jnp.array([1.0]),
+      role == types.POLICY,
+      values,
+      discount=rl.discount,
+      lambda_=rl.gae_lambda,
   )
   # As tests/test_advantages.py::test_token_gae_hand_values_with_observations.
   np.testing.assert_allclose(adv, [[0, -0.0455, 0.61, 0, 0, 0.2, 0]], atol=1e-6)
   np.testing.assert_allclose(ret, [[0, 0.4545, 0.81, 0, 0, 1.0, 0]], atol=1e-6)
   np.testing.assert_allclose(adv_b, [(-0.0455 + 0.61 + 0.2) / 3], atol=1e-6)
+  # Through the config adapter: the token-level entry 'gae' of the table.
+  rl.advantage_estimator = "gae"
+  via_config = learner.token_level_advantages(
+      rl, jnp.array([1.0]), role == types.POLICY, values
+  )
+  for got, want in zip(via_config, (adv_b, adv, ret)):
+    np.testing.assert_array_equal(got, want)
 
 
 def _assert_finite(m):

@@ -11,7 +11,7 @@ from tests import fakes
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from agentic_rl import advantages, losses, credit
+    from agentic_rl import advantages, estimators, losses, credit
     assert jax.device_count() == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()), ("data",))
     rb = NamedSharding(mesh, P("data"))
@@ -28,9 +28,12 @@ SCRIPT = textwrap.dedent("""
 
     def everything(r, g, logp, beh, ref, mask, calls):
       out = {}
-      for name in advantages.ESTIMATORS:
-        out[name] = advantages.compute_advantages(
-            name, r, g, scale_by_std=True, eps=1e-6)
+      arrays = {"reward_b": r, "group_b": g}
+      settings = {"scale_by_std": True, "eps": 1e-6, "std_ddof": 0}
+      for name, e in estimators.ESTIMATORS.items():
+        if e.level == "episode" and set(e.inputs) <= set(arrays):
+          out[name] = e.fn(*[arrays[i] for i in e.inputs],
+                           **{s: settings[s] for s in e.settings})
       out["hdpo"] = credit.hdpo_advantages(r, calls, g, efficiency_weight=0.5)
       adv = advantages.broadcast_to_tokens(out["grpo"], jnp.where(mask, 2, 0))
       for mode in losses.AGG_MODES:

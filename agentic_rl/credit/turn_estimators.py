@@ -1,10 +1,9 @@
 """Advantage estimators beyond one scalar per episode: HDPO's conditional
 efficiency channel, GiGPO's step groups and PORTool's tree forks.
 
-The learner's tables of estimators by config name are in
-`agentic_rl.learner.token_credit` (`ESTIMATORS` for the episode-level ones in
-agentic_rl/advantages.py plus 'hdpo' and 'gae', `TURN_ESTIMATORS` for the
-per-turn ones).
+The estimator table (every estimator by config name, with its declared
+needs) is `agentic_rl.estimators.ESTIMATORS`; `learner.token_credit` passes
+it the arrays and settings of a config.
 """
 
 from __future__ import annotations

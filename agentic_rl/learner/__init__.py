@@ -24,8 +24,9 @@ One module per stage:
                    build.py: the stage list of a config, `chain`)
   potentials_by_name.py
                    `POTENTIALS`, the PBRS potentials by `rl.pbrs_potential`
-  token_credit.py  `EPISODE_ESTIMATORS`, `TURN_ESTIMATORS`: per-token
-                   advantages by `rl.advantage_estimator` / `rl.credit`
+  token_credit.py  per-token advantages: the adapter from the config
+                   (`rl.advantage_estimator`, `rl.credit`,
+                   `rl.tree_branching`) to `estimators.ESTIMATORS`
   behaviour.py     trainer-side behaviour log-probs (`rl.behaviour_logprobs`)
   update.py        the RL loss (policy loss from `losses.POLICY_LOSSES`) and
                    the PPO epochs, `make_update_fn`
@@ -74,18 +75,16 @@ from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
 from agentic_rl.learner.stages.pack import prompt_embedding
 from agentic_rl.learner.stages.replay import inject_replay
 from agentic_rl.learner.token_credit import (
-    ADVANTAGE_ESTIMATORS,
-    EPISODE_ESTIMATORS,
-    TURN_ESTIMATORS,
     dense_aux_advantages,
-    gae_token_advantages,
-    last_policy_reward,
+    estimator_name,
+    estimator_settings,
     pbrs_final_potential,
     pbrs_terminated,
     step_reward_on,
     step_rewards_bk,
     step_scores_bk,
     token_advantages,
+    token_level_advantages,
 )
 from agentic_rl.learner.update import (
     _rl_loss,
@@ -96,14 +95,11 @@ from agentic_rl.learner.update import (
 )
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "BEHAVIOUR_LOGPROBS",
-    "EPISODE_ESTIMATORS",
     "Feature",
     "LearnerBatch",
     "POTENTIALS",
     "StepFn",
-    "TURN_ESTIMATORS",
     "_rl_loss",
     "behaviour_forward",
     "build_features",
@@ -111,10 +107,10 @@ __all__ = [
     "dual_coef_update",
     "dual_path_metrics",
     "dual_path_tool_free",
-    "gae_token_advantages",
+    "estimator_name",
+    "estimator_settings",
     "init_rl_extras",
     "inject_replay",
-    "last_policy_reward",
     "log_partition_graphdef",
     "make_collect_fn",
     "make_host_rollout_fn",
@@ -137,6 +133,7 @@ __all__ = [
     "step_rewards_bk",
     "step_scores_bk",
     "token_advantages",
+    "token_level_advantages",
     "uses_spa",
     "uses_values",
     "value_potential",

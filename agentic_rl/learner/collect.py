@@ -10,6 +10,7 @@ from flax import nnx
 
 from agentic_rl.reward_models import frozen as rm_frozen
 from agentic_rl import host_rollout
+from agentic_rl import losses
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.models import transformer
@@ -121,7 +122,7 @@ def make_collect_fn(
         state.params,
         key,
         graphdef=graphdef,
-        flowrl=rl_cfg.loss_type == "flowrl",
+        flowrl=losses.POLICY_LOSSES[rl_cfg.loss_type].episode_reward,
         obs_prediction=rl_cfg.obs_prediction_coef > 0,
         placebo=bool(rl_cfg.obs_prediction_placebo),
     )

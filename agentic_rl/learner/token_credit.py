@@ -1,73 +1,25 @@
 """Token-credit stage: per-token advantages [B, L] from episode rewards,
 per-turn step rewards and PBRS shaping.
+
+The one adapter from the config to the estimator table
+(`estimators.ESTIMATORS`): which entry a config runs (`estimator_name`), its
+keyword settings from the `rl` block (`estimator_settings`) and its arrays
+from the trajectory (`token_advantages`, `token_level_advantages`).
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from agentic_rl import advantages
 from agentic_rl import credit
+from agentic_rl import estimators
 from agentic_rl.rewards import sanitize
 from agentic_rl.rewards import step_rewards
 from agentic_rl import types
-
-
-def last_policy_reward(reward_b: jax.Array, mask_bl: jax.Array) -> jax.Array:
-  """[B, L] float32: each episode's reward at its last POLICY token, 0 elsewhere."""
-  l = mask_bl.shape[1]
-  pos = jnp.arange(l)[None, :]
-  last_b = jnp.max(jnp.where(mask_bl, pos, -1), axis=1)
-  return jnp.where(pos == last_b[:, None], reward_b[:, None], 0.0).astype(
-      jnp.float32
-  )
-
-
-def gae_token_advantages(
-    rl_cfg,
-    reward_b: jax.Array,
-    mask_bl: jax.Array,
-    values_bl: jax.Array,
-    lambda_: float | None = None,
-):
-  """PPO-GAE per-token advantages and value targets for `advantage_estimator='gae'`.
-
-  The episode's (composed) reward is the reward of its last POLICY token;
-  `advantages.token_gae` runs over the POLICY tokens only (observation and
-  template tokens add no discount step; docs/rewards_and_credit.md) with discount
-  `rl.discount` per POLICY token and lambda `rl.gae_lambda` (or `lambda_`;
-  1.0 gives Monte-Carlo returns, used to train the value head as a PBRS
-  potential). Values are the behaviour values V_old (`behaviour_forward`).
-  Advantages are not normalised.
-
-  Args:
-    rl_cfg: `rl` block.
-    reward_b: [B] float32 episode rewards.
-    mask_bl: [B, L] bool POLICY-token mask of the trajectory.
-    values_bl: [B, L] float32 behaviour values.
-    lambda_: optional override of `rl.gae_lambda`.
-
-  Returns:
-    (adv_b [B] mean advantage over each row's POLICY tokens (logging),
-     adv_bl [B, L] float32, returns_bl [B, L] float32; both 0 off POLICY).
-  """
-  lam = rl_cfg.gae_lambda if lambda_ is None else lambda_
-  adv_bl, ret_bl = jax.vmap(
-      advantages.token_gae, in_axes=(0, 0, 0, None, None)
-  )(
-      last_policy_reward(reward_b, mask_bl),
-      values_bl,
-      mask_bl,
-      rl_cfg.discount,
-      lam,
-  )
-  count_b = jnp.maximum(jnp.sum(mask_bl, axis=1), 1).astype(jnp.float32)
-  return jnp.sum(adv_bl, axis=1) / count_b, adv_bl, ret_bl
 
 
 def step_reward_on(rl_cfg) -> bool:
@@ -226,7 +178,7 @@ def pbrs_final_potential(
 
 
 # ---------------------------------------------------------------------------
-# Advantage-estimator tables.
+# The adapter from the config to the estimator table (`estimators.ESTIMATORS`).
 # ---------------------------------------------------------------------------
 
 
@@ -250,177 +202,123 @@ def _outcome_at_last_turn(
   )
 
 
-# Episode-level estimators: fn(reward_b [B] float32, traj, rl_cfg) -> adv_b
-# [B] float32, one advantage per episode (broadcast to its POLICY tokens).
-EpisodeEstimatorFn = Callable[[jax.Array, types.Trajectory, Any], jax.Array]
+def estimator_name(rl_cfg) -> str:
+  """The `estimators.ESTIMATORS` key the config runs.
 
-
-def _from_advantages(name: str) -> EpisodeEstimatorFn:
-  """The `advantages.ESTIMATORS` entry `name` as an episode-level estimator."""
-
-  def estimator(reward_b, traj, rl_cfg):
-    return advantages.compute_advantages(
-        name,
-        reward_b,
-        traj.group,
-        scale_by_std=rl_cfg.scale_by_std,
-        eps=rl_cfg.adv_eps,
-        std_ddof=rl_cfg.std_ddof,
-    )
-
-  estimator.__name__ = f"{name}_episode_advantages"
-  estimator.__doc__ = (
-      f"'{name}': `advantages.compute_advantages('{name}', ...)` on the [B]\n"
-      "float32 episode rewards within each task group (traj.group), with\n"
-      "rl.scale_by_std, rl.adv_eps, rl.std_ddof; [B] float32. Equations and\n"
-      "sources: `advantages.compute_advantages`."
-  )
-  return estimator
-
-
-def hdpo_episode_advantages(
-    reward_b: jax.Array, traj: types.Trajectory, rl_cfg
-) -> jax.Array:
-  """'hdpo': accuracy channel + efficiency channel among correct episodes only
-  (`credit.hdpo_advantages`, weight `rl.hdpo_efficiency_weight`). Reads the
-  facts 'correct' and 'num_tool_calls', not `reward_b`; [B] float32."""
-  del reward_b
-  return credit.hdpo_advantages(
-      traj.facts["correct"].astype(jnp.float32),
-      traj.facts["num_tool_calls"].astype(jnp.float32),
-      traj.group,
-      efficiency_weight=rl_cfg.hdpo_efficiency_weight,
-      eps=rl_cfg.adv_eps,
-  )
-
-
-EPISODE_ESTIMATORS: dict[str, EpisodeEstimatorFn] = {
-    **{name: _from_advantages(name) for name in advantages.ESTIMATORS},
-    "hdpo": hdpo_episode_advantages,
-}
-
-
-# Per-turn estimators: fn(rl_cfg, reward_b [B] float32, traj, max_turns K,
-# phi_bk1 [B, K + 1] float32 scaled potential or None) -> (adv_b [B] float32
-# for logging, adv_bl [B, L] float32 per-token advantages).
-TurnEstimatorFn = Callable[..., tuple[jax.Array, jax.Array]]
-
-
-def per_turn_advantages(rl_cfg, reward, traj, max_turns, phi):
-  """'per_turn' (`rl.credit='per_turn'`): outcome reward at the last turn,
-  PBRS terms F_k = discount Phi(s_{k+1}) - Phi(s_k) at the turn boundaries
-  (`credit.shape_turn_rewards`, Ng et al. 1999), the step rewards of
-  `step_rewards_bk`, reward-to-go, group-relative per turn index
-  (`advantages.per_turn_grpo_advantages`), broadcast to each turn's POLICY
-  tokens. adv_b is the mean |A| over the episode's turns."""
-  k, discount = max_turns, rl_cfg.discount
-  turn_mask = _turn_mask(traj, k)
-  r_bk = _outcome_at_last_turn(reward, traj, turn_mask)
-  if phi is not None:
-    r_bk = credit.shape_turn_rewards(
-        r_bk, phi, turn_mask, discount, pbrs_terminated(rl_cfg, traj.finish)
-    )
-  if step_reward_on(rl_cfg):
-    # Per-turn step (process) rewards (rl.step_reward), after the outcome.
-    r_bk = r_bk + step_rewards_bk(rl_cfg, traj, reward, k)
-  returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, discount)
-  adv_bk = advantages.per_turn_grpo_advantages(
-      returns_bk,
-      turn_mask,
-      traj.group,
-      scale_by_std=rl_cfg.scale_by_std,
-      eps=rl_cfg.adv_eps,
-      std_ddof=rl_cfg.std_ddof,
-  )
-  adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
-  adv_b = jnp.sum(jnp.abs(adv_bk) * turn_mask, 1) / jnp.maximum(
-      jnp.sum(turn_mask, 1), 1
-  )
-  return adv_b, adv_bl
-
-
-def gigpo_advantages(rl_cfg, reward, traj, max_turns, phi):
-  """'gigpo' (GiGPO, arXiv:2505.10978): the episode's GRPO advantage plus
-  `rl.gigpo_step_weight` times the step advantage within the group of steps
-  of the same task that start from the same state
-  (`credit.observation_state_keys`, `credit.gigpo_step_advantages`), on
-  discounted step returns (outcome at the last turn). Unshaped (validation
-  rejects PBRS with it). adv_b is the episode-level GRPO advantage."""
-  del phi
-  k = max_turns
-  turn_mask = _turn_mask(traj, k)
-  r_bk = _outcome_at_last_turn(reward, traj, turn_mask)
-  returns_bk = advantages.turn_reward_to_go(r_bk, turn_mask, rl_cfg.discount)
-  adv_b = advantages.grpo_advantages(
-      reward, traj.group, scale_by_std=rl_cfg.scale_by_std, eps=rl_cfg.adv_eps
-  )
-  keys_bk = credit.observation_state_keys(
-      traj.tokens, traj.role, traj.turn, k, match_turn=rl_cfg.gigpo_match_turn
-  )
-  adv_s = credit.gigpo_step_advantages(
-      returns_bk,
-      keys_bk,
-      turn_mask,
-      traj.group,
-      scale_by_std=rl_cfg.scale_by_std,
-      eps=rl_cfg.adv_eps,
-  )
-  adv_bk = adv_b[:, None] + rl_cfg.gigpo_step_weight * adv_s
-  adv_bl = advantages.broadcast_turn_to_tokens(
-      jnp.where(turn_mask, adv_bk, 0.0), traj.turn, traj.role
-  )
-  return adv_b, adv_bl
-
-
-def tree_advantages(rl_cfg, reward, traj, max_turns, phi):
-  """'tree' (`rl.tree_branching` set; PORTool tree rollouts): turn k of a leaf
-  gets `credit.tree_fork_advantages` of its step at depth min(k + 1, d),
-  blended with the trajectory advantage by `rl.tree_alpha`, per tree (group
-  rows contiguous, leaves in lexicographic order). adv_b is the leaf's
-  deepest-step advantage."""
-  del phi
-  k = max_turns
-  branching = tuple(rl_cfg.tree_branching)
-  turn_mask = _turn_mask(traj, k)
-  adv_gd = jax.vmap(
-      functools.partial(
-          credit.tree_fork_advantages,
-          branching=branching,
-          alpha=rl_cfg.tree_alpha,
-          scale_by_std=rl_cfg.scale_by_std,
-          eps=rl_cfg.adv_eps,
-      )
-  )(reward.reshape(-1, math.prod(branching)))
-  adv_bd = adv_gd.reshape(reward.shape[0], len(branching))
-  adv_bk = jnp.where(turn_mask, credit.tree_turn_advantages(adv_bd, k), 0.0)
-  adv_bl = advantages.broadcast_turn_to_tokens(adv_bk, traj.turn, traj.role)
-  return adv_bd[:, -1], adv_bl
-
-
-TURN_ESTIMATORS: dict[str, TurnEstimatorFn] = {
-    "per_turn": per_turn_advantages,
-    "gigpo": gigpo_advantages,
-    "tree": tree_advantages,
-}
-
-# Valid `rl.advantage_estimator` names: the episode-level table, the per-turn
-# estimator 'gigpo', and 'gae' (PPO-GAE from the value head, which needs the
-# behaviour values: `gae_token_advantages`, called by the collect stage).
-ADVANTAGE_ESTIMATORS = (*EPISODE_ESTIMATORS, "gigpo", "gae")
-
-
-def turn_estimator_name(rl_cfg) -> str | None:
-  """The `TURN_ESTIMATORS` key the config selects, or None (one advantage per
-  episode): 'tree' when `rl.tree_branching` is set, else 'gigpo' for
-  `rl.advantage_estimator='gigpo'`, else 'per_turn' for
-  `rl.credit='per_turn'`."""
+  The entry `rl.tree_branching` selects when it is set; else the
+  `rl.advantage_estimator` entry when it is not episode level (it ignores
+  `rl.credit`); else, with `rl.credit='per_turn'`, the entry `rl.credit`
+  selects; else the `rl.advantage_estimator` entry (an unknown name is
+  returned as is).
+  """
   if tuple(rl_cfg.tree_branching):
-    return "tree"
-  if rl_cfg.advantage_estimator == "gigpo":
-    return "gigpo"
-  if rl_cfg.credit == "per_turn":
-    return "per_turn"
-  return None
+    return estimators.entry_for("rl.tree_branching")
+  name = rl_cfg.advantage_estimator
+  entry = estimators.ESTIMATORS.get(name)
+  if rl_cfg.credit == "per_turn" and (
+      entry is None or entry.level == "episode"
+  ):
+    return estimators.entry_for("rl.credit")
+  return name
+
+
+def estimator_settings(entry: estimators.Estimator, rl_cfg) -> dict[str, Any]:
+  """{keyword: value} of the entry's settings, read from the `rl` fields
+  `estimators.SETTINGS` names (sequences as tuples: static under jit)."""
+  out = {}
+  for key in entry.settings:
+    value = getattr(rl_cfg, estimators.SETTINGS[key].removeprefix("rl."))
+    out[key] = tuple(value) if isinstance(value, (list, tuple)) else value
+  return out
+
+
+class _Inputs:
+  """The arrays of `estimators.INPUTS`, each computed on first use (so the
+  traced ops follow the order in which an entry reads them) and kept."""
+
+  def __init__(self, rl_cfg, reward, traj, max_turns, phi):
+    self._rl, self._reward, self._traj = rl_cfg, reward, traj
+    self._k, self._phi = max_turns, phi
+    self._done: dict[str, jax.Array] = {}
+
+  def __getitem__(self, key: str) -> jax.Array:
+    if key not in self._done:
+      self._done[key] = self._make(key)
+    return self._done[key]
+
+  def _make(self, key: str) -> jax.Array:
+    traj = self._traj
+    if key.startswith("facts."):
+      return traj.facts[key.partition(".")[2]].astype(jnp.float32)
+    if key == "turn_reward_bk":
+      return self._turn_rewards()
+    make = {
+        "reward_b": lambda: self._reward,
+        "group_b": lambda: traj.group,
+        "turn_mask_bk": lambda: _turn_mask(traj, self._k),
+        "outcome_bk": lambda: _outcome_at_last_turn(
+            self._reward, traj, self["turn_mask_bk"]
+        ),
+        "tokens_bl": lambda: traj.tokens,
+        "role_bl": lambda: traj.role,
+        "turn_bl": lambda: traj.turn,
+    }
+    if key not in make:
+      raise ValueError(f"input {key!r} is not produced from a trajectory")
+    return make[key]()
+
+  def _turn_rewards(self) -> jax.Array:
+    """Outcome at the last turn, PBRS terms F_k = discount Phi(s_{k+1}) -
+    Phi(s_k) at the turn boundaries (`credit.shape_turn_rewards`, Ng et al.
+    1999) and the step rewards of `step_rewards_bk`."""
+    rl_cfg, traj = self._rl, self._traj
+    turn_mask = self["turn_mask_bk"]
+    r_bk = self["outcome_bk"]
+    if self._phi is not None:
+      r_bk = credit.shape_turn_rewards(
+          r_bk,
+          self._phi,
+          turn_mask,
+          rl_cfg.discount,
+          pbrs_terminated(rl_cfg, traj.finish),
+      )
+    if step_reward_on(rl_cfg):
+      # Per-turn step (process) rewards (rl.step_reward), after the outcome.
+      r_bk = r_bk + step_rewards_bk(rl_cfg, traj, self._reward, self._k)
+    return r_bk
+
+
+def _apply(entry: estimators.Estimator, arrays, rl_cfg):
+  """entry.fn on its inputs (in order) and the config's settings."""
+  args = [arrays[key] for key in entry.inputs]
+  return entry.fn(*args, **estimator_settings(entry, rl_cfg))
+
+
+def token_level_advantages(
+    rl_cfg, reward_b: jax.Array, mask_bl: jax.Array, values_bl: jax.Array
+):
+  """The config's token-level estimator (PPO-GAE, `rl.advantage_estimator=
+  'gae'`) on the value head's behaviour values.
+
+  Args:
+    rl_cfg: the `rl` block.
+    reward_b: [B] float32 episode rewards.
+    mask_bl: [B, L] bool POLICY-token mask.
+    values_bl: [B, L] float32 behaviour values V_old.
+
+  Returns:
+    (adv_b [B] float32 (logging), adv_bl [B, L] float32, returns_bl [B, L]
+    float32), as `estimators.gae_token_advantages`.
+
+  Raises:
+    ValueError: the config selects no token-level estimator.
+  """
+  name = estimator_name(rl_cfg)
+  entry = estimators.ESTIMATORS.get(name)
+  if entry is None or entry.level != "token":
+    raise ValueError(f"estimator {name!r} is not token level")
+  arrays = {"reward_b": reward_b, "mask_bl": mask_bl, "values_bl": values_bl}
+  return _apply(entry, arrays, rl_cfg)
 
 
 def token_advantages(
@@ -430,31 +328,26 @@ def token_advantages(
     max_turns: int,
     phi_bk1: jax.Array | None = None,
 ):
-  """Per-token advantages [B, L] from episode rewards, by `rl.credit`.
+  """Per-token advantages [B, L]: the config's `estimators.ESTIMATORS` entry
+  (`estimator_name`) on the arrays it declares, with its settings read from
+  the config (`estimator_settings`).
 
-  'trajectory': one advantage per episode from `EPISODE_ESTIMATORS[rl.advantage_estimator]`,
-  on the reward plus, if `rl.pbrs_coef` > 0, the telescoped PBRS return
-  sum_k discount^k F_k (closed form; credit.telescoped_episode_returns).
-  'per_turn': the reward is placed at the episode's last turn, PBRS terms
-  F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi = pbrs_coef * facts['progress'],
-  Phi(terminal) = 0 for ANSWERED / FORMAT_ERROR endings, and for cut-off ones
-  with `rl.pbrs_cutoff='zero'`; `pbrs_terminated`; with 'never' no ending is
-  terminal and an answered episode's final potential is that of the state
-  before its answer, `pbrs_final_potential`) are added per turn, the
-  per-turn reward-to-go is normalised against the group's returns at the same turn
-  index, and each turn's advantage goes to that turn's POLICY tokens. With
-  `rl.step_reward` set, the per-turn step rewards of `step_rewards_bk` are
-  added to the per-turn rewards before the reward-to-go.
+  Episode level (`rl.advantage_estimator`, `rl.credit='trajectory'`): one
+  advantage per episode on the reward plus, if `rl.pbrs_coef` > 0, the
+  telescoped PBRS return sum_k discount^k F_k (closed form;
+  credit.telescoped_episode_returns), broadcast to its POLICY tokens.
 
-  'gigpo' (`rl.advantage_estimator`, arXiv:2505.10978) ignores `rl.credit`:
-  each turn gets the episode's GRPO advantage plus `rl.gigpo_step_weight`
-  times its step advantage within the group of steps of the same task that
-  start from the same state (`credit.observation_state_keys`), on discounted
-  step returns (outcome at the last turn).
-
-  With `rl.tree_branching` set (PORTool tree rollouts), turn k of a leaf gets
-  `credit.tree_fork_advantages` of its step at depth min(k + 1, d) (blend
-  weight `rl.tree_alpha`); `rl.credit` and the estimator are not used.
+  Turn level: `rl.credit='per_turn'` places the reward at the episode's last
+  turn, adds the PBRS terms F_k = discount * Phi(s_{k+1}) - Phi(s_k) (Phi =
+  pbrs_coef * facts['progress'], Phi(terminal) = 0 for ANSWERED /
+  FORMAT_ERROR endings, and for cut-off ones with `rl.pbrs_cutoff='zero'`;
+  `pbrs_terminated`; with 'never' no ending is terminal and an answered
+  episode's final potential is that of the state before its answer,
+  `pbrs_final_potential`) and, with `rl.step_reward` set, the step rewards
+  of `step_rewards_bk`; the per-turn reward-to-go is normalised against the
+  group's returns at the same turn index ('per_turn'). 'gigpo'
+  (arXiv:2505.10978) ignores `rl.credit`; with `rl.tree_branching` set
+  (PORTool tree rollouts) the 'tree' entry replaces the estimator.
 
   `phi_bk1` ([B, K + 1], optional) replaces the progress fact as the unscaled
   potential (any source: TRACE log-ratio values, a value head, a reward
@@ -462,12 +355,19 @@ def token_advantages(
   `rl.dense_as='aux_loss'` the shaping is left out here entirely (see
   `dense_aux_advantages`).
 
-  The per-turn paths are the `TURN_ESTIMATORS` entries 'per_turn', 'gigpo'
-  and 'tree' (`turn_estimator_name` picks one from the config).
+  Args:
+    rl_cfg: the `rl` block.
+    reward: [B] float32 episode rewards.
+    traj: the batch (group, num_turns, finish, tokens, role, turn, facts).
+    max_turns: K (static).
+    phi_bk1: optional [B, K + 1] float32 unscaled potential.
 
   Returns:
-    (reward [B] actually used, adv_b [B] (per-episode advantage, or the mean |A|
-     over turns for 'per_turn', for logging), adv_bl [B, L] float32).
+    (reward [B] actually used, adv_b [B] (per-episode advantage, or the mean
+     |A| over turns for 'per_turn', for logging), adv_bl [B, L] float32).
+
+  Raises:
+    ValueError: the config selects no episode- or turn-level entry.
   """
   pbrs_coef = rl_cfg.pbrs_coef
   phi = None
@@ -482,11 +382,21 @@ def token_advantages(
         ),
         traj,
     )
-  turn_name = turn_estimator_name(rl_cfg)
-  if turn_name is not None:
-    adv_b, adv_bl = TURN_ESTIMATORS[turn_name](
-        rl_cfg, reward, traj, max_turns, phi
+  name = estimator_name(rl_cfg)
+  entry = estimators.ESTIMATORS.get(name)
+  if entry is None or entry.level == "token":
+    known = [
+        n
+        for n in estimators.selected_by("rl.advantage_estimator")
+        if estimators.ESTIMATORS[n].level != "token"
+    ]
+    raise ValueError(
+        f"rl.advantage_estimator={name!r}: not an episode- or turn-level "
+        f"estimator; known: {known}"
     )
+  if entry.level == "turn":
+    arrays = _Inputs(rl_cfg, reward, traj, max_turns, phi)
+    adv_b, adv_bl = _apply(entry, arrays, rl_cfg)
     return reward, adv_b, adv_bl
   if phi is not None:
     # Trajectory-level return with PBRS, in closed form (exact in float32).
@@ -497,13 +407,7 @@ def token_advantages(
         rl_cfg.discount,
         pbrs_terminated(rl_cfg, traj.finish),
     )
-  name = rl_cfg.advantage_estimator
-  if name not in EPISODE_ESTIMATORS:
-    raise ValueError(
-        f"rl.advantage_estimator={name!r}: unknown; known: "
-        f"{ADVANTAGE_ESTIMATORS}"
-    )
-  adv_b = EPISODE_ESTIMATORS[name](reward, traj, rl_cfg)
+  adv_b = _apply(entry, _Inputs(rl_cfg, reward, traj, max_turns, phi), rl_cfg)
   return reward, adv_b, advantages.broadcast_to_tokens(adv_b, traj.role)
 
 

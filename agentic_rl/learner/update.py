@@ -137,7 +137,7 @@ def _rl_loss(
         emb.shape[-1], rl_cfg.flowrl_log_z_hidden
     )
     log_z_b = nnx.merge(z_graphdef, log_z_params)(emb)
-  pg, ratio, seq_loss = losses.POLICY_LOSSES[loss_type](
+  pg, ratio, seq_loss = losses.POLICY_LOSSES[loss_type].fn(
       losses.PolicyLossInputs(
           logp=logp,
           behaviour_logp=beh,

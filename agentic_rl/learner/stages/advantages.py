@@ -1,16 +1,18 @@
-"""Advantage stages: GAE, or the estimator tables with their step-reward
-diagnostics and the value head's targets.
+"""Advantage stages: the estimator table's entry of the config
+(`estimators.ESTIMATORS`, `token_credit.estimator_name`), with the
+step-reward diagnostics and the value head's targets.
 
-`rl.advantage_estimator='gae'`: `gae_advantages` (PPO with GAE from the value
-head). Otherwise `step_reward_diagnostics` (with `rl.step_reward`), then
-`advantages` (`token_credit.token_advantages`: the episode or per-turn
-estimator of the config, with the telescoped PBRS return).
+A token-level entry (`rl.advantage_estimator='gae'`): `gae_advantages` (PPO
+with GAE from the value head). Otherwise `step_reward_diagnostics` (with
+`rl.step_reward`), then `advantages` (`token_credit.token_advantages`: the
+episode- or turn-level entry, with the telescoped PBRS return).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+from agentic_rl import estimators
 from agentic_rl.learner import token_credit
 from agentic_rl.learner.batch import Rollout
 from agentic_rl.learner.common import policy_mask
@@ -18,7 +20,8 @@ from agentic_rl.learner.common import policy_mask
 
 def gae_advantages(r: Rollout, *, rl_cfg) -> Rollout:
   """'gae': PPO with GAE from the value head (arXiv:1707.06347,
-  arXiv:1506.02438; `token_credit.gae_token_advantages`).
+  arXiv:1506.02438): the config's token-level entry
+  (`token_credit.token_level_advantages`, `estimators.gae_token_advantages`).
 
   Args:
     r: Rollout with train_traj (role [B, L] int8), reward [B] float32 and
@@ -30,7 +33,7 @@ def gae_advantages(r: Rollout, *, rl_cfg) -> Rollout:
     tokens, for logging), advantage and returns ([B, L] float32, 0 off the
     POLICY tokens); reward unchanged.
   """
-  adv_b, adv_bl, returns_bl = token_credit.gae_token_advantages(
+  adv_b, adv_bl, returns_bl = token_credit.token_level_advantages(
       rl_cfg, r.reward, policy_mask(r.train_traj), r.old_values
   )
   return r.replace(adv_b=adv_b, advantage=adv_bl, returns=returns_bl)
@@ -104,8 +107,12 @@ def advantages(
   )
   returns_bl = None
   if value_targets:
-    _, _, returns_bl = token_credit.gae_token_advantages(
-        rl_cfg, unshaped, policy_mask(train_traj), r.old_values, lambda_=1.0
+    _, _, returns_bl = estimators.gae_token_advantages(
+        unshaped,
+        policy_mask(train_traj),
+        r.old_values,
+        discount=rl_cfg.discount,
+        lambda_=1.0,
     )
   return r.replace(
       reward=reward, adv_b=adv_b, advantage=adv_bl, returns=returns_bl

@@ -25,6 +25,7 @@ from typing import Callable
 
 import jax
 
+from agentic_rl import estimators
 from agentic_rl import rollout
 from agentic_rl.learner.batch import Rollout, StageContext
 from agentic_rl.learner.potentials_by_name import PotentialContext
@@ -33,7 +34,7 @@ from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
-from agentic_rl.learner.token_credit import step_reward_on
+from agentic_rl.learner import token_credit
 from agentic_rl.learner.update import uses_values
 from agentic_rl.rewards import factory
 
@@ -342,14 +343,15 @@ def build_stages(
           ),
       )
 
-  # The advantages ('gae', or the estimator tables).
-  if rl_cfg.advantage_estimator == "gae":
+  # The advantages (the estimator table's entry of the config).
+  entry = estimators.ESTIMATORS.get(token_credit.estimator_name(rl_cfg))
+  if entry is not None and entry.level == "token":
     add(
         "gae_advantages",
         lambda r, ctx: advantage_stages.gae_advantages(r, rl_cfg=rl_cfg),
     )
   else:
-    if step_reward_on(rl_cfg):
+    if token_credit.step_reward_on(rl_cfg):
       add(
           "step_reward_diagnostics",
           lambda r, ctx: advantage_stages.step_reward_diagnostics(

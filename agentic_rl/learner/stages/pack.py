@@ -53,7 +53,8 @@ def pack(
     key: the iteration's PRNG key, fold_in(state.rng, state.step); the
       placebo labels use fold_in(key, 5).
     graphdef: the policy's graph.
-    flowrl: `rl.loss_type == 'flowrl'`: sets reward_hat [B] (the
+    flowrl: the `rl.loss_type` entry of `losses.POLICY_LOSSES` declares
+      `episode_reward` ('flowrl'): sets reward_hat [B] (the
       episode-level advantage adv_b) and prompt_embedding [B, D] (the
       log-partition network's input).
     obs_prediction: `rl.obs_prediction_coef` > 0: sets obs_mask [B, L] bool
