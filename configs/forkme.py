@@ -21,7 +21,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.name = "forkme" if arg is None else f"forkme_{arg}"
   rl = config.rl
 
-  # --- Advantages (agentic_rl/advantages.py) ----------------------------------
+  # --- Advantages (agentic_rl/estimators.py) ---------------------------------
   # "grpo" | "drgrpo" | "rloo" | "reinforce_pp" | "reinforce_pp_baseline" |
   # "hdpo" | "gigpo" | "gae"
   rl.advantage_estimator = "grpo"

@@ -13,6 +13,7 @@ import optax
 from flax import nnx
 
 from agentic_rl import credit
+from agentic_rl import estimators
 from agentic_rl import losses
 from agentic_rl import mixed_precision
 from agentic_rl import sampling
@@ -24,8 +25,11 @@ from agentic_rl.learner.common import policy_forward
 
 
 def uses_values(rl_cfg) -> bool:
-  """True when the loss trains the value head (GAE, or the value potential)."""
-  return rl_cfg.advantage_estimator == "gae" or (
+  """True when the loss trains the value head: the estimator's table entry
+  reads it (`estimators.Estimator.needs_value_head`: 'gae'), or the value
+  potential."""
+  entry = estimators.ESTIMATORS.get(rl_cfg.advantage_estimator)
+  return (entry is not None and entry.needs_value_head) or (
       rl_cfg.pbrs_potential == "value" and rl_cfg.pbrs_coef > 0
   )
 
