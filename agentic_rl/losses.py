@@ -9,17 +9,23 @@ unaggregated; `aggregate` (or `token_mean`) reduces them. An entropy bonus is
 function of its own.
 
 `POLICY_LOSSES` is the table of policy-loss types by `rl.loss_type` (the
-learner looks them up there): `PolicyLoss` entries, each the loss function and
-what it needs declared (sequence-level aggregation, one reward per episode).
-Config validation reads the names (`LOSS_TYPES`, its keys) and those needs
-from it, and uses `AGG_MODES` and `KL_ESTIMATORS`.
+learner looks them up there): `PolicyLoss` entries, each an array function in
+rlax's style (the arrays its `inputs` name, from `INPUTS`, positionally; the
+scalar settings its `settings` name, from `SETTINGS`, as keywords; arrays out;
+chex shape checks) and what it needs declared: sequence-level aggregation,
+one reward per episode (`reward_hat_b`), FlowRL's learned log partition
+(`log_z_b`, with `LOG_PARTITION_SETTINGS`). The learner's one adapter from the
+config (`learner.update.policy_loss_settings`) reads the `rl` fields the
+entry declares; config validation reads the names (`LOSS_TYPES`, its keys),
+those needs and which settings apply from it, and uses `AGG_MODES` and
+`KL_ESTIMATORS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable
+from typing import Callable
 
 import chex
 import jax
@@ -813,129 +819,320 @@ def masked_mean_pool(h_bld: jax.Array, mask_bl: jax.Array) -> jax.Array:
 # The policy-loss table (`rl.loss_type`).
 # ----------------------------------------------------------------------------
 
+# The positional arrays a policy-loss entry may take (`PolicyLoss.inputs`), as
+# the learner's update passes them for one micro-batch
+# (`learner.update._rl_loss`). B rows, L token positions.
+INPUTS = {
+    "logp_bl": "[B, L] float32 log-probs under the current parameters (the "
+    "gradient flows through them)",
+    "behaviour_logp_bl": "[B, L] float32 behaviour log-probs of the "
+    "importance ratio",
+    "advantage_bl": "[B, L] float32 per-token advantages",
+    "mask_bl": "[B, L] bool POLICY-token loss mask",
+    "ref_logp_bl": "[B, L] float32 reference-model log-probs",
+    "denominator": "[] float32 aggregation denominator of the optimizer batch "
+    "(`aggregation_denominator` for rl.loss_agg_mode), or None for the "
+    "micro-batch's own",
+    "reward_hat_b": "[B] float32 normalised episode reward "
+    "(`LearnerBatch.reward_hat`, the episode-level advantage; the batch "
+    "carries it only for an entry that takes it)",
+    "log_z_b": "[B] float32 FlowRL's learned log Z_phi(x): `LogPartition` "
+    "(state `TrainState.features['flowrl']`) on "
+    "`LearnerBatch.prompt_embedding` (carried only for an entry that takes "
+    "it)",
+}
 
-@dataclasses.dataclass(frozen=True)
-class PolicyLossInputs:
-  """What a policy-loss entry of `POLICY_LOSSES` may read (one micro-batch).
+# The keyword settings an entry may take (`PolicyLoss.settings`) and the `rl`
+# config field each comes from (read by `learner.update.policy_loss_settings`
+# and passed as the config holds them).
+SETTINGS = {
+    "clip_low": "rl.clip_low",
+    "clip_high": "rl.clip_high",
+    "dual_clip": "rl.dual_clip",
+    "beta": "rl.flowrl_beta",
+    "clip_eps": "rl.flowrl_clip",
+}
 
-  Attributes:
-    logp: [B, L] float32 log-probs under the current parameters (with grad).
-    behaviour_logp: [B, L] float32 behaviour log-probs of the ratio.
-    advantage: [B, L] float32 per-token advantages.
-    mask: [B, L] bool POLICY-token loss mask.
-    ref_logp: [B, L] float32 reference-model log-probs.
-    denominator: the aggregation denominator of the optimizer batch
-      (`aggregation_denominator`), or None for this batch's own.
-    reward_hat: [B] float32 FlowRL's normalised episode reward, else None.
-    log_z: [B] float32 FlowRL's log-partition output, else None.
+# The `rl` fields the learner reads around the policy term for every entry:
+# the aggregation of the per-token loss (`aggregate`) and the clip-fraction
+# metrics (also the clip of the auxiliary dense surrogate).
+SHARED_SETTINGS = (
+    "rl.loss_agg_mode",
+    "rl.loss_norm_constant",
+    "rl.clip_low",
+    "rl.clip_high",
+)
+
+# The `rl` fields of FlowRL's log-partition network, read for an entry that
+# takes `log_z_b`: its hidden width (`LogPartition`, 0 = one scalar) and the
+# learning rate of its own Adam (`learner.update.make_log_partition_optimizer`).
+LOG_PARTITION_SETTINGS = ("rl.flowrl_log_z_hidden", "rl.flowrl_log_z_lr")
+
+
+def _check_bl(*arrays_bl: jax.Array) -> None:
+  """chex: every array is rank 2 and they share one [B, L] shape."""
+  chex.assert_rank(list(arrays_bl), 2)
+  chex.assert_equal_shape(list(arrays_bl))
+
+
+def ppo_policy_loss(
+    logp_bl: jax.Array,
+    behaviour_logp_bl: jax.Array,
+    advantage_bl: jax.Array,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float,
+) -> tuple[jax.Array, jax.Array, None]:
+  """'ppo': the clipped surrogate per token (`clipped_surrogate`).
+
+  loss_t = -min(rho_t A_t, clip(rho_t, 1 - clip_low, 1 + clip_high) A_t),
+  rho_t = exp(logp_t - behaviour_logp_t) (Schulman et al., arXiv:1707.06347,
+  eq. 7; separate low / high clip: DAPO, arXiv:2503.14476); with
+  dual_clip = c > 0, for A_t < 0 the objective is max(that, c A_t) (dual-clip
+  PPO, Ye et al., arXiv:1912.09729); dual_clip = 0 is plain PPO.
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs.
+    behaviour_logp_bl: [B, L] float32 behaviour log-probs.
+    advantage_bl: [B, L] float32 advantages.
+    clip_low: lower clip epsilon (`rl.clip_low`).
+    clip_high: upper clip epsilon (`rl.clip_high`).
+    dual_clip: `rl.dual_clip`: 0 (off) or the constant c > 1.
+
+  Returns:
+    (loss_bl [B, L] float32 unaggregated, ratio_bl [B, L] float32, None: the
+    learner aggregates loss_bl by `rl.loss_agg_mode`).
+
+  Raises:
+    ValueError: dual_clip in (0, 1].
+    AssertionError (chex): the arrays are not one [B, L] shape.
   """
-
-  logp: jax.Array
-  behaviour_logp: jax.Array
-  advantage: jax.Array
-  mask: jax.Array
-  ref_logp: jax.Array
-  denominator: Any = None
-  reward_hat: jax.Array | None = None
-  log_z: jax.Array | None = None
-
-
-# Uniform signature of a policy-loss entry: fn(inputs: PolicyLossInputs,
-# rl_cfg) -> (pg_bl [B, L] float32 per-token loss, ratio_bl [B, L] float32
-# importance ratio, loss: a float32 scalar that replaces the aggregated pg_bl,
-# or None to aggregate pg_bl by `rl.loss_agg_mode`). A new loss type is one
-# function plus one entry here.
-PolicyLossFn = Callable[
-    [PolicyLossInputs, Any], tuple[jax.Array, jax.Array, jax.Array | None]
-]
-
-
-def _ppo_policy_loss(x: PolicyLossInputs, rl_cfg):
-  """'ppo': `clipped_surrogate` with clip_low / clip_high and the optional
-  dual clip (`rl.dual_clip` > 0); arXiv:1707.06347, arXiv:2503.14476,
-  arXiv:1912.09729."""
+  _check_bl(logp_bl, behaviour_logp_bl, advantage_bl)
   pg, ratio = clipped_surrogate(
-      x.logp,
-      x.behaviour_logp,
-      x.advantage,
-      rl_cfg.clip_low,
-      rl_cfg.clip_high,
-      dual_clip=rl_cfg.dual_clip if rl_cfg.dual_clip > 0 else None,
+      logp_bl,
+      behaviour_logp_bl,
+      advantage_bl,
+      clip_low,
+      clip_high,
+      dual_clip=dual_clip if dual_clip > 0 else None,
   )
   return pg, ratio, None
 
 
-def _cispo_policy_loss(x: PolicyLossInputs, rl_cfg):
-  """'cispo': `cispo_loss`, clipped importance-sampling weights
-  (arXiv:2506.13585)."""
+def cispo_policy_loss(
+    logp_bl: jax.Array,
+    behaviour_logp_bl: jax.Array,
+    advantage_bl: jax.Array,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[jax.Array, jax.Array, None]:
+  """'cispo': clipped, stopped importance weights (`cispo_loss`).
+
+  loss_t = -sg(clip(rho_t, 1 - clip_low, 1 + clip_high)) A_t logp_t
+  (MiniMax-M1, arXiv:2506.13585); every token keeps its gradient.
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs.
+    behaviour_logp_bl: [B, L] float32 behaviour log-probs.
+    advantage_bl: [B, L] float32 advantages.
+    clip_low: lower clip epsilon of the weight (`rl.clip_low`).
+    clip_high: upper clip epsilon of the weight (`rl.clip_high`).
+
+  Returns:
+    (loss_bl [B, L] float32, ratio_bl [B, L] float32 unclipped and stopped,
+    None: aggregated by `rl.loss_agg_mode`).
+
+  Raises:
+    AssertionError (chex): the arrays are not one [B, L] shape.
+  """
+  _check_bl(logp_bl, behaviour_logp_bl, advantage_bl)
   pg, ratio = cispo_loss(
-      x.logp, x.behaviour_logp, x.advantage, rl_cfg.clip_low, rl_cfg.clip_high
+      logp_bl, behaviour_logp_bl, advantage_bl, clip_low, clip_high
   )
   return pg, ratio, None
 
 
-def _gspo_policy_loss(x: PolicyLossInputs, rl_cfg):
-  """'gspo' and 'gspo_token': `gspo_token_loss` (arXiv:2507.18071). With
-  seq-mean-token-mean aggregation (enforced for 'gspo' by validation)
-  GSPO-token's loss equals GSPO's sequence-level loss."""
+def gspo_policy_loss(
+    logp_bl: jax.Array,
+    behaviour_logp_bl: jax.Array,
+    advantage_bl: jax.Array,
+    mask_bl: jax.Array,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[jax.Array, jax.Array, None]:
+  """'gspo' and 'gspo_token': GSPO-token per token (`gspo_token_loss`).
+
+  s_i = exp(mean over row i's POLICY tokens of (logp - behaviour_logp)),
+  loss_{i,t} = -min(s_i A_{i,t}, clip(s_i, 1 - clip_low, 1 + clip_high)
+  A_{i,t}) in value, with the gradient of GSPO-token (Zheng et al.,
+  arXiv:2507.18071); with 'seq-mean-token-mean' aggregation (required for
+  'gspo' by validation) it is GSPO's sequence-level loss.
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs.
+    behaviour_logp_bl: [B, L] float32 behaviour log-probs.
+    advantage_bl: [B, L] float32 advantages.
+    mask_bl: [B, L] bool POLICY-token mask.
+    clip_low: lower clip epsilon on s (`rl.clip_low`).
+    clip_high: upper clip epsilon on s (`rl.clip_high`).
+
+  Returns:
+    (loss_bl [B, L] float32, 0 on rows without POLICY tokens; ratio_bl
+    [B, L] float32, s_i broadcast over row i; None).
+
+  Raises:
+    AssertionError (chex): the arrays are not one [B, L] shape.
+  """
+  _check_bl(logp_bl, behaviour_logp_bl, advantage_bl, mask_bl)
   pg, ratio = gspo_token_loss(
-      x.logp,
-      x.behaviour_logp,
-      x.advantage,
-      x.mask,
-      rl_cfg.clip_low,
-      rl_cfg.clip_high,
+      logp_bl,
+      behaviour_logp_bl,
+      advantage_bl,
+      mask_bl,
+      clip_low,
+      clip_high,
   )
   return pg, ratio, None
 
 
-def _flowrl_policy_loss(x: PolicyLossInputs, rl_cfg):
-  """'flowrl': `flowrl_loss` (arXiv:2509.15207) with beta `rl.flowrl_beta` and
-  clip `rl.flowrl_clip`; the per-token pg is 0 and the scalar loss replaces
-  its aggregate."""
+def flowrl_policy_loss(
+    logp_bl: jax.Array,
+    behaviour_logp_bl: jax.Array,
+    ref_logp_bl: jax.Array,
+    mask_bl: jax.Array,
+    reward_hat_b: jax.Array,
+    log_z_b: jax.Array,
+    denominator: jax.Array | float | None,
+    *,
+    beta: float,
+    clip_eps: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """'flowrl': the trajectory-balance loss (`flowrl_loss`, arXiv:2509.15207).
+
+  L = sum_b w_b delta_b^2 / D with delta_b = log Z_b + logp(y_b) / |y_b|
+  - beta r_hat_b - ref_logp(y_b) / |y_b| and w_b = sg(clip(pi / pi_old,
+  1 - clip_eps, 1 + clip_eps)) (equation and sources: `flowrl_loss`). The
+  per-token loss is 0; the scalar replaces its aggregate.
+
+  Args:
+    logp_bl: [B, L] float32 current-policy log-probs.
+    behaviour_logp_bl: [B, L] float32 behaviour log-probs (pi_old).
+    ref_logp_bl: [B, L] float32 reference log-probs.
+    mask_bl: [B, L] bool POLICY-token mask.
+    reward_hat_b: [B] float32 normalised episode rewards.
+    log_z_b: [B] float32 log-partition estimates (gradient flows).
+    denominator: D, the optimizer batch's 'seq-mean-token-mean' denominator,
+      or None for this batch's count of rows with POLICY tokens.
+    beta: reward temperature > 0 (`rl.flowrl_beta`).
+    clip_eps: importance-weight clip (`rl.flowrl_clip`).
+
+  Returns:
+    (zeros [B, L] float32, ratio_bl [B, L] float32 = exp(logp -
+    behaviour_logp), loss [] float32).
+
+  Raises:
+    ValueError: a concrete beta <= 0.
+    AssertionError (chex): wrong ranks or shapes.
+  """
+  _check_bl(logp_bl, behaviour_logp_bl, ref_logp_bl, mask_bl)
   flow, _ = flowrl_loss(
-      x.logp,
-      x.behaviour_logp,
-      x.ref_logp,
-      x.mask,
-      x.reward_hat,
-      x.log_z,
-      beta=rl_cfg.flowrl_beta,
-      clip_eps=rl_cfg.flowrl_clip,
-      denominator=x.denominator,
+      logp_bl,
+      behaviour_logp_bl,
+      ref_logp_bl,
+      mask_bl,
+      reward_hat_b,
+      log_z_b,
+      beta=beta,
+      clip_eps=clip_eps,
+      denominator=denominator,
   )
-  ratio = jnp.exp(x.logp - x.behaviour_logp)
-  return jnp.zeros_like(x.logp), ratio, flow
+  ratio = jnp.exp(logp_bl - behaviour_logp_bl)
+  return jnp.zeros_like(logp_bl), ratio, flow
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLoss:
-  """One policy-loss type of `POLICY_LOSSES`: its function and its needs.
+  """One policy-loss type of `POLICY_LOSSES`: its array function and needs.
 
   Attributes:
-    fn: the `PolicyLossFn`.
+    fn: fn(*arrays, **settings): the arrays named by `inputs` positionally,
+      the keyword settings named by `settings` (Python scalars, as the
+      config holds them). Returns (pg_bl [B, L] float32 per-token loss,
+      ratio_bl [B, L] float32 importance ratio, loss: a float32 scalar that
+      replaces the aggregated pg_bl, or None to aggregate pg_bl by
+      `rl.loss_agg_mode`).
+    inputs: names of the positional arrays (keys of `INPUTS`).
+    settings: names of the keyword settings (keys of `SETTINGS`).
     sequence_level: a sequence-level objective: its loss is defined with
       `rl.loss_agg_mode` 'seq-mean-token-mean' only (`SEQUENCE_AGG_MODE`).
-    episode_reward: reads one normalised reward per episode
-      (`PolicyLossInputs.reward_hat`) and FlowRL's log Z: the batch carries
-      reward_hat, and the config's estimator must be episode level.
+
+  Raises:
+    ValueError: an input or setting that `INPUTS` / `SETTINGS` do not name.
   """
 
-  fn: PolicyLossFn
+  fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array | None]]
+  inputs: tuple[str, ...]
+  settings: tuple[str, ...] = ()
   sequence_level: bool = False
-  episode_reward: bool = False
+
+  def __post_init__(self):
+    unknown = [i for i in self.inputs if i not in INPUTS] + [
+        s for s in self.settings if s not in SETTINGS
+    ]
+    if unknown:
+      raise ValueError(f"unknown inputs or settings: {unknown}")
+
+  @property
+  def episode_reward(self) -> bool:
+    """Reads one normalised reward per episode (input `reward_hat_b`): the
+    batch carries reward_hat, and the config's estimator must be episode
+    level."""
+    return "reward_hat_b" in self.inputs
+
+  @property
+  def needs_log_partition(self) -> bool:
+    """Reads FlowRL's learned log Z (input `log_z_b`): the batch carries
+    prompt_embedding, the state has the 'flowrl' feature and the
+    `LOG_PARTITION_SETTINGS` apply."""
+    return "log_z_b" in self.inputs
+
+  @property
+  def fields(self) -> tuple[str, ...]:
+    """The `rl` fields this entry reads beyond `SHARED_SETTINGS`: those of
+    its settings, then `LOG_PARTITION_SETTINGS` when it needs log Z."""
+    own = tuple(SETTINGS[s] for s in self.settings)
+    return own + (LOG_PARTITION_SETTINGS if self.needs_log_partition else ())
 
 
 # The aggregation a sequence-level loss needs (`PolicyLoss.sequence_level`).
 SEQUENCE_AGG_MODE = "seq-mean-token-mean"
 
+_RATIO = ("logp_bl", "behaviour_logp_bl", "advantage_bl")
+_CLIP = ("clip_low", "clip_high")
+
 POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "ppo": PolicyLoss(_ppo_policy_loss),
-    "gspo": PolicyLoss(_gspo_policy_loss, sequence_level=True),
-    "gspo_token": PolicyLoss(_gspo_policy_loss),
-    "cispo": PolicyLoss(_cispo_policy_loss),
+    "ppo": PolicyLoss(ppo_policy_loss, _RATIO, _CLIP + ("dual_clip",)),
+    "gspo": PolicyLoss(
+        gspo_policy_loss, _RATIO + ("mask_bl",), _CLIP, sequence_level=True
+    ),
+    "gspo_token": PolicyLoss(gspo_policy_loss, _RATIO + ("mask_bl",), _CLIP),
+    "cispo": PolicyLoss(cispo_policy_loss, _RATIO, _CLIP),
     "flowrl": PolicyLoss(
-        _flowrl_policy_loss, sequence_level=True, episode_reward=True
+        flowrl_policy_loss,
+        (
+            "logp_bl",
+            "behaviour_logp_bl",
+            "ref_logp_bl",
+            "mask_bl",
+            "reward_hat_b",
+            "log_z_b",
+            "denominator",
+        ),
+        ("beta", "clip_eps"),
+        sequence_level=True,
     ),
 }
 # Policy-loss types, for config validation (`rl.loss_type`).

@@ -341,6 +341,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         rl.kl_estimator,
         f"unknown; known: {losses.KL_ESTIMATORS}",
     )
+  # Checked for every loss type, also those that do not read it ('ppo' does).
   if rl.dual_clip != 0 and not rl.dual_clip > 1:
     _fail("rl.dual_clip", rl.dual_clip, "must be 0 (off) or > 1")
   if rl.loss_norm_constant < 0:
@@ -600,8 +601,29 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _nonneg_int(x) -> bool:
+  """x is an int >= 0 (not a bool)."""
+  return not isinstance(x, bool) and isinstance(x, int) and x >= 0
+
+
+# Checks of the `rl` fields that some policy-loss entries declare
+# (`losses.PolicyLoss.fields`: their settings, the log partition's); the
+# fields every loss reads (`losses.SHARED_SETTINGS`) and rl.dual_clip are
+# checked for every loss type in `validate_config`.
+_LOSS_SETTING_CHECKS = {
+    "rl.flowrl_beta": (lambda x: x > 0, "must be > 0"),
+    "rl.flowrl_clip": (lambda x: x >= 0, "must be >= 0"),
+    "rl.flowrl_log_z_hidden": (
+        _nonneg_int,
+        "must be an integer >= 0 (0 = one scalar log Z)",
+    ),
+    "rl.flowrl_log_z_lr": (lambda x: x > 0, "must be > 0"),
+}
+
+
 def _validate_policy_optimisation(config) -> None:
-  """GAE / value head, FlowRL and behaviour log-prob switches."""
+  """GAE / value head, the policy loss's own needs and settings (from its
+  `losses.POLICY_LOSSES` entry) and behaviour log-prob switches."""
   rl = config.rl
   beh = rl.behaviour_logprobs
   if beh not in learner_behaviour.BEHAVIOUR_LOGPROBS:
@@ -641,20 +663,15 @@ def _validate_policy_optimisation(config) -> None:
           f"'trajectory', an episode-level advantage_estimator ({episode}) "
           f"and no tree_branching (the config selects {selected!r})",
       )
-  if rl.loss_type == "flowrl":  # its own settings
-    if not rl.flowrl_beta > 0:
-      _fail("rl.flowrl_beta", rl.flowrl_beta, "must be > 0")
-    if not rl.flowrl_clip >= 0:
-      _fail("rl.flowrl_clip", rl.flowrl_clip, "must be >= 0")
-    hidden = rl.flowrl_log_z_hidden
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-      _fail(
-          "rl.flowrl_log_z_hidden",
-          hidden,
-          "must be an integer >= 0 (0 = one scalar log Z)",
-      )
-    if not rl.flowrl_log_z_lr > 0:
-      _fail("rl.flowrl_log_z_lr", rl.flowrl_log_z_lr, "must be > 0")
+  # The settings only some loss types read, checked when the entry of
+  # rl.loss_type declares them (`losses.PolicyLoss.fields`), in this order.
+  declared = losses.POLICY_LOSSES[rl.loss_type].fields
+  for field, (ok, why) in _LOSS_SETTING_CHECKS.items():
+    if field not in declared:
+      continue
+    value = rl[field.removeprefix("rl.")]
+    if not ok(value):
+      _fail(field, value, why)
 
 
 def _validate_dual_path_and_spa(config, is_host: bool) -> None:

@@ -68,16 +68,58 @@ def test_each_switch_validates(field, value):
 
 def test_policy_loss_needs_of_the_table():
   needs = {
-      name: (loss.sequence_level, loss.episode_reward)
+      name: (loss.sequence_level, loss.episode_reward, loss.needs_log_partition)
       for name, loss in losses.POLICY_LOSSES.items()
   }
   assert needs == {
-      "ppo": (False, False),
-      "gspo": (True, False),
-      "gspo_token": (False, False),
-      "cispo": (False, False),
-      "flowrl": (True, True),
+      "ppo": (False, False, False),
+      "gspo": (True, False, False),
+      "gspo_token": (False, False, False),
+      "cispo": (False, False, False),
+      "flowrl": (True, True, True),
   }
+
+
+# A value validation refuses, for every `rl` field a policy-loss entry reads
+# (`losses.PolicyLoss.fields`, `losses.SHARED_SETTINGS`).
+_BAD_LOSS_SETTINGS = {
+    "rl.clip_low": 1.0,
+    "rl.clip_high": -0.1,
+    "rl.dual_clip": 0.5,
+    "rl.loss_agg_mode": "mean",
+    "rl.loss_norm_constant": -1,
+    "rl.flowrl_beta": 0.0,
+    "rl.flowrl_clip": -0.1,
+    "rl.flowrl_log_z_hidden": -1,
+    "rl.flowrl_log_z_lr": 0.0,
+}
+
+
+def _loss_config(name):
+  config = forkme.get_config()
+  config.rl.loss_type = name
+  if losses.POLICY_LOSSES[name].sequence_level:
+    config.rl.loss_agg_mode = losses.SEQUENCE_AGG_MODE
+  validation.validate_config(config)
+  return config
+
+
+@pytest.mark.parametrize("name", list(losses.POLICY_LOSSES))
+def test_the_settings_a_policy_loss_declares_are_validated(name):
+  entry = losses.POLICY_LOSSES[name]
+  declared = entry.fields + losses.SHARED_SETTINGS
+  every = {f for e in losses.POLICY_LOSSES.values() for f in e.fields}
+  assert set(_BAD_LOSS_SETTINGS) == every | set(losses.SHARED_SETTINGS)
+  for field, bad in _BAD_LOSS_SETTINGS.items():
+    config = _loss_config(name)
+    config.rl[field.removeprefix("rl.")] = bad
+    # rl.dual_clip is checked for every loss type, read by 'ppo' only.
+    if field in declared or field == "rl.dual_clip":
+      with pytest.raises(ValueError, match=f"config.{field}="):
+        validation.validate_config(config)
+    else:
+      # Another entry's setting: not this loss's concern.
+      validation.validate_config(config)
 
 
 @pytest.mark.parametrize(

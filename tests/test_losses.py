@@ -1,13 +1,18 @@
-"""Clipped surrogate, k3 KL and token-mean aggregation on a hand-computed batch."""
+"""Clipped surrogate, k3 KL and token-mean aggregation on a hand-computed batch;
+the policy-loss table (`losses.POLICY_LOSSES`): every entry on hand values,
+what each declares against its function and the config schema."""
 
+import inspect
 import math
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from agentic_rl import learner
 from agentic_rl import losses
+from configs import schema
 
 
 def test_k3_values_and_clamp():
@@ -157,3 +162,150 @@ def test_loss_and_gradients_finite_on_a_batch_with_an_unrepresentable_group():
   np.testing.assert_allclose(
       advantages.grpo_advantages(r, g)[:4], 0.0, atol=1e-6
   )
+
+
+# ------------------------------------------------- the policy-loss table
+
+
+def _table_arrays():
+  """A 2 x 3 batch. Ratios rho = exp(logp - behaviour): [[1, 1.5, 0.5],
+  [4, 1, 0.9]]; row 0's last token is not a POLICY token."""
+  logp = np.array([[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]], np.float32)
+  ratio = np.array([[1.0, 1.5, 0.5], [4.0, 1.0, 0.9]], np.float32)
+  return {
+      "logp_bl": jnp.asarray(logp),
+      "behaviour_logp_bl": jnp.asarray(logp - np.log(ratio)),
+      "advantage_bl": jnp.array([[1.0, 1.0, -1.0], [-2.0, -2.0, 0.5]]),
+      "mask_bl": jnp.array([[True, True, False], [True, True, True]]),
+      "ref_logp_bl": jnp.array([[-1.5, -0.5, -9.0], [-0.5, -1.0, -1.0]]),
+      "reward_hat_b": jnp.array([1.0, -0.5]),
+      "log_z_b": jnp.array([0.5, -0.25]),
+      "denominator": None,
+  }
+
+
+# Python scalars, one per keyword of `losses.SETTINGS`.
+_TABLE_SETTINGS = {
+    "clip_low": 0.2,
+    "clip_high": 0.28,
+    "dual_clip": 3.0,
+    "beta": 2.0,
+    "clip_eps": 0.6,
+}
+_RATIO = [[1.0, 1.5, 0.5], [4.0, 1.0, 0.9]]
+_S0 = math.sqrt(1.5)  # GSPO row 0: exp((ln 1 + ln 1.5) / 2), in [0.8, 1.28]
+_S1 = 3.6 ** (1.0 / 3.0)  # row 1: exp((ln 4 + ln 1 + ln 0.9) / 3) > 1.28
+_GSPO = (
+    # Row 0 (s0 unclipped): -s0 * A; the non-POLICY token keeps its value.
+    [
+        [-_S0, -_S0, _S0],
+        # Row 1: A < 0 -> -min(-2 s1, -2 * 1.28) = 2 s1; A = 0.5 -> -0.5 * 1.28.
+        [2 * _S1, 2 * _S1, -0.64],
+    ],
+    [[_S0] * 3, [_S1] * 3],
+    None,
+)
+# FlowRL: n = (2, 3); delta_0 = 0.5 + (-1.5 / 2) - 2 * 1 - (-2 / 2) = -1.25,
+# delta_1 = -0.25 + (-2.2 / 3) - 2 * (-0.5) - (-2.5 / 3) = 0.85; weights
+# clip(pi / pi_old, 0.4, 1.6): row 0 exp(ln 1.5) = 1.5, row 1 3.6 -> 1.6;
+# D = 2 rows with POLICY tokens.
+_FLOWRL_LOSS = (1.5 * 1.25**2 + 1.6 * 0.85**2) / 2.0
+_TABLE_EXPECTED = {
+    # -min(rho A, clip(rho, 0.8, 1.28) A); for A < 0 max with 3 A (dual clip):
+    # (1, 2) rho 0.5, A -1: -min(-0.5, -0.8) = 0.8; (1, 0) rho 4, A -2:
+    # -max(min(-8, -2.56), -6) = 6; (1, 2) rho 0.9, A 0.5: -0.45.
+    "ppo": ([[-1.0, -1.28, 0.8], [6.0, 2.0, -0.45]], _RATIO, None),
+    "gspo": _GSPO,
+    "gspo_token": _GSPO,
+    # -clip(rho, 0.8, 1.28) A logp: weights [[1, 1.28, 0.8], [1.28, 1, 0.9]].
+    "cispo": (
+        [[1.0, 0.64, -1.6], [-0.768, -2.4, 0.315]],
+        _RATIO,
+        None,
+    ),
+    "flowrl": ([[0.0] * 3] * 2, _RATIO, _FLOWRL_LOSS),
+}
+
+
+def test_every_policy_loss_entry_on_a_hand_batch():
+  assert set(_TABLE_EXPECTED) == set(losses.POLICY_LOSSES)
+  arrays = _table_arrays()
+  for name, entry in losses.POLICY_LOSSES.items():
+    settings = {k: _TABLE_SETTINGS[k] for k in entry.settings}
+    pg, ratio, loss = entry.fn(*(arrays[n] for n in entry.inputs), **settings)
+    want_pg, want_ratio, want_loss = _TABLE_EXPECTED[name]
+    np.testing.assert_allclose(pg, want_pg, rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(ratio, want_ratio, rtol=1e-5, err_msg=name)
+    if want_loss is None:
+      assert loss is None, name
+    else:
+      np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
+
+
+def test_ppo_entry_without_dual_clip_and_flowrl_with_a_denominator():
+  arrays = _table_arrays()
+  ppo = losses.POLICY_LOSSES["ppo"]
+  pg, _, _ = ppo.fn(
+      *(arrays[n] for n in ppo.inputs),
+      clip_low=0.2,
+      clip_high=0.28,
+      dual_clip=0.0,
+  )
+  # dual_clip 0 is plain PPO: token (1, 0) keeps -min(-8, -2.56) = 8.
+  np.testing.assert_allclose(
+      pg, [[-1.0, -1.28, 0.8], [8.0, 2.0, -0.45]], rtol=1e-5
+  )
+  flowrl = losses.POLICY_LOSSES["flowrl"]
+  arrays["denominator"] = jnp.float32(4.0)
+  _, _, loss = flowrl.fn(
+      *(arrays[n] for n in flowrl.inputs), beta=2.0, clip_eps=0.6
+  )
+  np.testing.assert_allclose(float(loss), _FLOWRL_LOSS * 2.0 / 4.0, rtol=1e-5)
+
+
+def test_every_policy_loss_entry_declares_what_it_reads():
+  rl_fields = {path for path in schema.fields("rl") if path.startswith("rl.")}
+  for field in (
+      *losses.SETTINGS.values(),
+      *losses.SHARED_SETTINGS,
+      *losses.LOG_PARTITION_SETTINGS,
+  ):
+    assert field in rl_fields, field
+  rl = schema.reference("rl").rl
+  for name, entry in losses.POLICY_LOSSES.items():
+    params = inspect.signature(entry.fn).parameters.values()
+    positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    keywords = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+    # Its arrays are its declared inputs, in order; its keywords are its
+    # declared settings, all of them and nothing else (no config object).
+    assert positional == list(entry.inputs), name
+    assert sorted(keywords) == sorted(entry.settings), name
+    # The adapter reads only the declared fields: a config holding just
+    # them is enough, and it passes the values as the config holds them.
+    only = ml_collections.ConfigDict(
+        {f.removeprefix("rl."): rl[f.removeprefix("rl.")] for f in entry.fields}
+    )
+    got = learner.policy_loss_settings(only, entry)
+    assert list(got) == list(entry.settings), name
+    for key, value in got.items():
+      field = losses.SETTINGS[key].removeprefix("rl.")
+      assert value == rl[field] and type(value) is type(rl[field]), key
+  assert {n: e.fields for n, e in losses.POLICY_LOSSES.items()} == {
+      "ppo": ("rl.clip_low", "rl.clip_high", "rl.dual_clip"),
+      "gspo": ("rl.clip_low", "rl.clip_high"),
+      "gspo_token": ("rl.clip_low", "rl.clip_high"),
+      "cispo": ("rl.clip_low", "rl.clip_high"),
+      "flowrl": (
+          "rl.flowrl_beta",
+          "rl.flowrl_clip",
+          "rl.flowrl_log_z_hidden",
+          "rl.flowrl_log_z_lr",
+      ),
+  }
+
+
+def test_a_policy_loss_entry_with_an_unknown_input_is_refused():
+  with pytest.raises(ValueError, match="unknown inputs"):
+    losses.PolicyLoss(lambda x: x, ("logp",))
+  with pytest.raises(ValueError, match="unknown inputs or settings"):
+    losses.PolicyLoss(lambda x: x, ("logp_bl",), ("eps",))

@@ -1199,7 +1199,8 @@ def test_pack_the_required_keys_only():
       "params",
       jax.random.key(0),
       graphdef="g",
-      flowrl=False,
+      episode_reward=False,
+      log_partition=False,
       obs_prediction=False,
       placebo=False,
   )
@@ -1242,7 +1243,8 @@ def test_pack_optional_keys(monkeypatch):
       "params",
       key,
       graphdef="g",
-      flowrl=True,
+      episode_reward=True,
+      log_partition=True,
       obs_prediction=True,
       placebo=True,
   )

@@ -91,6 +91,7 @@ from agentic_rl.learner.update import (
     log_partition_graphdef,
     make_log_partition_optimizer,
     make_update_fn,
+    policy_loss_settings,
     uses_values,
 )
 
@@ -124,6 +125,7 @@ __all__ = [
     "pbrs_final_potential",
     "pbrs_terminated",
     "policy_forward",
+    "policy_loss_settings",
     "policy_mask",
     "prompt_embedding",
     "restore_train_state",

@@ -116,13 +116,15 @@ def make_collect_fn(
         first_traj=first_traj,
     )
     r = run(None, ctx)
-    # The learner batch.
+    # The learner batch, with the optional inputs the policy loss takes.
+    policy_loss = losses.POLICY_LOSSES[rl_cfg.loss_type]
     batch = pack_stages.pack(
         r,
         state.params,
         key,
         graphdef=graphdef,
-        flowrl=losses.POLICY_LOSSES[rl_cfg.loss_type].episode_reward,
+        episode_reward=policy_loss.episode_reward,
+        log_partition=policy_loss.needs_log_partition,
         obs_prediction=rl_cfg.obs_prediction_coef > 0,
         placebo=bool(rl_cfg.obs_prediction_placebo),
     )

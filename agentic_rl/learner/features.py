@@ -213,7 +213,8 @@ def build_features(config) -> tuple[Feature, ...]:
   """The features that are on for `config`, in `types.FEATURE_ORDER`.
 
   'kl' always; 'replay' with `rl.replay_capacity` > 0; 'dual' with
-  `rl.dual_constraint`; 'flowrl' with `rl.loss_type='flowrl'`; 'spa' with
+  `rl.dual_constraint`; 'flowrl' when the `rl.loss_type` entry of
+  `losses.POLICY_LOSSES` `needs_log_partition` ('flowrl'); 'spa' with
   the SPA potential (`potentials_by_name.uses_spa`). The order is also the
   order of their updates in the RL step (their ops' trace order).
   """
@@ -223,7 +224,8 @@ def build_features(config) -> tuple[Feature, ...]:
     out.append(replay_feature(config))
   if rl_cfg.dual_constraint:
     out.append(dual_feature(rl_cfg))
-  if rl_cfg.loss_type == "flowrl":
+  loss = losses.POLICY_LOSSES.get(rl_cfg.loss_type)
+  if loss is not None and loss.needs_log_partition:
     out.append(flowrl_feature(rl_cfg))
   if uses_spa(rl_cfg):
     out.append(spa_feature(rl_cfg))

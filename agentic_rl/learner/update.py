@@ -6,6 +6,7 @@ epochs over minibatches and micro-batches.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,28 @@ def uses_values(rl_cfg) -> bool:
   return (entry is not None and entry.needs_value_head) or (
       rl_cfg.pbrs_potential == "value" and rl_cfg.pbrs_coef > 0
   )
+
+
+def policy_loss_settings(rl_cfg, loss: losses.PolicyLoss) -> dict[str, Any]:
+  """{keyword: value} of a policy-loss entry's settings (`loss.settings`),
+  each read from the `rl` field `losses.SETTINGS` names, as the config holds
+  it (no conversion: the traced constants are those of the config values).
+
+  Args:
+    rl_cfg: the `rl` block of the config.
+    loss: a `losses.POLICY_LOSSES` entry.
+
+  Returns:
+    Python scalars by keyword, e.g. {'clip_low': 0.2, 'clip_high': 0.28,
+    'dual_clip': 0.0} for 'ppo'.
+
+  Raises:
+    AttributeError: the config lacks a declared field.
+  """
+  return {
+      key: getattr(rl_cfg, losses.SETTINGS[key].removeprefix("rl."))
+      for key in loss.settings
+  }
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,8 +95,10 @@ def _rl_loss(
   exactly the full-batch loss. The value loss (present when the batch's
   old_values and returns are set: GAE or the value potential) is token-mean
   with `value_denominator`, the optimizer batch's POLICY-token count.
-  The policy term is the `losses.POLICY_LOSSES` entry of `rl.loss_type`;
-  'flowrl' (`losses.flowrl_loss`) gets log Z from `log_z_params` (a
+  The policy term is the `losses.POLICY_LOSSES` entry of `rl.loss_type`,
+  called with the arrays its `inputs` name and the settings
+  `policy_loss_settings` reads; an entry that `needs_log_partition`
+  ('flowrl', `losses.flowrl_loss`) gets log Z from `log_z_params` (a
   `losses.LogPartition` state) applied to the batch's prompt_embedding; its
   gradient flows to `log_z_params` too. With the batch's obs_mask set
   (`rl.obs_prediction_coef` > 0) the loss adds
@@ -133,26 +158,35 @@ def _rl_loss(
     raise ValueError(
         f"rl.loss_type={loss_type!r}: unknown; known {losses.LOSS_TYPES}"
     )
+  entry = losses.POLICY_LOSSES[loss_type]
   log_z_b = None
-  if batch.prompt_embedding is not None:
+  if entry.needs_log_partition and batch.prompt_embedding is not None:
     # FlowRL's log Z_phi(x) on the pooled prompt embedding.
     emb = batch.prompt_embedding
     z_graphdef = log_partition_graphdef(
         emb.shape[-1], rl_cfg.flowrl_log_z_hidden
     )
     log_z_b = nnx.merge(z_graphdef, log_z_params)(emb)
-  pg, ratio, seq_loss = losses.POLICY_LOSSES[loss_type].fn(
-      losses.PolicyLossInputs(
-          logp=logp,
-          behaviour_logp=beh,
-          advantage=adv,
-          mask=mask,
-          ref_logp=batch.ref_logp,
-          denominator=denominator,
-          reward_hat=batch.reward_hat,
-          log_z=log_z_b,
-      ),
-      rl_cfg,
+  arrays = {
+      "logp_bl": logp,
+      "behaviour_logp_bl": beh,
+      "advantage_bl": adv,
+      "mask_bl": mask,
+      "ref_logp_bl": batch.ref_logp,
+      "denominator": denominator,
+      "reward_hat_b": batch.reward_hat,
+      "log_z_b": log_z_b,
+  }
+  missing = [
+      n for n in entry.inputs if n != "denominator" and arrays[n] is None
+  ]
+  if missing:
+    raise ValueError(
+        f"rl.loss_type={loss_type!r} takes {missing}, which the batch lacks"
+    )
+  pg, ratio, seq_loss = entry.fn(
+      *(arrays[n] for n in entry.inputs),
+      **policy_loss_settings(rl_cfg, entry),
   )
   norm = rl_cfg.loss_norm_constant or None
   agg = lambda x: losses.aggregate(

@@ -39,7 +39,8 @@ def pack(
     key: jax.Array,
     *,
     graphdef: nnx.GraphDef,
-    flowrl: bool,
+    episode_reward: bool,
+    log_partition: bool,
     obs_prediction: bool,
     placebo: bool,
 ) -> LearnerBatch:
@@ -53,10 +54,11 @@ def pack(
     key: the iteration's PRNG key, fold_in(state.rng, state.step); the
       placebo labels use fold_in(key, 5).
     graphdef: the policy's graph.
-    flowrl: the `rl.loss_type` entry of `losses.POLICY_LOSSES` declares
-      `episode_reward` ('flowrl'): sets reward_hat [B] (the
-      episode-level advantage adv_b) and prompt_embedding [B, D] (the
-      log-partition network's input).
+    episode_reward: the `rl.loss_type` entry of `losses.POLICY_LOSSES`
+      takes `reward_hat_b` (`PolicyLoss.episode_reward`, 'flowrl'): sets
+      reward_hat [B] (the episode-level advantage adv_b).
+    log_partition: that entry `needs_log_partition` ('flowrl'): sets
+      prompt_embedding [B, D] (the log-partition network's input).
     obs_prediction: `rl.obs_prediction_coef` > 0: sets obs_mask [B, L] bool
       (the TOOL tokens of the auxiliary next-observation loss).
     placebo: `rl.obs_prediction_placebo` (with obs_prediction): sets
@@ -73,10 +75,11 @@ def pack(
   values = {}
   if r.returns is not None:
     values = {"old_values": r.old_values, "returns": r.returns}
-  if flowrl:
-    # FlowRL: r_hat = the episode-level (group-normalised) advantage, and
-    # the log-partition network's input.
+  if episode_reward:
+    # FlowRL: r_hat = the episode-level (group-normalised) advantage.
     values["reward_hat"] = r.adv_b
+  if log_partition:
+    # The log-partition network's input.
     values["prompt_embedding"] = prompt_embedding(graphdef, params, train_traj)
   if r.aux_advantage is not None:
     values["aux_advantage"] = jnp.where(mask, r.aux_advantage, 0.0)
