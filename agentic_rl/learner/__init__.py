@@ -35,6 +35,10 @@ One module per stage:
                    buffer, dual ascent, FlowRL log Z, SPA head); the
                    checkpoint shim of the older layout
   rl_step.py       `make_rl_step`: collect + update + the features' updates
+                   + the post-update metrics
+  step_metrics.py  the post-update metric functions (dual-path, batch, host
+                   tool failures, episode facts, RM monitor) and
+                   `build_step_metrics`, the list of a config
 
 The names below are re-exported so that `learner.make_rl_step` etc. work.
 """
@@ -70,8 +74,9 @@ from agentic_rl.learner.features import (
     init_rl_extras,
     restore_train_state,
 )
-from agentic_rl.learner.rl_step import dual_path_metrics, make_rl_step
+from agentic_rl.learner.rl_step import make_rl_step
 from agentic_rl.learner.sft import make_sft_step, sft_grad, sft_loss
+from agentic_rl.learner.step_metrics import build_step_metrics, dual_path_metrics
 from agentic_rl.learner.stages.pack import prompt_embedding
 from agentic_rl.learner.stages.replay import inject_replay
 from agentic_rl.learner.token_credit import (
@@ -104,6 +109,7 @@ __all__ = [
     "_rl_loss",
     "behaviour_forward",
     "build_features",
+    "build_step_metrics",
     "dense_aux_advantages",
     "dual_coef_update",
     "dual_path_metrics",
