@@ -42,6 +42,7 @@ from absl import logging
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
+from agentic_rl import loop
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import preference_data
 from agentic_rl import reward_model_loader
@@ -407,6 +408,66 @@ def _write_report(workdir: str, config, report: dict) -> None:
     logging.warning("matplotlib missing: no rm_report.png")
 
 
+def make_steps(
+    config, env, pgraph, rgraph, train_pairs: list[dict], train_batch
+) -> tuple[learner.StepFn, learner.StepFn, learner.StepFn]:
+  """The rm mode's step functions on its state dict, each advancing
+  `state['step']`: the policy's SFT step (`learner.make_sft_step` on
+  state['policy']), then the ORM's and the PRM's training steps
+  (`reward_models.training.make_train_step`) on rm.batch_size pairs of
+  `train_batch` drawn by numpy's default_rng([seed, global step])."""
+  sft = learner.make_sft_step(
+      config, env, pgraph, learner.make_optimizer(config.sft)
+  )
+  tx = learner.make_optimizer(config.rm)
+  kw = dict(
+      bt_coef=config.rm.bt_coef,
+      regression_coef=config.rm.regression_coef,
+      aggregation=config.rm.prm_aggregation,
+  )
+
+  def sft_step(state):
+    step = int(state["step"])
+    policy, m = sft(state["policy"])
+    return dict(state, policy=policy, step=jnp.int32(step + 1)), m
+
+  def rm_step(name, kind):
+    train_step = rm_training.make_train_step(rgraph, tx, kind=kind, **kw)
+
+    def step_fn(state):
+      step = int(state["step"])
+      rng = np.random.default_rng([config.seed, step])
+      idx = rng.choice(
+          len(train_pairs),
+          config.rm.batch_size,
+          replace=len(train_pairs) < config.rm.batch_size,
+      )
+      batch = jax.tree.map(lambda x: x[idx], train_batch)
+      params, opt, m = train_step(state[name], state[f"{name}_opt"], batch)
+      new = {name: params, f"{name}_opt": opt, "step": jnp.int32(step + 1)}
+      return dict(state, **new), m
+
+    return step_fn
+
+  return sft_step, rm_step("orm", "outcome"), rm_step("prm", "process")
+
+
+def make_phases(
+    config, sft_step, orm_step, prm_step
+) -> tuple[loop.Phase, loop.Phase, loop.Phase]:
+  """SFT (`sft.steps`), the ORM (`rm.steps`) and the PRM (`rm.steps`), all
+  logged every `log_every_steps`; with `rm.init_from_sft` the ORM phase is
+  entered by copying the policy's trunk into both reward models
+  (`_init_from_policy`). The state's structure never changes."""
+  every = config.log_every_steps
+  enter = _init_from_policy if config.rm.init_from_sft else None
+  return (
+      loop.Phase("sft", config.sft.steps, sft_step, every),
+      loop.Phase("orm", config.rm.steps, orm_step, every, enter=enter),
+      loop.Phase("prm", config.rm.steps, prm_step, every),
+  )
+
+
 def train_and_evaluate_rm(
     config: ml_collections.ConfigDict, workdir: str
 ) -> dict | None:
@@ -432,9 +493,8 @@ def train_and_evaluate_rm(
       max_to_keep=config.checkpoint.max_to_keep,
       save_interval_steps=config.checkpoint.every_steps,
   )
-  start = ckpt.latest_step()
   report_path = os.path.join(workdir, REPORT_FILE)
-  if start == total and os.path.exists(report_path):
+  if ckpt.latest_step() == total and os.path.exists(report_path):
     # Finished run: re-running is a no-op (no second evaluation, no duplicate
     # eval line in metrics.jsonl).
     ckpt.close()
@@ -446,26 +506,6 @@ def train_and_evaluate_rm(
     )
     with open(report_path) as f:
       return json.load(f)
-  if start is not None:
-    state = learner.restore_train_state(ckpt, state, step=start)
-    logging.info("resumed from step %d in %s", start, workdir)
-  start = int(state["step"])
-  if start == 0 and s_steps == 0 and config.rm.init_from_sft:
-    state = _init_from_policy(state)
-
-  sft_step = learner.make_sft_step(
-      config, env, pgraph, learner.make_optimizer(config.sft)
-  )
-  tx = learner.make_optimizer(config.rm)
-  kw = dict(
-      bt_coef=config.rm.bt_coef,
-      regression_coef=config.rm.regression_coef,
-      aggregation=config.rm.prm_aggregation,
-  )
-  steps = {
-      "orm": rm_training.make_train_step(rgraph, tx, kind="outcome", **kw),
-      "prm": rm_training.make_train_step(rgraph, tx, kind="process", **kw),
-  }
   pairs = _pairs(config, env, workdir)
   train_pairs = [p for p in pairs if p["split"] == "train"]
   if not train_pairs:
@@ -475,7 +515,15 @@ def train_and_evaluate_rm(
   train_batch = preference_data.pairs_to_batch(
       train_pairs, config.max_len, env.max_turns, config.rm.margin
   )
-  halt = config.halt_after_step
+  phases = make_phases(
+      config, *make_steps(config, env, pgraph, rgraph, train_pairs, train_batch)
+  )
+  checkpoints = loop.Checkpoints(
+      ckpt,
+      lambda like, step: learner.restore_train_state(ckpt, like, step=step),
+  )
+  state, _ = loop.resume(state, phases, checkpoints)
+  start = int(state["step"])
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = metrics_lib.ProgressBar(
       total=total,
@@ -484,46 +532,20 @@ def train_and_evaluate_rm(
       keys=("loss", "pair_accuracy"),
   )
   try:
-    while int(state["step"]) < total:
-      step = int(state["step"])
-      if step < s_steps:
-        phase = "sft"
-        pol, m = sft_step(state["policy"])
-        state = dict(state, policy=pol)
-      else:
-        phase = "orm" if step < s_steps + r_steps else "prm"
-        rng = np.random.default_rng([config.seed, step])
-        idx = rng.choice(
-            len(train_pairs),
-            config.rm.batch_size,
-            replace=len(train_pairs) < config.rm.batch_size,
-        )
-        batch = jax.tree.map(lambda x: x[idx], train_batch)
-        params, opt, m = steps[phase](
-            state[phase], state[f"{phase}_opt"], batch
-        )
-        state = dict(state, **{phase: params, f"{phase}_opt": opt})
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
-      step += 1
-      state["step"] = jnp.int32(step)
-      if not np.isfinite(m["loss"]):
-        raise FloatingPointError(
-            f"non-finite {phase}/loss = {m['loss']} at step {step}"
-        )
-      boundary = step in (s_steps, s_steps + r_steps, total)
-      if step % config.log_every_steps == 0 or boundary:
-        writer.write(step, m, prefix=phase)
-      bar.update(step, m)
-      if step == s_steps and config.rm.init_from_sft:
-        state = _init_from_policy(state)
-      ckpt.save(step, state, force=boundary)
-      if step == halt:
-        ckpt.wait()
-        return None
+    state, halted = loop.run(
+        state,
+        phases,
+        start=start,
+        log=loop.MetricsLog(writer, bar, phases),
+        checkpoints=checkpoints,
+        halt_after=config.halt_after_step,
+    )
   finally:
     bar.close()
     writer.close()
     ckpt.wait()
+  if halted:
+    return None
   ckpt.close()
   report = evaluate_rms(config, env, pgraph, rgraph, state, pairs, model_cfg)
   already = any(

@@ -15,7 +15,8 @@ vmapped batch of S seeds fills it, so an S-seed sweep costs much less than S run
 
 Resume: with a workdir, the stacked state is checkpointed (orbax, every
 `config.checkpoint.every_steps` and at the SFT/RL boundary and the end) and a re-run
-resumes from the latest checkpoint. The workdir's `config.json` (the config plus
+resumes from the latest intact checkpoint (the loop of agentic_rl/loop.py, with
+main.py's phases over the seed axis). The workdir's `config.json` (the config plus
 the list of seeds) is compared with the new one first, as `main.py` does
 (`train._check_resume_compatible`): a changed training setting or seed list is
 refused with one line naming each field, so a workdir never mixes two
@@ -37,8 +38,10 @@ import numpy as np
 
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import learner
+from agentic_rl import loop
 from agentic_rl import metrics
 from agentic_rl import train
+from agentic_rl import types
 from agentic_rl import validation
 from agentic_rl.models import lora
 from configs import schema
@@ -50,6 +53,100 @@ def _stack(trees: Sequence[Any]) -> Any:
 
 def _index(tree: Any, i: int) -> Any:
   return jax.tree.map(lambda x: x[i], tree)
+
+
+def init_states(
+    config: ml_collections.ConfigDict, seeds: Sequence[int], model_cfg
+) -> tuple[Any, types.TrainState]:
+  """Every seed's `train.init_state` (config.seed = s), stacked.
+
+  Returns:
+    (graphdef, the TrainState at step 0 with every leaf [S, ...], S =
+    len(seeds), in `seeds` order).
+  """
+  graphdef, states = None, []
+  for s in seeds:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.seed = int(s)
+    graphdef, st = train.init_state(c, model_cfg)
+    states.append(st)
+  return graphdef, _stack(states)
+
+
+def make_steps(
+    config: ml_collections.ConfigDict, env, graphdef, model_cfg
+) -> tuple[learner.StepFn, learner.StepFn]:
+  """main.py's SFT and RL steps, each `jit(vmap(step), donate_argnums=0)`
+  over the seed axis. The one construction of the vmapped steps: also
+  experiments/hlo_identity.py's."""
+  sft_step = jax.jit(
+      jax.vmap(
+          learner.make_sft_step(
+              config, env, graphdef, learner.make_optimizer(config.sft)
+          )
+      ),
+      donate_argnums=0,
+  )
+  rl_step = jax.jit(
+      jax.vmap(
+          learner.make_rl_step(
+              config,
+              env,
+              graphdef,
+              learner.make_optimizer(config.rl),
+              model_cfg,
+          )
+      ),
+      donate_argnums=0,
+  )
+  return sft_step, rl_step
+
+
+def make_phases(
+    config: ml_collections.ConfigDict, sft_step, rl_step
+) -> tuple[loop.Phase, loop.Phase]:
+  """SFT then RL, as `train.make_phases`, over the seed axis: RL is entered
+  by `jit(vmap(train.start_rl))`. Every step's metrics go to the curves (no
+  log cadence)."""
+  start_rl = jax.jit(jax.vmap(lambda st: train.start_rl(config, st)))
+  return (
+      loop.Phase("sft", config.sft.steps, sft_step),
+      loop.Phase(
+          "rl", config.rl.steps, rl_step, enter=start_rl, restructures=True
+      ),
+  )
+
+
+def _checkpoints(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    curves: dict[str, list],
+    wall_log: _WallLog,
+) -> loop.Checkpoints:
+  """The stacked state checkpointed in `workdir/checkpoints`; with each
+  checkpoint, `curves` (rows so far, {name: [[S] per step]}) go to
+  `workdir/curves.npz` and this call's wall time to `wall.json`."""
+  ckpt = checkpoint_lib.Checkpointer(
+      os.path.join(workdir, "checkpoints"),
+      max_to_keep=config.checkpoint.max_to_keep,
+      save_interval_steps=config.checkpoint.every_steps,
+  )
+
+  def on_save(step):
+    del step
+    # Curves are written with each checkpoint (not every step); rows past
+    # the restored step are dropped on resume.
+    np.savez(
+        os.path.join(workdir, "curves.npz"),
+        **{k: np.stack(v) for k, v in curves.items()},
+    )
+    wall_log.write(trained=True)
+
+  return loop.Checkpoints(
+      ckpt,
+      lambda like, step: learner.restore_train_state(ckpt, like, step=step),
+      on_save=on_save,
+  )
 
 
 def train_seeds(
@@ -117,60 +214,22 @@ def train_seeds(
   wall_log = _WallLog(workdir, t_call)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
-  graphdef, states = None, []
-  for s in seeds:
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.seed = int(s)
-    graphdef, st = train.init_state(c, model_cfg)
-    states.append(st)
-  state = _stack(states)
-  del states
+  graphdef, state = init_states(config, seeds, model_cfg)
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
-
-  start_rl = jax.jit(jax.vmap(lambda st: train.start_rl(config, st)))
-  ckpt = None
-  if workdir is not None:
-    ckpt = checkpoint_lib.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        max_to_keep=config.checkpoint.max_to_keep,
-        save_interval_steps=config.checkpoint.every_steps,
-    )
-    latest = ckpt.latest_step()
-    wall_log.start(restored=latest is not None)
-    if latest is not None:
-      if latest >= sft_steps:
-        state = start_rl(state)
-      state = learner.restore_train_state(ckpt, state, step=latest)
-  if int(state.step[0]) == 0 and sft_steps == 0:
-    state = start_rl(state)
-
-  sft_step = jax.jit(
-      jax.vmap(
-          learner.make_sft_step(
-              config, env, graphdef, learner.make_optimizer(config.sft)
-          )
-      ),
-      donate_argnums=0,
-  )
-  rl_step = jax.jit(
-      jax.vmap(
-          learner.make_rl_step(
-              config,
-              env,
-              graphdef,
-              learner.make_optimizer(config.rl),
-              model_cfg,
-          )
-      ),
-      donate_argnums=0,
-  )
+  phases = make_phases(config, *make_steps(config, env, graphdef, model_cfg))
 
   curves_path = None if workdir is None else os.path.join(workdir, "curves.npz")
-  curves: dict[str, list] = {}
+  curves: dict[str, list] = {}  # {name: one [S] row per step of its phase}
   if curves_path and os.path.exists(curves_path):
     with np.load(curves_path) as f:
-      curves = {k: list(f[k]) for k in f.files}
+      curves.update({k: list(f[k]) for k in f.files})
+  checkpoints = None
+  if workdir is not None:
+    checkpoints = _checkpoints(config, workdir, curves, wall_log)
+  state, restored = loop.resume(state, phases, checkpoints)
+  wall_log.start(restored=restored is not None)
+  ckpt = None if checkpoints is None else checkpoints.ckpt
   sft_reports = None
   sft_path = None if workdir is None else os.path.join(workdir, "eval_sft.json")
   if sft_path and os.path.exists(sft_path):
@@ -183,39 +242,26 @@ def train_seeds(
         for i in range(len(seeds))
     ]
 
-  step = int(state.step[0])
+  start = int(state.step[0])
   # Curves saved after the restored checkpoint's step are dropped (re-run below).
   for k in curves:
     keep = (
-        min(step, sft_steps)
+        min(start, sft_steps)
         if k.startswith("sft/")
-        else max(0, step - sft_steps)
+        else max(0, start - sft_steps)
     )
     curves[k] = curves[k][:keep]
-  t0 = time.time()
-  step_at_start = step
-  while step < total:
-    phase = "sft" if step < sft_steps else "rl"
-    state, m = (sft_step if phase == "sft" else rl_step)(state)
-    step += 1
-    m = jax.device_get(m)
-    if not np.all(np.isfinite(m["loss"])):
-      raise FloatingPointError(
-          f"non-finite {phase}/loss {m['loss']} at step {step}"
-      )
+
+  def log(step, phase, m):
+    del step
     for k, v in m.items():  # one row per step of the phase
-      curves.setdefault(f"{phase}/{k}", []).append(
+      curves.setdefault(f"{phase.name}/{k}", []).append(
           np.asarray(v, np.float64).reshape(len(seeds))
       )
-    if step == sft_steps:
-      state = start_rl(state)
-    if ckpt is not None and ckpt.save(
-        step, state, force=step in (sft_steps, total)
-    ):
-      # Curves are written with each checkpoint (not every step); rows past the
-      # restored step are dropped on resume.
-      np.savez(curves_path, **{k: np.stack(v) for k, v in curves.items()})
-      wall_log.write(trained=True)
+
+  def evaluate_sft(step, state):
+    """The SFT model (the reference) of every seed, once RL has begun."""
+    nonlocal sft_reports
     if step >= sft_steps and sft_reports is None:
       sft_reports = evaluate_all(
           lora.reference_params(state.params, state.ref_params)
@@ -223,6 +269,17 @@ def train_seeds(
       if sft_path:
         with open(sft_path, "w") as f:
           json.dump(sft_reports, f, indent=2)
+
+  t0 = time.time()
+  state, _ = loop.run(
+      state,
+      phases,
+      start=start,
+      log=log,
+      checkpoints=checkpoints,
+      after_save=evaluate_sft,
+      seed_axis=True,
+  )
   wall = time.time() - t0
   if sft_reports is None:  # rl.steps == 0 and the run was already past SFT
     sft_reports = evaluate_all(
@@ -231,7 +288,7 @@ def train_seeds(
         else state.params
     )
   rl_reports = None
-  if workdir is not None and step_at_start == total:
+  if workdir is not None and start == total:
     # Nothing trained in this call: the final policy's evaluation, written
     # when the run finished, is reused instead of recomputed (a resumed
     # sequence of single-seed runs re-reads its finished seeds at no cost).
@@ -252,7 +309,7 @@ def train_seeds(
       metrics.write_strict_json(
           os.path.join(d, "eval_report.json"), {"sft": sft_r, "rl": rl_r}
       )
-  wall_log.write(trained=step > step_at_start)
+  wall_log.write(trained=start < total)
   return {
       "sft": sft_reports,
       "rl": rl_reports,

@@ -2,7 +2,10 @@
 
 `train_and_evaluate(config, workdir)` is what `main.py` calls. Side effects (files,
 progress bar, checkpoints) live here and in metrics.py / checkpoint.py; everything
-inside a step is a pure jitted function from the learner/ package.
+inside a step is a pure jitted function from the learner/ package. The loop
+itself (phases, resume, checkpoint and log cadence) is agentic_rl/loop.py's,
+shared with seeds.py and rm_train.py; this module builds its SFT and RL phases
+(`make_steps`, `make_phases`) and parts.
 
 Workdir layout:
   config.json                the resolved config
@@ -30,10 +33,11 @@ still to run, the checkpoint to restore) are process 0's, broadcast to all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +49,7 @@ from flax import nnx
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import host_rollout
 from agentic_rl import learner
+from agentic_rl import loop
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import mixed_precision
 from agentic_rl import reward_model_loader
@@ -309,10 +314,6 @@ def _reference(state: types.TrainState):
   return lora_lib.reference_params(state.params, state.ref_params)
 
 
-def _host(metrics: dict[str, Any]) -> dict[str, float]:
-  return {k: float(v) for k, v in jax.device_get(metrics).items()}
-
-
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str
 ) -> dict | None:
@@ -347,19 +348,28 @@ def train_and_evaluate(
     return _train_and_evaluate(config, workdir, mesh)
 
 
-def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
-  workdir = os.path.abspath(workdir)
-  # Of a multi-process run, process 0 writes the files and prints the
-  # reports; checkpoints are written by all processes together (orbax).
-  primary = sharding.is_primary()
-  _check_resume_compatible(config, workdir)
-  os.makedirs(workdir, exist_ok=True)
-  if primary:
-    _write_text(
-        os.path.join(workdir, "config.json"),
-        config.to_json_best_effort(indent=2),
-    )
+class Setup(NamedTuple):
+  """What a run builds before its loop (`setup`).
 
+  Attributes:
+    env: the environment (`make_env`).
+    model_cfg: the policy's TransformerConfig (`make_model_config`).
+    graphdef: the policy's nnx GraphDef.
+    state: the TrainState at step 0 on the mesh (`init_state`), holding the
+      frozen reward model's params when `rl.reward_model_dir` is set.
+    reward_model: that frozen reward model
+      (`reward_model_loader.load_rl_reward_model`), or None.
+  """
+
+  env: Any
+  model_cfg: transformer.TransformerConfig
+  graphdef: nnx.GraphDef
+  state: types.TrainState
+  reward_model: Any
+
+
+def setup(config, mesh) -> Setup:
+  """Environment, model config and the step-0 state of a run on `mesh`."""
   env = make_env(config)
   model_cfg = make_model_config(config)
   graphdef, state = init_state(config, model_cfg, mesh)
@@ -373,10 +383,69 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
             rm_params, sharding.tree_shardings(rm_params, mesh)
         )
     )
-  sft_sharding = sharding.tree_shardings(state, mesh)
-  rl_sharding = sharding.tree_shardings(
-      jax.eval_shape(_rl_transition(config), state), mesh
+  return Setup(env, model_cfg, graphdef, state, reward_model)
+
+
+def make_steps(
+    config, run: Setup, mesh
+) -> tuple[learner.StepFn, learner.StepFn]:
+  """The SFT and RL step functions of a run (`learner.make_sft_step`,
+  `learner.make_rl_step`), each jitted with the shardings of its phase's
+  state on `mesh` (the RL state's: `start_rl`'s structure). The one
+  construction of the steps: also experiments/hlo_identity.py's."""
+  sft_step = learner.make_sft_step(
+      config,
+      run.env,
+      run.graphdef,
+      learner.make_optimizer(config.sft),
+      state_sharding=sharding.tree_shardings(run.state, mesh),
   )
+  rl_sharding = sharding.tree_shardings(
+      jax.eval_shape(_rl_transition(config), run.state), mesh
+  )
+  rl_step = learner.make_rl_step(
+      config,
+      run.env,
+      run.graphdef,
+      learner.make_optimizer(config.rl),
+      run.model_cfg,
+      state_sharding=rl_sharding,
+      reward_model=run.reward_model,
+  )
+  return sft_step, rl_step
+
+
+def make_phases(config, sft_step, rl_step) -> tuple[loop.Phase, loop.Phase]:
+  """SFT (`sft.steps`, logged every `log_every_steps`), then RL (`rl.steps`,
+  every `rl.log_every_steps`), entered by `start_rl`."""
+  return (
+      loop.Phase("sft", config.sft.steps, sft_step, config.log_every_steps),
+      loop.Phase(
+          "rl",
+          config.rl.steps,
+          rl_step,
+          config.rl.log_every_steps,
+          enter=functools.partial(start_rl, config),
+          restructures=True,
+      ),
+  )
+
+
+def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
+  workdir = os.path.abspath(workdir)
+  # Of a multi-process run, process 0 writes the files and prints the
+  # reports; checkpoints are written by all processes together (orbax).
+  primary = sharding.is_primary()
+  _check_resume_compatible(config, workdir)
+  os.makedirs(workdir, exist_ok=True)
+  if primary:
+    _write_text(
+        os.path.join(workdir, "config.json"),
+        config.to_json_best_effort(indent=2),
+    )
+
+  run = setup(config, mesh)
+  env, model_cfg, graphdef, state, _ = run
   sft_steps, rl_steps = config.sft.steps, config.rl.steps
   total = sft_steps + rl_steps
   logging.info("policy parameters: %d", transformer.count_params(state.params))
@@ -394,39 +463,26 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
   )
   if model_cfg.lora is not None:
     _check_lora_base(config, ckpt.directory, state.params)
-  start = (
-      ckpt.latest_intact_step()
-  )  # damaged newer ones: one warning, set aside
-  if start is not None:
-    if start >= sft_steps:
-      state = start_rl(
-          config, state
-      )  # restore into the RL optimizer's structure
-    state = _restore(ckpt, state, start, model_cfg)
-    position = ckpt.restore_data_position(start)
+
+  def restore(like, step):
+    restored = _restore(ckpt, like, step, model_cfg)
+    position = ckpt.restore_data_position(step)
     if position is not None and hasattr(env, "set_position"):
       env.set_position(position)  # the task loader continues where it was
-    logging.info("resumed from step %d in %s", start, workdir)
-  elif sft_steps == 0:
-    state = start_rl(config, state)  # pure RL from the initial weights
+    return restored
+
+  checkpoints = loop.Checkpoints(
+      ckpt,
+      restore,
+      to_save=_to_save,
+      data_position=lambda: _data_position(env),
+  )
+  phases = make_phases(config, *make_steps(config, run, mesh))
+  # The latest intact checkpoint (damaged newer ones: one warning, set
+  # aside), restored into start_rl's structure when it is past SFT.
+  state, _ = loop.resume(state, phases, checkpoints)
   start = int(state.step)
 
-  sft_step = learner.make_sft_step(
-      config,
-      env,
-      graphdef,
-      learner.make_optimizer(config.sft),
-      state_sharding=sft_sharding,
-  )
-  rl_step = learner.make_rl_step(
-      config,
-      env,
-      graphdef,
-      learner.make_optimizer(config.rl),
-      model_cfg,
-      state_sharding=rl_sharding,
-      reward_model=reward_model,
-  )
   sft_eval_path = os.path.join(workdir, "eval_sft.json")
   initial_eval_path = os.path.join(workdir, "eval_initial.json")
   # Which evaluations are still to run: process 0's view of the files, so
@@ -456,8 +512,6 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
           start,
           initial_eval_path,
       )
-  halt = config.halt_after_step
-  keys = ("loss", "reward", "accuracy", "tool_calls", "kl")
   writer = metrics_lib.MetricsWriter(
       workdir, resume_step=start, enabled=primary
   )
@@ -465,58 +519,48 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict | None:
       total=total,
       initial=start,
       desc=config.name,
-      keys=keys,
+      keys=("loss", "reward", "accuracy", "tool_calls", "kl"),
       phase_ends=(sft_steps,),
       eval_steps=(sft_steps, total),
       disable=not primary,
   )
+  metrics_log = loop.MetricsLog(writer, bar, phases)
   t0 = time.time()
+
+  def log(step, phase, m):
+    m["steps_per_sec"] = (step - start) / max(time.time() - t0, 1e-9)
+    metrics_log(step, phase, m)
+
+  def evaluate_sft(step, state):
+    """The SFT model (the reference), once RL has begun."""
+    nonlocal sft_report, have_sft
+    if step >= sft_steps and not have_sft:
+      ckpt.wait()
+      bar.write("evaluating the SFT checkpoint on the held-out set...")
+      with bar.evaluating():
+        sft_report = evaluate(
+            config, env, graphdef, _reference(state), model_cfg
+        )
+      if primary:
+        _write_json(sft_eval_path, sft_report)
+      have_sft = True
+
   try:
-    while int(state.step) < total:
-      step = int(state.step)
-      phase = "sft" if step < sft_steps else "rl"
-      state, m = (sft_step if phase == "sft" else rl_step)(state)
-      m = _host(m)
-      step += 1
-      for name in ("loss",):
-        if not np.isfinite(m[name]):
-          raise FloatingPointError(
-              f"non-finite {phase}/{name} = {m[name]} at step {step}"
-          )
-      m["steps_per_sec"] = (step - start) / max(time.time() - t0, 1e-9)
-      every = (
-          config.log_every_steps
-          if phase == "sft"
-          else config.rl.log_every_steps
-      )
-      if step % every == 0 or step in (sft_steps, total):
-        writer.write(step, m, prefix=phase)
-      bar.update(step, m)
-      if step == sft_steps:
-        state = start_rl(config, state)
-      ckpt.save(
-          step,
-          _to_save(state),
-          force=step in (sft_steps, total),
-          data_position=_data_position(env),
-      )
-      if step >= sft_steps and not have_sft:
-        ckpt.wait()
-        bar.write("evaluating the SFT checkpoint on the held-out set...")
-        with bar.evaluating():
-          sft_report = evaluate(
-              config, env, graphdef, _reference(state), model_cfg
-          )
-        if primary:
-          _write_json(sft_eval_path, sft_report)
-        have_sft = True
-      if step == halt:
-        ckpt.wait()
-        return None
+    state, halted = loop.run(
+        state,
+        phases,
+        start=start,
+        log=log,
+        checkpoints=checkpoints,
+        after_save=evaluate_sft,
+        halt_after=config.halt_after_step,
+    )
   finally:
     bar.close()
     writer.close()
     ckpt.wait()
+  if halted:
+    return None
   if sft_steps == total and not have_sft:
     sft_report = evaluate(config, env, graphdef, _reference(state), model_cfg)
     if primary:

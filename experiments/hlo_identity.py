@@ -15,28 +15,30 @@ run the same program for it: given the same inputs (and the same jax / jaxlib
 result (e.g. two independent ops emitted in another order) but shows where
 to look; `check` prints a short unified diff of the canonical texts.
 
-How each kind of variant is built (the same calls as the training code, in
-the same order; nothing of the step itself is re-implemented here):
+How each kind of variant is built (the training code's own functions, as
+`agentic_rl/loop.py`'s callers use them; nothing of the step itself is
+re-implemented here):
 
   rl     as `train.train_and_evaluate` up to its first RL step:
          `schema.with_defaults`, `validation.validate_config`, the mesh of
-         `config.mesh` (set as the current mesh), `train.make_env`,
-         `train.make_model_config`, `train.init_state`, the frozen RM of
-         `rl.reward_model_dir` (`reward_model_loader.load_rl_reward_model`),
-         the RL state sharding, `train.start_rl` (the state the first RL step
-         sees has this structure; only its values differ, which a lowering
-         does not read), `learner.make_rl_step(...)`, then `.lower(state)`.
+         `config.mesh` (set as the current mesh), `train.setup` (env, model
+         config, `train.init_state`, the frozen RM of `rl.reward_model_dir`),
+         `train.make_phases(config, *train.make_steps(...))`, the RL phase's
+         `enter` (`train.start_rl`: the state the first RL step sees has this
+         structure; only its values differ, which a lowering does not read),
+         then the RL phase's `step.lower(state)`.
          Host environments: `make_rl_step` returns the Python `host_step`
          (rollout on the host, then one jitted program of the rest); it is
          called once with `host_memory.CompileThenRelease` replaced by a
          stand-in that lowers the jitted program on the arguments host_step
          passes (the real host rollout of the start state, trimmed as
          training trims it) instead of compiling and running it.
-  seeds  as `seeds.train_seeds`: the per-seed `train.init_state` stacked,
-         `jit(vmap(start_rl))`, and `jit(vmap(learner.make_rl_step(...)),
-         donate_argnums=0)` lowered on the stacked state (these three
-         constructions are repeated here from seeds.py, as train_seeds runs
-         its SFT steps before building them).
+  seeds  as `seeds.train_seeds`: `seeds.init_states` (the per-seed
+         `train.init_state` stacked), `seeds.make_phases(config,
+         *seeds.make_steps(...))`, the RL phase's `enter`
+         (`jit(vmap(start_rl))`), then its `step` (`jit(vmap(
+         learner.make_rl_step(...)), donate_argnums=0)`) lowered on the
+         stacked state.
   rm     skipped: rm_train has no RL iteration.
 
 Fixtures (no training): the learned-RM variants read a reward-model folder;
@@ -220,8 +222,6 @@ def _lower_rl(config):
   import jax
 
   from agentic_rl import host_memory
-  from agentic_rl import learner
-  from agentic_rl import reward_model_loader
   from agentic_rl import sharding
   from agentic_rl import train
   from agentic_rl import validation
@@ -231,32 +231,13 @@ def _lower_rl(config):
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh):
-    env = train.make_env(config)
-    model_cfg = train.make_model_config(config)
-    graphdef, state = train.init_state(config, model_cfg, mesh)
-    reward_model = None
-    if config.rl.reward_model_dir:
-      reward_model, rm_params = reward_model_loader.load_rl_reward_model(config)
-      state = state.replace(
-          reward_model=jax.device_put(
-              rm_params, sharding.tree_shardings(rm_params, mesh)
-          )
-      )
-    rl_sharding = sharding.tree_shardings(
-        jax.eval_shape(train._rl_transition(config), state),
-        mesh,
-    )
-    state = train.start_rl(config, state)
+    run = train.setup(config, mesh)
     with _replaced(host_memory, "CompileThenRelease", _LowerOnly):
-      rl_step = learner.make_rl_step(
-          config,
-          env,
-          graphdef,
-          learner.make_optimizer(config.rl),
-          model_cfg,
-          state_sharding=rl_sharding,
-          reward_model=reward_model,
-      )
+      _, rl = train.make_phases(config, *train.make_steps(config, run, mesh))
+    # The state the first RL step sees has start_rl's structure (only its
+    # values differ, which a lowering does not read).
+    state = rl.enter(run.state)
+    rl_step = rl.step
     if hasattr(rl_step, "lower"):
       return rl_step.lower(state), "jit(step).lower(state)"
     # Host environment: host_step(state) rolls out on the host, trims, then
@@ -272,10 +253,6 @@ def _lower_rl(config):
 
 def _lower_seeds(config):
   """The lowered vmapped RL step of seeds.train_seeds for `config`."""
-  import jax
-  import ml_collections
-
-  from agentic_rl import learner
   from agentic_rl import seeds
   from agentic_rl import train
   from agentic_rl import validation
@@ -285,27 +262,11 @@ def _lower_seeds(config):
   validation.validate_config(config)
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
-  graphdef, states = None, []
-  for s in bit_identity.SEEDS:
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.seed = int(s)
-    graphdef, st = train.init_state(c, model_cfg)
-    states.append(st)
-  state = seeds._stack(states)
-  state = jax.jit(jax.vmap(lambda st: train.start_rl(config, st)))(state)
-  rl_step = jax.jit(
-      jax.vmap(
-          learner.make_rl_step(
-              config,
-              env,
-              graphdef,
-              learner.make_optimizer(config.rl),
-              model_cfg,
-          )
-      ),
-      donate_argnums=0,
+  graphdef, state = seeds.init_states(config, bit_identity.SEEDS, model_cfg)
+  _, rl = seeds.make_phases(
+      config, *seeds.make_steps(config, env, graphdef, model_cfg)
   )
-  return rl_step.lower(state), "jit(vmap(step)).lower(stacked state)"
+  return rl.step.lower(rl.enter(state)), "jit(vmap(step)).lower(stacked state)"
 
 
 def lower_variant(name: str, workdir: str) -> dict[str, Any]:
