@@ -469,6 +469,35 @@ def end_turn(
   )
 
 
+def initial_state(
+    env,
+    tasks: Any,
+    *,
+    max_len: int,
+    graphdef: nnx.GraphDef | None = None,
+    params: Any = None,
+    model_config: transformer.TransformerConfig | None = None,
+) -> RolloutState:
+  """`rollout`'s initial carry for `tasks`: the environments reset, the
+  prompts written and prefilled through the policy (`init_state`).
+
+  `rollout(env, tasks, ..., init=initial_state(env, tasks, ...))` runs from
+  it instead of building it again: passes over the same tasks with the same
+  policy and buffer length (evaluation's greedy and sampled passes) prefill
+  the prompts once. Arguments as for `rollout`.
+  """
+  env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
+  return init_state(
+      prompt,
+      prompt_len,
+      env_state,
+      max_len=max_len,
+      graphdef=graphdef,
+      params=params,
+      model_config=model_config,
+  )
+
+
 def rollout(
     env,
     tasks: Any,
@@ -481,6 +510,7 @@ def rollout(
     model_config: transformer.TransformerConfig | None = None,
     temperature: float | jax.Array = 1.0,
     tool_free: jax.Array | None = None,
+    init: RolloutState | None = None,
 ) -> types.Trajectory:
   """Runs a batch of episodes to completion and returns their `Trajectory`.
 
@@ -503,6 +533,10 @@ def rollout(
       calls disabled (`mask_logits` on `tool_call_tokens(env)` at every
       sampled token; dual-path groups) and it is returned as the extra fact
       `facts['tool_free']` [B] bool. Policy rollouts only.
+    init: optional initial carry, `initial_state(env, tasks, ...)` of the same
+      tasks, max_len and policy (None: built here, the same computation).
+      Several passes over one task set (evaluation's greedy and sampled
+      passes) share one prompt prefill this way.
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.
@@ -512,21 +546,22 @@ def rollout(
       (`check_stop_tokens`).
   """
   b = jax.tree.leaves(tasks)[0].shape[0]
-  env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
   use_model = graphdef is not None
   banned_tokens = tool_call_tokens(env) if tool_free is not None else ()
   stop_tokens = env_stop_tokens(env)
   if use_model:
     check_stop_tokens(stop_tokens, env, model_config)
-  state = init_state(
-      prompt,
-      prompt_len,
-      env_state,
-      max_len=max_len,
-      graphdef=graphdef,
-      params=params,
-      model_config=model_config,
-  )
+  if init is None:
+    state = initial_state(
+        env,
+        tasks,
+        max_len=max_len,
+        graphdef=graphdef,
+        params=params,
+        model_config=model_config,
+    )
+  else:
+    state = init
 
   def turn_body(carry):
     state, key = carry
@@ -600,9 +635,11 @@ def rollout_jit(
     params=None,
     model_config=None,
     temperature=1.0,
+    init=None,
 ):
   """`rollout` under `jax.jit` (env, shapes and graphdef static; temperature is
-  traced, so greedy and sampled evaluation share one compiled program)."""
+  traced, so greedy and sampled evaluation share one compiled program; `init`,
+  an `initial_state_jit` of the same tasks, is traced as well)."""
   return rollout(
       env,
       tasks,
@@ -613,4 +650,11 @@ def rollout_jit(
       params=params,
       model_config=model_config,
       temperature=temperature,
+      init=init,
   )
+
+
+initial_state_jit = jax.jit(
+    initial_state,
+    static_argnames=("env", "max_len", "graphdef", "model_config"),
+)

@@ -228,7 +228,9 @@ def tool_productivity(correct: np.ndarray, calls: np.ndarray) -> float:
   return float(np.sum(correct)) / total if total > 0 else float("nan")
 
 
-def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
+def evaluate(
+    config, env, graphdef, params, model_cfg, *, share_prefill: bool = True
+) -> dict[str, float]:
   """Held-out evaluation on `config.eval.num_tasks` fixed tasks.
 
   Greedy decoding (temperature 0) gives accuracy (overall, easy, hard), tool calls
@@ -238,6 +240,13 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   tool call, or no answer). `eval.num_samples` samples per task at
   `eval.temperature` give pass@k (unbiased estimator, arXiv:2107.03374).
 
+  The greedy and the sampled passes run over the same tasks with the same
+  policy: for a JAX-native environment the prompts are reset and prefilled
+  once (`rollout.initial_state_jit`) and every pass starts from that carry
+  (`share_prefill`, with `eval.num_samples` > 0; False prefills in every
+  pass, as before). The report is the same either way (tests/test_train.py);
+  host environments always prefill per pass.
+
   Returns:
     dict of python floats.
   """
@@ -246,18 +255,18 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
   if not host_base.is_host(env):
     tasks = sharding.put_batch(tasks)
   key = jax.random.PRNGKey(ec.seed)
-  # Host environments (env.is_host) run through the host driver.
-  run = host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit
-  traj = run(
-      env,
-      tasks,
-      key,
+  policy = dict(
       max_len=config.max_len,
       graphdef=graphdef,
       params=params,
       model_config=model_cfg,
-      temperature=jnp.float32(0.0),
   )
+  # Host environments (env.is_host) run through the host driver.
+  run = host_rollout.rollout if host_base.is_host(env) else rollout.rollout_jit
+  start = {}
+  if share_prefill and ec.num_samples > 0 and not host_base.is_host(env):
+    start["init"] = rollout.initial_state_jit(env, tasks, **policy)
+  traj = run(env, tasks, key, **policy, **start, temperature=jnp.float32(0.0))
   traj = sharding.to_host(traj)  # all rows, also when sharded over processes
   facts = traj.facts
   finish = np.asarray(traj.finish)
@@ -296,10 +305,8 @@ def evaluate(config, env, graphdef, params, model_cfg) -> dict[str, float]:
           env,
           tasks,
           jax.random.fold_in(key, i + 1),
-          max_len=config.max_len,
-          graphdef=graphdef,
-          params=params,
-          model_config=model_cfg,
+          **policy,
+          **start,
           temperature=jnp.float32(ec.temperature),
       )
       c += np.asarray(sharding.to_host(straj.facts["correct"]), np.int64)

