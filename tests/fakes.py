@@ -109,9 +109,16 @@ def run_on_8_devices(script: str, *args: str) -> str:
   A subprocess, because the device count is fixed when JAX starts. Fails the
   calling test with the tail of stderr when the script exits non-zero.
   """
+  # The device count replaces the parent's XLA_FLAGS; the backend
+  # optimisation level the default tier sets (tests/conftest.py) is kept.
+  keep = [
+      f
+      for f in os.environ.get("XLA_FLAGS", "").split()
+      if f.startswith("--xla_backend_optimization_level=")
+  ]
   env = dict(
       os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=8"] + keep),
       JAX_PLATFORMS="cpu",
       PYTHONPATH=REPO,
   )

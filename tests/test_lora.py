@@ -622,8 +622,8 @@ def test_rl_update_draws_one_dropout_mask_per_micro_batch():
   )
   micro = sharding.split_rows(mb0, 2)
 
-  def grad(j, k):
-    mbj = jax.tree.map(lambda x: x[j], micro)
+  @jax.jit  # one program per key kind (a key or None), not op by op
+  def micro_grad(mbj, k):
     return lora.value_and_grad(
         lambda p: update_lib._rl_loss(
             graphdef,
@@ -635,6 +635,9 @@ def test_rl_update_draws_one_dropout_mask_per_micro_batch():
             dropout_key=k,
         )[0]
     )(params)[1]
+
+  def grad(j, k):
+    return micro_grad(jax.tree.map(lambda x: x[j], micro), k)
 
   step_key = jax.random.fold_in(key, 0)
   g = [grad(j, jax.random.fold_in(step_key, j)) for j in range(2)]
@@ -697,7 +700,11 @@ def test_sft_grad_with_dropout_uses_one_key_per_block():
       return Traj(kw.get("tokens", self.tokens), kw.get("role", self.role))
 
   key = jax.random.PRNGKey(4)
-  _, _, got = learner.sft_grad(g, p, Traj(tokens, role), 2, key)
+  # Each gradient is one jitted program (not op by op).
+  sft_grad = jax.jit(
+      lambda p, k: learner.sft_grad(g, p, Traj(tokens, role), 2, k)
+  )
+  _, _, got = sft_grad(p, key)
   # By hand: block k holds rows k, k + 2 (strided), key fold_in(key, k), both
   # divided by the batch's POLICY-token count (position 0 has logp 0 but is a
   # POLICY token in this fake, as in sft_loss's mask).
@@ -706,12 +713,18 @@ def test_sft_grad_with_dropout_uses_one_key_per_block():
   den = jnp.maximum(
       jnp.sum(policy_mask(Traj(tokens, role)).astype(jnp.float32)), 1.0
   )
+
+  @jax.jit
+  def block_grad(p, tokens, role, k):
+    return lora.value_and_grad(
+        lambda q: learner.sft_loss(
+            g, q, Traj(tokens, role), den, jax.random.fold_in(key, k)
+        )[0]
+    )(p)[1]
+
   want = None
   for k in range(2):
-    t = Traj(tokens[k::2], role[k::2])
-    gk = lora.value_and_grad(
-        lambda q: learner.sft_loss(g, q, t, den, jax.random.fold_in(key, k))[0]
-    )(p)[1]
+    gk = block_grad(p, tokens[k::2], role[k::2], k)
     want = gk if want is None else jax.tree.map(jnp.add, want, gk)
   for (path, a), b in zip(
       jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)
@@ -722,7 +735,7 @@ def test_sft_grad_with_dropout_uses_one_key_per_block():
       np.testing.assert_allclose(
           np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-5
       )
-  _, _, clean = learner.sft_grad(g, p, Traj(tokens, role), 2)
+  _, _, clean = sft_grad(p, None)
   assert (
       max(
           float(jnp.abs(a - b).max())

@@ -194,6 +194,16 @@ def _bucket_step(buckets, **rl):
   return config, state, step
 
 
+@pytest.fixture(scope="module")
+def bucket_step():
+  """(config, state, step, compiled HLO text) of the 4-bucket one-jit step,
+  built and compiled once for the tests that read its program or run it.
+  The step donates its state: a test that runs it passes a copy."""
+  config, state, step = _bucket_step(4)
+  hlo = step.lower(state).compile().as_text()
+  return config, state, step, hlo
+
+
 @pytest.mark.parametrize(
     "rl",
     [
@@ -227,7 +237,9 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   mask[0, 20] = True
   tokens = jnp.asarray(rng.integers(3, 250, (b, length)), jnp.int32)
   # Behaviour and reference log-probs near the policy's own (ratios ~ 1).
-  own, _ = sampling.token_logprobs(graphdef, state.params, tokens, 1.0)
+  own, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, state.params, tokens, 1.0
+  )
   noise = lambda: jnp.asarray(rng.normal(0, 0.05, (b, length)), jnp.float32)
   batch = LearnerBatch(
       tokens=tokens,
@@ -267,12 +279,12 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   assert float(m_full["update_length"]) == 64.0
 
 
-def test_rl_step_with_buckets_trains_on_a_shorter_buffer():
+def test_rl_step_with_buckets_trains_on_a_shorter_buffer(bucket_step):
   # The one-jit step: same collect (same state and key), so the same reward;
   # the update ran on a bucket shorter than max_len.
-  config, state, step = _bucket_step(4)
+  config, state, step, _ = bucket_step
   _, state1, step1 = _bucket_step(1)
-  s_b, m_b = step(state)
+  s_b, m_b = step(jax.tree.map(jnp.copy, state))
   s_1, m_1 = step1(state1)
   lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
   used = float(m_b["update_length"])
@@ -356,12 +368,13 @@ def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
   assert float(info["logp_mismatch_max"]) < 1e-4
 
 
-def test_rl_step_compiles_reference_and_behaviour_forwards_per_bucket():
+def test_rl_step_compiles_reference_and_behaviour_forwards_per_bucket(
+    bucket_step,
+):
   # The compiled step holds three K-way conditionals (reference, behaviour,
   # update) whose forward branches read [blocks, rows, L_i] token arrays.
-  config, state, step = _bucket_step(4)
+  config, _, _, hlo = bucket_step
   assert config.rl.behaviour_logprobs == "trainer"
-  hlo = step.lower(state).compile().as_text()
   conditionals = [line for line in hlo.splitlines() if " conditional(" in line]
   assert len(conditionals) == 3, conditionals
   lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
@@ -371,11 +384,10 @@ def test_rl_step_compiles_reference_and_behaviour_forwards_per_bucket():
     assert f"s32[{n_blocks},{rows},{n}]" in hlo, n
 
 
-def test_bucketed_update_compiles_one_branch_per_length():
+def test_bucketed_update_compiles_one_branch_per_length(bucket_step):
   # The compiled step holds a K-way conditional whose branches train on
   # [*, L_i] token arrays: cost follows the bucket, not the buffer.
-  config, state, step = _bucket_step(4)
-  hlo = step.lower(state).compile().as_text()
+  config, _, _, hlo = bucket_step
   lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
   assert len(lengths) == 4
   assert "conditional" in hlo
