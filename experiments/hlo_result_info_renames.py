@@ -2,8 +2,9 @@
 
     python experiments/hlo_result_info_renames.py REF.json NEW.json
 
-Step 16 (TrainState's feature states moved into `TrainState.features`)
-changes the jitted RL step's output NAMES only: the `jax.result_info`
+Moving the feature states into `TrainState.features` (kl coefficient,
+replay buffer, dual coefficient, log Z, SPA head) changed the jitted RL
+step's output NAMES only: the `jax.result_info`
 strings of the state's leaves (e.g. "result[0].kl_coef" ->
 "result[0].features['kl']"). This applies those renames (RENAMES) to the
 REFERENCE's result_info strings and then requires the whole canonical text
