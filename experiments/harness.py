@@ -778,6 +778,10 @@ def run_claim(
       sft_dirs[key] = sft_dir
       sft_outs[key] = out
       row = _with_extra(out, "sft", extra_eval, config, chunk)
+      if rec is not None:
+        # The arms recorded from this start pair with arms trained now only
+        # if the start trained again is the recorded one.
+        check_start_reproduced(rec, row, chunk)
       if include_sft_row and "SFT (start)" not in chunk_rows:
         chunk_rows["SFT (start)"] = row
       if rec_dir is not None and rec is None:
@@ -1086,6 +1090,51 @@ def read_record(rec_dir: str | None, name: str, match: Mapping) -> dict | None:
       for r in rec.get("rows", [])
   ]
   return dict(rec, rows=rows)
+
+
+def check_start_reproduced(
+    rec: Mapping, rows: Sequence[Mapping], seeds: Sequence[int]
+) -> None:
+  """Raises unless a start trained again evaluates exactly as its record.
+
+  A claim's arms are paired by seed against arms trained from the same SFT
+  start, possibly recorded by an earlier process on another machine (whose
+  compiler may round differently). Every field of the recorded evaluation
+  rows must be reproduced exactly (NaN equal to NaN).
+
+  Args:
+    rec: the start record (`read_record`: NaN restored in its rows).
+    rows: the evaluation rows of the start just trained, one per seed.
+    seeds: the seeds of `rows`, for the message.
+
+  Raises:
+    RuntimeError: a row or field differs; the message lists the differences
+      and says what to do.
+  """
+
+  def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+      return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+  recorded = rec.get("rows", [])
+  diffs = []
+  if len(recorded) != len(rows):
+    diffs.append(f"{len(recorded)} recorded rows, {len(rows)} now")
+  for seed, old, new in zip(seeds, recorded, rows):
+    for k, v in old.items():
+      if k not in new or not same(v, new[k]):
+        diffs.append(f"seed {seed} {k}: recorded {v}, now {new.get(k)}")
+  if diffs:
+    raise RuntimeError(
+        "the SFT start trained again differs from its record (commit "
+        f"{rec.get('commit')}): "
+        + "; ".join(diffs[:6])
+        + (f" (+{len(diffs) - 6} more)" if len(diffs) > 6 else "")
+        + ". Arms recorded from the old start would be paired with arms "
+        "trained from a different one: move the claim's seed_records aside "
+        "and run every arm again"
+    )
 
 
 def write_record(rec_dir: str, name: str, rec: Mapping) -> None:

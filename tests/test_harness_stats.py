@@ -1619,3 +1619,27 @@ def test_compilation_cache_reloads_a_cpu_program_in_a_new_process(tmp_path):
   assert first[1] == "0" and len(os.listdir(cache)) > 0
   second = run()
   assert int(second[1]) >= 1 and second[0] == first[0]
+
+
+def test_start_trained_again_must_reproduce_its_record_exactly():
+  from experiments import harness  # noqa: PLC0415
+
+  rec = {
+      "commit": "abc",
+      "rows": [
+          {"accuracy": 0.49, "tool_productivity": float("nan")},
+          {"accuracy": 0.5, "tool_productivity": 0.25},
+      ],
+  }
+  same = [
+      {"accuracy": 0.49, "tool_productivity": float("nan"), "extra": 1.0},
+      {"accuracy": 0.5, "tool_productivity": 0.25},
+  ]
+  harness.check_start_reproduced(rec, same, [0, 1])  # NaN == NaN; new keys ok
+  moved = [dict(same[0]), dict(same[1], accuracy=0.5 + 2**-40)]
+  with pytest.raises(RuntimeError, match=r"seed 1 accuracy: recorded 0.5"):
+    harness.check_start_reproduced(rec, moved, [0, 1])
+  with pytest.raises(RuntimeError, match="seed 0 tool_productivity"):
+    harness.check_start_reproduced(rec, [{"accuracy": 0.49}, same[1]], [0, 1])
+  with pytest.raises(RuntimeError, match="2 recorded rows, 1 now"):
+    harness.check_start_reproduced(rec, same[:1], [0])
