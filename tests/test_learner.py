@@ -142,7 +142,11 @@ def test_rl_step_with_non_default_switches_runs():
       "reward_format",
       "usable_groups",
       "skipped_update",
+      "env_reward",
+      "overlong_soft_penalty",
   } <= set(m)
+  # The soft overlong penalty is logged on its own, apart from env_reward.
+  assert -1.0 <= float(m["overlong_soft_penalty"]) <= 0.0
   # The adaptive controller moved the coefficient after the first step.
   assert coefs[0] == pytest.approx(0.01) and coefs[1] != coefs[0]
 

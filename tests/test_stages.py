@@ -343,8 +343,11 @@ def test_soft_overlong_penalty_on_policy_token_counts():
   r = batch_lib.Rollout(
       traj=traj, reward=jnp.asarray([1.0, 1.0, 0.0]), parts={}, info={}
   )
+  assert r.env_reward is None
   out = sample_stages.soft_overlong_penalty(r, soft_max=4, cache=2)
   np.testing.assert_allclose(out.reward, [1.0, 0.5, -1.0])
+  # The reward before the penalty is kept per row.
+  np.testing.assert_array_equal(out.env_reward, [1.0, 1.0, 0.0])
   with pytest.raises(ValueError, match="cache_len"):
     sample_stages.soft_overlong_penalty(r, soft_max=4, cache=0)
 
@@ -478,6 +481,105 @@ def test_dynamic_sampling_without_retries_selects_round_one():
         metric="reward",
         max_retries=0,
     )
+
+
+def _penalised_round(tokens_b, env_b, n_policy_b):
+  """A hand-made round with the soft overlong penalty (L_max = 3, L_cache =
+  2: 0 up to 1 POLICY token, -0.5 at 2, -1 from 3): row i holds token
+  tokens_b[i] and n_policy_b[i] POLICY tokens of 4; its environment reward
+  (and 'correct' part) is env_b[i]."""
+  b = len(env_b)
+  tokens = np.zeros((b, 4), np.int32)
+  tokens[:, 0] = tokens_b
+  role = [[A] * n + [_] * (4 - n) for n in n_policy_b]
+  env = jnp.asarray(env_b, jnp.float32)
+  traj = _traj(
+      tokens, role, group=np.zeros(b, np.int32), facts={"correct": env > 0}
+  )
+  r = batch_lib.Rollout(traj=traj, reward=env, parts={"correct": env}, info={})
+  return sample_stages.soft_overlong_penalty(r, soft_max=3, cache=2)
+
+
+def test_env_reward_info_without_the_soft_penalty_is_the_reward_mean():
+  r = _round(range(4), [1.0, 0.5, 0.0, 0.0], *[jnp.zeros(2, jnp.uint32)] * 2)
+  out = sample_stages.env_reward_info(r)
+  assert set(out.info) == {"env_reward"}
+  assert float(out.info["env_reward"]) == 0.375
+  # On with the penalty's field unset: refused, not the penalised mean.
+  with pytest.raises(ValueError, match="env_reward is None"):
+    sample_stages.env_reward_info(r, soft_max=3, cache=2)
+
+
+def test_env_reward_info_excludes_the_soft_overlong_penalty():
+  # Penalties [0, -0.5, -1, -1] on 1, 2, 3, 4 POLICY tokens.
+  r = _penalised_round(range(4), [1.0, 1.0, 0.5, 0.0], [1, 2, 3, 4])
+  out = sample_stages.env_reward_info(r, soft_max=3, cache=2)
+  assert set(out.info) == {"env_reward", "overlong_soft_penalty"}
+  # The environment's reward before the penalty: mean [1, 1, 0.5, 0].
+  assert float(out.info["env_reward"]) == 0.625
+  assert float(out.info["overlong_soft_penalty"]) == -0.625
+  # The reward passed on is env reward + penalty, row by row.
+  np.testing.assert_array_equal(out.env_reward, [1.0, 1.0, 0.5, 0.0])
+  np.testing.assert_array_equal(out.reward, [1.0, 0.5, -0.5, -1.0])
+  np.testing.assert_array_equal(out.parts["correct"], [1.0, 1.0, 0.5, 0.0])
+
+
+def test_dynamic_sampling_keeps_the_same_rows_of_reward_and_env_reward():
+  # 3 groups of 2; the selection reads the penalised reward:
+  # group 0: env [1, 0], penalty [-1, 0] -> [0, 0], constant: dropped;
+  # group 1: env [1, 1], penalty [0, -0.5] -> [1, 0.5], varies: slot 0;
+  # group 2: env [0, 1], penalty [0, 0] -> [0, 1], varies: slot 1.
+  first = _penalised_round(range(6), [1, 0, 1, 1, 0, 1], [3, 1, 1, 2, 1, 1])
+  out = sample_stages.dynamic_sampling(
+      first,
+      jax.random.PRNGKey(0),
+      None,
+      num_tasks=2,
+      group_size=2,
+      metric="reward",
+      max_retries=0,
+  )
+  np.testing.assert_array_equal(out.traj.tokens[:, 0], [2, 3, 4, 5])
+  np.testing.assert_array_equal(out.reward, [1.0, 0.5, 0.0, 1.0])
+  np.testing.assert_array_equal(out.env_reward, [1.0, 1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(out.parts["correct"], out.env_reward)
+  out = sample_stages.env_reward_info(out, soft_max=3, cache=2)
+  assert float(out.info["env_reward"]) == 0.75
+  assert float(out.info["overlong_soft_penalty"]) == -0.125
+  assert float(jnp.mean(out.reward)) == 0.625  # env reward + penalty
+
+
+def test_dynamic_sampling_retries_keep_the_same_rows_of_env_reward():
+  key = jax.random.PRNGKey(3)
+  # Round 1, 2 groups of 2: group 0 varies ([1, 0.5]); group 1 is
+  # constant after the penalty ([0, 0] from env [1, 0]).
+  first = _penalised_round(range(4), [1, 1, 1, 0], [1, 2, 3, 1])
+
+  def round_fn(rollout_key, noise_key):
+    # Group 0 constant ([0.5, 0.5] from env [1, 0.5]); group 1 varies:
+    # env [0, 1], penalty [0, -0.5] -> [0, 0.5].
+    del rollout_key, noise_key
+    return _penalised_round(range(100, 104), [1, 0.5, 0, 1], [2, 1, 1, 2])
+
+  out = sample_stages.dynamic_sampling(
+      first,
+      key,
+      round_fn,
+      num_tasks=2,
+      group_size=2,
+      metric="reward",
+      max_retries=2,
+  )
+  # Slot 0: round 1's group 0; slot 1: the retry's group 1.
+  np.testing.assert_array_equal(out.traj.tokens[:, 0], [0, 1, 102, 103])
+  np.testing.assert_array_equal(out.reward, [1.0, 0.5, 0.0, 0.5])
+  np.testing.assert_array_equal(out.env_reward, [1.0, 1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(out.parts["correct"], out.env_reward)
+  assert float(out.info["dynamic_sampling_rounds"]) == 2.0
+  out = sample_stages.env_reward_info(out, soft_max=3, cache=2)
+  assert float(out.info["env_reward"]) == 0.75
+  assert float(out.info["overlong_soft_penalty"]) == -0.25
+  assert float(jnp.mean(out.reward)) == 0.5  # env reward + penalty
 
 
 # ------------------------------------------------------ stages/shaping.py
@@ -1363,6 +1465,57 @@ def test_build_stages_gae_and_step_rewards():
   ]
   names = _stage_names(step_reward="valid_call", step_reward_coef=0.1)
   assert names[-2:] == ["step_reward_diagnostics", "advantages"]
+
+
+def test_build_sample_and_env_reward_info_with_the_soft_penalty():
+  # The first two stages of a config with the soft overlong penalty and
+  # dynamic sampling x2, on a host-style first round (ctx.first_traj).
+  import types as pytypes  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+
+  from configs import default  # noqa: PLC0415
+
+  config = default.get_config("smoke")
+  config.rl.batch_size = 4
+  config.rl.group_size = 2
+  config.rl.dynamic_sampling_oversample = 2
+  config.rl.dynamic_sampling_max_retries = 0
+  config.rl.dynamic_sampling_metric = "reward"
+  config.rl.rewards = ml_collections.ConfigDict({"correct": 1.0})
+  config.rl.overlong_soft_max = 3
+  config.rl.overlong_soft_cache = 2
+  stages = build_stages_lib.build_stages(
+      config, pytypes.SimpleNamespace(max_turns=2), None, None
+  )
+  assert [s.__name__ for s in stages[:2]] == ["sample", "env_reward_info"]
+  # 4 groups of 2: env (correct) rewards and POLICY token counts; penalties
+  # 0 (1 token), -0.5 (2), -1 (3). Penalised: [0, 0], [1, 0.5], [0, 0],
+  # [0, 1]: groups 1 and 3 are kept.
+  env_b = [1, 0, 1, 1, 0, 0, 0, 1]
+  tokens = np.zeros((8, 4), np.int32)
+  tokens[:, 0] = np.arange(8)
+  role = [[A] * n + [_] * (4 - n) for n in [3, 1, 1, 2, 1, 1, 1, 1]]
+  traj = _traj(
+      tokens,
+      role,
+      group=np.repeat(np.arange(4, dtype=np.int32), 2),
+      facts={"correct": jnp.asarray(env_b, bool)},
+  )
+  ctx = batch_lib.StageContext(
+      key=jax.random.PRNGKey(0),
+      step=jnp.int32(0),
+      params=None,
+      ref_params=None,
+      first_traj=traj,
+  )
+  r = stages[1](stages[0](None, ctx), ctx)
+  np.testing.assert_array_equal(r.traj.tokens[:, 0], [2, 3, 6, 7])
+  np.testing.assert_array_equal(r.env_reward, [1.0, 1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(r.reward, [1.0, 0.5, 0.0, 1.0])
+  assert float(r.info["env_reward"]) == 0.75
+  assert float(r.info["overlong_soft_penalty"]) == -0.125
+  assert float(r.info["usable_groups"]) == 1.0
 
 
 def test_chain_runs_the_stages_in_order():

@@ -94,6 +94,9 @@ class Rollout:
     reward: [B] float32, the running reward.
     parts: {name: [B] float32} the reward's components (`rl.rewards`).
     info: {name: [] array} scalar metrics added by the stages.
+    env_reward: [B] float32, the environment's reward before DAPO's soft
+      overlong penalty (soft_overlong_penalty, kept through dynamic
+      sampling; read by env_reward_info); None when the penalty is off.
     mask: [B, L] bool loss mask (policy mask, overlong, replay injection).
     any_usable: [] bool, dynamic sampling found a group with varying
       outcomes (the RL step skips the update otherwise).
@@ -124,6 +127,7 @@ class Rollout:
   reward: jax.Array
   parts: dict[str, jax.Array]
   info: dict[str, jax.Array]
+  env_reward: jax.Array | None = None
   mask: jax.Array | None = None
   any_usable: jax.Array | None = None
   gold_logp: jax.Array | None = None

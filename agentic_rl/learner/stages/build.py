@@ -171,7 +171,12 @@ def build_stages(
   stages = [
       _named("sample", sample),
       _named(
-          "env_reward_info", lambda r, ctx: sample_stages.env_reward_info(r)
+          "env_reward_info",
+          lambda r, ctx: sample_stages.env_reward_info(
+              r,
+              soft_max=rl_cfg.overlong_soft_max,
+              cache=rl_cfg.overlong_soft_cache,
+          ),
       ),
       _named(
           "policy_mask",

@@ -174,29 +174,36 @@ def env_reward(
   return Rollout(traj=traj, reward=reward, parts=parts, info={})
 
 
+def _soft_penalty(traj: types.Trajectory, soft_max: int, cache: int):
+  """[B] float32 DAPO soft overlong penalty on each row's POLICY tokens."""
+  return batch_policies.soft_overlong_penalty(
+      jnp.sum(policy_mask(traj), axis=1), soft_max, cache
+  )
+
+
 def soft_overlong_penalty(r: Rollout, *, soft_max: int, cache: int) -> Rollout:
   """DAPO's soft overlong punishment added to the reward, per round.
 
   The penalty (`batch_policies.soft_overlong_penalty`) reads each episode's
   POLICY token count; it is applied to every round before dynamic sampling
-  selects groups.
+  selects groups (the selection reads the penalised reward). The reward
+  before it is kept per row in `env_reward` (logged as rl/env_reward).
 
   Args:
-    r: the round's Rollout (traj, reward [B] float32).
+    r: the round's Rollout (traj, reward [B] float32: the environment's).
     soft_max: `rl.overlong_soft_max`, L_max.
     cache: `rl.overlong_soft_cache`, L_cache (> 0).
 
   Returns:
-    r with reward + penalty ([B] float32, penalty in [-1, 0]).
+    r with reward + penalty ([B] float32, penalty in [-1, 0]) and env_reward
+    = r.reward ([B] float32, the reward before the penalty).
 
   Raises:
     ValueError: cache outside (0, soft_max].
   """
   return r.replace(
-      reward=r.reward
-      + batch_policies.soft_overlong_penalty(
-          jnp.sum(policy_mask(r.traj), axis=1), soft_max, cache
-      )
+      reward=r.reward + _soft_penalty(r.traj, soft_max, cache),
+      env_reward=r.reward,
   )
 
 
@@ -242,14 +249,18 @@ def dynamic_sampling(
   remaining slots (`batch_policies.refill_groups`) until the batch is full,
   at most max_retries more rounds: retry round i (1, 2, ...) runs
   round_fn(fold_in(k_i, 1), fold_in(k_i, 2)) with k_i = fold_in(fold_in(key,
-  3), i). The kept rows' groups are renumbered 0 .. num_tasks - 1.
+  3), i). The kept rows' groups are renumbered 0 .. num_tasks - 1. The
+  per-row arrays traj, reward, parts and env_reward (when set: the reward
+  before the soft overlong penalty) keep the same rows; the selection reads
+  reward.
 
   Args:
-    r: the first round's Rollout (traj, reward [B] float32, parts) of
-      G >= num_tasks groups of group_size rows, group-major.
+    r: the first round's Rollout (traj, reward [B] float32, parts, env_reward
+      [B] float32 or None) of G >= num_tasks groups of group_size rows,
+      group-major.
     key: the iteration's PRNG key, fold_in(rng, step).
     round_fn: (rollout_key, noise_key) -> Rollout of a fresh round with
-      the first round's shapes (traced inside a while_loop).
+      the first round's fields and shapes (traced inside a while_loop).
     num_tasks: groups kept (static).
     group_size: K (static).
     metric: `rl.dynamic_sampling_metric` ('reward' or 'correct').
@@ -263,14 +274,17 @@ def dynamic_sampling(
   Raises:
     ValueError: num_tasks > G.
   """
-  traj, reward, parts = r.traj, r.reward, r.parts
+  # The per-row arrays of a round; env_reward None (an empty subtree) when
+  # the soft overlong penalty is off.
+  rows_of = lambda x: (x.traj, x.reward, x.parts, x.env_reward)
+  traj, reward = r.traj, r.reward
   metric_gk = lambda t, rew: group_metric(
       t, rew, metric=metric, group_size=group_size
   )
   keep, usable = batch_policies.select_groups(
       metric_gk(traj, reward), num_tasks
   )
-  kept = batch_policies.gather_groups((traj, reward, parts), keep, group_size)
+  kept = batch_policies.gather_groups(rows_of(r), keep, group_size)
   filled = jnp.sum(usable.astype(jnp.int32))
   rounds = jnp.int32(1)
   if max_retries > 0:
@@ -287,7 +301,7 @@ def dynamic_sampling(
           jax.random.fold_in(round_key, 1),
           jax.random.fold_in(round_key, 2),
       )
-      new = (new.traj, new.reward, new.parts)
+      new = rows_of(new)
       kept, filled = batch_policies.refill_groups(
           kept, filled, new, metric_gk(new[0], new[1]), group_size
       )
@@ -296,7 +310,7 @@ def dynamic_sampling(
     kept, filled, rounds = jax.lax.while_loop(
         retry_cond, retry_body, (kept, filled, rounds)
     )
-  traj, reward, parts = kept
+  traj, reward, parts, env_reward = kept
   traj = traj.replace(
       group=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size)
   )
@@ -310,23 +324,49 @@ def dynamic_sampling(
       parts=parts,
       info={**r.info, **info},
       any_usable=filled > 0,
+      env_reward=env_reward,
   )
 
 
-def env_reward_info(r: Rollout) -> Rollout:
+def env_reward_info(
+    r: Rollout, *, soft_max: int = 0, cache: int = 0
+) -> Rollout:
   """Adds the environment's reward to r.info (logged rl/env_reward), before
-  the overlong policy, shaping, replay, KL-in-reward and the advantages
-  change it (rl/shaped_reward, alias rl/reward, is the reward after them).
+  the soft overlong penalty, the overlong policy, shaping, replay,
+  KL-in-reward and the advantages change it (rl/shaped_reward, alias
+  rl/reward, is the reward after them).
 
-  It does include DAPO's soft overlong penalty (`rl.overlong_soft_cache` >
-  0), which `soft_overlong_penalty` adds to every round before dynamic
-  sampling selects the groups.
+  With DAPO's soft overlong penalty (`rl.overlong_soft_cache` > 0), which
+  `soft_overlong_penalty` adds to every round before dynamic sampling selects
+  the groups, the environment's reward is r.env_reward (the kept rows' reward
+  before the penalty), and the penalty's mean over the batch is logged as
+  rl/overlong_soft_penalty (recomputed from the kept rows' POLICY token
+  counts: the same values that were added).
 
   Args:
     r: the sampled Rollout (reward [B] float32: `rl.rewards` composed, with
-      the soft overlong penalty).
+      the soft overlong penalty when it is on; env_reward [B] float32, the
+      reward before it, or None when it is off).
+    soft_max: `rl.overlong_soft_max`, L_max (read when cache > 0).
+    cache: `rl.overlong_soft_cache`, L_cache; 0: the penalty is off.
 
   Returns:
-    r with info env_reward ([] float32, the batch mean).
+    r with info env_reward ([] float32, the batch mean) and, when cache > 0,
+    overlong_soft_penalty ([] float32, the batch mean of the penalty).
+
+  Raises:
+    ValueError: cache > 0 and r.env_reward is None (the penalty is on but
+      `soft_overlong_penalty` did not run).
   """
-  return r.with_info(env_reward=jnp.mean(r.reward))
+  if cache > 0 and r.env_reward is None:
+    raise ValueError(
+        "env_reward_info: the soft overlong penalty is on (cache > 0) but "
+        "r.env_reward is None"
+    )
+  env = r.reward if r.env_reward is None else r.env_reward
+  info = {"env_reward": jnp.mean(env)}
+  if cache > 0:
+    info["overlong_soft_penalty"] = jnp.mean(
+        _soft_penalty(r.traj, soft_max, cache)
+    )
+  return r.with_info(**info)
