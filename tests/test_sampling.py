@@ -408,14 +408,20 @@ def test_compiled_decode_loop_copies_no_weights():
   env = fakes.EchoEnv()
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 3)
   _, prompt, prompt_len = jax.vmap(env.reset)(tasks)
-  state = rollout.init_state(
+  # The carry enters the lowering by its shapes only: traced abstractly
+  # rather than prefilled op by op.
+  state = jax.eval_shape(
+      lambda prompt, prompt_len: rollout.init_state(
+          prompt,
+          prompt_len,
+          None,
+          max_len=32,
+          graphdef=graphdef,
+          params=params,
+          model_config=cfg,
+      ),
       prompt,
       prompt_len,
-      None,
-      max_len=32,
-      graphdef=graphdef,
-      params=params,
-      model_config=cfg,
   )
   turn = jax.jit(
       lambda p, st, k: rollout.generate_turn(
