@@ -30,7 +30,10 @@ def _batch(graphdef, params, b=8, l=10, seed=0):
   role = jnp.where(pos == 4, types.TOOL, role)
   role = jnp.where(pos >= lengths[:, None], types.PAD, role).astype(jnp.int8)
   mask = role == types.POLICY
-  logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
+  # One compiled forward (op by op it was hundreds of small compiles).
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, tokens, 1.0
+  )
   adv = jax.random.normal(k3, (b,))
   return learner.LearnerBatch(
       tokens=tokens,

@@ -5,6 +5,7 @@ what each declares against its function and the config schema."""
 import inspect
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -120,10 +121,12 @@ def test_padding_mask_from_lengths_with_pad_id_equal_to_eos():
   graphdef, params, _ = fakes.tiny_policy(0)
   lengths = jnp.array([3, 5])
   rows = jnp.array([[65, 66, eos, pad, pad], [70, 71, 72, 73, eos]])
+  # One compiled forward per width (op by op it was hundreds of compiles).
+  entropy = jax.jit(sampling.token_entropy, static_argnums=0)
   out = []
   for width in (5, 10):
     tokens = jnp.pad(rows, ((0, 0), (0, width - 5)), constant_values=pad)
-    ent = sampling.token_entropy(graphdef, params, tokens)
+    ent = entropy(graphdef, params, tokens)
     m = losses.length_mask(lengths, width)
     out.append(
         (
@@ -138,7 +141,6 @@ def test_loss_and_gradients_finite_on_a_batch_with_an_unrepresentable_group():
   """Group 0 has four rewards -11.000002 (not exact in float32): its GRPO
   advantages are 0 within 1e-6 and the clipped-surrogate loss, its KL and
   their gradients are finite, eagerly and under jit."""
-  import jax
   from agentic_rl import advantages
 
   r = jnp.array([-11.000002] * 4 + [1.0, 0.0, 1.0, 0.0], jnp.float32)

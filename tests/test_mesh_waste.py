@@ -52,7 +52,10 @@ def _rl_batch(graphdef, params, b=8, l=10, seed=0):
   mask = jax.random.bernoulli(k[1], 0.7, (b, l)).at[:, 0].set(False)
   from agentic_rl import sampling
 
-  logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
+  # One compiled forward (op by op it was hundreds of small compiles).
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, tokens, 1.0
+  )
   return learner.LearnerBatch(
       tokens=tokens,
       mask=mask,

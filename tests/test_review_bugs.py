@@ -132,7 +132,8 @@ def test_stop_ids_come_from_the_environment_format():
   assert rollout.env_stop_tokens(fakes.EchoEnv()) == tokenizers.STOP_TOKENS
   assert rollout.env_stop_tokens(OwnStopEnv()) == (STOP,)
   graphdef, params, cfg = _rigged_policy()
-  logits, _ = sampling.extend(
+  # One compiled extension (op by op it was hundreds of small compiles).
+  logits, _ = jax.jit(sampling.extend, static_argnums=0)(
       graphdef,
       params,
       transformer.init_cache(cfg, 1, 4),

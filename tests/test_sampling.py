@@ -14,15 +14,20 @@ from agentic_rl import types
 from agentic_rl.models import transformer
 from tests import fakes
 
+# The forward and the cache extension compiled once per shape (run op by op,
+# each shape was hundreds of small compiles).
+_apply_model = jax.jit(sampling.apply_model, static_argnums=0)
+_extend = jax.jit(sampling.extend, static_argnums=0)
+
 
 def test_token_by_token_decoding_equals_full_forward():
   graphdef, params, cfg = fakes.tiny_policy(0)
   b, l = 3, 12
   tokens = jax.random.randint(jax.random.PRNGKey(1), (b, l), 0, cfg.vocab_size)
-  full, _ = sampling.apply_model(graphdef, params, tokens)
+  full, _ = _apply_model(graphdef, params, tokens)
   cache = transformer.init_cache(cfg, b, l)
   prefill = 4
-  logits, cache = sampling.extend(
+  logits, cache = _extend(
       graphdef,
       params,
       cache,
@@ -32,7 +37,7 @@ def test_token_by_token_decoding_equals_full_forward():
   )
   np.testing.assert_allclose(logits, full[:, prefill - 1], atol=1e-5, rtol=1e-5)
   for t in range(prefill, l):
-    logits, cache = sampling.extend(
+    logits, cache = _extend(
         graphdef,
         params,
         cache,
@@ -49,7 +54,7 @@ def test_ragged_chunked_prefill_equals_full_forward():
   graphdef, params, cfg = fakes.tiny_policy(3)
   b, l = 2, 16
   tokens = jax.random.randint(jax.random.PRNGKey(2), (b, l), 0, cfg.vocab_size)
-  full, _ = sampling.apply_model(graphdef, params, tokens)
+  full, _ = _apply_model(graphdef, params, tokens)
   cache = transformer.init_cache(cfg, b, l)
   start = jnp.array([0, 0], jnp.int32)
   # Chunks of width 5 with real lengths: row 0: 5, 2, 4;  row 1: 3, 5, 1.
@@ -61,7 +66,7 @@ def test_ragged_chunked_prefill_equals_full_forward():
             for i in range(b)
         ]
     )
-    logits, cache = sampling.extend(
+    logits, cache = _extend(
         graphdef, params, cache, chunk, start, jnp.asarray(n, jnp.int32)
     )
     start = start + jnp.asarray(n, jnp.int32)
@@ -403,14 +408,20 @@ def test_compiled_decode_loop_copies_no_weights():
   env = fakes.EchoEnv()
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 3)
   _, prompt, prompt_len = jax.vmap(env.reset)(tasks)
-  state = rollout.init_state(
+  # The carry enters the lowering by its shapes only: traced abstractly
+  # rather than prefilled op by op.
+  state = jax.eval_shape(
+      lambda prompt, prompt_len: rollout.init_state(
+          prompt,
+          prompt_len,
+          None,
+          max_len=32,
+          graphdef=graphdef,
+          params=params,
+          model_config=cfg,
+      ),
       prompt,
       prompt_len,
-      None,
-      max_len=32,
-      graphdef=graphdef,
-      params=params,
-      model_config=cfg,
   )
   turn = jax.jit(
       lambda p, st, k: rollout.generate_turn(

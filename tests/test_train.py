@@ -233,8 +233,12 @@ def test_one_process_has_nothing_to_compare():
 
 def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   config = default.get_config("smoke")
-  config.sft.steps, config.rl.steps = 3, 1
-  config.eval.update(num_tasks=8, num_samples=0, pass_k=(), initial=True)
+  # SFT only here (the RL phase runs in the no-SFT run below); the smoke's 16
+  # held-out tasks, greedy only: the program
+  # test_evaluate_with_one_prefill_reports_exactly_the_same compiled (its
+  # share_prefill=False pass), reused rather than compiled for 8 tasks.
+  config.sft.steps, config.rl.steps = 3, 0
+  config.eval.update(num_samples=0, pass_k=(), initial=True)
   reports = train.train_and_evaluate(config, str(tmp_path / "run"))
   assert list(reports) == ["initial", "sft", "rl"]
   # The column is the held-out evaluation of the freshly initialised weights.
@@ -254,7 +258,7 @@ def test_eval_initial_scores_the_weights_before_sft(tmp_path):
   assert list(report["reports"]) == ["initial", "sft", "rl"]
   assert report["delta"]["from"] == "initial"
   # Without SFT the SFT column already is the initial weights: no extra pass.
-  config.sft.steps = 0
+  config.sft.steps, config.rl.steps = 0, 1
   reports = train.train_and_evaluate(config, str(tmp_path / "no_sft"))
   assert list(reports) == ["sft", "rl"]
   assert not (tmp_path / "no_sft" / "eval_initial.json").exists()
