@@ -473,6 +473,9 @@ def train_and_evaluate_rm(
 ) -> dict | None:
   """Runs (or resumes) the rm mode; returns the report (None if halted early).
 
+  A resumed run restores the newest intact checkpoint (`loop.resume`); newer
+  damaged ones are moved aside with a warning.
+
   Raises:
     ConfigError: invalid config (names field and value).
     FloatingPointError: a non-finite loss (names the phase and step).

@@ -1464,6 +1464,11 @@ def enable_compilation_cache(
   folder is replaced (jax initialises its cache once, at the first
   compilation). Prints one line with the folder.
 
+  The cache key names the backend ('cpu') but not the host CPU's model or
+  instruction set: do not carry a cache folder to another machine (delete
+  `runs/<claim>/xla_cache` after moving a run's folder), since an entry
+  compiled for another CPU could be loaded there.
+
   Returns:
     The folder's absolute path.
   """
