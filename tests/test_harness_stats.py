@@ -1725,3 +1725,35 @@ def test_run_claim_stops_when_a_recorded_start_trained_again_differs(
   assert out["rows"]["GRPO"] == [{"acc": 0.5}]
   assert json.loads(arm_rec.read_text())["rows"] == [{"acc": 0.5}]
   assert start_rec.read_text() == recorded
+
+
+def test_compilation_cache_flag_is_refused_where_no_cache_is_kept(
+    tmp_path, monkeypatch
+):
+  # cli without `compilation_cache` (called from tests or other tools, not a
+  # claim's own process) would parse --compilation_cache and ignore it: a
+  # one-line UsageError naming the flag, before anything runs.
+  from experiments import harness  # noqa: PLC0415
+
+  ran, cached = [], []
+  monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
+  monkeypatch.setattr(harness, "enable_compilation_cache", cached.append)
+  kwargs = dict(
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: {"a": None},
+  )
+  root = ["--smoke", f"--root={tmp_path}"]
+  for flag in (f"--compilation_cache={tmp_path / 'c'}", "--compilation_cache="):
+    with pytest.raises(harness.UsageError) as err:
+      harness.cli(root + [flag], **kwargs)
+    msg = str(err.value)
+    assert msg.startswith(f"--compilation_cache={flag.split('=', 1)[1]!r}: ")
+    assert (
+        "python -m experiments.x keeps no persistent compilation cache" in msg
+    )
+    assert "\n" not in msg
+  assert ran == [] and cached == []
+  harness.cli(root, **kwargs)  # without the flag: runs, no cache
+  assert len(ran) == 1 and cached == []
