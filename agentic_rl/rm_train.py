@@ -474,11 +474,14 @@ def train_and_evaluate_rm(
   """Runs (or resumes) the rm mode; returns the report (None if halted early).
 
   A resumed run restores the newest intact checkpoint (`loop.resume`); newer
-  damaged ones are moved aside with a warning.
+  damaged ones are moved aside with a warning. A finished run (its report
+  written and that same newest intact checkpoint at the last step) returns
+  the saved report without training or evaluating again.
 
   Raises:
     ConfigError: invalid config (names field and value).
     FloatingPointError: a non-finite loss (names the phase and step).
+    checkpoint.CheckpointError: checkpoints exist but none is intact.
   """
   config = schema.with_defaults(config)  # what the config leaves out
   validate_rm_config(config)
@@ -497,9 +500,11 @@ def train_and_evaluate_rm(
       save_interval_steps=config.checkpoint.every_steps,
   )
   report_path = os.path.join(workdir, REPORT_FILE)
-  if ckpt.latest_step() == total and os.path.exists(report_path):
+  if ckpt.latest_intact_step() == total and os.path.exists(report_path):
     # Finished run: re-running is a no-op (no second evaluation, no duplicate
-    # eval line in metrics.jsonl).
+    # eval line in metrics.jsonl). The step is the one `loop.resume` would
+    # restore (damaged newer checkpoints are moved aside): a damaged final
+    # checkpoint means the run resumes from an earlier one and trains again.
     ckpt.close()
     logging.info(
         "%s is finished (step %d, %s): nothing to do",

@@ -1430,6 +1430,14 @@ def main(argv=None) -> int:
   p.add_argument("--compilation_cache", default="")
   p.set_defaults(fn=cmd_child)
   args = parser.parse_args(argv)
+  if getattr(args, "no_cache", False) and args.compilation_cache:
+    # --no_cache wins in `_cache`: the folder would be parsed and ignored.
+    print(
+        f"error: --compilation_cache={args.compilation_cache} with --no_cache:"
+        " pass one of them",
+        file=sys.stderr,
+    )
+    return 2
   return args.fn(args)
 
 

@@ -1512,14 +1512,16 @@ def cli(
   the flags as results.json's command. With `compilation_cache` (a claim's
   own process: `claim_main`) the run keeps a persistent XLA compilation cache
   in ROOT/xla_cache (--compilation_cache=DIR elsewhere, '' for none;
-  `enable_compilation_cache`), shared by the folder's claims and resumed runs.
+  `enable_compilation_cache`), shared by the folder's claims and resumed runs;
+  without it the run leaves jax's cache setting alone and refuses the flag.
 
   Without --smoke the run is a decision run and needs a clean git tree
   (`require_clean_tree`; results files aside).
 
   Raises:
     UsageError (a ValueError): malformed --seeds, an unknown arm in --arms, a
-    spec arm that is not an arm, or (without --smoke) a dirty git tree.
+    spec arm that is not an arm, --compilation_cache without
+    `compilation_cache`, or (without --smoke) a dirty git tree.
   """
   import argparse  # pylint: disable=g-import-not-at-top
 
@@ -1557,6 +1559,13 @@ def cli(
       "seeds, evaluations and runs",
   )
   args = p.parse_args(list(argv))
+  if not compilation_cache and args.compilation_cache is not None:
+    # Without `compilation_cache` the flag would be parsed and then ignored.
+    raise UsageError(
+        f"--compilation_cache={args.compilation_cache!r}: python -m {prog} "
+        "keeps no persistent compilation cache (a claim folder's own "
+        "process does); drop the flag"
+    )
   seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
   try:
     seeds = [int(s) for s in seeds_str.split(",") if s.strip()]

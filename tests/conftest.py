@@ -9,13 +9,17 @@ then run for milliseconds; LLVM's optimisation passes are most of each compile
 are the same; only the machine code is less optimised. The slow, learning and
 experiments tiers (an explicit -m) keep XLA's default, as do runs whose
 XLA_FLAGS already set the level, and AGENTIC_RL_TEST_XLA_OPT=default turns it
-off.
+off. The decision is `xla_opt_level.default_tier_xla_flags`: the default tier
+is the run whose -m expression is pytest.ini's addopts one (whitespace
+aside), read from the ini file pytest loaded.
 """
 
 import os
 import tempfile
 
 import jax
+
+from tests import xla_opt_level
 
 _CACHE = os.environ.get(
     "AGENTIC_RL_TEST_XLA_CACHE",
@@ -24,18 +28,15 @@ _CACHE = os.environ.get(
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
-_DEFAULT_TIER = "not slow and not experiments and not learning"
-_OPT_FLAG = "--xla_backend_optimization_level"
-
 
 def pytest_configure(config):
   # Before any test runs a computation: XLA reads XLA_FLAGS when the CPU
   # backend starts (on first use; collection and this hook precede it).
   # Subprocesses the tests start (main.py runs) inherit it.
-  flags = os.environ.get("XLA_FLAGS", "")
-  if (
-      config.getoption("markexpr", "") == _DEFAULT_TIER
-      and os.environ.get("AGENTIC_RL_TEST_XLA_OPT", "") != "default"
-      and _OPT_FLAG not in flags
-  ):
-    os.environ["XLA_FLAGS"] = f"{flags} {_OPT_FLAG}=0".strip()
+  flags = xla_opt_level.default_tier_xla_flags(
+      config.getoption("markexpr", ""),
+      xla_opt_level.markexpr_from_args(config.getini("addopts")),
+      os.environ,
+  )
+  if flags is not None:
+    os.environ["XLA_FLAGS"] = flags

@@ -195,3 +195,21 @@ def test_one_variant_records_then_checks_bit_identical(tmp_path):
       np.nextafter(np.float32(x), np.float32(np.inf))
   )
   assert bi.compare_variant("grpo_default", r, rerun).status == "DIFF"
+
+
+def test_compilation_cache_with_no_cache_is_refused(tmp_path, capsys):
+  # --no_cache would silently ignore the --compilation_cache folder: one
+  # error line naming both flags, exit status 2, nothing run or written.
+  out = tmp_path / "ref.json"
+  cache = tmp_path / "c"
+  for command in ("record", "check"):
+    extra = ["--ref", str(out)] if command == "check" else ["--out", str(out)]
+    status = bi.main(
+        [command, *extra, "--no_cache", f"--compilation_cache={cache}"]
+    )
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --compilation_cache={cache} with --no_cache: pass one of them\n"
+    )
+  assert not out.exists() and not cache.exists()

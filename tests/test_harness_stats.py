@@ -1643,3 +1643,117 @@ def test_start_trained_again_must_reproduce_its_record_exactly():
     harness.check_start_reproduced(rec, [{"accuracy": 0.49}, same[1]], [0, 1])
   with pytest.raises(RuntimeError, match="2 recorded rows, 1 now"):
     harness.check_start_reproduced(rec, same[:1], [0])
+
+
+def test_run_claim_stops_when_a_recorded_start_trained_again_differs(
+    tmp_path, monkeypatch
+):
+  # The path users hit: seed 0's start and arm are recorded (seed_records),
+  # then on another machine (no workdirs) a changed arm needs the start
+  # trained again. A start that evaluates 2**-40 away from its record stops
+  # run_claim before the arm trains, with check_start_reproduced's message;
+  # one that reproduces its record exactly lets the arm train.
+  import shutil  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  calls = []
+  start_acc = [0.25]
+
+  def fake_train_seeds(config, seeds, workdir, resume_free=()):
+    os.makedirs(workdir, exist_ok=True)
+    calls.append((config.rl.steps, os.path.basename(workdir)))
+    return {
+        "params": {"w": np.zeros((len(seeds), 1))},
+        "sft": [{"acc": start_acc[0]} for _ in seeds],
+        "rl": [{"acc": 0.5} for _ in seeds],
+        "curves": {"rl/acc": np.zeros((2, len(seeds)))}
+        if config.rl.steps
+        else {},
+        "wall_call_s": 1.0,
+        "wall_total_s": 1.0,
+        "wall_complete": True,
+    }
+
+  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
+  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
+  cfg = ml_collections.ConfigDict(
+      {"rl": {"steps": 3, "lr": 0.1}, "sft": {"steps": 2}, "eval": {"n": 4}}
+  )
+  root, out_dir = tmp_path / "root", tmp_path / "out"
+  kw = dict(
+      root=str(root),
+      out_dir=str(out_dir),
+      metrics=(("acc", "acc"),),
+      curve_keys=("rl/acc",),
+      seeds_per_call=1,
+  )
+  harness.run_claim("t", {"GRPO": cfg}, [0], **kw)
+  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0")]
+  start_rec = out_dir / "seed_records" / "sft_k_s0.json"
+  recorded = start_rec.read_text()
+  assert json.loads(recorded)["rows"] == [{"acc": 0.25}]
+
+  changed = ml_collections.ConfigDict(cfg.to_dict())
+  changed.rl.lr = 0.2  # another arm record; the same start record
+  arm_rec = (
+      out_dir
+      / "seed_records"
+      / f"GRPO_s0_{harness.experiment_seeds.config_hash(changed)[:8]}.json"
+  )
+  shutil.rmtree(root)
+  calls.clear()
+  start_acc[0] = 0.25 + 2**-40
+  with pytest.raises(RuntimeError) as err:
+    harness.run_claim("t", {"GRPO": changed}, [0], **kw)
+  msg = str(err.value)
+  assert "the SFT start trained again differs from its record" in msg
+  assert f"seed 0 acc: recorded 0.25, now {0.25 + 2**-40}" in msg
+  assert "move the claim's seed_records aside" in msg
+  assert calls == [(0, "sft_k_s0")]  # the arm was not trained
+  assert not arm_rec.exists()
+  assert start_rec.read_text() == recorded  # the record is kept as it was
+
+  shutil.rmtree(root)
+  calls.clear()
+  start_acc[0] = 0.25
+  out = harness.run_claim("t", {"GRPO": changed}, [0], **kw)
+  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0")]
+  assert out["rows"]["SFT (start)"] == [{"acc": 0.25}]
+  assert out["rows"]["GRPO"] == [{"acc": 0.5}]
+  assert json.loads(arm_rec.read_text())["rows"] == [{"acc": 0.5}]
+  assert start_rec.read_text() == recorded
+
+
+def test_compilation_cache_flag_is_refused_where_no_cache_is_kept(
+    tmp_path, monkeypatch
+):
+  # cli without `compilation_cache` (called from tests or other tools, not a
+  # claim's own process) would parse --compilation_cache and ignore it: a
+  # one-line UsageError naming the flag, before anything runs.
+  from experiments import harness  # noqa: PLC0415
+
+  ran, cached = [], []
+  monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
+  monkeypatch.setattr(harness, "enable_compilation_cache", cached.append)
+  kwargs = dict(
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: {"a": None},
+  )
+  root = ["--smoke", f"--root={tmp_path}"]
+  for flag in (f"--compilation_cache={tmp_path / 'c'}", "--compilation_cache="):
+    with pytest.raises(harness.UsageError) as err:
+      harness.cli(root + [flag], **kwargs)
+    msg = str(err.value)
+    assert msg.startswith(f"--compilation_cache={flag.split('=', 1)[1]!r}: ")
+    assert (
+        "python -m experiments.x keeps no persistent compilation cache" in msg
+    )
+    assert "\n" not in msg
+  assert ran == [] and cached == []
+  harness.cli(root, **kwargs)  # without the flag: runs, no cache
+  assert len(ran) == 1 and cached == []

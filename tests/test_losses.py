@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 from agentic_rl import learner
 from agentic_rl import losses
@@ -311,3 +312,74 @@ def test_a_policy_loss_entry_with_an_unknown_input_is_refused():
     losses.PolicyLoss(lambda x: x, ("logp",))
   with pytest.raises(ValueError, match="unknown inputs or settings"):
     losses.PolicyLoss(lambda x: x, ("logp_bl",), ("eps",))
+
+
+def test_rl_loss_names_the_inputs_the_batch_lacks(monkeypatch):
+  """The RL loss refuses a batch without an input its policy-loss entry
+  declares, naming every missing one ('flowrl' takes ref_logp_bl,
+  reward_hat_b and log_z_b, the last from prompt_embedding), instead of
+  passing None into the loss; the complete batch gives the hand value."""
+  rl = ml_collections.ConfigDict(
+      dict(
+          temperature=1.0,
+          loss_type="flowrl",
+          flowrl_log_z_hidden=0,
+          flowrl_beta=1.0,
+          flowrl_clip=0.2,
+          clip_low=0.2,
+          clip_high=0.2,
+          loss_agg_mode="seq-mean-token-mean",
+          loss_norm_constant=0,
+          kl_estimator="k3",
+          entropy_coef=0.0,
+      )
+  )
+  zeros = jnp.zeros((2, 3), jnp.float32)
+  # Every log-prob and entropy 0 (no model: the forward is replaced).
+  monkeypatch.setattr(
+      learner.sampling,
+      "token_logprobs",
+      lambda graphdef, params, tokens, temperature: (zeros, zeros),
+  )
+  log_z = nnx.state(losses.LogPartition(2, 0, rngs=nnx.Rngs(0)))
+  full = learner.LearnerBatch(
+      tokens=jnp.zeros((2, 3), jnp.int32),
+      mask=jnp.array([[False, True, True], [False, True, False]]),
+      behaviour_logp=zeros,
+      ref_logp=zeros,
+      advantage=zeros,
+      reward_hat=jnp.array([1.0, 0.0], jnp.float32),
+      prompt_embedding=jnp.ones((2, 2), jnp.float32),
+  )
+
+  def loss(batch):
+    return learner._rl_loss(  # pylint: disable=protected-access
+        None,
+        None,
+        batch,
+        rl,
+        kl_coef=0.0,
+        denominator=None,
+        log_z_params=log_z,
+    )
+
+  for changes, missing in (
+      ({"reward_hat": None}, "['reward_hat_b']"),
+      ({"ref_logp": None}, "['ref_logp_bl']"),
+      ({"prompt_embedding": None}, "['log_z_b']"),  # no log Z without it
+      (
+          {"ref_logp": None, "reward_hat": None},
+          "['ref_logp_bl', 'reward_hat_b']",
+      ),
+  ):
+    with pytest.raises(ValueError) as err:
+      loss(full.replace(**changes))
+    assert str(err.value) == (
+        f"rl.loss_type='flowrl' takes {missing}, which the batch lacks"
+    ), changes
+  # Complete: log Z = 0 and every log-prob 0, so delta_b = -beta * r_hat_b =
+  # [-1, 0], both weights 1 (ratio 1), loss (1 + 0) / 2 rows.
+  value, metrics = loss(full)
+  np.testing.assert_allclose(float(value), 0.5, rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["pg_loss"]), 0.5, rtol=1e-6)
+  assert float(metrics["log_z"]) == 0.0

@@ -1,8 +1,9 @@
 """A learned reward model inside RL: the `rm` reward component, the RM as a PBRS
 potential, the over-optimisation monitor, loading/validation of an rm workdir, and
-the rm mode's no-op re-run."""
+the rm mode's no-op re-run (not taken past a damaged final checkpoint)."""
 
 import json
+import logging
 import math
 import os
 
@@ -435,3 +436,60 @@ def test_rm_mode_rerun_on_a_finished_workdir_is_a_no_op(rm_dir, tmp_path):
   assert got == report
   assert (workdir / "metrics.jsonl").read_text() == before
   assert not (workdir / "preferences.jsonl").exists()  # no work was done
+
+
+def test_rm_mode_with_a_damaged_final_checkpoint_is_not_finished(
+    rm_dir, tmp_path, monkeypatch, caplog
+):
+  """A workdir with its report whose final checkpoint (step 4) is damaged is
+  not taken for a finished run: the shortcut reads the step the resume
+  restores, the newest intact one (3, the damaged 4 moved aside), so the
+  run goes on to train (stopped here where it builds its training pairs)."""
+  state = rm_dir[2]
+  config = _rm_config()
+  total = config.sft.steps + 2 * config.rm.steps
+  assert total == 4
+  workdir = tmp_path / "damaged"
+  workdir.mkdir()
+  ckdir = str(workdir / "checkpoints")
+  with checkpoint_lib.Checkpointer(ckdir, max_to_keep=5) as ck:
+    assert ck.save(total - 1, state, force=True)
+    assert ck.save(total, state, force=True)
+  (workdir / "rm_report.json").write_text(json.dumps({"marker": 7}))
+  # Zero the final checkpoint's largest file (same size, wrong checksum).
+  final = os.path.join(ckdir, str(total))
+  files = [
+      os.path.join(root, n)
+      for root, _, names in os.walk(final)
+      for n in names
+      if n != checkpoint_lib.MANIFEST
+  ]
+  largest = max(files, key=os.path.getsize)
+  size = os.path.getsize(largest)
+  assert size > 0
+  with open(largest, "wb") as f:
+    f.write(b"\0" * size)
+  with checkpoint_lib.Checkpointer(ckdir, max_to_keep=5) as ck:
+    assert ck.latest_step() == total  # what the shortcut used to read
+
+  class Trains(Exception):
+    pass
+
+  def pairs(*args):
+    del args
+    raise Trains
+
+  monkeypatch.setattr(rm_train, "_pairs", pairs)
+  caplog.set_level(logging.WARNING)
+  with pytest.raises(Trains):
+    rm_train.train_and_evaluate_rm(config, str(workdir))
+  assert os.path.isdir(os.path.join(ckdir + "-damaged", str(total)))
+  assert sorted(n for n in os.listdir(ckdir) if n.isdigit()) == [str(total - 1)]
+  warns = [
+      r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+  ]
+  assert any(
+      f"step {total}:" in w and f"resuming from step {total - 1}" in w
+      for w in warns
+  ), warns
+  assert json.loads((workdir / "rm_report.json").read_text()) == {"marker": 7}
