@@ -220,7 +220,9 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   # near-zero gradients). Two buckets (32, 64): the one chosen and the whole
   # buffer, each compiled into the program (the choice among more lengths,
   # a too short one included: test_bucketed_forward_by_hand, same
-  # bucket_index, and the 4-bucket step below).
+  # bucket_index, and the 4-bucket step below). A one-layer policy: the
+  # equality does not depend on the depth, and each bucket's update unrolls
+  # every block in its forward and backward.
   import optax  # noqa: PLC0415
 
   from agentic_rl import train  # noqa: PLC0415
@@ -229,6 +231,7 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   from configs import schema  # noqa: PLC0415
 
   config = schema.with_defaults(default.get_config("smoke"))
+  config.model.num_layers = 1
   config.rl.update(rl)
   graphdef, state = train.init_state(config, train.make_model_config(config))
   rng = np.random.default_rng(0)
