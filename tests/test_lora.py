@@ -567,9 +567,14 @@ def test_token_logprobs_with_a_dropout_key_are_the_masked_models():
 
 
 def _dropout_rl_config(dropout):
+  """The smoke config with rank-4 adapters (dropout `dropout`), two minibatches
+  of two micro-batches, and a one-layer policy: the test compares compiled
+  updates with hand-rolled gradients of the same weights, at any depth, and
+  compiles six programs whose forwards and backwards unroll every block."""
   from configs import default  # noqa: PLC0415
 
   config = default.get_config("smoke")
+  config.model.num_layers = 1
   config.model.lora.rank = 4
   config.model.lora.dropout = dropout
   config.rl.num_minibatches = 2
