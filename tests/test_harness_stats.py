@@ -616,23 +616,42 @@ def test_summary_reads_room_check_when_results_are_undecided(tmp_path):
   assert "+0.500" in text and "room check only" not in text
 
 
-def test_bad_runner_flags_are_one_line_errors():
+def test_bad_runner_flags_are_one_line_errors(monkeypatch, capsys):
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415
 
-  for flag, want in (
-      ("--arms=bogus", "error: --arms: unknown arm(s) ['bogus']"),
-      ("--seeds=a,b", "error: --seeds must be comma-separated integers"),
-  ):
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.dark_room", "--smoke", flag],
-        capture_output=True,
-        text=True,
-        timeout=300,
+  from experiments import harness  # noqa: PLC0415
+
+  # A claim's own process (python -m: the folder's __main__ through
+  # claim_main): an unknown arm is one line on stderr, exit status 2.
+  argv = ["-m", "experiments.dark_room", "--smoke", "--arms=bogus"]
+  proc = subprocess.run(
+      [sys.executable, *argv],
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.strip().startswith(
+      "error: --arms: unknown arm(s) ['bogus']"
+  ), proc.stderr
+  assert "Traceback" not in proc.stderr
+  # A malformed --seeds through the same claim_main (sys.argv, the stderr
+  # line, the exit status), in this process: a second interpreter start-up
+  # (seconds of imports) would only repeat the path checked just above.
+  monkeypatch.setattr(sys, "argv", ["dark_room", "--smoke", "--seeds=a,b"])
+  with pytest.raises(SystemExit) as exit_info:
+    harness.claim_main(
+        os.path.join(harness.REPO, "experiments", "dark_room", "__main__.py"),
+        title="t",
+        arms_fn=lambda smoke: {"a": None},
     )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().startswith(want), proc.stderr
-    assert "Traceback" not in proc.stderr
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.strip().startswith(
+      "error: --seeds must be comma-separated integers"
+  ), err
+  assert "Traceback" not in err
 
 
 def _bon(orm, prm, random, oracle):

@@ -18,6 +18,12 @@ from agentic_rl import types
 from configs import default
 from tests import fakes
 
+# fakes.TINY with one block, for the update tests whose assertions (micro-batch
+# accumulation = the full batch, first ratios 1, the SFT token mean) hold at
+# any depth: each test and parametrisation compiles its own update programs,
+# and blocks are unrolled, so one block instead of two makes each smaller.
+_TINY_1 = dataclasses.replace(fakes.TINY, num_layers=1)
+
 
 def _batch(graphdef, params, b=8, l=10, seed=0):
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -56,7 +62,7 @@ def _config(**rl):
     "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 )
 def test_microbatch_accumulation_equals_full_batch(mode):
-  graphdef, params, _ = fakes.tiny_policy(0)
+  graphdef, params, _ = fakes.tiny_policy(0, _TINY_1)
   batch = _batch(graphdef, params)
   out = []
   for micro in (1, 4):
@@ -91,7 +97,7 @@ def test_microbatch_accumulation_equals_full_batch(mode):
     ],
 )
 def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
-  graphdef, params, _ = fakes.tiny_policy(1)
+  graphdef, params, _ = fakes.tiny_policy(1, _TINY_1)
   batch = _batch(graphdef, params, seed=1)
   config = _config(
       loss_type=loss_type,
@@ -116,10 +122,24 @@ def test_every_loss_type_updates_with_first_ratio_one(loss_type, mode):
 _rl_state_and_step = fakes.rl_state_and_step
 
 
+def _one_layer(config):
+  """`config` (changed in place and returned) with a one-layer policy.
+
+  For the tests below that check how switches are wired through one jitted
+  GRPO iteration (finite metrics, logged keys, hand-computed controller
+  steps): nothing they assert depends on the depth, and the iteration is one
+  large program whose blocks are unrolled (in the rollout, the reference and
+  behaviour forwards and the update), so one layer instead of the smoke
+  model's three compiles it in a good deal less time.
+  """
+  config.model.num_layers = 1
+  return config
+
+
 def test_rl_step_with_non_default_switches_runs():
   """Wiring of reward composition, schedules, noise, HDPO, CISPO, KL in reward,
   adaptive KL and micro-batches through one jitted GRPO iteration."""
-  config = default.get_config("smoke")
+  config = _one_layer(default.get_config("smoke"))
   config.rl.rewards = {"otc": 1.0, "tool_bonus": 1.0, "format": 0.1}
   config.rl.reward_schedules = {
       "tool_bonus": {"kind": "linear", "start": 0.2, "end": 0.0, "steps": 2}
@@ -156,7 +176,7 @@ def test_rl_step_with_non_default_switches_runs():
 
 @pytest.mark.parametrize("credit_mode", ["per_turn", "trajectory"])
 def test_rl_step_with_pbrs_credit_runs(credit_mode):
-  config = default.get_config("smoke")
+  config = _one_layer(default.get_config("smoke"))
   config.rl.credit = credit_mode
   config.rl.pbrs_coef = 0.5
   config.rl.discount = 0.9
@@ -261,7 +281,7 @@ def test_rl_steps_with_replay_injection_and_self_imitation():
 
 
 def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
-  config = default.get_config("smoke")
+  config = _one_layer(default.get_config("smoke"))
   config.rl.dual_constraint = "num_tool_calls"
   config.rl.dual_target = 0.25
   config.rl.dual_lr = 0.5
@@ -548,7 +568,7 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
   """rl.behaviour_logprobs='trainer': every POLICY token's first-epoch ratio
   is exactly 1.0 (bitwise) with several PPO epochs and num_minibatches=1;
   'sampler' keeps the batch's log-probs (here offset by 1e-3) in the ratio."""
-  graphdef, params, _ = fakes.tiny_policy(1)
+  graphdef, params, _ = fakes.tiny_policy(1, _TINY_1)
   batch = _batch(graphdef, params, seed=1)
   mask = batch.mask
   # Epoch 0 runs at the warmup's learning rate 0, so epochs 0 and 1 both see
@@ -674,7 +694,7 @@ def _graded_reward_smoke_config():
 
 
 def test_ppo_gae_smoke_runs_and_trains_the_value_head():
-  config = _graded_reward_smoke_config()
+  config = _one_layer(_graded_reward_smoke_config())
   config.model.value_head = True
   config.rl.advantage_estimator = "gae"
   config.rl.ppo_epochs = 2
@@ -693,7 +713,7 @@ def test_ppo_gae_smoke_runs_and_trains_the_value_head():
 
 
 def test_value_potential_smoke_runs_per_turn():
-  config = default.get_config("smoke")
+  config = _one_layer(default.get_config("smoke"))
   config.model.value_head = True
   config.rl.credit = "per_turn"
   config.rl.pbrs_coef = 0.5
@@ -810,17 +830,20 @@ def _sft_traj(batch, seed=0):
 
 
 def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
-  graphdef, params, _ = fakes.tiny_policy(0)
+  graphdef, params, _ = fakes.tiny_policy(0, _TINY_1)
   traj = _sft_traj(_batch(graphdef, params, b=8, l=12))
-  # Reference: token-mean NLL of the POLICY tokens, from the model's own logits.
-  model = nnx.merge(graphdef, params)
-  logits, _ = model(traj.tokens)
-  logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-  logp = jnp.take_along_axis(logp_all, traj.tokens[:, 1:, None], axis=-1)[
-      ..., 0
-  ]
-  mask = (traj.role == types.POLICY)[:, 1:]
-  expected = float(-jnp.sum(logp * mask) / jnp.sum(mask))
+
+  # Reference: token-mean NLL of the POLICY tokens, from the model's own
+  # logits; one compiled program (op by op it was ~100 small compiles).
+  @jax.jit
+  def reference(params, tokens, role):
+    logits, _ = nnx.merge(graphdef, params)(tokens)
+    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+    mask = (role == types.POLICY)[:, 1:]
+    return -jnp.sum(logp * mask) / jnp.sum(mask)
+
+  expected = float(reference(params, traj.tokens, traj.role))
   out = {}
   for micro in (1, 2, 4):
     loss, m, grads = jax.jit(

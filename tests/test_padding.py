@@ -217,7 +217,12 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   # A batch whose trained positions end at 21 of L = 64: the update on the
   # 32-token bucket equals the update on the whole buffer (plain SGD, so
   # that float-order noise is not amplified the way Adam amplifies it on
-  # near-zero gradients).
+  # near-zero gradients). Two buckets (32, 64): the one chosen and the whole
+  # buffer, each compiled into the program (the choice among more lengths,
+  # a too short one included: test_bucketed_forward_by_hand, same
+  # bucket_index, and the 4-bucket step below). A one-layer policy: the
+  # equality does not depend on the depth, and each bucket's update unrolls
+  # every block in its forward and backward.
   import optax  # noqa: PLC0415
 
   from agentic_rl import train  # noqa: PLC0415
@@ -226,6 +231,7 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
   from configs import schema  # noqa: PLC0415
 
   config = schema.with_defaults(default.get_config("smoke"))
+  config.model.num_layers = 1
   config.rl.update(rl)
   graphdef, state = train.init_state(config, train.make_model_config(config))
   rng = np.random.default_rng(0)
@@ -254,7 +260,8 @@ def test_bucketed_update_matches_the_whole_buffer(rl):
     batch = batch.replace(obs_mask=jnp.asarray(obs))
   tx = optax.sgd(0.5)
   update = update_lib.make_update_fn(config, graphdef, tx)
-  lengths = padding.update_lengths(length, 4, 16)
+  lengths = padding.update_lengths(length, 2, 16)
+  assert lengths == (32, 64)
   bucketed = padding.bucketed_update(update, lengths)
   opt = tx.init(state.params)
   p_b, _, m_b = jax.jit(bucketed)(state.params, opt, batch, 0.05)

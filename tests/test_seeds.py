@@ -15,8 +15,13 @@ from tests import fakes
 
 
 def _tiny():
+  # A one-layer policy: the vmapped SFT and RL steps, the per-seed
+  # evaluations and their re-traces on resume are most of this module's
+  # time; what it asserts (vmapped = single runs, resume = uninterrupted,
+  # wall-time records) does not depend on the depth.
   return fakes.shrink(
       default.get_config("smoke"),
+      model=dict(num_layers=1),
       sft_steps=4,
       sft_batch=8,
       rl_steps=3,

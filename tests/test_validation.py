@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -72,21 +73,36 @@ def test_train_rejects_before_any_work(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def _finished_zero_step_run(tmp_path):
-  """A finished run (no training, 4 eval tasks) and its workdir."""
+def _zero_step_config():
+  """The smoke config without training, evaluated greedily on 4 tasks."""
   config = default.get_config("smoke")
   config.sft.steps = 0
   config.rl.steps = 0
   config.eval.num_samples = 0
   config.eval.pass_k = ()
   config.eval.num_tasks = 4
+  return config
+
+
+@pytest.fixture(scope="module")
+def zero_step_workdir(tmp_path_factory):
+  """The workdir of a finished zero-step run, run once for the module (each
+  run traces, compiles or loads and runs its evaluation again)."""
+  workdir = str(tmp_path_factory.mktemp("zero_step") / "run")
+  train.train_and_evaluate(_zero_step_config(), workdir)
+  return workdir
+
+
+def _finished_zero_step_run(tmp_path, zero_step_workdir):
+  """A finished run (no training, 4 eval tasks): its config and this test's
+  own copy of its workdir (to resume, or to edit)."""
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
-  return config, workdir
+  shutil.copytree(zero_step_workdir, workdir)
+  return _zero_step_config(), workdir
 
 
-def test_resume_with_a_different_model_is_rejected(tmp_path):
-  config, workdir = _finished_zero_step_run(tmp_path)
+def test_resume_with_a_different_model_is_rejected(tmp_path, zero_step_workdir):
+  config, workdir = _finished_zero_step_run(tmp_path, zero_step_workdir)
   config.model.d_model = 64
   with pytest.raises(ValueError, match=r"config\.model\.d_model=64 \(was 96\)"):
     train.train_and_evaluate(config, workdir)
@@ -101,8 +117,10 @@ def test_max_len_must_fit_prompt_and_one_turn():
     validation.validate_config(config)
 
 
-def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
-  config, workdir = _finished_zero_step_run(tmp_path)
+def test_resume_with_changed_training_settings_lists_every_field(
+    tmp_path, zero_step_workdir
+):
+  config, workdir = _finished_zero_step_run(tmp_path, zero_step_workdir)
   # Allowed: more RL steps or a different evaluation.
   config.eval.num_tasks = 6
   train.train_and_evaluate(config, workdir)
@@ -116,8 +134,10 @@ def test_resume_with_changed_training_settings_lists_every_field(tmp_path):
     train.train_and_evaluate(config, workdir)
 
 
-def test_resume_accepts_a_new_gradient_accumulation_split(tmp_path):
-  config, workdir = _finished_zero_step_run(tmp_path)
+def test_resume_accepts_a_new_gradient_accumulation_split(
+    tmp_path, zero_step_workdir
+):
+  config, workdir = _finished_zero_step_run(tmp_path, zero_step_workdir)
   # A workdir written before sft.num_microbatches existed, resumed with it;
   # then more microbatches (same update, less memory).
   saved = os.path.join(workdir, "config.json")
