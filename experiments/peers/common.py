@@ -138,6 +138,22 @@ def param_count(m: dict) -> int:
   return m["num_layers"] * per_layer + m["vocab_size"] * d + d
 
 
+def forward_flops(m: dict, positions: int, logits: int, context: int) -> int:
+  """Model FLOPs of a forward of the decoder `m` over `positions` tokens.
+
+  2 FLOPs per weight of every projection per token (`body` = layers x (q, k,
+  v, o, gate, up, down)), plus 2 * d * V for the output layer at each of the
+  `logits` positions whose logits are computed, plus attention 4 * layers *
+  heads * head_dim per unit of `context` (the sum over the positions of
+  each one's causal context length: q.k and the weighted sum of v).
+  """
+  d, v = m["d_model"], m["vocab_size"]
+  h, g, k, f = m["num_heads"], m["num_kv_heads"], m["head_dim"], m["ffn_dim"]
+  body = m["num_layers"] * (2 * d * h * k + 2 * d * g * k + 3 * d * f)
+  attn = 4 * m["num_layers"] * h * k  # per unit of context
+  return 2 * body * positions + 2 * d * v * logits + attn * context
+
+
 def iteration_flops(
     m: dict, episodes: int, prompt_len: int, new_tokens: int
 ) -> dict:
@@ -164,18 +180,12 @@ def iteration_flops(
   Returns:
     {'sample', 'reference', 'policy', 'total'} in FLOPs for all episodes.
   """
-  d, v = m["d_model"], m["vocab_size"]
-  h, g, k, f = m["num_heads"], m["num_kv_heads"], m["head_dim"], m["ffn_dim"]
-  body = m["num_layers"] * (2 * d * h * k + 2 * d * g * k + 3 * d * f)
-  attn = 4 * m["num_layers"] * h * k  # per unit of context
   p, n = prompt_len, new_tokens
   t = p + n
-  sample = (
-      2 * body * (p + n - 1)
-      + 2 * d * v * n
-      + attn * (p * (p + 1) // 2 + sum(range(p + 1, p + n)))
+  sample = forward_flops(
+      m, p + n - 1, n, p * (p + 1) // 2 + sum(range(p + 1, p + n))
   )
-  forward = 2 * body * t + 2 * d * v * n + attn * (t * (t + 1) // 2)
+  forward = forward_flops(m, t, n, t * (t + 1) // 2)
   out = dict(
       sample=episodes * sample,
       reference=episodes * forward,

@@ -1,0 +1,104 @@
+"""experiments/bench_smollm2_calc.py helpers by hand: the buffer's tokens by
+kind and the FLOPs of one iteration counted from the shapes."""
+
+from __future__ import annotations
+
+import types as pytypes
+
+import numpy as np
+
+from agentic_rl import types
+from experiments import bench_smollm2_calc as bench
+from experiments.peers import common
+
+P, Y, T, M, X = (
+    types.PROMPT,
+    types.POLICY,
+    types.TOOL,
+    types.TEMPLATE,
+    types.PAD,
+)
+
+# Row 0: prompt of 2, a call of 2 sampled tokens, one tool token, the answer
+# (1 sampled); row 1: prompt with scaffolding (2), 1 sampled, 3 padding.
+ROLE = np.array(
+    [[P, P, Y, Y, T, Y], [P, M, Y, X, X, X]],
+    np.int8,
+)
+LENGTH = np.array([6, 3])
+
+# d 2, one layer, one query and one kv head of 2, SwiGLU 3, vocabulary 5:
+# projections 2 * 34 = 68 FLOPs per token, vocabulary 2 * 2 * 5 = 20 per
+# logit, attention 4 * 1 * 1 * 2 = 8 per unit of context.
+SMALL = dict(
+    vocab_size=5,
+    d_model=2,
+    num_layers=1,
+    num_heads=1,
+    num_kv_heads=1,
+    head_dim=2,
+    ffn_dim=3,
+)
+
+
+def test_forward_flops_by_hand():
+  assert common.forward_flops(SMALL, 1, 0, 0) == 68
+  assert common.forward_flops(SMALL, 0, 1, 0) == 20
+  assert common.forward_flops(SMALL, 0, 0, 1) == 8
+
+
+def test_token_kinds_by_hand():
+  assert bench.token_kinds(ROLE, LENGTH) == dict(
+      prompt=4,  # 2 + 2 (the row's first sampled token is at 2 in both)
+      sampled=4,  # 3 + 1
+      observation=1,  # row 0's tool token
+      padding=3,
+      buffer=12,
+      tool_episodes=1,
+  )
+
+
+def test_token_kinds_row_without_sampled_token_is_all_prompt():
+  kinds = bench.token_kinds(np.array([[P, M, X]], np.int8), np.array([2]))
+  assert kinds["prompt"] == 2 and kinds["sampled"] == 0
+  assert kinds["observation"] == 0 and kinds["padding"] == 1
+
+
+def test_step_flops_by_hand():
+  # Sampling: 9 non-padding tokens, 4 sampled (logits), context 1+..+6 +
+  # 1+2+3 = 27: 68 * 9 + 20 * 4 + 8 * 27 = 908. A forward over [2, 6]: 12
+  # tokens with logits, context 2 * 21: 816 + 240 + 336 = 1392.
+  got = bench.step_flops(SMALL, ROLE, LENGTH, 6)
+  assert got == dict(
+      sample=908, reference=1392, behaviour=0, update=2784, total=5084
+  )
+  # Full fine-tune (backward = 2 forwards), remat (+1), trainer behaviour
+  # forward, 2 epochs: update 2 * 4 * 1392.
+  got = bench.step_flops(
+      SMALL,
+      ROLE,
+      LENGTH,
+      6,
+      lora=False,
+      remat=True,
+      trainer_behaviour=True,
+      epochs=2,
+  )
+  assert got == dict(
+      sample=908, reference=1392, behaviour=1392, update=11136, total=14828
+  )
+  # A trimmed batch of 3 columns: 6 tokens, context 2 * 6: 408 + 120 + 96.
+  assert bench.step_flops(SMALL, ROLE, LENGTH, 3)["reference"] == 624
+
+
+def test_model_dims_multi_head_default():
+  cfg = pytypes.SimpleNamespace(
+      vocab_size=5,
+      d_model=2,
+      num_layers=1,
+      num_heads=1,
+      num_kv_heads=0,  # 0: as many kv heads as query heads
+      head_dim=2,
+      ffn_dim=3,
+  )
+  assert bench.model_dims(cfg) == SMALL
