@@ -694,6 +694,9 @@ def run_claim(
   earlier_s: list[float] = []  # workdirs' training seconds, earlier calls
   wall_complete: list[bool] = []
   room_per_seed: list[float] = []
+  # seed -> start_digest where the start trained again here did not
+  # reproduce its record (results.json's `restarted_seeds`).
+  variant_seeds: dict[int, str] = {}
   room_s = 0.0
   room_arm = None
   if spec is not None and spec.room_fn is not None:
@@ -737,12 +740,35 @@ def run_claim(
     sft_dirs: dict[str, str] = {}
     sft_outs: dict[str, dict | None] = {}
     chunk_rows: dict[str, list[dict]] = {}
+    # SFT key -> start_digest of a start trained again here that does not
+    # reproduce its record (another machine's compiler rounds differently):
+    # the arms recorded from the old start cannot pair with arms trained from
+    # this one, so every arm of the chunk trains again from it, under records
+    # and workdirs named by the digest; the old records stay as they are.
+    variants: dict[str, str] = {}
 
-    def start_record(config, chunk=chunk, tag=tag):
+    def suffix(config, variants=variants):
+      key = _sft_key(config)
+      return f"_start{variants[key]}" if key in variants else ""
+
+    def start_name(config, tag=tag):
+      return f"sft_{_sft_key(config)}_{tag}{suffix(config)}"
+
+    def start_record(config, chunk=chunk):
       if rec_dir is None:
         return None
       return read_record(
-          rec_dir, f"sft_{_sft_key(config)}_{tag}", _start_match(config, chunk)
+          rec_dir, start_name(config), _start_match(config, chunk)
+      )
+
+    def arm_record(arm, config, chunk=chunk, tag=tag):
+      if rec_dir is None:
+        return None
+      match = {"arm": arm, "seeds": list(chunk), **_arm_match(config)}
+      if suffix(config):
+        match["start_digest"] = variants[_sft_key(config)]
+      return read_record(
+          rec_dir, _arm_record_name(arm, tag, config) + suffix(config), match
       )
 
     def sft(
@@ -781,7 +807,20 @@ def run_claim(
       if rec is not None:
         # The arms recorded from this start pair with arms trained now only
         # if the start trained again is the recorded one.
-        check_start_reproduced(rec, row, chunk)
+        diffs = start_differences(rec, row, chunk)
+        if diffs:
+          variants[key] = start_digest(row)
+          print(
+              f"seeds {chunk}: the SFT start trained again differs from its "
+              f"record (commit {rec.get('commit')}): "
+              + "; ".join(diffs[:4])
+              + f". Every arm of these seeds trains again from this start "
+              f"(records and workdirs *_start{variants[key]}); the old "
+              "records stay as they are",
+              flush=True,
+          )
+          variant_seeds.update({int(s): variants[key] for s in chunk})
+          rec = start_record(config)
       if include_sft_row and "SFT (start)" not in chunk_rows:
         chunk_rows["SFT (start)"] = row
       if rec_dir is not None and rec is None:
@@ -789,10 +828,11 @@ def run_claim(
         # process that only reloads it keeps the record's commit and time.
         write_record(
             rec_dir,
-            f"sft_{key}_{tag}",
+            start_name(config),
             {
                 **_start_match(config, chunk),
                 "kind": "start",
+                **({"start_digest": variants[key]} if key in variants else {}),
                 "rows": row,
                 "room": {},
                 "wall_s": out["wall_total_s"],
@@ -802,6 +842,28 @@ def run_claim(
         )
       return key, out
 
+    if rec_dir is not None and not room_only:
+      # A recorded start that an arm without a record needs is trained
+      # again first, before any record is read as this chunk's: if it does
+      # not reproduce its record, every arm of the chunk trains from it
+      # (`variants`), the recorded ones included. Not when the recorded room
+      # already stops the run.
+      for arm, config in arms.items():
+        rec = start_record(config)
+        if rec is None or arm_record(arm, config) is not None:
+          continue
+        recorded_room = (
+            rec.get("room", {}).get(_room_fn_name(spec))
+            if room_arm is not None
+            else None
+        )
+        if (
+            stop_without_room
+            and recorded_room is not None
+            and not stats.room_record(spec, recorded_room)["ok"]
+        ):
+          continue
+        sft(config)
     if room_arm is not None:
       config = arms[room_arm]
       fn = _room_fn_name(spec)
@@ -816,7 +878,7 @@ def run_claim(
         if rec_dir is not None:
           rec = start_record(config)
           rec["room"][fn] = per_seed
-          write_record(rec_dir, f"sft_{key}_{tag}", rec)
+          write_record(rec_dir, start_name(config), rec)
       room_s += time.time() - t0
       room_per_seed += per_seed
       checked = stats.room_record(spec, per_seed)
@@ -840,15 +902,7 @@ def run_claim(
         if include_sft_row and "SFT (start)" not in chunk_rows:
           sft(config, trained=False)  # the start row of every seed
         continue  # no RL arm, so no other SFT start is needed either
-      rec = (
-          None
-          if rec_dir is None
-          else read_record(
-              rec_dir,
-              _arm_record_name(arm, tag, config),
-              {"arm": arm, "seeds": list(chunk), **_arm_match(config)},
-          )
-      )
+      rec = arm_record(arm, config)
       if rec is not None:
         if include_sft_row and "SFT (start)" not in chunk_rows:
           sft(config, trained=False)
@@ -869,7 +923,7 @@ def run_claim(
         _add_recorded_wall(arm, rec)
         continue
       key = sft(config)[0]
-      arm_dir = run_dir(root, arm, chunk)
+      arm_dir = run_dir(root, arm, chunk) + suffix(config)
       try:
         seeds_lib.check_resume(config, chunk, arm_dir)
       except validation.ConfigError:
@@ -901,11 +955,12 @@ def run_claim(
       if rec_dir is not None:
         write_record(
             rec_dir,
-            _arm_record_name(arm, tag, config),
+            _arm_record_name(arm, tag, config) + suffix(config),
             {
                 "arm": arm,
                 "seeds": list(chunk),
                 **_arm_match(config),
+                **({"start_digest": variants[key]} if key in variants else {}),
                 "kind": "arm",
                 "rows": chunk_rows[arm],
                 "curves": {
@@ -1010,6 +1065,7 @@ def run_claim(
       "wall_all_processes": all(wall_complete),
       "command": command,
       "seeds_per_call": seeds_per_call,
+      "restarted_seeds": {str(s): d for s, d in sorted(variant_seeds.items())},
   }
   if spec is not None and not room_only:
     meta["ledger"] = carry_ledger(
@@ -1092,24 +1148,20 @@ def read_record(rec_dir: str | None, name: str, match: Mapping) -> dict | None:
   return dict(rec, rows=rows)
 
 
-def check_start_reproduced(
+def start_differences(
     rec: Mapping, rows: Sequence[Mapping], seeds: Sequence[int]
-) -> None:
-  """Raises unless a start trained again evaluates exactly as its record.
-
-  A claim's arms are paired by seed against arms trained from the same SFT
-  start, possibly recorded by an earlier process on another machine (whose
-  compiler may round differently). Every field of the recorded evaluation
-  rows must be reproduced exactly (NaN equal to NaN).
+) -> list[str]:
+  """How a start trained again evaluates differently from its record.
 
   Args:
     rec: the start record (`read_record`: NaN restored in its rows).
     rows: the evaluation rows of the start just trained, one per seed.
-    seeds: the seeds of `rows`, for the message.
+    seeds: the seeds of `rows`, for the messages.
 
-  Raises:
-    RuntimeError: a row or field differs; the message lists the differences
-      and says what to do.
+  Returns:
+    One line per differing field ('seed 5 acc: recorded 0.25, now 0.3'),
+    every field of the recorded rows compared exactly (NaN equal to NaN);
+    [] when the start reproduces its record.
   """
 
   def same(a, b) -> bool:
@@ -1125,16 +1177,17 @@ def check_start_reproduced(
     for k, v in old.items():
       if k not in new or not same(v, new[k]):
         diffs.append(f"seed {seed} {k}: recorded {v}, now {new.get(k)}")
-  if diffs:
-    raise RuntimeError(
-        "the SFT start trained again differs from its record (commit "
-        f"{rec.get('commit')}): "
-        + "; ".join(diffs[:6])
-        + (f" (+{len(diffs) - 6} more)" if len(diffs) > 6 else "")
-        + ". Arms recorded from the old start would be paired with arms "
-        "trained from a different one: move the claim's seed_records aside "
-        "and run every arm again"
-    )
+  return diffs
+
+
+def start_digest(rows: Sequence[Mapping]) -> str:
+  """8 hex digits naming a start by its evaluation rows (the records and
+  workdirs of arms trained from a start that did not reproduce its record:
+  `run_claim`)."""
+  blob = json.dumps(
+      [dict(sorted(r.items())) for r in rows], sort_keys=True, default=repr
+  )
+  return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def write_record(rec_dir: str, name: str, rec: Mapping) -> None:
@@ -1234,6 +1287,19 @@ def _write(
         "",
         "The RL arms were not run: the start policy's room metric is "
         "below its threshold (--stop_without_room).",
+    ]
+  if meta.get("restarted_seeds"):
+    lines += [
+        "",
+        "Seeds whose SFT start, trained again for this run, did not "
+        "reproduce its record (another machine's compiler rounds "
+        "differently): every arm of these seeds trained again from the new "
+        "start (records `*_start<digest>`), so each seed's arms still share "
+        "one start: "
+        + ", ".join(
+            f"seed {s} (start {d})" for s, d in meta["restarted_seeds"].items()
+        )
+        + ".",
     ]
   if meta.get("analysis") is not None:
     lines += [

@@ -1640,7 +1640,7 @@ def test_compilation_cache_reloads_a_cpu_program_in_a_new_process(tmp_path):
   assert int(second[1]) >= 1 and second[0] == first[0]
 
 
-def test_start_trained_again_must_reproduce_its_record_exactly():
+def test_start_differences_compare_every_recorded_field_exactly():
   from experiments import harness  # noqa: PLC0415
 
   rec = {
@@ -1654,96 +1654,18 @@ def test_start_trained_again_must_reproduce_its_record_exactly():
       {"accuracy": 0.49, "tool_productivity": float("nan"), "extra": 1.0},
       {"accuracy": 0.5, "tool_productivity": 0.25},
   ]
-  harness.check_start_reproduced(rec, same, [0, 1])  # NaN == NaN; new keys ok
+  # NaN == NaN; keys the record lacks are not compared.
+  assert harness.start_differences(rec, same, [0, 1]) == []
   moved = [dict(same[0]), dict(same[1], accuracy=0.5 + 2**-40)]
-  with pytest.raises(RuntimeError, match=r"seed 1 accuracy: recorded 0.5"):
-    harness.check_start_reproduced(rec, moved, [0, 1])
-  with pytest.raises(RuntimeError, match="seed 0 tool_productivity"):
-    harness.check_start_reproduced(rec, [{"accuracy": 0.49}, same[1]], [0, 1])
-  with pytest.raises(RuntimeError, match="2 recorded rows, 1 now"):
-    harness.check_start_reproduced(rec, same[:1], [0])
-
-
-def test_run_claim_stops_when_a_recorded_start_trained_again_differs(
-    tmp_path, monkeypatch
-):
-  # The path users hit: seed 0's start and arm are recorded (seed_records),
-  # then on another machine (no workdirs) a changed arm needs the start
-  # trained again. A start that evaluates 2**-40 away from its record stops
-  # run_claim before the arm trains, with check_start_reproduced's message;
-  # one that reproduces its record exactly lets the arm train.
-  import shutil  # noqa: PLC0415
-
-  import ml_collections  # noqa: PLC0415
-
-  from experiments import harness  # noqa: PLC0415
-
-  calls = []
-  start_acc = [0.25]
-
-  def fake_train_seeds(config, seeds, workdir, resume_free=()):
-    os.makedirs(workdir, exist_ok=True)
-    calls.append((config.rl.steps, os.path.basename(workdir)))
-    return {
-        "params": {"w": np.zeros((len(seeds), 1))},
-        "sft": [{"acc": start_acc[0]} for _ in seeds],
-        "rl": [{"acc": 0.5} for _ in seeds],
-        "curves": {"rl/acc": np.zeros((2, len(seeds)))}
-        if config.rl.steps
-        else {},
-        "wall_call_s": 1.0,
-        "wall_total_s": 1.0,
-        "wall_complete": True,
-    }
-
-  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
-  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
-  cfg = ml_collections.ConfigDict(
-      {"rl": {"steps": 3, "lr": 0.1}, "sft": {"steps": 2}, "eval": {"n": 4}}
-  )
-  root, out_dir = tmp_path / "root", tmp_path / "out"
-  kw = dict(
-      root=str(root),
-      out_dir=str(out_dir),
-      metrics=(("acc", "acc"),),
-      curve_keys=("rl/acc",),
-      seeds_per_call=1,
-  )
-  harness.run_claim("t", {"GRPO": cfg}, [0], **kw)
-  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0")]
-  start_rec = out_dir / "seed_records" / "sft_k_s0.json"
-  recorded = start_rec.read_text()
-  assert json.loads(recorded)["rows"] == [{"acc": 0.25}]
-
-  changed = ml_collections.ConfigDict(cfg.to_dict())
-  changed.rl.lr = 0.2  # another arm record; the same start record
-  arm_rec = (
-      out_dir
-      / "seed_records"
-      / f"GRPO_s0_{harness.experiment_seeds.config_hash(changed)[:8]}.json"
-  )
-  shutil.rmtree(root)
-  calls.clear()
-  start_acc[0] = 0.25 + 2**-40
-  with pytest.raises(RuntimeError) as err:
-    harness.run_claim("t", {"GRPO": changed}, [0], **kw)
-  msg = str(err.value)
-  assert "the SFT start trained again differs from its record" in msg
-  assert f"seed 0 acc: recorded 0.25, now {0.25 + 2**-40}" in msg
-  assert "move the claim's seed_records aside" in msg
-  assert calls == [(0, "sft_k_s0")]  # the arm was not trained
-  assert not arm_rec.exists()
-  assert start_rec.read_text() == recorded  # the record is kept as it was
-
-  shutil.rmtree(root)
-  calls.clear()
-  start_acc[0] = 0.25
-  out = harness.run_claim("t", {"GRPO": changed}, [0], **kw)
-  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0")]
-  assert out["rows"]["SFT (start)"] == [{"acc": 0.25}]
-  assert out["rows"]["GRPO"] == [{"acc": 0.5}]
-  assert json.loads(arm_rec.read_text())["rows"] == [{"acc": 0.5}]
-  assert start_rec.read_text() == recorded
+  assert harness.start_differences(rec, moved, [0, 1]) == [
+      f"seed 1 accuracy: recorded 0.5, now {0.5 + 2**-40}"
+  ]
+  assert harness.start_differences(
+      rec, [{"accuracy": 0.49}, same[1]], [0, 1]
+  ) == ["seed 0 tool_productivity: recorded nan, now None"]
+  assert harness.start_differences(rec, same[:1], [0]) == [
+      "2 recorded rows, 1 now"
+  ]
 
 
 def test_compilation_cache_flag_is_refused_where_no_cache_is_kept(
@@ -1776,3 +1698,105 @@ def test_compilation_cache_flag_is_refused_where_no_cache_is_kept(
   assert ran == [] and cached == []
   harness.cli(root, **kwargs)  # without the flag: runs, no cache
   assert len(ran) == 1 and cached == []
+
+
+def test_run_claim_trains_every_arm_again_from_a_start_that_differs(
+    tmp_path, monkeypatch
+):
+  # The path users hit: seed 0's start and GRPO arm are recorded
+  # (seed_records); on another machine (no workdirs) a second claim needs an
+  # OTC arm, so the start is trained again. One that evaluates 2**-40 away
+  # from its record cannot pair with the recorded GRPO arm: both arms train
+  # from the new start under records and workdirs named by its digest, the
+  # old records stay as they were, and a rerun reads the new ones. A start
+  # that reproduces its record pairs with the recorded arm (only OTC trains).
+  import shutil  # noqa: PLC0415
+
+  import ml_collections  # noqa: PLC0415
+
+  from experiments import harness  # noqa: PLC0415
+
+  calls = []
+  start_acc = [0.25]
+
+  def fake_train_seeds(config, seeds, workdir, resume_free=()):
+    os.makedirs(workdir, exist_ok=True)
+    calls.append((config.rl.steps, os.path.basename(workdir)))
+    return {
+        "params": {"w": np.zeros((len(seeds), 1))},
+        "sft": [{"acc": start_acc[0]} for _ in seeds],
+        "rl": [{"acc": 0.5 + config.rl.lr} for _ in seeds],
+        "curves": {"rl/acc": np.zeros((2, len(seeds)))}
+        if config.rl.steps
+        else {},
+        "wall_call_s": 1.0,
+        "wall_total_s": 1.0,
+        "wall_complete": True,
+    }
+
+  monkeypatch.setattr(harness.seeds_lib, "train_seeds", fake_train_seeds)
+  monkeypatch.setattr(harness, "_sft_key", lambda config: "k")
+  grpo = ml_collections.ConfigDict(
+      {"rl": {"steps": 3, "lr": 0.125}, "sft": {"steps": 2}, "eval": {"n": 4}}
+  )
+  otc = ml_collections.ConfigDict(grpo.to_dict())
+  otc.rl.lr = 0.25
+  root, out_dir = tmp_path / "root", tmp_path / "out"
+  recs = out_dir / "seed_records"
+  kw = dict(
+      root=str(root),
+      out_dir=str(out_dir),
+      metrics=(("acc", "acc"),),
+      curve_keys=("rl/acc",),
+      seeds_per_call=1,
+  )
+  h = {
+      a: harness.experiment_seeds.config_hash(c)[:8]
+      for a, c in (("GRPO", grpo), ("OTC", otc))
+  }
+  harness.run_claim("t", {"GRPO": grpo}, [0], **kw)
+  assert calls == [(0, "sft_k_s0"), (3, "GRPO_s0")]
+  before = {p.name: p.read_text() for p in recs.iterdir()}
+  assert sorted(before) == [f"GRPO_s0_{h['GRPO']}.json", "sft_k_s0.json"]
+
+  shutil.rmtree(root)  # another machine: only the records
+  calls.clear()
+  start_acc[0] = 0.25 + 2**-40
+  d = harness.start_digest([{"acc": 0.25 + 2**-40}])
+  assert len(d) == 8 and d != harness.start_digest([{"acc": 0.25}])
+  out = harness.run_claim("t", {"GRPO": grpo, "OTC": otc}, [0], **kw)
+  assert calls == [
+      (0, "sft_k_s0"),
+      (3, f"GRPO_s0_start{d}"),
+      (3, f"OTC_s0_start{d}"),
+  ]
+  assert out["rows"]["SFT (start)"] == [{"acc": 0.25 + 2**-40}]
+  assert out["rows"]["GRPO"] == [{"acc": 0.625}]
+  assert out["rows"]["OTC"] == [{"acc": 0.75}]
+  for name, text in before.items():  # the old records are untouched
+    assert (recs / name).read_text() == text
+  new = json.loads((recs / f"sft_k_s0_start{d}.json").read_text())
+  assert new["rows"] == [{"acc": 0.25 + 2**-40}]
+  assert new["start_digest"] == d
+  for arm in ("GRPO", "OTC"):
+    rec = json.loads((recs / f"{arm}_s0_{h[arm]}_start{d}.json").read_text())
+    assert rec["start_digest"] == d and rec["arm"] == arm
+  results = json.loads((out_dir / "results.json").read_text())
+  assert results["restarted_seeds"] == {"0": d}
+  assert f"seed 0 (start {d})" in (out_dir / "results.md").read_text()
+
+  calls.clear()  # a rerun on this machine: the start resumed, arms read
+  out2 = harness.run_claim("t", {"GRPO": grpo, "OTC": otc}, [0], **kw)
+  assert calls == [(0, "sft_k_s0")] and out2["rows"] == out["rows"]
+
+  shutil.rmtree(root)  # a machine that reproduces the recorded start
+  calls.clear()
+  start_acc[0] = 0.25
+  out3 = harness.run_claim("t", {"GRPO": grpo, "OTC": otc}, [0], **kw)
+  assert calls == [(0, "sft_k_s0"), (3, "OTC_s0")]
+  assert out3["rows"]["GRPO"] == [{"acc": 0.625}]
+  assert (recs / f"OTC_s0_{h['OTC']}.json").exists()
+  assert (
+      json.loads((out_dir / "results.json").read_text())["restarted_seeds"]
+      == {}
+  )
