@@ -35,8 +35,8 @@ further claims; experiments/smollm2_calc/README.md has every seed): over 10
 seeds GRPO raised held-out greedy accuracy from the SFT start's 0.490 to
 0.697, +0.206 [+0.022, +0.391] (paired 95% t interval): supported; 4 of 10
 seeds took the tool up (0.995-1.000), 6 never did. Turn-level credit
-(MT-GRPO) against GRPO, 8 seeds: inconclusive. The OTC claim's decision run
-is recorded in experiments/smollm2_calc/results_otc.md.
+(MT-GRPO) against GRPO, 8 seeds: inconclusive. OTC's tool-efficiency reward
+against GRPO, 8 seeds: inconclusive (experiments/smollm2_calc/results_otc.md).
 """
 
 from __future__ import annotations
