@@ -89,6 +89,10 @@ def test_format_error_finish():
   env = arithmetic.ArithmeticEnv()
   graphdef, params, cfg = fakes.tiny_policy(0)
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 8)
+  # Temperature 1 passed as a float32 array (the default's value): the
+  # program test_rollout_from_a_given_initial_state_is_bit_identical's
+  # 'arithmetic' rollouts then reuse (same env, shapes, policy and
+  # signature), rather than one more compile of the same rollout.
   traj = rollout.rollout_jit(
       env,
       tasks,
@@ -97,6 +101,7 @@ def test_format_error_finish():
       graphdef=graphdef,
       params=params,
       model_config=cfg,
+      temperature=jnp.float32(1.0),
   )
   # A random policy almost never starts with <call>/<answer>: format errors.
   finish = np.asarray(traj.finish)
