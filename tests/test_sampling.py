@@ -481,9 +481,12 @@ for shape in ((1, 1, 1), (2, 2, 2)):
                              graphdef=graphdef, params=params,
                              model_config=model_cfg, temperature=0.0)
     with jax.set_mesh(mesh):
-      fn = jax.jit(run)
-      hlo = fn.lower(state.params, tasks).compile().as_text()
-      traj = jax.device_get(fn(state.params, tasks))
+      # The compiled program read and run: under set_mesh, jit.lower lowers
+      # for the mesh's platform, a call for none, so a call after lower()
+      # compiled the same rollout a second time.
+      compiled = jax.jit(run).lower(state.params, tasks).compile()
+      hlo = compiled.as_text()
+      traj = jax.device_get(compiled(state.params, tasks))
     out[shape, bucket] = traj
     # Buckets 16, 32, 64: the bucketed loop holds a 3-way conditional.
     print(shape, bucket, "conditional" in hlo, int(np.max(traj.length)))
