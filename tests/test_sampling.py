@@ -98,7 +98,10 @@ def test_rollout_logprobs_equal_teacher_forced(temperature, chunk):
   # Several policy turns interleaved with tool observations per episode.
   assert (np.asarray(traj.num_turns) == 3).all()
   assert (np.asarray(traj.role) == types.TOOL).sum(1).min() >= 1
-  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, temperature)
+  # The trainer's forward, compiled as the trainer runs it (not op by op).
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, traj.tokens, temperature
+  )
   np.testing.assert_allclose(
       np.asarray(logp)[mask], np.asarray(traj.logprob)[mask], atol=1e-5
   )
