@@ -480,9 +480,10 @@ def test_expert_over_and_under_call_probabilities_apply_per_difficulty():
       expert_overcall_prob=1.0,
   )
   tasks = env.sample_tasks(jax.random.PRNGKey(3), 64)
-  states, _, _ = jax.vmap(env.reset)(tasks)
+  # Jitted (as rollouts run them): two programs rather than op-by-op dispatch.
+  states, _, _ = jax.jit(jax.vmap(env.reset))(tasks)
   keys = jax.random.split(jax.random.PRNGKey(4), 64)
-  action, _ = jax.vmap(env.expert_action)(states, keys)
+  action, _ = jax.jit(jax.vmap(env.expert_action))(states, keys)
   # Every episode (hard: never under-calls; easy: always over-calls) calls the tool.
   assert bool(tasks.hard.any()) and bool((~tasks.hard).any())
   np.testing.assert_array_equal(np.asarray(action[:, 0]), tk.CALL)

@@ -236,10 +236,13 @@ def test_chunked_backward_transposes_the_small_operand():
 
 
 def _tiny(impl, **kw):
+  # One block: chunked and dense attention are compared block by block (logits,
+  # gradients, packed hidden states), at any depth; every compiled forward and
+  # backward unrolls every block.
   cfg = transformer.TransformerConfig(
       vocab_size=50,
       d_model=48,
-      num_layers=2,
+      num_layers=1,
       num_heads=6,
       num_kv_heads=2,
       head_dim=8,

@@ -40,6 +40,14 @@ def envs():
   )
 
 
+@pytest.fixture(scope="module")
+def native_step(envs):
+  """The native env's step, jitted once for the module's hand-played turns:
+  one compiled program instead of each test's op-by-op dispatch (its ids and
+  facts are integer and boolean arithmetic, the same either way)."""
+  return jax.jit(envs[0].step)
+
+
 # SmolLM2 ids, read off its tokenizer.json by hand: '0'..'9' = 32..41,
 # '+' 27, '-' 29, '*' 26, 'calc' 22966, '(' 24, ')' 25, 'Answer' 21350,
 # ':' 42, ' ' 216, '\n' 198, <|im_start|> 1, <|im_end|> 2, 'tool' 19324,
@@ -96,9 +104,9 @@ def test_table_ids(envs):
   assert np.asarray(prompt)[:75].tolist() == t.prompt_ids(483, ca.MUL, 27)
 
 
-def test_native_steps_by_hand(envs):
+def test_native_steps_by_hand(envs, native_step):
   env, _, _ = envs
-  step = jax.jit(env.step)
+  step = native_step
   a = env.max_action_len
 
   def act(ids):
@@ -131,14 +139,14 @@ def test_native_steps_by_hand(envs):
   assert not bool(done) and int(s1.num_tool_errors) == 1
 
 
-def _native_episode(env, task, turn_ids):
+def _native_episode(env, step, task, turn_ids):
   state, _, _ = env.reset(task)
   a = env.max_action_len
   out = []
   for ids in turn_ids:
     ids = list(ids)[:a]
     tokens = jnp.asarray(ids + [0] * (a - len(ids)), jnp.int32)
-    state, obs, obs_len, done = env.step(state, tokens, jnp.int32(len(ids)))
+    state, obs, obs_len, done = step(state, tokens, jnp.int32(len(ids)))
     out.append((np.asarray(obs)[: int(obs_len)].tolist(), bool(done)))
     if bool(done):
       break
@@ -226,11 +234,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_both_paths_score_the_same(envs, case):
+def test_both_paths_score_the_same(envs, native_step, case):
   env, host_env, tk = envs
   (a, op, b, hard), texts, want = CASES[case]
   turns = [list(tk.encode(t)) + [END] for t in texts]
-  nf, nout = _native_episode(env, _task(a, op, b, hard), turns)
+  nf, nout = _native_episode(env, native_step, _task(a, op, b, hard), turns)
   from environments.host.chat_arithmetic import CalcTask
 
   hf_, hout = _host_episode(
@@ -249,14 +257,14 @@ def test_both_paths_score_the_same(envs, case):
   assert [o for o, _ in nout] == [o for o, _ in hout]
 
 
-def test_known_divergence_noncanonical_prefix(envs):
+def test_known_divergence_noncanonical_prefix(envs, native_step):
   """A call whose text merges '(' with the next character ('calc((') is not
   a call for the id parser (its ids do not start with 'calc', '(') but is a
   malformed call for the text parser: the one documented difference."""
   env, host_env, tk = envs
   ids = list(tk.encode("calc((1*2))")) + [END]
   assert ids[:2] != [22966, 24]
-  nf, _ = _native_episode(env, _task(1, ca.MUL, 2, False), [ids])
+  nf, _ = _native_episode(env, native_step, _task(1, ca.MUL, 2, False), [ids])
   from environments.host.chat_arithmetic import CalcTask
 
   hf_, _ = _host_episode(host_env, CalcTask(1, 2, ca.MUL, 2, False), [ids])

@@ -400,9 +400,11 @@ def _gold_traj():
 
 def test_state_ends_and_gold_sequences_hand_layout():
   tokens, role, turn, gold, gold_len = _gold_traj()
-  ends = credit.state_ends(role, turn, 2)
+  # Jitted, as the learner runs them (integer index arithmetic: the same
+  # values as op by op, without a compile per op).
+  ends = jax.jit(credit.state_ends, static_argnums=2)(role, turn, 2)
   np.testing.assert_array_equal(ends, [[2, 5, 7], [2, 4, 4]])
-  seq, gmask = credit.gold_answer_sequences(
+  seq, gmask = jax.jit(credit.gold_answer_sequences, static_argnums=(4, 5))(
       tokens, ends, gold, gold_len, (99,), 0
   )
   assert seq.shape == (2, 3, 7 + 1 + 3)
@@ -439,11 +441,10 @@ def test_gold_answer_logprobs_position_probe_and_likelihood_reward():
   )
 
 
-def test_gold_answer_logprobs_match_a_direct_reference_forward():
+def test_gold_answer_logprobs_match_a_direct_reference_forward(_policy):
   from agentic_rl import sampling
-  from tests import fakes
 
-  graphdef, params, _ = fakes.tiny_policy(3)
+  graphdef, params = _policy  # fakes.tiny_policy(3)
   tokens, role, turn, gold, gold_len = _gold_traj()
   # Compiled forwards (op by op each shape was hundreds of small compiles).
   fn = jax.jit(lambda x: sampling.token_logprobs(graphdef, params, x)[0])

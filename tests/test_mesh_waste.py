@@ -15,6 +15,7 @@
 The multi-device checks run in a subprocess with 8 simulated CPU devices.
 """
 
+import dataclasses
 import textwrap
 
 import jax
@@ -71,8 +72,12 @@ def test_minibatch_j_is_rows_j_mod_m_in_sequence():
   """Two strided minibatches (one AdamW step each) = two single-minibatch
   updates, on rows 0, 2, 4, 6 and then on rows 1, 3, 5, 7, the optimizer state
   carried over. Behaviour log-probs from the batch ('sampler'), so the first
-  step of each call does not substitute its own log-probs."""
-  graphdef, params, _ = fakes.tiny_policy(3)
+  step of each call does not substitute its own log-probs. A one-layer policy:
+  the equality holds at any depth, and the three compiled programs (the
+  forward, the two updates) unroll every block."""
+  graphdef, params, _ = fakes.tiny_policy(
+      3, dataclasses.replace(fakes.TINY, num_layers=1)
+  )
   batch = _rl_batch(graphdef, params)
 
   def cfg(num_mb):

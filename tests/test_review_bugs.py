@@ -31,8 +31,11 @@ class SilentEnv(fakes.EchoEnv):
 
 
 def _policy_mismatch(traj, graphdef, params):
-  """max |sampler log-prob - teacher-forced log-prob| over POLICY tokens."""
-  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
+  """max |sampler log-prob - teacher-forced log-prob| over POLICY tokens (the
+  trainer's forward, compiled as the trainer runs it, not op by op)."""
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, traj.tokens, 1.0
+  )
   pol = np.asarray(traj.role) == types.POLICY
   return np.max(np.abs(np.asarray(traj.logprob) - np.asarray(logp))[pol])
 

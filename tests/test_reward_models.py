@@ -100,31 +100,34 @@ def reward_model():
   return graphdef, {"trunk": nnx.state(trunk), "head": {}}
 
 
+def _jit_scores(graphdef):
+  """rm_model.outcome_scores of `graphdef`, jitted (params, tokens, mask): one
+  compile per shape rather than op-by-op dispatch of the forward."""
+  return jax.jit(lambda p, t, m: rm_model.outcome_scores(graphdef, p, t, m))
+
+
 def test_score_read_at_last_real_token_whatever_the_padding(reward_model):
   """Unpadded, right-padded and left-padded copies score identically (and equal
   Transformer.reward); PRM boundary logits at the last turn equal the ORM score.
   """
   graphdef, params = reward_model
+  scores = _jit_scores(graphdef)
   seq = jnp.array([257, 72, 105, 33, 258], jnp.int32)
   junk = jnp.array([7, 99, 200], jnp.int32)
-  alone = rm_model.outcome_scores(
-      graphdef, params, seq[None], jnp.ones((1, 5), bool)
-  )
+  alone = scores(params, seq[None], jnp.ones((1, 5), bool))
   tokens = jnp.stack(
       [jnp.concatenate([seq, junk]), jnp.concatenate([junk, seq])]
   )
   mask = jnp.stack([jnp.arange(8) < 5, jnp.arange(8) >= 3])
-  both = jax.jit(lambda p, t, m: rm_model.outcome_scores(graphdef, p, t, m))(
-      params, tokens, mask
-  )
+  both = scores(params, tokens, mask)
   np.testing.assert_allclose(both, [alone[0], alone[0]], rtol=1e-5, atol=1e-5)
-  model = nnx.merge(graphdef, params["trunk"])
+  reward = jax.jit(lambda p, t, m: nnx.merge(graphdef, p).reward(t, m))
   np.testing.assert_allclose(
-      model.reward(tokens, mask), both, rtol=1e-5, atol=1e-5
+      reward(params["trunk"], tokens, mask), both, rtol=1e-5, atol=1e-5
   )
-  s_bk = rm_model.boundary_logits(
-      graphdef, params, tokens, mask, jnp.array([[2, 4], [5, 7]])
-  )
+  s_bk = jax.jit(
+      lambda p, t, m, b: rm_model.boundary_logits(graphdef, p, t, m, b)
+  )(params, tokens, mask, jnp.array([[2, 4], [5, 7]]))
   np.testing.assert_allclose(s_bk[:, 1], both, rtol=1e-5, atol=1e-5)
   assert abs(float(alone[0])) > 1e-3  # a real, nonzero score
 
@@ -141,8 +144,8 @@ def test_init_from_policy_copies_trunk_and_zero_head():
       params["trunk"]["embed_vd"].get_value(), pparams["embed_vd"].get_value()
   )
   assert params["head"]["hidden_dd"].shape == (16, 16)
-  s = rm_model.outcome_scores(
-      graphdef, params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), bool)
+  s = _jit_scores(graphdef)(
+      params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), bool)
   )
   np.testing.assert_array_equal(s, [0.0, 0.0])  # reward_head_d starts at 0
 
@@ -215,8 +218,10 @@ def test_ensemble_and_warm_hand_values(reward_model):
     rm_ensembles.average_params([a, b], weights=[1.0])
   # An ensemble of two identical members scores like one member.
   graphdef, params = reward_model
-  fn = lambda p, t: rm_model.outcome_scores(
-      graphdef, p, t, jnp.ones(t.shape, bool)
+  fn = jax.jit(
+      lambda p, t: rm_model.outcome_scores(
+          graphdef, p, t, jnp.ones(t.shape, bool)
+      )
   )
   t = jnp.array([[257, 50, 51, 258]], jnp.int32)
   np.testing.assert_allclose(
@@ -343,9 +348,7 @@ def test_rm_reward_fn_on_a_trajectory_matches_scores_and_monitor(reward_model):
       graphdef, params, num_turns_k=2, transform="sigmoid"
   )
   r, mon = jax.jit(fn)(traj)
-  want = jax.nn.sigmoid(
-      rm_model.outcome_scores(graphdef, params, tokens, role != 0)
-  )
+  want = jax.nn.sigmoid(_jit_scores(graphdef)(params, tokens, role != 0))
   np.testing.assert_allclose(r, want, rtol=1e-5)
   np.testing.assert_allclose(mon["gap"], float(want.mean()) - 0.5, rtol=1e-5)
   with pytest.raises(ValueError, match="transform"):

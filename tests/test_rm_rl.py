@@ -125,11 +125,8 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
     # it masked out as padding), all in one batch.
     rows = np.concatenate([np.arange(2), np.repeat(np.arange(2), 4)])
     lens = np.concatenate([[9, 5], np.asarray(ends).reshape(-1)])
-    got = rm_model.outcome_scores(
-        rgraph,
-        params,
-        traj.tokens[rows],
-        jnp.arange(10)[None, :] < lens[:, None],
+    got = jax.jit(lambda p, t, m: rm_model.outcome_scores(rgraph, p, t, m))(
+        params, traj.tokens[rows], jnp.arange(10)[None, :] < lens[:, None]
     )
     np.testing.assert_allclose(out["score"], got[:2], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
@@ -139,9 +136,13 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
         atol=1e-6,
     )
   else:
-    boundary, tmask = rm_model.turn_boundaries(traj.turn, 3)
+    boundary, tmask = jax.jit(rm_model.turn_boundaries, static_argnums=1)(
+        traj.turn, 3
+    )
     s = np.asarray(
-        rm_model.boundary_logits(rgraph, params, traj.tokens, mask, boundary)
+        jax.jit(
+            lambda p, t, m, b: rm_model.boundary_logits(rgraph, p, t, m, b)
+        )(params, traj.tokens, mask, boundary)
     )
     sig = 1 / (1 + np.exp(-s.astype(np.float64)))
     p0 = sig[0, 0] * sig[0, 1]  # two turns
@@ -167,9 +168,11 @@ def test_trajectory_rm_outputs_match_independent_scoring(rm_dir, kind):
         atol=1e-7,
     )
     spec_min = rm_frozen.FrozenRewardModel(rgraph, kind, "min")
-    out_min = rm_frozen.trajectory_rm_outputs(
-        spec_min, params, traj.tokens, traj.role, traj.turn, 3
-    )
+    out_min = jax.jit(
+        lambda p: rm_frozen.trajectory_rm_outputs(
+            spec_min, p, traj.tokens, traj.role, traj.turn, 3
+        )
+    )(params)
     m0 = min(sig[0, 0], sig[0, 1])
     np.testing.assert_allclose(
         out_min["score"][0], math.log(m0 / (1 - m0)), rtol=1e-4, atol=2e-6

@@ -1,5 +1,7 @@
 """Roles, turns and finish reasons of assembled trajectories, token by token."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,9 +27,18 @@ def _hard_task():
   )
 
 
+@functools.cache
+def _expert_rollout(expert_imperfect_prob, max_len):
+  """The expert's rollout of `_hard_task()` (key 0): one per (probability,
+  buffer length) for the tests of this file, which only read it."""
+  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=expert_imperfect_prob)
+  return rollout.rollout(
+      env, _hard_task(), jax.random.PRNGKey(0), max_len=max_len
+  )
+
+
 def test_roles_of_prompt_call_observation_answer_token_by_token():
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
-  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
+  traj = _expert_rollout(0.0, 48)
   text = tokenizers.ByteTokenizer().decode(traj.tokens[0])
   assert text == (
       "<bos>Compute 483*27.\n<call>483*27</call><obs>13041</obs>"
@@ -50,9 +61,8 @@ def test_roles_of_prompt_call_observation_answer_token_by_token():
 
 
 def test_truncated_when_buffer_fills():
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
   # 17 prompt + 8 call fit in 28, the 7-token observation does not.
-  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=28)
+  traj = _expert_rollout(0.0, 28)
   assert int(traj.finish[0]) == types.TRUNCATED
   assert int(traj.length[0]) == 25
   assert (np.asarray(traj.role[0]) != types.TOOL).all()
@@ -79,6 +89,10 @@ def test_format_error_finish():
   env = arithmetic.ArithmeticEnv()
   graphdef, params, cfg = fakes.tiny_policy(0)
   tasks = env.sample_tasks(jax.random.PRNGKey(0), 8)
+  # Temperature 1 passed as a float32 array (the default's value): the
+  # program test_rollout_from_a_given_initial_state_is_bit_identical's
+  # 'arithmetic' rollouts then reuse (same env, shapes, policy and
+  # signature), rather than one more compile of the same rollout.
   traj = rollout.rollout_jit(
       env,
       tasks,
@@ -87,6 +101,7 @@ def test_format_error_finish():
       graphdef=graphdef,
       params=params,
       model_config=cfg,
+      temperature=jnp.float32(1.0),
   )
   # A random policy almost never starts with <call>/<answer>: format errors.
   finish = np.asarray(traj.finish)
@@ -100,21 +115,18 @@ def test_format_error_finish():
 def test_truncated_episode_never_gets_the_correct_reward():
   from agentic_rl.rewards import factory
 
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
-  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=28)
+  traj = _expert_rollout(0.0, 28)
   assert int(traj.finish[0]) == types.TRUNCATED
   reward, parts = factory.make_reward_fn({"correct": 1.0, "format": 0.1})(traj)
   assert float(reward[0]) == 0.0 and float(parts["correct"][0]) == 0.0
 
 
 def test_progress_potential_fact_of_a_call_then_answer_episode():
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=0.0)
-  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
+  traj = _expert_rollout(0.0, 48)
   # s_0: nothing; s_1: <obs>13041</obs> holds the answer; s_2: still in context.
   np.testing.assert_array_equal(traj.facts["progress"][0], [0.0, 1.0, 1.0, 0.0])
   # A direct (tool-free) answer never makes progress through the tool.
-  env = arithmetic.ArithmeticEnv(expert_imperfect_prob=1.0)
-  traj = rollout.rollout(env, _hard_task(), jax.random.PRNGKey(0), max_len=48)
+  traj = _expert_rollout(1.0, 48)
   np.testing.assert_array_equal(traj.facts["progress"][0], [0.0, 0.0, 0.0, 0.0])
 
 

@@ -98,7 +98,10 @@ def test_rollout_logprobs_equal_teacher_forced(temperature, chunk):
   # Several policy turns interleaved with tool observations per episode.
   assert (np.asarray(traj.num_turns) == 3).all()
   assert (np.asarray(traj.role) == types.TOOL).sum(1).min() >= 1
-  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, temperature)
+  # The trainer's forward, compiled as the trainer runs it (not op by op).
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, traj.tokens, temperature
+  )
   np.testing.assert_allclose(
       np.asarray(logp)[mask], np.asarray(traj.logprob)[mask], atol=1e-5
   )
@@ -208,7 +211,12 @@ def test_sample_token_frequencies_follow_temperature():
 
 @pytest.fixture(scope="module")
 def chunk_setup():
-  graphdef, params, cfg = fakes.tiny_policy(11)
+  # One block: chunking splits the LM-head projection only, so the equality
+  # holds at any depth; the four gradient programs (chunk 0, 1, 4, 6) unroll
+  # every block forward and backward.
+  graphdef, params, cfg = fakes.tiny_policy(
+      11, dataclasses.replace(fakes.TINY, num_layers=1)
+  )
   tokens = jax.random.randint(jax.random.PRNGKey(4), (3, 14), 0, cfg.vocab_size)
 
   def loss(p, chunk):
@@ -481,9 +489,12 @@ for shape in ((1, 1, 1), (2, 2, 2)):
                              graphdef=graphdef, params=params,
                              model_config=model_cfg, temperature=0.0)
     with jax.set_mesh(mesh):
-      fn = jax.jit(run)
-      hlo = fn.lower(state.params, tasks).compile().as_text()
-      traj = jax.device_get(fn(state.params, tasks))
+      # The compiled program read and run: under set_mesh, jit.lower lowers
+      # for the mesh's platform, a call for none, so a call after lower()
+      # compiled the same rollout a second time.
+      compiled = jax.jit(run).lower(state.params, tasks).compile()
+      hlo = compiled.as_text()
+      traj = jax.device_get(compiled(state.params, tasks))
     out[shape, bucket] = traj
     # Buckets 16, 32, 64: the bucketed loop holds a 3-way conditional.
     print(shape, bucket, "conditional" in hlo, int(np.max(traj.length)))

@@ -58,7 +58,10 @@ def test_behaviour_logprobs_match_teacher_forcing_after_forks(tree):
   """Copied KV-cache rows are the right ones: every sampled token's log-prob
   equals the full forward pass's."""
   traj, graphdef, params = tree
-  logp, _ = sampling.token_logprobs(graphdef, params, traj.tokens, 1.0)
+  # The trainer's forward, compiled as the trainer runs it (not op by op).
+  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
+      graphdef, params, traj.tokens, 1.0
+  )
   mask = np.asarray(traj.role) == types.POLICY
   assert mask.sum() > 0
   np.testing.assert_allclose(
