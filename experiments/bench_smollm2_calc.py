@@ -208,9 +208,19 @@ def gb(n_bytes: float) -> float:
   return n_bytes / 1e9
 
 
+# The largest VmHWM read before a reset (`reset_hwm`): the kernel keeps one
+# high-water mark, which ru_maxrss reads too, so a reset also lowers it.
+_PEAK_BEFORE_RESETS = [0.0]
+
+
 def peak_rss_gb() -> float:
-  """Peak RSS of this process (ru_maxrss: KiB on Linux), GB = 1e9 bytes."""
-  return gb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+  """Peak RSS of this process, GB = 1e9 bytes: the largest of ru_maxrss
+  (KiB on Linux), the current VmHWM and every VmHWM read before a reset."""
+  return max(
+      gb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+      _PEAK_BEFORE_RESETS[0],
+      proc_status_gb("VmHWM") if os.path.exists("/proc/self/status") else 0,
+  )
 
 
 def proc_status_gb(field: str) -> float:
@@ -228,6 +238,9 @@ def proc_status_gb(field: str) -> float:
 def reset_hwm() -> bool:
   """Resets VmHWM (the peak RSS /proc reports) to the current RSS (Linux
   >= 4.0: '5' to /proc/self/clear_refs); False where refused."""
+  hwm = proc_status_gb("VmHWM")
+  if hwm == hwm:  # not NaN
+    _PEAK_BEFORE_RESETS[0] = max(_PEAK_BEFORE_RESETS[0], hwm)
   try:
     with open("/proc/self/clear_refs", "w") as f:
       f.write("5")
