@@ -1186,12 +1186,7 @@ def test_require_clean_tree(tmp_path, monkeypatch):
   monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: ["code.py"])
   ran = []
   monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
-  kwargs = dict(
-      here=str(tmp_path),
-      prog="experiments.x",
-      title="t",
-      arms_fn=lambda smoke: {"a": None},
-  )
+  kwargs = _cli_kwargs(tmp_path)
   with pytest.raises(harness.UsageError, match="clean git tree"):
     harness.cli([f"--root={tmp_path}"], **kwargs)
   assert not ran
@@ -1561,6 +1556,17 @@ def test_one_seed_analysis_is_inconclusive_without_an_interval():
   assert "**Verdict: inconclusive.**" in text
 
 
+def _cli_kwargs(tmp_path):
+  """harness.cli's keyword arguments for a claim 'experiments.x' with one arm
+  (run_claim is patched out by the tests that use it)."""
+  return dict(
+      here=str(tmp_path),
+      prog="experiments.x",
+      title="t",
+      arms_fn=lambda smoke: {"a": None},
+  )
+
+
 def test_claim_process_keeps_a_compilation_cache_under_its_root(
     tmp_path, monkeypatch
 ):
@@ -1572,12 +1578,7 @@ def test_claim_process_keeps_a_compilation_cache_under_its_root(
   monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: {})
   cached = []
   monkeypatch.setattr(harness, "enable_compilation_cache", cached.append)
-  kwargs = dict(
-      here=str(tmp_path),
-      prog="experiments.x",
-      title="t",
-      arms_fn=lambda smoke: {"a": None},
-  )
+  kwargs = _cli_kwargs(tmp_path)
   root = ["--smoke", f"--root={tmp_path}"]
   harness.cli(root, compilation_cache=True, **kwargs)
   harness.cli(
@@ -1679,12 +1680,7 @@ def test_compilation_cache_flag_is_refused_where_no_cache_is_kept(
   ran, cached = [], []
   monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
   monkeypatch.setattr(harness, "enable_compilation_cache", cached.append)
-  kwargs = dict(
-      here=str(tmp_path),
-      prog="experiments.x",
-      title="t",
-      arms_fn=lambda smoke: {"a": None},
-  )
+  kwargs = _cli_kwargs(tmp_path)
   root = ["--smoke", f"--root={tmp_path}"]
   for flag in (f"--compilation_cache={tmp_path / 'c'}", "--compilation_cache="):
     with pytest.raises(harness.UsageError) as err:
