@@ -2,7 +2,8 @@
 
 Workload: SmolLM2-135M-Instruct with LoRA rank 8 (configs/smollm2_calc.py),
 the calculator task; `--batch` episodes = `--batch / --group` tasks x
-`--group` samples. For each path (`native`: environments/chat_arithmetic.py,
+`--group` samples, the update in micro-batches of the config's size (4
+rows: a larger `--batch` runs more of them, `make_config`). For each path (`native`: environments/chat_arithmetic.py,
 the whole iteration one jitted XLA program, `learner.make_rl_step`; `host`:
 environments/host/chat_arithmetic.py, the Python tool driven turn by turn,
 then one jitted program for the rest of the iteration) it builds the RL state
@@ -301,8 +302,37 @@ def sft_start(workdir: str) -> dict:
   )
 
 
+def microbatch_rows(config) -> int:
+  """Rows per update micro-batch of `config` (rl.batch_size /
+  (rl.num_minibatches * rl.num_microbatches)); raises ValueError where they
+  do not divide."""
+  rl = config.rl
+  blocks = rl.num_minibatches * rl.num_microbatches
+  if rl.batch_size % blocks:
+    raise ValueError(
+        f"rl.batch_size={rl.batch_size} is not a multiple of "
+        f"num_minibatches * num_microbatches = {blocks}"
+    )
+  return rl.batch_size // blocks
+
+
 def make_config(path, batch, group, overrides, sft_steps=0, seed=None):
+  """The config main.py runs, at `batch` episodes of `group` samples.
+
+  The update's micro-batches keep the config's rows (`microbatch_rows`:
+  16 episodes in 4 micro-batches = 4 rows), so a larger `--batch` runs more
+  micro-batches of the same size, as a run at that batch size would: the
+  update's activation memory is that of one micro-batch. A
+  `--set rl.num_microbatches=N` override comes after and wins.
+  """
   config = smollm2_calc.get_config("host" if path == "host" else None)
+  rows = microbatch_rows(config)
+  if batch % (rows * config.rl.num_minibatches):
+    raise SystemExit(
+        f"--batch={batch}: not a multiple of the config's {rows} rows per "
+        "micro-batch"
+    )
+  config.rl.num_microbatches = batch // (rows * config.rl.num_minibatches)
   config.rl.batch_size, config.rl.group_size = batch, group
   # The RL phase begins after `sft_steps` (0: no SFT), as in the real run.
   config.sft.steps = sft_steps
@@ -560,7 +590,9 @@ def report(
       f"- start: {info['start']}",
       f"- workload: {args.batch} episodes per iteration = "
       f"{args.batch // args.group} tasks x {args.group}; buffer L = "
-      f"{info['max_len']}; overrides {args.set or 'none'}",
+      f"{info['max_len']}; update in {info['microbatches']} micro-batches "
+      f"of {args.batch // info['microbatches']} rows (the config's rows per "
+      f"micro-batch; `make_config`); overrides {args.set or 'none'}",
       f"- f32 [{args.matmul_n}]^3 matmul (jnp.matmul, this process): "
       f"{info['matmul_start']:.1f} GFLOP/s at start, "
       f"{info.get('matmul_end', float('nan')):.1f} at end; the bound uses the "
@@ -757,6 +789,9 @@ def main() -> None:
     model_cfg = train.make_model_config(config)
     info["dims"] = model_dims(model_cfg)
     info["max_len"] = config.max_len
+    info["microbatches"] = config.rl.num_minibatches * (
+        config.rl.num_microbatches
+    )
     if start is None:
       info["start"] = "fresh LoRA adapters on the imported weights (no SFT)"
     else:

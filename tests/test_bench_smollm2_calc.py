@@ -6,6 +6,7 @@ from __future__ import annotations
 import types as pytypes
 
 import numpy as np
+import pytest
 
 from agentic_rl import types
 from experiments import bench_smollm2_calc as bench
@@ -102,3 +103,18 @@ def test_model_dims_multi_head_default():
       ffn_dim=3,
   )
   assert bench.model_dims(cfg) == SMALL
+
+
+def test_make_config_keeps_the_configs_rows_per_micro_batch():
+  # configs/smollm2_calc.py: 16 episodes in 4 micro-batches = 4 rows each; a
+  # 32-episode step runs 8 micro-batches of 4 rows, as a run at 32 would.
+  c = bench.make_config("native", 32, 4, [])
+  assert (c.rl.batch_size, c.rl.group_size) == (32, 4)
+  assert c.rl.num_minibatches == 1 and c.rl.num_microbatches == 8
+  assert bench.microbatch_rows(c) == 4
+  assert bench.make_config("host", 16, 4, []).rl.num_microbatches == 4
+  # An explicit override comes after and wins.
+  c = bench.make_config("native", 32, 4, ["rl.num_microbatches=4"])
+  assert c.rl.num_microbatches == 4 and bench.microbatch_rows(c) == 8
+  with pytest.raises(SystemExit, match="--batch=6"):
+    bench.make_config("native", 6, 2, [])
