@@ -3,8 +3,9 @@
 Workload: SmolLM2-135M-Instruct with LoRA rank 8 (configs/smollm2_calc.py),
 the calculator task; `--batch` episodes = `--batch / --group` tasks x
 `--group` samples, the update in micro-batches of the config's size (4
-rows: a larger `--batch` runs more of them, `make_config`). For each path (`native`: environments/chat_arithmetic.py,
-the whole iteration one jitted XLA program, `learner.make_rl_step`; `host`:
+rows: a larger `--batch` runs more of them, `make_config`). For each path
+(`native`: environments/chat_arithmetic.py, the whole iteration one jitted
+XLA program, `learner.make_rl_step`; `host`:
 environments/host/chat_arithmetic.py, the Python tool driven turn by turn,
 then one jitted program for the rest of the iteration) it builds the RL state
 and the step main.py builds, runs one iteration (compilation included), then
