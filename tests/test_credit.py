@@ -672,9 +672,20 @@ def test_spa_head_training_reduces_sum_to_outcome_error():
 
 @pytest.fixture(scope="module")
 def _policy():
+  """fakes.tiny_policy(3) with one block (the two tests reading it compare
+  two computations on the same model: any depth), initialised by one
+  compiled program (op by op the initialisation was ~100 small compiles)."""
+  import dataclasses
+
+  from flax import nnx
+
+  from agentic_rl.models import transformer
   from tests import fakes
 
-  graphdef, params, cfg = fakes.tiny_policy(3)
+  cfg = dataclasses.replace(fakes.TINY, num_layers=1)
+  init = lambda: transformer.Transformer(cfg, nnx.Rngs(params=3))
+  graphdef = nnx.graphdef(nnx.eval_shape(init))
+  params = jax.jit(lambda: nnx.state(init()))()
   return graphdef, params
 
 
@@ -727,6 +738,28 @@ def test_pbrs_properties_hold_with_the_spa_potential():
   )
   term = jnp.ones(b, bool)
   base = advantages.grpo_advantages(outcome, group)
+
+  # Every quantity below from one compiled program, run for both seeds (op by op
+  # they were ~150 small compiles); the checks read its outputs.
+  @jax.jit
+  def properties(feat, head):
+    phi = credit.spa_potential(credit.spa_contributions(head, feat), mask)
+    totals = []
+    for disc in (1.0, 0.9):
+      f = credit.shape_turn_rewards(jnp.zeros((b, k)), phi, mask, disc, term)
+      totals.append(
+          credit.episode_returns_with_shaping(jnp.zeros(b), f, mask, disc)
+      )
+    closed = credit.telescoped_episode_returns(outcome, phi, mask, 1.0, term)
+    # Per-turn: reward-to-go of the shaped outcome.
+    n = jnp.sum(mask, 1)
+    r_bk = jnp.where(
+        jnp.arange(k)[None, :] == (n - 1)[:, None], outcome[:, None], 0.0
+    )
+    shaped = credit.shape_turn_rewards(r_bk, phi, mask, 1.0, term)
+    g = advantages.turn_reward_to_go(shaped, mask, 1.0)
+    return phi, totals, advantages.grpo_advantages(closed, group), g
+
   for seed in range(2):
     r = np.random.default_rng(seed)
     feat = jnp.asarray(r.normal(size=(b, k, d)), jnp.float32)
@@ -734,24 +767,13 @@ def test_pbrs_properties_hold_with_the_spa_potential():
         "weight": jnp.asarray(r.normal(size=d), jnp.float32),
         "bias": jnp.float32(r.normal()),
     }
-    phi = credit.spa_potential(credit.spa_contributions(head, feat), mask)
+    phi, totals, adv_closed, g = properties(feat, head)
     np.testing.assert_array_equal(phi[:, 0], 0.0)  # shared Phi(s_0)
-    for disc in (1.0, 0.9):
-      f = credit.shape_turn_rewards(jnp.zeros((b, k)), phi, mask, disc, term)
-      total = credit.episode_returns_with_shaping(jnp.zeros(b), f, mask, disc)
+    for total in totals:  # discounts 1.0 and 0.9
       # Telescoping: sum_k d^k F_k = d^n * 0 - Phi(s_0) = 0.
       np.testing.assert_allclose(total, 0.0, atol=1e-5)
-    closed = credit.telescoped_episode_returns(outcome, phi, mask, 1.0, term)
-    np.testing.assert_allclose(
-        advantages.grpo_advantages(closed, group), base, atol=1e-6
-    )
+    np.testing.assert_allclose(adv_closed, base, atol=1e-6)
     # Per-turn: reward-to-go of the shaped outcome = R - Phi(s_k).
-    n = jnp.sum(mask, 1)
-    r_bk = jnp.where(
-        jnp.arange(k)[None, :] == (n - 1)[:, None], outcome[:, None], 0.0
-    )
-    shaped = credit.shape_turn_rewards(r_bk, phi, mask, 1.0, term)
-    g = advantages.turn_reward_to_go(shaped, mask, 1.0)
     np.testing.assert_allclose(
         g, jnp.where(mask, outcome[:, None] - phi[:, :k], 0.0), atol=1e-5
     )

@@ -2,6 +2,7 @@
 runs, and the first importance ratio is 1."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,13 @@ from tests import fakes
 _TINY_1 = dataclasses.replace(fakes.TINY, num_layers=1)
 
 
-def _batch(graphdef, params, b=8, l=10, seed=0):
+# One compiled forward per model and shape (op by op it was hundreds of small
+# compiles); one jit object, so the tests on the same model share it.
+_token_logprobs = jax.jit(sampling.token_logprobs, static_argnums=0)
+
+
+def _tokens_and_mask(b, l, seed):
+  """`_batch`'s tokens [b, l] and POLICY mask, and its advantage key."""
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
   tokens = jax.random.randint(k1, (b, l), 0, 200)
   lengths = jax.random.randint(k2, (b,), 4, l + 1)
@@ -35,11 +42,12 @@ def _batch(graphdef, params, b=8, l=10, seed=0):
   role = jnp.where(pos < 2, types.PROMPT, types.POLICY)
   role = jnp.where(pos == 4, types.TOOL, role)
   role = jnp.where(pos >= lengths[:, None], types.PAD, role).astype(jnp.int8)
-  mask = role == types.POLICY
-  # One compiled forward (op by op it was hundreds of small compiles).
-  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
-      graphdef, params, tokens, 1.0
-  )
+  return tokens, role == types.POLICY, k3
+
+
+def _batch(graphdef, params, b=8, l=10, seed=0):
+  tokens, mask, k3 = _tokens_and_mask(b, l, seed)
+  logp, _ = _token_logprobs(graphdef, params, tokens, 1.0)
   adv = jax.random.normal(k3, (b,))
   return learner.LearnerBatch(
       tokens=tokens,
@@ -174,13 +182,19 @@ def test_rl_step_with_non_default_switches_runs():
   assert coefs[0] == pytest.approx(0.01) and coefs[1] != coefs[0]
 
 
-@pytest.mark.parametrize("credit_mode", ["per_turn", "trajectory"])
-def test_rl_step_with_pbrs_credit_runs(credit_mode):
+def _pbrs_config(credit_mode):
   config = _one_layer(default.get_config("smoke"))
   config.rl.credit = credit_mode
   config.rl.pbrs_coef = 0.5
   config.rl.discount = 0.9
-  state, step = _rl_state_and_step(config)
+  return config
+
+
+def test_rl_step_with_pbrs_credit_runs():
+  """credit 'per_turn'; 'trajectory' runs in
+  test_dual_ascent_coefficient_moves_by_the_hand_computed_step (the same
+  config plus dual ascent: one compiled GRPO iteration serves both)."""
+  state, step = _rl_state_and_step(_pbrs_config("per_turn"))
   state, m = step(state)
   assert all(np.isfinite(float(v)) for v in m.values()), m
 
@@ -281,7 +295,10 @@ def test_rl_steps_with_replay_injection_and_self_imitation():
 
 
 def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
-  config = _one_layer(default.get_config("smoke"))
+  """Also test_rl_step_with_pbrs_credit_runs with credit 'trajectory': its
+  config (PBRS, discount 0.9) plus dual ascent, whose observed fact and
+  multiplier update do not read the advantages; one compiled iteration."""
+  config = _pbrs_config("trajectory")
   config.rl.dual_constraint = "num_tool_calls"
   config.rl.dual_target = 0.25
   config.rl.dual_lr = 0.5
@@ -289,6 +306,8 @@ def test_dual_ascent_coefficient_moves_by_the_hand_computed_step():
   state, step = _rl_state_and_step(config)
   assert float(state.features["dual"]) == pytest.approx(0.1)
   state, m = step(state)
+  # The PBRS (trajectory credit) iteration runs: every metric finite.
+  assert all(np.isfinite(float(v)) for v in m.values()), m
   calls = float(m["dual_observed"])
   assert calls == pytest.approx(float(m["tool_calls"]))
   assert float(m["dual_coef"]) == pytest.approx(0.1)
@@ -483,22 +502,25 @@ def test_dense_as_aux_loss_leaves_advantages_unchanged():
 
 
 def test_aux_loss_term_adds_its_surrogate_to_the_loss():
-  graphdef, params, _ = fakes.tiny_policy(2)
+  # One block (the surrogate's value does not depend on the depth); both
+  # losses in one compiled program (op by op they were ~90 small compiles).
+  graphdef, params, _ = fakes.tiny_policy(2, _TINY_1)
   batch = _batch(graphdef, params, seed=2)
   config = _config(num_minibatches=1, kl_coef=0.0)
   aux = jnp.where(batch.mask, 0.3, 0.0)
   den = batch.mask.sum()
-  l0, m0 = learner._rl_loss(
-      graphdef, params, batch, config.rl, kl_coef=0.0, denominator=den
-  )
-  l1, m1 = learner._rl_loss(
-      graphdef,
-      params,
-      batch.replace(aux_advantage=aux),
-      config.rl,
-      kl_coef=0.0,
-      denominator=den,
-  )
+
+  @jax.jit
+  def without_and_with_aux(params, batch, aux, den):
+    loss = functools.partial(
+        learner._rl_loss, graphdef, rl_cfg=config.rl, kl_coef=0.0
+    )
+    return (
+        loss(params, batch, denominator=den),
+        loss(params, batch.replace(aux_advantage=aux), denominator=den),
+    )
+
+  (l0, m0), (l1, m1) = without_and_with_aux(params, batch, aux, den)
   # Ratio 1: the surrogate of a constant +0.3 is -0.3 per token (token-mean).
   np.testing.assert_allclose(m1["aux_loss"], -0.3, rtol=1e-5)
   np.testing.assert_allclose(l1 - l0, -0.3, rtol=1e-5)
@@ -613,9 +635,12 @@ def test_trainer_behaviour_logprobs_make_first_epoch_ratios_exactly_one():
     )
 
 
+# _TINY_1 with a value head (the value tests' assertions hold at any depth).
+_TINY_1_VALUE = dataclasses.replace(_TINY_1, value_head=True)
+
+
 def _value_batch(seed=3):
-  cfg = dataclasses.replace(fakes.TINY, value_head=True)
-  graphdef, params, _ = fakes.tiny_policy(seed, cfg)
+  graphdef, params, _ = fakes.tiny_policy(seed, _TINY_1_VALUE)
   batch = _batch(graphdef, params, seed=seed)
   return graphdef, params, batch
 
@@ -725,16 +750,24 @@ def test_value_potential_smoke_runs_per_turn():
 
 
 def test_value_potential_reads_the_value_head_at_turn_boundaries():
-  cfg = dataclasses.replace(fakes.TINY, value_head=True)
-  graphdef, params, _ = fakes.tiny_policy(4, cfg)
+  graphdef, params, _ = fakes.tiny_policy(4, _TINY_1_VALUE)
   params["value_head_d"] = jax.tree.map(
       lambda x: jnp.full_like(x, 0.1), params["value_head_d"]
   )
   traj = _two_episode_traj()
   traj = traj.replace(tokens=jnp.arange(14, dtype=jnp.int32).reshape(2, 7) + 65)
-  phi = learner.value_potential(graphdef, params, traj, 2)
-  model = nnx.merge(graphdef, params)
-  v = model.value(model.hidden_states(traj.tokens)[0])
+
+  # The potential and the reference values of every position in one compiled
+  # program (op by op the two forwards were ~60 small compiles).
+  @jax.jit
+  def potential_and_values(params, traj):
+    model = nnx.merge(graphdef, params)
+    return (
+        learner.value_potential(graphdef, params, traj, 2),
+        model.value(model.hidden_states(traj.tokens)[0]),
+    )
+
+  phi, v = potential_and_values(params, traj)
   # s_0 ends after the 2 prompt tokens; ep 0: s_1 after turn 0 and its
   # observation (5 tokens), s_2 = whole episode (7); ep 1 has 4 tokens.
   np.testing.assert_allclose(
@@ -823,15 +856,16 @@ def test_flowrl_and_gae_smoke_configs_run_end_to_end_and_resume(tmp_path):
       )
 
 
-def _sft_traj(batch, seed=0):
+def _sft_traj(tokens, mask):
   """A Trajectory around _batch's tokens and roles (other fields unused by SFT)."""
-  role = jnp.where(batch.mask, types.POLICY, types.PROMPT)
-  return fakes.trajectory(tokens=batch.tokens, role=role, num_turns=0, finish=0)
+  role = jnp.where(mask, types.POLICY, types.PROMPT)
+  return fakes.trajectory(tokens=tokens, role=role, num_turns=0, finish=0)
 
 
 def test_sft_microbatches_give_the_full_batch_token_mean_and_gradient():
   graphdef, params, _ = fakes.tiny_policy(0, _TINY_1)
-  traj = _sft_traj(_batch(graphdef, params, b=8, l=12))
+  # _batch's tokens and mask (its log-probs and advantages are not read).
+  traj = _sft_traj(*_tokens_and_mask(8, 12, 0)[:2])
 
   # Reference: token-mean NLL of the POLICY tokens, from the model's own
   # logits; one compiled program (op by op it was ~100 small compiles).

@@ -537,11 +537,14 @@ def test_dropout_acts_only_while_a_key_is_set():
   _, adapted = _models(lcfg=lora.LoRAConfig(rank=3, alpha=6.0, dropout=0.5))
   g, p = nnx.split(adapted)
   model = nnx.merge(g, _randomize_adapters(p))
-  clean = np.asarray(model(TOKENS)[0])
+  # The same model object, called through one jitted forward (the key, or
+  # None, is part of its state): two programs, not op by op.
+  forward = nnx.jit(lambda m: m(TOKENS)[0])
+  clean = np.asarray(forward(model))
   lora.set_dropout_key(model, jax.random.PRNGKey(0))
-  noisy = np.asarray(model(TOKENS)[0])
+  noisy = np.asarray(forward(model))
   lora.set_dropout_key(model, None)
-  np.testing.assert_array_equal(np.asarray(model(TOKENS)[0]), clean)
+  np.testing.assert_array_equal(np.asarray(forward(model)), clean)
   assert np.abs(noisy - clean).max() > 1e-3
 
 
@@ -552,13 +555,22 @@ def test_token_logprobs_with_a_dropout_key_are_the_masked_models():
   g, p = nnx.split(adapted)
   p = _randomize_adapters(p)
   key = jax.random.PRNGKey(3)
-  got, _ = sampling.token_logprobs(g, p, TOKENS, 1.0, dropout_key=key)
-  clean, _ = sampling.token_logprobs(g, p, TOKENS, 1.0)
-  model = nnx.merge(g, p)
-  lora.set_dropout_key(model, key)
-  # The masks are drawn over the input's shape: the training forward reads
-  # tokens[:, :-1].
-  logits = np.asarray(model(TOKENS[:, :-1])[0], np.float64)
+  # Jitted (one program per key kind, not op by op).
+  logprobs = jax.jit(
+      lambda p, k: sampling.token_logprobs(g, p, TOKENS, 1.0, dropout_key=k)
+  )
+  got, _ = logprobs(p, key)
+  clean, _ = logprobs(p, None)
+
+  @jax.jit
+  def masked_logits(p, key):
+    model = nnx.merge(g, p)
+    lora.set_dropout_key(model, key)
+    # The masks are drawn over the input's shape: the training forward reads
+    # tokens[:, :-1].
+    return model(TOKENS[:, :-1])[0]
+
+  logits = np.asarray(masked_logits(p, key), np.float64)
   ls = logits - logits.max(-1, keepdims=True)
   ls = ls - np.log(np.exp(ls).sum(-1, keepdims=True))
   want = np.take_along_axis(ls, np.asarray(TOKENS)[:, 1:, None], -1)[..., 0]

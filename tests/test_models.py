@@ -400,21 +400,29 @@ def test_bfloat16_policy():
   tokens = jax.random.randint(
       jax.random.PRNGKey(9), (2, 6), 0, cfg32.vocab_size
   )
-  l16, l32 = m16(tokens)[0], m32(tokens)[0]
-  assert l16.dtype == jnp.float32
-  np.testing.assert_allclose(l16, l32, atol=0.15)
-  gd, p = nnx.split(m16)
-  logp, ent = sampling.token_logprobs(gd, p, tokens)
-  assert logp.dtype == ent.dtype == jnp.float32
-  # Log-softmax in f32 from the f32 logits (a bf16 log-softmax would be off by
-  # ~1e-2).
-  want = jnp.take_along_axis(
-      jax.nn.log_softmax(l16[:, :-1]), tokens[:, 1:, None], -1
-  )[..., 0]
-  np.testing.assert_allclose(logp[:, 1:], want, atol=1e-5)
   # bf16 weights in f32 compute: the forward runs in f32.
   m_mixed = _model(dataclasses.replace(cfg16, dtype="float32"), 8)
-  h, _ = m_mixed.hidden_states(tokens)
+
+  # Every forward below in one jitted program (op by op, each bf16 and f32
+  # op compiled on its own, was most of this test's time).
+  @nnx.jit
+  def forwards(m16, m32, m_mixed, tokens):
+    l16, l32 = m16(tokens)[0], m32(tokens)[0]
+    gd, p = nnx.split(m16)
+    logp, ent = sampling.token_logprobs(gd, p, tokens)
+    # Log-softmax in f32 from the f32 logits (a bf16 log-softmax would be off
+    # by ~1e-2).
+    want = jnp.take_along_axis(
+        jax.nn.log_softmax(l16[:, :-1]), tokens[:, 1:, None], -1
+    )[..., 0]
+    h, _ = m_mixed.hidden_states(tokens)
+    return l16, l32, logp, ent, want, h
+
+  l16, l32, logp, ent, want, h = forwards(m16, m32, m_mixed, tokens)
+  assert l16.dtype == jnp.float32
+  np.testing.assert_allclose(l16, l32, atol=0.15)
+  assert logp.dtype == ent.dtype == jnp.float32
+  np.testing.assert_allclose(logp[:, 1:], want, atol=1e-5)
   assert h.dtype == jnp.float32
 
 
@@ -483,8 +491,13 @@ def test_heads_draw_nothing_and_default_off():
 
 def test_value_head_reads_every_position(head_model):
   tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 5), 0, 265)
-  hidden, _ = head_model.hidden_states(tokens)
-  values = head_model.value(hidden)
+
+  @nnx.jit  # one program, not op by op
+  def hidden_and_values(m, t):
+    hidden, _ = m.hidden_states(t)
+    return hidden, m.value(hidden)
+
+  hidden, values = hidden_and_values(head_model, tokens)
   assert values.shape == (2, 5) and values.dtype == jnp.float32
   np.testing.assert_allclose(
       values,
@@ -508,8 +521,10 @@ def test_reward_head_reads_last_real_token_whatever_the_padding_side(
   tokens = jnp.stack([right, left])
   mask = jnp.stack([jnp.arange(n + pad) < n, jnp.arange(n + pad) >= pad])
   rewards = nnx.jit(lambda m, t, k: m.reward(t, k))(head_model, tokens, mask)
-  hidden, _ = head_model.hidden_states(seq[None])
-  want = float(hidden[0, -1] @ head_model.reward_head_d[...])
+  hidden, _ = nnx.jit(lambda m, t: m.hidden_states(t))(head_model, seq[None])
+  want = float(
+      np.asarray(hidden[0, -1]) @ np.asarray(head_model.reward_head_d[...])
+  )
   np.testing.assert_allclose(rewards, [want, want], rtol=1e-5, atol=1e-5)
   # The index read: last real token of each row, whichever side is padded.
   np.testing.assert_array_equal(

@@ -101,8 +101,15 @@ def test_bf16_compute_logprobs_match_float32_at_logit_40(chunk):
   gd32, p32, _ = _exact_hidden_model("float32")
   ref, max_logit = _reference_logp(p32, tokens)
   assert 35.0 < max_logit < 80.0  # the regime of the claim: |logit| ~ 40
-  lp16, _ = sampling.token_logprobs(gd16, p16, tokens, 1.0, chunk_size=chunk)
-  lp32, _ = sampling.token_logprobs(gd32, p32, tokens, 1.0, chunk_size=chunk)
+  # Jitted, as the trainer runs it (op by op, every bf16 and f32 op was
+  # compiled on its own).
+  logprobs = jax.jit(
+      sampling.token_logprobs,
+      static_argnums=0,
+      static_argnames="chunk_size",
+  )
+  lp16, _ = logprobs(gd16, p16, tokens, 1.0, chunk_size=chunk)
+  lp32, _ = logprobs(gd32, p32, tokens, 1.0, chunk_size=chunk)
   err16 = np.max(np.abs(np.asarray(lp16)[:, 1:] - ref))
   np.testing.assert_allclose(np.asarray(lp32)[:, 1:], ref, atol=1e-4)
   assert err16 < 1e-3, err16
@@ -124,7 +131,8 @@ def test_sampler_next_token_logits_are_float32_accurate():
   gd, params, cfg = _exact_hidden_model("bfloat16")
   tokens = _tokens()
   cache = transformer.init_cache(cfg, 4, 16)
-  logits, _ = sampling.extend(
+  # Jitted, as the sampler runs it (not op by op).
+  logits, _ = jax.jit(sampling.extend, static_argnums=0)(
       gd,
       params,
       cache,
@@ -175,13 +183,16 @@ def test_bf16_attention_scores_are_not_rounded_before_softmax():
   x[0, :, 0], x[0, :, 1] = a, b
   x[0, np.arange(3), 2 + np.arange(3)] = 1.0
   pos = jnp.zeros((1, 3), jnp.int32)
-  out, _ = attn(
-      jnp.asarray(x, jnp.bfloat16),
-      pos,
-      None,
-      jnp.ones((1, 3, 3), bool),
-      transformer.rope_tables(pos, transformer.rope_inv_freq(cfg)),
-  )
+  # Jitted, as in the model's compiled forward (not op by op).
+  out, _ = nnx.jit(
+      lambda attn, x, pos: attn(
+          x,
+          pos,
+          None,
+          jnp.ones((1, 3, 3), bool),
+          transformer.rope_tables(pos, transformer.rope_inv_freq(cfg)),
+      )
+  )(attn, jnp.asarray(x, jnp.bfloat16), pos)
   scores = (np.outer(a, a) + np.outer(b, b)) / 4.0
   assert scores[0, 1] == 40.125 and scores[0, 0] == 39.625
   p = np.exp(_log_softmax64(scores))

@@ -43,10 +43,20 @@ def test_tool_productivity_hand_values():
   )
 
 
+def _smoke_config():
+  """The smoke config, also scoring the weights before SFT (eval.initial):
+  the column test_eval_initial_scores_the_weights_before_sft checks on the
+  full run, and that the interrupted run resumes with, without a run of its
+  own (each run traces and loads every step program again)."""
+  config = default.get_config("smoke")
+  config.eval.initial = True
+  return config
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("full"))
-  reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
+  reports = train.train_and_evaluate(_smoke_config(), workdir)
   return workdir, reports
 
 
@@ -54,6 +64,7 @@ def test_smoke_trains_end_to_end(full_run):
   workdir, reports = full_run
   for name in (
       "config.json",
+      "eval_initial.json",
       "eval_sft.json",
       "eval_report.json",
       "eval_report.md",
@@ -97,7 +108,7 @@ def test_smoke_trains_end_to_end(full_run):
 def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
   full_dir, full_reports = full_run
   workdir = str(tmp_path / "resumed")
-  config = default.get_config("smoke")
+  config = _smoke_config()
   # Halt after step 22 (in the RL phase; the last checkpoint is step 20, written at
   # the SFT -> RL transition), as if the process had been killed there.
   config.halt_after_step = 22
@@ -108,8 +119,9 @@ def test_interrupted_run_resumes_to_identical_result(full_run, tmp_path):
       ).latest_step()
       == 20
   )
-  reports = train.train_and_evaluate(default.get_config("smoke"), workdir)
-  assert list(reports) == list(full_reports)
+  reports = train.train_and_evaluate(_smoke_config(), workdir)
+  # The initial column too (evaluated before the halt, read back on resume).
+  assert list(reports) == list(full_reports) == ["initial", "sft", "rl"]
   for name in reports:
     assert_same_report(reports[name], full_reports[name])
   # Same final parameters, bit for bit.
@@ -231,17 +243,14 @@ def test_one_process_has_nothing_to_compare():
   train.check_same_config_on_all_processes(default.get_config("smoke"))
 
 
-def test_eval_initial_scores_the_weights_before_sft(tmp_path):
-  config = default.get_config("smoke")
-  # SFT only here (the RL phase runs in the no-SFT run below); the smoke's 16
-  # held-out tasks, greedy only: the program
-  # test_evaluate_with_one_prefill_reports_exactly_the_same compiled (its
-  # share_prefill=False pass), reused rather than compiled for 8 tasks.
-  config.sft.steps, config.rl.steps = 3, 0
-  config.eval.update(num_samples=0, pass_k=(), initial=True)
-  reports = train.train_and_evaluate(config, str(tmp_path / "run"))
+def test_eval_initial_scores_the_weights_before_sft(full_run, tmp_path):
+  # The full smoke run has eval.initial on (_smoke_config): SFT, RL and the
+  # held-out evaluations of the initial, SFT and final weights.
+  workdir, reports = full_run
+  config = _smoke_config()
   assert list(reports) == ["initial", "sft", "rl"]
-  # The column is the held-out evaluation of the freshly initialised weights.
+  # The column is the held-out evaluation of the freshly initialised weights
+  # (programs the full run compiled).
   graphdef, state = train.init_state(config, train.make_model_config(config))
   expected = train.evaluate(
       config,
@@ -251,13 +260,14 @@ def test_eval_initial_scores_the_weights_before_sft(tmp_path):
       train.make_model_config(config),
   )
   assert_same_report(reports["initial"], expected)
-  with open(tmp_path / "run" / "eval_initial.json") as f:
+  with open(os.path.join(workdir, "eval_initial.json")) as f:
     assert_same_report(json.load(f), expected)
-  with open(tmp_path / "run" / "eval_report.json") as f:
+  with open(os.path.join(workdir, "eval_report.json")) as f:
     report = json.load(f)
   assert list(report["reports"]) == ["initial", "sft", "rl"]
   assert report["delta"]["from"] == "initial"
   # Without SFT the SFT column already is the initial weights: no extra pass.
+  # (The smoke evaluation settings: the full run's compiled programs.)
   config.sft.steps, config.rl.steps = 0, 1
   reports = train.train_and_evaluate(config, str(tmp_path / "no_sft"))
   assert list(reports) == ["sft", "rl"]
