@@ -83,21 +83,22 @@ def test_chunked_equals_dense_values_and_gradients_float32(block):
   # from the comparison and get no cotangent (module doc).
   wv = w * valid[:, None, :, None]
   loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v) * wv)
-  assert (
-      _max_rel(jax.jit(chunk)(q, k, v), jax.jit(dense)(q, k, v), valid)
-      < F32_TOL
-  )
+  o_dense = jax.jit(dense)(q, k, v)
+  assert _max_rel(jax.jit(chunk)(q, k, v), o_dense, valid) < F32_TOL
   g_dense = jax.jit(jax.grad(loss(dense), (0, 1, 2)))(q, k, v)
   g_chunk = jax.jit(jax.grad(loss(chunk), (0, 1, 2)))(q, k, v)
   every = np.ones((b, t), bool)
   for name, gc, gd in zip("qkv", g_chunk, g_dense):
     assert _max_rel(gc, gd, every) < F32_TOL, name
   # Masking really matters here: a key past the boundary changes the values.
+  # (Compiled as one program rather than run op by op.)
   no_seg = mask._replace(segment_bt=None)
-  other = attention.chunked_attention(
-      q, k, v, no_seg, block=block, dtype=jnp.float32
-  )
-  assert _max_rel(other, dense(q, k, v), valid) > 0.01
+  other = jax.jit(
+      lambda q, k, v: attention.chunked_attention(
+          q, k, v, no_seg, block=block, dtype=jnp.float32
+      )
+  )(q, k, v)
+  assert _max_rel(other, o_dense, valid) > 0.01
 
 
 def test_chunked_bfloat16_is_as_close_to_float32_as_dense_bfloat16():
@@ -291,9 +292,14 @@ def test_packed_segments_equal_separate_forwards(impl):
   packed = jnp.concatenate([a, c, jnp.zeros((1, 3), a.dtype)], axis=1)
   seg = jnp.asarray([[0] * 11 + [1] * 14 + [2] * 3], jnp.int32)
   pos = jnp.asarray([list(range(11)) + list(range(14)) + [0, 1, 2]], jnp.int32)
-  hidden = nnx.jit(lambda m, *a, **k: m.hidden_states(*a, **k)[0])
-  h_packed = hidden(model, packed, pos, segment_ids_bt=seg)
-  h_a, h_c = hidden(model, a), hidden(model, c)
+  # The packed and the two separate forwards in one program.
+  h_packed, h_a, h_c = nnx.jit(
+      lambda m, packed, pos, seg, a, c: (
+          m.hidden_states(packed, pos, segment_ids_bt=seg)[0],
+          m.hidden_states(a)[0],
+          m.hidden_states(c)[0],
+      )
+  )(model, packed, pos, seg, a, c)
   np.testing.assert_allclose(h_packed[:, :11], h_a, rtol=0, atol=1e-5)
   np.testing.assert_allclose(h_packed[:, 11:25], h_c, rtol=0, atol=1e-5)
 

@@ -188,6 +188,10 @@ def _bucket_step(buckets, **rl):
   from tests import fakes  # noqa: PLC0415
 
   config = default.get_config("smoke")
+  # One block: the bucket choice, the compiled conditionals and their
+  # [*, L_i] shapes do not depend on the depth, and every branch of the
+  # step's three conditionals unrolls every block.
+  config.model.num_layers = 1
   config.rl.update_length_buckets = buckets
   config.rl.update(rl)
   state, step = fakes.rl_state_and_step(config)
@@ -332,6 +336,9 @@ def test_collect_runs_reference_and_behaviour_forwards_on_the_bucket():
   from configs import schema  # noqa: PLC0415
 
   config = schema.with_defaults(default.get_config("smoke"))
+  # One block: the bucketed forwards equal the whole-buffer ones at any
+  # depth (three programs each unroll every block).
+  config.model.num_layers = 1
   config.rl.overlong_mode = "mask"
   train.validation.validate_config(config)
   env = train.make_env(config)

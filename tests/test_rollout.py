@@ -30,9 +30,10 @@ def _hard_task():
 @functools.cache
 def _expert_rollout(expert_imperfect_prob, max_len):
   """The expert's rollout of `_hard_task()` (key 0): one per (probability,
-  buffer length) for the tests of this file, which only read it."""
+  buffer length) for the tests of this file, which only read it; compiled
+  as one program rather than run op by op."""
   env = arithmetic.ArithmeticEnv(expert_imperfect_prob=expert_imperfect_prob)
-  return rollout.rollout(
+  return rollout.rollout_jit(
       env, _hard_task(), jax.random.PRNGKey(0), max_len=max_len
   )
 
@@ -70,7 +71,7 @@ def test_truncated_when_buffer_fills():
 
 def test_max_turns_finish_and_ragged_observations():
   env = fakes.EchoEnv()
-  traj = rollout.rollout(
+  traj = rollout.rollout_jit(
       env, jnp.array([3, 6]), jax.random.PRNGKey(0), max_len=32
   )
   np.testing.assert_array_equal(traj.finish, [types.MAX_TURNS] * 2)
@@ -160,7 +161,7 @@ def test_initial_state_is_the_prefilled_prompt_carry():
   env, tasks, policy = _policy_rollout_case("arithmetic")
   init = rollout.initial_state_jit(env, tasks, **policy)
   # What `rollout` builds before its turn loop: reset, then init_state.
-  env_state, prompt, prompt_len = jax.vmap(env.reset)(tasks)
+  env_state, prompt, prompt_len = jax.jit(jax.vmap(env.reset))(tasks)
   want = jax.jit(
       lambda p, n, s, params: rollout.init_state(
           p,
@@ -174,7 +175,8 @@ def test_initial_state_is_the_prefilled_prompt_carry():
   )(prompt, prompt_len, env_state, policy["params"])
   assert_bitwise_equal(init, want)
   # Prompts written with role PROMPT, nothing else yet.
-  n = np.asarray(prompt_len)
+  # Read on the host (a device slice per row was one more small compile).
+  n, prompt = np.asarray(prompt_len), np.asarray(prompt)
   tokens, role = np.asarray(init.tokens), np.asarray(init.role)
   for b in range(8):
     np.testing.assert_array_equal(tokens[b, : n[b]], prompt[b, : n[b]])

@@ -25,6 +25,9 @@ def test_token_by_token_decoding_equals_full_forward():
   b, l = 3, 12
   tokens = jax.random.randint(jax.random.PRNGKey(1), (b, l), 0, cfg.vocab_size)
   full, _ = _apply_model(graphdef, params, tokens)
+  # Inputs and reference sliced on the host (a device slice per position
+  # was one more small compile each).
+  tokens, full = np.asarray(tokens), np.asarray(full)
   cache = transformer.init_cache(cfg, b, l)
   prefill = 4
   logits, cache = _extend(
@@ -32,8 +35,8 @@ def test_token_by_token_decoding_equals_full_forward():
       params,
       cache,
       tokens[:, :prefill],
-      jnp.zeros(b, jnp.int32),
-      jnp.full(b, prefill, jnp.int32),
+      np.zeros(b, np.int32),
+      np.full(b, prefill, np.int32),
   )
   np.testing.assert_allclose(logits, full[:, prefill - 1], atol=1e-5, rtol=1e-5)
   for t in range(prefill, l):
@@ -42,8 +45,8 @@ def test_token_by_token_decoding_equals_full_forward():
         params,
         cache,
         tokens[:, t : t + 1],
-        jnp.full(b, t, jnp.int32),
-        jnp.ones(b, jnp.int32),
+        np.full(b, t, np.int32),
+        np.ones(b, np.int32),
     )
     np.testing.assert_allclose(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
@@ -193,8 +196,9 @@ def test_sampling_never_draws_a_masked_token_of_a_peaked_row():
   logits[0, 299] = 30.0
   logits[1, v - 1] = 5.0
   keys = jax.random.split(jax.random.PRNGKey(1), 500)
-  tok, _ = jax.vmap(
-      lambda k: sampling.sample_token(k, jnp.asarray(logits), 1.0)
+  # The 500 draws compiled as one program (not op by op).
+  tok, _ = jax.jit(
+      jax.vmap(lambda k: sampling.sample_token(k, jnp.asarray(logits), 1.0))
   )(keys)
   tok = np.asarray(tok)
   assert (tok[:, 0] < 300).all() and (tok[:, 1] == v - 1).all()
@@ -203,9 +207,13 @@ def test_sampling_never_draws_a_masked_token_of_a_peaked_row():
 def test_sample_token_frequencies_follow_temperature():
   logits = jnp.log(jnp.array([[0.2, 0.8]]))
   keys = jax.random.split(jax.random.PRNGKey(0), 4000)
-  tok, logp = jax.vmap(lambda k: sampling.sample_token(k, logits, 0.5))(keys)
+  # The 4000 draws compiled as one program (not op by op).
+  tok, logp = jax.jit(
+      jax.vmap(lambda k: sampling.sample_token(k, logits, 0.5))
+  )(keys)
+  tok, logp = np.asarray(tok), np.asarray(logp)
   # At T = 0.5 the probabilities become 0.2^2 : 0.8^2 = 1/17 : 16/17.
-  assert abs(float(jnp.mean(tok == 1)) - 16 / 17) < 0.015
+  assert abs(float(np.mean(tok == 1)) - 16 / 17) < 0.015
   np.testing.assert_allclose(logp[tok == 1], np.log(16 / 17), atol=1e-5)
 
 
@@ -333,7 +341,8 @@ def test_bucketed_decode_reads_only_the_filled_prefix():
             {k: v.at[:, :, 8:].set(jnp.nan) for k, v in layer.items()}
             for layer in cache
         ]
-      logits, _ = sampling.extend(
+      # Compiled once per bucket (op by op, this was ~90 small compiles).
+      logits, _ = _extend(
           graphdef,
           params,
           c,
@@ -414,23 +423,23 @@ def test_compiled_decode_loop_copies_no_weights():
       tuple(sorted(x.shape)) for x in jax.tree.leaves(params) if x.ndim >= 2
   }
   env = fakes.EchoEnv()
-  tasks = env.sample_tasks(jax.random.PRNGKey(0), 3)
-  _, prompt, prompt_len = jax.vmap(env.reset)(tasks)
-  # The carry enters the lowering by its shapes only: traced abstractly
-  # rather than prefilled op by op.
-  state = jax.eval_shape(
-      lambda prompt, prompt_len: rollout.init_state(
-          prompt,
-          prompt_len,
-          None,
-          max_len=32,
-          graphdef=graphdef,
-          params=params,
-          model_config=cfg,
-      ),
-      prompt,
-      prompt_len,
-  )
+
+  # The carry enters the lowering by its shapes only: the tasks, the reset
+  # and the prefill traced abstractly rather than run op by op.
+  def init(key):
+    tasks = env.sample_tasks(key, 3)
+    _, prompt, prompt_len = jax.vmap(env.reset)(tasks)
+    return rollout.init_state(
+        prompt,
+        prompt_len,
+        None,
+        max_len=32,
+        graphdef=graphdef,
+        params=params,
+        model_config=cfg,
+    )
+
+  state = jax.eval_shape(init, jax.random.PRNGKey(0))
   turn = jax.jit(
       lambda p, st, k: rollout.generate_turn(
           graphdef,
