@@ -24,6 +24,7 @@ transformers requires for GGUF loading) are missing, and the slow tier when the
 SmolLM2 file is not installed.
 """
 
+import importlib.util
 import os
 
 import numpy as np
@@ -32,9 +33,18 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+# torch, transformers and accelerate take seconds to import: the module-scoped
+# fixture `_torch_and_transformers` imports them when this module's first test
+# runs, not at collection (which every xdist worker does). A missing one still
+# skips the whole module here, and one that fails to import skips its tests.
+for _name in ("torch", "transformers", "accelerate"):
+  if importlib.util.find_spec(_name) is None:
+    pytest.skip(
+        f"could not import {_name!r}: No module named {_name!r}",
+        allow_module_level=True,
+    )
+torch = None  # set by `_torch_and_transformers`
+transformers = None  # set by `_torch_and_transformers`
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -43,6 +53,15 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from agentic_rl.models import gguf as gguf_lib
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_and_transformers():
+  global torch, transformers  # pylint: disable=global-statement
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  pytest.importorskip("accelerate")
+
 
 # Strings for tokenizer comparisons: ASCII, digits, whitespace runs, contractions,
 # accents, CJK, emoji, control tokens written in the text.

@@ -30,12 +30,14 @@ class SilentEnv(fakes.EchoEnv):
     return state, jnp.full_like(obs, tokenizers.PAD), jnp.int32(0), done
 
 
+# Compiled once per module: jit's caches are keyed on this function object.
+_token_logprobs = jax.jit(sampling.token_logprobs, static_argnums=0)
+
+
 def _policy_mismatch(traj, graphdef, params):
   """max |sampler log-prob - teacher-forced log-prob| over POLICY tokens (the
   trainer's forward, compiled as the trainer runs it, not op by op)."""
-  logp, _ = jax.jit(sampling.token_logprobs, static_argnums=0)(
-      graphdef, params, traj.tokens, 1.0
-  )
+  logp, _ = _token_logprobs(graphdef, params, traj.tokens, 1.0)
   pol = np.asarray(traj.role) == types.POLICY
   return np.max(np.abs(np.asarray(traj.logprob) - np.asarray(logp))[pol])
 
@@ -135,16 +137,22 @@ def test_stop_ids_come_from_the_environment_format():
   assert rollout.env_stop_tokens(fakes.EchoEnv()) == tokenizers.STOP_TOKENS
   assert rollout.env_stop_tokens(OwnStopEnv()) == (STOP,)
   graphdef, params, cfg = _rigged_policy()
-  # One compiled extension (op by op it was hundreds of small compiles).
-  logits, _ = jax.jit(sampling.extend, static_argnums=0)(
-      graphdef,
-      params,
-      transformer.init_cache(cfg, 1, 4),
-      jnp.zeros((1, 2), jnp.int32),
-      jnp.zeros(1, jnp.int32),
-      jnp.full((1,), 2, jnp.int32),
+  # One compiled extension and softmax (op by op it was hundreds of small
+  # compiles).
+  p = np.asarray(
+      jax.jit(
+          lambda params: jax.nn.softmax(
+              sampling.extend(
+                  graphdef,
+                  params,
+                  transformer.init_cache(cfg, 1, 4),
+                  jnp.zeros((1, 2), jnp.int32),
+                  jnp.zeros(1, jnp.int32),
+                  jnp.full((1,), 2, jnp.int32),
+              )[0][0]
+          )
+      )(params)
   )
-  p = np.asarray(jax.nn.softmax(logits[0]))
   np.testing.assert_allclose(
       p[list(LIKELY)], 1 / (5 + (V - 5) * np.exp(-10)), rtol=1e-4
   )
@@ -212,17 +220,6 @@ def test_replay_injection_keeps_the_buffered_turns_under_gigpo():
   s_tok = jnp.array([[5, 6, 20, 21, 30, 40, 41, 0, 0, 0]], jnp.int32)
   s_role = jnp.array([[P_, P_, Q_, Q_, T_, Q_, Q_, D_, D_, D_]], jnp.int8)
   s_turn = jnp.array([[-1, -1, 0, 0, 0, 1, 1, -1, -1, -1]], jnp.int32)
-  buf = replay.insert(
-      replay.init(2, 10),
-      replay.task_keys(s_tok, s_role),
-      s_tok,
-      s_role,
-      jnp.full((1, 10), -0.5),
-      jnp.array([1.0]),
-      jnp.array([True]),
-      jnp.int32(0),
-      s_turn,
-  )
   # A failed group of 2 for the same task: one-turn episodes, reward 0.
   tok = jnp.array(
       [[5, 6, 22, 23, 0, 0, 0, 0, 0, 0], [5, 6, 24, 0, 0, 0, 0, 0, 0, 0]],
@@ -233,16 +230,35 @@ def test_replay_injection_keeps_the_buffered_turns_under_gigpo():
   )
   turn = jnp.where(role == Q_, 0, -1).astype(jnp.int32)
   traj = fakes.trajectory(tokens=tok, role=role, turn=turn, length=[4, 3])
-  train, reward, injected = learner.inject_replay(
-      buf, traj, jnp.zeros(2), group_size=2, success_threshold=1.0
-  )
+
+  # The buffer, the injection and the advantages as one compiled program (op
+  # by op it was dozens of small compiles).
+  @jax.jit
+  def run(traj):
+    buf = replay.insert(
+        replay.init(2, 10),
+        replay.task_keys(s_tok, s_role),
+        s_tok,
+        s_role,
+        jnp.full((1, 10), -0.5),
+        jnp.array([1.0]),
+        jnp.array([True]),
+        jnp.int32(0),
+        s_turn,
+    )
+    train, reward, injected = learner.inject_replay(
+        buf, traj, jnp.zeros(2), group_size=2, success_threshold=1.0
+    )
+    _, _, adv = learner.token_advantages(rl, reward, train, max_turns=2)
+    return train, reward, injected, adv
+
+  rl = default.get_config("smoke").rl
+  rl.advantage_estimator = "gigpo"
+  train, reward, injected, adv = run(traj)
   np.testing.assert_array_equal(injected, [False, True])
   np.testing.assert_array_equal(train.turn[1], s_turn[0])
   np.testing.assert_array_equal(train.num_turns, [1, 2])
   np.testing.assert_array_equal(reward, [0.0, 1.0])
-  rl = default.get_config("smoke").rl
-  rl.advantage_estimator = "gigpo"
-  _, _, adv = learner.token_advantages(rl, reward, train, max_turns=2)
   # Hand values (eps 1e-6 ignored): episode GRPO of rewards [0, 1] -> [-1, 1];
   # turn 0 steps share the prompt state, returns [0, 1] -> step adv [-1, 1];
   # the injected turn 1 is a step group of one -> 0. Row 0's turn 0:
@@ -264,18 +280,25 @@ def test_masked_behaviour_logprobs_hand_values():
 
   graphdef, params, _ = fakes.tiny_policy(0)
   config = default.get_config("smoke")  # 2 minibatch blocks of 1 row
-  tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 7), 0, 256)
-  logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
-  got, shift = learner.masked_behaviour_logprobs(
-      config,
-      graphdef,
-      params,
-      tokens,
-      logp,
-      jnp.array([True, False]),
-      (tokenizers.CALL,),
-  )
-  logits, _ = sampling.apply_model(graphdef, params, tokens)
+
+  # One compiled program (op by op it was hundreds of small compiles).
+  @jax.jit
+  def run(params):
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 7), 0, 256)
+    logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
+    got, shift = learner.masked_behaviour_logprobs(
+        config,
+        graphdef,
+        params,
+        tokens,
+        logp,
+        jnp.array([True, False]),
+        (tokenizers.CALL,),
+    )
+    logits, _ = sampling.apply_model(graphdef, params, tokens)
+    return tokens, got, shift, logits
+
+  tokens, got, shift, logits = run(params)
   z = np.asarray(logits, np.float64)[:, :-1]
   lp = z - z.max(-1, keepdims=True)
   lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
@@ -297,29 +320,36 @@ def test_first_step_ratio_of_masked_rows_is_one_minus_banned_mass():
 
   graphdef, params, _ = fakes.tiny_policy(2)
   rl = default.get_config("smoke").rl
-  tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, 256)
-  mask = jnp.arange(6)[None, :] >= 2
-  mask = jnp.broadcast_to(mask, (2, 6))
-  logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
-  shift = jnp.where(jnp.array([[True], [False]]) & mask, 0.05, 0.0)
-  batch = learner.LearnerBatch(
-      tokens=tokens,
-      mask=mask,
-      behaviour_logp=jnp.where(mask, logp + shift, 0.0),
-      ref_logp=jnp.where(mask, logp, 0.0),
-      advantage=jnp.where(mask, 1.0, 0.0),
-      behaviour_shift=shift,
-  )
-  den = losses.aggregation_denominator(mask, rl.loss_agg_mode)
-  _, m = learner._rl_loss(
-      graphdef,
-      params,
-      batch,
-      rl,
-      kl_coef=0.0,
-      denominator=den,
-      first_step=jnp.bool_(True),
-  )
+
+  # One compiled program (op by op it was hundreds of small compiles).
+  @jax.jit
+  def run(params):
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, 256)
+    mask = jnp.arange(6)[None, :] >= 2
+    mask = jnp.broadcast_to(mask, (2, 6))
+    logp, _ = sampling.token_logprobs(graphdef, params, tokens, 1.0)
+    shift = jnp.where(jnp.array([[True], [False]]) & mask, 0.05, 0.0)
+    batch = learner.LearnerBatch(
+        tokens=tokens,
+        mask=mask,
+        behaviour_logp=jnp.where(mask, logp + shift, 0.0),
+        ref_logp=jnp.where(mask, logp, 0.0),
+        advantage=jnp.where(mask, 1.0, 0.0),
+        behaviour_shift=shift,
+    )
+    den = losses.aggregation_denominator(mask, rl.loss_agg_mode)
+    _, m = learner._rl_loss(
+        graphdef,
+        params,
+        batch,
+        rl,
+        kl_coef=0.0,
+        denominator=den,
+        first_step=jnp.bool_(True),
+    )
+    return m
+
+  m = run(params)
   # Masked rows: ratio = exp(-0.05); others exactly 1; no behaviour gap.
   np.testing.assert_allclose(m["ratio_dev_max"], 1 - np.exp(-0.05), rtol=1e-5)
   assert float(m["behaviour_gap_max"]) < 1e-6
