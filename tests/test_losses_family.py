@@ -2,6 +2,10 @@
 value loss, KL-penalised rewards and the adaptive KL coefficient.
 
 Expected values are computed by hand in the comments.
+
+Each test's computations run as one jitted program (inputs built with NumPy):
+eager code would compile one small XLA program per op and shape. The tests
+that compare eager with jitted code keep their eager calls.
 """
 
 import functools
@@ -19,61 +23,67 @@ EPS = 0.2
 
 def _group_batch():
   """Response X (2 tokens, A=+1) and Y (8 tokens, A=-1), ratio 1, L = 8."""
-  mask = jnp.array([[True] * 2 + [False] * 6, [True] * 8])
-  adv = jnp.array([[1.0] * 8, [-1.0] * 8])
-  logp = jnp.full((2, 8), -1.0)
+  mask = jnp.asarray(np.array([[True] * 2 + [False] * 6, [True] * 8]))
+  adv = jnp.asarray(np.array([[1.0] * 8, [-1.0] * 8], np.float32))
+  logp = jnp.asarray(np.full((2, 8), -1.0, np.float32))
   return logp, adv, mask
 
 
 # ---------------------------------------------------------------- aggregation
 
 
-def test_group_aggregation_modes_hand_values():
-  logp, adv, mask = _group_batch()
+@jax.jit
+def _group_aggregation_outputs(logp, adv, mask):
   loss, ratio = losses.clipped_surrogate(logp, logp, adv, EPS, EPS)
-  np.testing.assert_allclose(ratio, 1.0)
-  # X tokens: -1 (x2); Y tokens: +1 (x8).
-  # token-mean: (-2 + 8) / 10 = 0.6.
-  np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "token-mean"), 0.6, rtol=1e-6
-  )
-  np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "token-mean"),
-      losses.token_mean(loss, mask),
-      rtol=1e-6,
-  )
-  # seq-mean-token-mean: (-1 + 1) / 2 = 0.
-  np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "seq-mean-token-mean"), 0.0, atol=1e-7
-  )
-  # seq-mean-token-sum-norm, constant 8, 2 sequences: 6 / 16 = 0.375.
-  np.testing.assert_allclose(
-      losses.aggregate(
+  return {
+      "ratio": ratio,
+      "token_mean": losses.aggregate(loss, mask, "token-mean"),
+      "token_mean_fn": losses.token_mean(loss, mask),
+      "seq_mean": losses.aggregate(loss, mask, "seq-mean-token-mean"),
+      "sum_norm": losses.aggregate(
           loss,
           mask,
           "seq-mean-token-sum-norm",
           num_sequences=2,
           norm_constant=8,
       ),
-      0.375,
-      rtol=1e-6,
-  )
+      "sum_norm_default": losses.aggregate(
+          loss, mask, "seq-mean-token-sum-norm"
+      ),
+  }
+
+
+def test_group_aggregation_modes_hand_values():
+  out = _group_aggregation_outputs(*_group_batch())
+  np.testing.assert_allclose(out["ratio"], 1.0)
+  # X tokens: -1 (x2); Y tokens: +1 (x8).
+  # token-mean: (-2 + 8) / 10 = 0.6.
+  np.testing.assert_allclose(out["token_mean"], 0.6, rtol=1e-6)
+  np.testing.assert_allclose(out["token_mean"], out["token_mean_fn"], rtol=1e-6)
+  # seq-mean-token-mean: (-1 + 1) / 2 = 0.
+  np.testing.assert_allclose(out["seq_mean"], 0.0, atol=1e-7)
+  # seq-mean-token-sum-norm, constant 8, 2 sequences: 6 / 16 = 0.375.
+  np.testing.assert_allclose(out["sum_norm"], 0.375, rtol=1e-6)
   # Defaults: num_sequences = B = 2, norm_constant = L = 8.
-  np.testing.assert_allclose(
-      losses.aggregate(loss, mask, "seq-mean-token-sum-norm"), 0.375, rtol=1e-6
-  )
+  np.testing.assert_allclose(out["sum_norm_default"], 0.375, rtol=1e-6)
+
+
+@jax.jit
+def _empty_rows_outputs(x, m):
+  none = jnp.zeros_like(m)
+  return losses.aggregate(x, m, "seq-mean-token-mean"), {
+      mode: losses.aggregate(x, none, mode) for mode in losses.AGG_MODES
+  }
 
 
 def test_aggregate_empty_rows_and_all_masked():
-  x = jnp.array([[1.0, 3.0], [5.0, 7.0], [9.0, 9.0]])
-  m = jnp.array([[True, True], [False, False], [True, False]])
+  x = np.array([[1.0, 3.0], [5.0, 7.0], [9.0, 9.0]], np.float32)
+  m = np.array([[True, True], [False, False], [True, False]])
+  seq_mean, all_masked = _empty_rows_outputs(x, m)
   # Row means 2 and 9 over the 2 non-empty rows: 5.5.
-  np.testing.assert_allclose(
-      losses.aggregate(x, m, "seq-mean-token-mean"), 5.5, rtol=1e-6
-  )
-  none = jnp.zeros_like(m)
+  np.testing.assert_allclose(seq_mean, 5.5, rtol=1e-6)
   for mode in losses.AGG_MODES:
-    assert float(losses.aggregate(x, none, mode)) == 0.0
+    assert float(all_masked[mode]) == 0.0
 
 
 def test_aggregation_denominators_by_hand():
@@ -96,30 +106,36 @@ def test_aggregation_denominators_by_hand():
   )
 
 
-@pytest.mark.parametrize("mode", losses.AGG_MODES)
-def test_micro_batches_with_full_batch_denominator_sum_to_full(mode):
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(4, 6)), jnp.float32)
-  mask = jnp.asarray(rng.random((4, 6)) < 0.6)
-  mask = mask.at[1].set(False)  # one empty sequence
-  mask = mask.at[0, 0].set(True).at[3, 0].set(True)
+@functools.partial(jax.jit, static_argnames="mode")
+def _micro_batch_outputs(x, mask, mode):
   full = losses.aggregate(x, mask, mode, norm_constant=8.0)
   denom = losses.aggregation_denominator(mask, mode, norm_constant=8.0)
   parts = [(x[:2], mask[:2]), (x[2:], mask[2:])]
   summed = sum(
       losses.aggregate(xi, mi, mode, denominator=denom) for xi, mi in parts
   )
-  np.testing.assert_allclose(summed, full, rtol=1e-6)
-  # Denominators are additive over micro-batches (psum-able over devices).
   denom_parts = sum(
       losses.aggregation_denominator(mi, mode, norm_constant=8.0)
       for _, mi in parts
   )
-  np.testing.assert_allclose(denom_parts, denom, rtol=1e-6)
-  # Without the shared denominator the micro-batch means do NOT sum to it.
   local = sum(
       losses.aggregate(xi, mi, mode, norm_constant=8.0) for xi, mi in parts
   )
+  return full, denom, summed, denom_parts, local
+
+
+@pytest.mark.parametrize("mode", losses.AGG_MODES)
+def test_micro_batches_with_full_batch_denominator_sum_to_full(mode):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4, 6)).astype(np.float32)
+  mask = rng.random((4, 6)) < 0.6
+  mask[1] = False  # one empty sequence
+  mask[0, 0] = mask[3, 0] = True
+  full, denom, summed, denom_parts, local = _micro_batch_outputs(x, mask, mode)
+  np.testing.assert_allclose(summed, full, rtol=1e-6)
+  # Denominators are additive over micro-batches (psum-able over devices).
+  np.testing.assert_allclose(denom_parts, denom, rtol=1e-6)
+  # Without the shared denominator the micro-batch means do NOT sum to it.
   assert not np.isclose(float(local), float(full))
 
 
@@ -135,69 +151,98 @@ def test_aggregate_unknown_mode_raises():
 # ------------------------------------------------------------------------ KL
 
 
+_KL_FNS = (("k1", losses.kl_k1), ("k2", losses.kl_k2), ("k3", losses.kl_k3))
+
+
+@jax.jit
+def _kl_hand_outputs(same, logp, ref):
+  return {
+      "same": {
+          n: losses.kl_estimate(n, same, same) for n in losses.KL_ESTIMATORS
+      },
+      "fn": {n: fn(logp, ref) for n, fn in _KL_FNS},
+      "estimate": {n: losses.kl_estimate(n, logp, ref) for n, _ in _KL_FNS},
+  }
+
+
 def test_kl_estimators_hand_values():
+  logp, ref = np.float32(-1.0), np.float32(-2.0)  # d = ref - logp = -1
+  out = _kl_hand_outputs(np.float32(-0.7), logp, ref)
   for name in losses.KL_ESTIMATORS:
-    assert (
-        float(losses.kl_estimate(name, jnp.array(-0.7), jnp.array(-0.7))) == 0.0
-    )
-  logp, ref = jnp.array(-1.0), jnp.array(-2.0)  # d = ref - logp = -1
-  np.testing.assert_allclose(losses.kl_k1(logp, ref), 1.0, rtol=1e-6)
-  np.testing.assert_allclose(losses.kl_k2(logp, ref), 0.5, rtol=1e-6)
+    assert float(out["same"][name]) == 0.0
+  np.testing.assert_allclose(out["fn"]["k1"], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(out["fn"]["k2"], 0.5, rtol=1e-6)
   # k3 = e^-1 - (-1) - 1 = e^-1.
-  np.testing.assert_allclose(losses.kl_k3(logp, ref), math.exp(-1.0), rtol=1e-6)
-  np.testing.assert_allclose(losses.kl_k3(logp, ref), 0.3679, atol=1e-4)
-  for name, fn in (
-      ("k1", losses.kl_k1),
-      ("k2", losses.kl_k2),
-      ("k3", losses.kl_k3),
-  ):
-    assert float(losses.kl_estimate(name, logp, ref)) == float(fn(logp, ref))
+  np.testing.assert_allclose(out["fn"]["k3"], math.exp(-1.0), rtol=1e-6)
+  np.testing.assert_allclose(out["fn"]["k3"], 0.3679, atol=1e-4)
+  for name, _ in _KL_FNS:
+    assert float(out["estimate"][name]) == float(out["fn"][name])
+
+
+@jax.jit
+def _kl_clamp_outputs(logp, ref):
+  return {
+      "fn": {n: fn(logp, ref) for n, fn in _KL_FNS},
+      "value": {
+          n: losses.kl_estimate(n, logp, ref) for n in losses.KL_ESTIMATORS
+      },
+      "grad": {
+          n: jax.grad(lambda lp, n=n: losses.kl_estimate(n, lp, ref))(logp)
+          for n in losses.KL_ESTIMATORS
+      },
+  }
 
 
 def test_kl_clamp_keeps_extremes_finite_and_bounded():
   # d = -0.5 - (-25) = 24.5, clamped to 20.
-  logp, ref = jnp.array(-25.0), jnp.array(-0.5)
+  out = _kl_clamp_outputs(np.float32(-25.0), np.float32(-0.5))
   c = losses.KL_LOG_RATIO_CLAMP
-  np.testing.assert_allclose(losses.kl_k1(logp, ref), -c)
-  np.testing.assert_allclose(losses.kl_k2(logp, ref), 0.5 * c * c)
-  np.testing.assert_allclose(
-      losses.kl_k3(logp, ref), math.exp(c) - c - 1, rtol=1e-6
-  )
+  np.testing.assert_allclose(out["fn"]["k1"], -c)
+  np.testing.assert_allclose(out["fn"]["k2"], 0.5 * c * c)
+  np.testing.assert_allclose(out["fn"]["k3"], math.exp(c) - c - 1, rtol=1e-6)
   for name in losses.KL_ESTIMATORS:
-    v = losses.kl_estimate(name, logp, ref)
-    assert np.isfinite(float(v))
+    assert np.isfinite(float(out["value"][name]))
     # Beyond the clamp the gradient w.r.t. logp is 0.
-    g = jax.grad(lambda lp: losses.kl_estimate(name, lp, ref))(logp)
-    assert float(g) == 0.0
+    assert float(out["grad"][name]) == 0.0
 
 
-def test_k3_and_k2_nonnegative_on_random_inputs():
+@jax.jit
+def _random_kl_minima():
   key1, key2 = jax.random.split(jax.random.PRNGKey(0))
   logp = 5.0 * jax.random.normal(key1, (1000,))
   ref = 5.0 * jax.random.normal(key2, (1000,))
-  assert float(jnp.min(losses.kl_k3(logp, ref))) >= 0.0
-  assert float(jnp.min(losses.kl_k2(logp, ref))) >= 0.0
+  return jnp.min(losses.kl_k3(logp, ref)), jnp.min(losses.kl_k2(logp, ref))
 
 
-@pytest.mark.parametrize("name", losses.KL_ESTIMATORS)
-def test_junk_padding_leaves_masked_kl_unchanged(name):
-  rng = np.random.default_rng(1)
-  logp = jnp.asarray(-rng.random((2, 10)), jnp.float32)
-  ref = jnp.asarray(-rng.random((2, 10)), jnp.float32)
-  mask = jnp.array([[True] * 5 + [False] * 5] * 2)  # 10 padding positions
-  junk_logp = jnp.array([-jnp.inf, 1e30, -1e30, 3.0, -jnp.inf])
-  junk_ref = jnp.array([0.0, -jnp.inf, 1e30, -jnp.inf, -50.0])
-  logp_j = logp.at[:, 5:].set(junk_logp)
-  ref_j = ref.at[:, 5:].set(junk_ref)
+def test_k3_and_k2_nonnegative_on_random_inputs():
+  min_k3, min_k2 = _random_kl_minima()
+  assert float(min_k3) >= 0.0
+  assert float(min_k2) >= 0.0
 
+
+@functools.partial(jax.jit, static_argnames="name")
+def _junk_padding_outputs(logp, ref, logp_j, ref_j, mask, name):
   def agg(lp, rf):
     return losses.aggregate(
         losses.kl_estimate(name, lp, rf), mask, "token-mean"
     )
 
-  clean = agg(logp, ref)
-  np.testing.assert_allclose(agg(logp_j, ref_j), clean, rtol=1e-6)
-  g = jax.grad(agg)(logp_j, ref_j)
+  return agg(logp, ref), agg(logp_j, ref_j), jax.grad(agg)(logp_j, ref_j)
+
+
+@pytest.mark.parametrize("name", losses.KL_ESTIMATORS)
+def test_junk_padding_leaves_masked_kl_unchanged(name):
+  rng = np.random.default_rng(1)
+  logp = (-rng.random((2, 10))).astype(np.float32)
+  ref = (-rng.random((2, 10))).astype(np.float32)
+  mask = np.array([[True] * 5 + [False] * 5] * 2)  # 10 padding positions
+  junk_logp = np.array([-np.inf, 1e30, -1e30, 3.0, -np.inf], np.float32)
+  junk_ref = np.array([0.0, -np.inf, 1e30, -np.inf, -50.0], np.float32)
+  logp_j, ref_j = logp.copy(), ref.copy()
+  logp_j[:, 5:] = junk_logp
+  ref_j[:, 5:] = junk_ref
+  clean, junked, g = _junk_padding_outputs(logp, ref, logp_j, ref_j, mask, name)
+  np.testing.assert_allclose(junked, clean, rtol=1e-6)
   assert np.isfinite(np.asarray(g)).all()
   assert np.all(np.asarray(g)[:, 5:] == 0.0)
 
@@ -210,17 +255,24 @@ def test_kl_estimate_unknown_raises():
 # ------------------------------------------------------------ PPO clipping
 
 
-def _objective_and_grad(ratio, adv, **kw):
-  """Objective -loss and its derivative w.r.t. logp, behaviour logp 0."""
-
+@functools.partial(jax.jit, static_argnames="dual_clip")
+def _jitted_objective_and_grad(ratio, adv, dual_clip):
   def objective(logp):
     loss, _ = losses.clipped_surrogate(
-        logp, jnp.array(0.0), jnp.array(adv), EPS, EPS, **kw
+        logp, jnp.float32(0.0), adv, EPS, EPS, dual_clip=dual_clip
     )
     return -loss
 
-  logp = jnp.log(jnp.array(ratio))
-  return float(objective(logp)), float(jax.grad(objective)(logp))
+  logp = jnp.log(ratio)
+  return objective(logp), jax.grad(objective)(logp)
+
+
+def _objective_and_grad(ratio, adv, dual_clip=None):
+  """Objective -loss and its derivative w.r.t. logp, behaviour logp 0."""
+  obj, g = _jitted_objective_and_grad(
+      np.float32(ratio), np.float32(adv), dual_clip
+  )
+  return float(obj), float(g)
 
 
 def test_clipping_objective_and_gradients():
@@ -279,17 +331,21 @@ _GSPO_MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
 
 
 def _gspo_batch():
-  mask = jnp.array(_GSPO_MASK, bool)
-  beh = jnp.full((4, 4), -1.0)
-  logp = beh + jnp.array(_LOG_RATIOS)
-  logp = jnp.where(mask, logp, -jnp.inf)  # junk in padding
-  adv = jnp.array([2.0, 1.0, -1.0, -1.0])
-  return logp, beh, adv, mask
+  mask = np.array(_GSPO_MASK, bool)
+  beh = np.full((4, 4), -1.0, np.float32)
+  logp = beh + np.array(_LOG_RATIOS, np.float32)
+  logp = np.where(mask, logp, np.float32(-np.inf))  # junk in padding
+  adv = np.array([2.0, 1.0, -1.0, -1.0], np.float32)
+  return tuple(map(jnp.asarray, (logp, beh, adv, mask)))
+
+
+_gspo = jax.jit(
+    functools.partial(losses.gspo_loss, clip_low=EPS, clip_high=EPS)
+)
 
 
 def test_gspo_hand_values():
-  logp, beh, adv, mask = _gspo_batch()
-  loss_b, s_b = losses.gspo_loss(logp, beh, adv, mask, EPS, EPS)
+  loss_b, s_b = _gspo(*_gspo_batch())
   e = math.exp
   np.testing.assert_allclose(s_b, [e(0.1), e(0.5), e(-0.5), e(0.2)], rtol=1e-6)
   np.testing.assert_allclose(
@@ -297,11 +353,15 @@ def test_gspo_hand_values():
   )
 
 
-def test_gspo_gradient_by_hand():
-  logp, beh, adv, mask = _gspo_batch()
-  g = jax.grad(
+@jax.jit
+def _gspo_grad(logp, beh, adv, mask):
+  return jax.grad(
       lambda lp: jnp.sum(losses.gspo_loss(lp, beh, adv, mask, EPS, EPS)[0])
   )(logp)
+
+
+def test_gspo_gradient_by_hand():
+  g = _gspo_grad(*_gspo_batch())
   # d loss_i / d logp_t = -A_i s_i / |y_i| on unclipped rows, 0 elsewhere.
   expected = np.zeros((4, 4))
   expected[0, :3] = -2.0 * math.exp(0.1) / 3
@@ -310,27 +370,21 @@ def test_gspo_gradient_by_hand():
 
 
 def test_gspo_empty_sequence_has_zero_loss():
-  logp = jnp.zeros((1, 3))
-  loss_b, s_b = losses.gspo_loss(
-      logp, logp, jnp.array([5.0]), jnp.zeros((1, 3), bool), EPS, EPS
+  logp = np.zeros((1, 3), np.float32)
+  loss_b, s_b = _gspo(
+      logp, logp, np.array([5.0], np.float32), np.zeros((1, 3), bool)
   )
   assert float(loss_b[0]) == 0.0 and float(s_b[0]) == 1.0
 
 
-def test_gspo_token_value_and_gradient_match_gspo():
-  logp, beh, adv, mask = _gspo_batch()
+@jax.jit
+def _gspo_token_outputs(logp, beh, adv, mask):
   loss_b, s_b = losses.gspo_loss(logp, beh, adv, mask, EPS, EPS)
-  for a in (adv, jnp.broadcast_to(adv[:, None], (4, 4))):
-    loss_bl, ratio_bl = losses.gspo_token_loss(logp, beh, a, mask, EPS, EPS)
-    np.testing.assert_allclose(
-        loss_bl, jnp.broadcast_to(loss_b[:, None], (4, 4)), rtol=1e-6
-    )
-    np.testing.assert_allclose(
-        ratio_bl, jnp.broadcast_to(s_b[:, None], (4, 4)), rtol=1e-6
-    )
+  token = [
+      losses.gspo_token_loss(logp, beh, a, mask, EPS, EPS)
+      for a in (adv, jnp.broadcast_to(adv[:, None], (4, 4)))
+  ]
 
-  # With A_{i,t} = A_i and seq-mean-token-mean over non-empty rows, the
-  # GSPO-token gradient equals the GSPO gradient, -A_i s_i / (B |y_i|).
   def token_obj(lp):
     loss_bl, _ = losses.gspo_token_loss(lp, beh, adv, mask, EPS, EPS)
     return losses.aggregate(loss_bl, mask, "seq-mean-token-mean")
@@ -338,14 +392,6 @@ def test_gspo_token_value_and_gradient_match_gspo():
   def seq_obj(lp):
     return jnp.mean(losses.gspo_loss(lp, beh, adv, mask, EPS, EPS)[0])
 
-  np.testing.assert_allclose(token_obj(logp), seq_obj(logp), rtol=1e-6)
-  g_tok = jax.grad(token_obj)(logp)
-  g_seq = jax.grad(seq_obj)(logp)
-  np.testing.assert_allclose(g_tok, g_seq, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(
-      g_tok[0, 0], -2.0 * math.exp(0.1) / (4 * 3), rtol=1e-5
-  )
-  # Per token, before aggregation: d loss_{i,t} / d logp_t = -A_i s_i.
   g_raw = jax.grad(
       lambda lp: jnp.sum(
           jnp.where(
@@ -353,6 +399,34 @@ def test_gspo_token_value_and_gradient_match_gspo():
           )
       )
   )(logp)
+  return {
+      "loss_b": jnp.broadcast_to(loss_b[:, None], (4, 4)),
+      "s_b": jnp.broadcast_to(s_b[:, None], (4, 4)),
+      "token": token,
+      "token_obj": token_obj(logp),
+      "seq_obj": seq_obj(logp),
+      "g_tok": jax.grad(token_obj)(logp),
+      "g_seq": jax.grad(seq_obj)(logp),
+      "g_raw": g_raw,
+  }
+
+
+def test_gspo_token_value_and_gradient_match_gspo():
+  out = _gspo_token_outputs(*_gspo_batch())
+  for loss_bl, ratio_bl in out["token"]:
+    np.testing.assert_allclose(loss_bl, out["loss_b"], rtol=1e-6)
+    np.testing.assert_allclose(ratio_bl, out["s_b"], rtol=1e-6)
+
+  # With A_{i,t} = A_i and seq-mean-token-mean over non-empty rows, the
+  # GSPO-token gradient equals the GSPO gradient, -A_i s_i / (B |y_i|).
+  np.testing.assert_allclose(out["token_obj"], out["seq_obj"], rtol=1e-6)
+  g_tok = out["g_tok"]
+  np.testing.assert_allclose(g_tok, out["g_seq"], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+      g_tok[0, 0], -2.0 * math.exp(0.1) / (4 * 3), rtol=1e-5
+  )
+  # Per token, before aggregation: d loss_{i,t} / d logp_t = -A_i s_i.
+  g_raw = out["g_raw"]
   np.testing.assert_allclose(g_raw[0, :3], -2.0 * math.exp(0.1), rtol=1e-5)
   assert np.all(np.asarray(g_raw)[1:3] == 0.0)  # clipped rows
 
@@ -360,21 +434,27 @@ def test_gspo_token_value_and_gradient_match_gspo():
 # --------------------------------------------------------------------- CISPO
 
 
-def test_cispo_gradient_keeps_clipped_tokens():
-  ratios = jnp.array([1.5, 0.5, 1.1])
-  adv = jnp.array([1.0, -1.0, 2.0])
+@jax.jit
+def _cispo_outputs(ratios, adv):
   beh = jnp.log(jnp.full((3,), 0.4))
   logp = beh + jnp.log(ratios)
   loss, ratio = losses.cispo_loss(logp, beh, adv, EPS, EPS)
+  g = jax.grad(
+      lambda lp: jnp.sum(losses.cispo_loss(lp, beh, adv, EPS, EPS)[0])
+  )(logp)
+  return logp, loss, ratio, g
+
+
+def test_cispo_gradient_keeps_clipped_tokens():
+  ratios = np.array([1.5, 0.5, 1.1], np.float32)
+  adv = np.array([1.0, -1.0, 2.0], np.float32)
+  logp, loss, ratio, g = _cispo_outputs(ratios, adv)
   np.testing.assert_allclose(ratio, ratios, rtol=1e-6)
   # weights clip(rho, 0.8, 1.2) = 1.2, 0.8, 1.1 ; loss = -w A logp.
   w = np.array([1.2, 0.8, 1.1])
   np.testing.assert_allclose(
       loss, -w * np.array(adv) * np.array(logp), rtol=1e-6
   )
-  g = jax.grad(
-      lambda lp: jnp.sum(losses.cispo_loss(lp, beh, adv, EPS, EPS)[0])
-  )(logp)
   # -clip(rho) * A = [-1.2, 0.8, -2.2]: non-zero even where PPO would clip.
   np.testing.assert_allclose(g, [-1.2, 0.8, -2.2], rtol=1e-6)
 
@@ -382,19 +462,23 @@ def test_cispo_gradient_keeps_clipped_tokens():
 # ---------------------------------------------------------------- value loss
 
 
+_value_loss_and_grad = jax.jit(
+    jax.value_and_grad(lambda v, o, r, m: losses.value_loss(v, o, r, m, 0.2))
+)
+
+
 def test_value_loss_hand_values():
-  values = jnp.array([[1.0, 2.0, 0.6, 123.0]])
-  old = jnp.array([[0.5, 0.5, 0.5, 0.0]])
-  returns = jnp.array([[1.2, 0.0, 1.0, -7.0]])
-  mask = jnp.array([[True, True, True, False]])
+  values = np.array([[1.0, 2.0, 0.6, 123.0]], np.float32)
+  old = np.array([[0.5, 0.5, 0.5, 0.0]], np.float32)
+  returns = np.array([[1.2, 0.0, 1.0, -7.0]], np.float32)
+  mask = np.array([[True, True, True, False]])
   # t0: (1 - 1.2)^2 = 0.04 ; clipped V = 0.5 + 0.2 = 0.7, (0.7-1.2)^2 = 0.25
   #     -> 0.5 * 0.25 = 0.125 (clipping active and raises the loss).
   # t1: (2 - 0)^2 = 4 ; (0.7 - 0)^2 = 0.49 -> 0.5 * 4 = 2 (clip inactive).
   # t2: |V - V_old| = 0.1 < 0.2: both 0.16 -> 0.08.
   expected = (0.125 + 2.0 + 0.08) / 3
-  loss = losses.value_loss(values, old, returns, mask, 0.2)
+  loss, g = _value_loss_and_grad(values, old, returns, mask)
   np.testing.assert_allclose(loss, expected, rtol=1e-6)
-  g = jax.grad(lambda v: losses.value_loss(v, old, returns, mask, 0.2))(values)
   # t0 on the clipped branch: no gradient; t1: (V - R) / 3 = 2/3;
   # t2: (0.6 - 1) / 3.
   np.testing.assert_allclose(
@@ -407,41 +491,51 @@ def test_value_loss_hand_values():
 # ------------------------------------------------- KL reward, adaptive coef
 
 
-def test_kl_penalized_rewards_hand_values():
-  rewards = jnp.array([1.0, 0.0])
-  logp = jnp.array([[-1.0, -1.0, -jnp.inf], [-0.5, 7.0, 7.0]])
-  ref = jnp.array([[-2.0, -1.5, 0.0], [-1.0, -jnp.inf, 0.0]])
-  mask = jnp.array([[True, True, False], [True, False, False]])
-  # k1: row 0: 1 + 0.5 = 1.5 -> 1 - 0.1 * 1.5 = 0.85; row 1: 0.5 -> -0.05.
+@jax.jit
+def _kl_penalized_outputs(rewards, logp, ref, mask):
   out = losses.kl_penalized_rewards(rewards, logp, ref, mask, 0.1)
-  np.testing.assert_allclose(out, [0.85, -0.05], rtol=1e-6)
-  # k3, row 1: d = -0.5: e^-0.5 + 0.5 - 1.
   out3 = losses.kl_penalized_rewards(rewards, logp, ref, mask, 0.1, "k3")
-  np.testing.assert_allclose(out3[1], -0.1 * (math.exp(-0.5) - 0.5), rtol=1e-6)
   g = jax.grad(
       lambda lp: jnp.sum(
           losses.kl_penalized_rewards(rewards, lp, ref, mask, 0.1)
       )
   )(logp)
+  return out, out3, g
+
+
+def test_kl_penalized_rewards_hand_values():
+  rewards = np.array([1.0, 0.0], np.float32)
+  logp = np.array([[-1.0, -1.0, -np.inf], [-0.5, 7.0, 7.0]], np.float32)
+  ref = np.array([[-2.0, -1.5, 0.0], [-1.0, -np.inf, 0.0]], np.float32)
+  mask = np.array([[True, True, False], [True, False, False]])
+  out, out3, g = _kl_penalized_outputs(rewards, logp, ref, mask)
+  # k1: row 0: 1 + 0.5 = 1.5 -> 1 - 0.1 * 1.5 = 0.85; row 1: 0.5 -> -0.05.
+  np.testing.assert_allclose(out, [0.85, -0.05], rtol=1e-6)
+  # k3, row 1: d = -0.5: e^-0.5 + 0.5 - 1.
+  np.testing.assert_allclose(out3[1], -0.1 * (math.exp(-0.5) - 0.5), rtol=1e-6)
   assert np.all(np.asarray(g) == 0.0)
   with pytest.raises(ValueError, match="k9"):
     losses.kl_penalized_rewards(rewards, logp, ref, mask, 0.1, "k9")
 
 
+@jax.jit
+def _adaptive_kl_outputs(observed_kls):
+  return [
+      losses.adaptive_kl_update(0.1, kl, 0.1, 10000, 64) for kl in observed_kls
+  ]
+
+
 def test_adaptive_kl_update_hand_values():
+  kl_05, kl_0, kl_011 = _adaptive_kl_outputs(
+      [np.float32(0.5), np.float32(0.0), np.float32(0.11)]
+  )
   # n / H = 64 / 10000 = 0.0064.
   # KL 0.5 vs target 0.1: error 4 -> clipped 0.2 -> 0.1 * (1 + 0.00128).
-  np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.5, 0.1, 10000, 64), 0.100128, rtol=1e-6
-  )
+  np.testing.assert_allclose(kl_05, 0.100128, rtol=1e-6)
   # KL 0: error -1 -> clipped -0.2 -> 0.1 * (1 - 0.00128).
-  np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.0, 0.1, 10000, 64), 0.099872, rtol=1e-6
-  )
+  np.testing.assert_allclose(kl_0, 0.099872, rtol=1e-6)
   # KL 0.11: error 0.1 inside the band -> 0.1 * (1 + 0.00064).
-  np.testing.assert_allclose(
-      losses.adaptive_kl_update(0.1, 0.11, 0.1, 10000, 64), 0.100064, rtol=1e-6
-  )
+  np.testing.assert_allclose(kl_011, 0.100064, rtol=1e-6)
   with pytest.raises(ValueError, match="target_kl"):
     losses.adaptive_kl_update(0.1, 0.1, 0.0, 10000, 64)
   with pytest.raises(ValueError, match="horizon"):
@@ -528,28 +622,40 @@ def test_jit_gives_same_values():
     )
 
 
-def test_vmap_over_groups():
-  logp, beh, adv, mask = _gspo_batch()
+@jax.jit
+def _vmap_over_groups_outputs(logp, beh, adv, mask):
   stack = lambda x: jnp.stack([x, x[::-1]])
   fn = functools.partial(losses.gspo_loss, clip_low=EPS, clip_high=EPS)
   loss_gb, s_gb = jax.vmap(fn)(stack(logp), stack(beh), stack(adv), stack(mask))
   loss_b, s_b = fn(logp, beh, adv, mask)
+  x = jnp.where(mask, 1.0, 0.0) * adv[:, None]
+  per_group = {
+      mode: (
+          jax.vmap(functools.partial(losses.aggregate, mode=mode))(
+              stack(x), stack(mask)
+          ),
+          losses.aggregate(x, mask, mode),
+      )
+      for mode in losses.AGG_MODES
+  }
+  coefs = jax.vmap(losses.adaptive_kl_update, in_axes=(0, 0, None, None, None))(
+      jnp.array([0.1, 0.2]), jnp.array([0.5, 0.0]), 0.1, 10000.0, 64
+  )
+  return loss_gb, s_gb, loss_b, s_b, per_group, coefs
+
+
+def test_vmap_over_groups():
+  loss_gb, s_gb, loss_b, s_b, per_group, coefs = _vmap_over_groups_outputs(
+      *_gspo_batch()
+  )
   np.testing.assert_allclose(loss_gb[0], loss_b, rtol=1e-6)
   np.testing.assert_allclose(loss_gb[1], loss_b[::-1], rtol=1e-6)
   np.testing.assert_allclose(s_gb[1], s_b[::-1], rtol=1e-6)
   # Per-group aggregation.
-  x = jnp.where(mask, 1.0, 0.0) * adv[:, None]
   for mode in losses.AGG_MODES:
-    per_group = jax.vmap(functools.partial(losses.aggregate, mode=mode))(
-        stack(x), stack(mask)
-    )
-    np.testing.assert_allclose(
-        per_group, losses.aggregate(x, mask, mode), rtol=1e-6
-    )
+    batched, single = per_group[mode]
+    np.testing.assert_allclose(batched, single, rtol=1e-6)
   # Adaptive KL over several controllers at once.
-  coefs = jax.vmap(losses.adaptive_kl_update, in_axes=(0, 0, None, None, None))(
-      jnp.array([0.1, 0.2]), jnp.array([0.5, 0.0]), 0.1, 10000.0, 64
-  )
   np.testing.assert_allclose(coefs, [0.100128, 0.2 * 0.99872], rtol=1e-6)
 
 
@@ -558,13 +664,13 @@ def test_every_loss_vmaps_over_groups_like_a_loop():
   same function applied group by group."""
   rng = np.random.default_rng(3)
   g, b, l = 3, 4, 5
-  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
-  logp = -jnp.abs(f(g, b, l))
-  beh = logp + 0.1 * f(g, b, l)
-  ref = logp + 0.2 * f(g, b, l)
-  mask = jnp.asarray(rng.random((g, b, l)) < 0.7)
+  f = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  logp = -np.abs(f(g, b, l))
+  beh = logp + np.float32(0.1) * f(g, b, l)
+  ref = logp + np.float32(0.2) * f(g, b, l)
+  mask = rng.random((g, b, l)) < 0.7
   adv_b = f(g, b)
-  adv_bl = jnp.broadcast_to(adv_b[..., None], (g, b, l))
+  adv_bl = np.broadcast_to(adv_b[..., None], (g, b, l))
   cases = {
       "ppo": (
           lambda lp, bh, a, m: losses.aggregate(
@@ -620,9 +726,22 @@ def test_every_loss_vmaps_over_groups_like_a_loop():
         ),
         (logp, ref, mask),
     )
-  for name, (fn, args) in cases.items():
-    batched = jax.jit(jax.vmap(fn))(*args)
-    looped = jnp.stack([fn(*[x[i] for x in args]) for i in range(g)])
+  fns = {name: fn for name, (fn, _) in cases.items()}
+
+  # One program: every case vmapped, and applied group by group.
+  @jax.jit
+  def batched_and_looped(all_args):
+    return {
+        name: (
+            jax.vmap(fns[name])(*args),
+            jnp.stack([fns[name](*[x[i] for x in args]) for i in range(g)]),
+        )
+        for name, args in all_args.items()
+    }
+
+  out = batched_and_looped({name: args for name, (_, args) in cases.items()})
+  for name in cases:
+    batched, looped = out[name]
     np.testing.assert_allclose(
         batched, looped, rtol=1e-5, atol=1e-6, err_msg=name
     )
