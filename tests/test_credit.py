@@ -444,7 +444,7 @@ def test_gold_answer_logprobs_position_probe_and_likelihood_reward():
 def test_gold_answer_logprobs_match_a_direct_reference_forward(_policy):
   from agentic_rl import sampling
 
-  graphdef, params = _policy  # fakes.tiny_policy(3)
+  graphdef, params = _policy  # fakes.tiny_policy(3), one block (_policy)
   tokens, role, turn, gold, gold_len = _gold_traj()
   # Compiled forwards (op by op each shape was hundreds of small compiles).
   fn = jax.jit(lambda x: sampling.token_logprobs(graphdef, params, x)[0])
