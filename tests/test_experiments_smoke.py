@@ -106,3 +106,46 @@ def test_rm_selection_smoke(tmp_path):
         f"| **overall** | {results['orm_pairwise']['n']} | {overall:.3f} |"
         in md
     )
+
+
+@pytest.mark.experiments
+@pytest.mark.parametrize(
+    "folder, stem, module",
+    summary.EXTRA,
+    ids=[module for _, _, module in summary.EXTRA],
+)
+def test_further_claim_smoke(folder, stem, module, tmp_path):
+  # The further declared claims of a folder (step_hacking.delta,
+  # trace_credit.faithful, smollm2_calc.otc / .turn_credit): their own
+  # runners, writing <stem>.json/.md/.png beside the folder's results.
+  root = str(tmp_path / folder)
+  proc = subprocess.run(
+      [sys.executable, "-m", module, "--smoke", f"--root={root}"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=1800,
+      env=dict(os.environ, PYTHONPATH=REPO),
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(root, f"{stem}.json")) as f:
+    results = json.load(f)
+  from experiments import stats
+
+  assert results["seeds"] == [0, 1]
+  arms = set(results["config_hash"])
+  assert arms and set(results["rows"]) == {"SFT (start)", *arms}
+  for rows in results["rows"].values():
+    assert len(rows) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+  spec = summary._spec(folder, module)  # pylint: disable=protected-access
+  analysis = results["analysis"]
+  assert analysis["verdict"] in stats.VERDICTS
+  assert results["spec"]["primary_metric"] == spec.primary_metric
+  assert len(results["room"]["per_seed"]) == 2
+  assert analysis["room"]["ok"] == all(
+      v >= results["room"]["threshold"] for v in results["room"]["per_seed"]
+  )
+  assert results["ledger"][-1]["kind"] == "decision run"
+  with open(os.path.join(root, f"{stem}.md")) as f:
+    assert "**Verdict: " in f.read()
+  assert os.path.getsize(os.path.join(root, f"{stem}.png")) > 10_000
