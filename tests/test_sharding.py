@@ -219,21 +219,22 @@ def test_tree_specs_cover_params_and_mirror_into_optimizer_state(small_state):
   _, _, state = small_state
   specs = sharding.tree_specs(state, MESH_222)
   attn = specs.params["blocks"][1]["attn"]
-  assert attn["q_dhk"].value == P("fsdp", "tensor", None)
-  assert attn["o_hkd"].value == P("tensor", None, "fsdp")
-  assert specs.params["embed_vd"].value == P(None, "fsdp")  # V = 265 is odd
-  assert specs.params["blocks"][0]["ffn"]["down_fd"].value == P(
+  assert attn["q_dhk"].get_value() == P("fsdp", "tensor", None)
+  assert attn["o_hkd"].get_value() == P("tensor", None, "fsdp")
+  # V = 265 is odd.
+  assert specs.params["embed_vd"].get_value() == P(None, "fsdp")
+  assert specs.params["blocks"][0]["ffn"]["down_fd"].get_value() == P(
       "tensor", "fsdp"
   )
-  assert specs.params["final_norm"]["scale"].value == P()
+  assert specs.params["final_norm"]["scale"].get_value() == P()
   # Adam's mu and nu mirror the parameters; the step count is replicated.
   adam = specs.opt_state[1][0]
-  assert adam.mu["blocks"][1]["attn"]["q_dhk"].value == P(
+  assert adam.mu["blocks"][1]["attn"]["q_dhk"].get_value() == P(
       "fsdp", "tensor", None
   )
-  assert adam.nu["lm_head_dv"].value == P("fsdp", None)
+  assert adam.nu["lm_head_dv"].get_value() == P("fsdp", None)
   assert adam.count == P()
-  assert specs.ref_params["blocks"][0]["ffn"]["gate_df"].value == P(
+  assert specs.ref_params["blocks"][0]["ffn"]["gate_df"].get_value() == P(
       "fsdp", "tensor"
   )
   assert specs.rng == P() and specs.step == P()
