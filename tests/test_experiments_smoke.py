@@ -18,18 +18,11 @@ CLAIMS = tuple(c for c in summary.CLAIMS if c != "rm_selection")
 WITH_SPEC = CLAIMS
 
 
-@pytest.mark.experiments
-@pytest.mark.parametrize("name", CLAIMS)
-def test_claim_smoke(name, tmp_path):
-  root = str(tmp_path / name)
+def _run_smoke(module: str, root: str) -> None:
+  """`python -m <module> --smoke --root=<root>` from the repository root;
+  asserts it exits 0 (stderr's tail in the message)."""
   proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          f"experiments.{name}",
-          "--smoke",
-          f"--root={root}",
-      ],
+      [sys.executable, "-m", module, "--smoke", f"--root={root}"],
       cwd=REPO,
       capture_output=True,
       text=True,
@@ -37,6 +30,13 @@ def test_claim_smoke(name, tmp_path):
       env=dict(os.environ, PYTHONPATH=REPO),
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.experiments
+@pytest.mark.parametrize("name", CLAIMS)
+def test_claim_smoke(name, tmp_path):
+  root = str(tmp_path / name)
+  _run_smoke(f"experiments.{name}", root)
   with open(os.path.join(root, "results.json")) as f:
     results = json.load(f)
   assert results["seeds"] == [0, 1]
@@ -76,21 +76,7 @@ def test_claim_smoke(name, tmp_path):
 @pytest.mark.experiments
 def test_rm_selection_smoke(tmp_path):
   root = str(tmp_path / "rm_selection")
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "experiments.rm_selection",
-          "--smoke",
-          f"--root={root}",
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=1800,
-      env=dict(os.environ, PYTHONPATH=REPO),
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  _run_smoke("experiments.rm_selection", root)
   for suffix in ("", "_kv"):
     with open(os.path.join(root, f"results{suffix}.json")) as f:
       results = json.load(f)
@@ -119,15 +105,7 @@ def test_further_claim_smoke(folder, stem, module, tmp_path):
   # trace_credit.faithful, smollm2_calc.otc / .turn_credit): their own
   # runners, writing <stem>.json/.md/.png beside the folder's results.
   root = str(tmp_path / folder)
-  proc = subprocess.run(
-      [sys.executable, "-m", module, "--smoke", f"--root={root}"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=1800,
-      env=dict(os.environ, PYTHONPATH=REPO),
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  _run_smoke(module, root)
   with open(os.path.join(root, f"{stem}.json")) as f:
     results = json.load(f)
   from experiments import stats
