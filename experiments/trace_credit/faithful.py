@@ -31,7 +31,8 @@ SPEC = dataclasses.replace(
         "answer turn",
     ),
     positive_control="progress arm (oracle hop-progress potential), shared "
-    "with the first claim's workdirs; not part of the recorded run",
+    "with the first claim's workdirs (resumed, or trained when absent, in the "
+    "same decision run)",
     positive_control_arm="progress",
 )
 
