@@ -483,19 +483,32 @@ def room_correct_zero_call_groups(config, params) -> float:
   )
 
 
-def room_direct_easy_accuracy(config, params) -> float:
+def room_direct_easy_accuracy(
+    config, params, num_groups: int | None = None
+) -> float:
   """Accuracy of the start policy's sampled (T = 1) easy-item episodes (the
   'hard' fact 0) that make no tool call: whether not calling is a real
   option. An episode without a call that never gives a well-formed answer
   counts as a wrong direct answer. When direct answers are mostly wrong,
   every reward that pays for correctness prefers the call, and an efficiency
   term cannot change that without paying for wrong answers. 0 when every
-  easy episode calls the tool. In [0, 1]."""
-  f = sample_groups(config, params)
+  easy episode calls the tool. In [0, 1]. `num_groups` as sample_groups."""
+  f = sample_groups(config, params, num_groups=num_groups)
   direct = (f["hard"] == 0) & (f["num_tool_calls"] == 0)
   if not direct.any():
     return 0.0
   return float(f["correct"][direct].mean())
+
+
+def room_direct_easy_accuracy_8x(config, params) -> float:
+  """room_direct_easy_accuracy over 8 times sample_groups' default number of
+  groups (512 groups of 8 = 4096 episodes at the claims' full size). A start
+  that calls the tool on nearly every easy item leaves few direct episodes
+  in the default 64 groups, so the estimate of one seed rests on a handful of
+  episodes (otc_efficiency / hdpo_conditional, spec v4). In [0, 1]."""
+  return room_direct_easy_accuracy(
+      config, params, num_groups=8 * max(config.eval.num_tasks // 4, 1)
+  )
 
 
 def room_mixed_groups(config, params) -> float:

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -785,9 +786,20 @@ def test_room_metrics_on_hand_made_groups(monkeypatch):
       "hard": [[0, 0, 0, 0], [1, 1, 1, 1]],
   }
   facts = {k: np.asarray(v, float) for k, v in facts.items()}
-  monkeypatch.setattr(harness, "sample_groups", lambda config, params: facts)
+  asked = []
+
+  def fake_sample_groups(config, params, num_groups=None):
+    asked.append(num_groups)
+    return facts
+
+  monkeypatch.setattr(harness, "sample_groups", fake_sample_groups)
   assert harness.room_direct_easy_accuracy(None, None) == pytest.approx(1 / 3)
   assert harness.room_correct_zero_call_groups(None, None) == 0.5
+  # The 8x form: the same value from 8 x (num_tasks // 4) groups (512 at the
+  # claims' full size, num_tasks 256).
+  big = types.SimpleNamespace(eval=types.SimpleNamespace(num_tasks=256))
+  assert harness.room_direct_easy_accuracy_8x(big, None) == pytest.approx(1 / 3)
+  assert asked[-1] == 512
   # No easy episode without a call: no room (0), not a division by zero.
   facts["num_tool_calls"][0] = 1
   assert harness.room_direct_easy_accuracy(None, None) == 0.0

@@ -28,16 +28,23 @@ from experiments.hdpo_conditional import config
 #      hard items"), also the positive-control check.
 # The recorded run trained correct, hdpo and cost_1.2 only: part 3 needs the
 # cost_0.02 arm of the next decision run (the runner keeps every part's arm).
+# Room measured on 8x the groups (v4, declared 2026-12-06 before any run of
+# it): the recorded run's room check failed on one seed only, seed 5 at 0.750,
+# where the start called the tool on nearly every easy item, so its direct
+# accuracy rested on the few zero-call easy episodes among 64 groups x 8.
+# 512 groups (4096 episodes) measure the same quantity with ~8x the direct
+# episodes; threshold, parts and arms unchanged. If a seed still falls below
+# 0.9 the claim stays untestable at this setup.
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls_easy",
     higher_is_better=False,
     room_metric="accuracy of the start's direct (zero-call) answers on easy "
-    "items",
+    "items (512 sampled groups)",
     room_threshold=0.9,
     treatment="hdpo",
     control="correct",
     prediction="better",
-    room_fn=harness.room_direct_easy_accuracy,
+    room_fn=harness.room_direct_easy_accuracy_8x,
     claim="conditional efficiency (HDPO) cuts calls on easy items at equal "
     "accuracy; a small additive per-call cost does not, a large one "
     "under-calls on hard items",

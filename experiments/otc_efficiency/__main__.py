@@ -21,16 +21,23 @@ from experiments.otc_efficiency import config
 # equal": a twentieth of the accuracy scale), not from the data; the recorded
 # accuracy difference had been published in the README (-0.053) before the
 # margin was declared, and the margin was not moved after seeing it.
+# Room measured on 8x the groups (v4, declared 2026-12-06 before any run of
+# it): the recorded run's room check failed on one seed only, seed 5 at 0.750,
+# where the start called the tool on nearly every easy item, so its direct
+# accuracy rested on the few zero-call easy episodes among 64 groups x 8.
+# 512 groups (4096 episodes) measure the same quantity with ~8x the direct
+# episodes; threshold, parts and arms unchanged. If a seed still falls below
+# 0.9 the claim stays untestable at this setup.
 SPEC = stats.ClaimSpec(
     primary_metric="tool_calls",
     higher_is_better=False,
     room_metric="accuracy of the start's direct (zero-call) answers on easy "
-    "items",
+    "items (512 sampled groups)",
     room_threshold=0.9,
     treatment="otc",
     control="correct",
     prediction="better",
-    room_fn=harness.room_direct_easy_accuracy,
+    room_fn=harness.room_direct_easy_accuracy_8x,
     claim="the OTC tool-integrated reward cuts tool calls per episode at about "
     "equal accuracy",
     paper="OTC-PO, arXiv:2504.14870",
