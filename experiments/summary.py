@@ -50,6 +50,7 @@ CLAIMS = (
 EXTRA = (
     ("step_hacking", "results_delta", "experiments.step_hacking.delta"),
     ("trace_credit", "results_faithful", "experiments.trace_credit.faithful"),
+    ("rm_selection", "results_kv", "experiments.rm_selection.kv"),
     ("smollm2_calc", "results_otc", "experiments.smollm2_calc.otc"),
     (
         "smollm2_calc",
@@ -477,7 +478,7 @@ def redecide_all(claims=CLAIMS, root: str = HERE, extra=EXTRA) -> list:
     rows = None
     if "rows" not in results:  # rm_selection: one row per seed and RM
       mod = importlib.import_module(f"experiments.{name}.__main__")
-      rows = mod.rows_of(results["per_seed"])
+      rows = mod.rows_of(results["per_seed"], spec)
     old = (results.get("analysis_as_recorded") or results["analysis"])[
         "verdict"
     ]

@@ -92,13 +92,25 @@ def test_rm_selection_smoke(tmp_path):
         f"| **overall** | {results['orm_pairwise']['n']} | {overall:.3f} |"
         in md
     )
+  # The kv file is the kv claim's (its own spec, with the control check);
+  # one seed decides nothing.
+  from experiments.rm_selection import kv  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(root, "results_kv.json")) as f:
+    results = json.load(f)
+  assert results["spec"]["spec_hash"] == kv.SPEC.to_json()["spec_hash"]
+  assert results["spec"]["positive_control_check"]["control"] == "random pick"
+
+
+# rm_selection's kv claim: rm-mode runs, in test_rm_selection_smoke.
+HARNESS_EXTRA = tuple(e for e in summary.EXTRA if e[0] != "rm_selection")
 
 
 @pytest.mark.experiments
 @pytest.mark.parametrize(
     "folder, stem, module",
-    summary.EXTRA,
-    ids=[module for _, _, module in summary.EXTRA],
+    HARNESS_EXTRA,
+    ids=[module for _, _, module in HARNESS_EXTRA],
 )
 def test_further_claim_smoke(folder, stem, module, tmp_path):
   # The further declared claims of a folder (step_hacking.delta,

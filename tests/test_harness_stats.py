@@ -701,6 +701,36 @@ def test_rm_selection_pairs_the_two_rms_by_seed():
   assert a["p_claim"] == 2 / 64 and a["verdict"] == "supported"
 
 
+def test_rm_selection_kv_needs_the_outcome_rm_above_random():
+  from experiments.rm_selection import __main__ as rm_sel
+
+  spec = rm_sel.SPEC_KV
+  # 8 seeds, the process RM worse than the outcome RM on every seed (PRM -
+  # ORM = -0.1 each: zero variance, sign-flip p = 2/256 <= 0.05, so the part
+  # is contradicted).
+  # (a) ORM above random on every seed (+0.2 each): the control is shown ->
+  # contradicted.
+  good = [rm_sel.seed_summary(_bon(0.5, 0.4, 0.3, 0.9)) for _ in range(8)]
+  rows = rm_sel.rows_of(good, spec)
+  assert set(rows) == {"process RM", "outcome RM", "random pick"}
+  assert [r[spec.primary_metric] for r in rows["random pick"]] == [0.3] * 8
+  _, a = rm_sel.analyse(good, spec)
+  assert a["parts"][0]["verdict"] == "contradicted"
+  assert a["positive_control"]["shown"] is True
+  assert a["verdict"] == "contradicted"
+  # (b) the same RMs picking below a random sample (0.5 vs 0.6): the control
+  # is not shown -> the setup cannot show the effect.
+  bad = [rm_sel.seed_summary(_bon(0.5, 0.4, 0.6, 0.9)) for _ in range(8)]
+  _, a = rm_sel.analyse(bad, spec)
+  assert a["positive_control"]["shown"] is False
+  assert a["verdict"] == "inconclusive: the setup cannot show the effect"
+  # The arithmetic claim declares no check: no 'random pick' rows, and the
+  # same data is contradicted-free (no control: cannot be contradicted).
+  assert "random pick" not in rm_sel.rows_of(good)
+  assert rm_sel.analyse(good)[1]["verdict"] != "contradicted"
+  assert spec.to_json()["spec_hash"] != rm_sel.SPEC.to_json()["spec_hash"]
+
+
 def test_rm_selection_one_seed_or_no_room_forms_no_interval():
   from experiments.rm_selection import __main__ as rm_sel
 

@@ -26,6 +26,7 @@ training (for a results file written before they existed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -65,10 +66,47 @@ SPEC = stats.ClaimSpec(
     ),
     positive_control="oracle selection (reported as oracle_accuracy)",
 )
-# task -> (config module, suffix of the output files in this folder).
-TASKS = {"arithmetic": (rm_arithmetic, ""), "kv_chain": (rm_kv_chain, "_kv")}
-# Arm labels of SPEC -> the rm report's best_of_n key.
-ARMS = {SPEC.treatment: "prm", SPEC.control: "orm"}
+# Second declared claim, on key-value chains (results_kv.*; declared
+# 2026-12-06 before its first decision run, none of whose per-seed numbers had
+# been read). On arithmetic both RMs pick worse than a random sample (README),
+# so a difference between them says little about selection; a comparison of
+# two selectors means something only where selection works at all. The
+# positive-control check asks exactly that, in the same decision run: the
+# outcome RM's rank@1 accuracy beats a random pick's, paired over seeds. A
+# 'contradicted' verdict (process RM worse) then counts only with a working
+# selector; a 'supported' one puts the process RM above a selector that beats
+# random. The random pick's accuracy per seed is the report's
+# random_accuracy (the expected accuracy of a uniform pick of the 8).
+SPEC_KV = dataclasses.replace(
+    SPEC,
+    claim="on key-value chains, where an outcome reward model picks better "
+    "than a random sample, a process reward model selects correct episodes "
+    "at best-of-8 more often than the outcome reward model",
+    departures=(
+        "tiny transformer reward models trained from scratch",
+        "synthetic key-value chains (1-3 hops, 4 distractor keys)",
+        "64 best-of-8 tasks",
+    ),
+    positive_control="outcome RM rank@1 beats a random pick (paired over "
+    "seeds, same decision run)",
+    positive_control_arm="random pick",
+    positive_control_check=stats.Part(
+        SPEC.primary_metric,
+        "better",
+        treatment="outcome RM",
+        control="random pick",
+        metric_range=(0.0, 1.0),
+    ),
+)
+# task -> (config module, suffix of the output files in this folder, spec).
+TASKS = {
+    "arithmetic": (rm_arithmetic, "", SPEC),
+    "kv_chain": (rm_kv_chain, "_kv", SPEC_KV),
+}
+# Arm labels -> the key of seed_summary's dict ('random pick' only where a
+# spec's control check uses it).
+ARMS = {SPEC.treatment: "prm_rank1", SPEC.control: "orm_rank1"}
+RANDOM_ARM = "random pick"
 NOT_DECIDED = "not decided (one seed: no interval)"
 # results.md: the rm report, then this line, then the per-seed analysis.
 MD_MARKER = "<!-- per-seed analysis: python -m experiments.rm_selection -->"
@@ -98,19 +136,28 @@ def seed_summary(report: dict) -> dict:
   }
 
 
-def rows_of(per_seed: list[dict]) -> dict:
-  """SPEC's arm label -> per-seed rows {primary_metric: rank@1 accuracy}."""
+def rows_of(per_seed: list[dict], spec: stats.ClaimSpec = SPEC) -> dict:
+  """spec's arm labels -> per-seed rows {primary_metric: rank@1 accuracy};
+  with a control check against RANDOM_ARM, that arm's rows hold the random
+  pick's accuracy under the same key."""
+  keys = dict(ARMS)
+  check = spec.positive_control_check
+  if check is not None and RANDOM_ARM in (check.treatment, check.control):
+    keys[RANDOM_ARM] = "random"
   return {
-      arm: [{SPEC.primary_metric: s[f"{key}_rank1"]} for s in per_seed]
-      for arm, key in ARMS.items()
+      arm: [{spec.primary_metric: s[key]} for s in per_seed]
+      for arm, key in keys.items()
   }
 
 
-def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
-  """The room record and SPEC's analysis from per-seed summaries.
+def analyse(
+    per_seed: list[dict], spec: stats.ClaimSpec = SPEC
+) -> tuple[dict, dict]:
+  """The room record and spec's analysis from per-seed summaries.
 
   Args:
     per_seed: seed_summary dicts, one per seed (same evaluation tasks).
+    spec: the task's declared claim (TASKS).
 
   Returns:
     (room, analysis): room = {'metric', 'value' (mean over seeds),
@@ -121,26 +168,26 @@ def analyse(per_seed: list[dict]) -> tuple[dict, dict]:
   room_value = float(sum(s["room"] for s in per_seed) / len(per_seed))
   room_per_seed = [s["room"] for s in per_seed]
   room = {
-      "metric": SPEC.room_metric,
+      "metric": spec.room_metric,
       "value": room_value,
-      "threshold": SPEC.room_threshold,
+      "threshold": spec.room_threshold,
       "per_seed": room_per_seed,
   }
   # Every seed must leave room (stats.room_record).
-  room_ok = stats.room_record(SPEC, room_per_seed)["ok"]
+  room_ok = stats.room_record(spec, room_per_seed)["ok"]
   if len(per_seed) >= 2:
-    return room, stats.analyse(SPEC, rows_of(per_seed), room_per_seed)
+    return room, stats.analyse(spec, rows_of(per_seed, spec), room_per_seed)
   if not room_ok:  # 'untestable at this setup'
-    analysis = stats.analyse(SPEC, {}, room_per_seed)
+    analysis = stats.analyse(spec, {}, room_per_seed)
     return room, dict(analysis, effect_note="no room")
-  analysis = stats.room_only_analysis(SPEC, room_per_seed)
+  analysis = stats.room_only_analysis(spec, room_per_seed)
   return room, dict(analysis, verdict=NOT_DECIDED, effect_note="one seed")
 
 
-def _annotate(out: dict) -> dict:
+def _annotate(out: dict, spec: stats.ClaimSpec = SPEC) -> dict:
   """out plus 'spec', 'room', 'analysis' (from out['per_seed'])."""
-  room, analysis = analyse(out["per_seed"])
-  return dict(out, spec=SPEC.to_json(), room=room, analysis=analysis)
+  room, analysis = analyse(out["per_seed"], spec)
+  return dict(out, spec=spec.to_json(), room=room, analysis=analysis)
 
 
 def seed_workdir(root: str, task: str, seed: int) -> str:
@@ -178,7 +225,7 @@ def run_task(
   Raises:
     validation.ConfigError: a workdir holds a run of a different config.
   """
-  module, suffix = TASKS[task]
+  module, suffix, spec = TASKS[task]
   configs = []
   for seed in seeds:
     config = module.get_config("smoke" if smoke else None)
@@ -207,7 +254,7 @@ def run_task(
       + (f" --seeds={','.join(map(str, seeds))}" if list(seeds) != [0] else "")
       + (" --smoke" if smoke else ""),
   )
-  out = _annotate(out)
+  out = _annotate(out, spec)
   out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0))
   path = os.path.join(out_dir, f"results{suffix}.json")
   if harness._is_decision(out):  # pylint: disable=protected-access
@@ -219,7 +266,7 @@ def run_task(
       f"\nSeeds {out['seeds']} (the table: seed {config.seed}); wall time of "
       f"this call {wall:.0f} s (0 work when resumed on finished workdirs); "
       f"commit {out['commit']}; config hash {out['config_hash']}.\n\n"
-      + _per_seed_md(out)
+      + _per_seed_md(out, spec)
   )
   with open(os.path.join(out_dir, f"results{suffix}.md"), "w") as f:
     f.write(md)
@@ -229,7 +276,7 @@ def run_task(
   return out
 
 
-def _per_seed_md(out: dict) -> str:
+def _per_seed_md(out: dict, spec: stats.ClaimSpec = SPEC) -> str:
   """Markdown: every seed's best-of-N numbers and the claim's analysis."""
   lines = [
       "| seed | outcome RM rank@1 | process RM rank@1 | random pick | "
@@ -244,8 +291,8 @@ def _per_seed_md(out: dict) -> str:
   a = out["analysis"]
   if a["effect"] is None:
     tail = (
-        f"Room metric `{SPEC.room_metric}` = {out['room']['value']:.3f} "
-        f"(threshold {SPEC.room_threshold:g}). "
+        f"Room metric `{spec.room_metric}` = {out['room']['value']:.3f} "
+        f"(threshold {spec.room_threshold:g}). "
         + (
             "One training seed forms no interval. Run with --seeds=0,1,... "
             "to decide."
@@ -267,21 +314,22 @@ def reanalyse(out_dir: str, suffix: str) -> dict:
   Raises:
     FileNotFoundError: no such results file.
   """
+  task_entry = [v for v in TASKS.values() if v[1] == suffix][0]
   path = os.path.join(out_dir, f"results{suffix}.json")
   with open(path) as f:
     out = json.load(f)
   if "per_seed" not in out:  # written before per_seed existed: one seed,
     # the config's own (the runner did not change it then)
-    module = TASKS[[t for t, v in TASKS.items() if v[1] == suffix][0]][0]
+    module = task_entry[0]
     out.setdefault("seeds", [int(module.get_config().seed)])
     out["per_seed"] = [seed_summary(out)]
-  out = _annotate(out)
+  out = _annotate(out, task_entry[2])
   metrics.write_strict_json(path, out)
   md_path = os.path.join(out_dir, f"results{suffix}.md")
   if os.path.exists(md_path):
     with open(md_path) as f:
       md = f.read().split(MD_MARKER)[0].rstrip("\n")
-    md += "\n\n" + _per_seed_md(out)
+    md += "\n\n" + _per_seed_md(out, task_entry[2])
     with open(md_path, "w") as f:
       f.write(md)
   return out
