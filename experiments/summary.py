@@ -454,6 +454,16 @@ REDECIDE_NOTES = {
         "Positive-control check declared from the spec's words (flip_0.4 "
         "must lower accuracy against clean), decided on the recorded run."
     ),
+    "tool_composition/results": (
+        "Spec v2 (2026-12-06): TIER's two depth parts added (execution - "
+        "reference_match: depth 5-6 success better; drop of success from "
+        "depth 1-2 to 5-6 lower), whose arms the recorded run did not train "
+        "(not run), and the room metric replaced by the share of the start's "
+        "depth 5-6 groups with mixed correctness (threshold 0.1). The "
+        "recorded run measured only v1's room metric: the per-seed room "
+        "values below are its start constraint-violation rates, not the v2 "
+        "metric, which only a v2 decision run computes."
+    ),
 }
 DEFAULT_NOTE = (
     "Rules 2: every seed's room; the t interval (clipped to the metric's "

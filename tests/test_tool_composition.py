@@ -261,3 +261,109 @@ def test_expert_violation_prob():
   violate = sc.SchemaCallsEnv(expert_violation_prob=1.0)
   assert set(first_tools(obey, keys)) == {"add"}
   assert set(first_tools(violate, keys)) == {"sum"}
+
+
+def _runner():
+  import importlib  # noqa: PLC0415
+
+  return importlib.import_module("experiments.tool_composition.__main__")
+
+
+def test_spec_decides_both_claims_on_the_runners_arms():
+  """SPEC (v2): ToolRLA's part on the composition arms, TIER's two depth
+  parts on execution vs reference_match, all on arms the runner trains, and a
+  room metric on deep-item success."""
+  from experiments import stats  # noqa: PLC0415
+  from experiments.tool_composition import config  # noqa: PLC0415
+
+  spec = _runner().SPEC
+  parts = [
+      (p.metric, p.treatment, p.control, p.prediction) for p in spec.all_parts
+  ]
+  assert parts == [
+      ("accuracy", "multiplicative", "additive", "better"),
+      ("acc_d5_6", "execution", "reference_match", "better"),
+      ("depth_drop", "execution", "reference_match", "lower"),
+  ]
+  # `--arms` keeps every part's arm: the decision run trains all four.
+  assert sorted(spec.arms) == sorted(config.ARMS)
+  assert spec.room_fn is _runner().room_mixed_deep_groups
+  assert spec.room_threshold == 0.1
+  assert spec.positive_control_check is None
+  assert not any("not run" in d or "not part of" in d for d in spec.departures)
+  assert stats.spec_hash(spec.to_json()) == spec.to_json()["spec_hash"]
+
+
+def test_room_mixed_deep_groups_samples_depth_5_6(monkeypatch):
+  from experiments import harness  # noqa: PLC0415
+  from experiments.tool_composition import config  # noqa: PLC0415
+
+  seen = {}
+
+  def fake_sample_groups(cfg, params):
+    seen["depth"] = (cfg.env.min_depth, cfg.env.max_depth)
+    seen["params"] = params
+    # 4 groups of 3 episodes: mixed, all fail, all correct, mixed.
+    c = [[1, 0, 0], [0, 0, 0], [1, 1, 1], [0, 1, 1]]
+    return {"correct": np.asarray(c, np.float64)}
+
+  monkeypatch.setattr(harness, "sample_groups", fake_sample_groups)
+  cfg = config.get_config("additive,smoke")
+  assert _runner().room_mixed_deep_groups(cfg, "params") == 0.5
+  assert seen == {"depth": (5, 6), "params": "params"}
+  assert cfg.env.min_depth == 1  # the arm's own config is left as it was
+
+
+def _depth_rows(d12, d56, accuracy):
+  return [
+      {
+          "accuracy": a,
+          "acc_d1_2": s,
+          "acc_d5_6": d,
+          "depth_drop": s - d,
+      }
+      for s, d, a in zip(d12, d56, accuracy)
+  ]
+
+
+def test_spec_tier_parts_from_per_seed_rows():
+  """The TIER parts are decided from per-seed paired differences like any
+  part: execution solving more deep items and dropping less from depth 1-2
+  to 5-6 than reference matching supports both; without the TIER arms (the
+  recorded v1 run) they are not run and the claim cannot be supported."""
+  from experiments import stats  # noqa: PLC0415
+
+  spec = _runner().SPEC
+  n = 8
+  jitter = np.linspace(0.0, 0.07, n)
+  flat = np.full(n, 0.5)
+  rows = {
+      "additive": _depth_rows(flat, flat - 0.3, 0.30 + jitter),
+      "multiplicative": _depth_rows(flat, flat - 0.3, 0.40 + jitter[::-1]),
+      # Execution: 0.45-0.52 on depth 5-6 (drop <= 0.05); reference
+      # matching: 0.1 (drop 0.4).
+      "execution": _depth_rows(flat, 0.45 + jitter, 0.5 + jitter),
+      "reference_match": _depth_rows(flat, np.full(n, 0.1), 0.3 + jitter),
+  }
+  a = stats.analyse(spec, rows, [0.5] * n)
+  assert [p["verdict"] for p in a["parts"]] == ["supported"] * 3
+  assert a["verdict"] == "supported"
+  np.testing.assert_allclose(
+      a["parts"][2]["effect"]["diffs"], -(0.35 + jitter), atol=1e-12
+  )
+  # Reference matching ahead on deep items: parts 2 and 3 contradicted, but
+  # without a positive-control check the claim is not 'contradicted'.
+  swapped = dict(
+      rows, execution=rows["reference_match"], reference_match=rows["execution"]
+  )
+  b = stats.analyse(spec, swapped, [0.5] * n)
+  assert [p["verdict"] for p in b["parts"]][1:] == ["contradicted"] * 2
+  assert b["verdict"] == stats.CANNOT_SHOW
+  # No room in one seed: untestable, whatever the arms did.
+  assert stats.analyse(spec, rows, [0.5] * 7 + [0.05])["verdict"] == (
+      stats.UNTESTABLE
+  )
+  v1_run = {k: rows[k] for k in ("additive", "multiplicative")}
+  c = stats.analyse(spec, v1_run, [0.5] * n)
+  assert [p["verdict"] for p in c["parts"]][1:] == [stats.NOT_RUN] * 2
+  assert c["verdict"] == "inconclusive" and c["p_claim"] is None

@@ -35,6 +35,10 @@ had no answer factor and fractional reference matching; both were changed to
 the papers' forms on 2026-12-02, before any run of the new arms.
 
   python -m experiments.tool_composition            # 3 seeds x 4 arms
+
+The declared claim (SPEC in __main__.py) needs all four arms: ToolRLA's part
+on additive / multiplicative, TIER's two depth parts on execution /
+reference_match; its decision run (8 seeds) is in README.md.
 Append ',smoke' to an arm for the CI size.
 """
 
