@@ -23,6 +23,22 @@ Turn classification in `step`, in order:
      Anything else starting with ANSWER is a format error (done, not answered);
   4. anything else (EOS, bytes, other specials first): format error, done.
 
+Free-length filler (`filler_max` = K > 0; off by default): a turn may open with
+any number of filler tokens FILLER ('.', as in "Let's think dot by dot",
+arXiv:2404.15758), e.g.
+
+  filler:  "..." ANSWER "13041" ANSWER_END   -> as ANSWER "13041" ANSWER_END
+
+`step` drops that leading run and classifies the rest by the rules above, so
+the outcome (correct, format error, tool call and its result) never depends on
+the fillers, only the turn's length does; fillers elsewhere in a turn are not
+dropped (e.g. inside a number they make it malformed). A turn of fillers only
+is an empty turn (format error). The expert opens each of its turns with a
+number of fillers drawn uniformly from 0..K; the policy may emit more, up to
+what max_action_len leaves. With K = 0 nothing changes: a turn that opens with
+'.' is a format error (rule 4), and the episodes are those of the environment
+before the option (the off branch runs the code from before the option).
+
 After `max_turns` turns without an answer the episode is done without a format error
 (the rollout records MAX_TURNS). Stepping a finished episode is a no-op.
 
@@ -56,6 +72,10 @@ _INT32_MAX = 2**31 - 1
 
 _MAX_CALL_DIGITS = 6  # digits per tool-call operand
 _MAX_ANSWER_DIGITS = 7  # digits of a final answer
+
+# The free-length filler token (`filler_max`): a neutral byte that may open a
+# turn any number of times.
+FILLER = ord(".")
 
 _PROMPT_HEAD = tuple(b"Compute ")
 _PROMPT_TAIL = tuple(b".\n")
@@ -195,6 +215,32 @@ def _noise(key: jax.Array, n: int, k: int) -> tuple[jax.Array, jax.Array]:
   return u, (mag * sign).astype(jnp.int32)
 
 
+def strip_fillers(
+    tokens: jax.Array, length: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Drops the run of FILLER tokens that opens a turn.
+
+  Args:
+    tokens: int32 [A]; the turn.
+    length: int32 []; its length (already clipped to [0, A]).
+
+  Returns:
+    tokens: int32 [A]; the turn without its leading fillers, then PAD.
+    length: int32 []; length minus the number of leading fillers (0 for a turn
+      of fillers only).
+    num_fillers: int32 []; the leading fillers dropped.
+  """
+  num_a = tokens.shape[0]
+  pos = jnp.arange(num_a)
+  lead = jnp.cumprod(((tokens == FILLER) & (pos < length)).astype(jnp.int32))
+  n = jnp.sum(lead).astype(jnp.int32)
+  src = pos + n
+  shifted = jnp.where(src < num_a, tokens[jnp.clip(src, 0, num_a - 1)], tok.PAD)
+  new_len = (length - n).astype(jnp.int32)
+  shifted = jnp.where(pos < new_len, shifted, tok.PAD).astype(jnp.int32)
+  return shifted, new_len, n
+
+
 def _nonnegative_ops(xs: jax.Array, ops: jax.Array) -> jax.Array:
   """ops [M] with each SUB whose running value would drop below 0 made ADD."""
 
@@ -316,6 +362,10 @@ class ArithmeticEnv:
       answer easy items correctly without the tool.
     easy_operators: easy items' operators are drawn from the first this many of
       + - * (1..3; default 3: all three).
+    filler_max: K >= 0, the free-length filler option (module docstring); 0 =
+      off (default). K > 0: any turn may open with any number of FILLER ('.')
+      tokens, which `step` drops before classifying the turn; the expert opens
+      each turn with a uniform 0..K of them. Needs max_action_len >= 9 + K.
   """
 
   max_prompt_len: int = 24
@@ -331,6 +381,7 @@ class ArithmeticEnv:
   expert_wrong_arg_prob: float = 0.0
   easy_max_operand: int = 9
   easy_operators: int = 3
+  filler_max: int = 0
 
   def __post_init__(self):
     if not 1 <= self.num_ops <= 6:
@@ -358,10 +409,23 @@ class ArithmeticEnv:
           f"max_prompt_len must be >= {need} (num_ops={self.num_ops}), got "
           f"{self.max_prompt_len}"
       )
-    # ANSWER + up to 5 digits + ANSWER_END, or CALL + 6 chars + CALL_END (9 with '-').
-    if self.max_action_len < 9:
+    if (
+        isinstance(self.filler_max, bool)
+        or not isinstance(self.filler_max, int)
+        or self.filler_max < 0
+    ):
       raise ValueError(
-          f"max_action_len must be >= 9, got {self.max_action_len}"
+          f"filler_max must be an integer >= 0 (0 = off), got "
+          f"{self.filler_max!r}"
+      )
+    # ANSWER + up to 5 digits + ANSWER_END, or CALL + 6 chars + CALL_END (9 with
+    # '-'), after the expert's up to filler_max fillers.
+    need = 9 + self.filler_max
+    if self.max_action_len < need:
+      raise ValueError(
+          f"max_action_len must be >= {need}"
+          + (f" (9 + filler_max={self.filler_max})" if self.filler_max else "")
+          + f", got {self.max_action_len}"
       )
     if self.max_obs_len < 7:  # OBS "error" OBS_END
       raise ValueError(f"max_obs_len must be >= 7, got {self.max_obs_len}")
@@ -588,6 +652,8 @@ class ArithmeticEnv:
     tokens = jnp.asarray(action_tokens, jnp.int32).reshape(-1)
     num_a = tokens.shape[0]
     length = jnp.clip(jnp.asarray(action_len, jnp.int32), 0, num_a)
+    if self.filler_max > 0:  # static: off traces the code before the option
+      tokens, length, _ = strip_fillers(tokens, length)
     first = tokens[0]
     last = tokens[jnp.clip(length - 1, 0, num_a - 1)]
     stopped = (length >= 1) & (
@@ -743,6 +809,9 @@ class ArithmeticEnv:
     `CALL <left> o_{t+1} x_{t+1} CALL_END` with left = x0 at turn 0 and the last
     tool result afterwards (with probability expert_wrong_arg_prob, per call, the
     right operand is off by one), and after M calls it answers the last tool result.
+    With filler_max = K > 0 each turn opens with n FILLER tokens, n uniform in
+    0..K (drawn per turn from the key folded with 2; the decisions above use
+    the same draws as with K = 0).
 
     Args:
       state: unbatched ArithmeticState.
@@ -771,8 +840,20 @@ class ArithmeticEnv:
           < self.expert_wrong_arg_prob
       )
       right = right + wrong.astype(jnp.int32)
+    fill = []
+    if self.filler_max > 0:  # static: off assembles the turns as before
+      n_fill = jax.random.randint(
+          jax.random.fold_in(key, 2), (), 0, self.filler_max + 1
+      )
+      fill = [
+          (
+              jnp.full((self.filler_max,), FILLER, jnp.int32),
+              jnp.arange(self.filler_max) < n_fill,
+          )
+      ]
     call, call_len = _assemble(
         [
+            *fill,
             _const_piece([tok.CALL]),
             _int_piece(left),
             _const_piece(_op_byte(ops[j])),
@@ -783,6 +864,7 @@ class ArithmeticEnv:
     )
     ans, ans_len = _assemble(
         [
+            *fill,
             _const_piece([tok.ANSWER]),
             _int_piece(answer),
             _const_piece([tok.ANSWER_END]),

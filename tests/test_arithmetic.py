@@ -662,3 +662,111 @@ def test_easy_range_config_errors():
       ValueError, match="easy_max_operand must be in 0..9, got 4.5"
   ):
     ArithmeticEnv(easy_max_operand=4.5)
+
+
+# ------------------------------------------------------- free-length filler option
+
+K_FILL = 3  # 9 + K_FILL <= A: the filler env keeps the default turn width
+ENV_FILL = ArithmeticEnv(filler_max=K_FILL)
+_VSTEP_FILL = jax.jit(jax.vmap(ENV_FILL.step))
+DOT = arithmetic.FILLER
+
+
+def _filler_rows(rows):
+  """[N, A] tokens and [N] lengths of the rows (ids lists), the last row
+  repeated up to N."""
+  rows = list(rows) + [rows[-1]] * (N - len(rows))
+  acts = [_action(r) for r in rows]
+  return jnp.stack([a[0] for a in acts]), jnp.stack([a[1] for a in acts])
+
+
+def test_filler_turns_are_read_without_their_leading_fillers():
+  # Hand-checked: the task is 483*27 = 13041 in every row. The filler env drops
+  # the leading '.' run and reads the rest; the default env (filler_max = 0,
+  # the environment before the option) rejects a turn that opens with '.'.
+  assert ArithmeticEnv(filler_max=0) == ENV
+  ans, call = tk.ANSWER, tk.CALL
+  rows = [
+      [DOT] * 3 + [ans, *TOK.encode("13041"), tk.ANSWER_END],  # 0 correct
+      [DOT] + [call, *TOK.encode("483*27"), tk.CALL_END],  # 1 a call
+      [DOT] * 5,  # 2 fillers only, no stop token
+      [DOT] * 2 + [ans, *TOK.encode("13040"), tk.ANSWER_END],  # 3 wrong
+      [ans, *TOK.encode("13041"), tk.ANSWER_END],  # 4 no fillers
+      [DOT] * 2 + [tk.EOS],  # 5 fillers then EOS
+      [ans, *TOK.encode("13.041"), tk.ANSWER_END],  # 6 '.' inside the number
+      # 7: A tokens, the most fillers a correct answer of 7 tokens leaves.
+      [DOT] * (A - 7) + [ans, *TOK.encode("13041"), tk.ANSWER_END],
+  ]
+  tokens, lens = _filler_rows(rows)
+  assert [int(n) for n in lens[:8]] == [10, 9, 5, 9, 7, 3, 8, 16]
+  state, _, _ = _VRESET(_batch(*([HARD] * N)))
+  on, obs, obs_len, done = _VSTEP_FILL(state, tokens, lens)
+  f = jax.device_get(_VFACTS(on))
+  assert f["answered"][:8].tolist() == [1, 0, 0, 1, 1, 0, 0, 1]
+  assert f["correct"][:8].tolist() == [1, 0, 0, 0, 1, 0, 0, 1]
+  assert f["format_error"][:8].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]
+  assert f["num_tool_calls"][:8].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
+  assert f["num_tool_errors"][:8].tolist() == [0] * 8
+  assert np.asarray(done)[:8].tolist() == [1, 0, 1, 1, 1, 1, 1, 1]
+  assert _text(obs[1], obs_len[1]) == "<obs>13041</obs>"
+  assert np.asarray(obs_len)[:8].tolist() == [0, 7, 0, 0, 0, 0, 0, 0]
+  off, _, off_obs_len, off_done = _VSTEP(state, tokens, lens)
+  g = jax.device_get(_VFACTS(off))
+  assert g["format_error"][:8].tolist() == [1, 1, 1, 1, 0, 1, 1, 1]
+  assert g["correct"][:8].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+  assert not g["num_tool_calls"].any() and not np.asarray(off_obs_len).any()
+  assert np.asarray(off_done).all()
+
+
+def test_filler_expert_opens_each_turn_with_0_to_k_fillers():
+  # With the same keys the filler expert's turn is n '.' (0 <= n <= K) then
+  # the default expert's turn (n more tokens); the episodes' outcomes are the
+  # same, every one correct.
+  expert = jax.jit(jax.vmap(ENV_FILL.expert_action))
+  s_on, _, _ = _VRESET(ENV.eval_tasks(N, seed=0))
+  s_off = s_on
+  counts = []
+  for k in range(ENV.max_turns):
+    keys = jax.random.split(jax.random.key(k), N)
+    on, on_len = expert(s_on, keys)
+    off, off_len = _VEXPERT[0.5](s_off, keys)
+    assert on.shape == (N, A) and on_len.shape == (N,)
+    on_np, off_np = np.asarray(on), np.asarray(off)
+    for i in range(N):
+      m, n_off = int(on_len[i]), int(off_len[i])
+      n = m - n_off
+      assert 0 <= n <= K_FILL
+      assert np.all(on_np[i, :n] == DOT)
+      np.testing.assert_array_equal(on_np[i, n:m], off_np[i, :n_off])
+      assert np.all(on_np[i, m:] == tk.PAD)
+      counts.append(n)
+    s_on = _VSTEP_FILL(s_on, on, on_len)[0]
+    s_off = _VSTEP(s_off, off, off_len)[0]
+  f_on = jax.device_get(_VFACTS(s_on))
+  f_off = jax.device_get(_VFACTS(s_off))
+  for name in (
+      "correct",
+      "answered",
+      "format_error",
+      "num_tool_calls",
+      "num_tool_errors",
+      "tool_call_turn",
+      "progress",
+  ):
+    np.testing.assert_array_equal(f_on[name], f_off[name], err_msg=name)
+  assert f_on["correct"].all() and not f_on["format_error"].any()
+  assert len(set(counts)) >= 2  # the count varies across turns
+
+
+def test_filler_config_errors():
+  for bad in (-1, 1.5, True):
+    with pytest.raises(ValueError, match=r"filler_max must be an integer >= 0"):
+      ArithmeticEnv(filler_max=bad)
+  with pytest.raises(
+      ValueError,
+      match=r"max_action_len must be >= 17 \(9 \+ filler_max=8\), got 16",
+  ):
+    ArithmeticEnv(filler_max=8)
+  assert ArithmeticEnv(filler_max=8, max_action_len=17).filler_max == 8
+  with pytest.raises(ValueError, match=r"max_action_len must be >= 9, got 8"):
+    ArithmeticEnv(max_action_len=8)  # the message from before the option

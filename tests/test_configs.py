@@ -59,6 +59,21 @@ def test_config_files_validate(arg):
   validation.validate_config(forkme.get_config(arg))
 
 
+def test_length_bias_free_length_config_validates_and_fits_the_buffer():
+  # The claim turns the filler option on; its buffer holds the longest
+  # possible episode: prompt capacity 24 + 3 turns of 24 + 2 observations of
+  # 12 = 120 (hand-computed), and drgrpo's budget is 3 turns of 24 tokens.
+  from experiments.length_bias import config as length_bias  # noqa: PLC0415
+
+  for arm in ("seq-mean-token-mean", "drgrpo"):
+    config = length_bias.get_config(arm)
+    validation.validate_config(config)
+    assert config.env.filler_max == 8 and config.env.max_action_len == 24
+    assert config.max_len == 120
+  assert config.rl.loss_norm_constant == 72
+  assert "filler_max" not in default.get_config().env  # off elsewhere
+
+
 @pytest.mark.parametrize("field,value", SWITCHES)
 def test_each_switch_validates(field, value):
   config = forkme.get_config()

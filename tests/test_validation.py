@@ -33,6 +33,12 @@ from configs import default
             5,
             r"config\.env\.easy_operators must be in 1\.\.3.*got 5",
         ),
+        (
+            "env.filler_max",
+            -1,
+            r"config\.env\.filler_max must be an integer >= 0 \(0 = off\), "
+            r"got -1",
+        ),
         ("eval.pass_k", (1, 16), r"config\.eval\.pass_k=\(1, 16\)"),
         ("rl.pbrs_cutoff", "drop", r"config\.rl\.pbrs_cutoff='drop'"),
     ],

@@ -17,6 +17,18 @@ from experiments.length_bias import config
 # normaliser). A loss aggregation can favour one length over another only when
 # a group's responses differ in length: with a mean within-group spread below 1
 # POLICY token the setup cannot show the bias.
+# Free-length setup (2026-12-06, declared before any run with it; config.py):
+# a turn may open with any number of '.' fillers that do not change its
+# outcome, and the SFT expert's fillers are uniform in 0..8 per turn. The room
+# metric stays the within-group std of POLICY tokens (fillers included),
+# threshold 1: still the condition the mechanism needs (length differences
+# within a group). It does not tell free length from structure (the
+# fixed-length run passed it at 2.7 tokens from call vs direct-answer episodes
+# alone); that the length is free to vary comes from the setup (env.filler_max,
+# config.ACTION_LEN), not from a measured room. Metric, arms, prediction, room
+# metric and threshold are unchanged, so the spec hash is that of the
+# fixed-length decision run (the setup is not hashed; README.md says which run
+# had which setup).
 SPEC = stats.ClaimSpec(
     primary_metric="len_incorrect",
     higher_is_better=False,
@@ -31,8 +43,13 @@ SPEC = stats.ClaimSpec(
     paper="Dr.GRPO, arXiv:2503.20783",
     departures=(
         "tiny transformer from scratch",
-        "arithmetic responses of "
-        "8-14 tokens of fixed structure (no free-form reasoning)",
+        "arithmetic with a calculator tool, not free-form reasoning: the "
+        "free length is a run of '.' filler tokens opening each turn "
+        "(env.filler_max = 8: the SFT expert emits 0..8 per turn; in a "
+        "24-token turn the policy may emit up to 16-21, as the rest of the "
+        "turn leaves), which the task does not need and which never changes "
+        "how the turn is read; the rest of a response has a fixed structure "
+        "of 3-8 tokens per turn",
         "60 RL iterations",
     ),
     positive_control="",
