@@ -89,7 +89,6 @@ SPEC_KV = dataclasses.replace(
     ),
     positive_control="outcome RM rank@1 beats a random pick (paired over "
     "seeds, same decision run)",
-    positive_control_arm="random pick",
     positive_control_check=stats.Part(
         SPEC.primary_metric,
         "better",
