@@ -1331,7 +1331,7 @@ def test_committed_verdicts_follow_the_declared_specs():
       import importlib  # noqa: PLC0415
 
       rows = importlib.import_module(f"experiments.{name}.__main__").rows_of(
-          res["per_seed"]
+          res["per_seed"], spec
       )
     fresh = stats.analyse(spec, rows, res["room"]["per_seed"])
     assert res["analysis"]["verdict"] == fresh["verdict"], name
