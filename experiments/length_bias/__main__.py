@@ -25,14 +25,15 @@ from experiments.length_bias import config
 # within a group). It does not tell free length from structure (the
 # fixed-length run passed it at 2.7 tokens from call vs direct-answer episodes
 # alone); that the length is free to vary comes from the setup (env.filler_max,
-# config.ACTION_LEN), not from a measured room. Metric, arms, prediction, room
-# metric and threshold are unchanged, so the spec hash is that of the
-# fixed-length decision run (the setup is not hashed; README.md says which run
-# had which setup).
+# config.ACTION_LEN), not from a measured room. Metric, arms, prediction and
+# threshold are unchanged; the room metric's name says the setup, so that the
+# spec hash, and the ledger's version, tell this run (v2) from the
+# fixed-length decision run (v1; the setup itself is not hashed).
 SPEC = stats.ClaimSpec(
     primary_metric="len_incorrect",
     higher_is_better=False,
-    room_metric="mean within-group std of POLICY tokens (tokens)",
+    room_metric="mean within-group std of POLICY tokens (tokens; free-length "
+    "filler setup)",
     room_threshold=1.0,
     treatment="seq-mean-token-mean",
     control="drgrpo",
