@@ -244,4 +244,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # On jemalloc where it is installed: the process starts itself again with
+  # it preloaded, before any work (agentic_rl/host_memory.py).
+  from agentic_rl import host_memory  # pylint: disable=g-import-not-at-top
+
+  host_memory.reexec_with_jemalloc(("main.py",))
   app.run(main, flags_parser=_parse_flags)

@@ -191,3 +191,98 @@ def test_compile_then_release_compiles_once_per_signature(monkeypatch):
   assert float(out["s"]) == 3.0
   assert traced == [(4,), (3,)] and released == [1, 1]
   assert "add" in wrapped.lower(x4, 2.0).as_text()
+
+
+_ENTRY = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from agentic_rl import host_memory
+got = host_memory.reexec_with_jemalloc(("entry.py",))
+print(got, host_memory.jemalloc_loaded(), os.getpid(),
+      os.environ.get("MALLOC_CONF", "-"), "|".join(sys.argv[1:]))
+"""
+
+
+def _run_entry(tmp_path, extra_env, *args):
+  """Runs a script named entry.py that calls reexec_with_jemalloc(('entry.py',))
+  in a fresh interpreter; returns (stdout fields, stderr)."""
+  script = tmp_path / "entry.py"
+  script.write_text(_ENTRY.format(repo=REPO))
+  env = {
+      k: v
+      for k, v in os.environ.items()
+      if k
+      not in (
+          "LD_PRELOAD",
+          "MALLOC_CONF",
+          host_memory.ENV,
+          host_memory.JEMALLOC_ENV,
+          host_memory._REEXEC_GUARD,  # pylint: disable=protected-access
+      )
+  }
+  env.update(extra_env)
+  proc = subprocess.run(
+      [sys.executable, "-X", "utf8", str(script), *args],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=env,
+  )
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout.split(), proc.stderr
+
+
+@pytest.mark.skipif(
+    host_memory.jemalloc_library() is None
+    or not sys.platform.startswith("linux"),
+    reason="libjemalloc.so.2 not installed (Debian package libjemalloc2)",
+)
+def test_entry_point_reexecutes_itself_on_jemalloc(tmp_path):
+  # Started as the entry point (here after an interpreter option with a
+  # value, -X utf8): the process runs again with jemalloc mapped, keeping
+  # its arguments; MALLOC_CONF is the keep setting.
+  (got, loaded, _, conf, argv), err = _run_entry(tmp_path, {}, "--a=1", "b=c")
+  assert (got, loaded) == ("jemalloc", "True"), err
+  assert conf == host_memory.JEMALLOC_CONF and argv == "--a=1|b=c"
+  assert err == ""
+  # A user's MALLOC_CONF is kept.
+  (got, _, _, conf, _), _ = _run_entry(tmp_path, {"MALLOC_CONF": "narenas:2"})
+  assert got == "jemalloc" and conf == "narenas:2"
+  # Opted out, or another policy: glibc, no re-exec, no message.
+  for env, why in (
+      ({host_memory.JEMALLOC_ENV: "0"}, "AGENTIC_RL_JEMALLOC=0"),
+      ({host_memory.ENV: "system"}, "AGENTIC_RL_HOST_MEMORY=system"),
+  ):
+    (got, sub, loaded, *_), err = _run_entry(tmp_path, env)
+    assert (got, sub, loaded) == ("off:", why, "False") and err == "", err
+
+
+def test_missing_jemalloc_is_one_line_and_glibc_keep(tmp_path):
+  (got, loaded, *_), err = _run_entry(
+      tmp_path, {host_memory.JEMALLOC_ENV: str(tmp_path / "no_such.so")}
+  )
+  assert (got, loaded) == ("unavailable", "False")
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and "libjemalloc.so.2 not found" in lines[0], err
+
+
+def test_only_the_named_entry_point_is_reexecuted(monkeypatch):
+  started = host_memory._started_as  # pylint: disable=protected-access
+  assert started(["main.py", "--workdir=x"], ("main.py",))
+  assert started(["-X", "utf8", "/r/main.py"], ("main.py",))
+  assert started(
+      ["-m", "experiments.dark_room", "--smoke"], ("-m", "experiments.")
+  )
+  assert started(["-u", "-m", "experiments.x"], ("-m", "experiments.x"))
+  assert not started(["-m", "pytest", "tests"], ("-m", "experiments."))
+  assert not started(["-m", "experiments.xy"], ("-m", "experiments.x"))
+  assert not started(["-c", "import main"], ("main.py",))
+  assert not started(["tests/test_x.py"], ("main.py",))
+  assert not started([], ("main.py",))
+  # In this process (pytest): never re-executed.
+  monkeypatch.delenv("LD_PRELOAD", raising=False)
+  monkeypatch.delenv(host_memory.JEMALLOC_ENV, raising=False)
+  monkeypatch.delenv(host_memory.ENV, raising=False)
+  if not host_memory.jemalloc_loaded():
+    got = host_memory.reexec_with_jemalloc(("main.py",))
+    assert got == "off: not started as main.py"
