@@ -198,11 +198,25 @@ import os, subprocess, sys
 sys.path.insert(0, {repo!r})
 from agentic_rl import host_memory
 got = host_memory.reexec_with_jemalloc(("entry.py",))
+
+
+def dirty_decay_ms():
+  # jemalloc's setting as it took effect at start (MALLOC_CONF is read then).
+  import ctypes
+  try:
+    mallctl = ctypes.CDLL(None).mallctl
+  except AttributeError:
+    return "-"
+  v, size = ctypes.c_ssize_t(0), ctypes.c_size_t(8)
+  mallctl(b"opt.dirty_decay_ms", ctypes.byref(v), ctypes.byref(size), None, 0)
+  return v.value
+
+
 child = subprocess.run(
     [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD'))"],
     capture_output=True, text=True, check=True).stdout.strip()
 print(got, host_memory.jemalloc_loaded(), host_memory.release(),
-      os.environ.get("MALLOC_CONF", "-"), child,
+      os.environ.get("MALLOC_CONF", "-"), child, dirty_decay_ms(),
       "|".join(sys.argv[1:]) or "-")
 """
 
@@ -246,21 +260,16 @@ def _run_entry(tmp_path, extra_env, *args):
 def test_entry_point_reexecutes_itself_on_jemalloc(tmp_path):
   # Started as the entry point (after an interpreter option with a value,
   # -X utf8): the process runs again with jemalloc mapped, its arguments
-  # kept, MALLOC_CONF the keep setting; release() purges jemalloc's arenas;
-  # LD_PRELOAD is the user's again (unset), so a child is not preloaded.
+  # kept, the keep setting in effect (dirty_decay_ms -1: never decays);
+  # release() purges jemalloc's arenas; LD_PRELOAD and MALLOC_CONF are the
+  # user's again (unset), so a child is not preloaded.
   fields, err = _run_entry(tmp_path, {}, "--a=1", "b=c")
-  assert fields == [
-      "jemalloc",
-      "True",
-      "True",
-      host_memory.JEMALLOC_CONF,
-      "None",
-      "--a=1|b=c",
-  ], err
+  assert fields == ["jemalloc", "True", "True", "-", "None", "-1", "--a=1|b=c"]
   assert err == ""
-  # A user's MALLOC_CONF is kept.
+  # A user's MALLOC_CONF wins (jemalloc's default decay, 10 s, stays).
   fields, err = _run_entry(tmp_path, {"MALLOC_CONF": "narenas:2"})
   assert fields[0] == "jemalloc" and fields[3] == "narenas:2", err
+  assert fields[5] == "10000", fields
   # Already preloaded by the user: no re-exec, a child inherits it.
   lib = host_memory.jemalloc_library()
   fields, err = _run_entry(tmp_path, {"LD_PRELOAD": lib})
