@@ -12,6 +12,13 @@ by another run, a full disk while saving) end with one line on stderr,
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+  # On jemalloc where it is installed: the process starts itself again with
+  # it preloaded, before any other import (agentic_rl/host_memory.py).
+  from agentic_rl import host_memory as _host_memory
+
+  _host_memory.reexec_with_jemalloc(("main.py",))
+
 import contextlib
 import difflib
 import errno

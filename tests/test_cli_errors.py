@@ -26,7 +26,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env():
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONWARNINGS": "ignore"}
+  # AGENTIC_RL_JEMALLOC=0: one process per run, no allocator notice on a
+  # machine without jemalloc (the re-exec is tested in test_host_memory).
+  return {
+      **os.environ,
+      "JAX_PLATFORMS": "cpu",
+      "PYTHONWARNINGS": "ignore",
+      "AGENTIC_RL_JEMALLOC": "0",
+  }
 
 
 def _main(*args, timeout=300):

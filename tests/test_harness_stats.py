@@ -631,6 +631,7 @@ def test_bad_runner_flags_are_one_line_errors(monkeypatch, capsys):
       capture_output=True,
       text=True,
       timeout=300,
+      env=dict(os.environ, AGENTIC_RL_JEMALLOC="0"),
   )
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().startswith(

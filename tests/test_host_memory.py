@@ -191,3 +191,154 @@ def test_compile_then_release_compiles_once_per_signature(monkeypatch):
   assert float(out["s"]) == 3.0
   assert traced == [(4,), (3,)] and released == [1, 1]
   assert "add" in wrapped.lower(x4, 2.0).as_text()
+
+
+_ENTRY = """
+import os, subprocess, sys
+sys.path.insert(0, {repo!r})
+from agentic_rl import host_memory
+got = host_memory.reexec_with_jemalloc(("entry.py",))
+
+
+def dirty_decay_ms():
+  # jemalloc's setting as it took effect at start (MALLOC_CONF is read then).
+  import ctypes
+  try:
+    mallctl = ctypes.CDLL(None).mallctl
+  except AttributeError:
+    return "-"
+  v, size = ctypes.c_ssize_t(0), ctypes.c_size_t(8)
+  mallctl(b"opt.dirty_decay_ms", ctypes.byref(v), ctypes.byref(size), None, 0)
+  return v.value
+
+
+child = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD'))"],
+    capture_output=True, text=True, check=True).stdout.strip()
+print(got, host_memory.jemalloc_loaded(), host_memory.release(),
+      os.environ.get("MALLOC_CONF", "-"), child, dirty_decay_ms(),
+      "|".join(sys.argv[1:]) or "-")
+"""
+
+linux = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or host_memory._libc() is None,  # pylint: disable=protected-access
+    reason="Linux with glibc only",
+)
+with_jemalloc = pytest.mark.skipif(
+    host_memory.jemalloc_library() is None,
+    reason="libjemalloc.so.2 not installed (Debian package libjemalloc2)",
+)
+
+
+def _run_entry(tmp_path, extra_env, *args):
+  """Runs a script named entry.py that calls reexec_with_jemalloc(('entry.py',))
+  in a fresh interpreter; returns (stdout fields, stderr)."""
+  script = tmp_path / "entry.py"
+  script.write_text(_ENTRY.format(repo=REPO))
+  drop = (
+      "LD_PRELOAD",
+      "MALLOC_CONF",
+      host_memory.ENV,
+      host_memory.JEMALLOC_ENV,
+      host_memory._REEXEC_GUARD,  # pylint: disable=protected-access
+  )
+  env = {k: v for k, v in os.environ.items() if k not in drop}
+  env.update(extra_env)
+  proc = subprocess.run(
+      [sys.executable, "-X", "utf8", str(script), *args],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      env=env,
+  )
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout.split(), proc.stderr
+
+
+@linux
+@with_jemalloc
+def test_entry_point_reexecutes_itself_on_jemalloc(tmp_path):
+  # Started as the entry point (after an interpreter option with a value,
+  # -X utf8): the process runs again with jemalloc mapped, its arguments
+  # kept, the keep setting in effect (dirty_decay_ms -1: never decays);
+  # release() purges jemalloc's arenas; LD_PRELOAD and MALLOC_CONF are the
+  # user's again (unset), so a child is not preloaded.
+  fields, err = _run_entry(tmp_path, {}, "--a=1", "b=c")
+  assert fields == ["jemalloc", "True", "True", "-", "None", "-1", "--a=1|b=c"]
+  assert err == ""
+  # A user's MALLOC_CONF wins (jemalloc's default decay, 10 s, stays).
+  fields, err = _run_entry(tmp_path, {"MALLOC_CONF": "narenas:2"})
+  assert fields[0] == "jemalloc" and fields[3] == "narenas:2", err
+  assert fields[5] == "10000", fields
+  # Already preloaded by the user: no re-exec, a child inherits it.
+  lib = host_memory.jemalloc_library()
+  fields, err = _run_entry(tmp_path, {"LD_PRELOAD": lib})
+  assert fields[:2] == ["jemalloc", "True"] and fields[4] == lib, err
+  # A guard inherited from a parent's re-exec (another PID) is ignored.
+  guard = '{"pid": 1, "LD_PRELOAD": null, "MALLOC_CONF": null}'
+  fields, err = _run_entry(
+      tmp_path,
+      {host_memory._REEXEC_GUARD: guard},  # pylint: disable=protected-access
+  )
+  assert fields[:2] == ["jemalloc", "True"] and err == "", err
+  # Opted out, or another policy: glibc, no re-exec, no message.
+  for env, why in (
+      ({host_memory.JEMALLOC_ENV: "0"}, "AGENTIC_RL_JEMALLOC=0"),
+      ({host_memory.ENV: "system"}, "AGENTIC_RL_HOST_MEMORY=system"),
+  ):
+    fields, err = _run_entry(tmp_path, env)
+    assert fields[:3] == ["off:", why, "False"] and err == "", err
+
+
+@linux
+def test_missing_jemalloc_is_one_line_and_glibc_keep(tmp_path):
+  fields, err = _run_entry(
+      tmp_path, {host_memory.JEMALLOC_ENV: str(tmp_path / "no_such.so")}
+  )
+  assert fields[:2] == ["unavailable", "False"]
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and "libjemalloc.so.2 not found" in lines[0], err
+
+
+def test_only_the_named_entry_point_is_reexecuted(monkeypatch):
+  started = host_memory._started_as  # pylint: disable=protected-access
+  assert started(["main.py", "--workdir=x"], ("main.py",))
+  assert started(["-X", "utf8", "/r/main.py"], ("main.py",))
+  assert started(["-Xutf8", "-W", "error", "main.py"], ("main.py",))
+  assert started(["-u", "-m", "experiments.x", "-s"], ("-m", "experiments.x"))
+  assert started(["-um", "experiments.x"], ("-m", "experiments.x"))
+  assert started(["-mexperiments.x"], ("-m", "experiments.x"))
+  assert started(["--check-hash-based-pycs", "never", "main.py"], ("main.py",))
+  assert not started(["-m", "pytest", "tests"], ("-m", "experiments.x"))
+  assert not started(["-m", "experiments.xy"], ("-m", "experiments.x"))
+  assert not started(["-c", "import main"], ("main.py",))
+  assert not started(["-uc", "import main"], ("main.py",))
+  assert not started(["tests/test_x.py"], ("main.py",))
+  assert not started(["-"], ("main.py",))
+  assert not started([], ("main.py",))
+  # In this process (pytest): never re-executed.
+  for k in ("LD_PRELOAD", host_memory.JEMALLOC_ENV, host_memory.ENV):
+    monkeypatch.delenv(k, raising=False)
+  if sys.platform.startswith("linux") and not host_memory.jemalloc_loaded():
+    got = host_memory.reexec_with_jemalloc(("main.py",))
+    assert got == "off: not started as main.py"
+
+
+def test_claim_runners_not_benchmarks_are_reexecuted(monkeypatch):
+  # experiments/__init__.py: a package under experiments/ started with -m is
+  # a claim runner; a benchmark script (a module file) is not.
+  import experiments  # pylint: disable=g-import-not-at-top
+
+  for argv, want in (
+      (["python", "-m", "experiments.dark_room"], "experiments.dark_room"),
+      (
+          ["python", "-m", "experiments.trace_credit.faithful"],
+          "experiments.trace_credit.faithful",
+      ),
+      (["python", "-m", "experiments.bench_lora", "--child"], None),
+      (["python", "experiments/bench_peers.py"], None),
+      (["python", "-m", "pytest"], None),
+  ):
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    got = experiments._claim_runner_module()  # pylint: disable=protected-access
+    assert got == want, argv
