@@ -300,9 +300,10 @@ def test_room_mixed_deep_groups_samples_depth_5_6(monkeypatch):
 
   seen = {}
 
-  def fake_sample_groups(cfg, params):
+  def fake_sample_groups(cfg, params, num_groups=None):
     seen["depth"] = (cfg.env.min_depth, cfg.env.max_depth)
     seen["params"] = params
+    seen["num_groups"] = num_groups
     # 4 groups of 3 episodes: mixed, all fail, all correct, mixed.
     c = [[1, 0, 0], [0, 0, 0], [1, 1, 1], [0, 1, 1]]
     return {"correct": np.asarray(c, np.float64)}
@@ -310,7 +311,9 @@ def test_room_mixed_deep_groups_samples_depth_5_6(monkeypatch):
   monkeypatch.setattr(harness, "sample_groups", fake_sample_groups)
   cfg = config.get_config("additive,smoke")
   assert _runner().room_mixed_deep_groups(cfg, "params") == 0.5
-  assert seen == {"depth": (5, 6), "params": "params"}
+  # 8x the default groups: the smoke size's num_tasks 16 -> 8 x 4 = 32.
+  assert cfg.eval.num_tasks == 16
+  assert seen == {"depth": (5, 6), "params": "params", "num_groups": 32}
   assert cfg.env.min_depth == 1  # the arm's own config is left as it was
 
 

@@ -28,6 +28,14 @@ DEEP = DEPTH_BINS[-1]
 SHALLOW = DEPTH_BINS[0]
 
 
+# Spec v3 (2026-12-06, declared before its run): the room check samples 8x
+# sample_groups' default number of groups (192 deep groups at num_tasks 96,
+# not 24). v2's run failed on seed 1 alone at 0.042, one mixed group of 24:
+# a resolution of 1/24 cannot tell 0.04 from the 0.1 threshold. Threshold,
+# parts and arms unchanged; a seed below 0.1 on 192 groups is untestable.
+ROOM_GROUPS_FACTOR = 8
+
+
 def room_mixed_deep_groups(cfg, params) -> float:
   """Share of the start policy's sampled groups of deep tasks (depth 5-6)
   whose episodes differ in correctness.
@@ -41,7 +49,8 @@ def room_mixed_deep_groups(cfg, params) -> float:
   """
   deep = ml_collections.ConfigDict(cfg.to_dict())
   deep.env.min_depth = DEEP[0]
-  c = harness.sample_groups(deep, params)["correct"]
+  n = ROOM_GROUPS_FACTOR * max(cfg.eval.num_tasks // 4, 1)
+  c = harness.sample_groups(deep, params, num_groups=n)["correct"]
   return float((~np.all(c == c[:, :1], axis=1)).mean())
 
 
@@ -92,7 +101,8 @@ def room_mixed_deep_groups(cfg, params) -> float:
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy",
     higher_is_better=True,
-    room_metric="share of depth 5-6 groups with mixed correctness",
+    room_metric="share of depth 5-6 groups with mixed correctness (8x "
+    "sampled groups)",
     room_threshold=0.1,
     treatment="multiplicative",
     control="additive",
