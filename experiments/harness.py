@@ -1114,6 +1114,10 @@ def _safe_name(name: str) -> str:
 
 
 def _room_fn_name(spec) -> str:
+  """Key of a claim's room values in an SFT workdir (room_<key>.json) and in
+  the per-seed start records: the room function's name. Stored values are
+  read back for the same name, so a room function whose sampling changes
+  must get a new name (e.g. room_direct_easy_accuracy_8x)."""
   return _safe_name(getattr(spec.room_fn, "__name__", "fn"))
 
 

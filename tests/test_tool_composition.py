@@ -287,7 +287,7 @@ def test_spec_decides_both_claims_on_the_runners_arms():
   ]
   # `--arms` keeps every part's arm: the decision run trains all four.
   assert sorted(spec.arms) == sorted(config.ARMS)
-  assert spec.room_fn is _runner().room_mixed_deep_groups
+  assert spec.room_fn is _runner().room_mixed_deep_groups_8x
   assert spec.room_threshold == 0.1
   assert spec.positive_control_check is None
   assert not any("not run" in d or "not part of" in d for d in spec.departures)
@@ -310,7 +310,7 @@ def test_room_mixed_deep_groups_samples_depth_5_6(monkeypatch):
 
   monkeypatch.setattr(harness, "sample_groups", fake_sample_groups)
   cfg = config.get_config("additive,smoke")
-  assert _runner().room_mixed_deep_groups(cfg, "params") == 0.5
+  assert _runner().room_mixed_deep_groups_8x(cfg, "params") == 0.5
   # 8x the default groups: the smoke size's num_tasks 16 -> 8 x 4 = 32.
   assert cfg.eval.num_tasks == 16
   assert seen == {"depth": (5, 6), "params": "params", "num_groups": 32}

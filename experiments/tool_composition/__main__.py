@@ -33,10 +33,13 @@ SHALLOW = DEPTH_BINS[0]
 # not 24). v2's run failed on seed 1 alone at 0.042, one mixed group of 24:
 # a resolution of 1/24 cannot tell 0.04 from the 0.1 threshold. Threshold,
 # parts and arms unchanged; a seed below 0.1 on 192 groups is untestable.
+# A new function name: the harness stores room values per SFT workdir under
+# the room function's name (a first v3 attempt under the old name read v2's
+# 24-group values back and was discarded unrecorded).
 ROOM_GROUPS_FACTOR = 8
 
 
-def room_mixed_deep_groups(cfg, params) -> float:
+def room_mixed_deep_groups_8x(cfg, params) -> float:
   """Share of the start policy's sampled groups of deep tasks (depth 5-6)
   whose episodes differ in correctness.
 
@@ -107,7 +110,7 @@ SPEC = stats.ClaimSpec(
     treatment="multiplicative",
     control="additive",
     prediction="better",
-    room_fn=room_mixed_deep_groups,
+    room_fn=room_mixed_deep_groups_8x,
     claim="multiplicative composition of tool-call reward factors beats the "
     "additive mean (ToolRLA); execution rewards stay flat over depth while "
     "reference matching collapses past depth 4 (TIER)",
