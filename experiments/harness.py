@@ -866,9 +866,7 @@ def run_claim(
         if rec is None or arm_record(arm, config) is not None:
           continue
         recorded_room = (
-            rec.get("room", {}).get(_room_fn_name(spec))
-            if room_arm is not None
-            else None
+            _recorded_room(rec, spec) if room_arm is not None else None
         )
         if (
             stop_without_room
@@ -879,18 +877,18 @@ def run_claim(
         sft(config)
     if room_arm is not None:
       config = arms[room_arm]
-      fn = _room_fn_name(spec)
       rec = start_record(config) if rec_dir is not None else None
       t0 = time.time()
-      if rec is not None and fn in rec.get("room", {}):
+      recorded = _recorded_room(rec, spec) if rec is not None else None
+      if recorded is not None:
         sft(config, trained=False)
-        per_seed = [float(v) for v in rec["room"][fn]]
+        per_seed = [float(v) for v in recorded]
       else:
         key, out = sft(config)
         per_seed = _room_values(spec, config, out, chunk, sft_dirs[key])
         if rec_dir is not None:
           rec = start_record(config)
-          rec["room"][fn] = per_seed
+          rec["room"][_room_key(spec)] = per_seed
           write_record(rec_dir, start_name(config), rec)
       room_s += time.time() - t0
       room_per_seed += per_seed
@@ -1114,11 +1112,28 @@ def _safe_name(name: str) -> str:
 
 
 def _room_fn_name(spec) -> str:
-  """Key of a claim's room values in an SFT workdir (room_<key>.json) and in
-  the per-seed start records: the room function's name. Stored values are
-  read back for the same name, so a room function whose sampling changes
-  must get a new name (e.g. room_direct_easy_accuracy_8x)."""
+  """The room function's name (file-name safe)."""
   return _safe_name(getattr(spec.room_fn, "__name__", "fn"))
+
+
+def _room_key(spec) -> str:
+  """Key of a claim's room values in an SFT workdir (room_<key>.json) and in
+  the per-seed start records: the room function's name and 8 hex digits of
+  the SHA-1 of the declared room metric's text, so that a room metric whose
+  description changes (e.g. sampled on more groups) is computed anew, not
+  read back under an unchanged function name."""
+  digest = hashlib.sha1(spec.room_metric.encode()).hexdigest()[:8]
+  return f"{_room_fn_name(spec)}_{digest}"
+
+
+def _recorded_room(rec, spec):
+  """A start record's room values for `spec` (None when absent): under
+  _room_key, or under the function's name alone in records written before
+  2026-12-06 (the committed smollm2_calc seed records)."""
+  room = (rec or {}).get("room", {})
+  if _room_key(spec) in room:
+    return room[_room_key(spec)]
+  return room.get(_room_fn_name(spec))
 
 
 def _start_match(config, seeds) -> dict:
@@ -1219,7 +1234,7 @@ def _room_values(spec, config, out, seeds, sft_dir) -> list[float]:
   """Per-seed room values of the start policies in `out` (train_seeds' output
   of the SFT workdir `sft_dir`), read from `sft_dir/room_<fn>.json` when an
   earlier call recorded them for these seeds, else computed and recorded."""
-  path = os.path.join(sft_dir, f"room_{_room_fn_name(spec)}.json")
+  path = os.path.join(sft_dir, f"room_{_room_key(spec)}.json")
   stored: dict = {}
   if os.path.exists(path):
     try:

@@ -1431,6 +1431,15 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
   # Re-run: the room values are read back, not recomputed.
   harness.run_claim("t", {"GRPO": cfg}, [0, 1, 2], **kw)
   assert room_calls == [0.0, 1.0, 2.0]
+  # A room metric declared anew (same function, other text) is computed
+  # anew, not read back under the function's name; its records keep both.
+  kw2 = dict(kw, spec=dataclasses.replace(spec, room_metric="m, 8x groups"))
+  harness.run_claim("t", {"GRPO": cfg}, [0, 1, 2], **kw2)
+  assert room_calls == [0.0, 1.0, 2.0] * 2
+  rec0 = _strict_loads(
+      (tmp_path / "out" / "seed_records" / "sft_k_s0.json").read_text()
+  )
+  assert len(rec0["room"]) == 2
   # On another machine (no workdirs): every seed comes from the records in
   # the claim folder (out_dir/seed_records), nothing is trained or sampled.
   import shutil  # noqa: PLC0415
@@ -1448,7 +1457,7 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
   shutil.rmtree(tmp_path / "root")
   calls.clear()
   again = harness.run_claim("t", {"GRPO": cfg}, [0, 1, 2], **kw)
-  assert calls == [] and room_calls == [0.0, 1.0, 2.0]
+  assert calls == [] and room_calls == [0.0, 1.0, 2.0] * 2
   for label in ("SFT (start)", "GRPO"):
     assert again["rows"][label] == out["rows"][label]
   np.testing.assert_array_equal(
@@ -1478,7 +1487,7 @@ def test_run_claim_seeds_per_call_runs_and_records_one_seed_at_a_time(
       (0, "sft_k_s2", [2]),
       (3, "GRPO_s2", [2]),
   ]
-  assert room_calls == [0.0, 1.0, 2.0]  # the starts' records still hold
+  assert room_calls == [0.0, 1.0, 2.0] * 2  # the starts' records still hold
   # An arm workdir left by another setup of the arm (its config.json says
   # lr 0.5) is kept; the changed setup trains beside it, in a workdir named
   # by its config hash, instead of failing the resume check after the SFT.
