@@ -405,6 +405,12 @@ def redecide(
   return res
 
 
+def default_num_groups(config) -> int:
+  """sample_groups' default number of groups: config.eval.num_tasks // 4 (64
+  at the claims' full size), at least 1."""
+  return max(config.eval.num_tasks // 4, 1)
+
+
 def sample_groups(
     config: ml_collections.ConfigDict,
     params,
@@ -438,7 +444,7 @@ def sample_groups(
   from agentic_rl import train  # pylint: disable=g-import-not-at-top
 
   g = int(group_size or config.rl.group_size)
-  n = int(num_groups or max(config.eval.num_tasks // 4, 1))
+  n = int(num_groups or default_num_groups(config))
   env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef = train.init_state(config, model_cfg)[0]
@@ -507,7 +513,7 @@ def room_direct_easy_accuracy_8x(config, params) -> float:
   in the default 64 groups, so the estimate of one seed rests on a handful of
   episodes (otc_efficiency / hdpo_conditional, spec v4). In [0, 1]."""
   return room_direct_easy_accuracy(
-      config, params, num_groups=8 * max(config.eval.num_tasks // 4, 1)
+      config, params, num_groups=8 * default_num_groups(config)
   )
 
 

@@ -33,9 +33,10 @@ SHALLOW = DEPTH_BINS[0]
 # not 24). v2's run failed on seed 1 alone at 0.042, one mixed group of 24:
 # a resolution of 1/24 cannot tell 0.04 from the 0.1 threshold. Threshold,
 # parts and arms unchanged; a seed below 0.1 on 192 groups is untestable.
-# A new function name: the harness stores room values per SFT workdir under
-# the room function's name (a first v3 attempt under the old name read v2's
-# 24-group values back and was discarded unrecorded).
+# A new function name: the harness then stored room values under the room
+# function's name alone (a first v3 attempt under the old name read v2's
+# 24-group values back and was discarded unrecorded); it now keys them by the
+# room metric's text as well.
 ROOM_GROUPS_FACTOR = 8
 
 
@@ -52,7 +53,7 @@ def room_mixed_deep_groups_8x(cfg, params) -> float:
   """
   deep = ml_collections.ConfigDict(cfg.to_dict())
   deep.env.min_depth = DEEP[0]
-  n = ROOM_GROUPS_FACTOR * max(cfg.eval.num_tasks // 4, 1)
+  n = ROOM_GROUPS_FACTOR * harness.default_num_groups(cfg)
   c = harness.sample_groups(deep, params, num_groups=n)["correct"]
   return float((~np.all(c == c[:, :1], axis=1)).mean())
 
@@ -79,7 +80,7 @@ def room_mixed_deep_groups_8x(cfg, params) -> float:
 # Room (replaces v1's constraint-violation rate, which says nothing about
 # success: the greedy held-out violation rate was 0 in every arm of v1's
 # run): the share of the start's sampled depth 5-6 groups with mixed
-# correctness, room_mixed_deep_groups. Every part is a difference in task
+# correctness, room_mixed_deep_groups_8x. Every part is a difference in task
 # success, and the answer term of every arm's reward gives a group-relative
 # advantage only in groups whose episodes differ in correctness. Parts 2 and
 # 3 are read on deep items: a start that never solves them has no deep
