@@ -56,6 +56,7 @@ EXTRA = (
     ),
     ("step_hacking", "results_clip", "experiments.step_hacking.clip"),
     ("step_hacking", "results_min", "experiments.step_hacking.min_form"),
+    ("step_hacking", "results_gated", "experiments.step_hacking.gated"),
     ("trace_credit", "results_faithful", "experiments.trace_credit.faithful"),
     ("rm_selection", "results_kv", "experiments.rm_selection.kv"),
     ("smollm2_calc", "results_otc", "experiments.smollm2_calc.otc"),

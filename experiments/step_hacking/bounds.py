@@ -9,6 +9,8 @@ run and decided on its own (`python -m experiments.step_hacking.<module>`):
   min_form     min         PURE min-form credit (arXiv:2504.15275) results_min
   delta_paper  delta_drop  Delta, last step dropped (the paper's)  results_delta_paper
   delta        delta       Delta, last call keeps c p_k (ours)     results_delta
+  gated        gated       G-RA: step rewards only when the        results_gated
+                           outcome reward >= 1
 
 Every claim predicts the bounded arm's held-out greedy accuracy within +-0.05
 of success-only (paired by seed), and carries the same positive-control check:
@@ -37,7 +39,8 @@ def bound_spec(
   """The declared spec of one bound's claim.
 
   Args:
-    arm: the bounded arm of config.py ('clip', 'min', 'delta', 'delta_drop').
+    arm: the bounded arm of config.py ('clip', 'min', 'delta', 'delta_drop',
+      'gated').
     claim: the claim in one sentence (summary table).
     paper: the source paper with its arXiv id.
     departures: this bound's departures beyond the folder's shared ones.
@@ -51,7 +54,7 @@ def bound_spec(
   Raises:
     ValueError: `arm` is not a bounded arm of config.py.
   """
-  if arm not in ("clip", "min", "delta", "delta_drop"):
+  if arm not in ("clip", "min", "delta", "delta_drop", "gated"):
     raise ValueError(f"bound_spec(arm={arm!r}): not a bounded arm")
   return stats.ClaimSpec(
       primary_metric="accuracy",
