@@ -49,6 +49,14 @@ CLAIMS = (
 # Further declared claims of a folder: (folder, results stem, spec module).
 EXTRA = (
     ("step_hacking", "results_delta", "experiments.step_hacking.delta"),
+    (
+        "step_hacking",
+        "results_delta_paper",
+        "experiments.step_hacking.delta_paper",
+    ),
+    ("step_hacking", "results_clip", "experiments.step_hacking.clip"),
+    ("step_hacking", "results_min", "experiments.step_hacking.min_form"),
+    ("step_hacking", "results_gated", "experiments.step_hacking.gated"),
     ("trace_credit", "results_faithful", "experiments.trace_credit.faithful"),
     ("rm_selection", "results_kv", "experiments.rm_selection.kv"),
     ("smollm2_calc", "results_otc", "experiments.smollm2_calc.otc"),

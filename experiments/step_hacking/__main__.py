@@ -32,8 +32,10 @@ SPEC = stats.ClaimSpec(
     prediction="worse",
     metric_range=(0.0, 1.0),
     room_fn=harness.room_start_greedy_accuracy,
-    claim="a summed process reward is hacked by repeating valid steps; Clip / "
-    "Delta / min-form bound it",
+    # The bounds (Clip, Delta, min-form) are the folder's further claims
+    # (bounds.py), each decided on its own; this claim is the hack alone.
+    claim="a summed process reward is hacked by repeating valid steps: "
+    "held-out accuracy falls below success-only",
     paper="Clipping/Delta arXiv:2410.15115; PURE arXiv:2504.15275",
     departures=(
         "rule 'PRM' scoring each valid call 1 (repeats included), not "

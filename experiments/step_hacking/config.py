@@ -25,8 +25,9 @@ SFT 100 steps of 32 demonstrations, then 25 GRPO iterations of 32 episodes
 (4 tasks x groups of 8); configs/kv_chain.py runs 300 x 64 SFT and 60 x 64 GRPO,
 cut to fit the CPU budget before any run. Held-out: 128 fixed tasks, greedy (no
 pass@k sampling), plus one sampled pass at T = 1. Append ',smoke' for the CI
-size. The run covers success_only, sum, clip, delta and min; 'gated' is
-available as a config arm but was not run (CPU budget).
+size. `python -m experiments.step_hacking` covers success_only, sum, clip,
+delta and min; each bound, 'gated' and 'delta_drop' included, is also its own
+declared claim (bounds.py, README.md).
 
   python -m experiments.step_hacking                 # 3 seeds x 5 arms
   python main.py --config=experiments/step_hacking/config.py:sum --workdir=runs/sh_sum
@@ -38,8 +39,8 @@ import ml_collections
 
 from configs import kv_chain
 
-# 'gated' (G-RA) is implemented and unit-tested but not run here (CPU budget);
-# `get_config('gated')` builds it.
+# 'gated' (G-RA) and 'delta_drop' are run by their own claims (gated.py,
+# delta_paper.py), not by `python -m experiments.step_hacking`.
 ARMS = ("success_only", "sum", "clip", "delta", "min")
 # 'delta_drop' (Delta with the last step's reward dropped) was added after the
 # first look at the results, to test the per-turn loophole of 'delta' (README).

@@ -1,56 +1,35 @@
 """python -m experiments.step_hacking.delta [--seeds=...] [--smoke]
 
 Second declared claim of this folder, on the same workdirs (shared SFT start
-and success_only arm under runs/step_hacking): Delta credit (the per-turn
+and success_only arm under runs/step_hacking, bounds.py): Delta credit (the per-turn
 difference of step scores, the last call keeping c p_k) is as good as
 success-only, i.e. it removes the sum-form hack. Writes results_delta.*.
 """
 
-from experiments import harness
-from experiments import stats
-from experiments.step_hacking import __main__ as step_main
-from experiments.step_hacking import config
+from experiments.step_hacking import bounds
 
 # Declared before the run: held-out greedy accuracy of delta within +-0.05 of
 # success-only (paired by seed); same room check as the sum-form claim.
-SPEC = stats.ClaimSpec(
-    primary_metric="accuracy",
-    higher_is_better=True,
-    room_metric="start greedy accuracy (training tasks)",
-    room_threshold=0.3,
-    equivalence_margin=0.05,
-    treatment="delta",
-    control="success_only",
-    prediction="equivalent",
-    room_fn=harness.room_start_greedy_accuracy,
+# Version 3 (2026-12-06): the positive-control check (the sum arm collapses
+# in the same decision run, bounds.py) is declared and the sum arm run with
+# this claim; v2's run had the control in words only, so its 'contradicted'
+# part was reported as 'inconclusive: the setup cannot show the effect'.
+SPEC = bounds.bound_spec(
+    "delta",
     claim="Delta credit on the step reward removes the hack: accuracy as "
     "success-only",
     paper="Clipping/Delta arXiv:2410.15115",
-    departures=step_main.SPEC.departures
-    + (
+    departures=(
         "the delta arm keeps the last call's step reward (the last call "
         "keeps c p_k); the paper's Delta drops the last step (r_1 - r_T); "
-        "the dropped form is the post-hoc delta_drop arm, not this claim",
+        "the dropped form is its own claim (delta_paper.py)",
     ),
-    metric_range=(0.0, 1.0),
-    positive_control="sum arm (results.md: the same step reward without a "
-    "bound collapses)",
 )
 
-
-def arms(smoke: bool):
-  suffix = ",smoke" if smoke else ""
-  return {a: config.get_config(a + suffix) for a in ("success_only", "delta")}
-
-
 if __name__ == "__main__":
-  harness.claim_main(
+  bounds.main(
       __file__,
+      SPEC,
       title="Delta-form step reward vs success-only (key-value chains)",
-      arms_fn=arms,
-      metrics=step_main.METRICS,
-      curve_keys=step_main.CURVES,
-      extra_eval=step_main.hacking_metrics,
-      spec=SPEC,
       stem="results_delta",
   )

@@ -1,0 +1,30 @@
+"""python -m experiments.step_hacking.clip [--seeds=...] [--smoke]
+
+Declared claim (bounds.py): Clipping (eta = 1) removes the sum-form hack,
+held-out greedy accuracy within +-0.05 of success-only, decided only with the
+positive-control check that the sum arm collapses in the same decision run.
+Same workdirs as the folder's other claims (runs/step_hacking); writes
+results_clip.*.
+"""
+
+from experiments.step_hacking import bounds
+
+SPEC = bounds.bound_spec(
+    "clip",
+    claim="Clipping the step reward (eta = 1) removes the sum-form hack: "
+    "accuracy as success-only",
+    paper="Clipping/Delta arXiv:2410.15115",
+    departures=(
+        "with a 0/1 step score and eta = 1 a valid call earns 0 and a failed "
+        "call -c, so the clipped arm is success-only plus a failed-call "
+        "penalty",
+    ),
+)
+
+if __name__ == "__main__":
+  bounds.main(
+      __file__,
+      SPEC,
+      title="Clipped step reward vs success-only (key-value chains)",
+      stem="results_clip",
+  )

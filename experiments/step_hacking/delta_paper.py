@@ -1,0 +1,32 @@
+"""python -m experiments.step_hacking.delta_paper [--seeds=...] [--smoke]
+
+Declared claim (bounds.py): Delta in the paper's form, the last step's
+reward dropped (the `delta_drop` arm: the step part of the return from turn
+k is c (p_k - p_last)), removes the sum-form hack, held-out greedy accuracy
+within +-0.05 of success-only, decided only with the positive-control check
+that the sum arm collapses in the same decision run. Same workdirs as the
+folder's other claims (runs/step_hacking); writes results_delta_paper.*.
+"""
+
+from experiments.step_hacking import bounds
+
+SPEC = bounds.bound_spec(
+    "delta_drop",
+    claim="Delta credit with the last step dropped (the paper's form) "
+    "removes the sum-form hack: accuracy as success-only",
+    paper="Clipping/Delta arXiv:2410.15115",
+    departures=(
+        "the drop of the last step (r_1 - r_T) is our reading of the paper's "
+        "figure; this arm was first run post hoc on 3 seeds (2026-11-30) "
+        "before this claim was declared",
+    ),
+)
+
+if __name__ == "__main__":
+  bounds.main(
+      __file__,
+      SPEC,
+      title="Delta step reward, last step dropped, vs success-only "
+      "(key-value chains)",
+      stem="results_delta_paper",
+  )

@@ -1,0 +1,29 @@
+"""python -m experiments.step_hacking.min_form [--seeds=...] [--smoke]
+
+Declared claim (bounds.py): PURE's min-form credit removes the sum-form hack,
+held-out greedy accuracy within +-0.05 of success-only, decided only with the
+positive-control check that the sum arm collapses in the same decision run.
+Same workdirs as the folder's other claims (runs/step_hacking); writes
+results_min.*.
+"""
+
+from experiments.step_hacking import bounds
+
+SPEC = bounds.bound_spec(
+    "min",
+    claim="min-form credit on the step reward (PURE) removes the sum-form "
+    "hack: accuracy as success-only",
+    paper="PURE arXiv:2504.15275",
+    departures=(
+        "hard min over the future step scores, not PURE's soft-min "
+        "reweighting; the outcome reward is added at the last turn",
+    ),
+)
+
+if __name__ == "__main__":
+  bounds.main(
+      __file__,
+      SPEC,
+      title="Min-form step credit vs success-only (key-value chains)",
+      stem="results_min",
+  )
