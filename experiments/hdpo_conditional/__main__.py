@@ -14,7 +14,7 @@ from experiments.hdpo_conditional import config
 # holding a correct zero-call episode (threshold 0.25); the README says why it
 # was replaced.
 #
-# Compound form (declared 2026-12-04, issue 31; re-decided from the recorded
+# Compound form (declared 2026-12-04; re-decided from the recorded
 # 8-seed run, nothing re-run), one part per clause of the claim:
 #   1. easy-item calls hdpo - correct lower (the primary part);
 #   2. accuracy hdpo - correct equivalent within 0.05 absolute ("at equal

@@ -14,7 +14,7 @@ from experiments.otc_efficiency import config
 # groups holding a correct zero-call episode (threshold 0.25); the README says
 # why it was replaced.
 #
-# Compound form (declared 2026-12-04, issue 31; re-decided from the recorded
+# Compound form (declared 2026-12-04; re-decided from the recorded
 # 8-seed run, nothing re-run): the claim says "at about equal accuracy", so
 # accuracy otc - correct is a second part, equivalent within a margin of 0.05
 # absolute accuracy. The margin comes from the claim's wording ("about

@@ -30,7 +30,7 @@ SPEC = stats.ClaimSpec(
     positive_control="flip_0.4 arm (heavy noise must lower accuracy)",
     positive_control_arm="flip_0.4",
     metric_range=(0.0, 1.0),
-    # Declared 2026-12-04 (issue 31) from the words above: held-out accuracy
+    # Declared 2026-12-04 from the words above: held-out accuracy
     # flip_0.4 - clean lower, in the same decision run.
     positive_control_check=stats.Part(
         "accuracy",

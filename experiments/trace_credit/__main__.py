@@ -39,7 +39,7 @@ SPEC = stats.ClaimSpec(
     positive_control="progress arm (oracle hop-progress potential)",
     positive_control_arm="progress",
     metric_range=(0.0, 1.0),
-    # Declared 2026-12-04 (issue 31): the setup shows a credit-assignment
+    # Declared 2026-12-04: the setup shows a credit-assignment
     # effect only if the oracle potential learns faster than outcome-only in
     # the same decision run; without it the claim cannot be contradicted. The
     # recorded run (--arms=outcome,trace) lacks the progress arm; the runner
