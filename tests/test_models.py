@@ -589,3 +589,50 @@ def test_remat_inside_lax_map_matches_the_plain_model():
       g0,
       g1,
   )
+
+
+def test_swiglu_backward_writes_one_gate_up_cotangent():
+  # The fused gate/up product [B, T, 2, F] is split with lax.split, whose
+  # transpose is one concatenate of the two cotangents; two index slices
+  # would transpose into two zero-padded [B, T, 2, F] buffers and their sum.
+  # Values and gradients match the unfused form (float32 rounding); the compiled
+  # gradient holds no pad of the stacked shape.
+  cfg = transformer.TransformerConfig(
+      vocab_size=16,
+      d_model=8,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=4,
+      ffn_dim=12,
+      max_positions=8,
+  )
+  ffn = transformer.SwiGLU(cfg, nnx.Rngs(params=0))
+  x = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 8), jnp.float32)
+
+  graphdef, params = nnx.split(ffn)
+
+  def loss(x, params):
+    return jnp.sum(jnp.sin(nnx.merge(graphdef, params)(x)))
+
+  def reference(x, params):
+    gate, up = params["gate_df"][...], params["up_df"][...]
+    down = params["down_fd"][...]
+    return jnp.sum(jnp.sin((jax.nn.silu(x @ gate) * (x @ up)) @ down))
+
+  got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, params)
+  want = jax.jit(jax.value_and_grad(reference, argnums=(0, 1)))(x, params)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+  for g, w in zip(
+      jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True
+  ):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  hlo = (
+      jax.jit(jax.grad(loss, argnums=(0, 1)))
+      .lower(x, params)
+      .compile()
+      .as_text()
+  )
+  assert "f32[3,5,2,12]" in hlo  # the fused product is there
+  pads = [ln for ln in hlo.splitlines() if " pad(" in ln and "2,12]" in ln]
+  assert not pads, pads
