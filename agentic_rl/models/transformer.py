@@ -609,12 +609,7 @@ class SwiGLU(nnx.Module):
           "dcf",
       )
       gate_up = matmul(x_btd, w_dcf, "btd,dcf->btcf")
-      # Split, not two index slices: the transpose of lax.split is one
-      # concatenate of the two cotangents, that of two slices two
-      # zero-padded [B, T, 2, F] buffers and their sum (docs/models.md).
-      gate, up = (
-          jnp.squeeze(h, -2) for h in jax.lax.split(gate_up, (1, 1), axis=-2)
-      )
+      gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
     # Low-rank adapters, if any (models/lora.py); identity otherwise.
     gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
     hidden = gate * lora_lib.apply(self, "up", x_btd, up)
