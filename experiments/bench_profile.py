@@ -2,6 +2,7 @@
 
     python experiments/bench_profile.py                        # configs/default.py
     python experiments/bench_profile.py --config=kv_chain --iters=3 --top=40
+    python experiments/bench_profile.py --workload=peers   # bench_peers' iteration
 
 Builds the config's RL iteration (`learner.make_rl_step`, JAX-native
 environments: one XLA program), runs it `--warmup` times, then traces `--iters`
@@ -43,6 +44,14 @@ _ARG = flags.DEFINE_string("config_arg", "", "get_config(arg), e.g. smoke.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untraced iterations first.", 1)
 _ITERS = flags.DEFINE_integer("iters", 3, "Traced iterations.", 1)
 _TOP = flags.DEFINE_integer("top", 30, "Instructions listed.", 1)
+_WORKLOAD = flags.DEFINE_enum(
+    "workload",
+    "config",
+    ["config", "peers"],
+    "config: --config's RL iteration; peers: experiments/bench_peers.py's "
+    "iteration of our engine (its 4.06M-parameter Qwen2 and one-turn "
+    "environment, experiments/peers/ours_worker.py), --config ignored.",
+)
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -114,9 +123,24 @@ def main(argv) -> None:
   from agentic_rl import train  # pylint: disable=g-import-not-at-top
   from configs import schema  # pylint: disable=g-import-not-at-top
 
-  mod = importlib.import_module(f"configs.{_CONFIG.value}")
-  config = schema.with_defaults(mod.get_config(_ARG.value or None))
-  env = train.make_env(config)
+  if _WORKLOAD.value == "peers":
+    from experiments.peers import common  # pylint: disable=g-import-not-at-top
+    from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
+
+    spec = common.spec(False)
+    folder = os.path.join(tempfile.gettempdir(), "bench_peers_model")
+    ours_worker.write_model_folder(
+        folder, spec["model"], spec["prompt_len"] + spec["new_tokens"]
+    )
+    config = ours_worker.ours_config(spec, folder)
+    env = ours_worker.BenchEnv(
+        prompts=tuple(tuple(p) for p in spec["prompts"]),
+        max_action_len=spec["new_tokens"],
+    )
+  else:
+    mod = importlib.import_module(f"configs.{_CONFIG.value}")
+    config = schema.with_defaults(mod.get_config(_ARG.value or None))
+    env = train.make_env(config)
   model_cfg = train.make_model_config(config)
   graphdef, state = train.init_state(config, model_cfg)
   state = train.start_rl(config, state)
@@ -170,7 +194,7 @@ def main(argv) -> None:
   iters = _ITERS.value
   total = sum(per_name.values()) / iters / 1e6
   print(
-      f"config={_CONFIG.value} iters={iters} untraced s/iter "
+      f"workload={_WORKLOAD.value} config={_CONFIG.value} iters={iters} untraced s/iter "
       f"{np.median(walls):.3f}; traced s/iter {traced:.3f}; thunk self time "
       f"{total:.1f} ms/iter summed over threads; XLA f32 [1024]^3 matmul "
       f"{2 * n**3 / best / 1e9:.1f} GFLOP/s; load {os.getloadavg()[0]:.2f}"
