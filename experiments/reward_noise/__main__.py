@@ -20,22 +20,32 @@ SPEC = stats.ClaimSpec(
     prediction="better",
     room_fn=harness.room_tied_groups,
     claim="reward dithering (Gaussian noise, sigma 0.05) speeds early learning "
-    "over the clean reward; flipped rewards degrade accuracy gracefully",
+    "over the clean reward",
     paper="ReDit (reward dithering)",
     departures=(
         "tiny transformer from scratch",
         "synthetic arithmetic",
         "binary correctness reward, Gaussian dither sigma 0.05",
+        "the paper's second claim (flipped rewards degrade accuracy "
+        "gracefully) is not decided here; the flip arms are reported only",
+        "version 3 (2026-12-06) replaces v2's control check (flip_0.4 "
+        "lowers final accuracy, declared 2026-12-04 after the run had been "
+        "read; it does not show that the setup can detect a faster start) "
+        "with one on early learning, and is decided on fresh seeds 8-15",
     ),
-    positive_control="flip_0.4 arm (heavy noise must lower accuracy)",
-    positive_control_arm="flip_0.4",
+    positive_control="clean_lr2x arm (the RL learning rate doubled: must "
+    "raise early training accuracy over clean)",
+    positive_control_arm="clean_lr2x",
     metric_range=(0.0, 1.0),
-    # Declared 2026-12-04 from the words above: held-out accuracy
-    # flip_0.4 - clean lower, in the same decision run.
+    # Version 3, declared 2026-12-06 before any run of the clean_lr2x arm
+    # or on seeds 8-15: the setup can show a speed-up of early learning only
+    # if doubling the RL learning rate raises early_acc over clean in the
+    # same decision run. (v2's check, flip_0.4 - clean on final accuracy, was
+    # declared after its run had been read and tested another effect.)
     positive_control_check=stats.Part(
-        "accuracy",
-        "worse",
-        treatment="flip_0.4",
+        "early_acc",
+        "better",
+        treatment="clean_lr2x",
         control="clean",
         metric_range=(0.0, 1.0),
     ),

@@ -11,6 +11,9 @@ flip is a clean 0 <-> 1 swap). Arms (`arg`):
   flip_0.2    each episode's reward flipped 0 <-> 1 with probability 0.2
   flip_0.4    ... with probability 0.4
   dither_0.05 Gaussian noise sigma 0.05 added to every reward
+  clean_lr2x  no noise, RL learning rate doubled (1e-3): the positive control
+              of the early-learning claim (a change known to speed up early
+              training), declared 2026-12-06 before any run of it
 Append ',smoke' for the CI size.
 
   python -m experiments.reward_noise                 # 3 seeds x 4 arms
@@ -22,7 +25,7 @@ import ml_collections
 
 from configs import default
 
-ARMS = ("clean", "flip_0.2", "flip_0.4", "dither_0.05")
+ARMS = ("clean", "flip_0.2", "flip_0.4", "dither_0.05", "clean_lr2x")
 # SFT steps of the start policy (default configs/default.py: 300). Setup change
 # of 2026-12-02, chosen from the room metric, not from an outcome: the 8-seed
 # run from the 300-step start had 0.146 tied groups (threshold 0.3: no room),
@@ -46,6 +49,8 @@ def get_config(arg: str | None = "clean") -> ml_collections.ConfigDict:
     config.rl.reward_noise = ml_collections.ConfigDict(
         dict(flip_p=float(arm[len("flip_") :]))
     )
+  elif arm == "clean_lr2x":
+    config.rl.learning_rate = 2 * config.rl.learning_rate
   elif arm.startswith("dither_"):
     config.rl.reward_noise = ml_collections.ConfigDict(
         dict(dither_sigma=float(arm[len("dither_") :]))
