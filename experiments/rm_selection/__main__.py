@@ -86,6 +86,8 @@ SPEC_KV = dataclasses.replace(
         "tiny transformer reward models trained from scratch",
         "synthetic key-value chains (1-3 hops, 4 distractor keys)",
         "64 best-of-8 tasks",
+        "declared after a one-seed kv run of 2026-11-30 (seed 0, results "
+        "then in results_kv.*) had been read",
     ),
     positive_control="outcome RM rank@1 beats a random pick (paired over "
     "seeds, same decision run)",

@@ -22,6 +22,14 @@ from experiments.step_hacking import config
 # accuracy, 0.254 < 0.3, and stopped before RL; the primary metric is greedy,
 # so the room is now measured with greedy decoding. Changed after seeing that
 # room value and before any RL of this setup; README.md.)
+# Declared 2026-12-06 before any run on these seeds: the 2026-12-02 decision
+# run (seeds 0-7) used earlier config hashes and start; the claim is decided
+# again on fresh seeds 8-15 with the current code, whatever it shows.
+REPLICATION = (
+    "decided on seeds 8-15 with the current code, a replication declared on "
+    "2026-12-06 after the seeds 0-7 runs had been read (all kept in the "
+    "ledger)"
+)
 SPEC = stats.ClaimSpec(
     primary_metric="accuracy",
     higher_is_better=True,
@@ -34,8 +42,9 @@ SPEC = stats.ClaimSpec(
     room_fn=harness.room_start_greedy_accuracy,
     # The bounds (Clip, Delta, min-form) are the folder's further claims
     # (bounds.py), each decided on its own; this claim is the hack alone.
-    claim="a summed process reward is hacked by repeating valid steps: "
-    "held-out accuracy falls below success-only",
+    claim="a summed per-call step reward lowers held-out accuracy below "
+    "success-only (the policy keeps calling; repeat rates reported, not "
+    "decided)",
     paper="Clipping/Delta arXiv:2410.15115; PURE arXiv:2504.15275",
     departures=(
         "rule 'PRM' scoring each valid call 1 (repeats included), not "
@@ -43,6 +52,7 @@ SPEC = stats.ClaimSpec(
         "answer step not scored",
         "Clip threshold eta = 1 fixed, not a score quantile",
         "key-value chains d = 1-3; SFT 100 x 32, RL 25 x 32",
+        REPLICATION,
     ),
     positive_control="",
 )

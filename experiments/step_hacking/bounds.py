@@ -15,8 +15,15 @@ run and decided on its own (`python -m experiments.step_hacking.<module>`):
 Every claim predicts the bounded arm's held-out greedy accuracy within +-0.05
 of success-only (paired by seed), and carries the same positive-control check:
 in the same decision run the unbounded sum arm must end with lower accuracy
-than success-only (the hack the bound is to remove must happen in this setup).
-Without it none of these claims can be 'contradicted'.
+than success-only (the collapse the bound is to prevent must happen in this
+setup). Without it none of these claims can be 'contradicted'. Only accuracy
+is decided: whether the bounded arm also keeps the repeat rate down is
+reported (`repeat_rate`), not a part.
+
+REPLICATION: the claims' first decision runs (seeds 0-7, 2026-12-06) were
+read before these texts were final; the decision of each row is the run on
+the fresh seeds 8-15, declared here before any run on them, whatever it shows
+(the seeds 0-7 runs stay in each ledger).
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from experiments.step_hacking import __main__ as step_main
 from experiments.step_hacking import config
 
 MARGIN = 0.05
+REPLICATION = (
+    "decided on seeds 8-15, a replication declared after the seeds 0-7 "
+    "decision runs of every bound claim had been read (all kept in the "
+    "ledger)"
+)
 POSITIVE_CONTROL = (
     "sum arm (the same step reward without a bound) ends with lower held-out "
     "greedy accuracy than success-only in the same decision run"
@@ -56,6 +68,12 @@ def bound_spec(
   """
   if arm not in ("clip", "min", "delta", "delta_drop", "gated"):
     raise ValueError(f"bound_spec(arm={arm!r}): not a bounded arm")
+  shared = tuple(
+      d
+      for d in step_main.SPEC.departures
+      if d != step_main.REPLICATION
+      and (arm == "clip" or not d.startswith("Clip threshold"))
+  )
   return stats.ClaimSpec(
       primary_metric="accuracy",
       higher_is_better=True,
@@ -68,7 +86,7 @@ def bound_spec(
       room_fn=harness.room_start_greedy_accuracy,
       claim=claim,
       paper=paper,
-      departures=step_main.SPEC.departures + tuple(departures),
+      departures=shared + tuple(departures) + (REPLICATION,),
       positive_control=POSITIVE_CONTROL,
       positive_control_arm="sum",
       metric_range=(0.0, 1.0),

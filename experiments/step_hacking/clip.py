@@ -11,13 +11,15 @@ from experiments.step_hacking import bounds
 
 SPEC = bounds.bound_spec(
     "clip",
-    claim="Clipping the step reward (eta = 1) removes the sum-form hack: "
-    "accuracy as success-only",
+    claim="with the step reward clipped (eta = 1), held-out accuracy stays "
+    "within 0.05 of success-only (no sum-form collapse)",
     paper="Clipping/Delta arXiv:2410.15115",
     departures=(
         "with a 0/1 step score and eta = 1 a valid call earns 0 and a failed "
         "call -c, so the clipped arm is success-only plus a failed-call "
         "penalty",
+        "declared after this arm's 3-seed run of 2026-11-30 (another SFT "
+        "start) had been read",
     ),
 )
 

@@ -16,13 +16,16 @@ from experiments.step_hacking import bounds
 # part was reported as 'inconclusive: the setup cannot show the effect'.
 SPEC = bounds.bound_spec(
     "delta",
-    claim="Delta credit on the step reward removes the hack: accuracy as "
-    "success-only",
+    claim="with Delta credit, the last call keeping its step reward (our "
+    "form), held-out accuracy stays within 0.05 of success-only",
     paper="Clipping/Delta arXiv:2410.15115",
     departures=(
         "the delta arm keeps the last call's step reward (the last call "
         "keeps c p_k); the paper's Delta drops the last step (r_1 - r_T); "
         "the dropped form is its own claim (delta_paper.py)",
+        "v3's positive-control check was declared after v2's run had shown "
+        "the part contradicted and the sum arm's collapse (2026-12-02): "
+        "v3's verdict on seeds 0-7 was known in advance",
     ),
 )
 

@@ -17,14 +17,18 @@ from experiments.step_hacking import bounds
 
 SPEC = bounds.bound_spec(
     "gated",
-    claim="gated accumulation of the step reward (G-RA: step rewards count "
-    "only in correct episodes) removes the sum-form hack: accuracy as "
-    "success-only",
+    claim="with gated accumulation of the step reward (G-RA: step rewards "
+    "count only in correct episodes), held-out accuracy stays within 0.05 of "
+    "success-only (no sum-form collapse)",
     paper="G-RA (Gated Reward Accumulation)",
     departures=(
         "gate on the composed outcome reward (correct + 0.1 format >= 1), "
         "inferred from the method's description; the step rewards of a "
-        "gated-in episode are summed (unbounded), as in the sum arm",
+        "gated-in episode are summed (unbounded), as in the sum arm, so "
+        "repeated calls before a correct answer are still paid",
+        "declared after the clip / min / delta / delta_paper decision runs "
+        "had been read (the gated arm itself had never been run)",
+        "no arXiv id on record for G-RA (docs/papers.md)",
     ),
 )
 

@@ -11,12 +11,14 @@ from experiments.step_hacking import bounds
 
 SPEC = bounds.bound_spec(
     "min",
-    claim="min-form credit on the step reward (PURE) removes the sum-form "
-    "hack: accuracy as success-only",
+    claim="with min-form credit on the step reward (PURE), held-out "
+    "accuracy stays within 0.05 of success-only (no sum-form collapse)",
     paper="PURE arXiv:2504.15275",
     departures=(
         "hard min over the future step scores, not PURE's soft-min "
         "reweighting; the outcome reward is added at the last turn",
+        "declared after this arm's 3-seed run of 2026-11-30 (another SFT "
+        "start) had been read",
     ),
 )
 
