@@ -58,6 +58,7 @@ EXTRA = (
     ("step_hacking", "results_min", "experiments.step_hacking.min_form"),
     ("step_hacking", "results_gated", "experiments.step_hacking.gated"),
     ("trace_credit", "results_faithful", "experiments.trace_credit.faithful"),
+    ("dark_room", "results_zscore", "experiments.dark_room.zscore"),
     ("rm_selection", "results_kv", "experiments.rm_selection.kv"),
     ("smollm2_calc", "results_otc", "experiments.smollm2_calc.otc"),
     (
