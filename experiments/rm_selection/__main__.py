@@ -88,6 +88,8 @@ SPEC_KV = dataclasses.replace(
         "64 best-of-8 tasks",
         "declared after a one-seed kv run of 2026-11-30 (seed 0, results "
         "then in results_kv.*) had been read",
+        "decided on seeds 8-15, a replication declared on 2026-12-06 after "
+        "the seeds 0-7 decision run had been read (kept in the ledger)",
     ),
     positive_control="outcome RM rank@1 beats a random pick (paired over "
     "seeds, same decision run)",
