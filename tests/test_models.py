@@ -589,4 +589,3 @@ def test_remat_inside_lax_map_matches_the_plain_model():
       g0,
       g1,
   )
-
