@@ -1848,3 +1848,45 @@ def test_run_claim_trains_every_arm_again_from_a_start_that_differs(
       json.loads((out_dir / "results.json").read_text())["restarted_seeds"]
       == {}
   )
+
+
+def test_step_hacking_bound_claims_share_one_declared_form():
+  # Each bound of experiments/step_hacking is its own claim (bounds.py):
+  # accuracy of the bounded arm within 0.05 of success-only, room as the
+  # sum-form claim, and the positive-control check that the unbounded sum
+  # arm ends below success-only; Clip's eta departure only on Clip's row.
+  import pytest  # noqa: PLC0415
+
+  from experiments.step_hacking import __main__ as step_main  # noqa: PLC0415
+  from experiments.step_hacking import bounds  # noqa: PLC0415
+  from experiments.step_hacking import clip  # noqa: PLC0415
+  from experiments.step_hacking import delta  # noqa: PLC0415
+  from experiments.step_hacking import delta_paper  # noqa: PLC0415
+  from experiments.step_hacking import gated  # noqa: PLC0415
+  from experiments.step_hacking import min_form  # noqa: PLC0415
+
+  with pytest.raises(ValueError, match="not a bounded arm"):
+    bounds.bound_spec("sum", claim="x", paper="y")
+  arms = {
+      clip: "clip",
+      delta: "delta",
+      delta_paper: "delta_drop",
+      gated: "gated",
+      min_form: "min",
+  }
+  hashes = set()
+  for module, arm in arms.items():
+    spec = module.SPEC
+    assert spec.treatment == arm and spec.control == "success_only"
+    assert spec.prediction == "equivalent" and spec.equivalence_margin == 0.05
+    assert spec.room_metric == step_main.SPEC.room_metric
+    check = spec.positive_control_check
+    assert (check.treatment, check.control) == ("sum", "success_only")
+    assert check.prediction == "worse"
+    assert set(spec.arms) == {arm, "success_only", "sum"}
+    has_eta = any(d.startswith("Clip threshold") for d in spec.departures)
+    assert has_eta == (arm == "clip"), arm
+    assert step_main.REPLICATION not in spec.departures
+    assert bounds.REPLICATION in spec.departures
+    hashes.add(spec.to_json()["spec_hash"])
+  assert len(hashes) == len(arms)
