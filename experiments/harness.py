@@ -1619,11 +1619,14 @@ def cli(
   `enable_compilation_cache`), shared by the folder's claims and resumed runs;
   without it the run leaves jax's cache setting alone and refuses the flag.
 
-  Without --smoke the run is a decision run and needs a clean git tree
-  (`require_clean_tree`; results files aside).
+  Without --smoke and with at least stats.MIN_DECISION_SEEDS seeds the run
+  is a decision run: it writes the claim folder's results and needs a clean
+  git tree (`require_clean_tree`; results files aside). With fewer seeds its
+  results go under ROOT (as with --smoke), and the recorded ones stay.
 
   Raises:
-    UsageError (a ValueError): malformed --seeds, an unknown arm in --arms, a
+    UsageError (a ValueError): malformed, repeated or negative --seeds, an
+      unknown arm in --arms, a
     spec arm that is not an arm, --compilation_cache without
     `compilation_cache`, or (without --smoke) a dirty git tree.
   """
@@ -1670,7 +1673,10 @@ def cli(
         "keeps no persistent compilation cache (a claim folder's own "
         "process does); drop the flag"
     )
-  seeds_str = args.seeds or ("0,1" if args.smoke else default_seeds)
+  if args.seeds is None:
+    seeds_str = "0,1" if args.smoke else default_seeds
+  else:
+    seeds_str = args.seeds
   try:
     seeds = [int(s) for s in seeds_str.split(",") if s.strip()]
   except ValueError as e:
@@ -1682,10 +1688,23 @@ def cli(
     raise UsageError(
         f"--seeds must name one or more distinct seeds, got {seeds_str!r}"
     )
+  if min(seeds) < 0:
+    raise UsageError(f"--seeds must be >= 0, got {seeds_str!r}")
   root = args.root or os.path.join(
       REPO, "runs", name + ("_smoke" if args.smoke else "")
   )
-  out_dir = root if args.smoke else here
+  # A run with fewer than MIN_DECISION_SEEDS seeds cannot decide the claim
+  # (the sign-flip floor 2 / 2^n is above 0.05): like --smoke, its results
+  # go beside the workdirs, so the claim's recorded results and ledger stay.
+  exploratory = not args.smoke and len(seeds) < stats.MIN_DECISION_SEEDS
+  out_dir = root if args.smoke or exploratory else here
+  if exploratory:
+    print(
+        f"{len(seeds)} seed(s) cannot decide a claim (fewer than "
+        f"{stats.MIN_DECISION_SEEDS}): results written under {root}; the "
+        f"recorded results in {here} stay",
+        flush=True,
+    )
   arms = dict(arms_fn(args.smoke))
   spec = run_kwargs.get("spec")
   pc_arm = getattr(spec, "positive_control_arm", "")
@@ -1715,7 +1734,7 @@ def cli(
     # The verdict's arms (parts, positive control) are always kept: a
     # decision run without its positive control cannot contradict the claim.
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
-  if not args.smoke:
+  if not args.smoke and not exploratory:  # a decision run records its commit
     require_clean_tree()
   if compilation_cache:
     cache = args.compilation_cache

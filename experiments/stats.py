@@ -71,6 +71,11 @@ PREDICTIONS = (
     "noninferior",
 )
 ALPHA = 0.05
+# Fewest seeds that can decide a claim: the exact sign-flip test over n seeds
+# cannot go below p = 2 / 2^n, which is above ALPHA for n <= 5 (2/32 = 0.0625)
+# and 0.03125 at n = 6. A claim runner writes a run with fewer seeds beside
+# its workdirs, never over the claim's recorded results (harness.cli).
+MIN_DECISION_SEEDS = 6
 # Version of the decision rules above (1: t interval only, mean room, no
 # positive-control condition; the results of 2026-12-02 were decided by it).
 RULES = 2

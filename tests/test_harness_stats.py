@@ -867,7 +867,7 @@ def test_cli_output_stem_of_first_and_further_claims(
   assert seen["stem"] == want
 
 
-@pytest.mark.parametrize("seeds", ["0,0", ",", "1,2,1"])
+@pytest.mark.parametrize("seeds", ["0,0", ",", "1,2,1", ""])
 def test_cli_refuses_empty_or_repeated_seeds(tmp_path, seeds):
   from experiments import harness  # noqa: PLC0415
 
@@ -1231,7 +1231,7 @@ def test_require_clean_tree(tmp_path, monkeypatch):
   monkeypatch.setattr(harness, "run_claim", lambda *a, **kw: ran.append(a))
   kwargs = _cli_kwargs(tmp_path)
   with pytest.raises(harness.UsageError, match="clean git tree"):
-    harness.cli([f"--root={tmp_path}"], **kwargs)
+    harness.cli([f"--root={tmp_path}", "--seeds=0,1,2,3,4,5"], **kwargs)
   assert not ran
   harness.cli(["--smoke", f"--root={tmp_path}"], **kwargs)
   assert len(ran) == 1
@@ -1890,3 +1890,59 @@ def test_step_hacking_bound_claims_share_one_declared_form():
     assert bounds.REPLICATION in spec.departures
     hashes.add(spec.to_json()["spec_hash"])
   assert len(hashes) == len(arms)
+
+
+def test_cli_run_with_too_few_seeds_to_decide_keeps_the_recorded_results(
+    tmp_path, monkeypatch
+):
+  # Fewer than stats.MIN_DECISION_SEEDS seeds cannot decide a claim: the run
+  # writes its results under ROOT (no clean tree needed), never over the
+  # claim folder's recorded results and ledger; 6 seeds write the folder's.
+  from experiments import harness  # noqa: PLC0415
+
+  assert stats.MIN_DECISION_SEEDS == 6
+  assert 2 / 2**5 > stats.ALPHA >= 2 / 2**6  # the sign-flip floor
+  monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: ["code.py"])
+  seen = []
+  monkeypatch.setattr(
+      harness, "run_claim", lambda *a, **kw: seen.append(kw["out_dir"])
+  )
+  here, root = tmp_path / "claim", tmp_path / "runs"
+  kwargs = dict(_cli_kwargs(tmp_path), here=str(here))
+  harness.cli([f"--root={root}", "--seeds=0,1,2"], **kwargs)
+  harness.cli([f"--root={root}"], **kwargs)  # the default seeds 0,1,2
+  assert seen == [str(root), str(root)]
+  with pytest.raises(harness.UsageError, match="clean git tree"):
+    harness.cli([f"--root={root}", "--seeds=0,1,2,3,4,5"], **kwargs)
+  monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: [])
+  harness.cli([f"--root={root}", "--seeds=0,1,2,3,4,5"], **kwargs)
+  assert seen[-1] == str(here)
+  with pytest.raises(harness.UsageError, match=">= 0"):
+    harness.cli([f"--root={root}", "--seeds=-1,0"], **kwargs)
+
+
+def test_rm_selection_run_with_too_few_seeds_writes_beside_its_workdirs(
+    tmp_path, monkeypatch
+):
+  # The rm-mode runner: its default single seed (and any run below
+  # MIN_DECISION_SEEDS) writes under --root, never over results_kv.json and
+  # its ledger; 6 seeds need a clean tree and write the folder's files.
+  from experiments import harness  # noqa: PLC0415
+  from experiments.rm_selection import __main__ as rm_main  # noqa: PLC0415
+
+  calls = []
+  monkeypatch.setattr(
+      rm_main, "run_task", lambda t, smoke, root, out, seeds: calls.append(out)
+  )
+  monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: ["code.py"])
+  rm_main.main(["--tasks=kv_chain", f"--root={tmp_path}"])
+  rm_main.main(["--tasks=kv_chain", f"--root={tmp_path}", "--seeds=8,9"])
+  assert calls == [str(tmp_path), str(tmp_path)]
+  with pytest.raises(SystemExit):  # dirty tree: refused before any work
+    rm_main.main(["--tasks=kv_chain", "--seeds=0,1,2,3,4,5"])
+  with pytest.raises(SystemExit):
+    rm_main.main(["--tasks=kv_chain", "--seeds=-1"])
+  assert len(calls) == 2
+  monkeypatch.setattr(harness, "dirty_paths", lambda repo=None: [])
+  rm_main.main(["--tasks=kv_chain", "--seeds=0,1,2,3,4,5"])
+  assert calls[-1] == rm_main.HERE

@@ -348,7 +348,12 @@ def main(argv) -> None:
       default=",".join(TASKS),
       help=f"comma-separated subset of {list(TASKS)}",
   )
-  p.add_argument("--seeds", default="0", help="training seeds (default 0)")
+  p.add_argument(
+      "--seeds",
+      default="0",
+      help="training seeds (default 0; fewer than 6 write their results "
+      "under --root, not over the recorded ones)",
+  )
   p.add_argument("--smoke", action="store_true", help="shrunk version (CI)")
   p.add_argument(
       "--root", default=None, help="default runs/rm_selection[_smoke]"
@@ -369,15 +374,32 @@ def main(argv) -> None:
     p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
   if not seeds or len(set(seeds)) != len(seeds):
     p.error(f"--seeds must be distinct integers, got {args.seeds!r}")
+  if min(seeds) < 0:
+    p.error(f"--seeds must be >= 0, got {args.seeds!r}")
   root = args.root or os.path.join(
       harness.REPO, "runs", "rm_selection" + ("_smoke" if args.smoke else "")
   )
-  if not args.smoke and not args.reanalyse:
+  # Fewer than stats.MIN_DECISION_SEEDS seeds cannot decide a claim: such a
+  # run writes beside its workdirs (as --smoke), so the recorded results
+  # and their ledger stay (harness.cli does the same).
+  exploratory = (
+      not args.smoke
+      and not args.reanalyse
+      and len(seeds) < stats.MIN_DECISION_SEEDS
+  )
+  out_dir = root if args.smoke or exploratory else HERE
+  if exploratory:
+    print(
+        f"{len(seeds)} seed(s) cannot decide a claim (fewer than "
+        f"{stats.MIN_DECISION_SEEDS}): results written under {root}; the "
+        f"recorded results in {HERE} stay",
+        flush=True,
+    )
+  if not args.smoke and not exploratory and not args.reanalyse:
     try:  # a decision run records the commit that ran
       harness.require_clean_tree()
     except harness.UsageError as e:
       p.error(str(e))
-  out_dir = root if args.smoke else HERE
   for t in tasks:
     if args.reanalyse:
       reanalyse(out_dir, TASKS[t][1])
