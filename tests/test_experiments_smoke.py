@@ -1,10 +1,13 @@
 """Each claim reproduction's `--smoke` version runs end to end (CI tier
 `-m experiments`; minutes each, so not in the default run)."""
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -18,17 +21,31 @@ CLAIMS = tuple(c for c in summary.CLAIMS if c != "rm_selection")
 WITH_SPEC = CLAIMS
 
 
+# The pretrained-model smokes (SmolLM2-135M, experiments.smollm2*) peak at
+# ~12 GB of host memory each: two at once on the two xdist workers exceeded a
+# 24 GB machine (the kernel killed one). They take this lock, so at most one
+# runs at a time whatever the workers' scheduling; the others do not.
+HEAVY_LOCK = os.path.join(
+    tempfile.gettempdir(), "agentic_rl_smollm2_smoke.lock"
+)
+
+
 def _run_smoke(module: str, root: str) -> None:
   """`python -m <module> --smoke --root=<root>` from the repository root;
-  asserts it exits 0 (stderr's tail in the message)."""
-  proc = subprocess.run(
-      [sys.executable, "-m", module, "--smoke", f"--root={root}"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=1800,
-      env=dict(os.environ, PYTHONPATH=REPO),
-  )
+  asserts it exits 0 (stderr's tail in the message). A SmolLM2 module runs
+  under HEAVY_LOCK (one at a time across processes)."""
+  with contextlib.ExitStack() as stack:
+    if module.startswith("experiments.smollm2"):
+      lock = stack.enter_context(open(HEAVY_LOCK, "w"))
+      fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", f"--root={root}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
   assert proc.returncode == 0, proc.stderr[-3000:]
 
 
