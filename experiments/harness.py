@@ -1589,6 +1589,34 @@ def enable_compilation_cache(
   return path
 
 
+def results_dir(
+    smoke: bool, seeds: Sequence[int], root: str, here: str
+) -> tuple[str, bool]:
+  """Where a claim runner writes its results, and whether it is a decision run.
+
+  A decision run (not --smoke, at least stats.MIN_DECISION_SEEDS seeds: below
+  that the sign-flip floor 2 / 2^n is above 0.05, so it cannot decide)
+  writes the claim folder's recorded results (`here`) and must start from a
+  clean tree. Any other run writes beside its workdirs (`root`), so the
+  recorded results and their ledger stay; a run too small to decide says so
+  in one line.
+
+  Returns:
+    (out_dir, decision).
+  """
+  if smoke:
+    return root, False
+  if len(seeds) < stats.MIN_DECISION_SEEDS:
+    print(
+        f"{len(seeds)} seed(s) cannot decide a claim (fewer than "
+        f"{stats.MIN_DECISION_SEEDS}): results written under {root}; the "
+        f"recorded results in {here} stay",
+        flush=True,
+    )
+    return root, False
+  return here, True
+
+
 def cli(
     argv: Sequence[str],
     *,
@@ -1693,18 +1721,7 @@ def cli(
   root = args.root or os.path.join(
       REPO, "runs", name + ("_smoke" if args.smoke else "")
   )
-  # A run with fewer than MIN_DECISION_SEEDS seeds cannot decide the claim
-  # (the sign-flip floor 2 / 2^n is above 0.05): like --smoke, its results
-  # go beside the workdirs, so the claim's recorded results and ledger stay.
-  exploratory = not args.smoke and len(seeds) < stats.MIN_DECISION_SEEDS
-  out_dir = root if args.smoke or exploratory else here
-  if exploratory:
-    print(
-        f"{len(seeds)} seed(s) cannot decide a claim (fewer than "
-        f"{stats.MIN_DECISION_SEEDS}): results written under {root}; the "
-        f"recorded results in {here} stay",
-        flush=True,
-    )
+  out_dir, decision = results_dir(args.smoke, seeds, root, here)
   arms = dict(arms_fn(args.smoke))
   spec = run_kwargs.get("spec")
   pc_arm = getattr(spec, "positive_control_arm", "")
@@ -1734,7 +1751,7 @@ def cli(
     # The verdict's arms (parts, positive control) are always kept: a
     # decision run without its positive control cannot contradict the claim.
     arms = {a: c for a, c in arms.items() if a in keep or a in needed}
-  if not args.smoke and not exploratory:  # a decision run records its commit
+  if decision:  # a decision run records the commit that ran
     require_clean_tree()
   if compilation_cache:
     cache = args.compilation_cache

@@ -379,27 +379,15 @@ def main(argv) -> None:
   root = args.root or os.path.join(
       harness.REPO, "runs", "rm_selection" + ("_smoke" if args.smoke else "")
   )
-  # Fewer than stats.MIN_DECISION_SEEDS seeds cannot decide a claim: such a
-  # run writes beside its workdirs (as --smoke), so the recorded results
-  # and their ledger stay (harness.cli does the same).
-  exploratory = (
-      not args.smoke
-      and not args.reanalyse
-      and len(seeds) < stats.MIN_DECISION_SEEDS
-  )
-  out_dir = root if args.smoke or exploratory else HERE
-  if exploratory:
-    print(
-        f"{len(seeds)} seed(s) cannot decide a claim (fewer than "
-        f"{stats.MIN_DECISION_SEEDS}): results written under {root}; the "
-        f"recorded results in {HERE} stay",
-        flush=True,
-    )
-  if not args.smoke and not exploratory and not args.reanalyse:
-    try:  # a decision run records the commit that ran
-      harness.require_clean_tree()
-    except harness.UsageError as e:
-      p.error(str(e))
+  if args.reanalyse:  # the stored results files, where they are
+    out_dir = root if args.smoke else HERE
+  else:
+    out_dir, decision = harness.results_dir(args.smoke, seeds, root, HERE)
+    if decision:
+      try:  # a decision run records the commit that ran
+        harness.require_clean_tree()
+      except harness.UsageError as e:
+        p.error(str(e))
   for t in tasks:
     if args.reanalyse:
       reanalyse(out_dir, TASKS[t][1])

@@ -1,10 +1,7 @@
 """python -m experiments.step_hacking.clip [--seeds=...] [--smoke]
 
-Declared claim (bounds.py): Clipping (eta = 1) removes the sum-form hack,
-held-out greedy accuracy within +-0.05 of success-only, decided only with the
-positive-control check that the sum arm collapses in the same decision run.
-Same workdirs as the folder's other claims (runs/step_hacking); writes
-results_clip.*.
+Clipping (eta = 1): one of the bound claims of bounds.py (form, control,
+replication there); writes results_clip.*.
 """
 
 from experiments.step_hacking import bounds

@@ -1,11 +1,9 @@
 """python -m experiments.step_hacking.delta_paper [--seeds=...] [--smoke]
 
-Declared claim (bounds.py): Delta in the paper's form, the last step's
-reward dropped (the `delta_drop` arm: the step part of the return from turn
-k is c (p_k - p_last)), removes the sum-form hack, held-out greedy accuracy
-within +-0.05 of success-only, decided only with the positive-control check
-that the sum arm collapses in the same decision run. Same workdirs as the
-folder's other claims (runs/step_hacking); writes results_delta_paper.*.
+Delta in the paper's form, the last step's reward dropped (the `delta_drop`
+arm: the step part of the return from turn k is c (p_k - p_last)): one of the
+bound claims of bounds.py (form, control, replication there); writes
+results_delta_paper.*.
 """
 
 from experiments.step_hacking import bounds

@@ -1,10 +1,7 @@
 """python -m experiments.step_hacking.min_form [--seeds=...] [--smoke]
 
-Declared claim (bounds.py): PURE's min-form credit removes the sum-form hack,
-held-out greedy accuracy within +-0.05 of success-only, decided only with the
-positive-control check that the sum arm collapses in the same decision run.
-Same workdirs as the folder's other claims (runs/step_hacking); writes
-results_min.*.
+PURE's min-form credit: one of the bound claims of bounds.py (form, control,
+replication there); writes results_min.*.
 """
 
 from experiments.step_hacking import bounds
