@@ -60,6 +60,19 @@ Each engine's iteration, through its own GRPO trainer:
          Timed between the ends of consecutive global steps, each ended by
          blocking on the actor's parameters.
 
+Micro-batches (`--micro_batches=N`, default 1; the same offer to every
+engine): the update's batch is cut into N micro-batches whose gradients are
+accumulated into the one optimizer step (the same loss and gradient up to
+float summation order), and the reference log-probs are computed in chunks of
+the same size; sampling always runs on the whole batch. ours: rl.num_microbatches
+= N. TRL: per_device_train_batch_size = 64 / N with gradient_accumulation_steps
+= N (one `generate` call still samples all 64: its generation batch is the
+product). tunix: mini_batch_size = 16 prompts, train_micro_batch_size and
+compute_logps_micro_batch_size = 16 / N prompts, rollout_micro_batch_size = 16
+prompts. On a CPU the point is the cache: at N = 1 the update's largest
+activations ([64 x 96, 2 x 1024] float32 for the fused gate/up product, 50 MB)
+exceed the 32 MB L3 of the benchmark machine.
+
 Protocol: each (round, engine) is a fresh process, the engines interleaved and
 their order rotated every round (ours, trl, tunix; trl, tunix, ours; ...).
 A process builds its trainer, runs `warmup_iters` (2) untimed iterations
@@ -148,6 +161,13 @@ _ALLOCATOR = flags.DEFINE_enum(
     list(common.ALLOCATORS),
     "Allocator offered to every engine (see the module docstring).",
 )
+_MICRO = flags.DEFINE_integer(
+    "micro_batches",
+    1,
+    "Gradient-accumulation micro-batches per optimizer step, offered to every "
+    "engine (see the module docstring); must divide the number of prompts.",
+    lower_bound=1,
+)
 _OUT = flags.DEFINE_string("out", "", "Also write the Markdown report here.")
 _TINY = flags.DEFINE_bool("tiny", False, "Shrunk shapes: a seconds-long check.")
 _TRL_PYTHON = flags.DEFINE_string(
@@ -221,6 +241,12 @@ def main(argv) -> None:
     return
   spec = common.spec(_TINY.value)
   spec["iters"] = _ITERS.value
+  if spec["num_prompts"] % _MICRO.value:
+    raise app.UsageError(
+        f"--micro_batches={_MICRO.value} must divide the "
+        f"{spec['num_prompts']} prompts (tunix counts micro-batches in prompts)"
+    )
+  spec["micro_batches"] = _MICRO.value
   folder = _MODEL_DIR.value or os.path.join(
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),
@@ -247,7 +273,9 @@ def main(argv) -> None:
   )
   say(
       f"{_ROUNDS.value} rounds x {_ITERS.value} timed iterations after "
-      f"{spec['warmup_iters']} warm-up; allocator offer "
+      f"{spec['warmup_iters']} warm-up; micro-batches "
+      f"{spec['micro_batches']} of {spec['episodes'] // spec['micro_batches']}"
+      f" episodes; allocator offer "
       f"'{_ALLOCATOR.value}'; cpus {os.cpu_count()}; load average at start "
       f"{os.getloadavg()[0]:.2f}"
   )
@@ -267,7 +295,8 @@ def main(argv) -> None:
           f"{out['matmul_flops'] / 1e9:.1f} GFLOP/s; completion tokens "
           f"{out['completion_tokens']}; reward {out['reward']:.3f} kl "
           f"{out['kl']:.2e}; user {out['user_s_per_iter']:.2f} sys "
-          f"{out['sys_s_per_iter']:.2f} s/iter; peak RSS "
+          f"{out['sys_s_per_iter']:.2f} s/iter; accumulation "
+          f"{out.get('accumulation', '?')}; peak RSS "
           f"{out['peak_rss_gb']:.2f} GB; params {out['params']:,}; "
           f"{out['allocator']}; {out['threads']}; {out['version']}"
       )

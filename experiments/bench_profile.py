@@ -52,6 +52,13 @@ _WORKLOAD = flags.DEFINE_enum(
     "iteration of our engine (its 4.06M-parameter Qwen2 and one-turn "
     "environment, experiments/peers/ours_worker.py), --config ignored.",
 )
+_MICRO = flags.DEFINE_integer(
+    "micro_batches",
+    1,
+    "--workload=peers: the update's gradient-accumulation micro-batches "
+    "(bench_peers.py --micro_batches).",
+    lower_bound=1,
+)
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -127,7 +134,7 @@ def main(argv) -> None:
     from experiments.peers import common  # pylint: disable=g-import-not-at-top
     from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 
-    spec = common.spec(False)
+    spec = dict(common.spec(False), micro_batches=_MICRO.value)
     folder = os.path.join(tempfile.gettempdir(), "bench_peers_model")
     ours_worker.write_model_folder(
         folder, spec["model"], spec["prompt_len"] + spec["new_tokens"]

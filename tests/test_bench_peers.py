@@ -205,6 +205,10 @@ def test_ours_config():
   assert rl.kl_estimator == "k3" and rl.kl_coef == spec["beta"] > 0
   assert rl.behaviour_logprobs == "sampler"
   assert config.model.hf_path == "/some/folder"
+  # --micro_batches reaches the accumulation loop (and nothing else).
+  micro = ours_worker.ours_config(dict(spec, micro_batches=2), "/some/folder")
+  assert micro.rl.num_microbatches == 2
+  assert micro.rl.batch_size == rl.batch_size
 
 
 @pytest.mark.slow
@@ -230,3 +234,24 @@ def test_tiny_run_ours(tmp_path):
   text = out.read_text()
   assert "round 0 ours" in text and "completion tokens mean 8.0" in text
   assert "| ours |" in text
+
+
+def test_micro_batches_must_divide_the_prompts(tmp_path):
+  """--micro_batches that does not divide the prompts is refused before any
+  engine starts (tunix counts micro-batches in prompts)."""
+  p = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(REPO, "experiments", "bench_peers.py"),
+          "--tiny",
+          "--micro_batches=3",
+          "--engines=ours",
+          f"--model_dir={tmp_path / 'model'}",
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert p.returncode != 0
+  assert "--micro_batches=3 must divide the 2 prompts" in p.stderr
+  assert "round 0" not in p.stdout

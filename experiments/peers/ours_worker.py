@@ -117,7 +117,7 @@ def ours_config(spec: dict, folder: str):
   rl.batch_size = spec["episodes"]
   rl.group_size = spec["group_size"]
   rl.num_minibatches = 1
-  rl.num_microbatches = 1
+  rl.num_microbatches = spec.get("micro_batches", 1)
   rl.ppo_epochs = 1
   rl.learning_rate = spec["learning_rate"]
   rl.warmup_steps = 0
@@ -176,6 +176,10 @@ def run_ours(spec: dict) -> dict:
       user_s_per_iter=(r1["user_s"] - r0["user_s"]) / len(times),
       sys_s_per_iter=(r1["sys_s"] - r0["sys_s"]) / len(times),
       peak_rss_gb=r1["peak_rss_gb"],
+      accumulation=(
+          f"{config.rl.num_microbatches} x "
+          f"{config.rl.batch_size // config.rl.num_microbatches} episodes"
+      ),
       **common.summary(times),
   )
 

@@ -4,8 +4,9 @@ Reads the spec (JSON) on stdin, trains with trl.GRPOTrainer for
 warmup_iters + iters steps on the benchmark's HF folder, prints one
 `RESULT {json}` line. One training step is one GRPO iteration: generation of
 64 completions (transformers `generate`, KV cache), the reference model's
-log-probs, the loss forward + backward and one AdamW step (gradient
-accumulation 1, one generation per step). The time of an iteration is the
+log-probs, the loss forward + backward and one AdamW step (one generation
+per step; gradient accumulation over spec["micro_batches"] micro-batches,
+1 by default). The time of an iteration is the
 interval between consecutive `on_step_end` callbacks; the float32 matmul rate
 (torch.matmul) is measured in the callback of the last warm-up step.
 """
@@ -30,6 +31,7 @@ def main() -> None:
 
   folder, n_new = spec["folder"], spec["new_tokens"]
   warmup, iters = spec["warmup_iters"], spec["iters"]
+  micro = spec.get("micro_batches", 1)
   # The word-level tokenizer.json as written (AutoTokenizer would rebuild a
   # Qwen2 BPE tokenizer from the config's model_type).
   tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
@@ -70,8 +72,10 @@ def main() -> None:
 
   args = trl.GRPOConfig(
       output_dir=tempfile.mkdtemp(prefix="bench_peers_trl_"),
-      per_device_train_batch_size=spec["episodes"],
-      gradient_accumulation_steps=1,
+      # --micro_batches: the 64 episodes in N accumulated micro-batches; the
+      # generation batch stays 64 (per-device batch x accumulation steps).
+      per_device_train_batch_size=spec["episodes"] // micro,
+      gradient_accumulation_steps=micro,
       num_generations=spec["group_size"],
       max_completion_length=n_new,
       temperature=1.0,
@@ -129,6 +133,10 @@ def main() -> None:
           user_s_per_iter=(r1["user_s"] - info["r0"]["user_s"]) / len(times),
           sys_s_per_iter=(r1["sys_s"] - info["r0"]["sys_s"]) / len(times),
           peak_rss_gb=r1["peak_rss_gb"],
+          accumulation=(
+              f"{trainer.args.gradient_accumulation_steps} x "
+              f"{trainer.args.per_device_train_batch_size} episodes"
+          ),
           **common.summary(times),
       )
   )

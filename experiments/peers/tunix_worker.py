@@ -9,7 +9,8 @@ weights, nothing is synced). One global step is one GRPO iteration: the
 'vanilla' rollout (tunix's jitted prefill + decode loop with a KV cache of
 prompt_len + new_tokens positions), rewards and advantages on the host, the
 reference log-probs, and one optimizer step on the whole batch
-(mini-batch = full batch, one micro-batch, num_iterations 1). An iteration is
+(mini-batch = full batch, num_iterations 1; spec["micro_batches"]
+micro-batches of the training and reference passes, 1 by default). An iteration is
 timed from the end of one global step to the end of the next, each global
 step ended by blocking on the actor's parameters; the float32 matmul rate
 (jax.numpy) is measured after the last warm-up step.
@@ -43,6 +44,8 @@ def main() -> None:
 
   folder, n_new = spec["folder"], spec["new_tokens"]
   p_len = spec["prompt_len"]
+  micro = spec.get("micro_batches", 1)
+  n_prompts = spec["num_prompts"]
   warmup, iters = spec["warmup_iters"], spec["iters"]
   m = spec["model"]
   cfg = qwen2_lib.ModelConfig(
@@ -77,6 +80,19 @@ def main() -> None:
       ),
       eval_every_n_steps=10**9,
       max_steps=warmup + iters,
+      # --micro_batches (in prompts, tunix's unit): gradients accumulated over
+      # N micro-batches, reference log-probs in chunks of the same size, the
+      # rollout on all prompts at once. N = 1 leaves tunix's defaults.
+      **(
+          dict(
+              mini_batch_size=n_prompts,
+              train_micro_batch_size=n_prompts // micro,
+              rollout_micro_batch_size=n_prompts,
+              compute_logps_micro_batch_size=n_prompts // micro,
+          )
+          if micro > 1
+          else {}
+      ),
   )
   rollout = base_rollout.RolloutConfig(
       max_tokens_to_generate=n_new,
@@ -179,6 +195,10 @@ def main() -> None:
           user_s_per_iter=(r1["user_s"] - info["r0"]["user_s"]) / len(times),
           sys_s_per_iter=(r1["sys_s"] - info["r0"]["sys_s"]) / len(times),
           peak_rss_gb=r1["peak_rss_gb"],
+          accumulation=(
+              f"{training.get_with_default('gradient_accumulation_steps', 1)}"
+              f" x {(training.train_micro_batch_size or n_prompts)} prompts"
+          ),
           **common.summary(times),
       )
   )

@@ -1,0 +1,72 @@
+"""experiments/bench_ab.py: value parsing, config paths, the paired summary
+(by hand) and one tiny end-to-end run."""
+
+import os
+import subprocess
+import sys
+
+from absl import app
+import ml_collections
+import pytest
+
+from experiments import bench_ab
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_parse_values():
+  assert bench_ab.parse_values("1|4") == [1, 4]
+  assert bench_ab.parse_values("False | True") == [False, True]
+  assert bench_ab.parse_values("'a'|(1, 2)") == ["a", (1, 2)]
+  with pytest.raises(app.UsageError, match="not a Python literal"):
+    bench_ab.parse_values("1|x y")
+
+
+def test_set_config_path():
+  c = ml_collections.ConfigDict({"rl": {"num_microbatches": 1}})
+  bench_ab.set_config_path(c, "rl.num_microbatches", 4)
+  assert c.rl.num_microbatches == 4
+  with pytest.raises(app.UsageError, match="no field 'nope'"):
+    bench_ab.set_config_path(c, "rl.nope", 1)
+  with pytest.raises(app.UsageError, match="no field 'x'"):
+    bench_ab.set_config_path(c, "x.y", 1)
+
+
+def test_paired_summary_by_hand():
+  # differences 0.1, -0.1, 0.3: median 0.1, mean 0.1, sd 0.2
+  s = bench_ab.paired_summary([1.0, 1.0, 1.0], [1.1, 0.9, 1.3])
+  assert s["median"] == pytest.approx(0.1)
+  assert s["mean"] == pytest.approx(0.1)
+  assert s["sd"] == pytest.approx(0.2)
+  assert s["ratio"] == pytest.approx(1.1)
+
+
+def _run(*args):
+  return subprocess.run(
+      [sys.executable, os.path.join(REPO, "experiments", "bench_ab.py"), *args],
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+
+
+def test_bad_target_refused_before_work():
+  p = _run("--tiny", "--target=config:rl.nope", "--values=1")
+  assert p.returncode != 0 and "no field 'nope'" in p.stderr
+  p = _run("--tiny", "--target=agentic_rl.learner.update.NOPE", "--values=1")
+  assert p.returncode != 0 and "has no NOPE" in p.stderr
+
+
+@pytest.mark.slow
+def test_tiny_ab_run():
+  """Two variants of the tiny workload end to end (about half a minute)."""
+  p = _run(
+      "--tiny",
+      "--target=config:rl.num_microbatches",
+      "--values=1|2",
+      "--iters=2",
+      "--warmup=1",
+  )
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert "1: median" in p.stdout and "2: median" in p.stdout
+  assert "paired (second - first)" in p.stdout
