@@ -164,8 +164,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.ppo_epochs = 1
   rl.num_minibatches = 2
   # Gradient accumulation inside each minibatch: the same loss and gradient, less
-  # memory. On a CPU it is also faster once a micro-batch's activations fit the
-  # last-level cache (bench_peers' iteration: 4 micro-batches of 16 x 96 tokens
-  # were 8-12% faster than 1; docs/models.md).
+  # memory. On a CPU it can also be faster (cache): bench_peers' iteration ran
+  # 8-12% faster with 4 micro-batches of 16 x 96 tokens than with 1, and slower
+  # again with 16 (docs/models.md). Measure yours: experiments/bench_ab.py.
   rl.num_microbatches = 1
   return config

@@ -15,7 +15,8 @@ per-iteration differences measure the change.
 `--target` is either `config:<dotted path>` (a field of bench_peers' config,
 experiments/peers/ours_worker.py `ours_config`, set before building the
 variant) or `<module>.<ATTRIBUTE>` (a module-level constant read while the
-step is traced, set before the variant's first call compiles it). `--values`
+step is traced, set before the variant's first call compiles it; it is left at
+the last value, so a constant read again after compilation would see that). `--values`
 are Python literals separated by '|'. Each variant runs `warmup` (2) untimed
 iterations on its own state first.
 
@@ -27,7 +28,6 @@ workload (a seconds-long check of the script, not for numbers).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 import sys
@@ -38,6 +38,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import bench_args  # pylint: disable=g-import-not-at-top
 
 _TARGET = flags.DEFINE_string(
     "target", None, "config:<path> or <module>.<ATTRIBUTE>.", required=True
@@ -61,59 +62,9 @@ _MICRO = flags.DEFINE_integer(
 _TINY = flags.DEFINE_bool("tiny", False, "bench_peers' shrunk workload.")
 
 
-def parse_values(text: str) -> list:
-  """The '|'-separated Python literals of --values (at least one).
-
-  Raises:
-    app.UsageError: on an empty list or a value that is not a literal.
-  """
-  out = []
-  for part in text.split("|"):
-    try:
-      out.append(ast.literal_eval(part.strip()))
-    except (ValueError, SyntaxError) as e:
-      raise app.UsageError(
-          f"--values: {part!r} is not a Python literal ({e})"
-      ) from e
-  if not out:
-    raise app.UsageError("--values: no value")
-  return out
-
-
-def set_config_path(config, path: str, value) -> None:
-  """config.<path> = value for a dotted path whose field must exist.
-
-  Raises:
-    app.UsageError: if a component of the path is not in the config.
-  """
-  *parents, leaf = path.split(".")
-  node = config
-  for p in parents + [leaf]:
-    if p not in node:
-      raise app.UsageError(f"--target=config:{path}: no field {p!r}")
-    if p != leaf:
-      node = node[p]
-  node[leaf] = value
-
-
-def paired_summary(first: list[float], second: list[float]) -> dict:
-  """Median, mean and sample sd of second - first (pairs by index), and the
-  ratio of the medians."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  a, b = np.asarray(first), np.asarray(second)
-  d = b - a
-  return dict(
-      median=float(np.median(d)),
-      mean=float(d.mean()),
-      sd=float(d.std(ddof=1)) if len(d) > 1 else float("nan"),
-      ratio=float(np.median(b) / np.median(a)),
-  )
-
-
 def main(argv) -> None:
   del argv
-  values = parse_values(_VALUES.value)
+  values = bench_args.parse_values(_VALUES.value)
   target = _TARGET.value
   module = attr = None
   if target.startswith("config:"):
@@ -124,7 +75,10 @@ def main(argv) -> None:
           f"--target={target}: expected config:<path> or <module>.<ATTRIBUTE>"
       )
     mod_name, attr = target.rsplit(".", 1)
-    module = importlib.import_module(mod_name)
+    try:
+      module = importlib.import_module(mod_name)
+    except ImportError as e:
+      raise app.UsageError(f"--target={target}: {e}") from e
     if not hasattr(module, attr):
       raise app.UsageError(f"--target={target}: {mod_name} has no {attr}")
 
@@ -141,9 +95,9 @@ def main(argv) -> None:
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),
   )
-  if module is None:  # a bad path fails here, before any work
+  if module is None:  # a bad path or value type fails here, before any work
     for v in values:
-      set_config_path(ours_worker.ours_config(spec, folder), path, v)
+      bench_args.set_config_path(ours_worker.ours_config(spec, folder), path, v)
   ours_worker.write_model_folder(
       folder, spec["model"], spec["prompt_len"] + spec["new_tokens"]
   )
@@ -155,7 +109,7 @@ def main(argv) -> None:
   for v in values:
     config = ours_worker.ours_config(spec, folder)
     if module is None:
-      set_config_path(config, path, v)
+      bench_args.set_config_path(config, path, v)
     else:
       setattr(module, attr, v)
     model_cfg = train.make_model_config(config)
@@ -164,11 +118,18 @@ def main(argv) -> None:
     step = learner.make_rl_step(
         config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
     )
-    for _ in range(_WARMUP.value):  # the first call compiles this variant
-      state, m = step(state)
-      jax.block_until_ready(m)
+    try:  # traced, not compiled: a value the program rejects fails here
+      jax.eval_shape(step, state)
+    except ValueError as e:
+      raise app.UsageError(f"--target={target}, value {v!r}: {e}") from e
     steps.append(step)
     states.append(state)
+  for j, v in enumerate(values):
+    if module is not None:
+      setattr(module, attr, v)
+    for _ in range(_WARMUP.value):  # the first call compiles this variant
+      states[j], m = steps[j](states[j])
+      jax.block_until_ready(m)
   times = [[] for _ in values]
   for i in range(_ITERS.value):
     order = range(len(values)) if i % 2 == 0 else reversed(range(len(values)))
@@ -179,13 +140,15 @@ def main(argv) -> None:
       times[j].append(time.perf_counter() - t0)
   print(
       f"target {target}; {_ITERS.value} interleaved iterations per variant "
-      f"after {_WARMUP.value} warm-up; micro-batches {_MICRO.value}; load "
+      f"after {_WARMUP.value} warm-up; micro-batches "
+      f"{'per variant' if target == 'config:rl.num_microbatches' else _MICRO.value}"
+      "; load "
       f"{os.getloadavg()[0]:.2f}"
   )
   for v, t in zip(values, times):
     print(f"{v!r}: median {np.median(t):.3f} s [{min(t):.3f}, {max(t):.3f}]")
   if len(values) == 2:
-    s = paired_summary(times[0], times[1])
+    s = bench_args.paired_summary(times[0], times[1])
     print(
         f"paired (second - first): median {s['median'] * 1e3:+.1f} ms, mean "
         f"{s['mean'] * 1e3:+.1f} ms, sd {s['sd'] * 1e3:.1f} ms; ratio of "

@@ -60,14 +60,16 @@ Each engine's iteration, through its own GRPO trainer:
          Timed between the ends of consecutive global steps, each ended by
          blocking on the actor's parameters.
 
-Micro-batches (`--micro_batches=N`, default 1; the same offer to every
-engine): the update's batch is cut into N micro-batches whose gradients are
-accumulated into the one optimizer step (the same loss and gradient up to
-float summation order), and the reference log-probs are computed in chunks of
-the same size; sampling always runs on the whole batch. ours: rl.num_microbatches
-= N. TRL: per_device_train_batch_size = 64 / N with gradient_accumulation_steps
-= N (one `generate` call still samples all 64: its generation batch is the
-product). tunix: mini_batch_size = 16 prompts, train_micro_batch_size and
+Micro-batches (`--micro_batches=N`, default 1: the same offer to every
+engine; or per engine, `--micro_batches=ours=4,trl=1,tunix=1`, e.g. each
+engine at its own faster setting, still paired by round): the update's batch
+is cut into N micro-batches whose gradients are accumulated into the one
+optimizer step (the same loss and gradient up to float summation order), and
+the reference log-probs are computed in chunks of the same size; sampling
+always runs on the whole batch. ours: rl.num_microbatches = N. TRL:
+per_device_train_batch_size = 64 / N with gradient_accumulation_steps = N (one
+`generate` call still samples all 64: its generation batch is the product).
+tunix: mini_batch_size = 16 prompts, train_micro_batch_size and
 compute_logps_micro_batch_size = 16 / N prompts, rollout_micro_batch_size = 16
 prompts. On a CPU the point is the cache: at N = 1 the update's largest
 activations ([64 x 96, 2 x 1024] float32 for the fused gate/up product, 50 MB)
@@ -138,6 +140,7 @@ from absl import flags
 
 # Runnable as a script from anywhere (`python experiments/bench_peers.py`).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import bench_args  # pylint: disable=g-import-not-at-top
 from experiments.peers import common  # pylint: disable=g-import-not-at-top
 from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 
@@ -161,12 +164,12 @@ _ALLOCATOR = flags.DEFINE_enum(
     list(common.ALLOCATORS),
     "Allocator offered to every engine (see the module docstring).",
 )
-_MICRO = flags.DEFINE_integer(
+_MICRO = flags.DEFINE_string(
     "micro_batches",
-    1,
-    "Gradient-accumulation micro-batches per optimizer step, offered to every "
-    "engine (see the module docstring); must divide the number of prompts.",
-    lower_bound=1,
+    "1",
+    "Gradient-accumulation micro-batches per optimizer step: N for every "
+    "engine, or per engine as 'ours=4,trl=1,tunix=1' (engines not named: 1); "
+    "each must divide the number of prompts (see the module docstring).",
 )
 _OUT = flags.DEFINE_string("out", "", "Also write the Markdown report here.")
 _TINY = flags.DEFINE_bool("tiny", False, "Shrunk shapes: a seconds-long check.")
@@ -241,12 +244,9 @@ def main(argv) -> None:
     return
   spec = common.spec(_TINY.value)
   spec["iters"] = _ITERS.value
-  if spec["num_prompts"] % _MICRO.value:
-    raise app.UsageError(
-        f"--micro_batches={_MICRO.value} must divide the "
-        f"{spec['num_prompts']} prompts (tunix counts micro-batches in prompts)"
-    )
-  spec["micro_batches"] = _MICRO.value
+  micro = bench_args.parse_micro_batches(
+      _MICRO.value, spec["num_prompts"], ENGINES
+  )
   folder = _MODEL_DIR.value or os.path.join(
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),
@@ -274,8 +274,11 @@ def main(argv) -> None:
   say(
       f"{_ROUNDS.value} rounds x {_ITERS.value} timed iterations after "
       f"{spec['warmup_iters']} warm-up; micro-batches "
-      f"{spec['micro_batches']} of {spec['episodes'] // spec['micro_batches']}"
-      f" episodes; allocator offer "
+      + ", ".join(
+          f"{e} {micro[e]} of {spec['episodes'] // micro[e]} episodes"
+          for e in runnable
+      )
+      + "; allocator offer "
       f"'{_ALLOCATOR.value}'; cpus {os.cpu_count()}; load average at start "
       f"{os.getloadavg()[0]:.2f}"
   )
@@ -283,7 +286,7 @@ def main(argv) -> None:
   for r in range(_ROUNDS.value):
     for e in common.round_order(runnable, r):
       env = common.allocator_env(_ALLOCATOR.value, e, dict(os.environ))
-      out, err = run_process(e, spec, env)
+      out, err = run_process(e, dict(spec, micro_batches=micro[e]), env)
       if out is None:
         say(f"round {r} {e}: failed ({err})")
         continue

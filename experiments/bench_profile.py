@@ -121,6 +121,11 @@ def op_class(op_name: str) -> str:
 
 def main(argv) -> None:
   del argv
+  if _MICRO.value != 1 and _WORKLOAD.value != "peers":
+    raise app.UsageError(
+        "--micro_batches applies to --workload=peers; for a config, set its "
+        "rl.num_microbatches"
+    )
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -135,6 +140,11 @@ def main(argv) -> None:
     from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 
     spec = dict(common.spec(False), micro_batches=_MICRO.value)
+    if spec["episodes"] % _MICRO.value:
+      raise app.UsageError(
+          f"--micro_batches={_MICRO.value} must divide the "
+          f"{spec['episodes']} episodes"
+      )
     folder = os.path.join(tempfile.gettempdir(), "bench_peers_model")
     ours_worker.write_model_folder(
         folder, spec["model"], spec["prompt_len"] + spec["new_tokens"]

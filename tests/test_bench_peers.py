@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+from absl import app
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 from flax import nnx
 
 from agentic_rl.models import transformer
+from experiments import bench_args
 from experiments.peers import common
 from experiments.peers import ours_worker
 
@@ -253,5 +255,23 @@ def test_micro_batches_must_divide_the_prompts(tmp_path):
       check=False,
   )
   assert p.returncode != 0
-  assert "--micro_batches=3 must divide the 2 prompts" in p.stderr
+  assert "--micro_batches=3: 3 must divide the 2 prompts" in p.stderr
   assert "round 0" not in p.stdout
+
+
+def test_parse_micro_batches():
+  parse = lambda text, n: bench_args.parse_micro_batches(
+      text, n, ("ours", "trl", "tunix")
+  )
+  assert parse("4", 16) == {"ours": 4, "trl": 4, "tunix": 4}
+  assert parse("ours=4", 16) == {"ours": 4, "trl": 1, "tunix": 1}
+  assert parse("ours=4,trl=2,tunix=1", 16) == {"ours": 4, "trl": 2, "tunix": 1}
+  for bad, msg in [
+      ("0", "not an integer >= 1"),
+      ("x", "not an integer >= 1"),
+      ("ours=", "not an integer >= 1"),
+      ("3", "3 must divide the 16 prompts"),
+      ("vllm=2", "unknown engine 'vllm'"),
+  ]:
+    with pytest.raises(app.UsageError, match=msg):
+      parse(bad, 16)
