@@ -832,7 +832,9 @@ def room_only_analysis(spec: ClaimSpec, room_per_seed: Sequence) -> dict:
 
 def format_effect(e: dict) -> str:
   """One effect as 'mean [CI low, high]' with its flags, e.g.
-  '-1.000 [-1.000, -1.000] (zero variance), sign-flip p 0.0078'."""
+  '-1.000 [-1.000, -1.000] (zero variance), sign-flip p vs 0 0.0078' (the
+  exact test of a zero mean difference; a part's decisive p tests the bound
+  of its prediction instead, see `part_verdict`)."""
   flags = []
   if e.get("zero_variance"):
     flags.append("zero variance: every seed's difference equal")
@@ -844,7 +846,7 @@ def format_effect(e: dict) -> str:
   if flags:
     text += " (" + "; ".join(flags) + ")"
   if p is not None:
-    text += f", sign-flip p {p:.4f}"
+    text += f", sign-flip p vs 0 {p:.4f}"
   return text
 
 
@@ -865,7 +867,8 @@ def _part_text(p: dict) -> str:
   return (
       f"{head}: {format_effect(e)} over {e['n']} seeds "
       f"({int(round(100 * e['level']))}% t multiplier {e['t']:.3f}, SE "
-      f"{e['se']:.3f}; decisive sign-flip p {p['p']:.4f}): {p['verdict']}"
+      f"{e['se']:.3f}; decisive sign-flip p {p['p']:.4f}, against the "
+      f"prediction's bound): {p['verdict']}"
   )
 
 
