@@ -157,4 +157,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(bench_args.one_line_usage_errors(main))

@@ -8,9 +8,29 @@ flag twice.
 from __future__ import annotations
 
 import ast
+import functools
+import os
+import sys
 
 from absl import app
 import ml_collections
+
+
+def one_line_usage_errors(main):
+  """Wraps an absl `main` so that an `app.UsageError` it raises is printed
+  as one line ('<script>: error: <message>') with exit code 2, instead of
+  absl's whole usage text (the module docstring) above it. Flag-parsing
+  errors are absl's own and unchanged."""
+
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+      sys.exit(2)
+
+  return wrapped
 
 
 def parse_micro_batches(

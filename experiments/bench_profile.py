@@ -38,6 +38,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import bench_args  # pylint: disable=g-import-not-at-top
 
 _CONFIG = flags.DEFINE_string("config", "default", "Config module in configs/.")
 _ARG = flags.DEFINE_string("config_arg", "", "get_config(arg), e.g. smoke.")
@@ -237,4 +238,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(bench_args.one_line_usage_errors(main))

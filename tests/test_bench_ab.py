@@ -61,7 +61,12 @@ def _run(*args):
 
 def test_bad_target_refused_before_work():
   p = _run("--tiny", "--target=config:rl.nope", "--values=1")
-  assert p.returncode != 0 and "no field 'nope'" in p.stderr
+  assert p.returncode == 2
+  # One line, not absl's usage text (the module docstring) above it.
+  assert p.stderr.strip().splitlines()[-1] == (
+      "bench_ab.py: error: --target=config:rl.nope: no field 'nope'"
+  )
+  assert "In-process A/B" not in p.stderr
   p = _run("--tiny", "--target=agentic_rl.learner.update.NOPE", "--values=1")
   assert p.returncode != 0 and "has no NOPE" in p.stderr
   p = _run("--tiny", "--target=no_such_module.X", "--values=1")

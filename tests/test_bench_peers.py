@@ -254,8 +254,9 @@ def test_micro_batches_must_divide_the_prompts(tmp_path):
       text=True,
       check=False,
   )
-  assert p.returncode != 0
+  assert p.returncode == 2
   assert "--micro_batches=3: 3 must divide the 2 prompts" in p.stderr
+  assert "Protocol:" not in p.stderr  # one line, not the usage text
   assert "round 0" not in p.stdout
 
 
