@@ -74,6 +74,11 @@ from typing import Any, Callable
 from absl import app
 from absl import flags
 
+# Runnable as a script from anywhere; proc_memory has no dependencies, so this
+# does not import numpy or a framework before the worker pins its threads.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import proc_memory  # pylint: disable=g-import-not-at-top
+
 _QUICK = flags.DEFINE_bool("quick", False, "Reduced grid (see QUICK below).")
 _THREADS = flags.DEFINE_integer(
     "threads", 1, "Threads of each engine.", lower_bound=1
@@ -123,25 +128,14 @@ QUICK = dict(
 
 
 def _rss() -> tuple[float, float]:
-  """(current, peak) resident set size of this process in MB."""
-  cur = peak = 0.0
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        cur = int(line.split()[1]) / 1024
-      elif line.startswith("VmHWM:"):
-        peak = int(line.split()[1]) / 1024
-  return cur, peak
+  """(current, peak) resident set size of this process in MB (NaN off Linux)."""
+  return (
+      proc_memory.proc_status_kb("VmRSS") / 1024,
+      proc_memory.proc_status_kb("VmHWM") / 1024,
+  )
 
 
-def _reset_peak() -> bool:
-  """Resets VmHWM to the current RSS (Linux clear_refs '5'); False if refused."""
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
+_reset_peak = proc_memory.reset_hwm
 
 
 def _cpu_time(fn: Callable[[], Any]) -> tuple[float, float]:

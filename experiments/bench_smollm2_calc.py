@@ -87,6 +87,7 @@ from agentic_rl.learner.stages import sample as sample_stages  # noqa: E402
 from configs import schema  # noqa: E402
 from configs import smollm2_calc  # noqa: E402
 from experiments import harness  # noqa: E402
+from experiments import proc_memory  # noqa: E402
 from experiments.peers import common  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,14 +228,7 @@ def peak_rss_gb() -> float:
 
 def proc_status_gb(field: str) -> float:
   """A /proc/self/status field in kB ('VmRSS', 'VmHWM') as GB, or NaN."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith(field + ":"):
-          return gb(int(line.split()[1]) * 1024)
-  except OSError:
-    pass
-  return float("nan")
+  return gb(proc_memory.proc_status_kb(field) * 1024)
 
 
 def reset_hwm() -> bool:
@@ -243,12 +237,7 @@ def reset_hwm() -> bool:
   hwm = proc_status_gb("VmHWM")
   if hwm == hwm:  # not NaN
     _PEAK_BEFORE_RESETS[0] = max(_PEAK_BEFORE_RESETS[0], hwm)
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
+  return proc_memory.reset_hwm()
 
 
 def built_state_memory() -> dict:
