@@ -52,8 +52,14 @@ def main() -> None:
 
   class Timer(transformers.TrainerCallback):
 
+    def on_substep_end(self, args, state, control, **kwargs):
+      # A micro-step whose gradient is accumulated (no optimizer step).
+      del args, state, control, kwargs
+      info["substeps"] = info.get("substeps", 0) + 1
+
     def on_step_end(self, args, state, control, **kwargs):
       del args, control, kwargs
+      info["steps"] = info.get("steps", 0) + 1
       now = time.perf_counter()
       step = state.global_step
       if step == warmup:
@@ -135,7 +141,10 @@ def main() -> None:
           peak_rss_gb=r1["peak_rss_gb"],
           accumulation=(
               f"{trainer.args.gradient_accumulation_steps} x "
-              f"{trainer.args.per_device_train_batch_size} episodes"
+              f"{trainer.args.per_device_train_batch_size} episodes "
+              "configured, "
+              f"{(info.get('substeps', 0) + info['steps']) / info['steps']:g}"
+              " micro-steps per optimizer step observed"
           ),
           **common.summary(times),
       )

@@ -26,6 +26,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 from experiments.peers import common  # pylint: disable=g-import-not-at-top
 
 
+def observed_accumulation(cluster) -> float:
+  """Trainer loop iterations per optimizer update of the actor's trainer
+  (tunix PeftTrainer's private counters `_iter_steps` / `_train_steps`; NaN
+  if they moved)."""
+  trainer = getattr(cluster, "actor_trainer", None)
+  iters = getattr(trainer, "_iter_steps", None)
+  steps = getattr(trainer, "_train_steps", None)
+  if not iters or not steps:
+    return float("nan")
+  return iters / steps
+
+
 def main() -> None:
   spec = common.read_spec()
   from importlib import metadata  # pylint: disable=g-import-not-at-top
@@ -197,7 +209,9 @@ def main() -> None:
           peak_rss_gb=r1["peak_rss_gb"],
           accumulation=(
               f"{training.get_with_default('gradient_accumulation_steps', 1)}"
-              f" x {(training.train_micro_batch_size or n_prompts)} prompts"
+              f" x {(training.train_micro_batch_size or n_prompts)} prompts "
+              f"configured, {observed_accumulation(cluster):g} micro-steps "
+              "per optimizer step observed"
           ),
           **common.summary(times),
       )
