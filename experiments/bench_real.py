@@ -135,9 +135,6 @@ def _rss() -> tuple[float, float]:
   )
 
 
-_reset_peak = proc_memory.reset_hwm
-
-
 def _cpu_time(fn: Callable[[], Any]) -> tuple[float, float]:
   """(CPU seconds, wall seconds) of one call of fn (which must block)."""
   c0, t0 = time.process_time(), time.perf_counter()
@@ -243,7 +240,7 @@ def worker(engine: str, spec: dict) -> dict:
         f"torch {torch.__version__}, transformers {transformers.__version__}"
     )
   out["cpus"] = sorted(os.sched_getaffinity(0))
-  peak_reset = _reset_peak()
+  peak_reset = proc_memory.reset_hwm()
 
   def matmul_peak(dt_name):
     n = 1024
@@ -278,7 +275,7 @@ def worker(engine: str, spec: dict) -> dict:
 
     def cell(kind, fn, **key):
       peak = matmul_peak(dt_name)
-      _reset_peak()
+      proc_memory.reset_hwm()
       cpu, wall, every = _timed(fn, reps)
       out["cells"].append(
           dict(

@@ -1589,6 +1589,29 @@ def enable_compilation_cache(
   return path
 
 
+def parse_seeds(text: str) -> list[int]:
+  """The seeds of a --seeds value: comma-separated, distinct, >= 0.
+
+  Raises:
+    UsageError (a ValueError): a value that is not an integer, no seed, a
+      repeated seed (it would pair one run with itself in a verdict), or a
+      negative one.
+  """
+  try:
+    seeds = [int(s) for s in text.split(",") if s.strip()]
+  except ValueError as e:
+    raise UsageError(
+        f"--seeds must be comma-separated integers, got {text!r}"
+    ) from e
+  if not seeds or len(set(seeds)) != len(seeds):
+    raise UsageError(
+        f"--seeds must name one or more distinct seeds, got {text!r}"
+    )
+  if min(seeds) < 0:
+    raise UsageError(f"--seeds must be >= 0, got {text!r}")
+  return seeds
+
+
 def results_dir(
     smoke: bool, seeds: Sequence[int], root: str, here: str
 ) -> tuple[str, bool]:
@@ -1705,19 +1728,7 @@ def cli(
     seeds_str = "0,1" if args.smoke else default_seeds
   else:
     seeds_str = args.seeds
-  try:
-    seeds = [int(s) for s in seeds_str.split(",") if s.strip()]
-  except ValueError as e:
-    raise UsageError(
-        f"--seeds must be comma-separated integers, got {seeds_str!r}"
-    ) from e
-  if not seeds or len(set(seeds)) != len(seeds):
-    # A repeated seed would pair one run with itself in the verdict.
-    raise UsageError(
-        f"--seeds must name one or more distinct seeds, got {seeds_str!r}"
-    )
-  if min(seeds) < 0:
-    raise UsageError(f"--seeds must be >= 0, got {seeds_str!r}")
+  seeds = parse_seeds(seeds_str)
   root = args.root or os.path.join(
       REPO, "runs", name + ("_smoke" if args.smoke else "")
   )

@@ -213,25 +213,29 @@ def test_ours_config():
   assert micro.rl.batch_size == rl.batch_size
 
 
-@pytest.mark.slow
-def test_tiny_run_ours(tmp_path):
-  """The driver end to end on our engine (--tiny; about a minute)."""
-  out = tmp_path / "bench.md"
-  p = subprocess.run(
+def _run_tiny(tmp_path, *args):
+  """`bench_peers.py --tiny --engines=ours` with its model folder under
+  tmp_path, plus `args`; the finished process."""
+  return subprocess.run(
       [
           sys.executable,
           os.path.join(REPO, "experiments", "bench_peers.py"),
           "--tiny",
-          "--rounds=1",
-          "--iters=1",
           "--engines=ours",
           f"--model_dir={tmp_path / 'model'}",
-          f"--out={out}",
+          *args,
       ],
       capture_output=True,
       text=True,
       check=False,
   )
+
+
+@pytest.mark.slow
+def test_tiny_run_ours(tmp_path):
+  """The driver end to end on our engine (--tiny; about a minute)."""
+  out = tmp_path / "bench.md"
+  p = _run_tiny(tmp_path, "--rounds=1", "--iters=1", f"--out={out}")
   assert p.returncode == 0, p.stderr[-2000:]
   text = out.read_text()
   assert "round 0 ours" in text and "completion tokens mean 8.0" in text
@@ -241,19 +245,7 @@ def test_tiny_run_ours(tmp_path):
 def test_micro_batches_must_divide_the_prompts(tmp_path):
   """--micro_batches that does not divide the prompts is refused before any
   engine starts (tunix counts micro-batches in prompts)."""
-  p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(REPO, "experiments", "bench_peers.py"),
-          "--tiny",
-          "--micro_batches=3",
-          "--engines=ours",
-          f"--model_dir={tmp_path / 'model'}",
-      ],
-      capture_output=True,
-      text=True,
-      check=False,
-  )
+  p = _run_tiny(tmp_path, "--micro_batches=3")
   assert p.returncode == 2
   assert "--micro_batches=3: 3 must divide the 2 prompts" in p.stderr
   assert "Protocol:" not in p.stderr  # one line, not the usage text

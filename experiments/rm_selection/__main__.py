@@ -369,13 +369,9 @@ def main(argv) -> None:
     if t not in TASKS:
       p.error(f"--tasks: unknown task {t!r}; known: {list(TASKS)}")
   try:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-  except ValueError:
-    p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-  if not seeds or len(set(seeds)) != len(seeds):
-    p.error(f"--seeds must be distinct integers, got {args.seeds!r}")
-  if min(seeds) < 0:
-    p.error(f"--seeds must be >= 0, got {args.seeds!r}")
+    seeds = harness.parse_seeds(args.seeds)
+  except harness.UsageError as e:
+    p.error(str(e))
   root = args.root or os.path.join(
       harness.REPO, "runs", "rm_selection" + ("_smoke" if args.smoke else "")
   )
