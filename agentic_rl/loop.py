@@ -27,7 +27,8 @@ and one step of `run` (s = the number of steps done after it) is:
 
   1. state, metrics = phase.step(state); the metrics are fetched to the host
      (python floats; arrays [S] with `seed_axis`); a non-finite 'loss'
-     raises FloatingPointError;
+     raises FloatingPointError, a positive 'shared_prefix_mismatch_max'
+     (`rl.shared_prefix_len`) ValueError;
   2. log(s, phase, metrics);
   3. every phase that begins at s is entered (`phase.enter(state)`);
   4. checkpoints.save(s, state, force=s ends a phase);
@@ -239,6 +240,8 @@ def run(
 
   Raises:
     FloatingPointError: a non-finite 'loss' (names the phase and step).
+    ValueError: the update found a group whose rows differ in their shared
+      prefix (metric 'shared_prefix_mismatch_max', `rl.shared_prefix_len`).
   """
   ends = phase_ends(phases)
   starts = phase_starts(phases)
@@ -254,6 +257,15 @@ def run(
       sep = " " if seed_axis else " = "
       raise FloatingPointError(
           f"non-finite {phase.name}/loss{sep}{loss} at step {step}"
+      )
+    mismatch = metrics.get("shared_prefix_mismatch_max")
+    if mismatch is not None and np.any(np.asarray(mismatch) > 0):
+      # Before logging or saving: this step's update used a wrong forward.
+      raise ValueError(
+          f"rl.shared_prefix_len: at {phase.name} step {step} the rows of a "
+          "group differ in their first rl.shared_prefix_len tokens (the "
+          "shared-prefix forward assumes they are equal); set it to at most "
+          "the shortest prompt, or 0"
       )
     log(step, phase, metrics)
     for p, begin in zip(phases, starts):

@@ -335,6 +335,7 @@ def init_state(
     graphdef: nnx.GraphDef | None = None,
     params: Any = None,
     model_config: transformer.TransformerConfig | None = None,
+    shared_prefix: transformer.SharedPrefix | None = None,
 ) -> RolloutState:
   """The loop's initial carry: prompts written (role PROMPT) and prefilled.
 
@@ -347,6 +348,13 @@ def init_state(
     max_len: L, the buffer length (static).
     graphdef, params, model_config: the policy; graphdef None for expert
       rollouts (no cache, no logits).
+    shared_prefix: optional `transformer.SharedPrefix`: rows come in groups
+      of `group` whose prompts agree on their first `length` tokens (and are
+      at least that long); those positions are prefilled for the first row of
+      each group and their cache entries copied to the group's rows, the rest
+      of each prompt prefilled per row. Same cache and logits up to float
+      summation order; rows that break the assumption get their group's
+      first row's prefix (not checked here).
 
   Returns:
     RolloutState with B rows of L tokens.
@@ -372,10 +380,23 @@ def init_state(
   )
   if graphdef is not None:
     # Sharded from the start on a mesh (sharding.cache_spec); no-op without one.
-    cache = sharding.constrain_cache(transformer.init_cache(model_config, b, l))
-    next_logits, cache = sampling.extend(
-        graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
-    )
+    if shared_prefix is not None and min(shared_prefix.length, l) > 0:
+      next_logits, cache = _shared_prefill(
+          graphdef,
+          params,
+          model_config,
+          prompt[:, :l],
+          prompt_len,
+          shared_prefix,
+          l,
+      )
+    else:
+      cache = sharding.constrain_cache(
+          transformer.init_cache(model_config, b, l)
+      )
+      next_logits, cache = sampling.extend(
+          graphdef, params, cache, prompt[:, :l], zeros_b, prompt_len
+      )
   else:
     cache, next_logits = None, None
   return RolloutState(
@@ -391,6 +412,40 @@ def init_state(
       cache=cache,
       next_logits=next_logits,
   )
+
+
+def _shared_prefill(
+    graphdef, params, model_config, prompt, prompt_len, shared_prefix, l
+):
+  """`init_state`'s prefill with a shared prefix: (next_logits [B, V], cache)."""
+  b, p = prompt.shape
+  g = shared_prefix.group
+  s = min(shared_prefix.length, p)
+  n = b // g
+  cache_n = transformer.init_cache(model_config, n, l)
+  logits_n, cache_n = sampling.extend(
+      graphdef,
+      params,
+      cache_n,
+      prompt[::g, :s],
+      jnp.zeros((n,), jnp.int32),
+      jnp.minimum(prompt_len[::g], s),
+  )
+  repeat = lambda x: jnp.repeat(x, g, axis=0)
+  cache = sharding.constrain_cache(jax.tree.map(repeat, cache_n))
+  next_logits = repeat(logits_n)
+  if p > s:
+    rest_b = jnp.maximum(prompt_len - s, 0)
+    logits_b, cache = sampling.extend(
+        graphdef,
+        params,
+        cache,
+        prompt[:, s:],
+        jnp.full((b,), s, jnp.int32),
+        rest_b,
+    )
+    next_logits = jnp.where((rest_b > 0)[:, None], logits_b, next_logits)
+  return next_logits, cache
 
 
 def end_turn(
@@ -477,6 +532,7 @@ def initial_state(
     graphdef: nnx.GraphDef | None = None,
     params: Any = None,
     model_config: transformer.TransformerConfig | None = None,
+    shared_prefix: transformer.SharedPrefix | None = None,
 ) -> RolloutState:
   """`rollout`'s initial carry for `tasks`: the environments reset, the
   prompts written and prefilled through the policy (`init_state`).
@@ -495,6 +551,7 @@ def initial_state(
       graphdef=graphdef,
       params=params,
       model_config=model_config,
+      shared_prefix=shared_prefix,
   )
 
 
@@ -511,6 +568,7 @@ def rollout(
     temperature: float | jax.Array = 1.0,
     tool_free: jax.Array | None = None,
     init: RolloutState | None = None,
+    shared_prefix: transformer.SharedPrefix | None = None,
 ) -> types.Trajectory:
   """Runs a batch of episodes to completion and returns their `Trajectory`.
 
@@ -537,6 +595,9 @@ def rollout(
       tasks, max_len and policy (None: built here, the same computation).
       Several passes over one task set (evaluation's greedy and sampled
       passes) share one prompt prefill this way.
+    shared_prefix: optional `transformer.SharedPrefix` (policy rollouts,
+      init None): the tasks come in groups of `group` equal prompts whose
+      first `length` tokens are prefilled once per group (`init_state`).
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.
@@ -559,6 +620,7 @@ def rollout(
         graphdef=graphdef,
         params=params,
         model_config=model_config,
+        shared_prefix=shared_prefix,
     )
   else:
     state = init

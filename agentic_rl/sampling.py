@@ -279,6 +279,7 @@ def token_logprobs(
     temperature: float | jax.Array = 1.0,
     chunk_size: int | None = None,
     dropout_key: jax.Array | None = None,
+    shared_prefix: transformer.SharedPrefix | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Teacher-forced log-probs (and entropies) of every token given its prefix.
 
@@ -297,6 +298,10 @@ def token_logprobs(
       (`models.lora.set_dropout_key`; only the training loss passes one);
       None = deterministic. Without adapters or with dropout 0 it changes
       nothing.
+    shared_prefix: optional `transformer.SharedPrefix`: rows in groups whose
+      first `length` tokens are equal, computed once per group
+      (`Transformer.hidden_states`); same results up to float summation
+      order.
 
   Returns:
     (logprob [B, L] float32 with logprob[:, t] = log p(tokens[:, t] | tokens[:, :t])
@@ -308,7 +313,9 @@ def token_logprobs(
     lora.set_dropout_key(model, dropout_key)
   if chunk_size is None:
     chunk_size = model.cfg.logprob_chunk_size
-  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  hidden_bld, _ = model.hidden_states(
+      tokens_bl[:, :-1], shared_prefix=shared_prefix
+  )
   logp_bl, entropy_bl = chunked_logprob_and_entropy(
       hidden_bld,
       model.output_weights_dv(),

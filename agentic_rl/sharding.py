@@ -538,8 +538,13 @@ def constrain_batch(tree: Any) -> Any:
   )
 
 
-def split_rows(tree: Any, n: int) -> Any:
+def split_rows(tree: Any, n: int, unit: int = 1) -> Any:
   """Strided split of a batch into `n` parts: row i goes to part i % n.
+
+  With `unit` > 1 the batch is cut into units of `unit` consecutive rows and
+  unit u goes to part u % n, keeping each unit's rows together and in order
+  (whole GRPO groups per part, for the shared-prefix forward); unit 1 is the
+  row split described below.
 
   Every leaf [B, ...] becomes [n, B / n, ...] with out[j, t] = x[t * n + j].
   On a mesh whose ('data', 'fsdp') devices each hold a contiguous block of
@@ -560,34 +565,44 @@ def split_rows(tree: Any, n: int) -> Any:
   Args:
     tree: pytree of [B, ...] arrays.
     n: number of parts, dividing B.
+    unit: rows kept together, with n * unit dividing B.
 
   Returns:
-    Pytree of [n, B / n, ...] arrays (inverse: `merge_rows`).
+    Pytree of [n, B / n, ...] arrays (inverse: `merge_rows` with the same
+    unit).
 
   Raises:
-    ValueError: n < 1 or n does not divide a leaf's leading axis.
+    ValueError: n < 1, unit < 1 or n * unit does not divide a leaf's leading
+      axis.
   """
 
   def split(x):
     b = x.shape[0]
-    if n < 1 or b % n:
+    if n < 1 or unit < 1 or b % (n * unit):
+      what = "divide" if unit == 1 else f"with unit={unit}, n * unit divide"
       raise ValueError(
-          f"split_rows: n={n} must be >= 1 and divide the batch " f"({b} rows)"
+          f"split_rows: n={n} must be >= 1 and {what} the batch ({b} rows)"
       )
-    return _constrain_parts(x.reshape((b // n, n) + x.shape[1:]).swapaxes(0, 1))
+    rest = x.shape[1:]
+    parts = x.reshape((b // (n * unit), n, unit) + rest).swapaxes(0, 1)
+    return _constrain_parts(parts.reshape((n, b // n) + rest))
 
   return jax.tree.map(split, tree)
 
 
-def merge_rows(tree: Any) -> Any:
-  """Inverse of `split_rows`: [n, B / n, ...] leaves back to [B, ...].
+def merge_rows(tree: Any, unit: int = 1) -> Any:
+  """Inverse of `split_rows(..., unit)`: [n, B / n, ...] leaves back to
+  [B, ...].
 
-  x[t * n + j] = parts[j, t]; pinned to `batch_spec` on the ambient mesh.
+  With unit 1, x[t * n + j] = parts[j, t]; pinned to `batch_spec` on the
+  ambient mesh.
   """
 
   def merge(x):
     n, m = x.shape[:2]
-    return constrain_batch(x.swapaxes(0, 1).reshape((n * m,) + x.shape[2:]))
+    rest = x.shape[2:]
+    units = x.reshape((n, m // unit, unit) + rest).swapaxes(0, 1)
+    return constrain_batch(units.reshape((n * m,) + rest))
 
   return jax.tree.map(merge, tree)
 

@@ -271,6 +271,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         rl.num_microbatches,
         f"must divide the minibatch size ({mb_rows} episodes)",
     )
+  _validate_shared_prefix(config)
   known_estimators = list(estimators.selected_by("rl.advantage_estimator"))
   if rl.advantage_estimator not in known_estimators:
     _fail(
@@ -619,6 +620,49 @@ _LOSS_SETTING_CHECKS = {
     ),
     "rl.flowrl_log_z_lr": (lambda x: x > 0, "must be > 0"),
 }
+
+
+def _validate_shared_prefix(config) -> None:
+  """rl.shared_prefix_len: an int >= 0; when > 0, a layout the shared-prefix
+  forward supports (agentic_rl/learner/common.py `shared_prefix`)."""
+  rl = config.rl
+  length = rl.shared_prefix_len
+  if not _nonneg_int(length):
+    _fail("rl.shared_prefix_len", length, "must be an int >= 0 (0 = off)")
+  if not length:
+    return
+  if length >= config.max_len:
+    _fail(
+        "rl.shared_prefix_len",
+        length,
+        f"must be below max_len={config.max_len} (at most the shortest "
+        "prompt)",
+    )
+  if rl.num_minibatches != 1:
+    _fail(
+        "rl.shared_prefix_len",
+        length,
+        f"needs rl.num_minibatches=1, not {rl.num_minibatches} (a minibatch "
+        "takes every num_minibatches-th row, so no group stays together)",
+    )
+  num_groups = rl.batch_size // rl.group_size
+  if num_groups % rl.num_microbatches:
+    _fail(
+        "rl.shared_prefix_len",
+        length,
+        f"needs rl.num_microbatches={rl.num_microbatches} to divide the "
+        f"{num_groups} groups (micro-batches of whole groups)",
+    )
+  model = config.model
+  impl, block = model.attention_impl, model.attention_block
+  if impl == "chunked" or (impl == "auto" and config.max_len - 1 > block):
+    _fail(
+        "rl.shared_prefix_len",
+        length,
+        f"needs the dense attention over max_len - 1 = {config.max_len - 1} "
+        f"positions (model.attention_impl={impl!r}, attention_block={block}: "
+        "chunked); the shared-prefix forward is dense only",
+    )
 
 
 def _validate_policy_optimisation(config) -> None:

@@ -80,6 +80,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # computed over the whole minibatch).
   config.rl.num_minibatches = 2
   config.rl.num_microbatches = 1
+  # Shared-prefix forward (arXiv:2506.05433): the policy, behaviour and
+  # reference forwards over the batch compute its first shared_prefix_len
+  # positions once per group instead of once per episode (the group's
+  # episodes start with the same prompt). Set it to at most the shortest
+  # prompt, in tokens (e.g. a system prompt's length); same results up to
+  # float summation order. Needs num_minibatches 1, micro-batches of whole
+  # groups, and the dense attention at max_len; the update checks the
+  # equality and the run stops if a group's rows differ. 0 = off.
+  config.rl.shared_prefix_len = 0
   # JAX-native environments: compile the update for this many buffer lengths
   # (max_len * i / K rounded up to trim_bucket) and run the shortest that
   # holds every trained position (agentic_rl/padding.py bucketed_update;

@@ -75,6 +75,13 @@ prompts. On a CPU the point is the cache: at N = 1 the update's largest
 activations ([64 x 96, 2 x 1024] float32 for the fused gate/up product, 50 MB)
 exceed the 32 MB L3 of the benchmark machine.
 
+Shared prefix (`--shared_prefix`, ours only): `rl.shared_prefix_len` = 32,
+so our prefill, reference forward and update compute each group's 32-token
+prompt once instead of four times (arXiv:2506.05433; same log-probs and
+gradient up to float summation order). The workload and the bound are
+unchanged; the report adds the FLOPs ours then executes and its share of the
+bound on those. TRL and tunix have no such setting.
+
 Protocol: each (round, engine) is a fresh process, the engines interleaved and
 their order rotated every round (ours, trl, tunix; trl, tunix, ours; ...).
 A process builds its trainer, runs `warmup_iters` (2) untimed iterations
@@ -132,6 +139,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import statistics
 import sys
 import tempfile
 
@@ -170,6 +178,13 @@ _MICRO = flags.DEFINE_string(
     "Gradient-accumulation micro-batches per optimizer step: N for every "
     "engine, or per engine as 'ours=4,trl=1,tunix=1' (engines not named: 1); "
     "each must divide the number of prompts (see the module docstring).",
+)
+_SHARED = flags.DEFINE_bool(
+    "shared_prefix",
+    False,
+    "ours only: rl.shared_prefix_len = the prompt length, so the prefill, "
+    "the reference forward and the update compute each group's prompt once "
+    "(see the module docstring); TRL and tunix have no such setting.",
 )
 _OUT = flags.DEFINE_string("out", "", "Also write the Markdown report here.")
 _TINY = flags.DEFINE_bool("tiny", False, "Shrunk shapes: a seconds-long check.")
@@ -286,7 +301,15 @@ def main(argv) -> None:
   for r in range(_ROUNDS.value):
     for e in common.round_order(runnable, r):
       env = common.allocator_env(_ALLOCATOR.value, e, dict(os.environ))
-      out, err = run_process(e, dict(spec, micro_batches=micro[e]), env)
+      out, err = run_process(
+          e,
+          dict(
+              spec,
+              micro_batches=micro[e],
+              shared_prefix=_SHARED.value and e == "ours",
+          ),
+          env,
+      )
       if out is None:
         say(f"round {r} {e}: failed ({err})")
         continue
@@ -306,6 +329,23 @@ def main(argv) -> None:
   say("")
   for row in common.table(results, flops["total"]):
     say(row)
+  if _SHARED.value and results.get("ours"):
+    executed = common.shared_prefix_flops(
+        spec["model"],
+        spec["episodes"],
+        spec["group_size"],
+        spec["prompt_len"],
+        spec["new_tokens"],
+    )["total"]
+    s_ours = statistics.median(o["s_per_iter"] for o in results["ours"])
+    best = max(o["matmul_flops"] for outs in results.values() for o in outs)
+    say(
+        f"\nours with the shared prefix executes {executed / 1e9:.4g} of the "
+        f"workload's {flops['total'] / 1e9:.4g} GFLOP (each group's prompt "
+        f"once); on those, {100 * executed / s_ours / best:.0f}% of the best "
+        "bound (the table's shares count the workload's FLOPs, as for every "
+        "engine)"
+    )
   say(f"\nload average at end {os.getloadavg()[0]:.2f}")
   if _OUT.value:
     with open(_OUT.value, "w") as f:

@@ -10,6 +10,8 @@ from flax import nnx
 
 from agentic_rl import sharding
 from agentic_rl.learner.common import policy_forward
+from agentic_rl.learner.common import shared_prefix
+from agentic_rl.learner.common import split_unit
 
 # Where the behaviour log-probs of the importance ratio come from
 # (`rl.behaviour_logprobs`, see `behaviour_forward`).
@@ -30,7 +32,8 @@ def behaviour_forward(
   function the loss calls: a teacher-forced forward over the whole
   trajectory) on the same micro-batches the update uses (the batch cut into
   n = num_minibatches * num_microbatches blocks by the strided split
-  `sharding.split_rows`, row i in block i % n, mapped with `lax.map`: block
+  `sharding.split_rows` (whole groups with `rl.shared_prefix_len`,
+  `common.split_unit`), row i in block i % n, mapped with `lax.map`: block
   j + num_minibatches * k holds, in the same order, the rows of micro-batch k
   of minibatch j), with the parameters that sampled the batch. The loss then
   reproduces them bit for bit on the first optimizer step, so the first
@@ -50,7 +53,8 @@ def behaviour_forward(
   """
   rl_cfg = config.rl
   n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
-  blocks = sharding.split_rows(tokens_bl, n)
+  unit = split_unit(rl_cfg)
+  blocks = sharding.split_rows(tokens_bl, n, unit)
   logp, _, values = jax.lax.map(
       lambda t: policy_forward(
           graphdef,
@@ -58,10 +62,11 @@ def behaviour_forward(
           sharding.constrain_batch(t),
           rl_cfg.temperature,
           with_values,
+          prefix=shared_prefix(rl_cfg),
       ),
       blocks,
   )
-  unblock = lambda x: None if x is None else sharding.merge_rows(x)
+  unblock = lambda x: None if x is None else sharding.merge_rows(x, unit)
   return unblock(logp), unblock(values)
 
 

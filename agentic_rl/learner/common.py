@@ -15,6 +15,7 @@ from agentic_rl import mixed_precision
 from agentic_rl import sampling
 from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
+from agentic_rl.models import transformer
 
 StepFn = Callable[
     [types.TrainState], tuple[types.TrainState, dict[str, jax.Array]]
@@ -72,6 +73,43 @@ def adapter_dropout_key(config, state: types.TrainState):
   return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 6)
 
 
+def shared_prefix(rl_cfg) -> transformer.SharedPrefix | None:
+  """The shared-prefix layout of the RL batch, or None (`rl.shared_prefix_len`
+  0, the default).
+
+  The batch is group-major (rl.group_size consecutive episodes per task), and
+  the episodes of a group start with the same prompt, so their first
+  `rl.shared_prefix_len` tokens are equal whenever that is at most the
+  shortest prompt; the policy, behaviour and reference forwards over the batch
+  then compute those positions once per group (arXiv:2506.05433). The update
+  checks the equality on every micro-batch (metric
+  'shared_prefix_mismatch_max', 1 where some row differs from its group's
+  first row; the loop stops the run on it).
+  """
+  length = rl_cfg.get("shared_prefix_len", 0)
+  if not length:
+    return None
+  return transformer.SharedPrefix(length, rl_cfg.group_size)
+
+
+def split_unit(rl_cfg) -> int:
+  """Rows kept together by the update's row splits (`sharding.split_rows`):
+  whole groups with a shared prefix, single rows otherwise."""
+  return 1 if shared_prefix(rl_cfg) is None else rl_cfg.group_size
+
+
+def shared_prefix_mismatch(
+    tokens_bl: jax.Array, prefix: transformer.SharedPrefix | None
+) -> jax.Array:
+  """1.0 if some row's first `prefix.length` tokens differ from its group's
+  first row, else 0.0 (float32 scalar; 0.0 without a prefix)."""
+  if prefix is None:
+    return jnp.float32(0.0)
+  s, g = prefix.length, prefix.group
+  head = tokens_bl[:, :s].reshape(-1, g, min(s, tokens_bl.shape[1]))
+  return jnp.any(head != head[:, :1]).astype(jnp.float32)
+
+
 def policy_forward(
     graphdef,
     params,
@@ -80,6 +118,7 @@ def policy_forward(
     with_values: bool = False,
     targets_bl: jax.Array | None = None,
     dropout_key: jax.Array | None = None,
+    prefix: transformer.SharedPrefix | None = None,
 ):
   """Teacher-forced log-probs, entropies and (optionally) values of a batch.
 
@@ -106,6 +145,8 @@ def policy_forward(
     dropout_key: PRNG key turning LoRA adapter dropout (`model.lora.dropout`)
       on for this forward; the RL loss passes one per micro-batch, every other
       forward (sampling, reference, behaviour) none. None = deterministic.
+    prefix: optional `transformer.SharedPrefix` of the batch's rows
+      (`shared_prefix`); same results up to float summation order.
 
   Returns:
     (logp [B, L] float32, entropy [B, L] float32, values [B, L] float32 or
@@ -118,6 +159,8 @@ def policy_forward(
     # The key is passed only when set: without dropout the call is the
     # plain token_logprobs(graphdef, params, tokens, T).
     kw = {} if dropout_key is None else {"dropout_key": dropout_key}
+    if prefix is not None:
+      kw["shared_prefix"] = prefix
     logp, entropy = sampling.token_logprobs(
         graphdef, params, tokens_bl, temperature, **kw
     )
@@ -125,7 +168,7 @@ def policy_forward(
   model = nnx.merge(graphdef, params)
   if dropout_key is not None:
     lora_lib.set_dropout_key(model, dropout_key)
-  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+  hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1], shared_prefix=prefix)
   targets_bl = tokens_bl if targets_bl is None else targets_bl
   logp, entropy = sampling.chunked_logprob_and_entropy(
       hidden_bld,

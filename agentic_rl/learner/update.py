@@ -23,6 +23,9 @@ from agentic_rl import types
 from agentic_rl.models import lora as lora_lib
 from agentic_rl.learner.batch import LearnerBatch
 from agentic_rl.learner.common import policy_forward
+from agentic_rl.learner.common import shared_prefix
+from agentic_rl.learner.common import shared_prefix_mismatch
+from agentic_rl.learner.common import split_unit
 
 
 def uses_values(rl_cfg) -> bool:
@@ -133,6 +136,7 @@ def _rl_loss(
   """
   temperature = rl_cfg.temperature
   with_values = batch.returns is not None
+  prefix = shared_prefix(rl_cfg)
   logp, entropy, values = policy_forward(
       graphdef,
       params,
@@ -141,6 +145,7 @@ def _rl_loss(
       with_values,
       targets_bl=batch.obs_targets,
       dropout_key=dropout_key,
+      prefix=prefix,
   )
   mask = batch.mask
   beh = batch.behaviour_logp
@@ -246,6 +251,12 @@ def _rl_loss(
       "clip_frac_high": agg(f32((ratio > 1.0 + rl_cfg.clip_high) & (adv > 0))),
       **extra,
   }
+  if prefix is not None:
+    # 1 where a row's first rl.shared_prefix_len tokens differ from its
+    # group's first row (the shared forward would be wrong; the loop stops).
+    metrics["shared_prefix_mismatch_max"] = shared_prefix_mismatch(
+        batch.tokens, prefix
+    )
   return loss, metrics
 
 
@@ -381,7 +392,7 @@ def make_update_fn(
             _combine_metrics(acc_m, m),
         ), None
 
-      micro_batches = split(mb, num_micro)
+      micro_batches = split(mb, num_micro, split_unit(rl_cfg))
       # Zero accumulators shaped like (grads, metrics) of one micro-batch.
       shapes = jax.eval_shape(
           lambda: grad_fn(

@@ -206,6 +206,31 @@ class TransformerConfig:
     return DTYPES[self.param_dtype]
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedPrefix:
+  """Rows that come in groups sharing their first tokens (static).
+
+  Rows i*group .. i*group + group - 1 form group i and have equal tokens at
+  positions [0, length): the GRPO layout, one prompt repeated for the group's
+  samples. `Transformer.hidden_states(..., shared_prefix=...)` then computes
+  those positions once per group (arXiv:2506.05433).
+
+  Attributes:
+    length: shared positions S >= 0 (0: nothing shared).
+    group: rows per group, >= 1.
+  """
+
+  length: int
+  group: int
+
+  def __post_init__(self):
+    if self.length < 0 or self.group < 1:
+      raise ValueError(
+          f"SharedPrefix(length={self.length}, group={self.group}): length "
+          "must be >= 0 and group >= 1"
+      )
+
+
 def rope_inv_freq(cfg: TransformerConfig) -> jax.Array:
   """RoPE inverse frequencies theta^(-2i/Dh), i < Dh/2, optionally llama3-scaled.
 
@@ -416,6 +441,53 @@ class Attention(nnx.Module):
       self.v_bias_gk = nnx.Param(jnp.zeros((g, dh), pdt))
     self.cfg = cfg
 
+  def _fused_qkv(
+      self, x_btd: jax.Array
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries [B, H, T, Dh] and keys, values [B, G, T, Dh] of a multi-token
+    chunk (T > 1), before adapters and RoPE, from one fused product."""
+    cfg = self.cfg
+    dt = cfg.compute_dtype
+    b, t, d = x_btd.shape
+    h, g, r = cfg.num_heads, cfg.kv_heads, cfg.num_heads // cfg.kv_heads
+    dh = cfg.head_dim
+    # One fused projection for queries, keys and values, laid out per kv
+    # group: q [D, H, Dh] is viewed as [D, G, r, Dh] (query head h = g*r + i
+    # reads kv head g, as in repeat_kv) and k, v as [D, G, 1, Dh]; they are
+    # concatenated along the new within-group axis into [D, G, r + 2, Dh].
+    # Tensor parallelism shards G, never the concatenated axis, so the
+    # concatenation is local to each device (column-parallel, Megatron-style:
+    # Shoeybi et al. 2019, arXiv:1909.08053): with tensor parallelism alone
+    # the layer's only collectives are all-reduces (after the row-parallel
+    # output projection; of the input gradient in the backward pass). With
+    # 'fsdp' too, the fused weight is gathered over 'fsdp' before use.
+    # (Concatenating along the sharded head axis instead made XLA reshuffle
+    # the weights and activations with collective-permutes.)
+    w_dgck = jnp.concatenate(
+        [
+            self.q_dhk[...].reshape(d, g, r, dh),
+            self.k_dgk[...][:, :, None],
+            self.v_dgk[...][:, :, None],
+        ],
+        axis=2,
+    ).astype(dt)
+    w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
+    qkv_bgctk = matmul(x_btd, w_dgck, "btd,dgck->bgctk")
+    if cfg.qkv_bias:
+      bias_gck = jnp.concatenate(
+          [
+              self.q_bias_hk[...].reshape(g, r, dh),
+              self.k_bias_gk[...][:, None],
+              self.v_bias_gk[...][:, None],
+          ],
+          axis=1,
+      ).astype(dt)
+      qkv_bgctk = qkv_bgctk + bias_gck[None, :, :, None, :]
+    q_bhtk = qkv_bgctk[:, :, :r].reshape(b, h, t, dh)
+    k_bgtk = qkv_bgctk[:, :, r]
+    v_bgtk = qkv_bgctk[:, :, r + 1]
+    return q_bhtk, k_bgtk, v_bgtk
+
   def __call__(
       self,
       x_btd: jax.Array,
@@ -447,7 +519,6 @@ class Attention(nnx.Module):
     cfg = self.cfg
     dt = cfg.compute_dtype
     b, t, d = x_btd.shape
-    h, g, r = cfg.num_heads, cfg.kv_heads, cfg.num_heads // cfg.kv_heads
     dh = cfg.head_dim
     if t == 1:
       # Decoding one token: three separate projections. A fused weight would
@@ -470,41 +541,7 @@ class Attention(nnx.Module):
         k_bgtk = k_bgtk + bias(self.k_bias_gk)
         v_bgtk = v_bgtk + bias(self.v_bias_gk)
     else:
-      # One fused projection for queries, keys and values, laid out per kv
-      # group: q [D, H, Dh] is viewed as [D, G, r, Dh] (query head h = g*r + i
-      # reads kv head g, as in repeat_kv) and k, v as [D, G, 1, Dh]; they are
-      # concatenated along the new within-group axis into [D, G, r + 2, Dh].
-      # Tensor parallelism shards G, never the concatenated axis, so the
-      # concatenation is local to each device (column-parallel, Megatron-style:
-      # Shoeybi et al. 2019, arXiv:1909.08053): with tensor parallelism alone
-      # the layer's only collectives are all-reduces (after the row-parallel
-      # output projection; of the input gradient in the backward pass). With
-      # 'fsdp' too, the fused weight is gathered over 'fsdp' before use.
-      # (Concatenating along the sharded head axis instead made XLA reshuffle
-      # the weights and activations with collective-permutes.)
-      w_dgck = jnp.concatenate(
-          [
-              self.q_dhk[...].reshape(d, g, r, dh),
-              self.k_dgk[...][:, :, None],
-              self.v_dgk[...][:, :, None],
-          ],
-          axis=2,
-      ).astype(dt)
-      w_dgck = sharding.constrain_gathered(w_dgck, "dgck")
-      qkv_bgctk = matmul(x_btd, w_dgck, "btd,dgck->bgctk")
-      if cfg.qkv_bias:
-        bias_gck = jnp.concatenate(
-            [
-                self.q_bias_hk[...].reshape(g, r, dh),
-                self.k_bias_gk[...][:, None],
-                self.v_bias_gk[...][:, None],
-            ],
-            axis=1,
-        ).astype(dt)
-        qkv_bgctk = qkv_bgctk + bias_gck[None, :, :, None, :]
-      q_bhtk = qkv_bgctk[:, :, :r].reshape(b, h, t, dh)
-      k_bgtk = qkv_bgctk[:, :, r]
-      v_bgtk = qkv_bgctk[:, :, r + 1]
+      q_bhtk, k_bgtk, v_bgtk = self._fused_qkv(x_btd)
     if cfg.lora is not None:  # low-rank adapters (models/lora.py)
       q_bhtk, k_bgtk, v_bgtk = (
           lora_lib.apply(self, n, x_btd, y)
@@ -576,6 +613,77 @@ class Attention(nnx.Module):
     out = matmul(out_bhtk, self.o_hkd[...].astype(dt), "bhtk,hkd->btd")
     return lora_lib.apply(self, "o", out_bhtk, out), new_cache
 
+  def shared_prefix_call(
+      self,
+      xp_nsd: jax.Array,
+      xs_btd: jax.Array,
+      rope_p: tuple[jax.Array, jax.Array],
+      rope_s: tuple[jax.Array, jax.Array],
+      group: int,
+  ) -> tuple[jax.Array, jax.Array]:
+    """One attention layer over rows that share their first S tokens by group.
+
+    The shared-prefix forward of a GRPO group (one prompt, several samples;
+    Prefix Grouper, Liu et al. 2025, arXiv:2506.05433): the prefix is
+    computed once per group, and every row's suffix queries attend to its
+    group's prefix keys and values followed by its own (causal). The math of
+    each position is that of the unshared forward; only the prefix's
+    duplicate rows are not computed.
+
+    Args:
+      xp_nsd: [n, S, D] normalised prefix input, one row per group.
+      xs_btd: [n * group, T, D] normalised suffix input (positions S..S+T-1),
+        rows group-major (row i belongs to group i // group).
+      rope_p, rope_s: RoPE tables (`rope_tables`) of the prefix and suffix
+        positions.
+      group: rows per group.
+
+    Returns:
+      ([n, S, D] prefix output, [n * group, T, D] suffix output).
+    """
+    cfg = self.cfg
+    dt = cfg.compute_dtype
+
+    def project(x_btd, rope_sc):
+      q_bhtk, k_bgtk, v_bgtk = self._fused_qkv(x_btd)
+      if cfg.lora is not None:
+        q_bhtk, k_bgtk, v_bgtk = (
+            lora_lib.apply(self, n, x_btd, y)
+            for n, y in (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk))
+        )
+      sin, cos = rope_sc
+      return apply_rope(q_bhtk, sin, cos), apply_rope(k_bgtk, sin, cos), v_bgtk
+
+    qp, kp, vp = project(xp_nsd, rope_p)
+    qs, ks, vs = project(xs_btd, rope_s)
+    n, s = xp_nsd.shape[:2]
+    b, t = xs_btd.shape[:2]
+    out_p = attention_lib.self_attention(
+        qp,
+        kp,
+        vp,
+        attention_lib.SelfMask(
+            jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (n, s))
+        ),
+        impl=cfg.attention_impl,
+        block=cfg.attention_block,
+        dtype=dt,
+    )
+    rep = lambda x: jnp.repeat(x, group, axis=0)
+    keys_bgsk = jnp.concatenate([rep(kp), ks], axis=2)
+    values_bgsk = jnp.concatenate([rep(vp), vs], axis=2)
+    # Suffix query t sees the whole prefix and suffix keys 0..t.
+    causal_tt = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    mask_ts = jnp.concatenate([jnp.ones((t, s), bool), causal_tt], axis=1)
+    out_s = attention_lib.dense_attention(
+        qs, keys_bgsk, values_bgsk, jnp.broadcast_to(mask_ts, (b, t, s + t)), dt
+    )
+    w_o = self.o_hkd[...].astype(dt)
+    output = lambda out: lora_lib.apply(
+        self, "o", out, matmul(out, w_o, "bhtk,hkd->btd")
+    )
+    return output(out_p), output(out_s)
+
 
 class SwiGLU(nnx.Module):
   """FFN(x) = W_down(silu(W_gate x) * W_up x) (Shazeer 2020, arXiv:2002.05202)."""
@@ -634,6 +742,15 @@ class Block(nnx.Module):
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
 
+  def shared_prefix_call(self, xp, xs, rope_p, rope_s, group):
+    """The block on a shared prefix [n, S, D] and the rows' suffixes
+    [n * group, T, D] (`Attention.shared_prefix_call`); returns both."""
+    hp, hs = self.attn.shared_prefix_call(
+        self.attn_norm(xp), self.attn_norm(xs), rope_p, rope_s, group
+    )
+    xp, xs = xp + hp, xs + hs
+    return xp + self.ffn(self.ffn_norm(xp)), xs + self.ffn(self.ffn_norm(xs))
+
 
 def _block_apply(
     block: Block, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None
@@ -686,6 +803,22 @@ def remat_after_cotangent(fn):
   return run
 
 
+def _after_input(state, x):
+  """A block's weights + 0 * one element of its input `x`.
+
+  Inside a rematerialised block, the run-time fusion of its q/k/v and gate/up
+  weights then waits for the block's input instead of being hoisted by XLA
+  for all layers at once (SmolLM2: 276 MB live).
+  """
+  zero = jnp.ravel(x)[0].astype(jnp.float32) * 0.0
+  return jax.tree.map(
+      lambda w: w + zero.astype(w.dtype)
+      if jnp.issubdtype(w.dtype, jnp.floating)
+      else w,
+      state,
+  )
+
+
 def _remat_block_apply(
     block: Block, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None
 ):
@@ -701,16 +834,7 @@ def _remat_block_apply(
   graphdef, state = nnx.split(block)
 
   def forward(state, x, positions_bt, mask_bts, rope_sc):
-    # The block's weights + 0 * one input element: the run-time fusion of its
-    # q/k/v and gate/up weights then waits for the block's input, instead of
-    # being hoisted by XLA for all layers at once (SmolLM2: 276 MB live).
-    zero = jnp.ravel(x)[0].astype(jnp.float32) * 0.0
-    state = jax.tree.map(
-        lambda w: w + zero.astype(w.dtype)
-        if jnp.issubdtype(w.dtype, jnp.floating)
-        else w,
-        state,
-    )
+    state = _after_input(state, x)
     y, _ = nnx.merge(graphdef, state)(x, positions_bt, None, mask_bts, rope_sc)
     return y
 
@@ -718,6 +842,22 @@ def _remat_block_apply(
       remat_after_cotangent(forward)(state, x, positions_bt, mask_bts, rope_sc),
       None,
   )
+
+
+def _shared_block_apply(block: Block, xp, xs, rope_p, rope_s, group, remat):
+  """`Block.shared_prefix_call`, rematerialised in the backward pass when
+  `remat` (as `_remat_block_apply`)."""
+  if not remat:
+    return block.shared_prefix_call(xp, xs, rope_p, rope_s, group)
+  graphdef, state = nnx.split(block)
+
+  def forward(state, xp, xs, rope_p, rope_s):
+    state = _after_input(_after_input(state, xp), xs)
+    return nnx.merge(graphdef, state).shared_prefix_call(
+        xp, xs, rope_p, rope_s, group
+    )
+
+  return remat_after_cotangent(forward)(state, xp, xs, rope_p, rope_s)
 
 
 class Transformer(nnx.Module):
@@ -755,6 +895,7 @@ class Transformer(nnx.Module):
       mask_bt: jax.Array | None = None,
       segment_ids_bt: jax.Array | None = None,
       kv_len: jax.Array | None = None,
+      shared_prefix: SharedPrefix | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -774,6 +915,14 @@ class Transformer(nnx.Module):
         attention then reads only the smallest `decode_buckets` prefix of the
         cache that holds [0, kv_len). Outputs at positions >= kv_len are
         meaningless. None reads the whole cache.
+      shared_prefix: optional `SharedPrefix` (cache-free forwards with
+        default positions, no mask_bt or segment_ids_bt): positions [0,
+        length) are computed for the first row of each group only and
+        broadcast to the group's rows; every other position reads them as
+        keys. The result equals the unshared forward's up to float
+        summation order when the rows of each group agree on those tokens
+        (not checked here: rows that differ get their group's first row's
+        prefix).
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
@@ -783,8 +932,21 @@ class Transformer(nnx.Module):
       (hidden [B, T, D] in the compute dtype, updated cache or None).
 
     Raises:
-      ValueError: mask_bt or segment_ids_bt given together with a cache.
+      ValueError: mask_bt or segment_ids_bt given together with a cache;
+        shared_prefix given with a cache, positions, mask_bt or
+        segment_ids_bt, with a batch its group does not divide, or where
+        the attention would be chunked (`attention_lib.uses_chunked` at
+        this length).
     """
+    if shared_prefix is not None and shared_prefix.length > 0:
+      if any(
+          a is not None for a in (positions_bt, cache, mask_bt, segment_ids_bt)
+      ):
+        raise ValueError(
+            "shared_prefix: only for cache-free forwards with default "
+            "positions and no mask_bt or segment_ids_bt"
+        )
+      return self._shared_prefix_hidden(tokens_bt, shared_prefix), None
     b, t = tokens_bt.shape
     if positions_bt is None:
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -844,6 +1006,44 @@ class Transformer(nnx.Module):
       if new_cache is not None:
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
+
+  def _shared_prefix_hidden(
+      self, tokens_bt: jax.Array, shared_prefix: SharedPrefix
+  ) -> jax.Array:
+    """`hidden_states(tokens_bt, shared_prefix=...)`: [B, T, D]."""
+    b, t = tokens_bt.shape
+    g = shared_prefix.group
+    s = min(shared_prefix.length, t)
+    if b % g:
+      raise ValueError(
+          f"shared_prefix: group {g} must divide the batch ({b} rows)"
+      )
+    cfg = self.cfg
+    if attention_lib.uses_chunked(cfg.attention_impl, t, cfg.attention_block):
+      raise ValueError(
+          f"shared_prefix: {t} positions would use the chunked attention "
+          f"(attention_impl={cfg.attention_impl!r}, attention_block="
+          f"{cfg.attention_block}); the shared-prefix forward is dense only"
+      )
+    if s == t:  # every position shared: one row per group
+      hidden, _ = self.hidden_states(tokens_bt[::g])
+      return jnp.repeat(hidden, g, axis=0)
+    embed = lambda tok: jnp.take(self.embed_vd[...], tok, axis=0).astype(
+        cfg.compute_dtype
+    )
+    pin = sharding.constrain_batch
+    inv_freq = rope_inv_freq(cfg)
+    n = b // g
+    pos = jnp.arange(t, dtype=jnp.int32)
+    rope_p = rope_tables(jnp.broadcast_to(pos[:s], (n, s)), inv_freq)
+    rope_s = rope_tables(jnp.broadcast_to(pos[s:], (b, t - s)), inv_freq)
+    xp = embed(tokens_bt[::g, :s])
+    xs = pin(embed(tokens_bt[:, s:]))
+    for block in self.blocks:
+      xp, xs = _shared_block_apply(block, xp, xs, rope_p, rope_s, g, cfg.remat)
+      xs = pin(xs)
+    x = jnp.concatenate([jnp.repeat(xp, g, axis=0), xs], axis=1)
+    return self.final_norm(pin(x))
 
   def output_weights_dv(self) -> jax.Array:
     """[D, V] output layer in the compute dtype (embed_vd^T when tied)."""

@@ -195,6 +195,33 @@ def iteration_flops(
   return out
 
 
+def shared_prefix_flops(
+    m: dict, episodes: int, group: int, prompt_len: int, new_tokens: int
+) -> dict:
+  """`iteration_flops` as executed with the prompt computed once per group.
+
+  With a shared prefix (ours `rl.shared_prefix_len` = P) the prefill, the
+  reference forward and the policy forward and backward compute the P
+  prompt positions for one episode of each group of `group` instead of for
+  every episode: each drops (group - 1) / group of a P-position forward
+  (projections and causal attention over contexts 1..P; the logit positions
+  are counted as in `iteration_flops`). The workload, and so the bound the
+  benchmark reports, is unchanged; this is what that engine runs.
+
+  Returns:
+    {'sample', 'reference', 'policy', 'total'} in FLOPs for all episodes.
+  """
+  out = iteration_flops(m, episodes, prompt_len, new_tokens)
+  p = prompt_len
+  saved = (
+      episodes * (group - 1) / group * forward_flops(m, p, 0, p * (p + 1) // 2)
+  )
+  for key, times in (("sample", 1), ("reference", 1), ("policy", 3)):
+    out[key] -= times * saved
+  out["total"] = sum(out[k] for k in ("sample", "reference", "policy"))
+  return out
+
+
 # ---------------------------------------------------------------- allocator
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"

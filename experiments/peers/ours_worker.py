@@ -118,6 +118,8 @@ def ours_config(spec: dict, folder: str):
   rl.group_size = spec["group_size"]
   rl.num_minibatches = 1
   rl.num_microbatches = spec.get("micro_batches", 1)
+  # The whole prompt once per group (bench_peers --shared_prefix).
+  rl.shared_prefix_len = spec["prompt_len"] if spec.get("shared_prefix") else 0
   rl.ppo_epochs = 1
   rl.learning_rate = spec["learning_rate"]
   rl.warmup_steps = 0
@@ -179,6 +181,11 @@ def run_ours(spec: dict) -> dict:
       accumulation=(
           f"{config.rl.num_microbatches} x "
           f"{config.rl.batch_size // config.rl.num_microbatches} episodes"
+          + (
+              f"; shared prefix {config.rl.shared_prefix_len} tokens"
+              if config.rl.shared_prefix_len
+              else ""
+          )
       ),
       **common.summary(times),
   )

@@ -32,6 +32,7 @@ from agentic_rl.learner.potentials_by_name import PotentialContext
 from agentic_rl.learner.stages import advantages as advantage_stages
 from agentic_rl.learner.stages import logprobs as logprob_stages
 from agentic_rl.learner.stages import replay as replay_stages
+from agentic_rl.learner import common
 from agentic_rl.learner.stages import sample as sample_stages
 from agentic_rl.learner.stages import shaping as shaping_stages
 from agentic_rl.learner import token_credit
@@ -126,6 +127,7 @@ def build_stages(
           temperature=temperature,
           tree_branching=tree_branching,
           num_tool_free=num_free,
+          shared_prefix=common.shared_prefix(rl_cfg),
       )
     if reward_model is not None:
       # Frozen learned RM: episode score and per-state potentials, one pass.

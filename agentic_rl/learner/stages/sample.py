@@ -47,6 +47,7 @@ def rollout_round(
     temperature: float,
     tree_branching: tuple[int, ...] = (),
     num_tool_free: int = 0,
+    shared_prefix=None,
 ) -> types.Trajectory:
   """Rolls out `num_groups` groups of `group_size` episodes with the policy.
 
@@ -68,6 +69,9 @@ def rollout_round(
     temperature: sampling temperature.
     tree_branching: the tree's branching factors; () rolls out flat groups.
     num_tool_free: dual-path tool-free rows per group (0: off).
+    shared_prefix: optional `transformer.SharedPrefix` (flat groups only):
+      the prompts' first `length` tokens are prefilled once per group
+      (`rollout.init_state`).
 
   Returns:
     The Trajectory of B = num_groups * group_size rows, group-major.
@@ -105,6 +109,7 @@ def rollout_round(
       tool_free=dual_path_tool_free(
           num_groups * group_size, group_size, num_tool_free
       ),
+      shared_prefix=shared_prefix,
   )
 
 

@@ -1,0 +1,295 @@
+"""The shared-prefix forward (`rl.shared_prefix_len`, arXiv:2506.05433).
+
+Every check compares against the unshared computation of the same inputs:
+hidden states and gradients of the model, the rollout's prefill (cache and
+next-token logits), and whole RL iterations of bench_peers' tiny workload.
+"""
+
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentic_rl import learner
+from agentic_rl import loop
+from agentic_rl import rollout
+from agentic_rl import sharding
+from agentic_rl import train
+from agentic_rl import validation
+from agentic_rl.learner import common as learner_common
+from agentic_rl.models import lora as lora_lib
+from agentic_rl.models import transformer
+from configs import default as default_config
+from configs import schema
+from experiments.peers import common as peers_common
+from experiments.peers import ours_worker
+
+G, N, S, L = 3, 2, 5, 12  # group, groups, shared positions, tokens
+
+
+def _model(remat=False, lora=None):
+  cfg = transformer.TransformerConfig(
+      vocab_size=50,
+      d_model=32,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=8,
+      ffn_dim=64,
+      qkv_bias=True,
+      tie_embeddings=True,
+      max_positions=64,
+      remat=remat,
+      lora=lora,
+  )
+  model = transformer.Transformer(cfg, nnx.Rngs(params=0))
+  if lora is not None:
+    # Non-zero adapters, so they take part in the comparison.
+    adapters = [
+        v for _, v in nnx.iter_graph(model) if isinstance(v, nnx.LoRAParam)
+    ]
+    assert adapters
+    for i, var in enumerate(adapters):
+      var[...] = 0.1 * jax.random.normal(jax.random.key(i), var[...].shape)
+  return cfg, nnx.split(model)
+
+
+def _tokens(seed=1):
+  prefix = jax.random.randint(jax.random.key(seed), (N, S), 0, 50)
+  suffix = jax.random.randint(jax.random.key(seed + 1), (N * G, L - S), 0, 50)
+  return jnp.concatenate([jnp.repeat(prefix, G, axis=0), suffix], axis=1)
+
+
+def _hidden(graphdef, params, tokens, prefix):
+  hidden, cache = nnx.merge(graphdef, params).hidden_states(
+      tokens, shared_prefix=prefix
+  )
+  assert cache is None
+  return hidden
+
+
+@pytest.mark.parametrize("remat", [False, True])
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_hidden_states_and_gradients_equal_the_unshared_forward(
+    remat, with_lora
+):
+  lora = lora_lib.LoRAConfig(rank=2) if with_lora else None
+  _, (graphdef, params) = _model(remat, lora)
+  tokens = _tokens()
+  shared = transformer.SharedPrefix(S, G)
+  a = _hidden(graphdef, params, tokens, None)
+  b = _hidden(graphdef, params, tokens, shared)
+  np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+
+  def loss(p, prefix):
+    return jnp.sum(jnp.sin(_hidden(graphdef, p, tokens, prefix)))
+
+  ga = jax.tree.leaves(jax.grad(loss)(params, None))
+  gb = jax.tree.leaves(jax.grad(loss)(params, shared))
+  scale = max(float(jnp.max(jnp.abs(x))) for x in ga)
+  assert scale > 1.0  # a real gradient
+  for x, y in zip(ga, gb):
+    np.testing.assert_allclose(y, x, rtol=0, atol=1e-5 * scale)
+
+
+def test_every_position_shared_and_nothing_shared():
+  _, (graphdef, params) = _model()
+  base = jax.random.randint(jax.random.key(3), (N, L), 0, 50)
+  tokens = jnp.repeat(base, G, axis=0)  # whole rows equal within a group
+  ref = _hidden(graphdef, params, tokens, None)
+  for length in (L, L + 4, 0):
+    out = _hidden(graphdef, params, tokens, transformer.SharedPrefix(length, G))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
+
+
+def test_a_differing_row_gets_its_groups_prefix():
+  # Documented behaviour (not checked by the model): the update's mismatch
+  # metric is what catches it.
+  _, (graphdef, params) = _model()
+  tokens = _tokens()
+  odd = tokens.at[1, 0].set((tokens[1, 0] + 1) % 50)
+  shared = transformer.SharedPrefix(S, G)
+  np.testing.assert_allclose(
+      _hidden(graphdef, params, odd, shared),
+      _hidden(graphdef, params, tokens, None),
+      rtol=0,
+      atol=1e-5,
+  )
+  assert float(learner_common.shared_prefix_mismatch(tokens, shared)) == 0.0
+  assert float(learner_common.shared_prefix_mismatch(odd, shared)) == 1.0
+  # A difference after the shared positions is not a mismatch.
+  late = tokens.at[1, S].set((tokens[1, S] + 1) % 50)
+  assert float(learner_common.shared_prefix_mismatch(late, shared)) == 0.0
+  assert float(learner_common.shared_prefix_mismatch(odd, None)) == 0.0
+
+
+def test_bad_uses_raise():
+  _, (graphdef, params) = _model()
+  model = nnx.merge(graphdef, params)
+  tokens = _tokens()
+  shared = transformer.SharedPrefix(S, G)
+  with pytest.raises(ValueError, match="group 4 must divide the batch"):
+    model.hidden_states(tokens, shared_prefix=transformer.SharedPrefix(S, 4))
+  positions = jnp.broadcast_to(jnp.arange(L), tokens.shape)
+  with pytest.raises(ValueError, match="default positions"):
+    model.hidden_states(tokens, positions, shared_prefix=shared)
+  with pytest.raises(ValueError, match="length must be >= 0"):
+    transformer.SharedPrefix(-1, 2)
+  cfg, (graphdef_c, params_c) = _model()
+  chunked = transformer.Transformer(
+      transformer.TransformerConfig(
+          **{
+              **{f: getattr(cfg, f) for f in ("vocab_size", "d_model")},
+              "num_layers": 1,
+              "num_heads": 4,
+              "num_kv_heads": 2,
+              "head_dim": 8,
+              "ffn_dim": 64,
+              "max_positions": 64,
+              "attention_impl": "chunked",
+              "attention_block": 4,
+          }
+      ),
+      nnx.Rngs(params=0),
+  )
+  with pytest.raises(ValueError, match="dense only"):
+    chunked.hidden_states(tokens, shared_prefix=shared)
+
+
+def test_split_rows_by_unit_keeps_groups_together():
+  x = jnp.arange(8)
+  parts = sharding.split_rows(x, 2, unit=2)
+  np.testing.assert_array_equal(parts, [[0, 1, 4, 5], [2, 3, 6, 7]])
+  np.testing.assert_array_equal(sharding.merge_rows(parts, unit=2), x)
+  # unit 1 is the row split.
+  np.testing.assert_array_equal(
+      sharding.split_rows(x, 2, unit=1), sharding.split_rows(x, 2)
+  )
+  np.testing.assert_array_equal(
+      sharding.split_rows(x, 2), [[0, 2, 4, 6], [1, 3, 5, 7]]
+  )
+  with pytest.raises(ValueError, match="with unit=2, n \\* unit divide"):
+    sharding.split_rows(x, 3, unit=2)
+
+
+def test_shared_prefill_equals_the_unshared_prefill():
+  cfg, (graphdef, params) = _model()
+  p = 8
+  prompt = jax.random.randint(jax.random.key(5), (N * G, p), 0, 50)
+  # Rows of a group share their first S tokens; their lengths differ (S to
+  # p), and one group's prompts are exactly S long.
+  prompt = prompt.at[:, :S].set(jnp.repeat(prompt[::G, :S], G, axis=0))
+  prompt_len = jnp.array([S, 6, 8, S, S, S], jnp.int32)
+  kw = dict(max_len=L, graphdef=graphdef, params=params, model_config=cfg)
+  a = rollout.init_state(prompt, prompt_len, None, **kw)
+  b = rollout.init_state(
+      prompt,
+      prompt_len,
+      None,
+      shared_prefix=transformer.SharedPrefix(S, G),
+      **kw,
+  )
+  np.testing.assert_allclose(b.next_logits, a.next_logits, rtol=0, atol=1e-5)
+  for la, lb in zip(a.cache, b.cache):
+    for k in ("k", "v"):
+      # Entries at each row's written positions (the rest are never read).
+      written = (
+          jnp.arange(L)[None, None, :, None] < prompt_len[:, None, None, None]
+      )
+      np.testing.assert_allclose(
+          jnp.where(written, lb[k], 0), jnp.where(written, la[k], 0), atol=1e-5
+      )
+  np.testing.assert_array_equal(b.tokens, a.tokens)
+
+
+def _config(**rl):
+  config = schema.with_defaults(default_config.get_config())
+  config.rl.num_minibatches = 1
+  for k, v in rl.items():
+    config.rl[k] = v
+  return config
+
+
+def test_the_config_checks_name_the_field():
+  validation.validate_config(_config(shared_prefix_len=4))
+  for rl, match in (
+      (dict(shared_prefix_len=-1), "must be an int >= 0"),
+      (dict(shared_prefix_len=True), "must be an int"),
+      (dict(shared_prefix_len=10_000), "must be below max_len"),
+      (dict(shared_prefix_len=4, num_minibatches=2), "num_minibatches=1"),
+      (dict(shared_prefix_len=4, num_microbatches=16), "whole groups"),
+  ):
+    with pytest.raises(validation.ConfigError, match="rl.shared_prefix_len"):
+      validation.validate_config(_config(**rl))
+    with pytest.raises(validation.ConfigError, match=match):
+      validation.validate_config(_config(**rl))
+  chunked = _config(shared_prefix_len=4)
+  chunked.model.attention_impl = "chunked"
+  with pytest.raises(validation.ConfigError, match="dense only"):
+    validation.validate_config(chunked)
+
+
+def test_the_loop_stops_on_a_mismatch_before_logging():
+  logged = []
+  phases = (
+      loop.Phase(
+          "rl",
+          2,
+          lambda s: (s, {"loss": 1.0, "shared_prefix_mismatch_max": 1.0}),
+      ),
+  )
+  with pytest.raises(ValueError, match="rl.shared_prefix_len: at rl step 1"):
+    loop.run({}, phases, start=0, log=lambda *a: logged.append(a))
+  assert logged == []
+  ok = (
+      loop.Phase(
+          "rl",
+          1,
+          lambda s: (s, {"loss": 1.0, "shared_prefix_mismatch_max": 0.0}),
+      ),
+  )
+  loop.run({}, ok, start=0, log=lambda *a: logged.append(a))
+  assert len(logged) == 1
+
+
+def test_rl_iterations_match_the_unshared_ones():
+  # bench_peers' tiny workload (2 prompts x 4, prompts of 8 tokens), two
+  # micro-batches of whole groups: the shared run's parameters stay within
+  # float summation order of the unshared run's, iteration after iteration.
+  spec = dict(peers_common.spec(True), micro_batches=2)
+  folder = tempfile.mkdtemp()
+  ours_worker.write_model_folder(
+      folder, spec["model"], spec["prompt_len"] + spec["new_tokens"]
+  )
+  env = ours_worker.BenchEnv(
+      prompts=tuple(tuple(p) for p in spec["prompts"]),
+      max_action_len=spec["new_tokens"],
+  )
+  runs = {}
+  for shared in (False, True):
+    config = ours_worker.ours_config(dict(spec, shared_prefix=shared), folder)
+    assert config.rl.shared_prefix_len == (spec["prompt_len"] if shared else 0)
+    model_cfg = train.make_model_config(config)
+    graphdef, state = train.init_state(config, model_cfg)
+    state = train.start_rl(config, state)
+    step = learner.make_rl_step(
+        config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+    )
+    metrics = []
+    for _ in range(3):
+      state, m = step(state)
+      metrics.append(jax.device_get(m))
+    runs[shared] = (jax.tree.leaves(state.params), metrics)
+  (pa, ma), (pb, mb) = runs[False], runs[True]
+  assert "shared_prefix_mismatch_max" not in ma[-1]
+  assert all(float(m["shared_prefix_mismatch_max"]) == 0.0 for m in mb)
+  for a, b in zip(ma, mb):
+    for k in ("loss", "kl", "reward"):
+      np.testing.assert_allclose(float(b[k]), float(a[k]), rtol=1e-4, atol=1e-6)
+  moved = max(float(np.max(np.abs(np.asarray(x)))) for x in pa)
+  assert moved > 0
+  for x, y in zip(pa, pb):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=1e-4)
