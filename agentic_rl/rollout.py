@@ -420,6 +420,10 @@ def _shared_prefill(
   """`init_state`'s prefill with a shared prefix: (next_logits [B, V], cache)."""
   b, p = prompt.shape
   g = shared_prefix.group
+  if b % g:
+    raise ValueError(
+        f"shared_prefix: group {g} must divide the batch ({b} rows)"
+    )
   s = min(shared_prefix.length, p)
   n = b // g
   cache_n = transformer.init_cache(model_config, n, l)
@@ -595,9 +599,10 @@ def rollout(
       tasks, max_len and policy (None: built here, the same computation).
       Several passes over one task set (evaluation's greedy and sampled
       passes) share one prompt prefill this way.
-    shared_prefix: optional `transformer.SharedPrefix` (policy rollouts,
-      init None): the tasks come in groups of `group` equal prompts whose
-      first `length` tokens are prefilled once per group (`init_state`).
+    shared_prefix: optional `transformer.SharedPrefix` (policy rollouts;
+      ignored with `init`, whose prefill is done): the tasks come in groups
+      of `group` equal prompts whose first `length` tokens are prefilled
+      once per group (`init_state`).
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.

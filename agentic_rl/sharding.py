@@ -543,8 +543,11 @@ def split_rows(tree: Any, n: int, unit: int = 1) -> Any:
 
   With `unit` > 1 the batch is cut into units of `unit` consecutive rows and
   unit u goes to part u % n, keeping each unit's rows together and in order
-  (whole GRPO groups per part, for the shared-prefix forward); unit 1 is the
-  row split described below.
+  (whole GRPO groups per part, for the shared-prefix forward): out[j, t *
+  unit + k] = x[(t * n + j) * unit + k]. On a mesh this keeps every device
+  on its own rows when N divides B / (n * unit), i.e. each device's block
+  holds a whole number of units for every part; otherwise XLA moves rows.
+  Unit 1 is the row split described below.
 
   Every leaf [B, ...] becomes [n, B / n, ...] with out[j, t] = x[t * n + j].
   On a mesh whose ('data', 'fsdp') devices each hold a contiguous block of

@@ -654,6 +654,13 @@ def _validate_shared_prefix(config) -> None:
         f"{num_groups} groups (micro-batches of whole groups)",
     )
   model = config.model
+  if model.lora.rank > 0 and model.lora.dropout > 0:
+    _fail(
+        "rl.shared_prefix_len",
+        length,
+        f"cannot be used with model.lora.dropout={model.lora.dropout} (the "
+        "prefix computed once per group would share one dropout mask)",
+    )
   impl, block = model.attention_impl, model.attention_block
   if impl == "chunked" or (impl == "auto" and config.max_len - 1 > block):
     _fail(

@@ -87,7 +87,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # prompt, in tokens (e.g. a system prompt's length); same results up to
   # float summation order. Needs num_minibatches 1, micro-batches of whole
   # groups, and the dense attention at max_len; the update checks the
-  # equality and the run stops if a group's rows differ. 0 = off.
+  # equality and the run stops if a group's rows differ. On a device mesh it
+  # pays when a micro-batch holds at least one group per data device (the
+  # prefix rows are replicated otherwise). Not with LoRA dropout. 0 = off.
   config.rl.shared_prefix_len = 0
   # JAX-native environments: compile the update for this many buffer lengths
   # (max_len * i / K rounded up to trim_bucket) and run the shortest that

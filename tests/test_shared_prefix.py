@@ -226,6 +226,11 @@ def test_the_config_checks_name_the_field():
       validation.validate_config(_config(**rl))
     with pytest.raises(validation.ConfigError, match=match):
       validation.validate_config(_config(**rl))
+  dropout = _config(shared_prefix_len=4)
+  dropout.model.lora.rank = 4
+  dropout.model.lora.dropout = 0.1
+  with pytest.raises(validation.ConfigError, match="lora.dropout=0.1"):
+    validation.validate_config(dropout)
   chunked = _config(shared_prefix_len=4)
   chunked.model.attention_impl = "chunked"
   with pytest.raises(validation.ConfigError, match="dense only"):
@@ -255,10 +260,10 @@ def test_the_loop_stops_on_a_mismatch_before_logging():
   assert len(logged) == 1
 
 
-def test_rl_iterations_match_the_unshared_ones():
-  # bench_peers' tiny workload (2 prompts x 4, prompts of 8 tokens), two
-  # micro-batches of whole groups: the shared run's parameters stay within
-  # float summation order of the unshared run's, iteration after iteration.
+def _tiny_steps(iters=3, **rl):
+  """Metrics of `iters` RL iterations of bench_peers' tiny workload (2
+  prompts x 4, prompts of 8 tokens, two micro-batches of whole groups),
+  with `rl` fields set; returns (initial params, final params, metrics)."""
   spec = dict(peers_common.spec(True), micro_batches=2)
   folder = tempfile.mkdtemp()
   ours_worker.write_model_folder(
@@ -268,28 +273,138 @@ def test_rl_iterations_match_the_unshared_ones():
       prompts=tuple(tuple(p) for p in spec["prompts"]),
       max_action_len=spec["new_tokens"],
   )
-  runs = {}
-  for shared in (False, True):
-    config = ours_worker.ours_config(dict(spec, shared_prefix=shared), folder)
-    assert config.rl.shared_prefix_len == (spec["prompt_len"] if shared else 0)
-    model_cfg = train.make_model_config(config)
-    graphdef, state = train.init_state(config, model_cfg)
-    state = train.start_rl(config, state)
-    step = learner.make_rl_step(
-        config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
-    )
-    metrics = []
-    for _ in range(3):
-      state, m = step(state)
-      metrics.append(jax.device_get(m))
-    runs[shared] = (jax.tree.leaves(state.params), metrics)
-  (pa, ma), (pb, mb) = runs[False], runs[True]
+  config = ours_worker.ours_config(spec, folder)
+  for k, v in rl.items():
+    config.rl[k] = v
+  model_cfg = train.make_model_config(config)
+  graphdef, state = train.init_state(config, model_cfg)
+  state = train.start_rl(config, state)
+  start = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+  step = learner.make_rl_step(
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+  )
+  metrics = []
+  for _ in range(iters):
+    state, m = step(state)
+    metrics.append(jax.device_get(m))
+  end = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+  return start, end, metrics
+
+
+def test_rl_iterations_match_the_unshared_ones():
+  # The shared run's parameters stay within float summation order of the
+  # unshared run's, iteration after iteration; so do loss, KL and reward.
+  prompt_len = peers_common.spec(True)["prompt_len"]
+  start, pa, ma = _tiny_steps(shared_prefix_len=0)
+  _, pb, mb = _tiny_steps(shared_prefix_len=prompt_len)
   assert "shared_prefix_mismatch_max" not in ma[-1]
   assert all(float(m["shared_prefix_mismatch_max"]) == 0.0 for m in mb)
   for a, b in zip(ma, mb):
     for k in ("loss", "kl", "reward"):
       np.testing.assert_allclose(float(b[k]), float(a[k]), rtol=1e-4, atol=1e-6)
-  moved = max(float(np.max(np.abs(np.asarray(x)))) for x in pa)
-  assert moved > 0
+  moved = max(float(np.max(np.abs(x - y))) for x, y in zip(start, pa))
+  assert moved > 1e-3  # three real updates
   for x, y in zip(pa, pb):
-    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(y, x, rtol=0, atol=1e-4)
+
+
+def test_trainer_behaviour_blocks_line_up_with_the_micro_batches():
+  # rl.behaviour_logprobs='trainer' recomputes the behaviour log-probs on
+  # the update's blocks (whole groups here): the loss forward of the first
+  # optimizer step reproduces them, row for row (a misaligned block would
+  # compare different episodes' log-probs).
+  prompt_len = peers_common.spec(True)["prompt_len"]
+  _, _, metrics = _tiny_steps(
+      iters=2, shared_prefix_len=prompt_len, behaviour_logprobs="trainer"
+  )
+  for m in metrics:
+    assert float(m["behaviour_gap_max_first"]) < 1e-5
+    assert float(m["shared_prefix_mismatch_max"]) == 0.0
+
+
+def test_a_prefix_longer_than_the_prompt_is_caught_by_the_update():
+  # Positions past the 8-token prompt hold sampled tokens, which differ
+  # between a group's episodes.
+  prompt_len = peers_common.spec(True)["prompt_len"]
+  _, _, metrics = _tiny_steps(iters=1, shared_prefix_len=prompt_len + 2)
+  assert float(metrics[0]["shared_prefix_mismatch_max"]) == 1.0
+
+
+# The update with a shared prefix (8 groups of 4) on 8 data devices equals
+# one device and the unshared update (tolerances as tests/test_mesh_waste.py's
+# _EQUAL), with 1 and with 2 micro-batches of whole groups. With one
+# micro-batch the prefix stream's activations are split over the devices,
+# [1, S, D] per device (one group each), never the whole [8, S, D] (the
+# [4, S, D] pieces are a device's 4 rows of the whole batch once the prefix
+# is repeated over its group); with two, a micro-batch's 4 prefix rows do not
+# divide over 8 devices and are replicated ([4, S, D] prefix rows: the
+# documented cost of fewer groups per micro-batch than devices).
+_MESH = """
+import re
+import jax, jax.numpy as jnp, numpy as np
+from agentic_rl import learner, sampling, sharding, train
+from configs import default
+assert jax.device_count() == 8
+cfg = default.get_config("smoke")
+cfg.model.update(d_model=40, num_layers=1, num_heads=4, head_dim=8, ffn_dim=64)
+cfg.rl.update(num_minibatches=1, ppo_epochs=1, warmup_steps=0,
+              group_size=4, kl_coef=0.05, loss_agg_mode="token-mean")
+GRAPHDEF, STATE = train.init_state(cfg, train.make_model_config(cfg))
+B, L, S = 32, 12, 5
+ks = jax.random.split(jax.random.PRNGKey(4), 4)
+tokens = jax.random.randint(ks[0], (B, L), 0, 265)
+tokens = tokens.at[:, :S].set(jnp.repeat(tokens[::4, :S], 4, axis=0))
+mask = jax.random.bernoulli(ks[1], 0.6, (B, L)).at[:, :S].set(False)
+logp0, _ = jax.jit(lambda p, t: sampling.token_logprobs(GRAPHDEF, p, t, 1.0))(
+    STATE.params, tokens)
+host = jax.device_get(learner.LearnerBatch(
+    tokens=tokens, mask=mask, behaviour_logp=logp0, ref_logp=logp0 - 0.1,
+    advantage=jax.random.normal(ks[2], (B, L))))
+mesh = sharding.make_mesh(dict(data=8, fsdp=1, tensor=1))
+
+def run(shared, on_mesh, micro):
+  cfg.rl.shared_prefix_len = S if shared else 0
+  cfg.rl.num_microbatches = micro
+  tx = learner.make_optimizer(cfg.rl)
+  update = jax.jit(learner.make_update_fn(cfg, GRAPHDEF, tx))
+  p, b = jax.device_get(STATE.params), host
+  if not on_mesh:
+    p, opt, m = update(p, jax.jit(tx.init)(p), b, jnp.float32(0.05))
+    return jax.device_get(p), {k: float(v) for k, v in m.items()}, None
+  p = jax.device_put(p, sharding.tree_shardings(STATE.params, mesh))
+  b = sharding.put_batch(b, mesh)
+  with jax.set_mesh(mesh):
+    opt = jax.jit(tx.init)(p)
+    hlo = update.lower(p, opt, b, jnp.float32(0.05)).compile().as_text()
+    p, opt, m = update(p, opt, b, jnp.float32(0.05))
+  return jax.device_get(p), {k: float(v) for k, v in m.items()}, hlo
+
+p0, m0, _ = run(False, False, 1)
+moved = max(float(np.max(np.abs(a - b))) for a, b in
+            zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(STATE.params))))
+assert moved > 1e-4, moved
+prefix_rows = {}
+for micro in (1, 2):
+  for on_mesh in (False, True):
+    p, m, hlo = run(True, on_mesh, micro)
+    for k in ("loss", "pg_loss", "kl", "grad_norm"):
+      np.testing.assert_allclose(m[k], m0[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in
+               zip(jax.tree.leaves(p0), jax.tree.leaves(p)))
+    assert diff < 1e-5, diff
+    assert m["shared_prefix_mismatch_max"] == 0.0
+    if on_mesh:
+      prefix_rows[micro] = {
+          int(r) for r in re.findall(r"\\[(\\d+),%d,40\\]" % S, hlo)}
+assert prefix_rows[1] == {1, 4}, prefix_rows
+assert 4 in prefix_rows[2], prefix_rows
+print("OK shared mesh", prefix_rows)
+"""
+
+
+@pytest.mark.slow
+def test_the_shared_update_on_8_devices_equals_one_device():
+  from tests import fakes  # pylint: disable=g-import-not-at-top
+
+  out = fakes.run_on_8_devices(_MESH)
+  assert "OK shared mesh" in out, out

@@ -32,8 +32,9 @@ def behaviour_forward(
   function the loss calls: a teacher-forced forward over the whole
   trajectory) on the same micro-batches the update uses (the batch cut into
   n = num_minibatches * num_microbatches blocks by the strided split
-  `sharding.split_rows` (whole groups with `rl.shared_prefix_len`,
-  `common.split_unit`), row i in block i % n, mapped with `lax.map`: block
+  `sharding.split_rows`, row i in block i % n, or with `rl.shared_prefix_len`
+  whole groups, row i in block (i // group_size) % n (`common.split_unit`),
+  mapped with `lax.map`: block
   j + num_minibatches * k holds, in the same order, the rows of micro-batch k
   of minibatch j), with the parameters that sampled the batch. The loss then
   reproduces them bit for bit on the first optimizer step, so the first
@@ -118,8 +119,9 @@ def masked_behaviour_logprobs(
       total = total + jnp.exp(lp)
     return total
 
-  # The same strided blocks as `behaviour_forward` (each keeps every device's
-  # share of the rows on a data-sharded mesh).
+  # Strided blocks of rows (each keeps every device's share of the rows on a
+  # data-sharded mesh); every row is computed on its own, so these need not
+  # be `behaviour_forward`'s blocks, and they run unshared.
   mass = sharding.merge_rows(
       jax.lax.map(banned_mass, sharding.split_rows(tokens_bl, n))
   )

@@ -283,7 +283,9 @@ def make_update_fn(
   minibatch keeps each device's share of the rows; with group-major rows each
   minibatch holds an equal share of every group), swept `rl.ppo_epochs` times
   with `lax.scan`, one optimizer step per minibatch. Each minibatch is further
-  split (strided again) into `rl.num_microbatches` for gradient accumulation;
+  split (strided again; by whole groups, group g in micro-batch g %
+  num_microbatches, with `rl.shared_prefix_len`) into `rl.num_microbatches`
+  for gradient accumulation;
   the loss denominator is
   computed once over the whole minibatch (the optimizer batch), so accumulation
   does not change the loss or its gradient. Metrics are means over all optimizer

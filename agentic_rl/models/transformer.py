@@ -444,8 +444,9 @@ class Attention(nnx.Module):
   def _fused_qkv(
       self, x_btd: jax.Array
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Queries [B, H, T, Dh] and keys, values [B, G, T, Dh] of a multi-token
-    chunk (T > 1), before adapters and RoPE, from one fused product."""
+    """Queries [B, H, T, Dh] and keys, values [B, G, T, Dh] of a chunk of
+    tokens (cache-free forwards and multi-token cache writes), before
+    adapters and RoPE, from one fused product."""
     cfg = self.cfg
     dt = cfg.compute_dtype
     b, t, d = x_btd.shape
@@ -1037,11 +1038,13 @@ class Transformer(nnx.Module):
     pos = jnp.arange(t, dtype=jnp.int32)
     rope_p = rope_tables(jnp.broadcast_to(pos[:s], (n, s)), inv_freq)
     rope_s = rope_tables(jnp.broadcast_to(pos[s:], (b, t - s)), inv_freq)
-    xp = embed(tokens_bt[::g, :s])
+    # Both streams split over the batch axes on a mesh (replicated where the
+    # rows do not divide, `sharding.batch_spec`); no-op without one.
+    xp = pin(embed(tokens_bt[::g, :s]))
     xs = pin(embed(tokens_bt[:, s:]))
     for block in self.blocks:
       xp, xs = _shared_block_apply(block, xp, xs, rope_p, rope_s, g, cfg.remat)
-      xs = pin(xs)
+      xp, xs = pin(xp), pin(xs)
     x = jnp.concatenate([jnp.repeat(xp, g, axis=0), xs], axis=1)
     return self.final_norm(pin(x))
 
