@@ -593,6 +593,69 @@ def split_rows(tree: Any, n: int, unit: int = 1) -> Any:
   return jax.tree.map(split, tree)
 
 
+def split_blocks(
+    tree: Any, num_minibatches: int, num_microbatches: int, unit: int = 1
+) -> Any:
+  """The update's micro-batches of every minibatch, as one stack of blocks.
+
+  Block j * N + k (M = num_minibatches, N = num_microbatches) holds exactly
+  the rows, in order, of micro-batch k of minibatch j as the update cuts them:
+  `split_rows(x, M)` (row i in minibatch i % M), then `split_rows(minibatch,
+  N, unit)` (units of `unit` consecutive rows of the minibatch, unit u in
+  micro-batch u % N). Row i = ((t * N + k) * unit + c) * M + j goes to block
+  j * N + k at position t * unit + c. With unit 1 the blocks are those of
+  `split_rows(x, M * N)`, in another order. Parts are pinned as in
+  `split_rows`.
+
+  Args:
+    tree: pytree of [B, ...] arrays.
+    num_minibatches, num_microbatches: M and N, >= 1.
+    unit: rows kept together inside a minibatch, with M * N * unit dividing
+      B.
+
+  Returns:
+    Pytree of [M * N, B / (M N), ...] arrays (inverse: `merge_blocks`).
+
+  Raises:
+    ValueError: a count < 1 or M * N * unit not dividing a leaf's leading
+      axis.
+  """
+  m, n = num_minibatches, num_microbatches
+
+  def split(x):
+    b = x.shape[0]
+    if min(m, n, unit) < 1 or b % (m * n * unit):
+      raise ValueError(
+          f"split_blocks: minibatches {m}, micro-batches {n} and unit {unit} "
+          f"must be >= 1 with their product dividing the batch ({b} rows)"
+      )
+    rest = x.shape[1:]
+    y = x.reshape((b // (m * n * unit), n, unit, m) + rest)
+    tail = tuple(range(4, y.ndim))
+    y = y.transpose((3, 1, 0, 2) + tail)  # [m, n, t, unit, ...]
+    return _constrain_parts(y.reshape((m * n, b // (m * n)) + rest))
+
+  return jax.tree.map(split, tree)
+
+
+def merge_blocks(
+    tree: Any, num_minibatches: int, num_microbatches: int, unit: int = 1
+) -> Any:
+  """Inverse of `split_blocks`: [M * N, B / (M N), ...] back to [B, ...],
+  pinned to `batch_spec` on the ambient mesh."""
+  m, n = num_minibatches, num_microbatches
+
+  def merge(x):
+    rows = x.shape[0] * x.shape[1]
+    rest = x.shape[2:]
+    y = x.reshape((m, n, rows // (m * n * unit), unit) + rest)
+    tail = tuple(range(4, y.ndim))
+    y = y.transpose((2, 1, 3, 0) + tail)  # [t, n, unit, m, ...]
+    return constrain_batch(y.reshape((rows,) + rest))
+
+  return jax.tree.map(merge, tree)
+
+
 def merge_rows(tree: Any, unit: int = 1) -> Any:
   """Inverse of `split_rows(..., unit)`: [n, B / n, ...] leaves back to
   [B, ...].

@@ -638,12 +638,14 @@ def _validate_shared_prefix(config) -> None:
         f"must be below max_len={config.max_len} (at most the shortest "
         "prompt)",
     )
-  if rl.num_minibatches != 1:
+  if rl.group_size % rl.num_minibatches:
     _fail(
         "rl.shared_prefix_len",
         length,
-        f"needs rl.num_minibatches=1, not {rl.num_minibatches} (a minibatch "
-        "takes every num_minibatches-th row, so no group stays together)",
+        f"needs rl.num_minibatches={rl.num_minibatches} to divide "
+        f"rl.group_size={rl.group_size} (a minibatch takes every "
+        "num_minibatches-th row, so it holds group_size / num_minibatches "
+        "rows of every group, which share the prefix)",
     )
   num_groups = rl.batch_size // rl.group_size
   if num_groups % rl.num_microbatches:

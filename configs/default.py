@@ -85,8 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # positions once per group instead of once per episode (the group's
   # episodes start with the same prompt). Set it to at most the shortest
   # prompt, in tokens (e.g. a system prompt's length); same results up to
-  # float summation order. Needs num_minibatches 1, micro-batches of whole
-  # groups, and the dense attention at max_len; the update checks the
+  # float summation order. Needs num_minibatches dividing group_size,
+  # micro-batches of whole groups, and the dense attention at max_len; the update checks the
   # equality and the run stops if a group's rows differ. On a device mesh it
   # pays when a micro-batch holds at least one group per data device (the
   # prefix rows are replicated otherwise). Not with LoRA dropout. 0 = off.

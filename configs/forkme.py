@@ -173,6 +173,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # descriptions) are computed once per group in the prefill, the reference
   # forward and the update: same results up to float order, 16% faster on
   # bench_peers' 32-token prompts. At most the shortest prompt; needs
-  # num_minibatches = 1 and whole groups per micro-batch. 0 = off.
+  # num_minibatches dividing group_size and whole groups per micro-batch.
+  # 0 = off.
   rl.shared_prefix_len = 0
   return config

@@ -159,6 +159,31 @@ def test_bad_uses_raise():
     chunked.hidden_states(tokens, shared_prefix=shared)
 
 
+def test_split_blocks_are_the_updates_micro_batches():
+  x = jnp.arange(48).reshape(24, 2)
+  for m, n, unit in ((1, 2, 4), (2, 2, 2), (2, 3, 2), (3, 2, 1)):
+    blocks = sharding.split_blocks(x, m, n, unit)
+    # The update: minibatches by rows, then micro-batches by units.
+    minibatches = sharding.split_rows(x, m)
+    want = np.concatenate(
+        [sharding.split_rows(minibatches[j], n, unit) for j in range(m)]
+    )
+    np.testing.assert_array_equal(blocks, want)
+    np.testing.assert_array_equal(sharding.merge_blocks(blocks, m, n, unit), x)
+  # By hand: 8 rows, 2 minibatches (even / odd rows), units of 2 rows of a
+  # minibatch, 1 micro-batch: block 0 = rows 0, 2, 4, 6.
+  np.testing.assert_array_equal(
+      sharding.split_blocks(jnp.arange(8), 2, 1, 2),
+      [[0, 2, 4, 6], [1, 3, 5, 7]],
+  )
+  np.testing.assert_array_equal(
+      sharding.split_blocks(jnp.arange(8), 1, 2, 2),
+      [[0, 1, 4, 5], [2, 3, 6, 7]],
+  )
+  with pytest.raises(ValueError, match="product dividing the batch"):
+    sharding.split_blocks(x, 2, 2, 4)
+
+
 def test_split_rows_by_unit_keeps_groups_together():
   x = jnp.arange(8)
   parts = sharding.split_rows(x, 2, unit=2)
@@ -215,11 +240,15 @@ def _config(**rl):
 
 def test_the_config_checks_name_the_field():
   validation.validate_config(_config(shared_prefix_len=4))
+  validation.validate_config(_config(shared_prefix_len=4, num_minibatches=2))
   for rl, match in (
       (dict(shared_prefix_len=-1), "must be an int >= 0"),
       (dict(shared_prefix_len=True), "must be an int"),
       (dict(shared_prefix_len=10_000), "must be below max_len"),
-      (dict(shared_prefix_len=4, num_minibatches=2), "num_minibatches=1"),
+      (
+          dict(shared_prefix_len=4, batch_size=128, num_minibatches=16),
+          "num_minibatches=16 to divide rl.group_size=8",
+      ),
       (dict(shared_prefix_len=4, num_microbatches=16), "whole groups"),
   ):
     with pytest.raises(validation.ConfigError, match="rl.shared_prefix_len"):
@@ -262,8 +291,9 @@ def test_the_loop_stops_on_a_mismatch_before_logging():
 
 def _tiny_steps(iters=3, **rl):
   """Metrics of `iters` RL iterations of bench_peers' tiny workload (2
-  prompts x 4, prompts of 8 tokens, two micro-batches of whole groups),
-  with `rl` fields set; returns (initial params, final params, metrics)."""
+  prompts x 4, prompts of 8 tokens; by default one minibatch of two
+  micro-batches of whole groups), with `rl` fields set; returns (initial
+  params, final params, metrics)."""
   spec = dict(peers_common.spec(True), micro_batches=2)
   folder = tempfile.mkdtemp()
   ours_worker.write_model_folder(
@@ -291,12 +321,16 @@ def _tiny_steps(iters=3, **rl):
   return start, end, metrics
 
 
-def test_rl_iterations_match_the_unshared_ones():
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_rl_iterations_match_the_unshared_ones(minibatches):
   # The shared run's parameters stay within float summation order of the
   # unshared run's, iteration after iteration; so do loss, KL and reward.
+  # Two minibatches: each takes every other row, 2 of each group of 4, which
+  # share the prompt (micro-batches of one such pair each).
   prompt_len = peers_common.spec(True)["prompt_len"]
-  start, pa, ma = _tiny_steps(shared_prefix_len=0)
-  _, pb, mb = _tiny_steps(shared_prefix_len=prompt_len)
+  mb = dict(num_minibatches=minibatches)
+  start, pa, ma = _tiny_steps(shared_prefix_len=0, **mb)
+  _, pb, mb = _tiny_steps(shared_prefix_len=prompt_len, **mb)
   assert "shared_prefix_mismatch_max" not in ma[-1]
   assert all(float(m["shared_prefix_mismatch_max"]) == 0.0 for m in mb)
   for a, b in zip(ma, mb):
@@ -308,14 +342,18 @@ def test_rl_iterations_match_the_unshared_ones():
     np.testing.assert_allclose(y, x, rtol=0, atol=1e-4)
 
 
-def test_trainer_behaviour_blocks_line_up_with_the_micro_batches():
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_trainer_behaviour_blocks_line_up_with_the_micro_batches(minibatches):
   # rl.behaviour_logprobs='trainer' recomputes the behaviour log-probs on
-  # the update's blocks (whole groups here): the loss forward of the first
-  # optimizer step reproduces them, row for row (a misaligned block would
-  # compare different episodes' log-probs).
+  # the update's blocks (whole prompt groups here): the loss forward of the
+  # first optimizer step reproduces them, row for row (a misaligned block
+  # would compare different episodes' log-probs).
   prompt_len = peers_common.spec(True)["prompt_len"]
   _, _, metrics = _tiny_steps(
-      iters=2, shared_prefix_len=prompt_len, behaviour_logprobs="trainer"
+      iters=2,
+      shared_prefix_len=prompt_len,
+      behaviour_logprobs="trainer",
+      num_minibatches=minibatches,
   )
   for m in metrics:
     assert float(m["behaviour_gap_max_first"]) < 1e-5
@@ -332,7 +370,8 @@ def test_a_prefix_longer_than_the_prompt_is_caught_by_the_update():
 
 # The update with a shared prefix (8 groups of 4) on 8 data devices equals
 # one device and the unshared update (tolerances as tests/test_mesh_waste.py's
-# _EQUAL), with 1 and with 2 micro-batches of whole groups. With one
+# _EQUAL), with 1 and with 2 micro-batches of whole groups, and with 2
+# minibatches (each 2 of every group's 4 rows). With one
 # micro-batch the prefix stream's activations are split over the devices,
 # [1, S, D] per device (one group each), never the whole [8, S, D] (the
 # [4, S, D] pieces are a device's 4 rows of the whole batch once the prefix
@@ -347,7 +386,7 @@ from configs import default
 assert jax.device_count() == 8
 cfg = default.get_config("smoke")
 cfg.model.update(d_model=40, num_layers=1, num_heads=4, head_dim=8, ffn_dim=64)
-cfg.rl.update(num_minibatches=1, ppo_epochs=1, warmup_steps=0,
+cfg.rl.update(ppo_epochs=1, warmup_steps=0,
               group_size=4, kl_coef=0.05, loss_agg_mode="token-mean")
 GRAPHDEF, STATE = train.init_state(cfg, train.make_model_config(cfg))
 B, L, S = 32, 12, 5
@@ -362,8 +401,9 @@ host = jax.device_get(learner.LearnerBatch(
     advantage=jax.random.normal(ks[2], (B, L))))
 mesh = sharding.make_mesh(dict(data=8, fsdp=1, tensor=1))
 
-def run(shared, on_mesh, micro):
+def run(shared, on_mesh, minibatches, micro):
   cfg.rl.shared_prefix_len = S if shared else 0
+  cfg.rl.num_minibatches = minibatches
   cfg.rl.num_microbatches = micro
   tx = learner.make_optimizer(cfg.rl)
   update = jax.jit(learner.make_update_fn(cfg, GRAPHDEF, tx))
@@ -379,21 +419,21 @@ def run(shared, on_mesh, micro):
     p, opt, m = update(p, opt, b, jnp.float32(0.05))
   return jax.device_get(p), {k: float(v) for k, v in m.items()}, hlo
 
-p0, m0, _ = run(False, False, 1)
-moved = max(float(np.max(np.abs(a - b))) for a, b in
-            zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(STATE.params))))
-assert moved > 1e-4, moved
 prefix_rows = {}
-for micro in (1, 2):
+for minibatches, micro in ((1, 1), (1, 2), (2, 1)):
+  p0, m0, _ = run(False, False, minibatches, micro)
+  moved = max(float(np.max(np.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(STATE.params))))
+  assert moved > 1e-4, moved
   for on_mesh in (False, True):
-    p, m, hlo = run(True, on_mesh, micro)
+    p, m, hlo = run(True, on_mesh, minibatches, micro)
     for k in ("loss", "pg_loss", "kl", "grad_norm"):
       np.testing.assert_allclose(m[k], m0[k], rtol=1e-5, atol=1e-7, err_msg=k)
     diff = max(float(np.max(np.abs(a - b))) for a, b in
                zip(jax.tree.leaves(p0), jax.tree.leaves(p)))
     assert diff < 1e-5, diff
     assert m["shared_prefix_mismatch_max"] == 0.0
-    if on_mesh:
+    if on_mesh and minibatches == 1:
       prefix_rows[micro] = {
           int(r) for r in re.findall(r"\\[(\\d+),%d,40\\]" % S, hlo)}
 assert prefix_rows[1] == {1, 4}, prefix_rows

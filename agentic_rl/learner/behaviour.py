@@ -11,7 +11,6 @@ from flax import nnx
 from agentic_rl import sharding
 from agentic_rl.learner.common import policy_forward
 from agentic_rl.learner.common import shared_prefix
-from agentic_rl.learner.common import split_unit
 
 # Where the behaviour log-probs of the importance ratio come from
 # (`rl.behaviour_logprobs`, see `behaviour_forward`).
@@ -32,11 +31,12 @@ def behaviour_forward(
   function the loss calls: a teacher-forced forward over the whole
   trajectory) on the same micro-batches the update uses (the batch cut into
   n = num_minibatches * num_microbatches blocks by the strided split
-  `sharding.split_rows`, row i in block i % n, or with `rl.shared_prefix_len`
-  whole groups, row i in block (i // group_size) % n (`common.split_unit`),
-  mapped with `lax.map`: block
+  `sharding.split_rows`, row i in block i % n, mapped with `lax.map`: block
   j + num_minibatches * k holds, in the same order, the rows of micro-batch k
-  of minibatch j), with the parameters that sampled the batch. The loss then
+  of minibatch j; with `rl.shared_prefix_len`, `sharding.split_blocks` of
+  the update's micro-batches of whole prompt groups, `common.shared_prefix`,
+  block j * num_microbatches + k), with the parameters that sampled the
+  batch. The loss then
   reproduces them bit for bit on the first optimizer step, so the first
   epoch's ratios are exactly 1 (no float drift from the sampler's cached
   one-token decode). Values are the behaviour values V_old of GAE.
@@ -54,8 +54,15 @@ def behaviour_forward(
   """
   rl_cfg = config.rl
   n = rl_cfg.num_minibatches * rl_cfg.num_microbatches
-  unit = split_unit(rl_cfg)
-  blocks = sharding.split_rows(tokens_bl, n, unit)
+  prefix = shared_prefix(rl_cfg)
+  if prefix is None:
+    blocks = sharding.split_rows(tokens_bl, n)
+    unblock = sharding.merge_rows
+  else:
+    # The same rows as the update's micro-batches of whole prompt groups.
+    counts = (rl_cfg.num_minibatches, rl_cfg.num_microbatches, prefix.group)
+    blocks = sharding.split_blocks(tokens_bl, *counts)
+    unblock = lambda x: sharding.merge_blocks(x, *counts)
   logp, _, values = jax.lax.map(
       lambda t: policy_forward(
           graphdef,
@@ -63,12 +70,11 @@ def behaviour_forward(
           sharding.constrain_batch(t),
           rl_cfg.temperature,
           with_values,
-          prefix=shared_prefix(rl_cfg),
+          prefix=prefix,
       ),
       blocks,
   )
-  unblock = lambda x: None if x is None else sharding.merge_rows(x, unit)
-  return unblock(logp), unblock(values)
+  return unblock(logp), None if values is None else unblock(values)
 
 
 def masked_behaviour_logprobs(

@@ -73,18 +73,15 @@ def adapter_dropout_key(config, state: types.TrainState):
   return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 6)
 
 
-def shared_prefix(rl_cfg) -> transformer.SharedPrefix | None:
-  """The shared-prefix layout of the RL batch, or None (`rl.shared_prefix_len`
-  0, the default).
+def rollout_shared_prefix(rl_cfg) -> transformer.SharedPrefix | None:
+  """The shared-prefix layout of the sampled batch, or None
+  (`rl.shared_prefix_len` 0, the default).
 
   The batch is group-major (rl.group_size consecutive episodes per task), and
   the episodes of a group start with the same prompt, so their first
   `rl.shared_prefix_len` tokens are equal whenever that is at most the
-  shortest prompt; the policy, behaviour and reference forwards over the batch
-  then compute those positions once per group (arXiv:2506.05433). The update
-  checks the equality on every micro-batch (metric
-  'shared_prefix_mismatch_max', 1 where some row differs from its group's
-  first row; the loop stops the run on it).
+  shortest prompt (arXiv:2506.05433); the rollout prefills them once per
+  group.
   """
   length = rl_cfg.get("shared_prefix_len", 0)
   if not length:
@@ -92,10 +89,33 @@ def shared_prefix(rl_cfg) -> transformer.SharedPrefix | None:
   return transformer.SharedPrefix(length, rl_cfg.group_size)
 
 
+def shared_prefix(rl_cfg) -> transformer.SharedPrefix | None:
+  """The shared-prefix layout of the update's blocks, or None.
+
+  A minibatch takes every num_minibatches-th row (`sharding.split_rows`), so
+  with M = rl.num_minibatches dividing G = rl.group_size it holds G / M
+  consecutive rows of every group, in order: its rows come in groups of G / M
+  that share the prompt. Its micro-batches are cut by those groups
+  (`split_unit`), so the policy, behaviour and reference forwards over them
+  compute the first `rl.shared_prefix_len` positions once per G / M rows.
+  The update checks the equality on every micro-batch (metric
+  'shared_prefix_mismatch_max', 1 where some row differs from its group's
+  first row; the loop stops the run on it).
+  """
+  prefix = rollout_shared_prefix(rl_cfg)
+  if prefix is None:
+    return None
+  return transformer.SharedPrefix(
+      prefix.length, rl_cfg.group_size // rl_cfg.num_minibatches
+  )
+
+
 def split_unit(rl_cfg) -> int:
-  """Rows kept together by the update's row splits (`sharding.split_rows`):
-  whole groups with a shared prefix, single rows otherwise."""
-  return 1 if shared_prefix(rl_cfg) is None else rl_cfg.group_size
+  """Rows kept together by the update's micro-batch split
+  (`sharding.split_rows`): the groups of `shared_prefix`, single rows
+  without one."""
+  prefix = shared_prefix(rl_cfg)
+  return 1 if prefix is None else prefix.group
 
 
 def shared_prefix_mismatch(

@@ -127,7 +127,7 @@ def build_stages(
           temperature=temperature,
           tree_branching=tree_branching,
           num_tool_free=num_free,
-          shared_prefix=common.shared_prefix(rl_cfg),
+          shared_prefix=common.rollout_shared_prefix(rl_cfg),
       )
     if reward_model is not None:
       # Frozen learned RM: episode score and per-state potentials, one pass.
