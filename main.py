@@ -6,7 +6,8 @@ agentic_rl.rm_train.train_and_evaluate_rm (reward models, configs/rm_*.py).
 
 Mistakes a user can fix (a misspelled or new --config.* field, a config file that
 does not exist, a bad value, a workdir that is a file, read-only, full or in use
-by another run, a full disk while saving) end with one line on stderr,
+by another run, a full disk while saving, an rl.shared_prefix_len that a
+group's episodes turn out not to share) end with one line on stderr,
 `error: ...` saying what to do, and exit code 2; no traceback.
 """
 
@@ -193,6 +194,7 @@ def main(argv):
   # Imported here, after the flags parse: flag mistakes are reported sooner.
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_rl import checkpoint  # pylint: disable=g-import-not-at-top
+  from agentic_rl import loop  # pylint: disable=g-import-not-at-top
   from agentic_rl import validation  # pylint: disable=g-import-not-at-top
   from agentic_rl import workdir_lock  # pylint: disable=g-import-not-at-top
   from configs import schema  # pylint: disable=g-import-not-at-top
@@ -229,8 +231,14 @@ def main(argv):
         from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
 
         rm_train.train_and_evaluate_rm(config, workdir)
-  except (validation.ConfigError, checkpoint.CheckpointError) as e:
-    _die(str(e))  # bad config, workdir or checkpoint: one line, no traceback
+  except (
+      validation.ConfigError,
+      checkpoint.CheckpointError,
+      loop.SharedPrefixMismatch,
+  ) as e:
+    # Bad config, workdir or checkpoint, or an rl.shared_prefix_len longer
+    # than a prompt: one line, no traceback.
+    _die(str(e))
   except OSError as e:
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
       raise

@@ -28,7 +28,7 @@ and one step of `run` (s = the number of steps done after it) is:
   1. state, metrics = phase.step(state); the metrics are fetched to the host
      (python floats; arrays [S] with `seed_axis`); a non-finite 'loss'
      raises FloatingPointError, a positive 'shared_prefix_mismatch_max'
-     (`rl.shared_prefix_len`) ValueError;
+     (`rl.shared_prefix_len`) SharedPrefixMismatch;
   2. log(s, phase, metrics);
   3. every phase that begins at s is entered (`phase.enter(state)`);
   4. checkpoints.save(s, state, force=s ends a phase);
@@ -82,6 +82,11 @@ class Phase:
   log_every: int = 1
   enter: Callable[[State], State] | None = None
   restructures: bool = False
+
+
+class SharedPrefixMismatch(ValueError):
+  """A group's rows differed in their first `rl.shared_prefix_len` tokens;
+  main.py prints it as one line (exit code 2)."""
 
 
 def phase_starts(phases: Sequence[Phase]) -> list[int]:
@@ -240,8 +245,9 @@ def run(
 
   Raises:
     FloatingPointError: a non-finite 'loss' (names the phase and step).
-    ValueError: the update found a group whose rows differ in their shared
-      prefix (metric 'shared_prefix_mismatch_max', `rl.shared_prefix_len`).
+    SharedPrefixMismatch: the update found a group whose rows differ in their
+      shared prefix (metric 'shared_prefix_mismatch_max',
+      `rl.shared_prefix_len`).
   """
   ends = phase_ends(phases)
   starts = phase_starts(phases)
@@ -261,11 +267,12 @@ def run(
     mismatch = metrics.get("shared_prefix_mismatch_max")
     if mismatch is not None and np.any(np.asarray(mismatch) > 0):
       # Before logging or saving: this step's update used a wrong forward.
-      raise ValueError(
-          f"rl.shared_prefix_len: at {phase.name} step {step} the rows of a "
-          "group differ in their first rl.shared_prefix_len tokens (the "
-          "shared-prefix forward assumes they are equal); set it to at most "
-          "the shortest prompt, or 0"
+      raise SharedPrefixMismatch(
+          f"config.rl.shared_prefix_len: at {phase.name} step {step} the rows "
+          "of a group differ in their first rl.shared_prefix_len tokens (the "
+          "shared-prefix forward assumes they are equal; nothing of this step "
+          "was logged or saved); set it to at most the shortest prompt, or 0, "
+          "and re-run the same command to resume"
       )
     log(step, phase, metrics)
     for p, begin in zip(phases, starts):

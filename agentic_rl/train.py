@@ -682,7 +682,9 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # evaluation, logging or the device mesh, or the gradient-accumulation split,
 # which leaves the update unchanged: e.g. resume an OOM-killed run with more
 # microbatches; workdirs written before sft.num_microbatches existed also
-# resume); any other change is refused.
+# resume; or the shared prompt's length, which changes only float summation
+# order: e.g. resume after a mismatch stop with a shorter one); any other
+# change is refused.
 _RESUMABLE_CHANGES = (
     "rl.steps",
     "eval.",
@@ -693,6 +695,7 @@ _RESUMABLE_CHANGES = (
     "mesh.",
     "sft.num_microbatches",
     "rl.num_microbatches",
+    "rl.shared_prefix_len",
     "rl.log_every_steps",
 )
 

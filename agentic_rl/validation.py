@@ -592,6 +592,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
   _validate_update_buckets(config, env_obj)
+  if config.rl.shared_prefix_len > env_obj.max_prompt_len:
+    _fail(
+        "rl.shared_prefix_len",
+        config.rl.shared_prefix_len,
+        f"exceeds the environment's longest prompt ({env_obj.max_prompt_len} "
+        "tokens); it must be at most its shortest prompt",
+    )
   validate_rl_reward_model(config)  # learned reward model (rl.reward_model_dir)
   need = env_obj.max_prompt_len + env_obj.max_action_len
   if config.max_len < need:
@@ -653,7 +660,8 @@ def _validate_shared_prefix(config) -> None:
         "rl.shared_prefix_len",
         length,
         f"needs rl.num_microbatches={rl.num_microbatches} to divide the "
-        f"{num_groups} groups (micro-batches of whole groups)",
+        f"{num_groups} groups (micro-batches of whole row groups: a "
+        "minibatch holds group_size / num_minibatches rows of every group)",
     )
   model = config.model
   if model.lora.rank > 0 and model.lora.dropout > 0:

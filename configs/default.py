@@ -80,16 +80,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # computed over the whole minibatch).
   config.rl.num_minibatches = 2
   config.rl.num_microbatches = 1
-  # Shared-prefix forward (arXiv:2506.05433): the policy, behaviour and
-  # reference forwards over the batch compute its first shared_prefix_len
-  # positions once per group instead of once per episode (the group's
-  # episodes start with the same prompt). Set it to at most the shortest
-  # prompt, in tokens (e.g. a system prompt's length); same results up to
-  # float summation order. Needs num_minibatches dividing group_size,
-  # micro-batches of whole groups, and the dense attention at max_len; the update checks the
-  # equality and the run stops if a group's rows differ. On a device mesh it
-  # pays when a micro-batch holds at least one group per data device (the
-  # prefix rows are replicated otherwise). Not with LoRA dropout. 0 = off.
+  # Shared prompt (arXiv:2506.05433): a group's episodes start with the same
+  # prompt, so their first shared_prefix_len positions are computed once per
+  # group in the rollout's prefill and once per group_size / num_minibatches
+  # episodes (the rows of a group that one minibatch holds) in the policy,
+  # behaviour and reference forwards, instead of once per episode. Same
+  # results up to float summation order. At most the shortest prompt, in
+  # tokens (e.g. a system prompt's length; the config check refuses more than
+  # the longest). Needs num_minibatches dividing group_size (equal to it, the
+  # forwards share nothing), micro-batches of whole such row groups, and the
+  # dense attention at max_len; not with LoRA dropout. The update compares
+  # the tokens themselves: a step whose rows differ there stops the run before
+  # it is logged or saved (re-run with a smaller value to resume). On a device
+  # mesh it pays when a micro-batch holds at least one row group per data
+  # device (the prefix rows are replicated otherwise). 0 = off.
   config.rl.shared_prefix_len = 0
   # JAX-native environments: compile the update for this many buffer lengths
   # (max_len * i / K rounded up to trim_bucket) and run the shortest that

@@ -170,10 +170,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rl.num_microbatches = 1
   # Shared prompt (arXiv:2506.05433): the first shared_prefix_len tokens of a
   # group's episodes (its prompt, e.g. a long system prompt with the tools'
-  # descriptions) are computed once per group in the prefill, the reference
-  # forward and the update: same results up to float order, 16% faster on
-  # bench_peers' 32-token prompts. At most the shortest prompt; needs
-  # num_minibatches dividing group_size and whole groups per micro-batch.
-  # 0 = off.
+  # descriptions) are computed once per group in the prefill and once per
+  # group_size / num_minibatches episodes in the reference forward and the
+  # update: same results up to float order, 15-17% faster on bench_peers'
+  # 32-token prompts (num_minibatches 1). At most the shortest prompt; needs
+  # num_minibatches dividing group_size. 0 = off.
   rl.shared_prefix_len = 0
   return config

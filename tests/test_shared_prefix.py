@@ -5,6 +5,7 @@ hidden states and gradients of the model, the rollout's prefill (cache and
 next-token logits), and whole RL iterations of bench_peers' tiny workload.
 """
 
+import json
 import tempfile
 
 import jax
@@ -245,11 +246,12 @@ def test_the_config_checks_name_the_field():
       (dict(shared_prefix_len=-1), "must be an int >= 0"),
       (dict(shared_prefix_len=True), "must be an int"),
       (dict(shared_prefix_len=10_000), "must be below max_len"),
+      (dict(shared_prefix_len=30), "exceeds the environment's longest prompt"),
       (
           dict(shared_prefix_len=4, batch_size=128, num_minibatches=16),
           "num_minibatches=16 to divide rl.group_size=8",
       ),
-      (dict(shared_prefix_len=4, num_microbatches=16), "whole groups"),
+      (dict(shared_prefix_len=4, num_microbatches=16), "whole row groups"),
   ):
     with pytest.raises(validation.ConfigError, match="rl.shared_prefix_len"):
       validation.validate_config(_config(**rl))
@@ -448,3 +450,57 @@ def test_the_shared_update_on_8_devices_equals_one_device():
 
   out = fakes.run_on_8_devices(_MESH)
   assert "OK shared mesh" in out, out
+
+
+def test_main_stops_with_one_line_and_resumes_with_a_shorter_prefix(tmp_path):
+  # The smoke arithmetic prompts are 14 to 24 tokens: 20 positions are not
+  # shared by every group, and the first RL step's update finds it. One line
+  # naming the field, exit 2, nothing of that step saved; the same command
+  # with 14 resumes from the last checkpoint and finishes.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workdir = str(tmp_path / "run")
+
+  def main(length):
+    return subprocess.run(
+        [
+            sys.executable,
+            "main.py",
+            "--config=configs/default.py:smoke",
+            f"--workdir={workdir}",
+            f"--config.rl.shared_prefix_len={length}",
+            "--compilation_cache=",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "AGENTIC_RL_JEMALLOC": "0"},
+    )
+
+  bad = main(20)
+  assert bad.returncode == 2, bad.stderr[-3000:]
+  # The run's log and progress bars come first; the error is one line, the
+  # last, and there is no traceback.
+  lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+  assert "Traceback" not in bad.stderr, bad.stderr[-3000:]
+  assert [ln for ln in lines if ln.startswith("error: ")] == lines[-1:]
+  assert lines[-1].startswith(
+      "error: config.rl.shared_prefix_len: at rl step "
+  ), bad.stderr[-3000:]
+  step = int(re.search(r"at rl step (\d+)", lines[-1]).group(1))
+  saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))]
+  assert saved and max(saved) < step, (saved, step)
+  logged = [
+      json.loads(ln)["step"]
+      for ln in open(os.path.join(workdir, "metrics.jsonl"))
+      if ln.strip()
+  ]
+  assert max(logged) < step
+  good = main(14)
+  assert good.returncode == 0, good.stderr[-3000:]
+  assert "resum" in good.stderr.lower() or "restor" in good.stderr.lower()
