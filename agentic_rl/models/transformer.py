@@ -543,14 +543,9 @@ class Attention(nnx.Module):
         v_bgtk = v_bgtk + bias(self.v_bias_gk)
     else:
       q_bhtk, k_bgtk, v_bgtk = self._fused_qkv(x_btd)
-    if cfg.lora is not None:  # low-rank adapters (models/lora.py)
-      q_bhtk, k_bgtk, v_bgtk = (
-          lora_lib.apply(self, n, x_btd, y)
-          for n, y in (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk))
-      )
-    sin, cos = rope_sc
-    q_bhtk = apply_rope(q_bhtk, sin, cos)
-    k_bgtk = apply_rope(k_bgtk, sin, cos)
+    q_bhtk, k_bgtk, v_bgtk = self._adapt_and_rotate(
+        x_btd, q_bhtk, k_bgtk, v_bgtk, rope_sc
+    )
     if cache is None:
       keys_bgsk, values_bgsk = k_bgtk, v_bgtk
       new_cache = None
@@ -611,8 +606,24 @@ class Attention(nnx.Module):
         )
       else:
         out_bhtk = attend(keys_bgsk, values_bgsk, mask_bts)
-    out = matmul(out_bhtk, self.o_hkd[...].astype(dt), "bhtk,hkd->btd")
-    return lora_lib.apply(self, "o", out_bhtk, out), new_cache
+    return self._output(out_bhtk), new_cache
+
+  def _adapt_and_rotate(self, x_btd, q_bhtk, k_bgtk, v_bgtk, rope_sc):
+    """Projected queries, keys, values -> with low-rank adapters (if any,
+    models/lora.py) and RoPE on queries and keys; same shapes."""
+    if self.cfg.lora is not None:
+      q_bhtk, k_bgtk, v_bgtk = (
+          lora_lib.apply(self, n, x_btd, y)
+          for n, y in (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk))
+      )
+    sin, cos = rope_sc
+    return apply_rope(q_bhtk, sin, cos), apply_rope(k_bgtk, sin, cos), v_bgtk
+
+  def _output(self, out_bhtk: jax.Array) -> jax.Array:
+    """Output projection (and its adapter): [B, H, T, Dh] -> [B, T, D]."""
+    w_o = self.o_hkd[...].astype(self.cfg.compute_dtype)
+    out = matmul(out_bhtk, w_o, "bhtk,hkd->btd")
+    return lora_lib.apply(self, "o", out_bhtk, out)
 
   def shared_prefix_call(
       self,
@@ -646,14 +657,7 @@ class Attention(nnx.Module):
     dt = cfg.compute_dtype
 
     def project(x_btd, rope_sc):
-      q_bhtk, k_bgtk, v_bgtk = self._fused_qkv(x_btd)
-      if cfg.lora is not None:
-        q_bhtk, k_bgtk, v_bgtk = (
-            lora_lib.apply(self, n, x_btd, y)
-            for n, y in (("q", q_bhtk), ("k", k_bgtk), ("v", v_bgtk))
-        )
-      sin, cos = rope_sc
-      return apply_rope(q_bhtk, sin, cos), apply_rope(k_bgtk, sin, cos), v_bgtk
+      return self._adapt_and_rotate(x_btd, *self._fused_qkv(x_btd), rope_sc)
 
     qp, kp, vp = project(xp_nsd, rope_p)
     qs, ks, vs = project(xs_btd, rope_s)
@@ -679,11 +683,7 @@ class Attention(nnx.Module):
     out_s = attention_lib.dense_attention(
         qs, keys_bgsk, values_bgsk, jnp.broadcast_to(mask_ts, (b, t, s + t)), dt
     )
-    w_o = self.o_hkd[...].astype(dt)
-    output = lambda out: lora_lib.apply(
-        self, "o", out, matmul(out, w_o, "bhtk,hkd->btd")
-    )
-    return output(out_p), output(out_s)
+    return self._output(out_p), self._output(out_s)
 
 
 class SwiGLU(nnx.Module):
@@ -959,11 +959,7 @@ class Transformer(nnx.Module):
     # is cheaper than gathering the weights (measured in
     # experiments/bench_mesh.py). No-op without a mesh.
     pin = sharding.constrain_batch if t > 1 else (lambda x: x)
-    x = pin(
-        jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(
-            self.cfg.compute_dtype
-        )
-    )
+    x = pin(self._embed(tokens_bt))
     # Shared by every layer, so computed once: RoPE angles and the mask.
     rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
@@ -1008,6 +1004,12 @@ class Transformer(nnx.Module):
         new_cache.append(layer_cache)
     return self.final_norm(x), new_cache
 
+  def _embed(self, tokens: jax.Array) -> jax.Array:
+    """Token embeddings [..., D] in the compute dtype."""
+    return jnp.take(self.embed_vd[...], tokens, axis=0).astype(
+        self.cfg.compute_dtype
+    )
+
   def _shared_prefix_hidden(
       self, tokens_bt: jax.Array, shared_prefix: SharedPrefix
   ) -> jax.Array:
@@ -1029,9 +1031,6 @@ class Transformer(nnx.Module):
     if s == t:  # every position shared: one row per group
       hidden, _ = self.hidden_states(tokens_bt[::g])
       return jnp.repeat(hidden, g, axis=0)
-    embed = lambda tok: jnp.take(self.embed_vd[...], tok, axis=0).astype(
-        cfg.compute_dtype
-    )
     pin = sharding.constrain_batch
     inv_freq = rope_inv_freq(cfg)
     n = b // g
@@ -1040,8 +1039,8 @@ class Transformer(nnx.Module):
     rope_s = rope_tables(jnp.broadcast_to(pos[s:], (b, t - s)), inv_freq)
     # Both streams split over the batch axes on a mesh (replicated where the
     # rows do not divide, `sharding.batch_spec`); no-op without one.
-    xp = pin(embed(tokens_bt[::g, :s]))
-    xs = pin(embed(tokens_bt[:, s:]))
+    xp = pin(self._embed(tokens_bt[::g, :s]))
+    xs = pin(self._embed(tokens_bt[:, s:]))
     for block in self.blocks:
       xp, xs = _shared_block_apply(block, xp, xs, rope_p, rope_s, g, cfg.remat)
       xp, xs = pin(xp), pin(xs)
