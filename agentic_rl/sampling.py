@@ -68,7 +68,7 @@ def extend(
   t = tokens_bt.shape[1]
   positions_bt = start_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   model = nnx.merge(graphdef, params)
-  # On a mesh, the cache stays [B, G, S, Dh] -> (('data', 'fsdp'), 'tensor')
+  # On a mesh, the cache's [B, G, ...] stays on (('data', 'fsdp'), 'tensor')
   # (sharding.cache_spec) through every decode step; no-op without a mesh.
   cache = sharding.constrain_cache(cache)
   # Cache entries any real token may read: [0, max over rows of start + length).

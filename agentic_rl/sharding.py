@@ -32,7 +32,7 @@ lists the non-scalar ones for debugging. Optax state mirrors the parameter tree
 (Adam's mu/nu paths end in the parameter's name), so the same rule shards it.
 
 Batches (Trajectory fields, learner batches, task pytrees) are split on their
-leading (batch) axis over ('data', 'fsdp'); KV caches [B, G, S, Dh] over
+leading (batch) axis over ('data', 'fsdp'); KV caches [B, G, ...] over
 ('data', 'fsdp') on B and 'tensor' on G. Any global reduction inside a jitted
 step (e.g. the loss denominator: the number of trainable tokens) is computed
 over the whole global batch, across all shards. Minibatches and micro-batches
@@ -711,7 +711,8 @@ def constrain_gathered(x: jax.Array, letters: str) -> jax.Array:
 
 
 def cache_spec(shape: Sequence[int], mesh) -> P:
-  """KV-cache layout [B, G, S, Dh]: B over ('data', 'fsdp'), G over 'tensor'.
+  """KV-cache layout (values [B, G, S, Dh], keys [B, G, Dh, S]): B over
+  ('data', 'fsdp'), G over 'tensor'.
 
   Each axis falls back to replicated when not divisible by its mesh axes.
   """
@@ -722,7 +723,7 @@ def cache_spec(shape: Sequence[int], mesh) -> P:
 
 
 def cache_shardings(cache: Any, mesh: Mesh) -> Any:
-  """NamedShardings of a KV cache (list of {'k', 'v'} [B, G, S, Dh] arrays)."""
+  """NamedShardings of a KV cache (list of {'k', 'v'} arrays, `cache_spec`)."""
   return jax.tree.map(
       lambda x: NamedSharding(mesh, cache_spec(np.shape(x), mesh)), cache
   )

@@ -60,6 +60,12 @@ _MICRO = flags.DEFINE_integer(
     lower_bound=1,
 )
 _TINY = flags.DEFINE_bool("tiny", False, "bench_peers' shrunk workload.")
+_SHARED = flags.DEFINE_bool(
+    "shared_prefix",
+    False,
+    "bench_peers' --shared_prefix for every variant (rl.shared_prefix_len = "
+    "the prompt length; a config: target overrides it).",
+)
 
 
 def main(argv) -> None:
@@ -90,7 +96,11 @@ def main(argv) -> None:
   from experiments.peers import common  # pylint: disable=g-import-not-at-top
   from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 
-  spec = dict(common.spec(_TINY.value), micro_batches=_MICRO.value)
+  spec = dict(
+      common.spec(_TINY.value),
+      micro_batches=_MICRO.value,
+      shared_prefix=_SHARED.value,
+  )
   folder = os.path.join(
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),

@@ -8,7 +8,8 @@ compiled.
 For each model preset (configs/common.py) and mesh:
   * params / adam / kv: bytes per device of the sharded parameters, the
     optimizer state (AdamW mu and nu, learner.make_optimizer) and the KV cache
-    ([B, G, S, Dh] per layer, rows over data x fsdp, kv heads over tensor), summed
+    (values [B, G, S, Dh] and keys [B, G, Dh, S] per layer, rows over data x
+    fsdp, kv heads over tensor), summed
     over the shard shapes of `sharding.tree_shardings` / `cache_shardings`;
     `ideal` is the total divided by fsdp * tensor (parameters and optimizer
     state) or by the device count (cache);

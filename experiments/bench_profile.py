@@ -60,6 +60,12 @@ _MICRO = flags.DEFINE_integer(
     "(bench_peers.py --micro_batches).",
     lower_bound=1,
 )
+_SHARED = flags.DEFINE_bool(
+    "shared_prefix",
+    False,
+    "--workload=peers: the prompt once per group (rl.shared_prefix_len = the "
+    "prompt length; bench_peers.py --shared_prefix).",
+)
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -122,10 +128,10 @@ def op_class(op_name: str) -> str:
 
 def main(argv) -> None:
   del argv
-  if _MICRO.value != 1 and _WORKLOAD.value != "peers":
+  if (_MICRO.value != 1 or _SHARED.value) and _WORKLOAD.value != "peers":
     raise app.UsageError(
-        "--micro_batches applies to --workload=peers; for a config, set its "
-        "rl.num_microbatches"
+        "--micro_batches and --shared_prefix apply to --workload=peers; for a "
+        "config, set its rl.num_microbatches / rl.shared_prefix_len"
     )
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -140,7 +146,11 @@ def main(argv) -> None:
     from experiments.peers import common  # pylint: disable=g-import-not-at-top
     from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 
-    spec = dict(common.spec(False), micro_batches=_MICRO.value)
+    spec = dict(
+        common.spec(False),
+        micro_batches=_MICRO.value,
+        shared_prefix=_SHARED.value,
+    )
     if spec["episodes"] % _MICRO.value:
       raise app.UsageError(
           f"--micro_batches={_MICRO.value} must divide the "

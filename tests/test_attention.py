@@ -357,3 +357,41 @@ def test_chunked_attention_adds_no_collectives_under_tensor_parallelism():
   # as the dense form (Megatron-style, counted in tests/test_mesh_waste.py).
   out = fakes.run_on_8_devices(_MESH)
   assert "OK" in out, out
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2)])
+def test_dense_attention_with_transposed_keys_matches_numpy(heads, kv_heads):
+  """The KV cache's key layout [B, G, Dh, S] (`keys_transposed`): the same
+  values as softmax(q k^T / sqrt(Dh) masked) v computed in float64 numpy
+  with the keys [B, G, S, Dh], query head h reading kv head h // (H / G)."""
+  b, t, s, dh = 3, 2, 7, 8
+  rng = np.random.default_rng(0)
+  q = rng.standard_normal((b, heads, t, dh)).astype(np.float32)
+  k = rng.standard_normal((b, kv_heads, s, dh)).astype(np.float32)
+  v = rng.standard_normal((b, kv_heads, s, dh)).astype(np.float32)
+  mask = rng.random((b, t, s)) < 0.7
+  mask[:, :, 0] = True  # every query sees at least one key
+  r = heads // kv_heads
+  k_h = np.repeat(k, r, axis=1).astype(np.float64)
+  v_h = np.repeat(v, r, axis=1).astype(np.float64)
+  scores = np.einsum("bhtk,bhsk->bhts", q.astype(np.float64), k_h) / dh**0.5
+  scores = np.where(mask[:, None], scores, -np.inf)
+  p = np.exp(scores - scores.max(-1, keepdims=True))
+  want = np.einsum("bhts,bhsk->bhtk", p / p.sum(-1, keepdims=True), v_h)
+  got = attention.dense_attention(
+      jnp.asarray(q),
+      jnp.asarray(k).transpose(0, 1, 3, 2),
+      jnp.asarray(v),
+      jnp.asarray(mask),
+      jnp.float32,
+      keys_transposed=True,
+  )
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+  plain = attention.dense_attention(
+      jnp.asarray(q),
+      jnp.asarray(k),
+      jnp.asarray(v),
+      jnp.asarray(mask),
+      jnp.float32,
+  )
+  np.testing.assert_allclose(got, plain, rtol=0, atol=1e-6)

@@ -377,7 +377,7 @@ def test_validation_names_the_head_count(monkeypatch):
 # every parameter is split over fsdp * tensor = 4 except the RMSNorm scales
 # (2 per layer + the final one, [D], replicated) and Qwen's q/k/v biases
 # ([heads, Dh], split over tensor only). AdamW holds mu and nu shaped like the
-# parameters (plus scalar counts). The KV cache [B, G, S, Dh] splits B over
+# parameters (plus scalar counts). The KV cache [B, G, ...] splits B over
 # data * fsdp and G over tensor: exactly 1/8. SmolLM2-135M (9 heads) is refused
 # at tensor = 2 and planned on (2, 4, 1) instead.
 _PRESETS = textwrap.dedent("""

@@ -244,7 +244,8 @@ def test_gqa_kv_cache_decoding_equals_full_forward():
   )
   extend = jax.jit(sampling.extend, static_argnums=0)
   cache = transformer.init_cache(cfg, b, l)
-  assert cache[0]["k"].shape == (b, 1, l, 8)
+  assert cache[0]["k"].shape == (b, 1, 8, l)  # keys stored [B, G, Dh, S]
+  assert cache[0]["v"].shape == (b, 1, l, 8)
   logits, cache = extend(
       graphdef,
       params,

@@ -532,11 +532,14 @@ _CACHE = textwrap.dedent("""
     np.testing.assert_allclose(np.asarray(multi[1]), np.asarray(single[1]), atol=1e-5)
     assert int(np.sum(np.asarray(single[1]) != 0)) > B * 5  # it decoded
     want = NamedSharding(mesh, P(("data", "fsdp"), "tensor", None, None))
+    # Keys are stored [B, G, Dh, S], values [B, G, S, Dh].
     for layer in multi[2]:
-      for x in layer.values():
-        assert x.shape == (B, 4, LEN, 8), x.shape
+      for name, x in layer.items():
+        full, shard = {"k": ((B, 4, 8, LEN), (2, 2, 8, LEN)),
+                       "v": ((B, 4, LEN, 8), (2, 2, LEN, 8))}[name]
+        assert x.shape == full, x.shape
         assert x.sharding.is_equivalent_to(want, 4), x.sharding
-        assert x.addressable_shards[0].data.shape == (2, 2, LEN, 8)
+        assert x.addressable_shards[0].data.shape == shard
     print("OK cache", multi[2][0]["k"].sharding.spec)
 """)
 

@@ -220,13 +220,18 @@ def test_shared_prefill_equals_the_unshared_prefill():
   )
   np.testing.assert_allclose(b.next_logits, a.next_logits, rtol=0, atol=1e-5)
   for la, lb in zip(a.cache, b.cache):
+    # Entries at each row's written positions (the rest are never read); keys
+    # are stored [B, G, Dh, S], values [B, G, S, Dh].
+    pos = jnp.arange(L)
+    written = {
+        "k": pos[None, None, None, :] < prompt_len[:, None, None, None],
+        "v": pos[None, None, :, None] < prompt_len[:, None, None, None],
+    }
     for k in ("k", "v"):
-      # Entries at each row's written positions (the rest are never read).
-      written = (
-          jnp.arange(L)[None, None, :, None] < prompt_len[:, None, None, None]
-      )
       np.testing.assert_allclose(
-          jnp.where(written, lb[k], 0), jnp.where(written, la[k], 0), atol=1e-5
+          jnp.where(written[k], lb[k], 0),
+          jnp.where(written[k], la[k], 0),
+          atol=1e-5,
       )
   np.testing.assert_array_equal(b.tokens, a.tokens)
 

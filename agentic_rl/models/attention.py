@@ -85,14 +85,18 @@ def dense_attention(
     v_bgsk: jax.Array,
     mask_bts: jax.Array,
     dtype: Any,
+    keys_transposed: bool = False,
 ) -> jax.Array:
   """softmax(q k^T / sqrt(Dh) masked) v with the [B, H, T, S] scores formed.
 
   Args:
     q_bhtk: [B, H, T, Dh] queries (compute dtype).
-    k_bgsk, v_bgsk: [B, G, S, Dh] keys and values, G divides H.
+    k_bgsk, v_bgsk: [B, G, S, Dh] keys and values, G divides H; with
+      keys_transposed the keys are [B, G, Dh, S] (the KV cache's layout,
+      `transformer.init_cache`).
     mask_bts: [B, T, S] bool, True where query t may attend to key s.
     dtype: compute dtype of the value matmul.
+    keys_transposed: whether k_bgsk is laid out [B, G, Dh, S].
 
   Returns:
     [B, H, T, Dh] in `dtype`. A row with no visible key gets the mean of all
@@ -101,12 +105,14 @@ def dense_attention(
   b, h, t, dh = q_bhtk.shape
   g = k_bgsk.shape[1]
   r = h // g
+  ks = "bhks" if keys_transposed else "bhsk"
+  gks = "bgks" if keys_transposed else "bgsk"
   scale = dh**-0.5
   if r == 1:
     # Scores feed the softmax: accumulated and returned in float32.
     scores_bhts = (
         jnp.einsum(
-            "bhtk,bhsk->bhts",
+            f"bhtk,{ks}->bhts",
             q_bhtk,
             k_bgsk,
             preferred_element_type=jnp.float32,
@@ -120,7 +126,7 @@ def dense_attention(
   q_bgrtk = q_bhtk.reshape(b, g, r, t, dh)
   scores_bgrts = (
       jnp.einsum(
-          "bgrtk,bgsk->bgrts",
+          f"bgrtk,{gks}->bgrts",
           q_bgrtk,
           k_bgsk,
           preferred_element_type=jnp.float32,
