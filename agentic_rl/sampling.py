@@ -216,12 +216,29 @@ def logprob_and_entropy(
   return logp_bt, entropy_bt
 
 
+def _grouped_logprob_and_entropy(
+    logits_ntv: jax.Array, targets_ngt: jax.Array, temperature
+) -> tuple[jax.Array, jax.Array]:
+  """`logprob_and_entropy` of logits shared by groups of rows: logits [N, T,
+  V] once per group, targets [N, G, T] per row; returns (logprob [N, G, T],
+  entropy [N, T]), the log-softmax computed once per group."""
+  logp_ntv = jax.nn.log_softmax(
+      logits_ntv.astype(jnp.float32) / temperature, -1
+  )
+  logp_ngt = jnp.take_along_axis(
+      logp_ntv[:, None], targets_ngt[..., None], axis=-1
+  )[..., 0]
+  entropy_nt = -jnp.sum(jnp.exp(logp_ntv) * logp_ntv, axis=-1)
+  return logp_ngt, entropy_nt
+
+
 def chunked_logprob_and_entropy(
     hidden_btd: jax.Array,
     w_dv: jax.Array,
     targets_bt: jax.Array,
     temperature: float | jax.Array,
     chunk_size: int,
+    group: int = 1,
 ) -> tuple[jax.Array, jax.Array]:
   """`logprob_and_entropy` of logits = hidden @ w_dv, chunk by chunk over time.
 
@@ -231,16 +248,30 @@ def chunked_logprob_and_entropy(
   than a [B, chunk_size, V] logits array (never [B, T, V]).
 
   Args:
-    hidden_btd: [B, T, D] final hidden states (model.hidden_states).
+    hidden_btd: [B, T, D] final hidden states (model.hidden_states); with
+      `group` > 1, [B / group, T, D]: one row per group of `group`
+      consecutive target rows (a shared prefix,
+      `Transformer.shared_prefix_streams`).
     w_dv: [D, V] output layer (model.output_weights_dv()).
     targets_bt: [B, T] int32 token ids.
     temperature: scalar > 0.
     chunk_size: positions per chunk; <= 0 or >= T computes all at once.
+    group: target rows per hidden row. The vocabulary projection and the
+      log-softmax run once per hidden row; each target row gathers its own
+      token's log-prob (row b reads hidden row b // group) and the entropy is
+      repeated over the group.
 
   Returns:
     (logprob [B, T] float32, entropy [B, T] float32), equal to the unchunked
     computation up to float rounding.
+
+  Raises:
+    ValueError: the target rows are not `group` times the hidden rows.
   """
+  if group != 1:
+    return _chunked_grouped(
+        hidden_btd, w_dv, targets_bt, temperature, chunk_size, group
+    )
   b, t, d = hidden_btd.shape
   if chunk_size <= 0 or chunk_size >= t:
     return logprob_and_entropy(
@@ -272,6 +303,105 @@ def chunked_logprob_and_entropy(
   return unchunk(logp_nbc), unchunk(entropy_nbc)
 
 
+def _chunked_grouped(hidden_ntd, w_dv, targets_bt, temperature, chunk_size, g):
+  """`chunked_logprob_and_entropy` with group g > 1 (see there)."""
+  n, t, d = hidden_ntd.shape
+  b = targets_bt.shape[0]
+  if b != n * g:
+    raise ValueError(
+        f"group {g}: {b} target rows for {n} hidden rows (need {n * g})"
+    )
+  y_ngt = targets_bt.reshape(n, g, t)
+  if chunk_size <= 0 or chunk_size >= t:
+    logp_ngt, entropy_nt = _grouped_logprob_and_entropy(
+        transformer.vocab_logits(hidden_ntd, w_dv), y_ngt, temperature
+    )
+    return logp_ngt.reshape(b, t), jnp.repeat(entropy_nt, g, axis=0)
+  c = chunk_size
+  k = -(-t // c)
+  pad = k * c - t
+  h_kncd = (
+      jnp.pad(hidden_ntd, ((0, 0), (0, pad), (0, 0)))
+      .reshape(n, k, c, d)
+      .swapaxes(0, 1)
+  )
+  y_kngc = jnp.moveaxis(
+      jnp.pad(y_ngt, ((0, 0), (0, 0), (0, pad))).reshape(n, g, k, c), 2, 0
+  )
+
+  @jax.checkpoint
+  def one_chunk(h_ncd, y_ngc, w):
+    return _grouped_logprob_and_entropy(
+        transformer.vocab_logits(h_ncd, w), y_ngc, temperature
+    )
+
+  logp_kngc, entropy_knc = jax.lax.map(
+      lambda a: one_chunk(a[0], a[1], w_dv), (h_kncd, y_kngc)
+  )
+  logp_bt = jnp.moveaxis(logp_kngc, 0, 2).reshape(b, k * c)[:, :t]
+  entropy_nt = entropy_knc.swapaxes(0, 1).reshape(n, k * c)[:, :t]
+  return logp_bt, jnp.repeat(entropy_nt, g, axis=0)
+
+
+def shared_prefix_logprob_and_entropy(
+    model: transformer.Transformer,
+    context_bt: jax.Array,
+    targets_bt: jax.Array,
+    temperature: float | jax.Array,
+    chunk_size: int,
+    shared_prefix: transformer.SharedPrefix,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Teacher-forced log-probs with a shared prefix, its vocabulary projection
+  once per group.
+
+  `model.shared_prefix_streams(context_bt, shared_prefix)` gives the prefix
+  positions once per group and the rest per row; the prefix positions are
+  projected to the vocabulary (and log-softmaxed) once per group too, each
+  row gathering its own target there, so no [B, S, V] logits are formed
+  (Prefix Grouper's shared-prefix computation, arXiv:2506.05433, carried to
+  the output layer). Same values as `chunked_logprob_and_entropy` of
+  `model.hidden_states(context_bt, shared_prefix=...)` up to float rounding.
+
+  Args:
+    model: the Transformer (nnx.merge'd).
+    context_bt: [B, T] int32 tokens read (rows in groups sharing their
+      first `shared_prefix.length` tokens).
+    targets_bt: [B, T] int32 tokens scored: logprob[:, t] = log p(targets[:,
+      t] | context[:, :t + 1]).
+    temperature: scalar > 0.
+    chunk_size: positions per vocabulary chunk (`chunked_logprob_and_entropy`),
+      in each stream.
+    shared_prefix: the `transformer.SharedPrefix`.
+
+  Returns:
+    (logprob [B, T] float32, entropy [B, T] float32, hidden [B, T, D] final
+     hidden states, the prefix repeated over each group; unused outputs cost
+     nothing under jit).
+  """
+  hp_nsd, hs_btd = model.shared_prefix_streams(context_bt, shared_prefix)
+  g = shared_prefix.group
+  s = hp_nsd.shape[1]
+  w_dv = model.output_weights_dv()
+  parts = []
+  if s:
+    parts.append(
+        chunked_logprob_and_entropy(
+            hp_nsd, w_dv, targets_bt[:, :s], temperature, chunk_size, group=g
+        )
+    )
+  if hs_btd.shape[1]:
+    parts.append(
+        chunked_logprob_and_entropy(
+            hs_btd, w_dv, targets_bt[:, s:], temperature, chunk_size
+        )
+    )
+  logp_bt, entropy_bt = (
+      jnp.concatenate([part[i] for part in parts], axis=1) for i in (0, 1)
+  )
+  hidden_btd = jnp.concatenate([jnp.repeat(hp_nsd, g, axis=0), hs_btd], axis=1)
+  return logp_bt, entropy_bt, hidden_btd
+
+
 def token_logprobs(
     graphdef: nnx.GraphDef,
     params: Any,
@@ -299,9 +429,9 @@ def token_logprobs(
       None = deterministic. Without adapters or with dropout 0 it changes
       nothing.
     shared_prefix: optional `transformer.SharedPrefix`: rows in groups whose
-      first `length` tokens are equal, computed once per group
-      (`Transformer.hidden_states`); same results up to float summation
-      order.
+      first `length` tokens are equal, computed once per group, their
+      vocabulary projection included (`shared_prefix_logprob_and_entropy`);
+      same results up to float summation order.
 
   Returns:
     (logprob [B, L] float32 with logprob[:, t] = log p(tokens[:, t] | tokens[:, :t])
@@ -313,16 +443,24 @@ def token_logprobs(
     lora.set_dropout_key(model, dropout_key)
   if chunk_size is None:
     chunk_size = model.cfg.logprob_chunk_size
-  hidden_bld, _ = model.hidden_states(
-      tokens_bl[:, :-1], shared_prefix=shared_prefix
-  )
-  logp_bl, entropy_bl = chunked_logprob_and_entropy(
-      hidden_bld,
-      model.output_weights_dv(),
-      tokens_bl[:, 1:],
-      temperature,
-      chunk_size,
-  )
+  if shared_prefix is None:
+    hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
+    logp_bl, entropy_bl = chunked_logprob_and_entropy(
+        hidden_bld,
+        model.output_weights_dv(),
+        tokens_bl[:, 1:],
+        temperature,
+        chunk_size,
+    )
+  else:
+    logp_bl, entropy_bl, _ = shared_prefix_logprob_and_entropy(
+        model,
+        tokens_bl[:, :-1],
+        tokens_bl[:, 1:],
+        temperature,
+        chunk_size,
+        shared_prefix,
+    )
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   return (
       jnp.concatenate([pad, logp_bl], axis=1),

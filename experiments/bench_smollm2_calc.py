@@ -81,6 +81,7 @@ from agentic_rl import padding  # noqa: E402
 from agentic_rl import seeds as seeds_lib  # noqa: E402
 from agentic_rl import train  # noqa: E402
 from agentic_rl import types  # noqa: E402
+from agentic_rl.learner import common as learner_common  # noqa: E402
 from agentic_rl.learner.common import adapter_dropout_key  # noqa: E402
 from agentic_rl.learner.rl_step import update_is_bucketed  # noqa: E402
 from agentic_rl.learner.stages import sample as sample_stages  # noqa: E402
@@ -142,6 +143,9 @@ def step_flops(
     remat: bool = False,
     trainer_behaviour: bool = False,
     epochs: int = 1,
+    prefix: int = 0,
+    prefix_group: int = 1,
+    sample_group: int = 1,
 ) -> dict[str, int]:
   """Model FLOPs of one GRPO iteration, counted from the shapes.
 
@@ -167,6 +171,13 @@ def step_flops(
     update_len: columns of the reference and update passes (L, or the
       trimmed length of a host batch).
     lora, remat, trainer_behaviour, epochs: as above.
+    prefix, prefix_group, sample_group: the shared prompt
+      (`rl.shared_prefix_len` = prefix > 0) as executed: the rollout's
+      prefill computes the first `prefix` positions once per `sample_group`
+      rows (`learner.common.rollout_shared_prefix`), the reference,
+      behaviour and update forwards (and the backward) compute them, their
+      logits included, once per `prefix_group` rows
+      (`learner.common.shared_prefix`). 0 counts the unshared workload.
 
   Returns:
     {'sample', 'reference', 'behaviour', 'update', 'total'} in FLOPs.
@@ -181,6 +192,16 @@ def step_flops(
   sample = common.forward_flops(m, int(inside.sum()), sampled, context)
   t = int(update_len)
   forward = common.forward_flops(m, b * t, b * t, b * (t * (t + 1) // 2))
+  if prefix:
+    # Rows beyond the first of each group skip the prefix positions.
+    skipped = lambda g: b - b // g
+    s = min(prefix, t)
+    sample -= skipped(sample_group) * common.forward_flops(
+        m, prefix, 0, prefix * (prefix + 1) // 2
+    )
+    forward -= skipped(prefix_group) * common.forward_flops(
+        m, s, s, s * (s + 1) // 2
+    )
   out = dict(
       sample=sample,
       reference=forward,
@@ -371,7 +392,16 @@ def initial_state(config, model_cfg, init_from: str, start: dict | None):
   return graphdef, state, step
 
 
-def flops_of(config, model_cfg, traj, update_len) -> dict:
+def flops_of(
+    config, model_cfg, traj, update_len, executed=True, shared_prefill=True
+) -> dict:
+  """`step_flops` of the config's iteration: as executed (the shared prompt
+  once per group, `rl.shared_prefix_len`; the rollout's prefill shares it
+  with `shared_prefill`, the native path's, not the host rollout's), or the
+  unshared workload."""
+  shared = learner_common.shared_prefix(config.rl) if executed else None
+  sample = learner_common.rollout_shared_prefix(config.rl)
+  sample_group = sample.group if shared is not None and shared_prefill else 1
   return step_flops(
       model_dims(model_cfg),
       traj.role,
@@ -381,6 +411,9 @@ def flops_of(config, model_cfg, traj, update_len) -> dict:
       remat=bool(config.model.remat),
       trainer_behaviour=config.rl.behaviour_logprobs == "trainer",
       epochs=int(config.rl.ppo_epochs),
+      prefix=0 if shared is None else shared.length,
+      prefix_group=1 if shared is None else shared.group,
+      sample_group=sample_group,
   )
 
 
@@ -426,6 +459,7 @@ def bench_native(config, env, model_cfg, args, start) -> dict:
         temperature=rl.temperature,
         tree_branching=tuple(rl.tree_branching),
         num_tool_free=rl.dual_path_tool_free,
+        shared_prefix=learner_common.rollout_shared_prefix(rl),
     )
 
   collect = learner.make_collect_fn(config, env, graphdef, model_cfg)
@@ -459,6 +493,9 @@ def bench_native(config, env, model_cfg, args, start) -> dict:
   )
   fl = flops_of(config, model_cfg, traj, config.max_len)
   out["flops"] = fl
+  out["flops_workload"] = flops_of(
+      config, model_cfg, traj, config.max_len, executed=False
+  )
   out["tokens"] = token_kinds(traj.role, traj.length)
   out["stages"] = [
       stage("rollout (sampling, tool, KV cache)", f1, t1, fl["sample"]),
@@ -521,8 +558,11 @@ def bench_host(config, env, model_cfg, args, start) -> dict:
   traj = rollouts[-1][0]  # the last timed iteration's batch
   out["update_len"] = lens[-1]
   out["update_len_note"] = "trimmed (padding.host_trim_length)"
-  fl = flops_of(config, model_cfg, traj, lens[-1])
+  fl = flops_of(config, model_cfg, traj, lens[-1], shared_prefill=False)
   out["flops"] = fl
+  out["flops_workload"] = flops_of(
+      config, model_cfg, traj, lens[-1], executed=False
+  )
   out["tokens"] = token_kinds(traj.role, traj.length)
   roll = [t for _, t in rollouts]
   total = [out["first_s"]] + out["times"]
@@ -716,6 +756,19 @@ def report(
       "128-position KV-cache buckets) is in the time, not in the count. "
       "Share of bound = FLOPs / matmul rate / seconds.",
   ]
+  for r in results:
+    work = r.get("flops_workload", r["flops"])["total"]
+    if work != r["flops"]["total"]:
+      lines.append(
+          f"- {r['path']}: the shared prompt (`rl.shared_prefix_len`) "
+          "computes each group's first positions once (the prefill once per "
+          "group on the native path; the reference and update forwards, "
+          "their logits included, once per group / num_minibatches rows), so "
+          "the FLOPs and shares above are of what runs: "
+          f"{r['flops']['total'] / 1e9:.0f} GFLOP of the unshared workload's "
+          f"{work / 1e9:.0f} (its share of the bound at the iteration median "
+          f"would read {share(work, rate, med(r['times']))})."
+      )
   if info.get("notes"):
     lines += [""] + [f"- {n}" for n in info["notes"]]
   if failures:

@@ -92,6 +92,34 @@ def test_step_flops_by_hand():
   assert bench.step_flops(SMALL, ROLE, LENGTH, 3)["reference"] == 624
 
 
+def test_step_flops_with_a_shared_prompt_by_hand():
+  # Both rows one group sharing their first 2 positions (rl.shared_prefix_len
+  # = 2): the second row skips them. Prefill: 2 positions without logits,
+  # context 1 + 2: 68 * 2 + 8 * 3 = 160 less. Forwards over [2, 6]: 2
+  # positions with logits, context 3: 136 + 40 + 24 = 200 less, the update
+  # (LoRA: 2 forwards) 400 less.
+  got = bench.step_flops(
+      SMALL, ROLE, LENGTH, 6, prefix=2, prefix_group=2, sample_group=2
+  )
+  assert got == dict(
+      sample=908 - 160,
+      reference=1392 - 200,
+      behaviour=0,
+      update=2784 - 400,
+      total=5084 - 760,
+  )
+  # A group of one row shares nothing; the prefill unshared (host path).
+  assert bench.step_flops(
+      SMALL, ROLE, LENGTH, 6, prefix=2, prefix_group=1, sample_group=1
+  ) == bench.step_flops(SMALL, ROLE, LENGTH, 6)
+  assert (
+      bench.step_flops(
+          SMALL, ROLE, LENGTH, 6, prefix=2, prefix_group=2, sample_group=1
+      )["sample"]
+      == 908
+  )
+
+
 def test_model_dims_multi_head_default():
   cfg = pytypes.SimpleNamespace(
       vocab_size=5,

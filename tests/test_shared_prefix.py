@@ -17,6 +17,7 @@ from flax import nnx
 from agentic_rl import learner
 from agentic_rl import loop
 from agentic_rl import rollout
+from agentic_rl import sampling
 from agentic_rl import sharding
 from agentic_rl import train
 from agentic_rl import validation
@@ -509,3 +510,101 @@ def test_main_stops_with_one_line_and_resumes_with_a_shorter_prefix(tmp_path):
   good = main(14)
   assert good.returncode == 0, good.stderr[-3000:]
   assert "resum" in good.stderr.lower() or "restor" in good.stderr.lower()
+
+
+@pytest.mark.parametrize("chunk", [0, 4, 5])
+def test_log_probs_project_the_prefix_once_per_group(chunk):
+  """token_logprobs with a shared prefix: the prefix positions are projected
+  to the vocabulary once per group (each row gathering its own target); the
+  log-probs, entropies and their gradients equal the unshared ones."""
+  _, (graphdef, params) = _model()
+  tokens = _tokens()
+  shared = transformer.SharedPrefix(S, G)
+  weights = jax.random.normal(jax.random.key(9), (N * G, L))
+
+  def run(p, prefix):
+    return sampling.token_logprobs(
+        graphdef, p, tokens, 0.7, chunk_size=chunk, shared_prefix=prefix
+    )
+
+  (la, ea), (lb, eb) = run(params, None), run(params, shared)
+  np.testing.assert_allclose(lb, la, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(eb, ea, rtol=0, atol=1e-5)
+  assert float(jnp.min(la[:, 1:])) < -1.0  # real log-probs, not zeros
+
+  def loss(p, prefix):
+    logp, entropy = run(p, prefix)
+    return jnp.sum(weights * logp) + 0.1 * jnp.sum(entropy)
+
+  ga = jax.tree.leaves(jax.grad(loss)(params, None))
+  gb = jax.tree.leaves(jax.grad(loss)(params, shared))
+  scale = max(float(jnp.max(jnp.abs(x))) for x in ga)
+  assert scale > 1.0
+  for x, y in zip(ga, gb):
+    np.testing.assert_allclose(y, x, rtol=0, atol=1e-5 * scale)
+
+
+def test_the_prefix_vocabulary_projection_is_not_repeated():
+  """Compiled cost: against projecting the repeated prefix rows (the
+  hidden states of `hidden_states(shared_prefix=...)` then the output
+  layer), the shared forward saves at least the output layer's FLOPs of the
+  prefix positions of all but one row per group, 2 D V S (B - B / G)."""
+  cfg, (graphdef, params) = _model()
+  tokens = _tokens()
+  shared = transformer.SharedPrefix(S, G)
+
+  def grouped(p):
+    return sampling.token_logprobs(graphdef, p, tokens, shared_prefix=shared)
+
+  def repeated(p):  # the prefix streams' hidden states, repeated, projected
+    model = nnx.merge(graphdef, p)
+    hidden, _ = model.hidden_states(tokens[:, :-1], shared_prefix=shared)
+    return sampling.chunked_logprob_and_entropy(
+        hidden, model.output_weights_dv(), tokens[:, 1:], 1.0, 0
+    )
+
+  flops = lambda f: jax.jit(f).lower(params).compile().cost_analysis()["flops"]
+  saved = flops(repeated) - flops(grouped)
+  head = 2 * cfg.d_model * cfg.vocab_size * S * (N * G - N)
+  print("saved", saved, "output-layer FLOPs of the repeated prefix", head)
+  assert saved >= head, (saved, head)
+  np.testing.assert_allclose(
+      grouped(params)[0][:, 1:], repeated(params)[0], rtol=0, atol=1e-5
+  )
+
+
+def test_policy_forward_values_with_a_shared_prefix():
+  """learner.common.policy_forward with values and placebo targets: the
+  shared-prefix path (log-probs once per group in the prefix) equals the
+  unshared one."""
+  cfg = transformer.TransformerConfig(
+      vocab_size=50,
+      d_model=32,
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=8,
+      ffn_dim=64,
+      max_positions=64,
+      value_head=True,
+  )
+  graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
+  params = jax.tree.map(lambda x: x + 0.05, params)  # a non-zero value head
+  tokens = _tokens()
+  targets = jnp.roll(tokens, 1, axis=0)  # other rows' tokens as targets
+  shared = transformer.SharedPrefix(S, G)
+  a, b = (
+      learner_common.policy_forward(
+          graphdef,
+          params,
+          tokens,
+          0.9,
+          with_values=True,
+          targets_bl=targets,
+          prefix=prefix,
+      )
+      for prefix in (None, shared)
+  )
+  assert float(jnp.max(jnp.abs(a[2]))) > 0.01  # real values
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(y, x, rtol=0, atol=1e-5)

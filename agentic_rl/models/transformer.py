@@ -1024,6 +1024,30 @@ class Transformer(nnx.Module):
       self, tokens_bt: jax.Array, shared_prefix: SharedPrefix
   ) -> jax.Array:
     """`hidden_states(tokens_bt, shared_prefix=...)`: [B, T, D]."""
+    hp, hs = self.shared_prefix_streams(tokens_bt, shared_prefix)
+    g = shared_prefix.group
+    return jnp.concatenate([jnp.repeat(hp, g, axis=0), hs], axis=1)
+
+  def shared_prefix_streams(
+      self, tokens_bt: jax.Array, shared_prefix: SharedPrefix
+  ) -> tuple[jax.Array, jax.Array]:
+    """The final hidden states of `hidden_states(tokens_bt,
+    shared_prefix=...)` as its two streams, the prefix not repeated.
+
+    Args:
+      tokens_bt: [B, T] int32, rows in consecutive groups of
+        `shared_prefix.group` whose first `shared_prefix.length` tokens agree.
+      shared_prefix: the `SharedPrefix`.
+
+    Returns:
+      (prefix [B / G, S', D] once per group, rest [B, T - S', D] per row),
+      S' = min(length, T), in the compute dtype; row b's hidden states are
+      prefix[b // G] followed by rest[b].
+
+    Raises:
+      ValueError: G does not divide B, or T positions would take the chunked
+        attention.
+    """
     b, t = tokens_bt.shape
     g = shared_prefix.group
     s = min(shared_prefix.length, t)
@@ -1040,7 +1064,7 @@ class Transformer(nnx.Module):
       )
     if s == t:  # every position shared: one row per group
       hidden, _ = self.hidden_states(tokens_bt[::g])
-      return jnp.repeat(hidden, g, axis=0)
+      return hidden, hidden[:, :0].repeat(g, axis=0)
     pin = sharding.constrain_batch
     inv_freq = rope_inv_freq(cfg)
     n = b // g
@@ -1054,8 +1078,8 @@ class Transformer(nnx.Module):
     for block in self.blocks:
       xp, xs = _shared_block_apply(block, xp, xs, rope_p, rope_s, g, cfg.remat)
       xp, xs = pin(xp), pin(xs)
-    x = jnp.concatenate([jnp.repeat(xp, g, axis=0), xs], axis=1)
-    return self.final_norm(pin(x))
+    # RMSNorm is per position: each stream normalised on its own.
+    return pin(self.final_norm(xp)), pin(self.final_norm(xs))
 
   def output_weights_dv(self) -> jax.Array:
     """[D, V] output layer in the compute dtype (embed_vd^T when tied)."""
