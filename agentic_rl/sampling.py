@@ -206,14 +206,10 @@ def logprob_and_entropy(
   Returns:
     (logprob [B, T] float32, entropy [B, T] float32 in nats).
   """
-  logp_btv = jax.nn.log_softmax(
-      logits_btv.astype(jnp.float32) / temperature, -1
+  logp_b1t, entropy_bt = _grouped_logprob_and_entropy(
+      logits_btv, targets_bt[:, None], temperature
   )
-  logp_bt = jnp.take_along_axis(logp_btv, targets_bt[..., None], axis=-1)[
-      ..., 0
-  ]
-  entropy_bt = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
-  return logp_bt, entropy_bt
+  return logp_b1t[:, 0], entropy_bt
 
 
 def _grouped_logprob_and_entropy(
@@ -268,43 +264,7 @@ def chunked_logprob_and_entropy(
   Raises:
     ValueError: the target rows are not `group` times the hidden rows.
   """
-  if group != 1:
-    return _chunked_grouped(
-        hidden_btd, w_dv, targets_bt, temperature, chunk_size, group
-    )
-  b, t, d = hidden_btd.shape
-  if chunk_size <= 0 or chunk_size >= t:
-    return logprob_and_entropy(
-        transformer.vocab_logits(hidden_btd, w_dv), targets_bt, temperature
-    )
-  n = -(-t // chunk_size)
-  pad = n * chunk_size - t
-  h_nbcd = (
-      jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0)))
-      .reshape(b, n, chunk_size, d)
-      .swapaxes(0, 1)
-  )
-  y_nbc = (
-      jnp.pad(targets_bt, ((0, 0), (0, pad)))
-      .reshape(b, n, chunk_size)
-      .swapaxes(0, 1)
-  )
-
-  @jax.checkpoint
-  def one_chunk(h_bcd, y_bc, w):
-    return logprob_and_entropy(
-        transformer.vocab_logits(h_bcd, w), y_bc, temperature
-    )
-
-  logp_nbc, entropy_nbc = jax.lax.map(
-      lambda a: one_chunk(a[0], a[1], w_dv), (h_nbcd, y_nbc)
-  )
-  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk_size)[:, :t]
-  return unchunk(logp_nbc), unchunk(entropy_nbc)
-
-
-def _chunked_grouped(hidden_ntd, w_dv, targets_bt, temperature, chunk_size, g):
-  """`chunked_logprob_and_entropy` with group g > 1 (see there)."""
+  hidden_ntd, g = hidden_btd, group  # n = B / group hidden rows
   n, t, d = hidden_ntd.shape
   b = targets_bt.shape[0]
   if b != n * g:

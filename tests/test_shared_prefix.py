@@ -32,7 +32,7 @@ from experiments.peers import ours_worker
 G, N, S, L = 3, 2, 5, 12  # group, groups, shared positions, tokens
 
 
-def _model(remat=False, lora=None):
+def _model(remat=False, lora=None, value_head=False):
   cfg = transformer.TransformerConfig(
       vocab_size=50,
       d_model=32,
@@ -46,6 +46,7 @@ def _model(remat=False, lora=None):
       max_positions=64,
       remat=remat,
       lora=lora,
+      value_head=value_head,
   )
   model = transformer.Transformer(cfg, nnx.Rngs(params=0))
   if lora is not None:
@@ -577,18 +578,7 @@ def test_policy_forward_values_with_a_shared_prefix():
   """learner.common.policy_forward with values and placebo targets: the
   shared-prefix path (log-probs once per group in the prefix) equals the
   unshared one."""
-  cfg = transformer.TransformerConfig(
-      vocab_size=50,
-      d_model=32,
-      num_layers=2,
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=8,
-      ffn_dim=64,
-      max_positions=64,
-      value_head=True,
-  )
-  graphdef, params = nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
+  _, (graphdef, params) = _model(value_head=True)
   params = jax.tree.map(lambda x: x + 0.05, params)  # a non-zero value head
   tokens = _tokens()
   targets = jnp.roll(tokens, 1, axis=0)  # other rows' tokens as targets
