@@ -331,13 +331,24 @@ def shared_prefix_logprob_and_entropy(
     temperature: scalar > 0.
     chunk_size: positions per vocabulary chunk (`chunked_logprob_and_entropy`),
       in each stream.
-    shared_prefix: the `transformer.SharedPrefix`.
+    shared_prefix: the `transformer.SharedPrefix`; length 0 shares nothing
+      (the plain forward, any batch size).
 
   Returns:
     (logprob [B, T] float32, entropy [B, T] float32, hidden [B, T, D] final
      hidden states, the prefix repeated over each group; unused outputs cost
      nothing under jit).
   """
+  if not shared_prefix.length:  # nothing shared: the plain forward
+    hidden_btd, _ = model.hidden_states(context_bt)
+    logp_bt, entropy_bt = chunked_logprob_and_entropy(
+        hidden_btd,
+        model.output_weights_dv(),
+        targets_bt,
+        temperature,
+        chunk_size,
+    )
+    return logp_bt, entropy_bt, hidden_btd
   hp_nsd, hs_btd = model.shared_prefix_streams(context_bt, shared_prefix)
   g = shared_prefix.group
   s = hp_nsd.shape[1]

@@ -197,7 +197,7 @@ def step_flops(
     skipped = lambda g: b - b // g
     s = min(prefix, t)
     sample -= skipped(sample_group) * common.forward_flops(
-        m, prefix, 0, prefix * (prefix + 1) // 2
+        m, s, 0, s * (s + 1) // 2
     )
     forward -= skipped(prefix_group) * common.forward_flops(
         m, s, s, s * (s + 1) // 2

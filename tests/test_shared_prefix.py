@@ -545,6 +545,19 @@ def test_log_probs_project_the_prefix_once_per_group(chunk):
     np.testing.assert_allclose(y, x, rtol=0, atol=1e-5 * scale)
 
 
+def test_a_zero_length_prefix_is_the_plain_forward():
+  """SharedPrefix(0, G) shares nothing: token_logprobs on a batch the group
+  does not divide, with remat, equals the unshared call."""
+  _, (graphdef, params) = _model(remat=True)
+  tokens = _tokens()[:4]  # 4 rows, G = 3
+  a = sampling.token_logprobs(graphdef, params, tokens)
+  b = sampling.token_logprobs(
+      graphdef, params, tokens, shared_prefix=transformer.SharedPrefix(0, G)
+  )
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(y, x)
+
+
 def test_the_prefix_vocabulary_projection_is_not_repeated():
   """Compiled cost: against projecting the repeated prefix rows (the
   hidden states of `hidden_states(shared_prefix=...)` then the output

@@ -572,6 +572,8 @@ class Attention(nnx.Module):
       new_cache = {"k": keys, "v": values_bgsk}
     # Scores feed the softmax: accumulated in float32 on both paths.
     if isinstance(mask_bts, attention_lib.SelfMask):
+      if cache is not None:  # its keys would be [B, G, Dh, S]
+        raise ValueError("a SelfMask is for cache-free forwards only")
       out_bhtk = attention_lib.self_attention(
           q_bhtk,
           keys,
