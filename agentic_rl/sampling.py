@@ -309,10 +309,11 @@ def shared_prefix_logprob_and_entropy(
     targets_bt: jax.Array,
     temperature: float | jax.Array,
     chunk_size: int,
-    shared_prefix: transformer.SharedPrefix,
+    shared_prefix: transformer.SharedPrefix | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Teacher-forced log-probs with a shared prefix, its vocabulary projection
-  once per group.
+  """Teacher-forced log-probs, with a shared prefix its vocabulary projection
+  once per group: the one forward `token_logprobs` and the learner's
+  `policy_forward` both run.
 
   `model.shared_prefix_streams(context_bt, shared_prefix)` gives the prefix
   positions once per group and the rest per row; the prefix positions are
@@ -331,15 +332,15 @@ def shared_prefix_logprob_and_entropy(
     temperature: scalar > 0.
     chunk_size: positions per vocabulary chunk (`chunked_logprob_and_entropy`),
       in each stream.
-    shared_prefix: the `transformer.SharedPrefix`; length 0 shares nothing
-      (the plain forward, any batch size).
+    shared_prefix: the `transformer.SharedPrefix`; None or length 0 shares
+      nothing (the plain forward, any batch size).
 
   Returns:
     (logprob [B, T] float32, entropy [B, T] float32, hidden [B, T, D] final
      hidden states, the prefix repeated over each group; unused outputs cost
      nothing under jit).
   """
-  if not shared_prefix.length:  # nothing shared: the plain forward
+  if shared_prefix is None or not shared_prefix.length:  # the plain forward
     hidden_btd, _ = model.hidden_states(context_bt)
     logp_bt, entropy_bt = chunked_logprob_and_entropy(
         hidden_btd,
@@ -353,13 +354,11 @@ def shared_prefix_logprob_and_entropy(
   g = shared_prefix.group
   s = hp_nsd.shape[1]
   w_dv = model.output_weights_dv()
-  parts = []
-  if s:
-    parts.append(
-        chunked_logprob_and_entropy(
-            hp_nsd, w_dv, targets_bt[:, :s], temperature, chunk_size, group=g
-        )
-    )
+  parts = [
+      chunked_logprob_and_entropy(
+          hp_nsd, w_dv, targets_bt[:, :s], temperature, chunk_size, group=g
+      )
+  ]
   if hs_btd.shape[1]:
     parts.append(
         chunked_logprob_and_entropy(
@@ -414,24 +413,14 @@ def token_logprobs(
     lora.set_dropout_key(model, dropout_key)
   if chunk_size is None:
     chunk_size = model.cfg.logprob_chunk_size
-  if shared_prefix is None:
-    hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
-    logp_bl, entropy_bl = chunked_logprob_and_entropy(
-        hidden_bld,
-        model.output_weights_dv(),
-        tokens_bl[:, 1:],
-        temperature,
-        chunk_size,
-    )
-  else:
-    logp_bl, entropy_bl, _ = shared_prefix_logprob_and_entropy(
-        model,
-        tokens_bl[:, :-1],
-        tokens_bl[:, 1:],
-        temperature,
-        chunk_size,
-        shared_prefix,
-    )
+  logp_bl, entropy_bl, _ = shared_prefix_logprob_and_entropy(
+      model,
+      tokens_bl[:, :-1],
+      tokens_bl[:, 1:],
+      temperature,
+      chunk_size,
+      shared_prefix,
+  )
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   return (
       jnp.concatenate([pad, logp_bl], axis=1),

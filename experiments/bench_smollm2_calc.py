@@ -82,7 +82,6 @@ from agentic_rl import seeds as seeds_lib  # noqa: E402
 from agentic_rl import train  # noqa: E402
 from agentic_rl import types  # noqa: E402
 from agentic_rl.learner import common as learner_common  # noqa: E402
-from agentic_rl.learner.common import adapter_dropout_key  # noqa: E402
 from agentic_rl.learner.rl_step import update_is_bucketed  # noqa: E402
 from agentic_rl.learner.stages import sample as sample_stages  # noqa: E402
 from configs import schema  # noqa: E402
@@ -474,7 +473,7 @@ def bench_native(config, env, model_cfg, args, start) -> dict:
         batch,
         state.features["kl"],
         state.features.get("flowrl"),
-        dropout_key=adapter_dropout_key(config, state),
+        dropout_key=learner_common.adapter_dropout_key(config, state),
     )[:3]
 
   def run_stage(fn, *a):
@@ -757,7 +756,7 @@ def report(
       "Share of bound = FLOPs / matmul rate / seconds.",
   ]
   for r in results:
-    work = r.get("flops_workload", r["flops"])["total"]
+    work = r["flops_workload"]["total"]
     if work != r["flops"]["total"]:
       lines.append(
           f"- {r['path']}: the shared prompt (`rl.shared_prefix_len`) "

@@ -189,24 +189,14 @@ def policy_forward(
   if dropout_key is not None:
     lora_lib.set_dropout_key(model, dropout_key)
   targets_bl = tokens_bl if targets_bl is None else targets_bl
-  if prefix is None:
-    hidden_bld, _ = model.hidden_states(tokens_bl[:, :-1])
-    logp, entropy = sampling.chunked_logprob_and_entropy(
-        hidden_bld,
-        model.output_weights_dv(),
-        targets_bl[:, 1:],
-        temperature,
-        model.cfg.logprob_chunk_size,
-    )
-  else:
-    logp, entropy, hidden_bld = sampling.shared_prefix_logprob_and_entropy(
-        model,
-        tokens_bl[:, :-1],
-        targets_bl[:, 1:],
-        temperature,
-        model.cfg.logprob_chunk_size,
-        prefix,
-    )
+  logp, entropy, hidden_bld = sampling.shared_prefix_logprob_and_entropy(
+      model,
+      tokens_bl[:, :-1],
+      targets_bl[:, 1:],
+      temperature,
+      model.cfg.logprob_chunk_size,
+      prefix,
+  )
   pad = jnp.zeros((tokens_bl.shape[0], 1), jnp.float32)
   cat = lambda x: jnp.concatenate([pad, x.astype(jnp.float32)], axis=1)
   if not with_values:
