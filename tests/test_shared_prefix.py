@@ -382,9 +382,10 @@ def test_a_prefix_longer_than_the_prompt_is_caught_by_the_update():
 # _EQUAL), with 1 and with 2 micro-batches of whole groups, and with 2
 # minibatches (each 2 of every group's 4 rows). With one
 # micro-batch the prefix stream's activations are split over the devices,
-# [1, S, D] per device (one group each), never the whole [8, S, D] (the
-# [4, S, D] pieces are a device's 4 rows of the whole batch once the prefix
-# is repeated over its group); with two, a micro-batch's 4 prefix rows do not
+# [1, S, D] per device (one group each), never the whole [8, S, D] nor the
+# prefix repeated over its group (a device's 4 rows, [4, S, D]: the log-probs
+# project the prefix once per group, sampling.shared_prefix_logprob_and_
+# entropy); with two, a micro-batch's 4 prefix rows do not
 # divide over 8 devices and are replicated ([4, S, D] prefix rows: the
 # documented cost of fewer groups per micro-batch than devices).
 _MESH = """
@@ -445,7 +446,7 @@ for minibatches, micro in ((1, 1), (1, 2), (2, 1)):
     if on_mesh and minibatches == 1:
       prefix_rows[micro] = {
           int(r) for r in re.findall(r"\\[(\\d+),%d,40\\]" % S, hlo)}
-assert prefix_rows[1] == {1, 4}, prefix_rows
+assert prefix_rows[1] == {1}, prefix_rows
 assert 4 in prefix_rows[2], prefix_rows
 print("OK shared mesh", prefix_rows)
 """
