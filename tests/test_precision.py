@@ -216,11 +216,21 @@ def test_logits_and_scores_dot_products_return_float32():
   )
   model = transformer.Transformer(cfg, nnx.Rngs(params=0))
   jaxpr = jax.make_jaxpr(lambda t: model(t)[0])(jnp.zeros((2, 5), jnp.int32))
-  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+
+  def eqns(jx):  # every equation, inside custom-gradient calls too
+    for e in jx.eqns:
+      yield e
+      for v in e.params.values():
+        inner = getattr(v, "jaxpr", v)
+        if isinstance(inner, jax.extend.core.Jaxpr):
+          yield from eqns(inner)
+
+  dots = [e for e in eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
   by_shape = {
       tuple(e.outvars[0].aval.shape): e.outvars[0].aval.dtype for e in dots
   }
-  assert by_shape[(2, 2, 5, 5)] == jnp.float32  # scores [B, H, T, S]
+  # scores [B, G, H / G, T, S] (dense_attention's grouped form)
+  assert by_shape[(2, 2, 1, 5, 5)] == jnp.float32
   assert by_shape[(2, 5, 50)] == jnp.float32  # logits [B, T, V]
   assert all(e.invars[0].aval.dtype == jnp.bfloat16 for e in dots)
 

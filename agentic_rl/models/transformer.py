@@ -393,6 +393,53 @@ _low_precision_matmul.defvjp(
 )
 
 
+@jax.custom_vjp
+def gate_up_product(
+    x_btd: jax.Array, w_dcf: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """(gate, up), each [B, T, F] in x's dtype: x w[:, 0] and x w[:, 1] from
+  one [B, T, D] x [D, 2, F] product (`matmul`, float32 accumulation).
+
+  Its gradient stacks the two cotangents into one [B, T, 2, F] array dH and
+  takes dx = dH W^T and dW = x^T dH as row-major products with the small
+  operands W^T and x^T materialised (an optimization barrier keeps XLA from
+  folding the transposes back into the products), float32 accumulation.
+  Differentiating the slices instead zero-pads each cotangent to [B, T, 2,
+  F], sums them, and copies the sum into a transposed layout for the weight
+  gradient: more passes over the layer's largest activation, 3% of
+  bench_peers' iteration and 5% of the default job's SFT step
+  (experiments/bench_ab.md).
+  """
+  h_btcf = matmul(x_btd, w_dcf, "btd,dcf->btcf")
+  return h_btcf[..., 0, :], h_btcf[..., 1, :]
+
+
+def _gate_up_fwd(x_btd, w_dcf):
+  return gate_up_product(x_btd, w_dcf), (x_btd, w_dcf)
+
+
+def _gate_up_bwd(res, g):
+  x_btd, w_dcf = res
+  d, _, f = w_dcf.shape
+  dt = x_btd.dtype
+  # [B, T, 2, F]: the (2, F) axes stay apart (merging them would make XLA
+  # gather an F split over 'tensor'); contracting both is still one
+  # row-major product.
+  dh = jnp.stack([g[0].astype(dt), g[1].astype(dt)], axis=-2)
+  w_cfd, x_dn = jax.lax.optimization_barrier(
+      (jnp.transpose(w_dcf, (1, 2, 0)), x_btd.reshape(-1, d).T)
+  )
+  f32 = jnp.float32
+  dx = jnp.einsum("btcf,cfd->btd", dh, w_cfd, preferred_element_type=f32)
+  dw = jnp.einsum(
+      "dn,ncf->dcf", x_dn, dh.reshape(-1, 2, f), preferred_element_type=f32
+  )
+  return dx.astype(dt), dw.astype(w_dcf.dtype)
+
+
+gate_up_product.defvjp(_gate_up_fwd, _gate_up_bwd)
+
+
 def _normal(
     std: float, key: jax.Array, shape: tuple[int, ...], dtype: Any
 ) -> jax.Array:
@@ -729,8 +776,7 @@ class SwiGLU(nnx.Module):
           jnp.stack([self.gate_df[...], self.up_df[...]], axis=1).astype(dt),
           "dcf",
       )
-      gate_up = matmul(x_btd, w_dcf, "btd,dcf->btcf")
-      gate, up = gate_up[..., 0, :], gate_up[..., 1, :]
+      gate, up = gate_up_product(x_btd, w_dcf)
     # Low-rank adapters, if any (models/lora.py); identity otherwise.
     gate = jax.nn.silu(lora_lib.apply(self, "gate", x_btd, gate))
     hidden = gate * lora_lib.apply(self, "up", x_btd, up)
