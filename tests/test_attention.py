@@ -3,7 +3,9 @@ attention, no [B, H, T, T] buffer in the compiled program, segment masking.
 
 References: `attention.dense_attention` (the formulation the model used before
 the chunked one, forming the full score array) in float32 on the same inputs;
-for segments, separate forwards of the unpacked sequences.
+for segments, separate forwards of the unpacked sequences. Both forms have
+custom gradients that share the row term rowsum(dO * O); the dense one is
+checked against float64 numpy in tests/test_backward_layouts.py.
 """
 
 import re

@@ -8,6 +8,7 @@ inputs, or from the float32 model / optimizer run on the same weights.
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import ml_collections
 import numpy as np

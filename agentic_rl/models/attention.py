@@ -89,11 +89,12 @@ def dense_attention(
 ) -> jax.Array:
   """softmax(q k^T / sqrt(Dh) masked) v with the [B, H, T, S] scores formed.
 
-  The gradient is a custom VJP (`_dense_bwd`): differentiating these
-  operations up to float32 summation order (the softmax's row term is taken
-  as rowsum(dO * O); with bfloat16 operands dO V^T stays in float32), with
-  the key and value gradients multiplied in a layout XLA:CPU runs on its
-  fast path: 7-8% of the default job's SFT and RL steps
+  The gradient is a custom VJP (`_dense_bwd`): autodiff's gradient up to
+  float32 rounding (the softmax's row term is taken as rowsum(dO * O); with
+  bfloat16 operands dO V^T stays in float32 and P and dS are rounded to
+  bfloat16 before their products, as in the chunked path), with the key
+  and value gradients multiplied in a layout XLA:CPU runs on its fast path:
+  7-8% of the default job's SFT and RL steps in A/Bs run without jemalloc
   (experiments/bench_ab.md).
 
   Args:
@@ -151,8 +152,8 @@ def _dense_fwd(q, k, v, mask_bts, dtype_name, keys_transposed):
 
 
 def _dense_bwd(dtype_name, keys_transposed, res, g_out):
-  """With P the probabilities: dV = P^T dO, dP = dO V^T, dS = P (dP -
-  rowsum(dO * O)) on visible pairs (0 on masked ones, whose scores are
+  """With P the probabilities: dV = P^T dO, dP = dO V^T, dS = P * (dP -
+  rowsum(dO * O)) elementwise on visible pairs (0 on masked ones, whose scores are
   constants), dQ = dS K / sqrt(Dh), dK = dS^T Q / sqrt(Dh) (the softmax
   gradient as FlashAttention-2 writes it, arXiv:2307.08691, without the
   recomputation).

@@ -398,7 +398,8 @@ def gate_up_product(
     x_btd: jax.Array, w_dcf: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
   """(gate, up), each [B, T, F] in x's dtype: x w[:, 0] and x w[:, 1] from
-  one [B, T, D] x [D, 2, F] product (`matmul`, float32 accumulation).
+  one [B, T, D] x [D, 2, F] product (`matmul`, float32 accumulation); x is
+  3-D, w's middle axis has size 2, both in the compute dtype.
 
   Its gradient stacks the two cotangents into one [B, T, 2, F] array dH and
   takes dx = dH W^T and dW = x^T dH as row-major products with the small
@@ -407,7 +408,7 @@ def gate_up_product(
   Differentiating the slices instead zero-pads each cotangent to [B, T, 2,
   F], sums them, and copies the sum into a transposed layout for the weight
   gradient: more passes over the layer's largest activation, 3% of
-  bench_peers' iteration and 5% of the default job's SFT step
+  bench_peers' iteration and ~4% of the default job's SFT step
   (experiments/bench_ab.md).
   """
   h_btcf = matmul(x_btd, w_dcf, "btd,dcf->btcf")
@@ -426,9 +427,10 @@ def _gate_up_bwd(res, g):
   # gather an F split over 'tensor'); contracting both is still one
   # row-major product.
   dh = jnp.stack([g[0].astype(dt), g[1].astype(dt)], axis=-2)
-  w_cfd, x_dn = jax.lax.optimization_barrier(
-      (jnp.transpose(w_dcf, (1, 2, 0)), x_btd.reshape(-1, d).T)
-  )
+  # Separate barriers: with frozen base weights (LoRA) dW and its x^T copy
+  # are dead code and go.
+  w_cfd = jax.lax.optimization_barrier(jnp.transpose(w_dcf, (1, 2, 0)))
+  x_dn = jax.lax.optimization_barrier(x_btd.reshape(-1, d).T)
   f32 = jnp.float32
   dx = jnp.einsum("btcf,cfd->btd", dh, w_cfd, preferred_element_type=f32)
   dw = jnp.einsum(
