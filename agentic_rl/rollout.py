@@ -98,6 +98,7 @@ def generate_turn(
     stop_tokens: tuple[int, ...],
     banned_b: jax.Array | None = None,
     banned_tokens: tuple[int, ...] = (),
+    cache_prefix: transformer.CachePrefix | None = None,
 ) -> tuple[RolloutState, jax.Array, jax.Array]:
   """Samples one assistant turn for every row that is not done.
 
@@ -114,6 +115,10 @@ def generate_turn(
   set to -1e9 before sampling), and their recorded behaviour log-prob is that
   of the masked distribution actually sampled from. `banned_b` is an array
   (any per-row pattern, one compiled program); `banned_tokens` is static.
+
+  `cache_prefix` (optional `transformer.CachePrefix`): the cache's first
+  entries are each group's shared prompt, read once per group by every
+  decode step (`sampling.extend`).
 
   Returns:
     (state, action_tokens [B, A] int32 padded with PAD, action_len [B] int32).
@@ -157,6 +162,7 @@ def generate_turn(
         tok_b[:, None],
         st.length,
         active.astype(jnp.int32),
+        cache_prefix=cache_prefix,
     )
     next_logits = jnp.where(active[:, None], logits, st.next_logits)
     length = st.length + active.astype(jnp.int32)
@@ -452,6 +458,28 @@ def _shared_prefill(
   return next_logits, cache
 
 
+def _cache_prefix(
+    state: RolloutState, shared_prefix: transformer.SharedPrefix | None
+) -> transformer.CachePrefix | None:
+  """The decode's view of `init_state`'s shared prefill (None without one).
+
+  Each group's rows hold the group's prefilled prompt in cache entries [0,
+  s), s = min(length, prompt width), when every row's prompt has at least s
+  tokens (a shorter prompt's own later tokens sit below s); that flag is
+  traced.
+  """
+  if state.cache is None or shared_prefix is None:
+    return None
+  s = min(shared_prefix.length, state.tokens.shape[1])
+  if s <= 0:
+    return None
+  return transformer.CachePrefix(
+      length=s,
+      group=shared_prefix.group,
+      shared=jnp.all(state.length >= s),
+  )
+
+
 def end_turn(
     state: RolloutState,
     active: jax.Array,
@@ -463,6 +491,7 @@ def end_turn(
     *,
     graphdef: nnx.GraphDef | None = None,
     params: Any = None,
+    cache_prefix: transformer.CachePrefix | None = None,
 ) -> RolloutState:
   """Closes a turn after the environment stepped: appends observations, ends rows.
 
@@ -478,6 +507,8 @@ def end_turn(
     env_done, answered, format_error: [B] bool from the environment's step/facts.
     obs: [B, O] int32 observations padded with PAD; obs_len [B] int32.
     graphdef, params: the policy (None for expert rollouts).
+    cache_prefix: optional `transformer.CachePrefix` for the observation's
+      prefill (`sampling.extend`).
 
   Returns:
     The updated RolloutState.
@@ -492,7 +523,13 @@ def end_turn(
   cache, next_logits = state.cache, state.next_logits
   if graphdef is not None:
     logits, cache = sampling.extend(
-        graphdef, params, cache, obs, state.length, obs_len
+        graphdef,
+        params,
+        cache,
+        obs,
+        state.length,
+        obs_len,
+        cache_prefix=cache_prefix,
     )
     # An empty observation leaves the context as it is: the next turn starts
     # from the logits after the last sampled token, not from `extend`'s
@@ -617,6 +654,7 @@ def rollout(
   stop_tokens = env_stop_tokens(env)
   if use_model:
     check_stop_tokens(stop_tokens, env, model_config)
+  cache_prefix = None
   if init is None:
     state = initial_state(
         env,
@@ -627,6 +665,7 @@ def rollout(
         model_config=model_config,
         shared_prefix=shared_prefix,
     )
+    cache_prefix = _cache_prefix(state, shared_prefix)
   else:
     state = init
 
@@ -645,6 +684,7 @@ def rollout(
           stop_tokens=stop_tokens,
           banned_b=tool_free,
           banned_tokens=banned_tokens,
+          cache_prefix=cache_prefix,
       )
     else:
       state, action, action_len = _expert_turn(env, state, sub)
@@ -663,6 +703,7 @@ def rollout(
         obs_len,
         graphdef=graphdef,
         params=params,
+        cache_prefix=cache_prefix,
     )
     return state.replace(env_state=env_state), key
 

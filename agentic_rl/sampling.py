@@ -39,6 +39,7 @@ def extend(
     tokens_bt: jax.Array,
     start_b: jax.Array,
     length_b: jax.Array,
+    cache_prefix: transformer.CachePrefix | None = None,
 ) -> tuple[jax.Array, transformer.KVCache]:
   """Appends a chunk of tokens to each row's cache (prefill, decode or observation).
 
@@ -53,6 +54,9 @@ def extend(
     tokens_bt: [B, T] int32 chunk.
     start_b: [B] int32 position of each row's first chunk token.
     length_b: [B] int32 number of real tokens per row, in [0, T].
+    cache_prefix: optional `transformer.CachePrefix`: the cache's first
+      entries are a group's shared prompt (`rollout.init_state` with a
+      `SharedPrefix`), read once per group while its flag says so.
 
   The attention reads only the cache prefix that holds every row's real
   tokens (length buckets, `transformer.decode_buckets`): rows with length 0
@@ -76,7 +80,7 @@ def extend(
       jnp.max(jnp.where(length_b > 0, start_b + length_b, 0)), 1
   )
   hidden_btd, cache = model.hidden_states(
-      tokens_bt, positions_bt, cache, kv_len=kv_len
+      tokens_bt, positions_bt, cache, kv_len=kv_len, cache_prefix=cache_prefix
   )
   cache = sharding.constrain_cache(cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)

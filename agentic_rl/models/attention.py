@@ -17,6 +17,10 @@ Two formulations of the same causal grouped-query attention (Ainslie et al.
   [B, G, H/G, block, block] block of scores alive: the memory is O(B H T Dh)
   instead of O(B H T^2).
 
+`cache_prefix_attention` is `dense_attention` over a KV cache whose first
+entries groups of rows share (a GRPO group's prompt): it reads them once per
+group (`transformer.CachePrefix`).
+
 Both compute the scores q k^T / sqrt(Dh) with float32 accumulation
 (`preferred_element_type`) and the softmax in float32; the value matmul takes
 the probabilities in the compute dtype. The chunked form accumulates the value
@@ -200,6 +204,130 @@ def _dense_bwd(dtype_name, keys_transposed, res, g_out):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def cache_prefix_pays(prefix_len: int, group: int, n: int) -> bool:
+  """Whether `cache_prefix_attention` is used for a cache read of n entries.
+
+  Reading the shared entries once per group saves prefix_len (1 - 1/group)
+  entries per row; the row part [prefix_len, n) is a slice of each row's
+  cache that XLA:CPU copies before its products. The shared read is taken
+  when the saving is at least the row part:
+
+      prefix_len (1 - 1 / group) >= n - prefix_len.
+
+  Measured (`python experiments/bench_prefix_decode.py --force`:
+  bench_peers' 4-layer model, 64 rows, 64 sampled tokens, a whole rollout
+  jitted, 8 interleaved pairs; the slower 2-core machine), grouped minus
+  per-row read at (prefix, group): (32, 4) +73 ms of 0.54 s; (64, 4) +63 of
+  0.62; (64, 8) +58 of 0.66; (96, 4) -56 of 0.85; (128, 4) -74 of 0.88; with
+  the rule, (256, 8) -234 of 1.04 and (512, 8) -373 of 1.51. See
+  docs/models.md, "A group's prompt read once by the decode".
+
+  Args:
+    prefix_len: shared entries (static).
+    group: rows per group (static).
+    n: entries the read covers (a length bucket, static).
+
+  Returns:
+    True when 0 < prefix_len < n, group > 1 and the rule above holds.
+  """
+  if group <= 1 or not 0 < prefix_len < n:
+    return False
+  return prefix_len * (group - 1) >= (n - prefix_len) * group
+
+
+def cache_prefix_attention(
+    q_bhtk: jax.Array,
+    k_bgks: jax.Array,
+    v_bgsk: jax.Array,
+    mask_bts: jax.Array,
+    dtype: Any,
+    prefix_len: int,
+    group: int,
+) -> jax.Array:
+  """`dense_attention` over a KV cache whose first entries groups of rows share.
+
+  Rows come in groups of `group` consecutive rows (row i in group i //
+  group) whose cache entries [0, prefix_len) are equal: a GRPO group's
+  prompt, prefilled once and copied to its rows (`rollout.init_state` with a
+  `SharedPrefix`). Those entries are read from each group's first row only,
+  by all of the group's queries at once ([n, G, group r T, Dh] products;
+  the shared-prompt decode attention of Hydragen, Juravsky et al. 2024,
+  arXiv:2402.05099, and of RadixAttention's batched prefix reuse), and the
+  entries [prefix_len, S) from each row's own cache; one softmax spans both.
+  A decode step then reads the prompt's keys and values once per group
+  instead of once per row.
+
+  The result is `dense_attention(..., keys_transposed=True)`'s up to float
+  rounding when the groups' rows agree on entries [0, prefix_len) (not
+  checked: rows that differ attend to their group's first row's entries).
+
+  Args:
+    q_bhtk: [B, H, T, Dh] queries (compute dtype).
+    k_bgks: [B, G, Dh, S] keys (the cache's transposed layout).
+    v_bgsk: [B, G, S, Dh] values.
+    mask_bts: [B, T, S] bool, True where query t may attend to key s.
+    dtype: compute dtype of the value products.
+    prefix_len: static int in (0, S): the shared entries.
+    group: static int >= 1 dividing B.
+
+  Returns:
+    [B, H, T, Dh] in `dtype`.
+
+  Raises:
+    ValueError: `group` does not divide B, or prefix_len is not in (0, S).
+  """
+  b, h, t, dh = q_bhtk.shape
+  g_kv, s = k_bgks.shape[1], k_bgks.shape[3]
+  r = h // g_kv
+  if group < 1 or b % group:
+    raise ValueError(f"group {group} must divide the batch ({b} rows)")
+  if not 0 < prefix_len < s:
+    raise ValueError(f"prefix_len {prefix_len} must be in (0, {s})")
+  n, p = b // group, prefix_len
+  scale = dh**-0.5
+  f32 = jnp.float32
+  # Each group's first row holds the shared entries (a reshape, then index 0
+  # of the group axis: rows split over a mesh's batch axes stay in place).
+  kp = k_bgks.reshape(n, group, g_kv, dh, s)[:, 0, :, :, :p]  # [n, G, Dh, P]
+  vp = v_bgsk.reshape(n, group, g_kv, s, dh)[:, 0, :, :p]  # [n, G, P, Dh]
+  # The group's queries as one [group r T] block per (group, kv head).
+  q_ngik = (
+      q_bhtk.reshape(n, group, g_kv, r, t, dh)
+      .transpose(0, 2, 1, 3, 4, 5)
+      .reshape(n, g_kv, group * r * t, dh)
+  )
+  sp = jnp.einsum("ngik,ngks->ngis", q_ngik, kp, preferred_element_type=f32)
+  sp = (
+      sp.reshape(n, g_kv, group, r, t, p)
+      .transpose(0, 2, 1, 3, 4, 5)
+      .reshape(b, g_kv, r, t, p)
+  )
+  q_bgrtk = q_bhtk.reshape(b, g_kv, r, t, dh)
+  sr = jnp.einsum(
+      "bgrtk,bgks->bgrts",
+      q_bgrtk,
+      k_bgks[..., p:],
+      preferred_element_type=f32,
+  )
+  scores = jnp.concatenate([sp, sr], axis=-1) * scale
+  scores = jnp.where(mask_bts[:, None, None], scores, NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(jnp.dtype(dtype))
+  pp = (
+      probs[..., :p]
+      .reshape(n, group, g_kv, r, t, p)
+      .transpose(0, 2, 1, 3, 4, 5)
+      .reshape(n, g_kv, group * r * t, p)
+  )
+  op = jnp.einsum("ngis,ngsk->ngik", pp, vp)
+  op = (
+      op.reshape(n, g_kv, group, r, t, dh)
+      .transpose(0, 2, 1, 3, 4, 5)
+      .reshape(b, g_kv, r, t, dh)
+  )
+  orow = jnp.einsum("bgrts,bgsk->bgrtk", probs[..., p:], v_bgsk[:, :, p:])
+  return (op + orow).astype(jnp.dtype(dtype)).reshape(b, h, t, dh)
 
 
 def uses_chunked(impl: str, length: int, block: int) -> bool:

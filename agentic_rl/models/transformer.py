@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -231,6 +231,28 @@ class SharedPrefix:
           f"SharedPrefix(length={self.length}, group={self.group}): length "
           "must be >= 0 and group >= 1"
       )
+
+
+class CachePrefix(NamedTuple):
+  """KV-cache entries that groups of rows share (decode attention, traced).
+
+  Rows i*group .. i*group + group - 1 hold equal cache entries [0, length)
+  when `shared` is True: their group's prompt, prefilled once and copied to
+  its rows (`rollout.init_state` with a `SharedPrefix`). KV-cache attention
+  then reads those entries from each group's first row only
+  (`attention.cache_prefix_attention`); when `shared` is False (some row's
+  prompt is shorter than `length`, so its own tokens sit below it) every row
+  reads its own cache, as without a CachePrefix.
+
+  Attributes:
+    length: static int, the shared entries.
+    group: static int >= 1, rows per group.
+    shared: bool scalar array (traced).
+  """
+
+  length: int
+  group: int
+  shared: jax.Array
 
 
 def rope_inv_freq(cfg: TransformerConfig) -> jax.Array:
@@ -548,6 +570,7 @@ class Attention(nnx.Module):
       mask_bts: jax.Array,
       rope_sc: tuple[jax.Array, jax.Array],
       kv_len: jax.Array | None = None,
+      cache_prefix: CachePrefix | None = None,
   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """One attention layer.
 
@@ -564,6 +587,8 @@ class Attention(nnx.Module):
       kv_len: with a cache, an optional int32 scalar: every query of this call
         that matters reads only cache entries [0, kv_len) (see
         `decode_buckets`); None reads the whole cache.
+      cache_prefix: with a cache, optional `CachePrefix`: cache entries that
+        groups of rows share are read once per group while it says so.
 
     Returns:
       ([B, T, D] output, updated cache or None).
@@ -644,29 +669,72 @@ class Attention(nnx.Module):
             keys_transposed=cache is not None,
         )
 
-      buckets = (
-          decode_buckets(cfg, values_bgsk.shape[2]) if cache is not None else ()
-      )
-      if kv_len is not None and len(buckets) > 1:
-        # Length buckets: read only the first `bucket` cache entries, the
-        # smallest bucket >= kv_len (static slices, one branch per bucket), so a
-        # step costs what the filled part of the cache needs, not the buffer.
-        # Keys past a query's position are masked out (probability exactly 0)
-        # in every bucket, so the output is the full-cache output.
-        idx = jnp.sum(jnp.asarray(buckets[:-1], jnp.int32) < kv_len)
-        out_bhtk = jax.lax.switch(
-            idx,
-            [
-                lambda n=n: attend(
-                    keys[..., :n],
-                    values_bgsk[:, :, :n],
-                    mask_bts[:, :, :n],
-                )
-                for n in buckets
-            ],
-        )
-      else:
+      if cache is None:
         out_bhtk = attend(keys, values_bgsk, mask_bts)
+      else:
+        s = values_bgsk.shape[2]
+        buckets = decode_buckets(cfg, s)
+        if kv_len is not None and len(buckets) > 1:
+          # Length buckets: read only the first `bucket` cache entries, the
+          # smallest bucket >= kv_len (static slices, one branch per
+          # bucket), so a step costs what the filled part of the cache
+          # needs, not the buffer. Keys past a query's position are masked
+          # out (probability exactly 0) in every bucket, so the output is
+          # the full-cache output.
+          sizes = buckets
+          idx = jnp.sum(jnp.asarray(buckets[:-1], jnp.int32) < kv_len)
+        else:
+          sizes, idx = (s,), jnp.int32(0)
+
+        branches = [
+            functools.partial(
+                lambda n: attend(
+                    keys[..., :n], values_bgsk[:, :, :n], mask_bts[:, :, :n]
+                ),
+                n,
+            )
+            for n in sizes
+        ]
+        shared_sizes = [
+            n
+            for n in sizes
+            if cache_prefix is not None
+            and b % cache_prefix.group == 0
+            and attention_lib.cache_prefix_pays(
+                cache_prefix.length, cache_prefix.group, n
+            )
+        ]
+        if shared_sizes:
+          # Entries [0, length) once per group of rows (a GRPO group's
+          # prompt), in the buckets where that saves more than the copy of
+          # the rows' own part costs (`cache_prefix_pays`).
+          branches += [
+              functools.partial(
+                  lambda n: attention_lib.cache_prefix_attention(
+                      q_bhtk,
+                      keys[..., :n],
+                      values_bgsk[:, :, :n],
+                      mask_bts[:, :, :n],
+                      dt,
+                      cache_prefix.length,
+                      cache_prefix.group,
+                  ),
+                  n,
+              )
+              for n in shared_sizes
+          ]
+          shared_idx = jnp.asarray(
+              [
+                  len(sizes) + shared_sizes.index(n) if n in shared_sizes else i
+                  for i, n in enumerate(sizes)
+              ],
+              jnp.int32,
+          )
+          idx = jnp.where(cache_prefix.shared, shared_idx[idx], idx)
+        if len(branches) > 1:
+          out_bhtk = jax.lax.switch(idx, branches)
+        else:
+          out_bhtk = branches[0]()
     return self._output(out_bhtk), new_cache
 
   def _adapt_and_rotate(self, x_btd, q_bhtk, k_bgtk, v_bgtk, rope_sc):
@@ -796,9 +864,24 @@ class Block(nnx.Module):
     self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.params_dtype)
     self.ffn = SwiGLU(cfg, rngs)
 
-  def __call__(self, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None):
+  def __call__(
+      self,
+      x,
+      positions_bt,
+      cache,
+      mask_bts,
+      rope_sc,
+      kv_len=None,
+      cache_prefix=None,
+  ):
     h, cache = self.attn(
-        self.attn_norm(x), positions_bt, cache, mask_bts, rope_sc, kv_len
+        self.attn_norm(x),
+        positions_bt,
+        cache,
+        mask_bts,
+        rope_sc,
+        kv_len,
+        cache_prefix,
     )
     x = x + h
     return x + self.ffn(self.ffn_norm(x)), cache
@@ -814,9 +897,16 @@ class Block(nnx.Module):
 
 
 def _block_apply(
-    block: Block, x, positions_bt, cache, mask_bts, rope_sc, kv_len=None
+    block: Block,
+    x,
+    positions_bt,
+    cache,
+    mask_bts,
+    rope_sc,
+    kv_len=None,
+    cache_prefix=None,
 ):
-  return block(x, positions_bt, cache, mask_bts, rope_sc, kv_len)
+  return block(x, positions_bt, cache, mask_bts, rope_sc, kv_len, cache_prefix)
 
 
 def remat_after_cotangent(fn):
@@ -957,6 +1047,7 @@ class Transformer(nnx.Module):
       segment_ids_bt: jax.Array | None = None,
       kv_len: jax.Array | None = None,
       shared_prefix: SharedPrefix | None = None,
+      cache_prefix: CachePrefix | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -984,6 +1075,10 @@ class Transformer(nnx.Module):
         summation order when the rows of each group agree on those tokens
         (not checked here: rows that differ get their group's first row's
         prefix).
+      cache_prefix: with a cache, optional `CachePrefix` (the cache's first
+        entries shared by groups of rows; read once per group while its
+        `shared` flag is set). The result equals the unshared read's up to
+        float summation order.
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
@@ -1049,6 +1144,8 @@ class Transformer(nnx.Module):
         _remat_block_apply if self.cfg.remat and cache is None else _block_apply
     )
     new_cache = [] if cache is not None else None
+    if cache is not None and cache_prefix is not None:
+      apply = functools.partial(_block_apply, cache_prefix=cache_prefix)
     for i, block in enumerate(self.blocks):
       x, layer_cache = apply(
           block,
