@@ -459,18 +459,21 @@ def _shared_prefill(
 
 
 def _cache_prefix(
-    state: RolloutState, shared_prefix: transformer.SharedPrefix | None
+    state: RolloutState,
+    shared_prefix: transformer.SharedPrefix | None,
+    prompt_width: int,
 ) -> transformer.CachePrefix | None:
   """The decode's view of `init_state`'s shared prefill (None without one).
 
-  Each group's rows hold the group's prefilled prompt in cache entries [0,
-  s), s = min(length, prompt width), when every row's prompt has at least s
-  tokens (a shorter prompt's own later tokens sit below s); that flag is
-  traced.
+  `init_state` prefilled each group's first s = min(length, prompt width,
+  L) positions once and copied them to the group's rows; they stay shared
+  while no row writes below s, i.e. when every row's prompt has at least s
+  tokens (a shorter prompt's own later tokens sit below s). That flag is
+  traced: `state` is the carry right after `init_state`.
   """
   if state.cache is None or shared_prefix is None:
     return None
-  s = min(shared_prefix.length, state.tokens.shape[1])
+  s = min(shared_prefix.length, prompt_width, state.tokens.shape[1])
   if s <= 0:
     return None
   return transformer.CachePrefix(
@@ -665,7 +668,8 @@ def rollout(
         model_config=model_config,
         shared_prefix=shared_prefix,
     )
-    cache_prefix = _cache_prefix(state, shared_prefix)
+    prompt_width = jax.eval_shape(jax.vmap(env.reset), tasks)[1].shape[1]
+    cache_prefix = _cache_prefix(state, shared_prefix, prompt_width)
   else:
     state = init
 

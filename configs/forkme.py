@@ -175,7 +175,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # update: same results up to float order, 15-17% faster on bench_peers'
   # 32-token prompts (num_minibatches 1). With long prompts the decode also
   # reads the prompt's cache entries once per group (rollouts 22-25% faster at
-  # 256-512-token prompts in groups of 8; docs/models.md). At most the
-  # shortest prompt; needs num_minibatches dividing group_size. 0 = off.
+  # 256-512-token prompts in groups of 8, a 4-layer model on a 2-core CPU;
+  # docs/models.md). At most the shortest prompt; needs num_minibatches
+  # dividing group_size. 0 = off.
   rl.shared_prefix_len = 0
   return config

@@ -15,7 +15,7 @@ each), compiles the whole rollout twice in one process (the per-row read is
 `rollout._cache_prefix` returning None while its variant is traced), checks
 that both sample the same tokens, and times `pairs` interleaved pairs. Prints
 per point the medians, the paired difference (grouped - per-row: mean, sd),
-and whether the rule takes the grouped read for the last bucket. Where it
+and whether the rule takes the grouped read in any length bucket. Where it
 does not, both variants are the same program (their difference is the
 noise) unless `--force` makes the grouped one read the prompt once per group
 in every bucket longer than it: the runs that set the rule.
@@ -164,8 +164,9 @@ def main(argv):
     a, b = np.asarray(times[0]), np.asarray(times[1])
     d = (b - a) * 1e3
     sd = d.std(ddof=1) if len(d) > 1 else float("nan")
-    pays = attention.cache_prefix_pays(
-        prompt_len, group, transformer.decode_buckets(cfg, length)[-1]
+    pays = any(
+        attention.cache_prefix_pays(prompt_len, group, n)
+        for n in transformer.decode_buckets(cfg, length)
     )
     taken = "yes" if pays else ("forced" if _FORCE.value else "no")
     print(

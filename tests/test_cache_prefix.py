@@ -122,20 +122,24 @@ def _model():
       qkv_bias=True,
       tie_embeddings=True,
       max_positions=64,
+      # Length buckets (16, 32, 40): the decode and the observation read
+      # through the 32 and 40 buckets, where the grouped read is taken, and
+      # the 16 one is a per-row branch of the same switch.
+      decode_bucket=16,
   )
   return cfg, nnx.split(transformer.Transformer(cfg, nnx.Rngs(params=0)))
 
 
-def _prefilled(prompt_len):
+def _prefilled(prompt_len, groups=GROUPS, length=PREFIX):
   """`init_state` with the shared prefill: groups of GROUP rows whose
-  prompts agree on their first PREFIX tokens."""
+  prompts (PREFIX + 2 wide) agree on their first PREFIX tokens."""
   cfg, (graphdef, params) = _model()
-  b = GROUP * GROUPS
+  b = GROUP * groups
   prompt = jax.random.randint(jax.random.key(5), (b, PREFIX + 2), 0, 49)
   prompt = prompt.at[:, :PREFIX].set(
       jnp.repeat(prompt[::GROUP, :PREFIX], GROUP, axis=0)
   )
-  shared = transformer.SharedPrefix(PREFIX, GROUP)
+  shared = transformer.SharedPrefix(length, GROUP)
   state = rollout.init_state(
       prompt,
       jnp.asarray(prompt_len, jnp.int32),
@@ -146,7 +150,12 @@ def _prefilled(prompt_len):
       model_config=cfg,
       shared_prefix=shared,
   )
-  return graphdef, params, state, rollout._cache_prefix(state, shared)
+  return (
+      graphdef,
+      params,
+      state,
+      rollout._cache_prefix(state, shared, prompt.shape[1]),
+  )
 
 
 def _turn_and_observation(graphdef, params, state, cache_prefix, temperature):
@@ -200,6 +209,50 @@ def test_a_turn_and_an_observation_equal_the_per_row_read(temperature):
   np.testing.assert_allclose(
       shared[0].next_logits, plain[0].next_logits, rtol=0, atol=1e-5
   )
+
+
+def test_the_grouped_read_runs_when_the_flag_says_so():
+  # Row 1's prompt entries are changed after the prefill: with the flag set
+  # its queries read row 0's (its group's first row), so the turn equals the
+  # per-row read of a cache where row 1 holds row 0's entries again, and
+  # differs from the per-row read of the changed cache.
+  graphdef, params, state, cache_prefix = _prefilled([PREFIX + 1] * 8)
+  assert attention.cache_prefix_pays(PREFIX, GROUP, 32)
+  assert attention.cache_prefix_pays(PREFIX, GROUP, LEN)
+
+  def with_row1(entries):
+    cache = [
+        {"k": c["k"].at[1, :, :, :PREFIX].set(e["k"]),
+         "v": c["v"].at[1, :, :PREFIX].set(e["v"])}
+        for c, e in zip(state.cache, entries)
+    ]  # fmt: skip
+    return state.replace(cache=cache)
+
+  changed = with_row1(
+      [{"k": c["k"][1, :, :, :PREFIX] + 0.5, "v": c["v"][1, :, :PREFIX] - 0.5}
+       for c in state.cache]
+  )  # fmt: skip
+  grouped = _turn_and_observation(graphdef, params, changed, cache_prefix, 0.0)
+  plain_changed = _turn_and_observation(graphdef, params, changed, None, 0.0)
+  plain_kept = _turn_and_observation(graphdef, params, state, None, 0.0)
+  np.testing.assert_allclose(
+      grouped[0].next_logits, plain_kept[0].next_logits, rtol=0, atol=1e-5
+  )
+  assert not np.allclose(
+      grouped[0].next_logits[1], plain_changed[0].next_logits[1], atol=1e-3
+  )
+
+
+def test_the_shared_length_is_the_prefills():
+  # init_state shares min(length, prompt width, L) positions; a longer
+  # configured length does not turn the grouped read off.
+  *_, cache_prefix = _prefilled([PREFIX + 2] * 8, length=PREFIX + 10)
+  assert cache_prefix.length == PREFIX + 2 and bool(cache_prefix.shared)
+  *_, cache_prefix = _prefilled([PREFIX + 2] * 8, length=LEN + 5)
+  assert cache_prefix.length == PREFIX + 2
+  # A pytree with one leaf: length and group stay static under jit.
+  assert jax.tree.leaves(cache_prefix) == [cache_prefix.shared]
+  assert jax.jit(lambda c: c.length * c.group)(cache_prefix) == 104
 
 
 def test_a_shorter_prompt_turns_the_grouped_read_off():
@@ -279,3 +332,48 @@ def test_the_benchmark_script_runs_and_checks_its_points():
   assert bad.stderr.strip().endswith(
       "--points: '8:3' needs prompt >= 1 and a group dividing --rows (8)"
   )
+
+
+_MESH = """
+import re
+import jax, numpy as np
+from agentic_rl import sharding
+from tests import test_cache_prefix as t
+assert jax.device_count() == 8
+mesh = sharding.make_mesh(dict(data=8, fsdp=1, tensor=1))
+COLL = r"= [^=]*? (all-gather|all-to-all|collective-permute|all-reduce)(-start)?\\("
+
+def turn(gd, prefix):
+  return jax.jit(lambda p, s: t._turn_and_observation(gd, p, s, prefix, 1.0))
+
+# 8 rows (groups of 4 span 4 devices) and 32 rows (one group per device).
+for groups in (2, 8):
+  gd, params, state, cp = t._prefilled([t.PREFIX + 1] * (4 * groups), groups)
+  ref = turn(gd, None)(params, state)  # one device, per-row read
+  counts = {}
+  with jax.set_mesh(mesh):
+    for name, prefix in (("per-row", None), ("grouped", cp)):
+      fn = turn(gd, prefix)
+      hlo = fn.lower(params, state).compile().as_text()
+      counts[name] = len(re.findall(COLL, hlo))
+      out = jax.device_get(fn(params, state))
+      np.testing.assert_array_equal(out[1], ref[1])
+      np.testing.assert_array_equal(out[0].tokens, ref[0].tokens)
+      np.testing.assert_allclose(out[0].logprob, ref[0].logprob, atol=1e-5)
+      np.testing.assert_allclose(
+          out[0].next_logits, ref[0].next_logits, atol=1e-5)
+  print("collectives", 4 * groups, "rows", counts)
+  if groups == 8:
+    # Each device holds one whole group: the grouped read moves nothing
+    # between devices.
+    assert counts["grouped"] == counts["per-row"], counts
+print("OK cache prefix mesh")
+"""
+
+
+@pytest.mark.slow
+def test_on_8_devices_equals_one_device_and_a_whole_group_moves_nothing():
+  from tests import fakes  # pylint: disable=g-import-not-at-top
+
+  out = fakes.run_on_8_devices(_MESH)
+  assert "OK cache prefix mesh" in out, out

@@ -221,8 +221,11 @@ def cache_prefix_pays(prefix_len: int, group: int, n: int) -> bool:
   jitted, 8 interleaved pairs; the slower 2-core machine), grouped minus
   per-row read at (prefix, group): (32, 4) +73 ms of 0.54 s; (64, 4) +63 of
   0.62; (64, 8) +58 of 0.66; (96, 4) -56 of 0.85; (128, 4) -74 of 0.88; with
-  the rule, (256, 8) -234 of 1.04 and (512, 8) -373 of 1.51. See
-  docs/models.md, "A group's prompt read once by the decode".
+  the rule, (256, 8) -234 of 1.04 and (512, 8) -373 of 1.51 (paired sd
+  36-105 ms over 8 pairs: the losses and the 256 and 512 gains are clear,
+  the 96 and 128 gains within ~2 standard errors, so the boundary is
+  approximate). See docs/models.md, "A group's prompt read once by the
+  decode".
 
   Args:
     prefix_len: shared entries (static).
@@ -253,9 +256,10 @@ def cache_prefix_attention(
   prompt, prefilled once and copied to its rows (`rollout.init_state` with a
   `SharedPrefix`). Those entries are read from each group's first row only,
   by all of the group's queries at once ([n, G, group r T, Dh] products;
-  the shared-prompt decode attention of Hydragen, Juravsky et al. 2024,
-  arXiv:2402.05099, and of RadixAttention's batched prefix reuse), and the
-  entries [prefix_len, S) from each row's own cache; one softmax spans both.
+  the shared-prompt decomposition of Hydragen, Juravsky et al. 2024,
+  arXiv:2402.05099), and the entries [prefix_len, S) from each row's own
+  cache; one softmax spans both, and the two value products accumulate in
+  float32 and are rounded to the compute dtype once.
   A decode step then reads the prompt's keys and values once per group
   instead of once per row.
 
@@ -320,13 +324,18 @@ def cache_prefix_attention(
       .transpose(0, 2, 1, 3, 4, 5)
       .reshape(n, g_kv, group * r * t, p)
   )
-  op = jnp.einsum("ngis,ngsk->ngik", pp, vp)
+  op = jnp.einsum("ngis,ngsk->ngik", pp, vp, preferred_element_type=f32)
   op = (
       op.reshape(n, g_kv, group, r, t, dh)
       .transpose(0, 2, 1, 3, 4, 5)
       .reshape(b, g_kv, r, t, dh)
   )
-  orow = jnp.einsum("bgrts,bgsk->bgrtk", probs[..., p:], v_bgsk[:, :, p:])
+  orow = jnp.einsum(
+      "bgrts,bgsk->bgrtk",
+      probs[..., p:],
+      v_bgsk[:, :, p:],
+      preferred_element_type=f32,
+  )
   return (op + orow).astype(jnp.dtype(dtype)).reshape(b, h, t, dh)
 
 

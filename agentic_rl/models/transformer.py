@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -233,8 +233,14 @@ class SharedPrefix:
       )
 
 
-class CachePrefix(NamedTuple):
-  """KV-cache entries that groups of rows share (decode attention, traced).
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["shared"],
+    meta_fields=["length", "group"],
+)
+@dataclasses.dataclass(frozen=True)
+class CachePrefix:
+  """KV-cache entries that groups of rows share (decode attention).
 
   Rows i*group .. i*group + group - 1 hold equal cache entries [0, length)
   when `shared` is True: their group's prompt, prefilled once and copied to
@@ -243,6 +249,9 @@ class CachePrefix(NamedTuple):
   (`attention.cache_prefix_attention`); when `shared` is False (some row's
   prompt is shorter than `length`, so its own tokens sit below it) every row
   reads its own cache, as without a CachePrefix.
+
+  A pytree whose only leaf is `shared`: passed into a jitted function,
+  `length` and `group` stay static.
 
   Attributes:
     length: static int, the shared entries.
