@@ -642,7 +642,8 @@ def rollout(
     shared_prefix: optional `transformer.SharedPrefix` (policy rollouts;
       ignored with `init`, whose prefill is done): the tasks come in groups
       of `group` equal prompts whose first `length` tokens are prefilled
-      once per group (`init_state`).
+      once per group (`init_state`), and which the decode reads once per
+      group where that pays (`transformer.CachePrefix`).
 
   Returns:
     Trajectory with B rows and L tokens; facts from `env.facts`.
@@ -668,8 +669,9 @@ def rollout(
         model_config=model_config,
         shared_prefix=shared_prefix,
     )
-    prompt_width = jax.eval_shape(jax.vmap(env.reset), tasks)[1].shape[1]
-    cache_prefix = _cache_prefix(state, shared_prefix, prompt_width)
+    if use_model and shared_prefix is not None:
+      prompt_width = jax.eval_shape(jax.vmap(env.reset), tasks)[1].shape[1]
+      cache_prefix = _cache_prefix(state, shared_prefix, prompt_width)
   else:
     state = init
 
