@@ -296,19 +296,28 @@ def cache_prefix_attention(
   # of the group axis: rows split over a mesh's batch axes stay in place).
   kp = k_bgks.reshape(n, group, g_kv, dh, s)[:, 0, :, :, :p]  # [n, G, Dh, P]
   vp = v_bgsk.reshape(n, group, g_kv, s, dh)[:, 0, :, :p]  # [n, G, P, Dh]
-  # The group's queries as one [group r T] block per (group, kv head).
-  q_ngik = (
-      q_bhtk.reshape(n, group, g_kv, r, t, dh)
-      .transpose(0, 2, 1, 3, 4, 5)
-      .reshape(n, g_kv, group * r * t, dh)
-  )
-  sp = jnp.einsum("ngik,ngks->ngis", q_ngik, kp, preferred_element_type=f32)
-  sp = (
-      sp.reshape(n, g_kv, group, r, t, p)
-      .transpose(0, 2, 1, 3, 4, 5)
-      .reshape(b, g_kv, r, t, p)
-  )
+
+  def to_groups(x):  # [B, G, r, T, X] -> [n, G, group r T, X]
+    return (
+        x.reshape(n, group, g_kv, r, t, -1)
+        .transpose(0, 2, 1, 3, 4, 5)
+        .reshape(n, g_kv, group * r * t, -1)
+    )
+
+  def to_rows(x):  # the inverse: [n, G, group r T, X] -> [B, G, r, T, X]
+    return (
+        x.reshape(n, g_kv, group, r, t, -1)
+        .transpose(0, 2, 1, 3, 4, 5)
+        .reshape(b, g_kv, r, t, -1)
+    )
+
   q_bgrtk = q_bhtk.reshape(b, g_kv, r, t, dh)
+  # The group's queries as one [group r T] block per (group, kv head).
+  sp = to_rows(
+      jnp.einsum(
+          "ngik,ngks->ngis", to_groups(q_bgrtk), kp, preferred_element_type=f32
+      )
+  )
   sr = jnp.einsum(
       "bgrtk,bgks->bgrts",
       q_bgrtk,
@@ -318,17 +327,13 @@ def cache_prefix_attention(
   scores = jnp.concatenate([sp, sr], axis=-1) * scale
   scores = jnp.where(mask_bts[:, None, None], scores, NEG)
   probs = jax.nn.softmax(scores, axis=-1).astype(jnp.dtype(dtype))
-  pp = (
-      probs[..., :p]
-      .reshape(n, group, g_kv, r, t, p)
-      .transpose(0, 2, 1, 3, 4, 5)
-      .reshape(n, g_kv, group * r * t, p)
-  )
-  op = jnp.einsum("ngis,ngsk->ngik", pp, vp, preferred_element_type=f32)
-  op = (
-      op.reshape(n, g_kv, group, r, t, dh)
-      .transpose(0, 2, 1, 3, 4, 5)
-      .reshape(b, g_kv, r, t, dh)
+  op = to_rows(
+      jnp.einsum(
+          "ngis,ngsk->ngik",
+          to_groups(probs[..., :p]),
+          vp,
+          preferred_element_type=f32,
+      )
   )
   orow = jnp.einsum(
       "bgrts,bgsk->bgrtk",

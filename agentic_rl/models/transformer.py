@@ -695,40 +695,28 @@ class Attention(nnx.Module):
         else:
           sizes, idx = (s,), jnp.int32(0)
 
-        branches = [
-            functools.partial(
-                lambda n: attend(
-                    keys[..., :n], values_bgsk[:, :, :n], mask_bts[:, :, :n]
-                ),
-                n,
-            )
-            for n in sizes
-        ]
-        shared_sizes = [
-            n
-            for n in sizes
-            if cache_prefix is not None
-            and b % cache_prefix.group == 0
-            and attention_lib.cache_prefix_pays(
-                cache_prefix.length, cache_prefix.group, n
-            )
-        ]
+        read = lambda n: (
+            keys[..., :n],
+            values_bgsk[:, :, :n],
+            mask_bts[:, :, :n],
+        )
+        branches = [lambda n=n: attend(*read(n)) for n in sizes]
+        shared_sizes = []
+        if cache_prefix is not None and b % cache_prefix.group == 0:
+          length, group = cache_prefix.length, cache_prefix.group
+          shared_sizes = [
+              n
+              for n in sizes
+              if attention_lib.cache_prefix_pays(length, group, n)
+          ]
         if shared_sizes:
           # Entries [0, length) once per group of rows (a GRPO group's
           # prompt), in the buckets where that saves more than the copy of
-          # the rows' own part costs (`cache_prefix_pays`).
+          # the rows' own part costs (`cache_prefix_pays`); the switch's
+          # index moves to those branches while `shared` is set.
           branches += [
-              functools.partial(
-                  lambda n: attention_lib.cache_prefix_attention(
-                      q_bhtk,
-                      keys[..., :n],
-                      values_bgsk[:, :, :n],
-                      mask_bts[:, :, :n],
-                      dt,
-                      cache_prefix.length,
-                      cache_prefix.group,
-                  ),
-                  n,
+              lambda n=n: attention_lib.cache_prefix_attention(
+                  q_bhtk, *read(n), dt, length, group
               )
               for n in shared_sizes
           ]
