@@ -254,9 +254,18 @@ def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
   return last + 1
 
 
-def bucket_index(lengths: tuple, need) -> jax.Array:
+def bucket_index(lengths: tuple, need, axis_name: str | None = None):
   """Index of the shortest of the increasing `lengths` that is >= need
-  (int32 scalar; the `lax.switch` branch of a bucketed program)."""
+  (int32 scalar; the `lax.switch` branch of a bucketed program).
+
+  `axis_name`: a `jax.vmap` axis the program runs under (the seed axis of
+  `agentic_rl/seeds.py`): `need` is first maximised over it, so every
+  vmapped instance takes the same branch and the index stays unbatched (a
+  per-instance index would turn `lax.switch` into a select that runs every
+  branch). None: no such axis.
+  """
+  if axis_name is not None:
+    need = jax.lax.pmax(need, axis_name)
   return jnp.searchsorted(jnp.asarray(lengths, jnp.int32), need)
 
 

@@ -46,6 +46,10 @@ from agentic_rl import validation
 from agentic_rl.models import lora
 from configs import schema
 
+# The name of the vmapped seed axis: a length-bucketed step maximises its
+# bucket index over it (padding.bucket_index), so one branch runs for all.
+SEED_AXIS = "seed"
+
 
 def _stack(trees: Sequence[Any]) -> Any:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
@@ -82,8 +86,13 @@ def make_steps(
   sft_step = jax.jit(
       jax.vmap(
           learner.make_sft_step(
-              config, env, graphdef, learner.make_optimizer(config.sft)
-          )
+              config,
+              env,
+              graphdef,
+              learner.make_optimizer(config.sft),
+              seed_axis_name=SEED_AXIS,
+          ),
+          axis_name=SEED_AXIS,
       ),
       donate_argnums=0,
   )

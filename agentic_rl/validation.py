@@ -218,6 +218,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       "rl.num_minibatches",
       "rl.num_microbatches",
       "rl.update_length_buckets",
+      "sft.length_buckets",
       "rl.kl_horizon",
       "rl.ppo_epochs",
       "eval.num_tasks",
@@ -592,6 +593,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
   _validate_update_buckets(config, env_obj)
+  if config.sft.length_buckets > 1 and config.trim_bucket <= 0:
+    _fail(
+        "sft.length_buckets",
+        config.sft.length_buckets,
+        "the bucket lengths are multiples of config.trim_bucket, which is "
+        f"{config.trim_bucket}; use 1",
+    )
   if config.rl.shared_prefix_len > env_obj.max_prompt_len:
     _fail(
         "rl.shared_prefix_len",

@@ -65,6 +65,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.sft.batch_size = 64
   # Gradient accumulation over this many blocks of the SFT batch (same update).
   config.sft.num_microbatches = 1
+  # JAX-native environments: compile the SFT update for this many buffer
+  # lengths (max_len * i / K rounded up to trim_bucket) and run the shortest
+  # that holds every demonstration (logged as sft/length; the rest of the
+  # buffer is padding); 1 = train on the whole max_len buffer. Host
+  # environments trim on the host whatever K.
+  config.sft.length_buckets = 4
 
   # GRPO (Shao et al., arXiv:2402.03300).
   config.rl = common.optimizer(learning_rate=5e-4, warmup_steps=5)
@@ -337,6 +343,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.name = "default_smoke"
     config.sft.steps = 20
     config.sft.batch_size = 16
+    # 20 steps: compiling the K length buckets costs more than they save.
+    config.sft.length_buckets = 1
     config.rl.steps = 4
     config.rl.batch_size = 16
     config.rl.group_size = 4

@@ -130,12 +130,25 @@ def make_sft_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
     state_sharding=None,
+    seed_axis_name: str | None = None,
 ) -> StepFn:
   """SFT on expert demonstrations generated on the fly (one batch per step).
 
   JAX-native environments: one jitted program. Host environments
   (`env.is_host`): the demonstrations come from the host driver, the update is
   jitted.
+
+  Length buckets (`sft.length_buckets` = K > 1, JAX-native environments):
+  the update is compiled for K buffer lengths (`padding.update_lengths`,
+  multiples of `trim_bucket`) and runs on the shortest that holds every
+  demonstration's tokens (`lax.switch`); the columns cut off are padding, so
+  the loss and gradient are those of the whole buffer up to float summation
+  order (LoRA adapter-dropout masks are drawn at the bucket's shape). Metric
+  'length' is the bucket used; 'trained_token_share' stays a share of the
+  whole [B, max_len] buffer. Host environments trim on the host instead
+  (`padding.host_trim_length`), whatever K. `seed_axis_name`: the `jax.vmap`
+  axis name when the step is vmapped over seeds (`agentic_rl/seeds.py`), so
+  that all seeds take the longest seed's bucket (`padding.bucket_index`).
 
   `state_sharding` (sharding.tree_shardings of the state) keeps the state's
   layout across steps on a device mesh; the batch is split over the ambient
@@ -146,8 +159,13 @@ def make_sft_step(
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
+  lengths = (max_len,)
+  if config.sft.length_buckets > 1 and config.trim_bucket > 0:
+    lengths = padding.update_lengths(
+        max_len, config.sft.length_buckets, config.trim_bucket
+    )
 
-  def learn(state: types.TrainState, traj: types.Trajectory):
+  def learn_on(state: types.TrainState, traj: types.Trajectory):
     _, metrics, grads = sft_grad(
         graphdef,
         state.params,
@@ -170,8 +188,30 @@ def make_sft_step(
     )
     return state, metrics
 
+  def learn(state: types.TrainState, traj: types.Trajectory):
+    if len(lengths) == 1:
+      return learn_on(state, traj)
+    index = padding.bucket_index(
+        lengths, jnp.max(traj.length).astype(jnp.int32), seed_axis_name
+    )
+
+    def branch(n):
+      return lambda operands: learn_on(
+          operands[0], padding.trim(operands[1], max_len, n)
+      )
+
+    state, metrics = jax.lax.switch(
+        index, [branch(n) for n in lengths], (state, traj)
+    )
+    metrics["trained_token_share"] = jnp.mean(
+        policy_mask(traj).astype(jnp.float32)
+    )
+    metrics["length"] = jnp.asarray(lengths, jnp.float32)[index]
+    return state, metrics
+
   if host_base.is_host(env):
-    learn_jit = jax.jit(learn, donate_argnums=0)  # host envs: one device
+    # Host envs: one device; the batch is trimmed on the host.
+    learn_on_jit = jax.jit(learn_on, donate_argnums=0)
 
     def host_step(state: types.TrainState):
       key = jax.random.fold_in(state.rng, state.step)
@@ -183,7 +223,7 @@ def make_sft_step(
           max_len,
           padding.host_trim_length(config, sharding.to_host(traj.length)),
       )
-      return learn_jit(state, traj)
+      return learn_on_jit(state, traj)
 
     return host_step
 

@@ -1,0 +1,143 @@
+"""SFT on length buckets (`sft.length_buckets`, learner/sft.py make_sft_step).
+
+The demonstrations of the default task end well before max_len (lengths
+17-39 of 64), so the SFT update runs on the shortest bucket that holds them.
+These tests check that the bucketed step trains as the whole-buffer step does
+(the cut columns are padding), that the bucket is the one the demonstrations
+need (recomputed here from the step's own keys), and that under the seeds'
+vmap every seed takes the longest seed's bucket in one real conditional.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl import learner
+from agentic_rl import padding
+from agentic_rl import rollout
+from agentic_rl import seeds as seeds_lib
+from agentic_rl import train
+from agentic_rl import validation
+from configs import default
+from configs import schema
+
+
+def _config(buckets: int, batch: int = 16):
+  config = default.get_config("smoke")
+  config.model.num_layers = 1
+  config.sft.batch_size = batch
+  config.sft.length_buckets = buckets
+  return schema.with_defaults(config)
+
+
+def _built(buckets: int, seed: int = 0, batch: int = 16):
+  config = _config(buckets, batch)
+  config.seed = seed
+  validation.validate_config(config)
+  env = train.make_env(config)
+  graphdef, state = train.init_state(config, train.make_model_config(config))
+  return config, env, graphdef, state
+
+
+def _demo_length(config, env, state) -> int:
+  """The longest demonstration of the step's batch, from the step's keys
+  (make_sft_step: fold_in(rng, step), then fold_in 0 and split)."""
+  key = jax.random.fold_in(state.rng, state.step)
+  task_key, expert_key = jax.random.split(jax.random.fold_in(key, 0))
+  tasks = env.sample_tasks(task_key, config.sft.batch_size)
+  traj = rollout.rollout(env, tasks, expert_key, max_len=config.max_len)
+  return int(jnp.max(traj.length))
+
+
+def _copy(tree):
+  return jax.tree.map(lambda x: x.copy(), tree)
+
+
+def test_bucketed_sft_step_trains_as_the_whole_buffer():
+  config1, env, graphdef, state = _built(1)
+  config4 = _config(4)
+  lengths = padding.update_lengths(config4.max_len, 4, config4.trim_bucket)
+  assert lengths == (16, 32, 48, 64)
+  whole = learner.make_sft_step(
+      config1, env, graphdef, learner.make_optimizer(config1.sft)
+  )
+  bucketed = learner.make_sft_step(
+      config4, env, graphdef, learner.make_optimizer(config4.sft)
+  )
+  s1, s4 = _copy(state), _copy(state)
+  used = []
+  for _ in range(3):
+    need = _demo_length(config4, env, s4)
+    s1, m1 = whole(s1)
+    s4, m4 = bucketed(s4)
+    # The shortest bucket that holds the longest demonstration.
+    want = min(n for n in lengths if n >= need)
+    assert float(m4["length"]) == want < config4.max_len, (need, want)
+    used.append(want)
+    assert "length" not in m1
+    for k in ("loss", "grad_norm", "policy_tokens", "trained_token_share"):
+      np.testing.assert_allclose(m4[k], m1[k], rtol=2e-5, err_msg=k)
+    # A share of the whole [B, max_len] buffer, not of the bucket.
+    assert float(m4["trained_token_share"]) == pytest.approx(
+        float(m4["policy_tokens"]) / config4.max_len
+    )
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # The compiled step holds one conditional with a branch per length; the
+  # shortest branch's tokens are [B, 16].
+  hlo = bucketed.lower(_copy(s4)).compile().as_text()
+  assert "conditional" in hlo
+  assert f"s32[{config4.sft.batch_size},16]" in hlo
+
+
+def test_vmapped_seeds_take_the_longest_seeds_bucket_in_one_branch():
+  # Two demonstrations per seed, so that the seeds need different buckets.
+  config, env, graphdef, _ = _built(4, batch=2)
+  states = [_built(4, seed, batch=2)[3] for seed in (0, 1, 2, 3)]
+  needs = [_demo_length(config, env, s) for s in states]
+  lengths = padding.update_lengths(config.max_len, 4, config.trim_bucket)
+  own = [min(n for n in lengths if n >= need) for need in needs]
+  assert len(set(own)) > 1, own
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  sft_step, _ = seeds_lib.make_steps(
+      config, env, graphdef, train.make_model_config(config)
+  )
+  hlo = sft_step.lower(_copy(stacked)).compile().as_text()
+  # An unbatched branch index: a real conditional, not a select over every
+  # branch's results (vmap of lax.switch with a batched index).
+  assert "conditional" in hlo
+  _, metrics = sft_step(stacked)
+  np.testing.assert_array_equal(
+      np.asarray(metrics["length"]), np.full(4, max(own), np.float32)
+  )
+  # Each seed trains as it does alone on the whole buffer.
+  single = learner.make_sft_step(
+      _config(1, batch=2), env, graphdef, learner.make_optimizer(config.sft)
+  )
+  for i, s in enumerate(states):
+    _, m = single(_copy(s))
+    np.testing.assert_allclose(metrics["loss"][i], m["loss"], rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"sft.length_buckets": 0}, r"^config\.sft\.length_buckets=0"),
+        (
+            {"trim_bucket": 0},
+            r"^config\.sft\.length_buckets=4: the bucket lengths are "
+            r"multiples of config\.trim_bucket, which is 0",
+        ),
+    ],
+)
+def test_invalid_sft_length_buckets_are_refused(changes, match):
+  assert default.get_config().sft.length_buckets == 4  # the default job's
+  config = default.get_config("smoke")
+  config.sft.length_buckets = 4
+  validation.validate_config(config)
+  for k, v in changes.items():
+    section, _, field = k.rpartition(".")
+    (config[section] if section else config)[field] = v
+  with pytest.raises(validation.ConfigError, match=match):
+    validation.validate_config(config)
