@@ -335,7 +335,7 @@ def trim_batch(batch: LearnerBatch, new_len: int) -> LearnerBatch:
   return dataclasses.replace(batch, **cut)
 
 
-def bucketed_update(update, lengths: tuple):
+def bucketed_update(update, lengths: tuple, axis_name: str | None = None):
   """`update` run on the shortest of `lengths` that holds the batch's loss.
 
   Args:
@@ -343,6 +343,8 @@ def bucketed_update(update, lengths: tuple):
       kl_coef, log_z_state=None, dropout_key=None)`.
     lengths: increasing static lengths, the last = the batch's L
       (`update_lengths`).
+    axis_name: the `jax.vmap` axis of vmapped seeds, or None
+      (`bucket_index`: one bucket, the longest need's, for all of them).
 
   Returns:
     A function with update's signature and results; its metrics gain
@@ -360,7 +362,7 @@ def bucketed_update(update, lengths: tuple):
           f"bucketed_update: lengths={lengths} must end at the batch length "
           f"{full}"
       )
-    index = bucket_index(lengths, loss_length(batch))
+    index = bucket_index(lengths, loss_length(batch), axis_name)
 
     def branch(n):
       def go(operands):

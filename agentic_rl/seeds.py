@@ -104,7 +104,9 @@ def make_steps(
               graphdef,
               learner.make_optimizer(config.rl),
               model_cfg,
-          )
+              seed_axis_name=SEED_AXIS,
+          ),
+          axis_name=SEED_AXIS,
       ),
       donate_argnums=0,
   )
@@ -190,8 +192,7 @@ def train_seeds(
     readable log, so 'wall_total_s' misses earlier training (a lower bound).
 
   Raises:
-    ValueError: invalid config (names the field and value), no seeds, or
-      rl.update_length_buckets > 1 (see below).
+    ValueError: invalid config (names the field and value) or no seeds.
     validation.ConfigError: the workdir holds a run of a different config or
       seed list (names every differing field with its old and new value).
   """
@@ -205,14 +206,6 @@ def train_seeds(
         "config.mesh.distributed=True: train_seeds runs in one process (its "
         "files are written without a multi-process writer); run the seeds "
         "one after the other with main.py, or use mesh.distributed=False"
-    )
-  if config.rl.update_length_buckets > 1:
-    # Under vmap the bucket index differs per seed and lax.switch becomes a
-    # select that runs every branch: K times the update, not less.
-    raise ValueError(
-        "config.rl.update_length_buckets="
-        f"{config.rl.update_length_buckets}: vmapped seeds run every length "
-        "bucket (lax.switch under vmap); use 1 with train_seeds"
     )
   if workdir is not None:
     workdir = os.path.abspath(workdir)

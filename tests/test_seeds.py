@@ -2,6 +2,8 @@
 
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,6 +14,11 @@ from agentic_rl import validation
 from configs import default
 from experiments import seeds as experiment_seeds
 from tests import fakes
+
+# Seeds whose first RL batches need different length buckets at this batch
+# size (found by running the single-seed step; asserted in the test).
+_RL_BUCKET_BATCH = 2
+_RL_BUCKET_SEEDS = (4, 5)
 
 
 def _tiny():
@@ -128,14 +135,42 @@ def test_no_seeds_is_an_error():
     seeds_lib.train_seeds(_tiny(), ())
 
 
-def test_length_buckets_are_refused_under_vmapped_seeds(tmp_path):
-  config = default.get_config("smoke")
+def test_vmapped_seeds_share_one_rl_length_bucket():
+  # Under vmap a per-seed bucket index would turn the update's lax.switch
+  # into a select over every branch; the seeds' vmap names its axis and the
+  # loss length is maximised over it, so one real conditional runs the
+  # longest seed's bucket for all.
+  from agentic_rl import learner  # noqa: PLC0415
+  from configs import schema  # noqa: PLC0415
+
+  config = schema.with_defaults(default.get_config("smoke"))
+  config.model.num_layers = 1
   config.rl.update_length_buckets = 4
-  with pytest.raises(
-      ValueError, match=r"^config\.rl\.update_length_buckets=4: vmapped"
-  ):
-    seeds_lib.train_seeds(config, [0, 1], workdir=str(tmp_path))
-  assert not list(tmp_path.iterdir())  # refused before any work
+  config.rl.batch_size = _RL_BUCKET_BATCH
+  config.rl.group_size = 2
+  env = train.make_env(config)
+  model_cfg = train.make_model_config(config)
+  states = []
+  for seed in _RL_BUCKET_SEEDS:
+    config.seed = seed
+    graphdef, st = train.init_state(config, model_cfg)
+    states.append(train.start_rl(config, st))
+  single = learner.make_rl_step(
+      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+  )
+  own = []
+  for st in states:
+    _, m = single(jax.tree.map(lambda x: x.copy(), st))
+    own.append(float(m["update_length"]))
+  assert len(set(own)) > 1, own  # the seeds need different buckets
+  _, rl_step = seeds_lib.make_steps(config, env, graphdef, model_cfg)
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  hlo = rl_step.lower(jax.tree.map(lambda x: x.copy(), stacked))
+  assert "conditional" in hlo.compile().as_text()
+  _, metrics = rl_step(stacked)
+  np.testing.assert_array_equal(
+      np.asarray(metrics["update_length"]), np.full(len(own), max(own))
+  )
 
 
 def test_multi_process_runs_are_refused(tmp_path):

@@ -28,6 +28,7 @@ def make_collect_fn(
     model_config: transformer.TransformerConfig,
     reward_model: rm_frozen.FrozenRewardModel | None = None,
     update_lengths: tuple | None = None,
+    seed_axis_name: str | None = None,
 ):
   """Returns pure `collect(state, first_traj=None) -> (batch, rollout)`.
 
@@ -45,6 +46,8 @@ def make_collect_fn(
   dual-path behaviour shift) are 0 from the loss length on, where no loss
   term reads them, and the sampler/trainer mismatch metrics cover the columns
   before it only. The behaviour values of GAE stay full-length.
+  `seed_axis_name` (vmapped seeds, `agentic_rl/seeds.py`): the loss length
+  is maximised over that `jax.vmap` axis, so all seeds use one bucket.
 
   `first_traj`: the first round's rollout when it was made outside the jitted
   program (host environments, see `make_host_rollout_fn`); None rolls out here.
@@ -98,7 +101,13 @@ def make_collect_fn(
   rl_cfg = config.rl
   run = build.chain(
       *build.build_stages(
-          config, env, graphdef, model_config, reward_model, update_lengths
+          config,
+          env,
+          graphdef,
+          model_config,
+          reward_model,
+          update_lengths,
+          seed_axis_name,
       )
   )
 

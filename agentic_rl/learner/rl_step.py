@@ -53,6 +53,7 @@ def make_rl_step(
     model_config: transformer.TransformerConfig,
     state_sharding=None,
     reward_model: rm_frozen.FrozenRewardModel | None = None,
+    seed_axis_name: str | None = None,
 ) -> StepFn:
   """One GRPO iteration (collect + update) as a single jitted program.
 
@@ -61,6 +62,10 @@ def make_rl_step(
   over-optimisation monitor (`rm_frozen.monitor_metrics`: rm_reward,
   verified_reward, rm_gap, rm_verified_corr, rm_false_positive_rate, plus the
   mean raw rm_score) is added to the metrics of every iteration.
+
+  `seed_axis_name`: the `jax.vmap` axis name when the step is vmapped over
+  seeds (`agentic_rl/seeds.py`); with length buckets every seed then takes
+  the longest seed's bucket (`padding.bucket_index`), one branch for all.
 
   After the update and the features' updates, the metric functions of
   `step_metrics.build_step_metrics` (chosen once from the config: dual-path,
@@ -74,13 +79,19 @@ def make_rl_step(
     )
   # With buckets, the reference and behaviour forwards run on the update's.
   collect = make_collect_fn(
-      config, env, graphdef, model_config, reward_model, update_lengths=lengths
+      config,
+      env,
+      graphdef,
+      model_config,
+      reward_model,
+      update_lengths=lengths,
+      seed_axis_name=seed_axis_name,
   )
   update = make_update_fn(config, graphdef, tx)
   features = features_lib.build_features(config)
   metric_fns = step_metrics.build_step_metrics(config, env, reward_model)
   if lengths is not None:
-    update = padding.bucketed_update(update, lengths)
+    update = padding.bucketed_update(update, lengths, seed_axis_name)
 
   def step(state: types.TrainState, first_traj=None):
     batch, r = collect(state, first_traj)

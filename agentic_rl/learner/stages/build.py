@@ -67,6 +67,7 @@ def build_stages(
     model_config,
     reward_model=None,
     update_lengths: tuple | None = None,
+    seed_axis_name: str | None = None,
 ) -> tuple[Stage, ...]:
   """The collect stages of `config`, in the order they run.
 
@@ -79,6 +80,8 @@ def build_stages(
       its parameters are ctx.reward_model.
     update_lengths: the update's length buckets (`padding.update_lengths`),
       or None.
+    seed_axis_name: the `jax.vmap` axis of vmapped seeds, or None; with
+      update_lengths the loss length is maximised over it.
 
   Returns:
     The stages, each named by its function (`stage.__name__`): 'sample',
@@ -304,7 +307,9 @@ def build_stages(
   add(
       "loss_length",
       lambda r, ctx: logprob_stages.loss_length(
-          r, with_obs=rl_cfg.obs_prediction_coef > 0
+          r,
+          with_obs=rl_cfg.obs_prediction_coef > 0,
+          axis_name=seed_axis_name if update_lengths is not None else None,
       ),
   )
   add(

@@ -59,7 +59,9 @@ def forward_on_bucket(
   return padding.bucketed_forward(fwd, update_lengths, tokens_bl, need)
 
 
-def loss_length(r: Rollout, *, with_obs: bool) -> Rollout:
+def loss_length(
+    r: Rollout, *, with_obs: bool, axis_name: str | None = None
+) -> Rollout:
   """Sets loss_length: the columns the update's loss reads.
 
   1 + the last position set in the loss mask, or in the TOOL tokens of the
@@ -70,6 +72,8 @@ def loss_length(r: Rollout, *, with_obs: bool) -> Rollout:
     r: Rollout with mask [B, L] bool and train_traj (role [B, L] int8).
     with_obs: `rl.obs_prediction_coef` > 0 (the TOOL tokens are loss
       targets too).
+    axis_name: the `jax.vmap` axis of vmapped seeds, or None: the length is
+      maximised over it (one length bucket for all seeds).
 
   Returns:
     r with loss_length ([] int32).
@@ -78,6 +82,8 @@ def loss_length(r: Rollout, *, with_obs: bool) -> Rollout:
       r.mask,
       r.train_traj.role == types.TOOL if with_obs else None,
   )
+  if axis_name is not None:
+    need = jax.lax.pmax(need, axis_name)
   return r.replace(loss_length=need)
 
 
