@@ -102,6 +102,7 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
       "max_len",
       "sft.batch_size",
       "sft.num_microbatches",
+      "sft.length_buckets",
       "rm.steps",
       "rm.batch_size",
       "rm.num_train_tasks",

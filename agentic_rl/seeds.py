@@ -7,7 +7,12 @@ same jitted SFT / GRPO steps that `main.py` uses (`learner.make_sft_step`,
 so sampling tasks, rolling out, scoring and updating are all inside the vmap; seed
 s reproduces, up to float reassociation in batched matmuls, the run
 `python main.py --config=... --config.seed=s` would make (same initial params, same
-task stream, same sampling keys).
+task stream, same sampling keys). With length buckets (`sft.length_buckets`,
+`rl.update_length_buckets`) every seed runs the longest seed's bucket
+(`SEED_AXIS`): the same losses up to float summation order, but LoRA
+adapter-dropout masks are drawn at that bucket's shape and the RL
+sampler/trainer mismatch metrics cover the columns up to it, so those can
+differ from the single run.
 
 Why: on this 2-core CPU a tiny model leaves most of each core idle at batch 64; a
 vmapped batch of S seeds fills it, so an S-seed sweep costs much less than S runs

@@ -593,7 +593,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_replay_and_dual(config, env_obj)
   _validate_step_reward(config, env_obj)
   _validate_update_buckets(config, env_obj)
-  if config.sft.length_buckets > 1 and config.trim_bucket <= 0:
+  if (
+      config.sft.length_buckets > 1
+      and config.trim_bucket <= 0
+      and not getattr(env_obj, "is_host", False)  # host envs trim on the host
+  ):
     _fail(
         "sft.length_buckets",
         config.sft.length_buckets,

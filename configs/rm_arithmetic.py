@@ -45,6 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.sft.batch_size = 64
   # Gradient accumulation over this many blocks of the SFT batch (same update).
   config.sft.num_microbatches = 1
+  # SFT length buckets (learner.make_sft_step): 1 = train on the whole
+  # max_len buffer (the recorded RM runs); K > 1 compiles the update for K
+  # lengths and runs the shortest that holds every demonstration.
+  config.sft.length_buckets = 1
 
   # Reward models: optimizer (AdamW + clipping) and training.
   config.rm = common.optimizer(learning_rate=1e-3, warmup_steps=10)

@@ -73,7 +73,9 @@ def loss_length(
     with_obs: `rl.obs_prediction_coef` > 0 (the TOOL tokens are loss
       targets too).
     axis_name: the `jax.vmap` axis of vmapped seeds, or None: the length is
-      maximised over it (one length bucket for all seeds).
+      maximised over it (one length bucket for all seeds; the
+      sampler/trainer mismatch window of `trainer_behaviour` is then that
+      maximum too).
 
   Returns:
     r with loss_length ([] int32).
