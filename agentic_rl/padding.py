@@ -254,7 +254,9 @@ def loss_length_of(mask_bl: jax.Array, obs_mask_bl=None) -> jax.Array:
   return last + 1
 
 
-def bucket_index(lengths: tuple, need, axis_name: str | None = None):
+def bucket_index(
+    lengths: tuple, need, axis_name: str | None = None
+) -> jax.Array:
   """Index of the shortest of the increasing `lengths` that is >= need
   (int32 scalar; the `lax.switch` branch of a bucketed program).
 
