@@ -159,8 +159,12 @@ def make_sft_step(
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
-  lengths = (max_len,)
-  if config.sft.length_buckets > 1 and config.trim_bucket > 0:
+  lengths = (max_len,)  # host environments: trimmed on the host instead
+  if (
+      config.sft.length_buckets > 1
+      and config.trim_bucket > 0
+      and not host_base.is_host(env)
+  ):
     lengths = padding.update_lengths(
         max_len, config.sft.length_buckets, config.trim_bucket
     )
@@ -177,10 +181,6 @@ def make_sft_step(
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["expert_tool_calls"] = jnp.mean(traj.facts["num_tool_calls"])
-    # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer.
-    metrics["trained_token_share"] = jnp.mean(
-        policy_mask(traj).astype(jnp.float32)
-    )
     state = state.replace(
         step=state.step + 1,
         params=params,
@@ -189,29 +189,30 @@ def make_sft_step(
     return state, metrics
 
   def learn(state: types.TrainState, traj: types.Trajectory):
+    # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer
+    # this step was given (host environments: the host-trimmed one).
+    share = jnp.mean(policy_mask(traj).astype(jnp.float32))
     if len(lengths) == 1:
-      return learn_on(state, traj)
-    index = padding.bucket_index(
-        lengths, jnp.max(traj.length).astype(jnp.int32), seed_axis_name
-    )
-
-    def branch(n):
-      return lambda operands: learn_on(
-          operands[0], padding.trim(operands[1], max_len, n)
+      state, metrics = learn_on(state, traj)
+    else:
+      index = padding.bucket_index(
+          lengths, jnp.max(traj.length).astype(jnp.int32), seed_axis_name
       )
 
-    state, metrics = jax.lax.switch(
-        index, [branch(n) for n in lengths], (state, traj)
-    )
-    metrics["trained_token_share"] = jnp.mean(
-        policy_mask(traj).astype(jnp.float32)
-    )
-    metrics["length"] = jnp.asarray(lengths, jnp.float32)[index]
+      def branch(n):
+        return lambda operands: learn_on(
+            operands[0], padding.trim(operands[1], max_len, n)
+        )
+
+      state, metrics = jax.lax.switch(
+          index, [branch(n) for n in lengths], (state, traj)
+      )
+      metrics["length"] = jnp.asarray(lengths, jnp.float32)[index]
+    metrics["trained_token_share"] = share
     return state, metrics
 
   if host_base.is_host(env):
-    # Host envs: one device; the batch is trimmed on the host.
-    learn_on_jit = jax.jit(learn_on, donate_argnums=0)
+    learn_jit = jax.jit(learn, donate_argnums=0)  # host envs: one device
 
     def host_step(state: types.TrainState):
       key = jax.random.fold_in(state.rng, state.step)
@@ -223,7 +224,7 @@ def make_sft_step(
           max_len,
           padding.host_trim_length(config, sharding.to_host(traj.length)),
       )
-      return learn_on_jit(state, traj)
+      return learn_jit(state, traj)
 
     return host_step
 
