@@ -232,6 +232,38 @@ def update_lengths(max_len: int, buckets: int, multiple: int = 16) -> tuple:
   return tuple(out)
 
 
+def explicit_lengths(lengths, max_len: int) -> tuple:
+  """A bucketed update's lengths as given: strictly increasing positive ints
+  <= max_len, with max_len appended when it is not the last.
+
+  Args:
+    lengths: sequence of ints (e.g. `sft.bucket_lengths`).
+    max_len: the buffer length L.
+
+  Returns:
+    Increasing tuple of ints ending in max_len.
+
+  Raises:
+    ValueError: a length is not an int, not in [1, max_len], or the lengths
+      are not strictly increasing.
+  """
+  out = []
+  for n in lengths:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= max_len:
+      raise ValueError(
+          f"bucket lengths {tuple(lengths)}: {n!r} is not an int in "
+          f"[1, max_len={max_len}]"
+      )
+    if out and n <= out[-1]:
+      raise ValueError(
+          f"bucket lengths {tuple(lengths)}: not strictly increasing"
+      )
+    out.append(n)
+  if not out or out[-1] != max_len:
+    out.append(max_len)
+  return tuple(out)
+
+
 def loss_length(batch: LearnerBatch) -> jax.Array:
   """1 + the last position any loss reads: int32 scalar in [1, L].
 

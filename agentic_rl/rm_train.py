@@ -116,6 +116,7 @@ def validate_rm_config(config: ml_collections.ConfigDict) -> None:
   ):
     validation._positive_int(config, f)
   validation._positive_int(config, "sft.steps", allow_zero=True)
+  validation.check_sft_bucket_lengths(config)
   if config.sft.batch_size % config.sft.num_microbatches:
     _fail(
         "sft.num_microbatches",

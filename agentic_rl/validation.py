@@ -17,6 +17,7 @@ import ml_collections
 from agentic_rl import batch_policies
 from agentic_rl import estimators
 from agentic_rl import losses
+from agentic_rl import padding
 from agentic_rl.reward_models import model as rm_model
 from agentic_rl.rewards import components
 from agentic_rl.rewards import factory
@@ -42,6 +43,47 @@ class ConfigError(ValueError):
 
 def _fail(field: str, value, why: str):
   raise ConfigError(f"config.{field}={value!r}: {why}")
+
+
+def check_sft_bucket_lengths(config) -> None:
+  """`sft.bucket_lengths`: () or strictly increasing ints in [1, max_len];
+  at most one of `sft.length_buckets` > 1, `sft.bucket_lengths` and
+  `sft.fit_bucket` (each gives the bucket lengths).
+
+  Raises:
+    ConfigError: naming the field and its value.
+  """
+  if config.sft.fit_bucket and config.sft.length_buckets > 1:
+    _fail(
+        "sft.fit_bucket",
+        True,
+        f"set together with sft.length_buckets={config.sft.length_buckets}; "
+        "either gives the bucket lengths: use length_buckets=1",
+    )
+  lengths = config.sft.bucket_lengths
+  if not isinstance(lengths, (tuple, list)):
+    _fail("sft.bucket_lengths", lengths, "must be a tuple of ints")
+  if not tuple(lengths):
+    return
+  try:
+    padding.explicit_lengths(tuple(lengths), config.max_len)
+  except ValueError as e:
+    _fail("sft.bucket_lengths", tuple(lengths), str(e))
+  if config.sft.fit_bucket:
+    _fail(
+        "sft.bucket_lengths",
+        tuple(lengths),
+        "set together with sft.fit_bucket=True; either gives the bucket "
+        "lengths",
+    )
+  if config.sft.length_buckets > 1:
+    _fail(
+        "sft.bucket_lengths",
+        tuple(lengths),
+        f"set together with sft.length_buckets={config.sft.length_buckets}; "
+        "either gives the bucket lengths: use length_buckets=1 with explicit "
+        "lengths",
+    )
 
 
 def closest(name: str, known) -> str | None:
@@ -604,6 +646,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         "the bucket lengths are multiples of config.trim_bucket, which is "
         f"{config.trim_bucket}; use 1",
     )
+  check_sft_bucket_lengths(config)
   if config.rl.shared_prefix_len > env_obj.max_prompt_len:
     _fail(
         "rl.shared_prefix_len",

@@ -49,6 +49,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # max_len buffer (the recorded RM runs); K > 1 compiles the update for K
   # lengths and runs the shortest that holds every demonstration.
   config.sft.length_buckets = 1
+  # Explicit SFT bucket lengths instead of K uniform ones (needs
+  # length_buckets = 1; max_len is appended); () = none.
+  config.sft.bucket_lengths = ()
+  # Or fit them to the demonstrations (learner/sft.py fitted_length).
+  config.sft.fit_bucket = False
 
   # Reward models: optimizer (AdamW + clipping) and training.
   config.rm = common.optimizer(learning_rate=1e-3, warmup_steps=10)

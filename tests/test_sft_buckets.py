@@ -1,4 +1,5 @@
-"""SFT on length buckets (`sft.length_buckets`, learner/sft.py make_sft_step).
+"""SFT on length buckets (`sft.length_buckets`, `sft.bucket_lengths`,
+learner/sft.py make_sft_step).
 
 The demonstrations of the default task end well before max_len (lengths
 17-39 of 64), so the SFT update runs on the shortest bucket that holds them.
@@ -7,6 +8,8 @@ These tests check that the bucketed step trains as the whole-buffer step does
 need (recomputed here from the step's own keys), and that under the seeds'
 vmap every seed takes the longest seed's bucket in one real conditional.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,15 +22,20 @@ from agentic_rl import rollout
 from agentic_rl import seeds as seeds_lib
 from agentic_rl import train
 from agentic_rl import validation
+from agentic_rl.learner import sft as sft_lib
 from configs import default
 from configs import schema
 
 
-def _config(buckets: int, batch: int = 16):
+def _config(
+    buckets: int, batch: int = 16, lengths: tuple = (), fit: bool = False
+):
   config = default.get_config("smoke")
   config.model.num_layers = 1
   config.sft.batch_size = batch
   config.sft.length_buckets = buckets
+  config.sft.bucket_lengths = lengths
+  config.sft.fit_bucket = fit
   return schema.with_defaults(config)
 
 
@@ -91,6 +99,87 @@ def test_bucketed_sft_step_trains_as_the_whole_buffer():
   assert f"s32[{config4.sft.batch_size},16]" in hlo
 
 
+def test_explicit_bucket_lengths_train_as_the_whole_buffer():
+  config1, env, graphdef, state = _built(1)
+  config = _config(1, lengths=(24, 40))
+  validation.validate_config(config)
+  whole = learner.make_sft_step(
+      config1, env, graphdef, learner.make_optimizer(config1.sft)
+  )
+  bucketed = learner.make_sft_step(
+      config, env, graphdef, learner.make_optimizer(config.sft)
+  )
+  s1, s2 = _copy(state), _copy(state)
+  for _ in range(3):
+    need = _demo_length(config, env, s2)
+    s1, m1 = whole(s1)
+    s2, m2 = bucketed(s2)
+    # The lengths given, then max_len: the shortest that holds the batch.
+    want = min(n for n in (24, 40, 64) if n >= need)
+    assert float(m2["length"]) == want < config.max_len, (need, want)
+    for k in ("loss", "grad_norm", "policy_tokens", "trained_token_share"):
+      np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, err_msg=k)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # One conditional, with a branch per length (24, 40, 64) and no other;
+  # the [B, 24] and [B, 40] token buffers are among its shapes.
+  hlo = bucketed.lower(_copy(s2)).compile().as_text()
+  branches = re.findall(r"conditional\(.*branch_computations=\{([^}]*)\}", hlo)
+  assert [len(x.split(",")) for x in branches] == [3], branches
+  b = config.sft.batch_size
+  assert f"s32[{b},24]" in hlo and f"s32[{b},40]" in hlo
+
+
+def test_fitted_bucket_is_the_longest_demonstration_rounded_up():
+  config1, env, graphdef, state = _built(1)
+  # The task's demonstrations, drawn here from other keys than the fit's:
+  # 17-39 tokens (a direct answer, or a call, its observation and the
+  # answer; 3-digit x 2-digit products give the longest).
+  lengths = np.concatenate(
+      [
+          np.asarray(
+              rollout.rollout(
+                  env,
+                  env.sample_tasks(jax.random.PRNGKey(100 + i), 512),
+                  jax.random.PRNGKey(200 + i),
+                  max_len=config1.max_len,
+              ).length
+          )
+          for i in range(4)
+      ]
+  )
+  assert lengths.min() == 17 and lengths.max() == 39
+  assert sft_lib.fitted_length(env, config1.max_len, 16) == 40
+  # Rounded to FIT_MULTIPLE = 8, never past max_len.
+  assert sft_lib.fitted_length(env, 36, 16) == 36
+  # The step compiles (40, 64) and trains as the whole buffer.
+  config = _config(1, fit=True)
+  validation.validate_config(config)
+  fitted = learner.make_sft_step(
+      config, env, graphdef, learner.make_optimizer(config.sft)
+  )
+  whole = learner.make_sft_step(
+      config1, env, graphdef, learner.make_optimizer(config1.sft)
+  )
+  s1, m1 = whole(_copy(state))
+  s2, m2 = fitted(_copy(state))
+  assert float(m2["length"]) == 40
+  np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=2e-5)
+  hlo = fitted.lower(_copy(s2)).compile().as_text()
+  branches = re.findall(r"conditional\(.*branch_computations=\{([^}]*)\}", hlo)
+  assert [len(x.split(",")) for x in branches] == [2], branches
+
+
+def test_explicit_lengths_values_and_errors():
+  assert padding.explicit_lengths((40,), 64) == (40, 64)
+  assert padding.explicit_lengths((40, 64), 64) == (40, 64)
+  assert padding.explicit_lengths((), 64) == (64,)
+  assert padding.explicit_lengths((8, 9, 63), 64) == (8, 9, 63, 64)
+  for bad in ((0,), (65,), (40, 40), (40, 24), (True,), (40.0,)):
+    with pytest.raises(ValueError, match="bucket lengths"):
+      padding.explicit_lengths(bad, 64)
+
+
 def test_vmapped_seeds_take_the_longest_seeds_bucket_in_one_branch():
   # Two demonstrations per seed, so that the seeds need different buckets.
   config, env, graphdef, _ = _built(4, batch=2)
@@ -132,12 +221,70 @@ def test_vmapped_seeds_take_the_longest_seeds_bucket_in_one_branch():
     ],
 )
 def test_invalid_sft_length_buckets_are_refused(changes, match):
-  assert default.get_config().sft.length_buckets == 4  # the default job's
   config = default.get_config("smoke")
   config.sft.length_buckets = 4
   validation.validate_config(config)
   for k, v in changes.items():
     section, _, field = k.rpartition(".")
     (config[section] if section else config)[field] = v
+  with pytest.raises(validation.ConfigError, match=match):
+    validation.validate_config(config)
+
+
+@pytest.mark.parametrize(
+    "lengths, buckets, fit, match",
+    [
+        (
+            (40, 24),
+            1,
+            False,
+            r"^config\.sft\.bucket_lengths=\(40, 24\): "
+            ".*not strictly increasing",
+        ),
+        (
+            (0, 40),
+            1,
+            False,
+            r"^config\.sft\.bucket_lengths=\(0, 40\): .*not "
+            r"an int in \[1, max_len=64\]",
+        ),
+        (
+            (72,),
+            1,
+            False,
+            r"^config\.sft\.bucket_lengths=\(72,\): " ".*max_len=64",
+        ),
+        (
+            (40,),
+            4,
+            False,
+            r"^config\.sft\.bucket_lengths=\(40,\): set "
+            "together with sft.length_buckets=4",
+        ),
+        (
+            (40,),
+            1,
+            True,
+            r"^config\.sft\.bucket_lengths=\(40,\): set "
+            "together with sft.fit_bucket=True",
+        ),
+        (
+            (),
+            4,
+            True,
+            r"^config\.sft\.fit_bucket=True: set together with "
+            "sft.length_buckets=4",
+        ),
+    ],
+)
+def test_invalid_sft_bucket_settings_are_refused(lengths, buckets, fit, match):
+  config = default.get_config()
+  # The default job's: fitted to its demonstrations.
+  assert config.sft.fit_bucket and config.sft.length_buckets == 1
+  assert tuple(config.sft.bucket_lengths) == ()
+  validation.validate_config(config)
+  config.sft.length_buckets = buckets
+  config.sft.bucket_lengths = lengths
+  config.sft.fit_bucket = fit
   with pytest.raises(validation.ConfigError, match=match):
     validation.validate_config(config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from flax import nnx
 
 from agentic_rl import losses
@@ -124,6 +125,46 @@ def sft_grad(
   return loss, {"loss": loss, "policy_tokens": tokens / num_microbatches}, grads
 
 
+# fitted_length: demonstrations sampled (in batches of the SFT batch size),
+# the key they are drawn from (the same for every seed and process, so that
+# all compile the same lengths), and the multiple the longest is rounded to.
+FIT_SAMPLES = 256
+FIT_MULTIPLE = 8
+_FIT_KEY = 0x5F7
+
+
+def fitted_length(env, max_len: int, batch_size: int) -> int:
+  """The SFT bucket that `sft.fit_bucket` fits to the environment's
+  demonstrations: the longest of at least FIT_SAMPLES expert demonstrations
+  (`rollout.rollout` of the expert, as the SFT step draws them, from a fixed
+  key), rounded up to a multiple of FIT_MULTIPLE, at most max_len. A longer
+  demonstration later only means that step runs the max_len branch.
+
+  Args:
+    env: a JAX-native environment.
+    max_len: the buffer length L.
+    batch_size: demonstrations per rollout call (the SFT batch size).
+
+  Returns:
+    int in [1, max_len] (max_len when nothing shorter holds them).
+  """
+  calls = -(-FIT_SAMPLES // batch_size)
+
+  @jax.jit
+  def longest():
+    def one(key):
+      task_key, expert_key = jax.random.split(key)
+      tasks = env.sample_tasks(task_key, batch_size)
+      traj = rollout.rollout(env, tasks, expert_key, max_len=max_len)
+      return jnp.max(traj.length).astype(jnp.int32)
+
+    keys = jax.random.split(jax.random.PRNGKey(_FIT_KEY), calls)
+    return jnp.max(jax.lax.map(one, keys))
+
+  n = int(longest())
+  return min(max_len, -(-n // FIT_MULTIPLE) * FIT_MULTIPLE)
+
+
 def make_sft_step(
     config,
     env,
@@ -145,8 +186,14 @@ def make_sft_step(
   the loss and gradient are those of the whole buffer up to float summation
   order (LoRA adapter-dropout masks are drawn at the bucket's shape). Metric
   'length' is the bucket used; 'trained_token_share' stays a share of the
-  whole [B, max_len] buffer. Host environments trim on the host instead
-  (`padding.host_trim_length`), whatever K. `seed_axis_name`: the `jax.vmap`
+  whole [B, max_len] buffer. `sft.bucket_lengths` (non-empty) gives the
+  lengths instead (`padding.explicit_lengths`: increasing, max_len
+  appended), and `sft.fit_bucket` fits them to the environment:
+  (`fitted_length`, max_len), the first the longest of 256 demonstrations
+  drawn at setup rounded up to a multiple of 8 (the default task: 39 tokens
+  -> 40): two compiled branches, none longer than the data needs. Host
+  environments trim on the host instead (`padding.host_trim_length`),
+  whatever K, lengths or fit. `seed_axis_name`: the `jax.vmap`
   axis name when the step is vmapped over seeds (`agentic_rl/seeds.py`), so
   that all seeds take the longest seed's bucket (`padding.bucket_index`).
 
@@ -160,13 +207,23 @@ def make_sft_step(
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
   lengths = (max_len,)  # host environments: trimmed on the host instead
-  if (
-      config.sft.length_buckets > 1
-      and config.trim_bucket > 0
-      and not host_base.is_host(env)
-  ):
-    lengths = padding.update_lengths(
-        max_len, config.sft.length_buckets, config.trim_bucket
+  if not host_base.is_host(env):
+    if config.sft.fit_bucket:
+      lengths = padding.explicit_lengths(
+          (fitted_length(env, max_len, batch_size),), max_len
+      )
+    elif tuple(config.sft.bucket_lengths):
+      lengths = padding.explicit_lengths(config.sft.bucket_lengths, max_len)
+    elif config.sft.length_buckets > 1 and config.trim_bucket > 0:
+      lengths = padding.update_lengths(
+          max_len, config.sft.length_buckets, config.trim_bucket
+      )
+
+  if len(lengths) > 1:
+    logging.info(
+        "SFT update compiled for buffer lengths %s%s",
+        lengths,
+        " (fitted to the demonstrations)" if config.sft.fit_bucket else "",
     )
 
   def learn_on(state: types.TrainState, traj: types.Trajectory):
