@@ -683,10 +683,8 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # which leaves the update unchanged: e.g. resume an OOM-killed run with more
 # microbatches; workdirs written before sft.num_microbatches existed also
 # resume; or the shared prompt's length, which changes only float summation
-# order: e.g. resume after a mismatch stop with a shorter one; or the SFT and
-# RL length buckets, which change only the padding columns a compiled update
-# skips: e.g. a workdir of an earlier default job, written with other bucket
-# settings); any other change is refused.
+# order: e.g. resume after a mismatch stop with a shorter one); any other
+# change is refused.
 _RESUMABLE_CHANGES = (
     "rl.steps",
     "eval.",
@@ -699,10 +697,6 @@ _RESUMABLE_CHANGES = (
     "rl.num_microbatches",
     "rl.shared_prefix_len",
     "rl.log_every_steps",
-    "sft.length_buckets",
-    "sft.bucket_lengths",
-    "sft.fit_bucket",
-    "rl.update_length_buckets",
 )
 
 

@@ -11,7 +11,6 @@ import pytest
 from agentic_rl import checkpoint as checkpoint_lib
 from agentic_rl import metrics as metrics_lib
 from agentic_rl import train
-from agentic_rl import validation
 from configs import default
 
 
@@ -236,28 +235,6 @@ def test_resume_ignores_the_process_id_and_coordinator(tmp_path, caplog):
   with caplog.at_level("WARNING"):
     train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
   assert "rl.steps" in caplog.text and "process_id" not in caplog.text
-
-
-def test_resume_accepts_other_length_bucket_settings(tmp_path, caplog):
-  # A workdir of the default job before its SFT bucket was fitted (K = 4,
-  # written before sft.bucket_lengths and sft.fit_bucket existed) resumes
-  # under today's default: the buckets change only which padding columns the
-  # compiled update skips. The change is reported; other changes still stop.
-  old = default.get_config()
-  del old.sft["bucket_lengths"], old.sft["fit_bucket"]
-  old.sft.length_buckets = 4
-  (tmp_path / "config.json").write_text(old.to_json_best_effort())
-  config = default.get_config()
-  with caplog.at_level("WARNING"):
-    train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
-  assert "sft.length_buckets: 4 -> 1" in caplog.text
-  config.rl.update_length_buckets = 2
-  config.sft.fit_bucket = False
-  config.sft.bucket_lengths = (40,)
-  train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
-  config.sft.steps += 1
-  with pytest.raises(validation.ConfigError, match=r"config\.sft\.steps=301"):
-    train._check_resume_compatible(config, str(tmp_path))  # pylint: disable=protected-access
 
 
 def test_one_process_has_nothing_to_compare():
