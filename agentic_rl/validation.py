@@ -67,8 +67,8 @@ def check_sft_bucket_lengths(config) -> None:
     return
   try:
     padding.explicit_lengths(tuple(lengths), config.max_len)
-  except ValueError as e:
-    _fail("sft.bucket_lengths", tuple(lengths), str(e))
+  except ValueError as e:  # "bucket lengths (...): why" -> "why"
+    _fail("sft.bucket_lengths", tuple(lengths), str(e).split("): ", 1)[-1])
   if config.sft.fit_bucket:
     _fail(
         "sft.bucket_lengths",

@@ -86,6 +86,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
   )
 
+  # Slow steps (host rollouts, long buffers): save every 25 steps, not
+  # configs/default.py's 100.
+  config.checkpoint.every_steps = 25
+
   if arg == "smoke":
     config.name = "bfcl_grpo_smoke"
     # A smaller model and buffer: compilation dominates a 3-step run.

@@ -69,7 +69,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # JAX-native environments: compile the SFT update for this many buffer
   # lengths (max_len * i / K rounded up to trim_bucket) and run the shortest
   # that holds every demonstration (logged as sft/length; the rest of the
-  # buffer is padding); 1 = train on the whole max_len buffer. Host
+  # buffer is padding); 1 = no uniform buckets (the whole max_len buffer
+  # unless bucket_lengths or fit_bucket below give lengths). Host
   # environments trim on the host whatever K.
   config.sft.length_buckets = 1
   # Or the lengths themselves (increasing; max_len is appended; needs
@@ -77,11 +78,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.sft.bucket_lengths = ()
   # Or fit them to the environment's demonstrations (JAX-native
   # environments; needs length_buckets = 1 and no bucket_lengths): the
-  # longest of 256 drawn at setup, rounded up to a multiple of 8, and max_len
-  # (learner/sft.py fitted_length). This task's demonstrations are 17-39
-  # tokens, so (40, 64): two compiled branches, and each step trains 40
-  # positions instead of the 48 of K = 4 (docs/models.md, "SFT bucket
-  # lengths").
+  # longest of 256 drawn when the SFT step is first traced, rounded up to a
+  # multiple of 8, and max_len (learner/sft.py fitted_length). This task's
+  # demonstrations are 17-39 tokens, so (40, 64): two compiled branches, and
+  # each step trains 40 positions instead of the 48 of K = 4
+  # (docs/models.md, "SFT bucket lengths fitted to the demonstrations").
   config.sft.fit_bucket = True
 
   # GRPO (Shao et al., arXiv:2402.03300).
@@ -351,11 +352,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
   )
 
-  # Checkpoints every 100 steps (and at each phase's end): a save of this
-  # job's 125-array state takes ~0.18 s of Orbax's Python (threads and event
-  # loops, not the 6 MB written), about two SFT steps, so the shared block's
-  # 25 cost ~9% of the SFT phase and 100 ~2% (docs/models.md, "SFT bucket
-  # lengths").
+  # Save every this many steps (and at the end of each phase). 100 here: a
+  # save costs ~0.2 s of Orbax's Python for a small state (threads and event
+  # loops; the default job's 125 arrays, 6 MB), two to three of this job's
+  # SFT steps; every 25 steps took ~11% of its SFT phase, every 100 ~4%
+  # (docs/models.md, "SFT bucket lengths fitted to the demonstrations").
+  # Configs with slow steps save more often (e.g. configs/gsm_tool.py).
   config.checkpoint.every_steps = 100
 
   if arg == "smoke":

@@ -81,6 +81,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       )
   )
 
+  # Slow steps (host rollouts, long buffers): save every 25 steps, not
+  # configs/default.py's 100.
+  config.checkpoint.every_steps = 25
+
   if arg == "smoke":
     config.name = "gsm_tool_smoke"
     config.env.dataset = "basic_arithmetic"

@@ -128,6 +128,24 @@ def test_explicit_bucket_lengths_train_as_the_whole_buffer():
   assert [len(x.split(",")) for x in branches] == [3], branches
   b = config.sft.batch_size
   assert f"s32[{b},24]" in hlo and f"s32[{b},40]" in hlo
+  # The 24 branch runs too: two demonstrations, the first seed whose batch
+  # fits 24 tokens (direct answers are 17-18, short calls 23-24).
+  for seed in range(40):
+    c1, env, graphdef, state = _built(1, seed, batch=2)
+    if _demo_length(c1, env, state) <= 24:
+      break
+  else:
+    raise AssertionError("no two-demonstration batch of <= 24 tokens")
+  c2 = _config(1, batch=2, lengths=(24, 40))
+  _, m1 = learner.make_sft_step(
+      c1, env, graphdef, learner.make_optimizer(c1.sft)
+  )(_copy(state))
+  _, m2 = learner.make_sft_step(
+      c2, env, graphdef, learner.make_optimizer(c2.sft)
+  )(_copy(state))
+  assert float(m2["length"]) == 24
+  for k in ("loss", "grad_norm"):
+    np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, err_msg=k)
 
 
 def test_fitted_bucket_is_the_longest_demonstration_rounded_up():
@@ -168,6 +186,55 @@ def test_fitted_bucket_is_the_longest_demonstration_rounded_up():
   hlo = fitted.lower(_copy(s2)).compile().as_text()
   branches = re.findall(r"conditional\(.*branch_computations=\{([^}]*)\}", hlo)
   assert [len(x.split(",")) for x in branches] == [2], branches
+
+
+def test_vmapped_seeds_fit_once_and_share_the_fitted_bucket():
+  # The fit runs when the vmapped step is first traced (inside jit and vmap:
+  # it has no traced inputs), once; every seed takes one branch of (40, 64).
+  config = _config(1, batch=2, fit=True)
+  states = [_built(1, seed, batch=2)[3] for seed in (0, 1, 2)]
+  env = train.make_env(config)
+  graphdef = train.init_state(config, train.make_model_config(config))[0]
+  needs = [_demo_length(config, env, s) for s in states]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+  calls = []
+  real = sft_lib.fitted_length
+
+  def counted(*args):
+    calls.append(args)
+    return real(*args)
+
+  sft_lib.fitted_length = counted
+  try:
+    sft_step, _ = seeds_lib.make_steps(
+        config, env, graphdef, train.make_model_config(config)
+    )
+    assert not calls  # nothing drawn before the step is traced
+    hlo = sft_step.lower(_copy(stacked)).compile().as_text()
+    _, metrics = sft_step(stacked)
+  finally:
+    sft_lib.fitted_length = real
+  assert len(calls) == 1, calls
+  branches = re.findall(r"conditional\(.*branch_computations=\{([^}]*)\}", hlo)
+  assert [len(x.split(",")) for x in branches] == [2], branches
+  want = 40 if max(needs) <= 40 else 64
+  np.testing.assert_array_equal(
+      np.asarray(metrics["length"]), np.full(3, want, np.float32)
+  )
+
+
+def test_rm_mode_refuses_bad_sft_bucket_lengths():
+  from agentic_rl import rm_train  # noqa: PLC0415
+  from configs import rm_arithmetic  # noqa: PLC0415
+
+  config = rm_arithmetic.get_config()
+  rm_train.validate_rm_config(config)
+  config.sft.bucket_lengths = (40, 24)
+  with pytest.raises(
+      validation.ConfigError,
+      match=r"^config\.sft\.bucket_lengths=\(40, 24\): not strictly",
+  ):
+    rm_train.validate_rm_config(config)
 
 
 def test_explicit_lengths_values_and_errors():

@@ -140,14 +140,27 @@ def fitted_length(env, max_len: int, batch_size: int) -> int:
   key), rounded up to a multiple of FIT_MULTIPLE, at most max_len. A longer
   demonstration later only means that step runs the max_len branch.
 
+  Compiles and runs one program (ceil(FIT_SAMPLES / batch_size) expert
+  rollouts under `lax.map`; no model): a few seconds cold, cached by the
+  persistent compilation cache. Deterministic: every process of a run (same
+  program, integer lengths) gets the same value.
+
   Args:
-    env: a JAX-native environment.
+    env: a JAX-native environment (a host environment's `sample_tasks`
+      takes a numpy generator, not a key).
     max_len: the buffer length L.
-    batch_size: demonstrations per rollout call (the SFT batch size).
+    batch_size: demonstrations per rollout call (the SFT batch size), >= 1.
 
   Returns:
     int in [1, max_len] (max_len when nothing shorter holds them).
+
+  Raises:
+    ValueError: batch_size < 1 or max_len < 1.
   """
+  if batch_size < 1 or max_len < 1:
+    raise ValueError(
+        f"fitted_length: batch_size={batch_size}, max_len={max_len}: need >= 1"
+    )
   calls = -(-FIT_SAMPLES // batch_size)
 
   @jax.jit
@@ -161,7 +174,9 @@ def fitted_length(env, max_len: int, batch_size: int) -> int:
     keys = jax.random.split(jax.random.PRNGKey(_FIT_KEY), calls)
     return jnp.max(jax.lax.map(one, keys))
 
-  n = int(longest())
+  # Compiled ahead of time and called as an executable: no primitive is
+  # bound, so this also runs unchanged inside another function's trace.
+  n = int(longest.lower().compile()())
   return min(max_len, -(-n // FIT_MULTIPLE) * FIT_MULTIPLE)
 
 
@@ -190,8 +205,9 @@ def make_sft_step(
   lengths instead (`padding.explicit_lengths`: increasing, max_len
   appended), and `sft.fit_bucket` fits them to the environment:
   (`fitted_length`, max_len), the first the longest of 256 demonstrations
-  drawn at setup rounded up to a multiple of 8 (the default task: 39 tokens
-  -> 40): two compiled branches, none longer than the data needs. Host
+  drawn when the step is first traced (`fitted_length`: one more compiled
+  program), rounded up to a multiple of 8 (the default task: 39 tokens ->
+  40): two compiled branches, none longer than the data needs. Host
   environments trim on the host instead (`padding.host_trim_length`),
   whatever K, lengths or fit. `seed_axis_name`: the `jax.vmap`
   axis name when the step is vmapped over seeds (`agentic_rl/seeds.py`), so
@@ -202,29 +218,42 @@ def make_sft_step(
   mesh's ('data', 'fsdp') axes (sharding.constrain_batch).
   `sft.num_microbatches` accumulates the gradient over that many
   blocks of the batch (`sft_grad`): same loss and update, less memory.
+
+  Raises:
+    ValueError: `sft.bucket_lengths` not strictly increasing ints in [1,
+      max_len] (`padding.explicit_lengths`; validation.py refuses them
+      first).
   """
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
+  fit = config.sft.fit_bucket and not host_base.is_host(env)
   lengths = (max_len,)  # host environments: trimmed on the host instead
   if not host_base.is_host(env):
-    if config.sft.fit_bucket:
-      lengths = padding.explicit_lengths(
-          (fitted_length(env, max_len, batch_size),), max_len
-      )
-    elif tuple(config.sft.bucket_lengths):
+    if tuple(config.sft.bucket_lengths):
       lengths = padding.explicit_lengths(config.sft.bucket_lengths, max_len)
     elif config.sft.length_buckets > 1 and config.trim_bucket > 0:
       lengths = padding.update_lengths(
           max_len, config.sft.length_buckets, config.trim_bucket
       )
+  fitted = []  # the fitted lengths, once the step is first traced
 
-  if len(lengths) > 1:
-    logging.info(
-        "SFT update compiled for buffer lengths %s%s",
-        lengths,
-        " (fitted to the demonstrations)" if config.sft.fit_bucket else "",
-    )
+  def bucket_lengths() -> tuple:
+    """The update's lengths; with the fit, computed at the first trace (a
+    run that never trains SFT never draws the demonstrations)."""
+    if not fit:
+      return lengths
+    if not fitted:
+      # Runs now, also inside the step's jit and vmap (fitted_length calls
+      # a compiled executable, with no traced inputs).
+      n = fitted_length(env, max_len, batch_size)
+      fitted.append(padding.explicit_lengths((n,), max_len))
+      logging.info(
+          "SFT update compiled for buffer lengths %s (fitted to the "
+          "demonstrations)",
+          fitted[0],
+      )
+    return fitted[0]
 
   def learn_on(state: types.TrainState, traj: types.Trajectory):
     _, metrics, grads = sft_grad(
@@ -249,6 +278,7 @@ def make_sft_step(
     # Trained (POLICY) tokens / all B * L tokens of the demonstration buffer
     # this step was given (host environments: the host-trimmed one).
     share = jnp.mean(policy_mask(traj).astype(jnp.float32))
+    lengths = bucket_lengths()
     if len(lengths) == 1:
       state, metrics = learn_on(state, traj)
     else:
