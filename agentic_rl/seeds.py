@@ -8,6 +8,7 @@ so sampling tasks, rolling out, scoring and updating are all inside the vmap; se
 s reproduces, up to float reassociation in batched matmuls, the run
 `python main.py --config=... --config.seed=s` would make (same initial params, same
 task stream, same sampling keys). With length buckets (`sft.length_buckets`,
+`sft.bucket_lengths`, `sft.fit_bucket`,
 `rl.update_length_buckets`) every seed runs the longest seed's bucket
 (`SEED_AXIS`): the same losses up to float summation order, but LoRA
 adapter-dropout masks are drawn at that bucket's shape and the RL

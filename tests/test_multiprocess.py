@@ -217,9 +217,12 @@ _SFT, _RL = 20, 3
 
 def _args(workdir, cache):
   """The smoke config, shortened: 20 SFT steps, 3 GRPO iterations, a
-  checkpoint every 5 steps (forced at 20 and 23), 8 held-out tasks."""
+  checkpoint every 5 steps (forced at 20 and 23), 8 held-out tasks; with the
+  full config's fitted SFT bucket (every process draws the same
+  demonstrations and compiles the same lengths, (40, 64))."""
   return [
       "--config=configs/default.py:smoke",
+      "--config.sft.fit_bucket=True",
       f"--config.sft.steps={_SFT}",
       f"--config.rl.steps={_RL}",
       "--config.checkpoint.every_steps=5",
