@@ -39,6 +39,7 @@ from absl import app
 from absl import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 _CONFIG = flags.DEFINE_string(
     "config", "configs/default.py", "main.py's --config."
@@ -60,20 +61,17 @@ _OUT = flags.DEFINE_string("out", None, "Also write the report here.")
 
 
 def _matmul_rate(n: int = 1024) -> float:
-  """FLOP/s of the fastest of 5 XLA float32 [n, n] @ [n, n] products."""
+  """FLOP/s of the fastest of 5 XLA float32 [n, n] @ [n, n] products
+  (`experiments.peers.common.matmul_rate`, as bench_peers measures it)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
+  from experiments.peers import common  # pylint: disable=g-import-not-at-top
+
   a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
   mm = jax.jit(jnp.matmul)
-  mm(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(5):
-    t0 = time.perf_counter()
-    mm(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
+  return common.matmul_rate(lambda: mm(a, a).block_until_ready(), n)
 
 
 def run_job(
