@@ -99,11 +99,11 @@ def run_job(
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.time() - t0
-  proc.returncode = os.waitstatus_to_exitcode(status)
-  if proc.returncode != 0:
+  code = os.waitstatus_to_exitcode(status)
+  if code != 0:
     with open(log_path) as f:
       tail = f.read()[-2000:]
-    raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}:\n{tail}")
+    raise RuntimeError(f"{shlex.join(cmd)} exited {code}:\n{tail}")
 
   def appeared(name):
     path = os.path.join(workdir, name)

@@ -176,8 +176,43 @@ def fitted_length(env, max_len: int, batch_size: int) -> int:
 
   # Compiled ahead of time and called as an executable: no primitive is
   # bound, so this also runs unchanged inside another function's trace.
-  n = int(longest.lower().compile()())
-  return min(max_len, -(-n // FIT_MULTIPLE) * FIT_MULTIPLE)
+  n = longest.lower().compile()()
+  return padding.bucket_length(n, bucket=FIT_MULTIPLE, max_len=max_len)
+
+
+def sft_lengths(config, env) -> tuple:
+  """The buffer lengths the SFT update is compiled for (see make_sft_step):
+  (max_len,) for host environments (trimmed on the host) and without
+  buckets; else (`fitted_length`, max_len) with `sft.fit_bucket`, the
+  explicit `sft.bucket_lengths`, or K uniform `sft.length_buckets`.
+
+  Returns:
+    Increasing tuple of ints ending in config.max_len.
+
+  Raises:
+    ValueError: `sft.bucket_lengths` not strictly increasing ints in [1,
+      max_len] (`padding.explicit_lengths`; validation.py refuses them
+      first).
+  """
+  max_len = config.max_len
+  if host_base.is_host(env):
+    return (max_len,)
+  if config.sft.fit_bucket:
+    n = fitted_length(env, max_len, config.sft.batch_size)
+    lengths = padding.explicit_lengths((n,), max_len)
+    logging.info(
+        "SFT update compiled for buffer lengths %s (fitted to the "
+        "demonstrations)",
+        lengths,
+    )
+    return lengths
+  if tuple(config.sft.bucket_lengths):
+    return padding.explicit_lengths(config.sft.bucket_lengths, max_len)
+  if config.sft.length_buckets > 1 and config.trim_bucket > 0:
+    return padding.update_lengths(
+        max_len, config.sft.length_buckets, config.trim_bucket
+    )
+  return (max_len,)
 
 
 def make_sft_step(
@@ -220,40 +255,21 @@ def make_sft_step(
   blocks of the batch (`sft_grad`): same loss and update, less memory.
 
   Raises:
-    ValueError: `sft.bucket_lengths` not strictly increasing ints in [1,
-      max_len] (`padding.explicit_lengths`; validation.py refuses them
-      first).
+    ValueError (when the step is first traced): `sft.bucket_lengths` not
+      strictly increasing ints in [1, max_len] (`sft_lengths`;
+      validation.py refuses them first).
   """
   batch_size = config.sft.batch_size
   num_microbatches = config.sft.num_microbatches
   max_len = config.max_len
-  fit = config.sft.fit_bucket and not host_base.is_host(env)
-  lengths = (max_len,)  # host environments: trimmed on the host instead
-  if not host_base.is_host(env):
-    if tuple(config.sft.bucket_lengths):
-      lengths = padding.explicit_lengths(config.sft.bucket_lengths, max_len)
-    elif config.sft.length_buckets > 1 and config.trim_bucket > 0:
-      lengths = padding.update_lengths(
-          max_len, config.sft.length_buckets, config.trim_bucket
-      )
-  fitted = []  # the fitted lengths, once the step is first traced
+  # sft_lengths, computed when the step is first traced: a run that never
+  # trains SFT never draws the fit's demonstrations.
+  cached = []
 
   def bucket_lengths() -> tuple:
-    """The update's lengths; with the fit, computed at the first trace (a
-    run that never trains SFT never draws the demonstrations)."""
-    if not fit:
-      return lengths
-    if not fitted:
-      # Runs now, also inside the step's jit and vmap (fitted_length calls
-      # a compiled executable, with no traced inputs).
-      n = fitted_length(env, max_len, batch_size)
-      fitted.append(padding.explicit_lengths((n,), max_len))
-      logging.info(
-          "SFT update compiled for buffer lengths %s (fitted to the "
-          "demonstrations)",
-          fitted[0],
-      )
-    return fitted[0]
+    if not cached:
+      cached.append(sft_lengths(config, env))
+    return cached[0]
 
   def learn_on(state: types.TrainState, traj: types.Trajectory):
     _, metrics, grads = sft_grad(
