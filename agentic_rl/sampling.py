@@ -40,6 +40,7 @@ def extend(
     start_b: jax.Array,
     length_b: jax.Array,
     cache_prefix: transformer.CachePrefix | None = None,
+    rope_sc: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, transformer.KVCache]:
   """Appends a chunk of tokens to each row's cache (prefill, decode or observation).
 
@@ -57,6 +58,9 @@ def extend(
     cache_prefix: optional `transformer.CachePrefix`: the cache's first
       entries are a group's shared prompt (`rollout.init_state` with a
       `SharedPrefix`), read once per group while its flag says so.
+    rope_sc: optional (sin, cos) [B, 1, T, Dh / 2] RoPE tables of the chunk's
+      positions (`transformer.rope_tables`, `Transformer.hidden_states`);
+      None computes them here.
 
   The attention reads only the cache prefix that holds every row's real
   tokens (length buckets, `transformer.decode_buckets`): rows with length 0
@@ -80,7 +84,12 @@ def extend(
       jnp.max(jnp.where(length_b > 0, start_b + length_b, 0)), 1
   )
   hidden_btd, cache = model.hidden_states(
-      tokens_bt, positions_bt, cache, kv_len=kv_len, cache_prefix=cache_prefix
+      tokens_bt,
+      positions_bt,
+      cache,
+      kv_len=kv_len,
+      cache_prefix=cache_prefix,
+      rope_sc=rope_sc,
   )
   cache = sharding.constrain_cache(cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)
@@ -89,6 +98,27 @@ def extend(
       :, 0
   ]
   return model.logits(hidden_bd), cache
+
+
+def turn_rope_tables(
+    graphdef: nnx.GraphDef, params: Any, start_b: jax.Array, steps: int
+) -> tuple[jax.Array, jax.Array]:
+  """RoPE tables of `steps` consecutive positions per row, for a decode loop.
+
+  Args:
+    graphdef, params: the policy (nnx.split); only its config is read.
+    start_b: [B] int32 position of each row's first decoded token.
+    steps: static number of positions (the loop's longest run).
+
+  Returns:
+    (sin, cos), each [B, 1, steps, Dh / 2] float32: `transformer.rope_tables`
+    of positions start_b[b] + [0, steps); step t's (sin, cos) is
+    `lax.dynamic_slice_in_dim(x, t, 1, axis=2)` of each, the `rope_sc` of
+    `extend`.
+  """
+  cfg = nnx.merge(graphdef, params).cfg
+  positions_bt = start_b[:, None] + jnp.arange(steps, dtype=jnp.int32)[None]
+  return transformer.rope_tables(positions_bt, transformer.rope_inv_freq(cfg))
 
 
 def sample_token(

@@ -1045,6 +1045,7 @@ class Transformer(nnx.Module):
       kv_len: jax.Array | None = None,
       shared_prefix: SharedPrefix | None = None,
       cache_prefix: CachePrefix | None = None,
+      rope_sc: tuple[jax.Array, jax.Array] | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -1076,6 +1077,13 @@ class Transformer(nnx.Module):
         entries shared by groups of rows; read once per group while its
         `shared` flag is set). The result equals the unshared read's up to
         float summation order.
+      rope_sc: optional (sin, cos), each [B, 1, T, Dh / 2] float32: the
+        `rope_tables` of the positions the queries and keys are rotated to,
+        when the caller already has them (a decode loop computes its turn's
+        tables once, `rollout.generate_turn`: computed inside the loop's
+        step, XLA evaluates the sines and cosines again in every layer's
+        and head's rotation); None computes them from positions_bt. They
+        must be the tables of positions_bt wherever an output matters.
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
@@ -1113,7 +1121,8 @@ class Transformer(nnx.Module):
     pin = sharding.constrain_batch if t > 1 else (lambda x: x)
     x = pin(self._embed(tokens_bt))
     # Shared by every layer, so computed once: RoPE angles and the mask.
-    rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
+    if rope_sc is None:
+      rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
       # Causal by absolute position, padding keys (mask_bt) and segments
       # hidden; kept as [B, T] vectors so the chunked attention never forms
