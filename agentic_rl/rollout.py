@@ -127,16 +127,11 @@ def generate_turn(
   active0 = ~state.done
   turn_idx = state.num_turns
   stop = jnp.asarray(stop_tokens, jnp.int32)
-  # RoPE tables of the turn's positions, computed once before the loop: a
-  # row active at step t feeds its token at position length + t (rows only
-  # ever stop). Computed inside the step, XLA fuses the sines and cosines
-  # into every layer's rotation of queries and keys and evaluates them
-  # again for each head. Rows past their stop get other angles than their
-  # (frozen) position; their outputs are ignored and their cache writes lie
-  # past their end, overwritten before they become visible.
-  turn_rope = sampling.turn_rope_tables(
-      graphdef, params, state.length, max_action_len
-  )
+  # RoPE tables of every buffer position, computed once before the loop;
+  # each step gathers its rows' own. Computed inside the step, XLA fuses the
+  # sines and cosines into every layer's rotation of queries and keys and
+  # evaluates them again for each head (tests/test_turn_rope.py).
+  rope_tables = sampling.position_rope_tables(graphdef, params, l)
 
   def cond(carry):
     _, _, _, active, t, _ = carry
@@ -173,9 +168,7 @@ def generate_turn(
         st.length,
         active.astype(jnp.int32),
         cache_prefix=cache_prefix,
-        rope_sc=tuple(
-            jax.lax.dynamic_slice_in_dim(x, t, 1, axis=2) for x in turn_rope
-        ),
+        rope_sc=sampling.rope_rows(rope_tables, st.length),
     )
     next_logits = jnp.where(active[:, None], logits, st.next_logits)
     length = st.length + active.astype(jnp.int32)

@@ -1,12 +1,15 @@
 """RoPE tables of a decode turn computed once, before its loop.
 
-`rollout.generate_turn` computes the turn's (sin, cos) tables before its
-decode loop (`sampling.turn_rope_tables`) and each step slices its own
-(`sampling.extend(..., rope_sc=...)`). Checked here: the slices are the
-per-step tables bit for bit, a step given them is the step that computes
-them bit for bit, and, on the compiled rollout, no sine or cosine is left
-inside the decode loop (computed there, XLA fused them into every layer's
-and head's rotation; the fix this tests).
+`rollout.generate_turn` computes the (sin, cos) tables of every buffer
+position before its decode loop (`sampling.position_rope_tables`) and each
+step gathers its rows' own (`sampling.rope_rows`, passed to
+`sampling.extend(..., rope_sc=...)`). Checked here: the gathered rows are
+`transformer.rope_tables` of the rows' positions bit for bit, a step given
+them is the step that computes them bit for bit (and one given other rows
+differs, so they are used), and, on the compiled rollout, no sine or cosine
+is left inside the decode loop (computed there, XLA:CPU fused them into
+every layer's and head's rotation; the fix this tests). The program checks
+are of XLA:CPU's compiled text; other backends fuse differently.
 """
 
 import re
@@ -21,11 +24,7 @@ from agentic_rl.models import transformer
 from tests import fakes
 from tests.test_rollout import assert_bitwise_equal
 
-_CALLEE = re.compile(
-    r"(?:calls|body|condition|to_apply|true_computation|false_computation)"
-    r"=%?([\w.\-]+)"
-)
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_NAME = re.compile(r"%([\w.\-]+)")
 
 
 def _computations(hlo: str) -> dict[str, list[str]]:
@@ -41,14 +40,10 @@ def _computations(hlo: str) -> dict[str, list[str]]:
   return out
 
 
-def _callees(line: str) -> list[str]:
-  names = _CALLEE.findall(line)
-  for group in _BRANCHES.findall(line):
-    names += [n.strip().lstrip("%") for n in group.split(",")]
-  return names
-
-
 def _reachable(comps: dict[str, list[str]], root: str) -> set[str]:
+  """`root` and every computation its instructions name, transitively (any
+  %name on a line that is a computation: calls=, body=, to_apply=,
+  branch_computations={...}, ...)."""
   seen, todo = set(), [root]
   while todo:
     c = todo.pop()
@@ -56,8 +51,18 @@ def _reachable(comps: dict[str, list[str]], root: str) -> set[str]:
       continue
     seen.add(c)
     for line in comps[c]:
-      todo += _callees(line)
+      todo += [n for n in _NAME.findall(line) if n in comps]
   return seen
+
+
+def _trig(comps: dict[str, list[str]], names) -> list[str]:
+  """The computations among `names` that evaluate a sine or cosine."""
+  return sorted(
+      n
+      for n in names
+      for line in comps[n]
+      if re.search(r" (sine|cosine)\(", line)
+  )
 
 
 def _decode_loop_bodies(hlo: str) -> list[set[str]]:
@@ -83,68 +88,69 @@ def _decode_loop_bodies(hlo: str) -> list[set[str]]:
   ]
 
 
-def test_turn_tables_are_each_steps_tables():
+def test_position_tables_are_each_positions_rope_tables():
   graphdef, params, cfg = fakes.tiny_policy(0)
-  start_b = jnp.array([3, 7, 0, 12], jnp.int32)
-  steps = 5
-  turn = jax.jit(lambda p, s: sampling.turn_rope_tables(graphdef, p, s, steps))(
-      params, start_b
-  )
-  assert turn[0].shape == (4, 1, steps, cfg.head_dim // 2)
+  length = 12
+  tables = jax.jit(
+      lambda p: sampling.position_rope_tables(graphdef, p, length)
+  )(params)
+  assert tables[0].shape == tables[1].shape == (length, cfg.head_dim // 2)
+  positions_b = jnp.array([3, 7, 0, 11, 12, 40], jnp.int32)
+  got = jax.jit(sampling.rope_rows)(tables, positions_b)
   inv_freq = transformer.rope_inv_freq(cfg)
-  for t in range(steps):
-    want = jax.jit(transformer.rope_tables)((start_b + t)[:, None], inv_freq)
-    got = tuple(x[:, :, t : t + 1] for x in turn)
-    assert_bitwise_equal(got, want)
+  # Positions at or past the buffer's end take its last row (their chunk
+  # writes nothing to the cache).
+  clipped = jnp.minimum(positions_b, length - 1)
+  want = jax.jit(transformer.rope_tables)(clipped[:, None], inv_freq)
+  assert_bitwise_equal(got, want)
 
 
-def test_a_step_given_its_tables_is_the_step_that_computes_them():
+def test_a_step_given_its_rows_is_the_step_that_computes_them():
   graphdef, params, cfg = fakes.tiny_policy(1)
   b, length = 3, 16
   cache = transformer.init_cache(cfg, b, length)
   prompt = jax.random.randint(jax.random.PRNGKey(0), (b, 4), 3, 200)
   prompt_len = jnp.array([4, 2, 3], jnp.int32)
-  prefill = jax.jit(
+  _, cache = jax.jit(
       lambda p, c: sampling.extend(
           graphdef, p, c, prompt, jnp.zeros(b, jnp.int32), prompt_len
       )
-  )
-  _, cache = prefill(params, cache)
+  )(params, cache)
   tok = jnp.array([[5], [9], [11]], jnp.int32)
   one = jnp.ones(b, jnp.int32)
-  turn = sampling.turn_rope_tables(graphdef, params, prompt_len, 4)
+  tables = sampling.position_rope_tables(graphdef, params, length)
 
-  @jax.jit
-  def step(p, c, t, given):
+  def step(p, c, positions_b, rope_positions_b):
     rope_sc = (
-        tuple(jax.lax.dynamic_slice_in_dim(x, t, 1, axis=2) for x in turn)
-        if given
-        else None
+        None
+        if rope_positions_b is None
+        else sampling.rope_rows(tables, rope_positions_b)
     )
     return sampling.extend(
-        graphdef, p, c, tok, prompt_len + t, one, rope_sc=rope_sc
+        graphdef, p, c, tok, positions_b, one, rope_sc=rope_sc
     )
 
-  step = jax.jit(step.__wrapped__, static_argnums=3)
+  given = jax.jit(step)
+  computed = jax.jit(lambda p, c, pos: step(p, c, pos, None))
   for t in range(3):
-    got = step(params, cache, jnp.int32(t), True)
-    want = step(params, cache, jnp.int32(t), False)
-    assert_bitwise_equal(got, want)
+    pos = prompt_len + t
+    want = computed(params, cache, pos)
+    assert_bitwise_equal(given(params, cache, pos, pos), want)
+    # The rows are used: another position's rows give other logits.
+    other = given(params, cache, pos, pos + 1)
+    assert not np.allclose(np.asarray(other[0]), np.asarray(want[0]))
     cache = want[1]
-  # Not vacuous: the tables differ from step to step.
-  assert not np.array_equal(np.asarray(turn[0][:, :, 0]), turn[0][:, :, 1])
 
 
-def test_no_sine_or_cosine_inside_the_decode_loop():
+def _rollout_hlo(env, tasks, max_len: int) -> str:
   graphdef, params, cfg = fakes.tiny_policy(0)
-  env, tasks = fakes.EchoEnv(), jnp.array([3, 6, 1])
-  hlo = (
+  return (
       jax.jit(
           lambda p, key: rollout.rollout(
               env,
               tasks,
               key,
-              max_len=32,
+              max_len=max_len,
               graphdef=graphdef,
               params=p,
               model_config=cfg,
@@ -155,16 +161,49 @@ def test_no_sine_or_cosine_inside_the_decode_loop():
       .compile()
       .as_text()
   )
+
+
+def test_no_sine_or_cosine_inside_the_decode_loop():
+  hlo = _rollout_hlo(fakes.EchoEnv(), jnp.array([3, 6, 1]), 32)
   comps = _computations(hlo)
-  trig = lambda names: sorted(
-      n
-      for n in names
-      for line in comps[n]
-      if re.search(r" (sine|cosine)\(", line)
-  )
   loops = _decode_loop_bodies(hlo)
   assert len(loops) == 1, len(loops)
-  assert trig(loops[0]) == []
+  assert _trig(comps, loops[0]) == []
   # Not vacuous: the rollout computes rotations (the prefill's, the
-  # observations' and the turn tables), just not in the decode steps.
-  assert trig(comps)
+  # observations' and the tables), just not in the decode steps.
+  assert _trig(comps, comps)
+
+
+def test_the_check_sees_sines_computed_in_a_decode_loop():
+  # The same detector on a decode loop whose steps compute their own tables
+  # (`extend` without rope_sc, as generate_turn did before): it finds them.
+  graphdef, params, cfg = fakes.tiny_policy(0)
+  b, length = 3, 16
+
+  def decode(p, tok):
+    cache = transformer.init_cache(cfg, b, length)
+
+    def body(t, carry):
+      tok, cache = carry
+      logits, cache = sampling.extend(
+          graphdef,
+          p,
+          cache,
+          tok[:, None],
+          jnp.full((b,), t, jnp.int32),
+          jnp.ones((b,), jnp.int32),
+      )
+      return jnp.argmax(logits, -1).astype(jnp.int32), cache
+
+    return jax.lax.fori_loop(0, 8, body, (tok, cache))[0]
+
+  hlo = (
+      jax.jit(decode)
+      .lower(params, jnp.array([5, 9, 11], jnp.int32))
+      .compile()
+      .as_text()
+  )
+  comps = _computations(hlo)
+  loops = _decode_loop_bodies(hlo)
+  assert len(loops) == 1, len(loops)
+  assert _trig(comps, loops[0])

@@ -1079,11 +1079,14 @@ class Transformer(nnx.Module):
         float summation order.
       rope_sc: optional (sin, cos), each [B, 1, T, Dh / 2] float32: the
         `rope_tables` of the positions the queries and keys are rotated to,
-        when the caller already has them (a decode loop computes its turn's
-        tables once, `rollout.generate_turn`: computed inside the loop's
-        step, XLA evaluates the sines and cosines again in every layer's
-        and head's rotation); None computes them from positions_bt. They
-        must be the tables of positions_bt wherever an output matters.
+        when the caller already has them (a decode loop gathers them from
+        tables computed once, `rollout.generate_turn`: computed inside the
+        loop's step, XLA evaluates the sines and cosines again in every
+        layer's and head's rotation); None computes them from positions_bt.
+        They must be the tables of positions_bt at every real token (its
+        output and the key it writes to the cache); other entries' keys are
+        written with whatever angle is given and must be overwritten before
+        a query reads them.
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
