@@ -12,11 +12,13 @@ every layer's and head's rotation; the fix this tests). The program checks
 are of XLA:CPU's compiled text; other backends fuse differently.
 """
 
+import dataclasses
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from agentic_rl import rollout
 from agentic_rl import sampling
@@ -207,3 +209,29 @@ def test_the_check_sees_sines_computed_in_a_decode_loop():
   loops = _decode_loop_bodies(hlo)
   assert len(loops) == 1, len(loops)
   assert _trig(comps, loops[0])
+
+
+def _training_hlo(num_layers: int) -> str:
+  """Compiled value-and-gradient of a cache-free forward of a tiny model."""
+  cfg = dataclasses.replace(fakes.TINY, num_layers=num_layers)
+  graphdef, params, _ = fakes.tiny_policy(0, cfg)
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (4, 24), 3, 200)
+
+  def loss(p):
+    model = nnx.merge(graphdef, p)
+    hidden, _ = model.hidden_states(tokens)
+    return jnp.sum(hidden**2)
+
+  return jax.jit(jax.value_and_grad(loss)).lower(params).compile().as_text()
+
+
+def test_a_training_forward_evaluates_its_sines_once_whatever_the_depth():
+  # The tables are stored once (`rope_tables`), not fused into each layer's
+  # rotation: the computations that evaluate a sine or cosine are as many
+  # for three layers as for one, forward and backward.
+  counts = {}
+  for layers in (1, 3):
+    comps = _computations(_training_hlo(layers))
+    counts[layers] = len(_trig(comps, comps))
+  assert counts[3] == counts[1], counts
+  assert 1 <= counts[1] <= 2, counts
