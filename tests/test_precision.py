@@ -233,7 +233,16 @@ def test_logits_and_scores_dot_products_return_float32():
   # scores [B, G, H / G, T, S] (dense_attention's grouped form)
   assert by_shape[(2, 2, 1, 5, 5)] == jnp.float32
   assert by_shape[(2, 5, 50)] == jnp.float32  # logits [B, T, V]
-  assert all(e.invars[0].aval.dtype == jnp.bfloat16 for e in dots)
+  # The RoPE tables [B, T, Dh / 2] are float32 in every dtype policy and
+  # are stored through an exact float32 product with the identity
+  # (`transformer.rope_tables`): those two products, and no other, take
+  # float32 operands.
+  rope = [e for e in dots if e.outvars[0].aval.shape == (2, 5, 4)]
+  assert len(rope) == 2
+  assert all(e.invars[0].aval.dtype == jnp.float32 for e in rope)
+  rope_ids = {id(e) for e in rope}
+  rest = [e for e in dots if id(e) not in rope_ids]
+  assert rest and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in rest)
 
 
 # ---------------------------------------------------------------------------
