@@ -73,10 +73,11 @@ def write_segment(
   valid_bs = (jnp.arange(s)[None, :] < seg_len_b[:, None]) & write_b[:, None]
   # Invalid entries are sent out of bounds and dropped.
   pos_bs = jnp.where(valid_bs, pos_bs, buf_bl.shape[1])
-  rows_bs = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
-  return buf_bl.at[rows_bs, pos_bs].set(
-      seg_bs.astype(buf_bl.dtype), mode="drop"
-  )
+  # One scatter per row (vmapped), which a mesh splitting rows partitions
+  # without moving rows (tests/test_decode_mesh.py).
+  return jax.vmap(
+      lambda buf_l, pos_s, seg_s: buf_l.at[pos_s].set(seg_s, mode="drop")
+  )(buf_bl, pos_bs, seg_bs.astype(buf_bl.dtype))
 
 
 def _tree_where(mask_b: jax.Array, new: Any, old: Any) -> Any:

@@ -655,17 +655,19 @@ class Attention(nnx.Module):
       # stored transposed, [B, G, Dh, S]: the decode's score product then
       # reads its right operand in its natural [Dh, S] layout (see
       # `init_cache`).
-      b_idx = jnp.broadcast_to(jnp.arange(b)[:, None], positions_bt.shape)
-      keys = (  # [B, G, Dh, S]
-          cache["k"]
-          .at[b_idx, :, :, positions_bt]
-          .set(k_bgtk.transpose(0, 2, 1, 3), mode="drop")
-      )
-      values_bgsk = (
-          cache["v"]
-          .at[b_idx, :, positions_bt]
-          .set(v_bgtk.transpose(0, 2, 1, 3), mode="drop")
-      )
+      # Each row's write is its own scatter (vmapped: the scatter's batch
+      # dimension is the row), so on a mesh that splits rows each device
+      # writes its own rows; an index array naming the rows instead made
+      # XLA's partitioner all-gather every row's indices and new keys/values
+      # onto every device at each decode step (tests/test_decode_mesh.py).
+      keys = jax.vmap(  # [B, G, Dh, S]
+          lambda c_gks, k_gtk, p_t: c_gks.at[:, :, p_t].set(
+              k_gtk.transpose(0, 2, 1), mode="drop"
+          )
+      )(cache["k"], k_bgtk, positions_bt)
+      values_bgsk = jax.vmap(
+          lambda c_gsk, v_gtk, p_t: c_gsk.at[:, p_t].set(v_gtk, mode="drop")
+      )(cache["v"], v_bgtk, positions_bt)
       new_cache = {"k": keys, "v": values_bgsk}
     # Scores feed the softmax: accumulated in float32 on both paths.
     if isinstance(mask_bts, attention_lib.SelfMask):
