@@ -33,6 +33,43 @@ def one_line_usage_errors(main):
   return wrapped
 
 
+def _parse_per_engine(
+    flag: str, text: str, engines: tuple[str, ...], num_prompts: int, why: str
+) -> dict[str, int]:
+  """{engine: N} of a per-engine integer flag: 'N' for every engine, or
+  'engine=N,...' (engines not named get 1); each N an integer >= 1 that
+  divides `num_prompts` (`why` says why, in the error)."""
+  text = text.strip()
+  out = dict.fromkeys(engines, 1)
+  if "=" not in text:
+    items = [(e, text) for e in engines]
+  else:
+    items = []
+    for part in text.split(","):
+      engine, _, value = part.partition("=")
+      if engine.strip() not in engines:
+        raise app.UsageError(
+            f"--{flag}: unknown engine {engine.strip()!r} in {text!r}; "
+            f"choose from {engines}"
+        )
+      items.append((engine.strip(), value))
+  for engine, value in items:
+    try:
+      n = int(value)
+    except ValueError:
+      n = 0
+    if n < 1:
+      raise app.UsageError(
+          f"--{flag}={text}: {value.strip()!r} is not an integer >= 1"
+      )
+    if num_prompts % n:
+      raise app.UsageError(
+          f"--{flag}={text}: {n} must divide the {num_prompts} prompts ({why})"
+      )
+    out[engine] = n
+  return out
+
+
 def parse_micro_batches(
     text: str, num_prompts: int, engines: tuple[str, ...]
 ) -> dict[str, int]:
@@ -44,36 +81,34 @@ def parse_micro_batches(
       or one that does not divide `num_prompts` (tunix counts micro-batches in
       prompts).
   """
-  text = text.strip()
-  out = dict.fromkeys(engines, 1)
-  if "=" not in text:
-    items = [(e, text) for e in engines]
-  else:
-    items = []
-    for part in text.split(","):
-      engine, _, value = part.partition("=")
-      if engine.strip() not in engines:
-        raise app.UsageError(
-            f"--micro_batches: unknown engine {engine.strip()!r} in {text!r}; "
-            f"choose from {engines}"
-        )
-      items.append((engine.strip(), value))
-  for engine, value in items:
-    try:
-      n = int(value)
-    except ValueError:
-      n = 0
-    if n < 1:
-      raise app.UsageError(
-          f"--micro_batches={text}: {value.strip()!r} is not an integer >= 1"
-      )
-    if num_prompts % n:
-      raise app.UsageError(
-          f"--micro_batches={text}: {n} must divide the {num_prompts} prompts "
-          "(tunix counts micro-batches in prompts)"
-      )
-    out[engine] = n
-  return out
+  return _parse_per_engine(
+      "micro_batches",
+      text,
+      engines,
+      num_prompts,
+      "tunix counts micro-batches in prompts",
+  )
+
+
+def parse_cpu_devices(
+    text: str, num_prompts: int, engines: tuple[str, ...]
+) -> dict[str, int]:
+  """{engine: XLA CPU devices} of bench_peers' --cpu_devices: 'N' for every
+  engine of `engines` (the JAX engines), or 'engine=N,...' (engines not
+  named get 1).
+
+  Raises:
+    app.UsageError: on an engine not in `engines`, a value that is not an
+      integer >= 1, or one that does not divide `num_prompts` (each device
+      holds whole prompt groups).
+  """
+  return _parse_per_engine(
+      "cpu_devices",
+      text,
+      engines,
+      num_prompts,
+      "each device holds whole prompt groups",
+  )
 
 
 def parse_values(text: str) -> list:

@@ -94,7 +94,17 @@ engine / ours (same round, so the same machine state), the model FLOP rate
 (the 252.2 GFLOP / s per iteration) as a share of the engine's own matmul
 rate and of the best matmul rate of the run. Threads: every engine uses the
 machine's cores as it finds them (nothing pinned; the table gives torch's
-thread count and XLA's CPU count).
+thread count and XLA's CPU and device counts).
+
+XLA CPU devices (`--cpu_devices`, default 1; N for both JAX engines or per
+engine, 'ours=2,tunix=1'; TRL runs torch's threads and has no such setting):
+the engine's process gets XLA_FLAGS=--xla_force_host_platform_device_count=N
+(common.cpu_devices_env). XLA's CPU client runs each device's share of a
+sharded program on its own thread: ours runs its rows over a (data N) mesh
+(train.py's default mesh, ambient as in a `main.py` run), tunix its 'fsdp'
+axis (its data-parallel axis, parameters split over it) over the N devices.
+With one device only XLA's intra-op threads use a second core, and they split
+only large operations: the decode steps of this small batch run on one core.
 
 Allocator (`--allocator`, the same offer to every engine; what each process
 actually ran with is printed: jemalloc is detected in /proc/self/maps):
@@ -155,6 +165,8 @@ from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ENGINES = ("ours", "trl", "tunix")
+# The engines on XLA, whose CPU device count --cpu_devices sets.
+JAX_ENGINES = ("ours", "tunix")
 WORKERS = {
     "ours": os.path.join(REPO, "experiments", "peers", "ours_worker.py"),
     "trl": os.path.join(REPO, "experiments", "peers", "trl_worker.py"),
@@ -185,6 +197,13 @@ _SHARED = flags.DEFINE_bool(
     "ours only: rl.shared_prefix_len = the prompt length, so the prefill, "
     "the reference forward and the update compute each group's prompt once "
     "(see the module docstring); TRL and tunix have no such setting.",
+)
+_DEVICES = flags.DEFINE_string(
+    "cpu_devices",
+    "1",
+    "XLA CPU devices of the JAX engines (ours, tunix): N for both, or per "
+    "engine as 'ours=2,tunix=1' (engines not named: 1); each must divide the "
+    "number of prompts (see the module docstring). TRL: not applicable.",
 )
 _OUT = flags.DEFINE_string("out", "", "Also write the Markdown report here.")
 _TINY = flags.DEFINE_bool("tiny", False, "Shrunk shapes: a seconds-long check.")
@@ -262,6 +281,9 @@ def main(argv) -> None:
   micro = bench_args.parse_micro_batches(
       _MICRO.value, spec["num_prompts"], ENGINES
   )
+  devices = bench_args.parse_cpu_devices(
+      _DEVICES.value, spec["num_prompts"], JAX_ENGINES
+  )
   folder = _MODEL_DIR.value or os.path.join(
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),
@@ -293,6 +315,8 @@ def main(argv) -> None:
           f"{e} {micro[e]} of {spec['episodes'] // micro[e]} episodes"
           for e in runnable
       )
+      + "; XLA CPU devices "
+      + ", ".join(f"{e} {devices[e]}" for e in runnable if e in devices)
       + "; allocator offer "
       f"'{_ALLOCATOR.value}'; cpus {os.cpu_count()}; load average at start "
       f"{os.getloadavg()[0]:.2f}"
@@ -301,6 +325,8 @@ def main(argv) -> None:
   for r in range(_ROUNDS.value):
     for e in common.round_order(runnable, r):
       env = common.allocator_env(_ALLOCATOR.value, e, dict(os.environ))
+      if e in devices:
+        env = common.cpu_devices_env(devices[e], env)
       out, err = run_process(
           e,
           dict(

@@ -268,3 +268,30 @@ def test_parse_micro_batches():
   ]:
     with pytest.raises(app.UsageError, match=msg):
       parse(bad, 16)
+
+
+def test_parse_cpu_devices():
+  parse = lambda text, n: bench_args.parse_cpu_devices(
+      text, n, ("ours", "tunix")
+  )
+  assert parse("1", 16) == {"ours": 1, "tunix": 1}
+  assert parse("2", 16) == {"ours": 2, "tunix": 2}
+  assert parse("ours=2", 16) == {"ours": 2, "tunix": 1}
+  for bad, msg in [
+      ("0", "not an integer >= 1"),
+      ("3", "--cpu_devices=3: 3 must divide the 16 prompts"),
+      ("trl=2", "unknown engine 'trl'"),
+  ]:
+    with pytest.raises(app.UsageError, match=msg):
+      parse(bad, 16)
+
+
+def test_cpu_devices_env_replaces_only_the_device_count():
+  flag = "--xla_force_host_platform_device_count"
+  base = {"XLA_FLAGS": f"--xla_backend_optimization_level=0 {flag}=8", "A": "1"}
+  env = common.cpu_devices_env(2, base)
+  assert env["XLA_FLAGS"] == f"--xla_backend_optimization_level=0 {flag}=2"
+  assert env["A"] == "1" and base["XLA_FLAGS"].endswith("=8")  # base kept
+  assert common.cpu_devices_env(1, {})["XLA_FLAGS"] == f"{flag}=1"
+  with pytest.raises(ValueError, match="cpu devices 0"):
+    common.cpu_devices_env(0, {})

@@ -280,6 +280,31 @@ def allocator_env(allocator: str, engine: str, base: dict) -> dict:
   return env
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_devices_env(n: int, base: dict) -> dict:
+  """`base` with XLA_FLAGS giving the process `n` XLA CPU devices (XLA's
+  `--xla_force_host_platform_device_count`; any device count already in
+  XLA_FLAGS is replaced, other flags kept). XLA's CPU client runs each
+  device's share of a sharded program on its own thread, so on a machine
+  of several cores a data-parallel program runs its per-row work (the
+  decode steps) on all of them; one device leaves that to XLA's intra-op
+  threads, which split only large operations.
+
+  Raises:
+    ValueError: n < 1.
+  """
+  if n < 1:
+    raise ValueError(f"cpu devices {n}: expected an integer >= 1")
+  flags = [
+      f
+      for f in base.get("XLA_FLAGS", "").split()
+      if not f.startswith(DEVICE_COUNT_FLAG + "=")
+  ]
+  return dict(base, XLA_FLAGS=" ".join(flags + [f"{DEVICE_COUNT_FLAG}={n}"]))
+
+
 def allocator_in_use() -> str:
   """What this process's allocator is, for the report: 'jemalloc (<conf>)'
   when libjemalloc is mapped, else 'glibc' plus any malloc tunables set in

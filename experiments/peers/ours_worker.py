@@ -30,6 +30,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
 from agentic_rl import learner  # pylint: disable=g-import-not-at-top
 from agentic_rl import train  # pylint: disable=g-import-not-at-top
 from agentic_rl.models import hf  # pylint: disable=g-import-not-at-top
@@ -167,7 +168,7 @@ def run_ours(spec: dict) -> dict:
   return dict(
       engine="ours",
       version=f"jax {jax.__version__}",
-      threads=f"XLA, {os.cpu_count()} CPUs",
+      threads=f"XLA, {os.cpu_count()} CPUs, {jax.device_count()} devices",
       allocator=f"{common.allocator_in_use()}; agentic_rl {agentic_rl.HOST_MEMORY}",
       params=params,
       warmup_s=warmup_s,
@@ -209,7 +210,10 @@ def write_model_folder(folder: str, model: dict, max_positions: int) -> int:
 
 
 def main() -> None:
-  common.emit(run_ours(common.read_spec()))
+  spec = common.read_spec()
+  # The ambient mesh of every device, as train.py runs (rows over 'data').
+  with jax.set_mesh(sharding.make_mesh()):
+    common.emit(run_ours(spec))
 
 
 if __name__ == "__main__":

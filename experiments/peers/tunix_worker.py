@@ -73,8 +73,12 @@ def main() -> None:
       use_tied_embedding=True,
   )
   # Auto axes, as tunix's models expect (jax.make_mesh defaults to Explicit).
+  # Every XLA CPU device (bench_peers --cpu_devices) on tunix's 'fsdp' axis:
+  # its data-parallel axis, parameters split over it (ZeRO-3).
   mesh = jax.make_mesh(
-      (1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2
+      (jax.device_count(), 1),
+      ("fsdp", "tp"),
+      axis_types=(jax.sharding.AxisType.Auto,) * 2,
   )
   actor = qwen2_params.create_model_from_safe_tensors(folder, cfg, mesh)
   reference = qwen2_params.create_model_from_safe_tensors(folder, cfg, mesh)
@@ -196,7 +200,7 @@ def main() -> None:
               f"google-tunix {metadata.version('google-tunix')}, jax "
               f"{jax.__version__}, flax {metadata.version('flax')}"
           ),
-          threads=f"XLA, {os.cpu_count()} CPUs",
+          threads=f"XLA, {os.cpu_count()} CPUs, {jax.device_count()} devices",
           allocator=common.allocator_in_use(),
           params=int(params),
           warmup_s=info["warmup_s"],
