@@ -284,6 +284,13 @@ def main(argv) -> None:
   devices = bench_args.parse_cpu_devices(
       _DEVICES.value, spec["num_prompts"], JAX_ENGINES
   )
+  for e, n in devices.items():
+    if (spec["num_prompts"] // micro[e]) % n:
+      raise app.UsageError(
+          f"--cpu_devices: {e}'s {n} devices must divide the "
+          f"{spec['num_prompts'] // micro[e]} prompts of each of its "
+          f"{micro[e]} micro-batches (whole groups on every device)"
+      )
   folder = _MODEL_DIR.value or os.path.join(
       tempfile.gettempdir(),
       "bench_peers_model" + ("_tiny" if _TINY.value else ""),
@@ -315,8 +322,13 @@ def main(argv) -> None:
           f"{e} {micro[e]} of {spec['episodes'] // micro[e]} episodes"
           for e in runnable
       )
-      + "; XLA CPU devices "
-      + ", ".join(f"{e} {devices[e]}" for e in runnable if e in devices)
+      + "".join(
+          "; XLA CPU devices " + ", ".join(jax_devices)
+          for jax_devices in [
+              [f"{e} {devices[e]}" for e in runnable if e in devices]
+          ]
+          if jax_devices
+      )
       + "; allocator offer "
       f"'{_ALLOCATOR.value}'; cpus {os.cpu_count()}; load average at start "
       f"{os.getloadavg()[0]:.2f}"

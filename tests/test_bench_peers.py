@@ -295,3 +295,32 @@ def test_cpu_devices_env_replaces_only_the_device_count():
   assert common.cpu_devices_env(1, {})["XLA_FLAGS"] == f"{flag}=1"
   with pytest.raises(ValueError, match="cpu devices 0"):
     common.cpu_devices_env(0, {})
+
+
+def test_cpu_devices_must_keep_whole_groups_in_each_micro_batch():
+  # --tiny: 2 prompts; ours' 2 micro-batches hold one prompt each, which 2
+  # devices cannot split into whole groups. Refused before any engine runs.
+  p = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(REPO, "experiments", "bench_peers.py"),
+          "--tiny",
+          "--engines=ours",
+          "--micro_batches=ours=2",
+          "--cpu_devices=2",
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert p.returncode == 2, p.stderr
+  assert (
+      "--cpu_devices: ours's 2 devices must divide the 1 prompts of each of "
+      "its 2 micro-batches" in p.stderr
+  )
+  assert "round 0" not in p.stdout
+
+
+def test_xla_threads_cell():
+  assert common.xla_threads(2, 1) == "XLA, 2 CPUs, 1 device"
+  assert common.xla_threads(2, 2) == "XLA, 2 CPUs, 2 devices"

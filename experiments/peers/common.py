@@ -305,6 +305,11 @@ def cpu_devices_env(n: int, base: dict) -> dict:
   return dict(base, XLA_FLAGS=" ".join(flags + [f"{DEVICE_COUNT_FLAG}={n}"]))
 
 
+def xla_threads(cpus: int, devices: int) -> str:
+  """The report's threads cell of a JAX engine."""
+  return f"XLA, {cpus} CPUs, {devices} device" + ("s" if devices != 1 else "")
+
+
 def allocator_in_use() -> str:
   """What this process's allocator is, for the report: 'jemalloc (<conf>)'
   when libjemalloc is mapped, else 'glibc' plus any malloc tunables set in

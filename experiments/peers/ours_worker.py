@@ -30,8 +30,8 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
 from agentic_rl import learner  # pylint: disable=g-import-not-at-top
+from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
 from agentic_rl import train  # pylint: disable=g-import-not-at-top
 from agentic_rl.models import hf  # pylint: disable=g-import-not-at-top
 from agentic_rl.models import transformer  # pylint: disable=g-import-not-at-top
@@ -136,21 +136,27 @@ def run_ours(spec: dict) -> dict:
   """Our engine's process: build, warm up, matmul rate, timed iterations."""
 
   config = ours_config(spec, spec["folder"])
+  # Built and run under the ambient mesh of every device, as train.py runs
+  # (rows over 'data'); the matmul rate is measured outside it, on one
+  # device (under the mesh its product ran replicated on every device).
+  mesh = sharding.make_mesh(config.mesh)
   env = BenchEnv(
       prompts=tuple(tuple(p) for p in spec["prompts"]),
       max_action_len=spec["new_tokens"],
   )
   model_cfg = train.make_model_config(config)
-  graphdef, state = train.init_state(config, model_cfg)
-  state = train.start_rl(config, state)
-  params = transformer.count_params(state.params)
-  step = learner.make_rl_step(
-      config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
-  )
+  with jax.set_mesh(mesh):
+    graphdef, state = train.init_state(config, model_cfg, mesh)
+    state = train.start_rl(config, state)
+    params = transformer.count_params(state.params)
+    step = learner.make_rl_step(
+        config, env, graphdef, learner.make_optimizer(config.rl), model_cfg
+    )
   t0 = time.perf_counter()
-  for _ in range(spec["warmup_iters"]):
-    state, m = step(state)
-    jax.block_until_ready(m)
+  with jax.set_mesh(mesh):
+    for _ in range(spec["warmup_iters"]):
+      state, m = step(state)
+      jax.block_until_ready(m)
   warmup_s = time.perf_counter() - t0
   n = spec["matmul_n"]
   a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
@@ -158,17 +164,18 @@ def run_ours(spec: dict) -> dict:
   rate = common.matmul_rate(lambda: mm(a, a).block_until_ready(), n)
   r0 = common.rusage()
   times = []
-  for _ in range(spec["iters"]):
-    t0 = time.perf_counter()
-    state, m = step(state)
-    jax.block_until_ready(m)
-    times.append(time.perf_counter() - t0)
+  with jax.set_mesh(mesh):
+    for _ in range(spec["iters"]):
+      t0 = time.perf_counter()
+      state, m = step(state)
+      jax.block_until_ready(m)
+      times.append(time.perf_counter() - t0)
   r1 = common.rusage()
   m = {k: float(v) for k, v in jax.device_get(m).items()}
   return dict(
       engine="ours",
       version=f"jax {jax.__version__}",
-      threads=f"XLA, {os.cpu_count()} CPUs, {jax.device_count()} devices",
+      threads=common.xla_threads(os.cpu_count(), jax.device_count()),
       allocator=f"{common.allocator_in_use()}; agentic_rl {agentic_rl.HOST_MEMORY}",
       params=params,
       warmup_s=warmup_s,
@@ -210,10 +217,7 @@ def write_model_folder(folder: str, model: dict, max_positions: int) -> int:
 
 
 def main() -> None:
-  spec = common.read_spec()
-  # The ambient mesh of every device, as train.py runs (rows over 'data').
-  with jax.set_mesh(sharding.make_mesh()):
-    common.emit(run_ours(spec))
+  common.emit(run_ours(common.read_spec()))
 
 
 if __name__ == "__main__":

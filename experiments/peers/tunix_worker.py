@@ -200,7 +200,7 @@ def main() -> None:
               f"google-tunix {metadata.version('google-tunix')}, jax "
               f"{jax.__version__}, flax {metadata.version('flax')}"
           ),
-          threads=f"XLA, {os.cpu_count()} CPUs, {jax.device_count()} devices",
+          threads=common.xla_threads(os.cpu_count(), jax.device_count()),
           allocator=common.allocator_in_use(),
           params=int(params),
           warmup_s=info["warmup_s"],
