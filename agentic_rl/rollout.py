@@ -128,11 +128,6 @@ def generate_turn(
   active0 = ~state.done
   turn_idx = state.num_turns
   stop = jnp.asarray(stop_tokens, jnp.int32)
-  # RoPE tables of every buffer position, computed once before the loop;
-  # each step gathers its rows' own. Computed inside the step, XLA fuses the
-  # sines and cosines into every layer's rotation of queries and keys and
-  # evaluates them again for each head (tests/test_turn_rope.py).
-  rope_tables = sampling.position_rope_tables(graphdef, params, l)
 
   def cond(carry):
     _, _, _, active, t, _ = carry
@@ -169,7 +164,6 @@ def generate_turn(
         st.length,
         active.astype(jnp.int32),
         cache_prefix=cache_prefix,
-        rope_sc=sampling.rope_rows(rope_tables, st.length),
     )
     next_logits = jnp.where(active[:, None], logits, st.next_logits)
     length = st.length + active.astype(jnp.int32)

@@ -40,7 +40,6 @@ def extend(
     start_b: jax.Array,
     length_b: jax.Array,
     cache_prefix: transformer.CachePrefix | None = None,
-    rope_sc: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, transformer.KVCache]:
   """Appends a chunk of tokens to each row's cache (prefill, decode or observation).
 
@@ -58,11 +57,6 @@ def extend(
     cache_prefix: optional `transformer.CachePrefix`: the cache's first
       entries are a group's shared prompt (`rollout.init_state` with a
       `SharedPrefix`), read once per group while its flag says so.
-    rope_sc: optional (sin, cos) [B, 1, T, Dh / 2] RoPE tables of the chunk's
-      positions at every real token (`transformer.rope_tables`; e.g.
-      `rope_rows` of `position_rope_tables` for one-token chunks); entries
-      past a row's length may hold any angle (see
-      `Transformer.hidden_states`). None computes them here.
 
   The attention reads only the cache prefix that holds every row's real
   tokens (length buckets, `transformer.decode_buckets`): rows with length 0
@@ -91,7 +85,6 @@ def extend(
       cache,
       kv_len=kv_len,
       cache_prefix=cache_prefix,
-      rope_sc=rope_sc,
   )
   cache = sharding.constrain_cache(cache)
   last_b = jnp.clip(length_b - 1, 0, t - 1)
@@ -100,45 +93,6 @@ def extend(
       :, 0
   ]
   return model.logits(hidden_bd), cache
-
-
-def position_rope_tables(
-    graphdef: nnx.GraphDef, params: Any, length: int
-) -> tuple[jax.Array, jax.Array]:
-  """RoPE tables of positions [0, length), for a decode loop to gather from.
-
-  Args:
-    graphdef, params: the policy (nnx.split); only its config is read.
-    length: static number of positions (the token buffer's length).
-
-  Returns:
-    (sin, cos), each [length, Dh / 2] float32: row p is
-    `transformer.rope_tables` of position p, bit for bit (the same angle,
-    position * inv_freq, and the same sine and cosine). `rope_rows` turns
-    them into one step's `rope_sc`.
-  """
-  cfg = nnx.merge(graphdef, params).cfg
-  positions = jnp.arange(length, dtype=jnp.int32)[None]
-  sin, cos = transformer.rope_tables(positions, transformer.rope_inv_freq(cfg))
-  return sin[0, 0], cos[0, 0]
-
-
-def rope_rows(
-    tables: tuple[jax.Array, jax.Array], positions_b: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-  """One decode step's `rope_sc` from `position_rope_tables`.
-
-  Args:
-    tables: (sin, cos), each [L, Dh / 2] float32.
-    positions_b: [B] int32 position of each row's one chunk token; clipped
-      to [0, L) (a row at L or past it writes nothing to the cache).
-
-  Returns:
-    (sin, cos), each [B, 1, 1, Dh / 2] float32, the `rope_sc` of `extend`
-    for a one-token chunk at those positions.
-  """
-  idx = jnp.clip(positions_b, 0, tables[0].shape[0] - 1)
-  return tuple(x[idx][:, None, None, :] for x in tables)
 
 
 def sample_token(

@@ -1061,7 +1061,6 @@ class Transformer(nnx.Module):
       kv_len: jax.Array | None = None,
       shared_prefix: SharedPrefix | None = None,
       cache_prefix: CachePrefix | None = None,
-      rope_sc: tuple[jax.Array, jax.Array] | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Final (normalised) hidden states, the input of every head.
 
@@ -1093,16 +1092,6 @@ class Transformer(nnx.Module):
         entries shared by groups of rows; read once per group while its
         `shared` flag is set). The result equals the unshared read's up to
         float summation order.
-      rope_sc: optional (sin, cos), each [B, 1, T, Dh / 2] float32: the
-        `rope_tables` of the positions the queries and keys are rotated to,
-        when the caller already has them (a decode loop gathers them from
-        tables computed once, `rollout.generate_turn`: computed inside the
-        loop's step, XLA evaluates the sines and cosines again in every
-        layer's and head's rotation); None computes them from positions_bt.
-        They must be the tables of positions_bt at every real token (its
-        output and the key it writes to the cache); other entries' keys are
-        written with whatever angle is given and must be overwritten before
-        a query reads them.
 
     Without a cache, positions must grow with the index among a row's valid
     tokens of one segment whenever the chunked attention is used (see
@@ -1140,8 +1129,7 @@ class Transformer(nnx.Module):
     pin = sharding.constrain_batch if t > 1 else (lambda x: x)
     x = pin(self._embed(tokens_bt))
     # Shared by every layer, so computed once: RoPE angles and the mask.
-    if rope_sc is None:
-      rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
+    rope_sc = rope_tables(positions_bt, rope_inv_freq(self.cfg))
     if cache is None:
       # Causal by absolute position, padding keys (mask_bt) and segments
       # hidden; kept as [B, T] vectors so the chunked attention never forms
