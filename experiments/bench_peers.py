@@ -315,6 +315,10 @@ def main(argv) -> None:
       f"{flops['sample'] / 1e9:.4g}, reference {flops['reference'] / 1e9:.4g}"
       f", policy fwd+bwd {flops['policy'] / 1e9:.4g})"
   )
+  jax_devices = [f"{e} {devices[e]}" for e in runnable if e in devices]
+  device_note = (
+      "; XLA CPU devices " + ", ".join(jax_devices) if jax_devices else ""
+  )
   say(
       f"{_ROUNDS.value} rounds x {_ITERS.value} timed iterations after "
       f"{spec['warmup_iters']} warm-up; micro-batches "
@@ -322,13 +326,7 @@ def main(argv) -> None:
           f"{e} {micro[e]} of {spec['episodes'] // micro[e]} episodes"
           for e in runnable
       )
-      + "".join(
-          "; XLA CPU devices " + ", ".join(jax_devices)
-          for jax_devices in [
-              [f"{e} {devices[e]}" for e in runnable if e in devices]
-          ]
-          if jax_devices
-      )
+      + device_note
       + "; allocator offer "
       f"'{_ALLOCATOR.value}'; cpus {os.cpu_count()}; load average at start "
       f"{os.getloadavg()[0]:.2f}"
