@@ -185,6 +185,28 @@ class _DropLibraryChatter:
     ] or ("orbax" not in record.pathname)
 
 
+def _set_cpu_devices(config) -> str:
+  """Splits the process into the XLA CPU devices `sharding.cpu_device_count`
+  picks (jax_num_cpu_devices); returns why, for the run's mesh log line.
+
+  Raises:
+    validation.ConfigError: mesh.cpu_devices is not an int >= 0.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
+  from agentic_rl import validation  # pylint: disable=g-import-not-at-top
+
+  try:
+    count, why = sharding.cpu_device_count(
+        config, len(os.sched_getaffinity(0)), os.environ.get("XLA_FLAGS", "")
+    )
+  except ValueError as e:
+    raise validation.ConfigError(str(e)) from e
+  if count is not None:
+    jax.config.update("jax_num_cpu_devices", count)
+  return f"{why}; --config.mesh.cpu_devices=N sets the count"
+
+
 def main(argv):
   if len(argv) > 1:
     _die(
@@ -208,6 +230,8 @@ def main(argv):
     # (configs/schema.py).
     config = schema.with_defaults(config)
     mode = config.mode
+    # Before anything starts the backend.
+    devices_note = _set_cpu_devices(config) if mode == "rl" else ""
     if _COMPILATION_CACHE.value:
       jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE.value)
       # Every program, the op-by-op kernels of eager code included (the
@@ -229,7 +253,7 @@ def main(argv):
       if mode == "rl":
         from agentic_rl import train  # pylint: disable=g-import-not-at-top
 
-        train.train_and_evaluate(config, workdir)
+        train.train_and_evaluate(config, workdir, devices_note=devices_note)
       else:
         from agentic_rl import rm_train  # pylint: disable=g-import-not-at-top
 

@@ -85,6 +85,10 @@ MESH_DEFAULTS = dict(
     # Number of processes and this process's index; -1 = auto-detect.
     num_processes=-1,
     process_id=-1,
+    # XLA CPU devices a main.py run splits this process into (CPU only):
+    # 0 = automatic (2 on a machine with 2+ cores when every batch splits
+    # evenly, else 1; `cpu_device_count`), N >= 1 = exactly N.
+    cpu_devices=0,
 )
 
 
@@ -214,6 +218,91 @@ def make_mesh(
   return jax.make_mesh(
       shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
   )
+
+
+# Most devices the automatic setting picks (measured on 2 cores: see
+# docs/running.md, "Several CPU devices in one process").
+AUTO_CPU_DEVICES = 2
+_XLA_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_device_count(
+    config, cores: int, xla_flags: str = ""
+) -> tuple[int | None, str]:
+  """The XLA CPU devices a main.py run of `config` splits its process into.
+
+  XLA's CPU client runs each device's share of a sharded program on its own
+  thread, so with the batch split over 'data' the rollout's decode, whose many
+  small operations use one core per device, runs on several cores (one
+  device: 43.6-44.8 s for the default job on 2 cores; two: 36.1-37.0 s).
+  Every parameter and optimizer state is held once per device.
+
+  `config.mesh.cpu_devices` >= 1 is used as given. 0 (automatic) gives
+  `min(AUTO_CPU_DEVICES, cores)` devices when all of these hold, else 1:
+  the mesh block is the default (data -1, fsdp 1, tensor 1); each split of
+  the RL and SFT batch divides evenly (rl.batch_size over rl.num_minibatches
+  * rl.num_microbatches, sft.batch_size over sft.num_microbatches) and, with
+  rl.shared_prefix_len, the groups of each micro-batch and of the rollout do
+  too (rows a device cannot hold whole would be replicated on every device).
+
+  Args:
+    config: the run's config (schema defaults applied).
+    cores: CPU cores this process may use (`len(os.sched_getaffinity(0))`).
+    xla_flags: the XLA_FLAGS environment value.
+
+  Returns:
+    (count, reason): count None means leave the device count as it is (a
+    multi-process run, whose launcher sets it per process, or XLA_FLAGS
+    setting it); the reason is one phrase for the run's log.
+
+  Raises:
+    ValueError: mesh.cpu_devices not an int >= 0 (naming the field).
+  """
+  mesh_cfg = config.mesh
+  wanted = _mesh_field(mesh_cfg, "cpu_devices")
+  if (
+      isinstance(wanted, bool)
+      or not isinstance(wanted, (int, np.integer))
+      or wanted < 0
+  ):
+    raise ValueError(
+        f"config.mesh.cpu_devices={wanted!r}: must be an integer >= 0 "
+        "(0 = automatic)"
+    )
+  if _mesh_field(mesh_cfg, "distributed"):
+    return None, "left as set: a multi-process run (its launcher sets it)"
+  if wanted:
+    return int(wanted), "set by mesh.cpu_devices"
+  if _XLA_DEVICE_COUNT_FLAG in xla_flags:
+    return None, f"left as set: XLA_FLAGS sets {_XLA_DEVICE_COUNT_FLAG}"
+  n = min(AUTO_CPU_DEVICES, cores)
+  if n < 2:
+    return 1, f"automatic: {cores} CPU core"
+  sizes = tuple(_mesh_field(mesh_cfg, a) for a in MESH_AXES)
+  if sizes != (-1, 1, 1):
+    return (
+        1,
+        f"automatic: 1, the mesh block sets (data, fsdp, tensor) = {sizes}",
+    )
+  rl, sft = config.rl, config.sft
+  splits = {
+      "rl.batch_size / (rl.num_minibatches * rl.num_microbatches)": (
+          rl.batch_size,
+          rl.num_minibatches * rl.num_microbatches,
+      ),
+      "sft.batch_size / sft.num_microbatches": (
+          sft.batch_size,
+          sft.num_microbatches,
+      ),
+  }
+  if rl.shared_prefix_len:
+    groups = rl.batch_size // rl.group_size
+    splits["the groups (rl.batch_size / rl.group_size)"] = (groups, 1)
+    splits["the groups of each micro-batch"] = (groups, rl.num_microbatches)
+  for name, (rows, parts) in splits.items():
+    if parts <= 0 or rows % parts or (rows // parts) % n:
+      return 1, f"automatic: 1, {name} does not split into {n} equal parts"
+  return n, "automatic: one per core for the decode"
 
 
 def maybe_initialize_distributed(config) -> bool:

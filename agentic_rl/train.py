@@ -322,13 +322,16 @@ def _reference(state: types.TrainState):
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str
+    config: ml_collections.ConfigDict, workdir: str, devices_note: str = ""
 ) -> dict | None:
   """Runs (or resumes) SFT then GRPO then the held-out evaluation.
 
   Args:
     config: experiment config (configs/*.py); validated before any work.
     workdir: output folder; an existing checkpoint there is resumed.
+    devices_note: why the process has its XLA CPU device count (main.py's
+      `sharding.cpu_device_count` reason), appended to the mesh's log line
+      on the CPU.
 
   Returns:
     {'sft': eval metrics, 'rl': eval metrics} (plus 'initial' first when
@@ -350,6 +353,14 @@ def train_and_evaluate(
     check_same_config_on_all_processes(config)
   validation.validate_config(config)
   mesh = sharding.make_mesh(config.mesh)
+  platform = mesh.devices.flat[0].platform
+  logging.info(
+      "mesh: %s over %d %s devices%s",
+      ", ".join(f"{k} {v}" for k, v in mesh.shape.items()),
+      mesh.size,
+      platform,
+      f" ({devices_note})" if devices_note and platform == "cpu" else "",
+  )
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).
   with workdir_lock.workdir_lock(workdir), jax.set_mesh(mesh):
     return _train_and_evaluate(config, workdir, mesh)

@@ -205,6 +205,10 @@ INVALID_VALUES = [
         "--config.model.vocab_size=200",
         "config.model.vocab_size=200: smaller than the byte tokenizer's 265 ids",
     ),
+    (
+        "--config.mesh.cpu_devices=-1",
+        "config.mesh.cpu_devices=-1: must be an integer >= 0 (0 = automatic)",
+    ),
 ]
 
 _UNKNOWN_FIELD_FORK = (

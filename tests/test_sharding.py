@@ -6,6 +6,7 @@ The multi-device checks run in a subprocess with 8 simulated CPU devices
 """
 
 import textwrap
+import types
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,79 @@ def test_default_config_is_one_device_here():
   mesh = sharding.make_mesh(default.get_config().mesh)
   assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def _schema_config(**changes):
+  from configs import schema  # pylint: disable=g-import-not-at-top
+
+  config = schema.with_defaults(default.get_config())
+  for path, value in changes.items():
+    block, name = path.split(".")
+    config[block][name] = value
+  return config
+
+
+def test_cpu_device_count_automatic_two_on_two_cores_or_more():
+  # The default config: rl 64 rows in 2 minibatches of 32, sft 64 rows.
+  config = _schema_config()
+  assert sharding.cpu_device_count(config, cores=2)[0] == 2
+  assert sharding.cpu_device_count(config, cores=64)[0] == 2  # at most 2
+  assert sharding.cpu_device_count(config, cores=1) == (
+      1,
+      "automatic: 1 CPU core",
+  )
+
+
+@pytest.mark.parametrize(
+    "changes,reason",
+    [
+        # 64 rows / (2 minibatches * 32 micro-batches) = 1 row per micro-batch.
+        ({"rl.num_microbatches": 32}, "rl.batch_size / (rl.num_minibatches"),
+        ({"rl.batch_size": 6, "rl.group_size": 3}, "rl.batch_size / ("),
+        ({"sft.batch_size": 9}, "sft.batch_size / sft.num_microbatches"),
+        ({"sft.num_microbatches": 64}, "sft.batch_size / sft.num_microbatches"),
+        # 8 groups of 8: 8 groups in 8 micro-batches is one group each.
+        (
+            {"rl.shared_prefix_len": 4, "rl.num_microbatches": 8},
+            "the groups of each micro-batch",
+        ),
+        ({"mesh.fsdp": 2, "mesh.data": 1}, "the mesh block sets"),
+        ({"mesh.data": 1}, "the mesh block sets"),
+    ],
+)
+def test_cpu_device_count_automatic_one_when_a_split_is_uneven(changes, reason):
+  count, why = sharding.cpu_device_count(_schema_config(**changes), cores=2)
+  assert count == 1
+  assert why.startswith("automatic: 1, " + reason), why
+
+
+def test_cpu_device_count_explicit_flags_and_distributed():
+  assert sharding.cpu_device_count(
+      _schema_config(**{"mesh.cpu_devices": 3}), cores=1
+  ) == (3, "set by mesh.cpu_devices")
+  # XLA_FLAGS' count is left alone unless the config names one.
+  flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+  count, why = sharding.cpu_device_count(_schema_config(), 2, flags)
+  assert count is None and "XLA_FLAGS" in why
+  assert (
+      sharding.cpu_device_count(
+          _schema_config(**{"mesh.cpu_devices": 1}), 2, flags
+      )[0]
+      == 1
+  )
+  count, _ = sharding.cpu_device_count(
+      _schema_config(**{"mesh.distributed": True, "mesh.cpu_devices": 2}), 2
+  )
+  assert count is None  # the launcher sets each process's devices
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_cpu_device_count_rejects_bad_values(value):
+  # The field is read before any other (a dict mesh block, as _mesh_field
+  # accepts, carries the types a ConfigDict would refuse).
+  config = types.SimpleNamespace(mesh=dict(cpu_devices=value))
+  with pytest.raises(ValueError, match=r"config\.mesh\.cpu_devices="):
+    sharding.cpu_device_count(config, cores=2)
 
 
 def test_distributed_initialize_called_with_config_arguments(monkeypatch):

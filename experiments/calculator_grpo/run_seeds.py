@@ -56,6 +56,9 @@ def main(argv):
             f"--config={_CONFIG.value}",
             f"--config.seed={seed}",
             f"--workdir={workdir}",
+            # The recorded seeds ran on one XLA CPU device (main.py's
+            # automatic count came later); a resumed seed stays on it.
+            "--config.mesh.cpu_devices=1",
         ],
         check=True,
         cwd=repo,
