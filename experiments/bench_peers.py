@@ -96,8 +96,11 @@ rate and of the best matmul rate of the run. Threads: every engine uses the
 machine's cores as it finds them (nothing pinned; the table gives torch's
 thread count and XLA's CPU and device counts).
 
-XLA CPU devices (`--cpu_devices`, default 1; N for both JAX engines or per
-engine, 'ours=2,tunix=1'; TRL runs torch's threads and has no such setting):
+XLA CPU devices (`--cpu_devices`; by default ours gets the count `python
+main.py` picks for its config on this machine, 2 on 2+ cores here
+(`sharding.cpu_device_count`), and tunix 1, its faster setting on the 2-core
+machine; N for both JAX engines or per engine, 'ours=2,tunix=1'; TRL runs
+torch's threads and has no such setting):
 the engine's process gets XLA_FLAGS=--xla_force_host_platform_device_count=N
 (common.cpu_devices_env). XLA's CPU client runs each device's share of a
 sharded program on its own thread: ours runs its rows over a (data N) mesh
@@ -158,6 +161,7 @@ from absl import flags
 
 # Runnable as a script from anywhere (`python experiments/bench_peers.py`).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
 from experiments import bench_args  # pylint: disable=g-import-not-at-top
 from experiments.peers import common  # pylint: disable=g-import-not-at-top
 from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
@@ -200,10 +204,12 @@ _SHARED = flags.DEFINE_bool(
 )
 _DEVICES = flags.DEFINE_string(
     "cpu_devices",
-    "1",
+    "",
     "XLA CPU devices of the JAX engines (ours, tunix): N for both, or per "
     "engine as 'ours=2,tunix=1' (engines not named: 1); each must divide the "
-    "number of prompts (see the module docstring). TRL: not applicable.",
+    "number of prompts (see the module docstring). TRL: not applicable. "
+    "'' (default): ours the count `python main.py` picks for its config "
+    "(sharding.cpu_device_count), tunix 1 (its faster setting here).",
 )
 _OUT = flags.DEFINE_string("out", "", "Also write the Markdown report here.")
 _TINY = flags.DEFINE_bool("tiny", False, "Shrunk shapes: a seconds-long check.")
@@ -281,9 +287,29 @@ def main(argv) -> None:
   micro = bench_args.parse_micro_batches(
       _MICRO.value, spec["num_prompts"], ENGINES
   )
-  devices = bench_args.parse_cpu_devices(
-      _DEVICES.value, spec["num_prompts"], JAX_ENGINES
-  )
+  if _DEVICES.value.strip():
+    devices = bench_args.parse_cpu_devices(
+        _DEVICES.value, spec["num_prompts"], JAX_ENGINES
+    )
+  else:
+    devices = dict.fromkeys(JAX_ENGINES, 1)
+    # What main.py would give ours' config on this machine.
+    count, _ = sharding.cpu_device_count(
+        ours_worker.ours_config(
+            dict(
+                spec,
+                micro_batches=micro["ours"],
+                shared_prefix=_SHARED.value,
+            ),
+            "",
+        ),
+        len(os.sched_getaffinity(0)),
+        os.environ.get("XLA_FLAGS", ""),
+    )
+    # ... and whole groups on each device (the check below).
+    if not count or (spec["num_prompts"] // micro["ours"]) % count:
+      count = 1
+    devices["ours"] = count
   for e, n in devices.items():
     if (spec["num_prompts"] // micro[e]) % n:
       raise app.UsageError(

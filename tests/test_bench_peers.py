@@ -321,6 +321,41 @@ def test_cpu_devices_must_keep_whole_groups_in_each_micro_batch():
   assert "round 0" not in p.stdout
 
 
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores"
+)
+@pytest.mark.parametrize("micro,want", [("1", "ours 2"), ("ours=2", "ours 1")])
+def test_default_cpu_devices_are_what_main_py_picks(micro, want):
+  # --tiny: 2 prompts of 4 episodes. One micro-batch: main.py's automatic 2
+  # devices. Two: one prompt each, which 2 devices cannot hold whole: 1.
+  env = {
+      **os.environ,
+      "XLA_FLAGS": " ".join(
+          f
+          for f in os.environ.get("XLA_FLAGS", "").split()
+          if "device_count" not in f
+      ),
+  }
+  p = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(REPO, "experiments", "bench_peers.py"),
+          "--tiny",
+          "--engines=ours",
+          "--rounds=1",
+          f"--micro_batches={micro}",
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+      env=env,
+  )
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert f"; XLA CPU devices {want};" in p.stdout
+  n = want.split()[1]
+  assert f"XLA, {os.cpu_count()} CPUs, {n} device" in p.stdout
+
+
 def test_xla_threads_cell():
   assert common.xla_threads(2, 1) == "XLA, 2 CPUs, 1 device"
   assert common.xla_threads(2, 2) == "XLA, 2 CPUs, 2 devices"
