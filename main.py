@@ -185,6 +185,13 @@ class _DropLibraryChatter:
     ] or ("orbax" not in record.pathname)
 
 
+def _cores() -> int:
+  """CPU cores this process may run on (all of them where the platform has
+  no affinity call, e.g. macOS)."""
+  affinity = getattr(os, "sched_getaffinity", None)
+  return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
 def _set_cpu_devices(config) -> str:
   """Splits the process into the XLA CPU devices `sharding.cpu_device_count`
   picks (jax_num_cpu_devices); returns why, for the run's mesh log line.
@@ -197,9 +204,7 @@ def _set_cpu_devices(config) -> str:
   from agentic_rl import validation  # pylint: disable=g-import-not-at-top
 
   try:
-    count, why = sharding.cpu_device_count(
-        config, len(os.sched_getaffinity(0)), os.environ.get("XLA_FLAGS", "")
-    )
+    count, why = sharding.cpu_device_count(config, _cores(), os.environ)
   except ValueError as e:
     raise validation.ConfigError(str(e)) from e
   if count is not None:

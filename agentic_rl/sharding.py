@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -227,37 +227,45 @@ _XLA_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def cpu_device_count(
-    config, cores: int, xla_flags: str = ""
+    config, cores: int, environ: Mapping[str, str] | None = None
 ) -> tuple[int | None, str]:
   """The XLA CPU devices a main.py run of `config` splits its process into.
 
   XLA's CPU client runs each device's share of a sharded program on its own
   thread, so with the batch split over 'data' the rollout's decode, whose many
-  small operations use one core per device, runs on several cores (one
-  device: 43.6-44.8 s for the default job on 2 cores; two: 36.1-37.0 s).
-  Every parameter and optimizer state is held once per device.
+  small operations use one core per device, runs on several cores (the
+  default job on 2 cores: 37.4-39.8 s with two devices, 42.0-48.3 s with
+  one). Every parameter and optimizer state is held once per device.
 
-  `config.mesh.cpu_devices` >= 1 is used as given. 0 (automatic) gives
-  `min(AUTO_CPU_DEVICES, cores)` devices when all of these hold, else 1:
-  the mesh block is the default (data -1, fsdp 1, tensor 1); each split of
-  the RL and SFT batch divides evenly (rl.batch_size over rl.num_minibatches
-  * rl.num_microbatches, sft.batch_size over sft.num_microbatches) and, with
-  rl.shared_prefix_len, the groups of each micro-batch and of the rollout do
-  too (rows a device cannot hold whole would be replicated on every device).
+  `config.mesh.cpu_devices` >= 1 is used as given. 0 (automatic) leaves the
+  count as the environment sets it (XLA_FLAGS'
+  --xla_force_host_platform_device_count, or JAX_NUM_CPU_DEVICES), else
+  gives `min(AUTO_CPU_DEVICES, cores)` devices when all of these hold, and 1
+  otherwise: the mesh block is the default (data -1, fsdp 1, tensor 1); each
+  micro-batch of the RL batch (rl.batch_size over rl.num_minibatches *
+  rl.num_microbatches) and of the SFT batch (sft.batch_size over
+  sft.num_microbatches) splits evenly (for a phase of 0 steps only its
+  batch size, which validation requires to divide), and with
+  rl.shared_prefix_len so do the groups of each micro-batch (rows a device
+  cannot hold whole are replicated on every device: no gain). Other batches
+  (eval.num_tasks, rl.sil_batch_size, tree roots) are not checked; one that
+  does not split is replicated.
 
   Args:
     config: the run's config (schema defaults applied).
     cores: CPU cores this process may use (`len(os.sched_getaffinity(0))`).
-    xla_flags: the XLA_FLAGS environment value.
+    environ: the process environment (os.environ); None = empty.
 
   Returns:
     (count, reason): count None means leave the device count as it is (a
-    multi-process run, whose launcher sets it per process, or XLA_FLAGS
-    setting it); the reason is one phrase for the run's log.
+    multi-process run, whose launcher sets it per process, or the
+    environment setting it); the reason is one phrase for the run's log.
 
   Raises:
-    ValueError: mesh.cpu_devices not an int >= 0 (naming the field).
+    ValueError: mesh.cpu_devices not an int >= 0, or >= 1 in a multi-process
+      run (naming the field).
   """
+  environ = {} if environ is None else environ
   mesh_cfg = config.mesh
   wanted = _mesh_field(mesh_cfg, "cpu_devices")
   if (
@@ -270,11 +278,19 @@ def cpu_device_count(
         "(0 = automatic)"
     )
   if _mesh_field(mesh_cfg, "distributed"):
+    if wanted:
+      raise ValueError(
+          f"config.mesh.cpu_devices={wanted}: not with mesh.distributed "
+          "(each process's launcher sets its devices, e.g. python -m "
+          "agentic_rl.launch --devices_per_process=N); leave it 0"
+      )
     return None, "left as set: a multi-process run (its launcher sets it)"
   if wanted:
     return int(wanted), "set by mesh.cpu_devices"
-  if _XLA_DEVICE_COUNT_FLAG in xla_flags:
+  if _XLA_DEVICE_COUNT_FLAG in environ.get("XLA_FLAGS", ""):
     return None, f"left as set: XLA_FLAGS sets {_XLA_DEVICE_COUNT_FLAG}"
+  if environ.get("JAX_NUM_CPU_DEVICES", "").strip():
+    return None, "left as set: JAX_NUM_CPU_DEVICES sets it"
   n = min(AUTO_CPU_DEVICES, cores)
   if n < 2:
     return 1, f"automatic: {cores} CPU core"
@@ -285,20 +301,26 @@ def cpu_device_count(
         f"automatic: 1, the mesh block sets (data, fsdp, tensor) = {sizes}",
     )
   rl, sft = config.rl, config.sft
+  # The batch sizes whatever the steps (validation refuses them otherwise).
   splits = {
-      "rl.batch_size / (rl.num_minibatches * rl.num_microbatches)": (
-          rl.batch_size,
-          rl.num_minibatches * rl.num_microbatches,
-      ),
-      "sft.batch_size / sft.num_microbatches": (
-          sft.batch_size,
-          sft.num_microbatches,
-      ),
+      "rl.batch_size": (rl.batch_size, 1),
+      "sft.batch_size": (sft.batch_size, 1),
   }
-  if rl.shared_prefix_len:
-    groups = rl.batch_size // rl.group_size
-    splits["the groups (rl.batch_size / rl.group_size)"] = (groups, 1)
-    splits["the groups of each micro-batch"] = (groups, rl.num_microbatches)
+  if rl.steps:
+    splits["rl.batch_size / (rl.num_minibatches * rl.num_microbatches)"] = (
+        rl.batch_size,
+        rl.num_minibatches * rl.num_microbatches,
+    )
+    if rl.shared_prefix_len:
+      splits["the groups of each micro-batch"] = (
+          rl.batch_size // rl.group_size,
+          rl.num_microbatches,
+      )
+  if sft.steps:
+    splits["sft.batch_size / sft.num_microbatches"] = (
+        sft.batch_size,
+        sft.num_microbatches,
+    )
   for name, (rows, parts) in splits.items():
     if parts <= 0 or rows % parts or (rows // parts) % n:
       return 1, f"automatic: 1, {name} does not split into {n} equal parts"

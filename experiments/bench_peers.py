@@ -304,7 +304,7 @@ def main(argv) -> None:
             "",
         ),
         len(os.sched_getaffinity(0)),
-        os.environ.get("XLA_FLAGS", ""),
+        {},  # the bench sets each engine's count itself
     )
     # ... and whole groups on each device (the check below).
     if not count or (spec["num_prompts"] // micro["ours"]) % count:

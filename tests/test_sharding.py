@@ -131,7 +131,9 @@ def test_cpu_device_count_automatic_two_on_two_cores_or_more():
         # 64 rows / (2 minibatches * 32 micro-batches) = 1 row per micro-batch.
         ({"rl.num_microbatches": 32}, "rl.batch_size / (rl.num_minibatches"),
         ({"rl.batch_size": 6, "rl.group_size": 3}, "rl.batch_size / ("),
-        ({"sft.batch_size": 9}, "sft.batch_size / sft.num_microbatches"),
+        ({"sft.batch_size": 9}, "sft.batch_size does not split"),
+        # Without SFT steps its batch size still counts (validation).
+        ({"sft.batch_size": 9, "sft.steps": 0}, "sft.batch_size does not"),
         ({"sft.num_microbatches": 64}, "sft.batch_size / sft.num_microbatches"),
         # 8 groups of 8: 8 groups in 8 micro-batches is one group each.
         (
@@ -148,24 +150,48 @@ def test_cpu_device_count_automatic_one_when_a_split_is_uneven(changes, reason):
   assert why.startswith("automatic: 1, " + reason), why
 
 
-def test_cpu_device_count_explicit_flags_and_distributed():
+def test_cpu_device_count_skips_micro_batches_of_a_phase_without_steps():
+  # 64 SFT rows in 64 micro-batches would be one row each, but no SFT runs.
+  config = _schema_config(**{"sft.num_microbatches": 64, "sft.steps": 0})
+  assert sharding.cpu_device_count(config, cores=2)[0] == 2
+
+
+def test_cpu_device_count_explicit_environment_and_distributed():
   assert sharding.cpu_device_count(
       _schema_config(**{"mesh.cpu_devices": 3}), cores=1
   ) == (3, "set by mesh.cpu_devices")
-  # XLA_FLAGS' count is left alone unless the config names one.
-  flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+  # A count the environment sets is left alone unless the config names one.
+  flags = {
+      "XLA_FLAGS": (
+          "--xla_backend_optimization_level=0 "
+          "--xla_force_host_platform_device_count=8"
+      )
+  }
   count, why = sharding.cpu_device_count(_schema_config(), 2, flags)
   assert count is None and "XLA_FLAGS" in why
+  count, why = sharding.cpu_device_count(
+      _schema_config(), 2, {"JAX_NUM_CPU_DEVICES": "4"}
+  )
+  assert count is None and "JAX_NUM_CPU_DEVICES" in why
   assert (
       sharding.cpu_device_count(
           _schema_config(**{"mesh.cpu_devices": 1}), 2, flags
       )[0]
       == 1
   )
+  # Other XLA flags do not count.
+  other = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  assert sharding.cpu_device_count(_schema_config(), 2, other)[0] == 2
+  # A multi-process run: its launcher sets each process's devices.
   count, _ = sharding.cpu_device_count(
-      _schema_config(**{"mesh.distributed": True, "mesh.cpu_devices": 2}), 2
+      _schema_config(**{"mesh.distributed": True}), 2
   )
-  assert count is None  # the launcher sets each process's devices
+  assert count is None
+  with pytest.raises(ValueError, match="not with mesh.distributed"):
+    sharding.cpu_device_count(
+        _schema_config(**{"mesh.distributed": True, "mesh.cpu_devices": 2}),
+        2,
+    )
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])

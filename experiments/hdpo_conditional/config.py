@@ -22,6 +22,9 @@ Append ',smoke' for the CI size.
 
   python -m experiments.hdpo_conditional             # 3 seeds x 6 arms
   python main.py --config=experiments/hdpo_conditional/config.py:hdpo --workdir=runs/hdpo
+
+One arm run through main.py uses two XLA CPU devices where main.py picks them
+(docs/running.md); the recorded runs used one: add --config.mesh.cpu_devices=1.
 """
 
 from __future__ import annotations

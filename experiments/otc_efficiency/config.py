@@ -15,6 +15,9 @@ about half of them.
 
   python -m experiments.otc_efficiency                # 3 seeds x 2 arms
   python main.py --config=experiments/otc_efficiency/config.py:otc --workdir=runs/otc
+
+One arm run through main.py uses two XLA CPU devices where main.py picks them
+(docs/running.md); the recorded runs used one: add --config.mesh.cpu_devices=1.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ declared claim (bounds.py, README.md).
 
   python -m experiments.step_hacking                 # 3 seeds x 5 arms
   python main.py --config=experiments/step_hacking/config.py:sum --workdir=runs/sh_sum
+
+One arm run through main.py uses two XLA CPU devices where main.py picks them
+(docs/running.md); the recorded runs used one: add --config.mesh.cpu_devices=1.
 """
 
 from __future__ import annotations
