@@ -297,22 +297,10 @@ def test_cpu_devices_env_replaces_only_the_device_count():
     common.cpu_devices_env(0, {})
 
 
-def test_cpu_devices_must_keep_whole_groups_in_each_micro_batch():
+def test_cpu_devices_must_keep_whole_groups_in_each_micro_batch(tmp_path):
   # --tiny: 2 prompts; ours' 2 micro-batches hold one prompt each, which 2
   # devices cannot split into whole groups. Refused before any engine runs.
-  p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(REPO, "experiments", "bench_peers.py"),
-          "--tiny",
-          "--engines=ours",
-          "--micro_batches=ours=2",
-          "--cpu_devices=2",
-      ],
-      capture_output=True,
-      text=True,
-      check=False,
-  )
+  p = _run_tiny(tmp_path, "--micro_batches=ours=2", "--cpu_devices=2")
   assert p.returncode == 2, p.stderr
   assert (
       "--cpu_devices: ours's 2 devices must divide the 1 prompts of each of "
@@ -325,31 +313,10 @@ def test_cpu_devices_must_keep_whole_groups_in_each_micro_batch():
     len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPU cores"
 )
 @pytest.mark.parametrize("micro,want", [("1", "ours 2"), ("ours=2", "ours 1")])
-def test_default_cpu_devices_are_what_main_py_picks(micro, want):
+def test_default_cpu_devices_are_what_main_py_picks(tmp_path, micro, want):
   # --tiny: 2 prompts of 4 episodes. One micro-batch: main.py's automatic 2
   # devices. Two: one prompt each, which 2 devices cannot hold whole: 1.
-  env = {
-      **os.environ,
-      "XLA_FLAGS": " ".join(
-          f
-          for f in os.environ.get("XLA_FLAGS", "").split()
-          if "device_count" not in f
-      ),
-  }
-  p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(REPO, "experiments", "bench_peers.py"),
-          "--tiny",
-          "--engines=ours",
-          "--rounds=1",
-          f"--micro_batches={micro}",
-      ],
-      capture_output=True,
-      text=True,
-      check=False,
-      env=env,
-  )
+  p = _run_tiny(tmp_path, "--rounds=1", f"--micro_batches={micro}")
   assert p.returncode == 0, p.stderr[-2000:]
   assert f"; XLA CPU devices {want};" in p.stdout
   n = want.split()[1]
