@@ -14,6 +14,19 @@ group's episodes turn out not to share) end with one line on stderr,
 from __future__ import annotations
 
 if __name__ == "__main__":
+  import os as _os
+  import sys as _sys
+
+  # JAX reads JAX_NUM_CPU_DEVICES when it is imported (by the config file, at
+  # flag parsing) and fails there with an unrelated message on a bad value.
+  _count = _os.environ.get("JAX_NUM_CPU_DEVICES")
+  if _count is not None and not (_count.strip().isdigit() and int(_count) > 0):
+    print(
+        f"error: JAX_NUM_CPU_DEVICES={_count!r}: must be an integer >= 1 (or "
+        "unset: main.py picks the count)",
+        file=_sys.stderr,
+    )
+    _sys.exit(2)
   # On jemalloc where it is installed: the process starts itself again with
   # it preloaded, before any other import (agentic_rl/host_memory.py).
   from agentic_rl import host_memory as _host_memory
@@ -197,7 +210,8 @@ def _set_cpu_devices(config) -> str:
   picks (jax_num_cpu_devices); returns why, for the run's mesh log line.
 
   Raises:
-    validation.ConfigError: mesh.cpu_devices is not an int >= 0.
+    validation.ConfigError: what `sharding.cpu_device_count` refuses (a bad
+      mesh.cpu_devices, or a bad count in XLA_FLAGS / JAX_NUM_CPU_DEVICES).
   """
   import jax  # pylint: disable=g-import-not-at-top
   from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
@@ -209,7 +223,9 @@ def _set_cpu_devices(config) -> str:
     raise validation.ConfigError(str(e)) from e
   if count is not None:
     jax.config.update("jax_num_cpu_devices", count)
-  return f"{why}; --config.mesh.cpu_devices=N sets the count"
+  if why.startswith("automatic"):
+    why += "; --config.mesh.cpu_devices=N sets the count"
+  return why
 
 
 def main(argv):
@@ -237,6 +253,12 @@ def main(argv):
     mode = config.mode
     # Before anything starts the backend.
     devices_note = _set_cpu_devices(config) if mode == "rl" else ""
+    if mode == "rm" and config.mesh.cpu_devices != 0:
+      raise validation.ConfigError(
+          f"config.mesh.cpu_devices={config.mesh.cpu_devices!r}: reward-model "
+          "training (mode 'rm') runs on the devices as the environment sets "
+          "them; leave it 0"
+      )
     if _COMPILATION_CACHE.value:
       jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE.value)
       # Every program, the op-by-op kernels of eager code included (the

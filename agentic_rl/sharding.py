@@ -155,6 +155,7 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
     raise ValueError(
         f"config.mesh=({desc}): data*fsdp*tensor = {math.prod(shape)} must equal "
         f"the number of devices ({num_devices}); set one axis to -1 to fill"
+        " (on a CPU, main.py's --config.mesh.cpu_devices=N sets the number)"
     )
   return shape
 
@@ -262,8 +263,10 @@ def cpu_device_count(
     environment setting it); the reason is one phrase for the run's log.
 
   Raises:
-    ValueError: mesh.cpu_devices not an int >= 0, or >= 1 in a multi-process
-      run (naming the field).
+    ValueError: mesh.cpu_devices not an int >= 0, >= 1 in a multi-process
+      run, or not dividing rl.batch_size and sft.batch_size (naming the
+      field); an XLA_FLAGS or JAX_NUM_CPU_DEVICES count that is not an
+      integer >= 1 (naming the variable).
   """
   environ = {} if environ is None else environ
   mesh_cfg = config.mesh
@@ -285,11 +288,34 @@ def cpu_device_count(
           "agentic_rl.launch --devices_per_process=N); leave it 0"
       )
     return None, "left as set: a multi-process run (its launcher sets it)"
+  rl, sft = config.rl, config.sft
   if wanted:
+    for field, rows in (
+        ("rl.batch_size", rl.batch_size),
+        ("sft.batch_size", sft.batch_size),
+    ):
+      if rows % wanted:
+        raise ValueError(
+            f"config.mesh.cpu_devices={wanted}: must divide {field}={rows} "
+            "(each batch is split over the devices)"
+        )
     return int(wanted), "set by mesh.cpu_devices"
-  if _XLA_DEVICE_COUNT_FLAG in environ.get("XLA_FLAGS", ""):
+  flags = environ.get("XLA_FLAGS", "")
+  if _XLA_DEVICE_COUNT_FLAG in flags:
+    value = flags.rpartition(_XLA_DEVICE_COUNT_FLAG)[2].lstrip("=").split()
+    if not value or not value[0].isdigit() or int(value[0]) < 1:
+      raise ValueError(
+          f"XLA_FLAGS: {_XLA_DEVICE_COUNT_FLAG}="
+          f"{value[0] if value else ''} must be an integer >= 1"
+      )
     return None, f"left as set: XLA_FLAGS sets {_XLA_DEVICE_COUNT_FLAG}"
-  if environ.get("JAX_NUM_CPU_DEVICES", "").strip():
+  if "JAX_NUM_CPU_DEVICES" in environ:
+    value = environ["JAX_NUM_CPU_DEVICES"].strip()
+    if not value.isdigit() or int(value) < 1:
+      raise ValueError(
+          f"JAX_NUM_CPU_DEVICES={environ['JAX_NUM_CPU_DEVICES']!r}: must be "
+          "an integer >= 1 (or unset: main.py picks the count)"
+      )
     return None, "left as set: JAX_NUM_CPU_DEVICES sets it"
   n = min(AUTO_CPU_DEVICES, cores)
   if n < 2:
@@ -300,7 +326,6 @@ def cpu_device_count(
         1,
         f"automatic: 1, the mesh block sets (data, fsdp, tensor) = {sizes}",
     )
-  rl, sft = config.rl, config.sft
   # The batch sizes whatever the steps (validation refuses them otherwise).
   splits = {
       "rl.batch_size": (rl.batch_size, 1),

@@ -355,10 +355,11 @@ def train_and_evaluate(
   mesh = sharding.make_mesh(config.mesh)
   platform = mesh.devices.flat[0].platform
   logging.info(
-      "mesh: %s over %d %s devices%s",
+      "mesh: %s over %d %s device%s%s",
       ", ".join(f"{k} {v}" for k, v in mesh.shape.items()),
       mesh.size,
       platform,
+      "" if mesh.size == 1 else "s",
       f" ({devices_note})" if devices_note and platform == "cpu" else "",
   )
   # One run per workdir at a time (WORKDIR/.lock, held until this returns).

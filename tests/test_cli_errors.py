@@ -209,6 +209,11 @@ INVALID_VALUES = [
         "--config.mesh.cpu_devices=-1",
         "config.mesh.cpu_devices=-1: must be an integer >= 0 (0 = automatic)",
     ),
+    (
+        "--config.mesh.cpu_devices=3",
+        "config.mesh.cpu_devices=3: must divide rl.batch_size=16 (each batch "
+        "is split over the devices)",
+    ),
 ]
 
 _UNKNOWN_FIELD_FORK = (

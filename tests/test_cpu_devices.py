@@ -61,8 +61,8 @@ def test_main_runs_on_two_cpu_devices_and_matches_one(tmp_path):
       "core for the decode; --config.mesh.cpu_devices=N sets the count)"
   ) in log2
   assert (
-      "mesh: data 1, fsdp 1, tensor 1 over 1 cpu devices (set by "
-      "mesh.cpu_devices;"
+      "mesh: data 1, fsdp 1, tensor 1 over 1 cpu device (set by "
+      "mesh.cpu_devices)\n"
   ) in log1
   assert [r["step"] for r in rows2] == [r["step"] for r in rows1]
   sft2 = [r["sft/loss"] for r in rows2 if r["phase"] == "sft"]
@@ -71,3 +71,60 @@ def test_main_runs_on_two_cpu_devices_and_matches_one(tmp_path):
   np.testing.assert_allclose(sft2, sft1, rtol=1e-5)
   rl2 = [r["rl/loss"] for r in rows2 if r["phase"] == "rl"]
   assert len(rl2) == 4 and np.isfinite(rl2).all()
+
+
+def test_reward_model_mode_refuses_a_device_count(tmp_path):
+  # Reward-model training keeps the devices as set: a count is one line.
+  result = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(REPO, "main.py"),
+          "--config=" + os.path.join(REPO, "configs/rm_arithmetic.py:smoke"),
+          f"--workdir={tmp_path / 'rm'}",
+          "--config.mesh.cpu_devices=2",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [
+      "error: config.mesh.cpu_devices=2: reward-model training (mode 'rm') "
+      "runs on the devices as the environment sets them; leave it 0"
+  ]
+  assert not (tmp_path / "rm").exists()
+
+
+@pytest.mark.parametrize(
+    "env,line",
+    [
+        (
+            {"JAX_NUM_CPU_DEVICES": "abc"},
+            "error: JAX_NUM_CPU_DEVICES='abc': must be an integer >= 1 (or "
+            "unset: main.py picks the count)",
+        ),
+        (
+            {"XLA_FLAGS": "--xla_force_host_platform_device_count=0"},
+            "error: XLA_FLAGS: --xla_force_host_platform_device_count=0 must "
+            "be an integer >= 1",
+        ),
+    ],
+)
+def test_a_bad_count_in_the_environment_is_one_line(tmp_path, env, line):
+  result = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(REPO, "main.py"),
+          "--config=" + os.path.join(REPO, "configs/default.py:smoke"),
+          f"--workdir={tmp_path / 'run'}",
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env={**os.environ, **env},
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [line]
+  assert not (tmp_path / "run").exists()

@@ -158,8 +158,11 @@ def test_cpu_device_count_skips_micro_batches_of_a_phase_without_steps():
 
 def test_cpu_device_count_explicit_environment_and_distributed():
   assert sharding.cpu_device_count(
-      _schema_config(**{"mesh.cpu_devices": 3}), cores=1
-  ) == (3, "set by mesh.cpu_devices")
+      _schema_config(**{"mesh.cpu_devices": 4}), cores=1
+  ) == (4, "set by mesh.cpu_devices")
+  # An explicit count must divide the batches (64 RL, 64 SFT rows).
+  with pytest.raises(ValueError, match=r"cpu_devices=3: must divide rl\."):
+    sharding.cpu_device_count(_schema_config(**{"mesh.cpu_devices": 3}), 2)
   # A count the environment sets is left alone unless the config names one.
   flags = {
       "XLA_FLAGS": (
@@ -179,6 +182,19 @@ def test_cpu_device_count_explicit_environment_and_distributed():
       )[0]
       == 1
   )
+  # Counts the environment sets must be integers >= 1.
+  for env, name in (
+      ({"JAX_NUM_CPU_DEVICES": "abc"}, "JAX_NUM_CPU_DEVICES"),
+      ({"JAX_NUM_CPU_DEVICES": "0"}, "JAX_NUM_CPU_DEVICES"),
+      ({"JAX_NUM_CPU_DEVICES": " "}, "JAX_NUM_CPU_DEVICES"),
+      (
+          {"XLA_FLAGS": "--xla_force_host_platform_device_count=0"},
+          "XLA_FLAGS",
+      ),
+      ({"XLA_FLAGS": "--xla_force_host_platform_device_count"}, "XLA_FLAGS"),
+  ):
+    with pytest.raises(ValueError, match=f"^{name}.*integer >= 1"):
+      sharding.cpu_device_count(_schema_config(), 2, env)
   # Other XLA flags do not count.
   other = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
   assert sharding.cpu_device_count(_schema_config(), 2, other)[0] == 2
