@@ -86,8 +86,9 @@ MESH_DEFAULTS = dict(
     num_processes=-1,
     process_id=-1,
     # XLA CPU devices a main.py run splits this process into (CPU only):
-    # 0 = automatic (2 on a machine with 2+ cores when every batch splits
-    # evenly, else 1; `cpu_device_count`), N >= 1 = exactly N.
+    # 0 = automatic (2 on a machine with 2+ cores when the batch sizes and
+    # micro-batches split evenly, else 1; `cpu_device_count`), N >= 1 =
+    # exactly N.
     cpu_devices=0,
 )
 
