@@ -21,29 +21,39 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(workdir, *extra):
-  env = dict(os.environ)
-  # The tests' own XLA_FLAGS carry no device count, but a caller's might:
-  # it would be left as set (the case the unit tests cover).
-  flags = env.get("XLA_FLAGS", "").split()
-  env["XLA_FLAGS"] = " ".join(
-      f for f in flags if "xla_force_host_platform_device_count" not in f
+def _main(workdir, *extra, config="configs/default.py:smoke", env=None):
+  """`python main.py --config=CONFIG --workdir=WORKDIR EXTRA...` on the CPU,
+  with `env` over os.environ; the finished process.
+
+  The tests' own XLA_FLAGS carry no device count, but a caller's might: it
+  would be left as set (the case the unit tests cover), so it is dropped.
+  """
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  base = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=" ".join(
+          f for f in flags if "xla_force_host_platform_device_count" not in f
+      ),
   )
-  env["JAX_PLATFORMS"] = "cpu"
-  result = subprocess.run(
+  return subprocess.run(
       [
           sys.executable,
           os.path.join(REPO, "main.py"),
-          "--config=" + os.path.join(REPO, "configs/default.py") + ":smoke",
+          "--config=" + os.path.join(REPO, config),
           f"--workdir={workdir}",
           *extra,
       ],
       cwd=REPO,
       capture_output=True,
       text=True,
-      env=env,
+      env={**base, **(env or {})},
       timeout=900,
   )
+
+
+def _run(workdir, *extra):
+  result = _main(workdir, *extra)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
@@ -75,18 +85,10 @@ def test_main_runs_on_two_cpu_devices_and_matches_one(tmp_path):
 
 def test_reward_model_mode_refuses_a_device_count(tmp_path):
   # Reward-model training keeps the devices as set: a count is one line.
-  result = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(REPO, "main.py"),
-          "--config=" + os.path.join(REPO, "configs/rm_arithmetic.py:smoke"),
-          f"--workdir={tmp_path / 'rm'}",
-          "--config.mesh.cpu_devices=2",
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
+  result = _main(
+      tmp_path / "rm",
+      "--config.mesh.cpu_devices=2",
+      config="configs/rm_arithmetic.py:smoke",
   )
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [
@@ -112,19 +114,7 @@ def test_reward_model_mode_refuses_a_device_count(tmp_path):
     ],
 )
 def test_a_bad_count_in_the_environment_is_one_line(tmp_path, env, line):
-  result = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(REPO, "main.py"),
-          "--config=" + os.path.join(REPO, "configs/default.py:smoke"),
-          f"--workdir={tmp_path / 'run'}",
-      ],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      env={**os.environ, **env},
-  )
+  result = _main(tmp_path / "run", env=env)
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines() == [line]
   assert not (tmp_path / "run").exists()
