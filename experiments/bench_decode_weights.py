@@ -1,0 +1,219 @@
+"""What bounds the small-batch decode on a CPU: reading the weights.
+
+    python -m experiments.bench_decode_weights              # 2 XLA CPU devices
+    python -m experiments.bench_decode_weights --cpu_devices=1
+    python -m experiments.bench_decode_weights --tiny --pairs=2   # seconds
+
+bench_peers' sampling phase, alone: our rollout (agentic_rl/rollout.py, KV
+cache, temperature 1, no stop tokens) of 64 rows (16 prompts of 32 tokens x
+group 4, each group's prompt computed once) to 64 new tokens, with the
+benchmark's float32 model (experiments/peers/common.py MODEL: 4 layers,
+~4 MB of weights each, 16.2 MB in all), its rows split over a (data N) mesh
+of N XLA CPU devices as `python main.py` runs it. Two programs of the same
+shapes and FLOPs, timed alternately in one process:
+
+  model   the model as it is: every decode step reads each layer's own
+          weights, 16.2 MB per device per step;
+  shared  every layer is layer 0 (one module in every position, so one
+          copy of its weights in the program): 4.4 MB per device per step, which the caches hold
+          (32 MB L3 on the benchmark machine).
+
+Their paired difference bounds what reading the other layers' weights from
+memory costs at every step. The samples differ (other weights), the work
+does not: both decode exactly 64 tokens per row (no stop tokens). Also
+printed: the float32 [1024]^3 matmul rate of this process (one device,
+every core), the model FLOPs of the decode and each program's rate per
+device.
+
+Measured (2026-12-07, 2-core AMD EPYC, jemalloc preloaded, 20 pairs): two
+devices, model 0.410 s, shared 0.395 s per rollout, paired median 28.7 ms
+(7%); without jemalloc, two devices 33.1 ms (7%), one device 25.6 ms (5%),
+15 pairs each. Reading the weights is a small part of the decode; its
+[32, 256] x [256, 1024] products take ~220-250 us each in the rollout
+either way (docs/models.md, "What is left in the decode").
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from absl import app
+from absl import flags
+
+_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", 2, "XLA CPU devices the rows are split over."
+)
+_PAIRS = flags.DEFINE_integer(
+    "pairs",
+    15,
+    "Timed calls of each program, alternated (order flipped " "every pair).",
+)
+_TINY = flags.DEFINE_bool("tiny", False, "common.TINY_MODEL: a quick check.")
+
+
+def decode_flops(model: dict, rows: int, prompt_len: int, new: int) -> float:
+  """Model FLOPs of decoding `new` tokens for `rows` rows after a cached
+  prompt of `prompt_len` (2 per multiply-add): the projections, the SwiGLU,
+  the tied output layer and the attention's score and value products over
+  the cached positions. The prefill is not counted (it is in both programs
+  and small at this size)."""
+  d, f, v = model["d_model"], model["ffn_dim"], model["vocab_size"]
+  h, g, dh = model["num_heads"], model["num_kv_heads"], model["head_dim"]
+  per_token = (
+      model["num_layers"]
+      * (2 * d * (h + 2 * g) * dh + 2 * h * dh * d + 2 * 3 * d * f)
+      + 2 * d * v
+  )
+  attention = sum(
+      model["num_layers"] * 2 * 2 * h * dh * (prompt_len + i + 1)
+      for i in range(new)
+  )
+  return rows * (new * per_token + attention)
+
+
+def share_layers(model):
+  """`model` (a `transformer.Transformer`) with every layer made its layer 0:
+  one Block module in every position, so `nnx.split` keeps one copy of its
+  weights and every layer of a merged model reads the same arrays, inside a
+  compiled loop too (a state holding four references to one array would
+  not do: XLA gives each element of a while loop's state its own buffer)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  model.blocks = nnx.List([model.blocks[0]] * len(model.blocks))
+  return model
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+
+  from agentic_rl import host_memory  # pylint: disable=g-import-not-at-top
+  from agentic_rl import rollout  # pylint: disable=g-import-not-at-top
+  from agentic_rl import sharding  # pylint: disable=g-import-not-at-top
+  from agentic_rl.models import transformer  # pylint: disable=g-import-not-at-top
+  from experiments.peers import common  # pylint: disable=g-import-not-at-top
+  from experiments.peers import ours_worker  # pylint: disable=g-import-not-at-top
+
+  model = common.TINY_MODEL if _TINY.value else common.MODEL
+  work = common.WORKLOAD
+  group, prompt_len, new = (
+      work["group_size"],
+      work["prompt_len"],
+      work["new_tokens"],
+  )
+  rows = work["num_prompts"] * group
+  length = prompt_len + new
+  cfg = transformer.TransformerConfig(
+      qkv_bias=True, tie_embeddings=True, max_positions=length, **model
+  )
+  models = {
+      "model": nnx.split(transformer.Transformer(cfg, nnx.Rngs(0))),
+      "shared": nnx.split(
+          share_layers(transformer.Transformer(cfg, nnx.Rngs(0)))
+      ),
+  }
+  rng = np.random.default_rng(0)
+  prompts = tuple(
+      tuple(int(x) for x in rng.integers(0, cfg.vocab_size, prompt_len))
+      for _ in range(rows // group)
+  )
+  env = ours_worker.BenchEnv(prompts=prompts, max_action_len=new)
+  mesh = sharding.make_mesh()
+  n = mesh.devices.size
+  if rows % (n * group):
+    raise ValueError(
+        f"--cpu_devices={n}: each device needs whole groups of {group} of the "
+        f"{rows} rows"
+    )
+  shared_prefix = transformer.SharedPrefix(prompt_len, group)
+
+  def run(graphdef, params, tasks, key):
+    traj = rollout.rollout(
+        env,
+        tasks,
+        key,
+        max_len=length,
+        graphdef=graphdef,
+        params=params,
+        model_config=cfg,
+        temperature=1.0,
+        shared_prefix=shared_prefix,
+    )
+    return traj.tokens
+
+  with jax.set_mesh(mesh):
+    tasks = jax.device_put(
+        jnp.repeat(jnp.arange(rows // group, dtype=jnp.int32), group),
+        NamedSharding(mesh, P("data")),
+    )
+    params = {
+        name: jax.device_put(p, NamedSharding(mesh, P()))
+        for name, (_, p) in models.items()
+    }
+    key = jax.random.key(1)
+    programs = {
+        name: jax.jit(functools.partial(run, gd))
+        .lower(params[name], tasks, key)
+        .compile()
+        for name, (gd, _) in models.items()
+    }
+    for name, f in programs.items():
+      out = jax.block_until_ready(f(params[name], tasks, key))
+      assert out.shape == (rows, length), out.shape
+    times = {name: [] for name in programs}
+    for i in range(_PAIRS.value):
+      order = list(programs) if i % 2 == 0 else list(programs)[::-1]
+      for name in order:
+        t0 = time.perf_counter()
+        jax.block_until_ready(programs[name](params[name], tasks, key))
+        times[name].append(time.perf_counter() - t0)
+
+  # Outside the mesh, on one device (its intra-op threads use every core);
+  # under the mesh the product would run replicated on every device.
+  m = work["matmul_n"]
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((m, m)), jnp.float32)
+  mm = jax.jit(jnp.matmul)
+  matmul_rate = common.matmul_rate(lambda: mm(a, a).block_until_ready(), m)
+  flops = decode_flops(model, rows, prompt_len, new)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  all_bytes, shared_bytes = nbytes(params["model"]), nbytes(params["shared"])
+  layer_bytes = (all_bytes - shared_bytes) / (cfg.num_layers - 1)
+  print(
+      f"rollout of {rows} rows x {new} new tokens (prompt {prompt_len}, "
+      f"shared per group of {group}) over {n} XLA CPU device(s), "
+      f"{rows // n} rows each; {cfg.num_layers} layers of {layer_bytes / 1e6:.2f}"
+      f" MB, {all_bytes / 1e6:.2f} MB of weights in all ({shared_bytes / 1e6:.2f}"
+      f" MB shared); decode model FLOPs "
+      f"{flops / 1e9:.2f} G; allocator "
+      f"{host_memory.preloaded_allocator() or 'as shipped'}"
+  )
+  print(
+      f"matmul float32 [{work['matmul_n']}]^3: {matmul_rate / 1e9:.1f} GFLOP/s"
+      f" (this process, one device, every core)"
+  )
+  med = {name: float(np.median(t)) for name, t in times.items()}
+  for name, t in med.items():
+    print(
+        f"{name:7s} {t:.4f} s per rollout (median of {len(times[name])}; "
+        f"[{min(times[name]):.4f}, {max(times[name]):.4f}]), "
+        f"{t / new * 1e3:.2f} ms per step, decode "
+        f"{flops / n / t / 1e9:.1f} GFLOP/s per device"
+    )
+  diff = np.array(times["model"]) - np.array(times["shared"])
+  print(
+      f"model - shared, paired: median {np.median(diff) * 1e3:.1f} ms "
+      f"[{diff.min() * 1e3:.1f}, {diff.max() * 1e3:.1f}] per rollout "
+      f"({np.median(diff) / med['model']:.0%} of the model's rollout)"
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)
