@@ -61,8 +61,9 @@ Each engine's iteration, through its own GRPO trainer:
          blocking on the actor's parameters.
 
 Micro-batches (`--micro_batches=N`, default 1: the same offer to every
-engine; or per engine, `--micro_batches=ours=4,trl=1,tunix=1`, e.g. each
-engine at its own faster setting, still paired by round): the update's batch
+engine; or per engine, `--micro_batches=ours=2,trl=1,tunix=1`, e.g. each
+engine at its own faster setting on the 2-core machine (ours 2 at its two
+XLA CPU devices, 4 at one), still paired by round): the update's batch
 is cut into N micro-batches whose gradients are accumulated into the one
 optimizer step (the same loss and gradient up to float summation order), and
 the reference log-probs are computed in chunks of the same size; sampling
