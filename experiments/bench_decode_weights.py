@@ -1,4 +1,4 @@
-"""What bounds the small-batch decode on a CPU: reading the weights.
+"""What reading the weights costs the small-batch decode on a CPU.
 
     python -m experiments.bench_decode_weights              # 2 XLA CPU devices
     python -m experiments.bench_decode_weights --cpu_devices=1
@@ -15,10 +15,10 @@ shapes and FLOPs, timed alternately in one process:
   model   the model as it is: every decode step reads each layer's own
           weights, 16.2 MB per device per step;
   shared  every layer is layer 0 (one module in every position, so one
-          copy of its weights in the program): 4.4 MB per device per step, which the caches hold
-          (32 MB L3 on the benchmark machine).
+          copy of its weights in the program): 4.4 MB per device per
+          step, which the caches hold (32 MB L3 on the benchmark machine).
 
-Their paired difference bounds what reading the other layers' weights from
+Their paired difference is what reading the other layers' weights from
 memory costs at every step. The samples differ (other weights), the work
 does not: both decode exactly 64 tokens per row (no stop tokens). Also
 printed: the float32 [1024]^3 matmul rate of this process (one device,
@@ -26,11 +26,13 @@ every core), the model FLOPs of the decode and each program's rate per
 device.
 
 Measured (2026-12-07, 2-core AMD EPYC, jemalloc preloaded, 20 pairs): two
-devices, model 0.410 s, shared 0.395 s per rollout, paired median 28.7 ms
-(7%); without jemalloc, two devices 33.1 ms (7%), one device 25.6 ms (5%),
-15 pairs each. Reading the weights is a small part of the decode; its
-[32, 256] x [256, 1024] products take ~220-250 us each in the rollout
-either way (docs/models.md, "What is left in the decode").
+devices, model 0.378 s, shared 0.325 s per rollout, paired median 52.8 ms
+(14%; every pair positive); one device 0.461 against 0.424 s, 25.7 ms (6%;
+pairs of both signs). Each device holds its own copy of the weights, so two
+devices read twice as many bytes through the same L3. The rest of the
+decode's time is elsewhere: its [32, 256] x [256, 1024] products take
+~220-250 us each in the rollout (docs/models.md, "Two micro-batches on two
+devices, and what reading the weights costs the decode").
 """
 
 from __future__ import annotations
@@ -42,42 +44,47 @@ from absl import app
 from absl import flags
 
 _DEVICES = flags.DEFINE_integer(
-    "cpu_devices", 2, "XLA CPU devices the rows are split over."
+    "cpu_devices",
+    2,
+    "XLA CPU devices the rows are split over (must leave each device whole "
+    "groups).",
+    lower_bound=1,
 )
 _PAIRS = flags.DEFINE_integer(
     "pairs",
     15,
-    "Timed calls of each program, alternated (order flipped " "every pair).",
+    "Timed calls of each program, alternated (order flipped every pair).",
+    lower_bound=1,
 )
-_TINY = flags.DEFINE_bool("tiny", False, "common.TINY_MODEL: a quick check.")
+_TINY = flags.DEFINE_bool(
+    "tiny",
+    False,
+    "common.TINY_MODEL with the same workload (rows, prompt and new tokens):"
+    " a quick check.",
+)
 
 
-def decode_flops(model: dict, rows: int, prompt_len: int, new: int) -> float:
-  """Model FLOPs of decoding `new` tokens for `rows` rows after a cached
-  prompt of `prompt_len` (2 per multiply-add): the projections, the SwiGLU,
-  the tied output layer and the attention's score and value products over
-  the cached positions. The prefill is not counted (it is in both programs
-  and small at this size)."""
-  d, f, v = model["d_model"], model["ffn_dim"], model["vocab_size"]
-  h, g, dh = model["num_heads"], model["num_kv_heads"], model["head_dim"]
-  per_token = (
-      model["num_layers"]
-      * (2 * d * (h + 2 * g) * dh + 2 * h * dh * d + 2 * 3 * d * f)
-      + 2 * d * v
-  )
-  attention = sum(
-      model["num_layers"] * 2 * 2 * h * dh * (prompt_len + i + 1)
-      for i in range(new)
-  )
-  return rows * (new * per_token + attention)
+def decode_flops(model: dict, rows: int, prompt_len: int, new: int) -> int:
+  """Model FLOPs the rollout's decode executes (`common.forward_flops`'
+  count): `new` one-token forwards per row with the KV cache, at positions
+  prompt_len + 1 .. prompt_len + new (contexts prompt_len + 1 .. prompt_len
+  + new), logits at each; the rollout runs the last step too, whose logits
+  go unused (bench_peers' `common.iteration_flops` counts the new - 1 that
+  sample). The prefill is not counted (the same in both programs and small
+  at this size)."""
+  from experiments.peers import common  # pylint: disable=g-import-not-at-top
+
+  context = sum(prompt_len + i + 1 for i in range(new))
+  return rows * common.forward_flops(model, new, new, context)
 
 
 def share_layers(model):
-  """`model` (a `transformer.Transformer`) with every layer made its layer 0:
-  one Block module in every position, so `nnx.split` keeps one copy of its
-  weights and every layer of a merged model reads the same arrays, inside a
-  compiled loop too (a state holding four references to one array would
-  not do: XLA gives each element of a while loop's state its own buffer)."""
+  """`model` (a `transformer.Transformer`), changed in place and returned,
+  with every layer made its layer 0: one Block module in every position, so
+  `nnx.split` keeps one copy of its weights and every layer of a merged
+  model reads the same arrays, inside a compiled loop too (a state holding
+  four references to one array would not do: XLA gives each element of a
+  while loop's state its own buffer)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   model.blocks = nnx.List([model.blocks[0]] * len(model.blocks))
@@ -189,9 +196,9 @@ def main(argv):
   print(
       f"rollout of {rows} rows x {new} new tokens (prompt {prompt_len}, "
       f"shared per group of {group}) over {n} XLA CPU device(s), "
-      f"{rows // n} rows each; {cfg.num_layers} layers of {layer_bytes / 1e6:.2f}"
-      f" MB, {all_bytes / 1e6:.2f} MB of weights in all ({shared_bytes / 1e6:.2f}"
-      f" MB shared); decode model FLOPs "
+      f"{rows // n} rows each; {cfg.num_layers} layers of "
+      f"{layer_bytes / 1e6:.2f} MB, {all_bytes / 1e6:.2f} MB of weights in "
+      f"all ({shared_bytes / 1e6:.2f} MB shared); decode model FLOPs "
       f"{flops / 1e9:.2f} G; allocator "
       f"{host_memory.preloaded_allocator() or 'as shipped'}"
   )

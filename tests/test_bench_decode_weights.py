@@ -3,6 +3,7 @@ shared-layer model, and (slow tier) the script end to end on the tiny
 model."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -98,3 +99,13 @@ def test_script_times_both_programs_on_the_tiny_model():
   assert "over 2 XLA CPU device(s), 32 rows each" in out
   assert "model   " in out and "shared  " in out
   assert "model - shared, paired: median" in out
+  # The shared model keeps one of the tiny model's 2 layers: fewer bytes.
+  m = re.search(
+      r"2 layers of ([\d.]+) MB, ([\d.]+) MB of weights in all \(([\d.]+) MB"
+      r" shared\)",
+      out,
+  )
+  assert m, out
+  layer, total, shared = map(float, m.groups())
+  assert shared == pytest.approx(total - layer, abs=0.011)
+  assert 0 < shared < total
