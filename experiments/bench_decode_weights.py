@@ -25,10 +25,12 @@ printed: the float32 [1024]^3 matmul rate of this process (one device,
 every core), the model FLOPs of the decode and each program's rate per
 device.
 
-Measured (2026-12-07, 2-core AMD EPYC, jemalloc preloaded, 20 pairs): two
-devices, model 0.378 s, shared 0.325 s per rollout, paired median 52.8 ms
-(14%; every pair positive); one device 0.461 against 0.424 s, 25.7 ms (6%;
-pairs of both signs). Each device holds its own copy of the weights, so two
+Measured (2026-12-07, 2-core AMD EPYC, jemalloc preloaded, 20 pairs; the
+prompts as now, bench_peers' own): two devices, model 0.365 s, shared 0.304
+s per rollout, paired median 61.1 ms (17%; every pair positive); one device
+0.514 against 0.512 s, 1.2 ms (0%; pairs of both signs, -87 to +124 ms).
+With prompts of another draw the same day: 52.8 ms (14%) and 25.7 ms (6%).
+Each device holds its own copy of the weights, so two
 devices read twice as many bytes through the same L3. The rest of the
 decode's time is elsewhere: its [32, 256] x [256, 1024] products take
 ~220-250 us each in the rollout (docs/models.md, "Two micro-batches on two
@@ -127,12 +129,11 @@ def main(argv):
           share_layers(transformer.Transformer(cfg, nnx.Rngs(0)))
       ),
   }
-  rng = np.random.default_rng(0)
-  prompts = tuple(
-      tuple(int(x) for x in rng.integers(0, cfg.vocab_size, prompt_len))
-      for _ in range(rows // group)
+  # bench_peers' own prompts (the same ids every engine samples from).
+  prompts = common.prompts(work["num_prompts"], prompt_len, cfg.vocab_size)
+  env = ours_worker.BenchEnv(
+      prompts=tuple(tuple(p) for p in prompts), max_action_len=new
   )
-  env = ours_worker.BenchEnv(prompts=prompts, max_action_len=new)
   mesh = sharding.make_mesh()
   n = mesh.devices.size
   if rows % (n * group):
