@@ -26,10 +26,12 @@ every core), the model FLOPs of the decode and each program's rate per
 device.
 
 Measured (2026-12-07, 2-core AMD EPYC, jemalloc preloaded, 20 pairs; the
-prompts as now, bench_peers' own): two devices, model 0.365 s, shared 0.304
-s per rollout, paired median 61.1 ms (17%; every pair positive); one device
-0.514 against 0.512 s, 1.2 ms (0%; pairs of both signs, -87 to +124 ms).
-With prompts of another draw the same day: 52.8 ms (14%) and 25.7 ms (6%).
+prompts as now, bench_peers' own; from commit edcb0c0): two devices, model
+0.381 s, shared 0.332 s per rollout, paired median 51.1 ms (13%; every pair
+positive); one device 0.490 against 0.451 s, 29.0 ms (6%; pairs of both
+signs, -33 to +97 ms). Other runs the same day: 61.1 ms (17%) and 1.2 ms
+(0%) just before (the same code, not yet committed); 52.8 ms (14%) and 25.7
+ms (6%) with prompts of another draw.
 Each device holds its own copy of the weights, so two
 devices read twice as many bytes through the same L3. The rest of the
 decode's time is elsewhere: its [32, 256] x [256, 1024] products take
